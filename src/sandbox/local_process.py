@@ -1,0 +1,350 @@
+"""A local child process on a PTY or on pipes, driven by the event loop without threads.
+
+Output is read from non-blocking fds with `loop.add_reader`; the exit is seen through a
+pidfd (Linux) that becomes readable when the child dies. The exit status is read with
+`WNOWAIT`, leaving the child a zombie until `close()` reaps it: while the zombie exists
+its pid, and so its process group id, cannot be reused, which makes the final
+`killpg(SIGKILL)` of the group safe. Used by the unix_local backend and by the fakes in
+`sandbox.testing`, which run real processes behind fake providers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from .errors import ProcessExitedError
+
+READ_CHUNK = 256 * 1024
+READS_PER_WAKEUP = 8
+KILL_WAIT_S = 5.0
+
+OutputCallback = Callable[[bytes], None]
+
+
+def exit_code_from_wait(si_code: int, si_status: int) -> int:
+    """Exit status as the contract reports it: the code, or 128+N for signal N."""
+    if si_code == os.CLD_EXITED:
+        return si_status
+    return 128 + si_status
+
+
+def _terminal_child_setup() -> None:  # pragma: no cover - runs in the child
+    # We are a new session leader (start_new_session): the terminal on fd 0 becomes our
+    # controlling terminal, so Ctrl-C in the line discipline signals our process group.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _pipe_child_setup() -> None:  # pragma: no cover - runs in the child
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _parent_ignores_interrupts() -> bool:
+    return signal.SIG_IGN in (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGQUIT))
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """Set a terminal's size (the kernel sends SIGWINCH to its foreground group)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class LocalProcess:
+    """A spawned child in its own session and process group.
+
+    Callbacks run on the event loop: `on_stdout`/`on_stderr` with each chunk,
+    `on_eof` once every output stream closed, `on_exit(code)` when the child died.
+    """
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.tty = False
+        self.exit_code: int | None = None
+        self.master_fd: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._out_fds: dict[int, OutputCallback] = {}
+        self._pidfd: int | None = None
+        self._exited = asyncio.Event()
+        self._eof = asyncio.Event()
+        self._on_exit: Callable[[int], None] | None = None
+        self._on_eof: Callable[[], None] | None = None
+        self._reaped = False
+        self._closed = False
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        tty: bool,
+        env: Mapping[str, str],
+        cwd: str | None,
+        rows: int = 24,
+        cols: int = 80,
+        on_stdout: OutputCallback,
+        on_stderr: OutputCallback | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        on_eof: Callable[[], None] | None = None,
+    ) -> LocalProcess:
+        """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
+        stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`)."""
+        self = cls()
+        self.tty = tty
+        self._on_exit = on_exit
+        self._on_eof = on_eof
+        parent_ends: list[int] = []
+        child_ends: list[int] = []
+        try:
+            if tty:
+                master, slave = os.openpty()
+                parent_ends.append(master)
+                child_ends.append(slave)
+                set_window_size(slave, rows, cols)
+                stdin: int = slave
+                stdout: int = slave
+                stderr: int = slave
+                setup: Callable[[], None] | None = _terminal_child_setup
+                self._out_fds[master] = on_stdout
+                self.master_fd = master
+            else:
+                out_r, out_w = os.pipe()
+                parent_ends.append(out_r)
+                child_ends.append(out_w)
+                self._out_fds[out_r] = on_stdout
+                stdin, stdout, stderr = subprocess.DEVNULL, out_w, out_w
+                if on_stderr is not None:
+                    err_r, err_w = os.pipe()
+                    parent_ends.append(err_r)
+                    child_ends.append(err_w)
+                    self._out_fds[err_r] = on_stderr
+                    stderr = err_w
+                setup = _pipe_child_setup if _parent_ignores_interrupts() else None
+            self._popen = subprocess.Popen(
+                list(argv),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=setup,
+                close_fds=True,
+            )
+        except BaseException:
+            for fd in parent_ends:
+                os.close(fd)
+            raise
+        finally:
+            for fd in child_ends:
+                os.close(fd)
+        self.pid = self._popen.pid
+        for fd in self._out_fds:
+            os.set_blocking(fd, False)
+            self._loop.add_reader(fd, self._on_readable, fd)
+        self._watch_exit()
+        return self
+
+    # ---- exit watching ---------------------------------------------------------------
+
+    def _watch_exit(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._check_exit)
+            return
+        # No pidfd (old kernel, not Linux): one small thread blocks in waitid(WNOWAIT).
+        def wait_in_thread() -> None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening
+                self._loop.call_soon_threadsafe(self._check_exit)
+
+        threading.Thread(target=wait_in_thread, name=f"waitid-{self.pid}", daemon=True).start()
+
+    def _check_exit(self) -> None:
+        if self.exit_code is not None:
+            return
+        try:
+            if self._pidfd is not None:
+                result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            else:
+                result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            result = None
+            code = 255  # someone else reaped it: the status is gone
+        else:
+            if result is None:
+                return
+            code = exit_code_from_wait(result.si_code, result.si_status)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+        self.exit_code = code
+        self._exited.set()
+        if self._on_exit is not None:
+            self._on_exit(code)
+
+    @property
+    def exited(self) -> bool:
+        """True once the child has died (it may still be an unreaped zombie)."""
+        return self.exit_code is not None
+
+    async def wait(self) -> int:
+        """Wait for the child's death and return its exit status."""
+        await self._exited.wait()
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def wait_eof(self) -> None:
+        """Wait until every output stream has closed."""
+        await self._eof.wait()
+
+    # ---- output ----------------------------------------------------------------------
+
+    def _on_readable(self, fd: int) -> None:
+        callback = self._out_fds.get(fd)
+        if callback is None:
+            return
+        for _ in range(READS_PER_WAKEUP):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EIO:  # EIO: the terminal's other side is closed
+                    raise
+                data = b""
+            if not data:
+                self._close_stream(fd)
+                return
+            callback(data)
+
+    def drain_now(self) -> None:
+        """Read whatever output is already waiting in the kernel, without blocking."""
+        for fd in list(self._out_fds):
+            self._on_readable(fd)
+
+    def _close_stream(self, fd: int) -> None:
+        if self._out_fds.pop(fd, None) is None:
+            return
+        self._loop.remove_reader(fd)
+        if fd != self.master_fd:  # the master stays open until close(): writes may race
+            os.close(fd)
+        if not self._out_fds:
+            self._eof.set()
+            if self._on_eof is not None:
+                self._on_eof()
+
+    # ---- input and control -------------------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        """Write all of `data` to the terminal, waiting for room when it is full."""
+        fd = self.master_fd
+        if fd is None or self._closed:
+            raise ProcessExitedError(f"process {self.pid} has no open terminal")
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                await self._writable(fd)
+                continue
+            except OSError as exc:
+                raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+            view = view[written:]
+
+    async def _writable(self, fd: int) -> None:
+        ready: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            self._loop.remove_writer(fd)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Resize the terminal (no-op once closed)."""
+        if self.master_fd is not None and not self._closed:
+            set_window_size(self.master_fd, rows, cols)
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the child's whole process group (ignoring a group that is gone).
+
+        Safe while the leader is unreaped: its zombie keeps the group id from reuse.
+        """
+        if self.pid <= 0 or self._reaped:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def terminate(self, grace_s: float) -> None:
+        """Stop the whole process group: polite signals, up to `grace_s` for the leader
+        to go, then SIGKILL to the group; then reap and close every fd. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if not self.exited and grace_s > 0:
+                for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
+                    self.signal_group(sig)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(grace_s):
+                        await self._exited.wait()
+            self.signal_group(signal.SIGKILL)
+            if not self.exited:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(KILL_WAIT_S):
+                        await self._exited.wait()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kill what is left of the group, reap the leader and close every fd."""
+        if self._closed:
+            return
+        self._closed = True
+        self.signal_group(signal.SIGKILL)
+        for fd in list(self._out_fds):
+            self._loop.remove_reader(fd)
+            if fd != self.master_fd:
+                os.close(fd)
+        self._out_fds.clear()
+        if self.master_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.master_fd)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._reaped or self._popen is None:
+            return
+        self._reaped = True
+        try:
+            pid, _ = os.waitpid(self.pid, 0 if self.exited else os.WNOHANG)
+        except ChildProcessError:
+            pid = self.pid
+        if pid == 0:
+            # SIGKILL was sent but the child is not gone yet (uninterruptible sleep):
+            # a thread waits for it so that it never stays a zombie.
+            threading.Thread(target=_reap_blocking, args=(self.pid,), daemon=True).start()
+        # Popen must not reap it again (it would poll it from __del__ otherwise).
+        self._popen.returncode = self.exit_code if self.exit_code is not None else -9
+
+
+def _reap_blocking(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -1,0 +1,179 @@
+"""One registered process: its output buffer, exit state and the backend's handle.
+
+A backend's reader only ever calls `feed()`, `report_exit()`, `report_eof()` and
+`report_lost()` (always on the event loop's thread). The base session's collection
+windows wait on the entry with `wait_for_change()`; the entry wakes a waiter only for
+what it asked for, so a reader that streams megabytes does not wake a window that only
+waits for the deadline or the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
+from .text_decoding import StreamDecoder
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """A command as the caller asked for it, in both shapes a backend may need.
+
+    `argv` is what to execute (for `shell=True` it is `["sh", "-c", shell_command]`);
+    `shell_command` is the same command as one POSIX shell string, for providers that
+    only take a string. `display` is how it is shown in `pty_processes()`.
+    """
+
+    argv: tuple[str, ...]
+    shell_command: str
+    display: str
+    shell: bool
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """A `CommandSpec` plus the terminal settings of a `pty_exec_start`."""
+
+    command: CommandSpec
+    tty: bool
+    rows: int
+    cols: int
+
+
+# How long a window waits, after a process's exit is known, for the end of its output.
+EXIT_DRAIN_GRACE_S = 0.05
+
+
+@dataclass(eq=False)
+class PtyEntry:
+    """A process in the registry (or being started, or being torn down).
+
+    `handle` is the backend's own state for the process; the base session never looks
+    inside it. Everything else belongs to the base session, apart from the four
+    `report`/`feed` methods a backend calls.
+    """
+
+    process_id: int
+    spec: ProcessSpec
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    handle: Any = None
+    started_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    last_used_mono: float = field(default_factory=time.monotonic)
+    exit_code: int | None = None
+    exited: bool = False
+    exited_at: float | None = None
+    eof: bool = False
+    lost_reason: str | None = None
+    removed: bool = False
+
+    def __post_init__(self) -> None:
+        self.output = BoundedOutput(self.output_limit)
+        self.decoder = StreamDecoder()
+        self.call_lock = asyncio.Lock()
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiter_wants_data = False
+
+    # ---- what a backend calls -------------------------------------------------------
+
+    @property
+    def tty(self) -> bool:
+        """Whether the process runs on a terminal (else on pipes, stdin closed)."""
+        return self.spec.tty
+
+    @property
+    def running(self) -> bool:
+        """True until the process's exit (or loss) has been reported."""
+        return not self.exited
+
+    def feed(self, data: bytes) -> None:
+        """Append output bytes (stdout and stderr alike, in arrival order)."""
+        if data:
+            self.output.append(data)
+            if self._waiter_wants_data:
+                self._wake()
+
+    def report_exit(self, exit_code: int) -> None:
+        """Record the process's exit status (128+N for a death by signal N). Idempotent."""
+        if not self.exited:
+            self.exited = True
+            self.exit_code = exit_code
+            self.exited_at = time.monotonic()
+            self._wake()
+
+    def report_eof(self) -> None:
+        """Record that no more output will come (the stream closed)."""
+        if not self.eof:
+            self.eof = True
+            self._wake()
+
+    def report_lost(self, reason: str) -> None:
+        """End the process without an exit status: the provider connection dropped.
+
+        The reason is appended to the output so the reader of the next window sees it.
+        It must not contain secrets.
+        """
+        if self.exited:
+            return
+        self.lost_reason = reason
+        self.feed(f"\n[sandbox: process lost: {reason}]\n".encode())
+        self.exited = True
+        self.exited_at = time.monotonic()
+        self.eof = True
+        self._wake()
+
+    # ---- what the base session uses -------------------------------------------------
+
+    def touch(self) -> None:
+        """Mark the entry as used now (for the prune rule and `pty_processes()`)."""
+        self.last_used = time.time()
+        self.last_used_mono = time.monotonic()
+
+    @property
+    def output_done(self) -> bool:
+        """Exited, and either the output ended or the drain grace after exit elapsed."""
+        if not self.exited:
+            return False
+        if self.eof:
+            return True
+        assert self.exited_at is not None
+        return time.monotonic() >= self.exited_at + EXIT_DRAIN_GRACE_S
+
+    async def wait_for_change(self, deadline: float, *, wants_data: bool) -> None:
+        """Sleep until the loop time `deadline`, an exit/EOF report, or (if `wants_data`)
+        new output. Only one waiter at a time: calls on one entry are serialized."""
+        loop = asyncio.get_running_loop()
+        if self.exited and not self.eof:
+            deadline = min(deadline, self._exit_grace_loop_deadline(loop))
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiter = waiter
+        self._waiter_wants_data = wants_data
+        timer = loop.call_at(deadline, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            if self._waiter is waiter:
+                self._waiter = None
+                self._waiter_wants_data = False
+
+    def _exit_grace_loop_deadline(self, loop: asyncio.AbstractEventLoop) -> float:
+        assert self.exited_at is not None
+        return loop.time() + max(0.0, self.exited_at + EXIT_DRAIN_GRACE_S - time.monotonic())
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            self._waiter_wants_data = False
+            _resolve(waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

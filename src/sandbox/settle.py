@@ -1,0 +1,95 @@
+"""Cancellation-settled cleanup: the one way the library awaits a teardown.
+
+Once something leaves the registry nothing else can reach it, so its teardown must have
+an owner that outlives the caller's cancellation. `settle()` runs the cleanup as a task
+it owns, waits for it under `asyncio.shield` across any number of cancellations of the
+caller, consumes the task's result, and only then raises: the cleanup's own error if it
+failed, else the caller's first cancellation (with its message). `settle_each()` is the
+batch form: one settled operation that attempts every item, a few at a time, even when
+some fail or the caller is cancelled midway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from .errors import CleanupError
+
+T = TypeVar("T")
+
+# Strong references to running cleanup tasks: the event loop only keeps weak ones, and a
+# cleanup must never be garbage-collected half-way because its caller went away.
+_running: set[asyncio.Task[object]] = set()
+
+DEFAULT_BATCH_CONCURRENCY = 8
+
+
+async def settle(cleanup: Awaitable[T]) -> T:
+    """Run `cleanup` to completion even if the caller is cancelled, then report.
+
+    Returns the cleanup's result. Raises the cleanup's exception if it failed (even when
+    the caller was also cancelled), else re-raises the caller's cancellation, keeping the
+    first cancellation's message.
+    """
+    task: asyncio.Task[T] = asyncio.ensure_future(cleanup)
+    _running.add(task)  # type: ignore[arg-type]
+    task.add_done_callback(_running.discard)  # type: ignore[arg-type]
+    cancel: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            # A done task here means the cleanup itself was cancelled (loop shutdown),
+            # not our caller: only the caller's cancellations are recorded.
+            if cancel is None and (not task.done() or _caller_cancelled()):
+                cancel = exc
+    if task.cancelled():
+        raise cancel if cancel is not None else asyncio.CancelledError()
+    error = task.exception()
+    if error is not None:
+        raise error
+    if cancel is not None:
+        raise asyncio.CancelledError(*cancel.args)
+    return task.result()
+
+
+def _caller_cancelled() -> bool:
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
+
+
+async def attempt_all(
+    items: Iterable[T], teardown: Callable[[T], Awaitable[object]], concurrency: int
+) -> None:
+    gate = asyncio.Semaphore(max(1, concurrency))
+    errors: list[BaseException] = []
+
+    async def one(item: T) -> None:
+        async with gate:
+            try:
+                await teardown(item)
+            except Exception as exc:  # every item is attempted; failures are reported
+                errors.append(exc)
+
+    await asyncio.gather(*(one(item) for item in items))
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise CleanupError(f"{len(errors)} teardowns failed: {errors[0]}", errors)
+
+
+async def settle_each(
+    items: Iterable[T],
+    teardown: Callable[[T], Awaitable[object]],
+    *,
+    concurrency: int = DEFAULT_BATCH_CONCURRENCY,
+) -> None:
+    """Tear down every item as ONE settled operation.
+
+    Every item is attempted even if another's teardown fails or the caller is cancelled;
+    at most `concurrency` run at once. A single failure is raised as itself, several as
+    a `CleanupError` listing them all.
+    """
+    await settle(attempt_all(list(items), teardown, concurrency))

@@ -1,0 +1,54 @@
+"""Plain result types returned by the public API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of a one-shot `exec`: its captured streams and exit code.
+
+    A process killed by signal N reports `exit_code` 128+N.
+    """
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with code 0."""
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class PtyUpdate:
+    """What one collection window saw of a process.
+
+    `process_id` is None once the process has exited (it has then left the registry);
+    `exit_code` is set once it exited (None if it is still running, or if the provider
+    lost it without an exit status); `original_token_count` is set only when `output`
+    was truncated to `max_output_tokens`.
+    """
+
+    process_id: int | None
+    output: str
+    exit_code: int | None
+    original_token_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PtyProcessInfo:
+    """A snapshot of one registered process, as listed by `pty_processes()`.
+
+    `started_at` and `last_used` are wall-clock UNIX timestamps.
+    """
+
+    process_id: int
+    command: str
+    tty: bool
+    running: bool
+    exit_code: int | None
+    started_at: float
+    last_used: float

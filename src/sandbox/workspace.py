@@ -1,0 +1,61 @@
+"""A workspace directory on the local file system, and safe paths inside it.
+
+`resolve_inside` refuses every path that would leave the workspace: `..` components
+that climb out, absolute paths elsewhere, and symlinks (at any level) pointing out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from .errors import WorkspacePathError
+
+
+class Workspace:
+    """A directory that is the session's cwd and HOME; temporary ones are removed on
+    `cleanup()`."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._given = path is not None
+        self._path: str | None = os.fspath(path) if path is not None else None
+
+    @property
+    def path(self) -> str:
+        """The workspace's real path (available after `create()`)."""
+        if self._path is None:
+            raise RuntimeError("the workspace has not been created")
+        return self._path
+
+    def create(self) -> str:
+        """Create the directory (a fresh temporary one when no path was given)."""
+        if self._path is None or not self._given:
+            self._path = tempfile.mkdtemp(prefix="sandbox-ws-")
+        else:
+            os.makedirs(self._path, exist_ok=True)
+        self._path = os.path.realpath(self._path)
+        return self._path
+
+    def cleanup(self) -> None:
+        """Remove a temporary workspace; a given one is left as it is."""
+        if not self._given and self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+
+    def resolve_inside(self, path: str) -> str:
+        """The real path of `path` (relative to the workspace), refusing any escape."""
+        root = self.path
+        candidate = path if os.path.isabs(path) else os.path.join(root, path)
+        real = os.path.realpath(candidate)
+        if real != root and not real.startswith(root + os.sep):
+            raise WorkspacePathError(
+                f"path {path!r} is outside the workspace; use a path inside {root}"
+            )
+        return real
+
+    def cwd_for(self, cwd: str | None) -> str:
+        """The working directory for a command: the workspace, or `cwd` relative to it."""
+        if cwd is None:
+            return self.path
+        return cwd if os.path.isabs(cwd) else os.path.join(self.path, cwd)
