@@ -1,0 +1,103 @@
+"""Running one command through a provider's interactive shell without losing its exit.
+
+Several providers hand a PTY to an interactive shell rather than to our command (see
+"the shell trap" in PROVIDERS.md). `ShellTrap` builds the line to type into that shell
+and filters what comes back:
+
+- everything before a start marker (prompt, banner, the echo of the typed line) is
+  dropped, so nothing we typed shows up in the output;
+- in `exec` mode the command replaces the shell, so the provider's own exit report is
+  the command's exit status;
+- in `report` mode (providers that only close the socket) the status is printed in-band
+  after the command as an end marker, parsed here and stripped from the output.
+
+The markers are written by `printf` from octal escapes, so the echo of the typed line
+never contains them literally. Markers split across chunks are handled.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+
+_RS = b"\x1e"
+
+
+class ShellTrap:
+    """One command's wrapper line and the filter for its terminal output."""
+
+    def __init__(self, *, report_exit: bool, token: str | None = None) -> None:
+        self.report_exit = report_exit
+        self.token = token or secrets.token_hex(8)
+        self._start = _RS + b"S" + self.token.encode() + _RS
+        self._end_prefix = _RS + b"E" + self.token.encode() + b":"
+        self._end_re = re.compile(re.escape(self._end_prefix) + rb"(\d{1,3})" + re.escape(_RS))
+        self._pending = b""
+        self.started = False
+        self.done = False
+        self.exit_code: int | None = None
+
+    def line(self, command: str, *, tty: bool = True, cwd: str | None = None) -> str:
+        """The line to type into the shell to run `command` (a POSIX shell string).
+
+        With `tty=False` terminal echo and output processing are turned off and stdin
+        is /dev/null, so the process behaves as if it ran on pipes.
+        """
+        parts = []
+        if not tty:
+            parts.append("stty -echo -opost 2>/dev/null")
+        if cwd:
+            parts.append(f"cd {shlex.quote(cwd)} || exit 1")
+        parts.append(f"printf '\\036S%s\\036' {self.token}")
+        body = f"sh -c {shlex.quote(command)}"
+        if not tty:
+            body += " </dev/null"
+        if self.report_exit:
+            parts.append(body)
+            parts.append(f"printf '\\036E%s:%d\\036' {self.token} $?")
+            parts.append("exit")
+        else:
+            parts.append(f"exec {body}")
+        return "; ".join(parts) + "\n"
+
+    def feed(self, data: bytes) -> bytes:
+        """Filter a chunk of terminal output; returns the bytes the user should see."""
+        if self.done or not data:
+            return b""
+        data = self._pending + data
+        self._pending = b""
+        if not self.started:
+            at = data.find(self._start)
+            if at < 0:
+                self._pending = data[-(len(self._start) - 1) :]
+                return b""
+            self.started = True
+            data = data[at + len(self._start) :]
+        if not self.report_exit:
+            return data
+        match = self._end_re.search(data)
+        if match:
+            self.exit_code = int(match.group(1))
+            self.done = True
+            return data[: match.start()]
+        hold = self._possible_marker_start(data)
+        self._pending = data[hold:]
+        return data[:hold]
+
+    def _possible_marker_start(self, data: bytes) -> int:
+        """Index from which `data` might be the beginning of an unfinished end marker."""
+        at = data.rfind(_RS, max(0, len(data) - len(self._end_prefix) - 5))
+        while at >= 0:
+            tail = data[at:]
+            if self._end_prefix.startswith(tail[: len(self._end_prefix)]) and (
+                len(tail) <= len(self._end_prefix) or tail[len(self._end_prefix) :].isdigit()
+            ):
+                return at
+            at = data.rfind(_RS, max(0, len(data) - len(self._end_prefix) - 5), at)
+        return len(data)
+
+    def flush(self) -> bytes:
+        """At the end of the stream: held-back bytes that turned out not to be a marker."""
+        pending, self._pending = self._pending, b""
+        return pending if self.started and not self.done else b""
