@@ -1,0 +1,53 @@
+"""Small helpers shared by the test modules (no mocks of our own code here)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Callable
+
+
+def unique_seconds() -> str:
+    """A `sleep` argument unlikely to be used by anything else on the machine, so the
+    processes of one test can be found in /proc by their command line."""
+    return str(600_000 + secrets.randbelow(300_000))
+
+
+def host_pids_with_arg(arg: str) -> list[int]:
+    """Live (non-zombie) processes on this host whose argv contains `arg` exactly.
+
+    Processes in containers and behind the fakes are on this kernel too, so this finds
+    what any backend left behind.
+    """
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and arg.encode() in argv:
+            found.append(int(name))
+    return found
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll `predicate` until it holds (for state only observable by looking, such as a
+    process table); returns its final value."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def open_fds() -> int:
+    """Number of fds this process has open."""
+    return len(os.listdir("/proc/self/fd"))

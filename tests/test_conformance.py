@@ -1,0 +1,405 @@
+"""The cross-backend conformance suite: every backend must pass all of it.
+
+Written once against the public API; `session` (tests/conftest.py) is parametrized over
+the modules in tests/backend_fixtures/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from types import ModuleType
+
+import pytest
+
+import sandbox
+from sandbox import BaseSandboxSession
+from sandbox.text_decoding import omission_marker
+from tests.helpers import eventually, host_pids_with_arg, unique_seconds
+
+# ---- one-shot exec ------------------------------------------------------------------
+
+
+async def test_exec_ok(session: BaseSandboxSession) -> None:
+    result = await session.exec("echo hi")
+    assert result == sandbox.ExecResult(stdout=b"hi\n", stderr=b"", exit_code=0)
+    assert result.ok
+
+
+async def test_exec_nonzero_and_stderr(session: BaseSandboxSession) -> None:
+    result = await session.exec("echo out; echo err >&2; exit 7")
+    assert result.exit_code == 7
+    assert not result.ok
+    assert result.stdout == b"out\n"
+    assert result.stderr == b"err\n"
+
+
+async def test_exec_argv_without_shell(session: BaseSandboxSession) -> None:
+    result = await session.exec("printf", "%s|", "a b", "$HOME", shell=False)
+    assert result.stdout == b"a b|$HOME|"
+
+
+async def test_exec_parts_are_quoted_with_shell(session: BaseSandboxSession) -> None:
+    result = await session.exec("printf", "%s|", "a b", "c;d")
+    assert result.stdout == b"a b|c;d|"
+
+
+async def test_exec_env_and_cwd(session: BaseSandboxSession) -> None:
+    result = await session.exec("echo $GREETING; pwd", env={"GREETING": "hola"}, cwd="/")
+    assert result.stdout == b"hola\n/\n"
+
+
+async def test_exec_timeout_kills_the_tree(session: BaseSandboxSession) -> None:
+    marker = unique_seconds()
+    started = time.monotonic()
+    with pytest.raises(sandbox.ExecTimeoutError) as info:
+        await session.exec(f"echo before; sleep {marker} & sleep {marker}; wait", timeout=1.5)
+    assert time.monotonic() - started < 15
+    assert b"before" in info.value.stdout
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    # The sandbox itself survived the timeout.
+    assert (await session.exec("echo still-here")).stdout == b"still-here\n"
+
+
+async def test_file_round_trip(session: BaseSandboxSession) -> None:
+    payload = bytes(range(256)) * 400
+    await session.write_file("sub/dir/data.bin", payload)
+    assert await session.read_file("sub/dir/data.bin") == payload
+    assert (await session.exec("wc -c < sub/dir/data.bin")).stdout.strip() == b"102400"
+
+
+# ---- process start and exit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
+@pytest.mark.parametrize(
+    ("command", "code"), [("true", 0), ("exit 3", 3), ("kill -9 $$", 137), ("kill -TERM $$", 143)]
+)
+async def test_immediate_exit_reports_code_early(
+    session: BaseSandboxSession, command: str, code: int, tty: bool
+) -> None:
+    started = time.monotonic()
+    update = await session.pty_exec_start(command, tty=tty, yield_time_s=10)
+    assert time.monotonic() - started < 5, "the window must end at the exit, not the deadline"
+    assert update.process_id is None
+    assert update.exit_code == code
+    assert session.pty_processes() == []
+
+
+async def test_output_then_exit_is_complete(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("seq 1 20000", yield_time_s=20)
+    assert update.process_id is None
+    assert update.exit_code == 0
+    assert update.output == "".join(f"{i}\n" for i in range(1, 20001))
+
+
+async def test_running_process_is_listed(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    assert update.process_id is not None
+    assert update.exit_code is None
+    infos = session.pty_processes()
+    assert [i.process_id for i in infos] == [update.process_id]
+    assert infos[0].command == "echo ready; exec cat"
+    assert infos[0].tty and infos[0].running and infos[0].exit_code is None
+    assert 1000 <= update.process_id < 100_000
+
+
+async def test_tty_echo_round_trip_with_until(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    started = time.monotonic()
+    update = await session.pty_write_stdin(
+        pid, "ping\n", until=re.compile(r"ping\r?\n(.|\n)*ping"), yield_time_s=20
+    )
+    assert time.monotonic() - started < 10, "until must end the window early"
+    assert update.output.count("ping") == 2
+    assert update.process_id == pid
+
+
+async def test_until_regex_and_substring(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start(
+        "echo start; sleep 0.3; echo value=42; exec sleep 30", until=re.compile(r"value=\d+")
+    )
+    assert "value=42" in update.output
+    assert update.process_id is not None
+
+
+async def test_pipes_reject_stdin_but_poll(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo one; read x; echo got=$x; echo two", until="two")
+    assert update.output.replace("\r", "") == "one\ngot=\ntwo\n" or update.exit_code == 0
+    marker = unique_seconds()
+    update = await session.pty_exec_start(f"echo ready; exec sleep {marker}", until="ready")
+    assert update.process_id is not None
+    with pytest.raises(sandbox.StdinClosedError, match="tty=True"):
+        await session.pty_write_stdin(update.process_id, "data\n")
+    poll = await session.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
+    assert poll.process_id == update.process_id
+    assert poll.exit_code is None
+
+
+async def test_empty_poll_returns_at_exit(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo a; sleep 1; echo b", until="a")
+    assert update.process_id is not None
+    started = time.monotonic()
+    final = await session.pty_write_stdin(update.process_id, "", yield_time_s=30)
+    assert time.monotonic() - started < 10
+    assert final.process_id is None
+    assert final.exit_code == 0
+    assert "b" in final.output
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
+async def test_interrupt_sleeping_process(session: BaseSandboxSession, tty: bool) -> None:
+    marker = unique_seconds()
+    update = await session.pty_exec_start(f"echo ready; exec sleep {marker}", tty=tty, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    await session.pty_interrupt(pid)
+    final = await session.pty_write_stdin(pid, "", yield_time_s=10)
+    assert final.process_id is None
+    assert final.exit_code == 130
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+
+
+async def test_resize_is_seen_by_stty(session: BaseSandboxSession, backend: ModuleType) -> None:
+    update = await session.pty_exec_start(
+        "echo ready; read x; stty size", tty=True, rows=24, cols=80, until="ready"
+    )
+    pid = update.process_id
+    assert pid is not None
+    if "resize" not in backend.CAPABILITIES:
+        with pytest.raises(sandbox.UnsupportedOperationError):
+            await session.pty_resize(pid, rows=40, cols=120)
+        return
+    await session.pty_resize(pid, rows=40, cols=120)
+    final = await session.pty_write_stdin(pid, "\n", until="40 120", yield_time_s=10)
+    assert "40 120" in final.output
+
+
+async def test_initial_size_is_applied(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("stty size", tty=True, rows=33, cols=91)
+    assert "33 91" in update.output
+    assert update.exit_code == 0
+
+
+# ---- output handling ------------------------------------------------------------------
+
+
+async def test_large_output_keeps_exact_head_and_tail(session: BaseSandboxSession) -> None:
+    count = 2_500_000  # about 20 MB of `seq` output
+    update = await session.pty_exec_start(f"seq 1 {count}", yield_time_s=30)
+    assert update.exit_code == 0, update.output[-300:]
+    expected = "".join(f"{i}\n" for i in range(1, count + 1)).encode()
+    limit = session.output_limit_bytes
+    head, tail = expected[: limit // 2], expected[len(expected) - (limit - limit // 2) :]
+    omitted = len(expected) - len(head) - len(tail)
+    assert update.output == head.decode() + omission_marker(omitted) + tail.decode()
+
+
+async def test_multibyte_character_split_across_windows(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start(
+        r"stty -echo; printf 'A\303'; read x; printf '\251B'", tty=True, until="A"
+    )
+    assert update.output.endswith("A")
+    assert "\ufffd" not in update.output
+    pid = update.process_id
+    assert pid is not None
+    final = await session.pty_write_stdin(pid, "\n", until="B", yield_time_s=10)
+    assert final.output.endswith("\u00e9B")
+    assert "\ufffd" not in final.output
+
+
+async def test_token_truncation(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("seq 1 5000", max_output_tokens=100, yield_time_s=20)
+    assert update.exit_code == 0
+    assert update.original_token_count is not None
+    assert update.original_token_count > 100
+    assert update.output.startswith("Total output lines: 5001\n\n1\n2\n")
+    assert update.output.endswith("4999\n5000\n")
+    assert "tokens truncated" in update.output
+    assert len(update.output.encode()) <= 100 * 4 + 40
+
+
+async def test_concurrent_writes_do_not_interleave(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("stty -echo; echo ready; exec cat", tty=True, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    a, b = "A" * 1500, "B" * 1500
+    first, second = await asyncio.gather(
+        session.pty_write_stdin(pid, a + "\n"), session.pty_write_stdin(pid, b + "\n")
+    )
+    text = first.output + second.output
+    while text.count("\n") < 2:
+        text += (await session.pty_write_stdin(pid, "", until="\n", yield_time_s=10)).output
+    lines = [line for line in text.replace("\r", "").split("\n") if line]
+    assert sorted(lines) == [a, b]
+
+
+# ---- registry --------------------------------------------------------------------------
+
+
+async def test_unknown_process_ids(session: BaseSandboxSession) -> None:
+    for call in (
+        session.pty_write_stdin(99_999_999, "x"),
+        session.pty_write_stdin(424_242, ""),
+        session.pty_interrupt(12),
+        session.pty_terminate(100_001),
+        session.pty_resize(5, rows=10, cols=10),
+    ):
+        with pytest.raises(sandbox.PtyProcessNotFoundError) as info:
+            await call
+        assert isinstance(info.value, LookupError)
+        assert "no process with id" in str(info.value)
+
+
+async def test_exited_process_is_gone_after_final_poll(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo ready; sleep 0.2; echo bye", until="ready")
+    pid = update.process_id
+    assert pid is not None
+    final = await session.pty_write_stdin(pid, "", yield_time_s=10)
+    assert final.process_id is None
+    assert final.exit_code == 0
+    with pytest.raises(sandbox.PtyProcessNotFoundError):
+        await session.pty_write_stdin(pid, "")
+
+
+async def test_prune_rule_on_the_65th_start(session: BaseSandboxSession) -> None:
+    assert session.max_processes == 64
+    pids = []
+    for _ in range(64):
+        update = await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+        assert update.process_id is not None
+        pids.append(update.process_id)
+    assert len(set(pids)) == 64
+    # An old process exits without being collected; then the 8 oldest are used again.
+    await session.pty_interrupt(pids[10])
+    assert await eventually(
+        lambda: any(i.process_id == pids[10] and not i.running for i in session.pty_processes()),
+        timeout=10,
+    )
+    for pid in pids[:8]:
+        await session.pty_write_stdin(pid, "x\n", until="x")
+    newest = await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+    live = {i.process_id for i in session.pty_processes()}
+    assert pids[10] not in live, "the least recently used EXITED process goes first"
+    assert newest.process_id in live and len(live) == 64
+    await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+    live = {i.process_id for i in session.pty_processes()}
+    assert pids[8] not in live, "then the least recently used running one"
+    assert set(pids[:8]) <= live, "the 8 most recently used are never pruned"
+    assert len(live) == 64
+    await session.pty_terminate_all()
+    assert session.pty_processes() == []
+
+
+async def test_terminate_and_terminate_all_leave_nothing(session: BaseSandboxSession) -> None:
+    markers = [unique_seconds() for _ in range(3)]
+    pids = []
+    for tty, marker in zip((True, False, True), markers, strict=True):
+        update = await session.pty_exec_start(
+            f"sleep {marker} & echo ready; sleep {marker}; wait", tty=tty, until="ready"
+        )
+        assert update.process_id is not None
+        pids.append(update.process_id)
+    assert all(host_pids_with_arg(m) for m in markers)
+    await session.pty_terminate(pids[0])
+    assert await eventually(lambda: not host_pids_with_arg(markers[0]))
+    assert {i.process_id for i in session.pty_processes()} == set(pids[1:])
+    await session.pty_terminate_all()
+    assert session.pty_processes() == []
+    assert await eventually(lambda: not any(host_pids_with_arg(m) for m in markers))
+    with pytest.raises(sandbox.PtyProcessNotFoundError):
+        await session.pty_terminate(pids[1])
+
+
+async def test_close_leaves_nothing(backend: ModuleType, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    marker = unique_seconds()
+    async with backend.session(tmp_path) as s:
+        await s.pty_exec_start(f"echo ready; exec sleep {marker}", tty=True, until="ready")
+        await s.pty_exec_start(f"echo ready; exec sleep {marker}", until="ready")
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    with pytest.raises(sandbox.SessionClosedError):
+        await s.exec("true")
+    with pytest.raises(sandbox.SessionClosedError):
+        await s.pty_exec_start("true")
+    await s.aclose()  # idempotent
+
+
+# ---- cancellation at every await point --------------------------------------------------
+
+
+async def _cancel_after(coro, steps: int) -> BaseException | object:  # type: ignore[no-untyped-def]
+    task = asyncio.ensure_future(coro)
+    for _ in range(steps):
+        if task.done():
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        return await task
+    except BaseException as exc:  # noqa: BLE001 - the test inspects what came out
+        return exc
+
+
+def _registry_consistent(session: BaseSandboxSession) -> None:
+    live = {i.process_id for i in session.pty_processes()}
+    assert live <= session._reserved  # noqa: SLF001 - the invariant under test
+
+
+async def test_cancel_start_at_every_step(session: BaseSandboxSession) -> None:
+    marker = unique_seconds()
+    for steps in range(0, 40, 3):
+        outcome = await _cancel_after(
+            session.pty_exec_start(f"exec sleep {marker}", tty=steps % 2 == 0, yield_time_s=30),
+            steps,
+        )
+        assert isinstance(outcome, asyncio.CancelledError)
+        _registry_consistent(session)
+        assert session.pty_processes() == [], "a cancelled start must not leave its process"
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    assert session._reserved == set()  # noqa: SLF001
+
+
+async def test_cancel_write_and_poll_at_every_step(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    for steps in range(0, 30, 3):
+        await _cancel_after(session.pty_write_stdin(pid, "line\n", yield_time_s=5), steps)
+        await _cancel_after(session.pty_write_stdin(pid, "", yield_time_s=30), steps)
+        _registry_consistent(session)
+        assert [i.process_id for i in session.pty_processes()] == [pid]
+    # The process is still healthy and nothing was lost or interleaved.
+    update = await session.pty_write_stdin(pid, "final\n", until=re.compile("final\r?\n.*final", re.S))
+    assert update.process_id == pid
+
+
+async def test_cancel_terminate_at_every_step(session: BaseSandboxSession) -> None:
+    for steps in range(0, 12, 2):
+        marker = unique_seconds()
+        update = await session.pty_exec_start(f"echo ready; exec sleep {marker}", until="ready")
+        pid = update.process_id
+        assert pid is not None
+        outcome = await _cancel_after(session.pty_terminate(pid), steps)
+        assert outcome is None or isinstance(outcome, asyncio.CancelledError)
+        _registry_consistent(session)
+        if steps == 0:  # cancelled before it ran: nothing happened, the process is intact
+            assert [i.process_id for i in session.pty_processes()] == [pid]
+            await session.pty_terminate(pid)
+        assert session.pty_processes() == []
+        assert await eventually(lambda m=marker: not host_pids_with_arg(m))  # type: ignore[misc]
+        _registry_consistent(session)
+    assert session._reserved == set()  # noqa: SLF001
+
+
+async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSession) -> None:
+    marker = unique_seconds()
+    for tty in (True, False, True):
+        await session.pty_exec_start(f"echo ready; exec sleep {marker}", tty=tty, until="ready")
+    outcome = await _cancel_after(session.pty_terminate_all(), 1)  # mid-batch
+    assert outcome is None or isinstance(outcome, asyncio.CancelledError)
+    assert session.pty_processes() == []
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    assert session._reserved == set()  # noqa: SLF001
