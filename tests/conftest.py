@@ -47,9 +47,7 @@ def backend(request: pytest.FixtureRequest) -> ModuleType:
 
 
 @pytest.fixture
-async def session(
-    backend: ModuleType, tmp_path: Path
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(backend: ModuleType, tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     """A started session of each backend in turn, closed after the test."""
     async with backend.session(tmp_path) as s:
         yield s

@@ -153,7 +153,9 @@ async def test_empty_poll_returns_at_exit(session: BaseSandboxSession) -> None:
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
 async def test_interrupt_sleeping_process(session: BaseSandboxSession, tty: bool) -> None:
     marker = unique_seconds()
-    update = await session.pty_exec_start(f"echo ready; exec sleep {marker}", tty=tty, until="ready")
+    update = await session.pty_exec_start(
+        f"echo ready; exec sleep {marker}", tty=tty, until="ready"
+    )
     pid = update.process_id
     assert pid is not None
     await session.pty_interrupt(pid)
@@ -223,7 +225,9 @@ async def test_token_truncation(session: BaseSandboxSession) -> None:
 
 
 async def test_concurrent_writes_do_not_interleave(session: BaseSandboxSession) -> None:
-    update = await session.pty_exec_start("stty -echo; echo ready; exec cat", tty=True, until="ready")
+    update = await session.pty_exec_start(
+        "stty -echo; echo ready; exec cat", tty=True, until="ready"
+    )
     pid = update.process_id
     assert pid is not None
     a, b = "A" * 1500, "B" * 1500
@@ -339,13 +343,13 @@ async def _cancel_after(coro, steps: int) -> BaseException | object:  # type: ig
     task.cancel()
     try:
         return await task
-    except BaseException as exc:  # noqa: BLE001 - the test inspects what came out
+    except BaseException as exc:
         return exc
 
 
 def _registry_consistent(session: BaseSandboxSession) -> None:
     live = {i.process_id for i in session.pty_processes()}
-    assert live <= session._reserved  # noqa: SLF001 - the invariant under test
+    assert live <= session._reserved
 
 
 async def test_cancel_start_at_every_step(session: BaseSandboxSession) -> None:
@@ -359,7 +363,7 @@ async def test_cancel_start_at_every_step(session: BaseSandboxSession) -> None:
         _registry_consistent(session)
         assert session.pty_processes() == [], "a cancelled start must not leave its process"
     assert await eventually(lambda: not host_pids_with_arg(marker))
-    assert session._reserved == set()  # noqa: SLF001
+    assert session._reserved == set()
 
 
 async def test_cancel_write_and_poll_at_every_step(session: BaseSandboxSession) -> None:
@@ -372,7 +376,9 @@ async def test_cancel_write_and_poll_at_every_step(session: BaseSandboxSession) 
         _registry_consistent(session)
         assert [i.process_id for i in session.pty_processes()] == [pid]
     # The process is still healthy and nothing was lost or interleaved.
-    update = await session.pty_write_stdin(pid, "final\n", until=re.compile("final\r?\n.*final", re.S))
+    update = await session.pty_write_stdin(
+        pid, "final\n", until=re.compile("final\r?\n.*final", re.S)
+    )
     assert update.process_id == pid
 
 
@@ -391,7 +397,7 @@ async def test_cancel_terminate_at_every_step(session: BaseSandboxSession) -> No
         assert session.pty_processes() == []
         assert await eventually(lambda m=marker: not host_pids_with_arg(m))  # type: ignore[misc]
         _registry_consistent(session)
-    assert session._reserved == set()  # noqa: SLF001
+    assert session._reserved == set()
 
 
 async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSession) -> None:
@@ -402,4 +408,4 @@ async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSe
     assert outcome is None or isinstance(outcome, asyncio.CancelledError)
     assert session.pty_processes() == []
     assert await eventually(lambda: not host_pids_with_arg(marker))
-    assert session._reserved == set()  # noqa: SLF001
+    assert session._reserved == set()

@@ -37,7 +37,9 @@ def check_max_tokens(value: int | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(f"max_output_tokens must be a positive int or None, not {value!r}")
+        raise InvalidArgumentError(
+            f"max_output_tokens must be a positive int or None, not {value!r}"
+        )
     return value
 
 
@@ -47,7 +49,9 @@ def check_terminal_size(rows: int, cols: int) -> tuple[int, int]:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
         if not 1 <= value <= MAX_TERMINAL_SIDE:
-            raise InvalidArgumentError(f"{name} must be between 1 and {MAX_TERMINAL_SIDE}, got {value}")
+            raise InvalidArgumentError(
+                f"{name} must be between 1 and {MAX_TERMINAL_SIDE}, got {value}"
+            )
     return rows, cols
 
 

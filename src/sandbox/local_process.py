@@ -166,6 +166,7 @@ class LocalProcess:
         if self._pidfd is not None:
             self._loop.add_reader(self._pidfd, self._check_exit)
             return
+
         # No pidfd (old kernel, not Linux): one small thread blocks in waitid(WNOWAIT).
         def wait_in_thread() -> None:
             with contextlib.suppress(ChildProcessError):
@@ -268,7 +269,12 @@ class LocalProcess:
 
     async def _writable(self, fd: int) -> None:
         ready: asyncio.Future[None] = self._loop.create_future()
-        self._loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+
+        def on_writable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_writer(fd, on_writable)
         try:
             await ready
         finally:

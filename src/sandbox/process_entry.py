@@ -71,6 +71,7 @@ class PtyEntry:
     eof: bool = False
     lost_reason: str | None = None
     removed: bool = False
+    poll_preempted: bool = False
 
     def __post_init__(self) -> None:
         self.output = BoundedOutput(self.output_limit)
@@ -128,6 +129,11 @@ class PtyEntry:
         self._wake()
 
     # ---- what the base session uses -------------------------------------------------
+
+    def preempt_poll(self) -> None:
+        """Ask a poll in progress on this entry to end its window now (a write waits)."""
+        self.poll_preempted = True
+        self._wake()
 
     def touch(self) -> None:
         """Mark the entry as used now (for the prune rule and `pty_processes()`)."""

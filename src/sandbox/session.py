@@ -297,7 +297,8 @@ class BaseSandboxSession:
             window = arguments.yield_window(yield_time_s, arguments.WRITE_YIELD_S)
         else:
             window = arguments.yield_window(
-                yield_time_s, arguments.EMPTY_POLL_MIN_YIELD_S,
+                yield_time_s,
+                arguments.EMPTY_POLL_MIN_YIELD_S,
                 floor=arguments.EMPTY_POLL_MIN_YIELD_S,
             )
         max_tokens = arguments.check_max_tokens(max_output_tokens)
@@ -308,6 +309,10 @@ class BaseSandboxSession:
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
                 "start it with tty=True to write to it (empty chars still polls it)"
             )
+        if data and entry.call_lock.locked():
+            # Keystrokes must not wait behind a long poll of the same process: the poll
+            # ends now with what it has, then this write runs.
+            entry.preempt_poll()
         async with entry.call_lock:
             if entry.removed:
                 raise PtyProcessNotFoundError(f"process {process_id} was terminated")
@@ -319,7 +324,7 @@ class BaseSandboxSession:
                         "collect its remaining output and exit code"
                     )
                 await self._write_stdin(entry, data)
-            return await self._collect(entry, window, pattern, max_tokens)
+            return await self._collect(entry, window, pattern, max_tokens, poll=not data)
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
@@ -454,12 +459,19 @@ class BaseSandboxSession:
         window_s: float,
         until: UntilPattern | None,
         max_tokens: int | None,
+        *,
+        poll: bool = False,
     ) -> PtyUpdate:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + window_s
         matcher = UntilMatcher(until, entry.decoder.snapshot()) if until is not None else None
         scanned = entry.output.start_pos
+        if not poll:
+            entry.poll_preempted = False
         while True:
+            if poll and entry.poll_preempted:
+                entry.poll_preempted = False
+                break
             if matcher is not None:
                 segments = entry.output.since(scanned)
                 scanned = entry.output.end_pos
@@ -515,9 +527,7 @@ class BaseSandboxSession:
 
     async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
         """Resize the process's terminal; default: unsupported."""
-        raise UnsupportedOperationError(
-            f"the {self.backend_name} backend cannot resize a terminal"
-        )
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resize a terminal")
 
     async def _interrupt(self, entry: PtyEntry) -> None:
         """Ctrl-C. Default: the interrupt character for a tty; backends must override

@@ -34,8 +34,8 @@ async def settle(cleanup: Awaitable[T]) -> T:
     first cancellation's message.
     """
     task: asyncio.Task[T] = asyncio.ensure_future(cleanup)
-    _running.add(task)  # type: ignore[arg-type]
-    task.add_done_callback(_running.discard)  # type: ignore[arg-type]
+    _running.add(task)
+    task.add_done_callback(_running.discard)
     cancel: asyncio.CancelledError | None = None
     while not task.done():
         try:

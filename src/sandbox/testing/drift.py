@@ -18,7 +18,7 @@ FAKE_ONLY_MARK = "__fake_only__"
 
 def _public_names(cls: type) -> list[str]:
     only: Iterable[str] = getattr(cls, FAKE_ONLY_MARK, ())
-    names = set()
+    names: set[str] = set()
     for klass in cls.__mro__:
         if klass is object:
             continue
@@ -72,13 +72,15 @@ def signature_problems(name: str, fake: Any, real: Any) -> list[str]:
             {other.kind, param.kind} <= {param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY}
             and param.kind is param.KEYWORD_ONLY
         ):
-            problems.append(f"{name}: parameter {pname!r} is {param.kind} in the fake, "
-                            f"{other.kind} in the SDK")
+            problems.append(
+                f"{name}: parameter {pname!r} is {param.kind} in the fake, {other.kind} in the SDK"
+            )
     fake_accepts_any_kw = any(p.kind is p.VAR_KEYWORD for p in fake_sig.parameters.values())
     fake_accepts_any_pos = any(p.kind is p.VAR_POSITIONAL for p in fake_sig.parameters.values())
     for pname, other in real_params.items():
         required = other.default is other.empty and other.kind not in (
-            other.VAR_KEYWORD, other.VAR_POSITIONAL
+            other.VAR_KEYWORD,
+            other.VAR_POSITIONAL,
         )
         if required and pname not in fake_sig.parameters:
             if (other.kind is other.POSITIONAL_ONLY and fake_accepts_any_pos) or (
@@ -103,7 +105,7 @@ def surface_problems(fake: type, real: type) -> list[str]:
         try:
             real_attr = _lookup(real, name)
         except AttributeError:
-            annotations = {}
+            annotations: dict[str, object] = {}
             for klass in real.__mro__:
                 annotations.update(getattr(klass, "__annotations__", {}))
             if name in annotations or name in getattr(real, "model_fields", {}):

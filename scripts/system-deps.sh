@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the system packages the test suite uses when they are missing: bubblewrap (the
+# confined unix_local jail) and busybox-static (the Docker test image). Needs root and
+# apt-get; elsewhere it says what is missing and the tests that need it skip (or fail,
+# under SANDBOX_REQUIRE_ALL=1 as in CI).
+set -u
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || missing+=(busybox-static)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${missing[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null || {
+    echo "warning: could not install ${missing[*]}" >&2
+    exit 0
+  }
+else
+  echo "note: ${missing[*]} not installed (needs root + apt-get); tests that need them will skip" >&2
+fi
+exit 0

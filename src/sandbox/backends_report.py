@@ -1,0 +1,47 @@
+"""The table printed by `sandbox backends`: each backend, whether its extra is installed
+and whether its credentials were found. Only presence is reported, never a value."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TextIO
+
+from .backends import BACKENDS
+
+
+def _confinement_note() -> str:
+    try:
+        confine = importlib.import_module("sandbox.confine")
+    except ImportError:
+        return ""
+    ok, reason = confine.availability()
+    return "; confinement available" if ok else f"; confinement unavailable: {reason}"
+
+
+def backend_rows() -> list[tuple[str, str, str, str]]:
+    """(name, installed, credentials, notes) for every registered backend."""
+    rows = []
+    for info in BACKENDS.values():
+        missing = info.missing_modules()
+        installed = "yes" if not missing else f"no (pip install 'agent-sandbox-pty[{info.extra}]')"
+        found = info.credentials_found()
+        if found is None:
+            creds = "not needed"
+        else:
+            names = " + ".join(info.credential_env[0])
+            creds = f"found ({names})" if found else f"missing ({names})"
+        notes = info.description
+        if info.name == "unix_local":
+            notes += _confinement_note()
+        rows.append((info.name, installed, creds, notes))
+    return rows
+
+
+def print_backends(out: TextIO) -> None:
+    """Print the backends table."""
+    header = ("backend", "installed", "credentials", "notes")
+    rows = [header, *backend_rows()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])))
+        out.write(f"  {row[3]}\n")

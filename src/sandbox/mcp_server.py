@@ -1,0 +1,794 @@
+"""`sandbox mcp`: the sandbox as a Model Context Protocol tool server.
+
+One sandbox session per server: it is started before the server answers anything and
+closed (every process torn down through the session's settled cleanup) when the server
+stops, whatever stopped it: the client closing stdin, SIGTERM, SIGINT or SIGHUP, or the
+client going away. Over stdio the server serves one client and exits when it leaves.
+With `--http HOST:PORT` it serves the SDK's streamable HTTP transport at
+`http://HOST:PORT/mcp` until it is signalled; every client shares the one session, so
+processes outlive a client (a reconnecting agent finds them with `list_processes`).
+
+The tools mirror the library's PTY API one to one and add nothing to its semantics:
+the yield windows, clamps, truncation and registry bounds are the library's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import anyio
+import uvicorn
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .backends import open_session
+from .cli_options import add_backend_arguments, options_from_args
+from .errors import SandboxError
+from .session import BaseSandboxSession
+from .types import PtyProcessInfo, PtyUpdate
+
+logger = logging.getLogger("sandbox.mcp")
+
+SERVER_NAME = "sandbox"
+HTTP_PATH = "/mcp"
+# How long an HTTP server waits for open requests to finish when it is told to stop;
+# after that uvicorn cancels them (each cancelled call tears its own process down).
+HTTP_GRACEFUL_STOP_S = 1
+# Lines read ahead from stdin before the server has consumed them.
+STDIN_READ_AHEAD = 64
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+# ---- tool arguments ------------------------------------------------------------------
+
+
+class _Args(BaseModel):
+    """Base of the tool argument models: unknown arguments are an error, so a model
+    that misspells one is told instead of silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+_YIELD_START = (
+    "Maximum time to wait for output before returning, in milliseconds (default 10000, "
+    "clamped to 250..30000). The call returns earlier when the process exits or `until` "
+    "appears."
+)
+_YIELD_WRITE = (
+    "Maximum time to wait for output before returning, in milliseconds. A write waits "
+    "250 ms by default; a poll (empty chars) waits at least 5000 ms. Clamped to 30000. "
+    "The call returns earlier when the process exits or `until` appears."
+)
+_MAX_TOKENS = (
+    "Truncate the returned output to about this many tokens (head and tail kept, the "
+    "middle elided; the result then reports the original token count). Default: no limit."
+)
+_UNTIL = (
+    "Return as soon as this exact text appears in the new output, e.g. a prompt such as "
+    "'>>> ' or '$ ', or a line like 'Listening on'. Plain substring, not a regex."
+)
+_SESSION_ID = "The session ID reported by exec_command ('Process running with session ID N')."
+
+
+class ExecCommandArgs(_Args):
+    """Arguments of `exec_command`."""
+
+    cmd: str = Field(
+        description="The shell command line, run with `sh -c` (pipes, &&, redirections work)."
+    )
+    workdir: str | None = Field(
+        default=None,
+        description="Working directory; relative paths are inside the workspace. "
+        "Default: the workspace.",
+    )
+    tty: bool = Field(
+        default=False,
+        description="Run on a pseudo-terminal so you can type into it later with "
+        "write_stdin. Use it for interactive programs: REPLs (python3, node), shells, "
+        "prompts (ssh, git rebase -i), pagers and full-screen programs. Default false: "
+        "output through pipes and stdin closed, which is best for ordinary commands.",
+    )
+    yield_time_ms: int | None = Field(default=None, description=_YIELD_START)
+    max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
+    until: str | None = Field(default=None, description=_UNTIL)
+
+
+class WriteStdinArgs(_Args):
+    """Arguments of `write_stdin`."""
+
+    session_id: int = Field(description=_SESSION_ID)
+    chars: str = Field(
+        default="",
+        description="Keystrokes to send; empty (the default) just polls for new output. "
+        "End a line with '\\n' to press Enter. Control keys are characters: '\\u0003' "
+        "Ctrl-C, '\\u0004' Ctrl-D (end of input), '\\u001b' Escape. Only processes "
+        "started with tty=true accept keystrokes; any process can be polled.",
+    )
+    yield_time_ms: int | None = Field(default=None, description=_YIELD_WRITE)
+    max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
+    until: str | None = Field(default=None, description=_UNTIL)
+
+
+class ListProcessesArgs(_Args):
+    """`list_processes` takes no arguments."""
+
+
+class SessionIdArgs(_Args):
+    """Arguments of `interrupt` and `terminate`."""
+
+    session_id: int = Field(description=_SESSION_ID)
+
+
+class ResizeArgs(_Args):
+    """Arguments of `resize`."""
+
+    session_id: int = Field(description=_SESSION_ID)
+    rows: int = Field(description="Terminal height in rows.")
+    cols: int = Field(description="Terminal width in columns.")
+
+
+# ---- result text ---------------------------------------------------------------------
+
+
+def _seconds(ms: int | None) -> float | None:
+    """Milliseconds from the wire to the library's seconds; None keeps the default."""
+    return None if ms is None else ms / 1000
+
+
+def format_update(update: PtyUpdate, wall_time_s: float) -> str:
+    """The text a model reads for one collection window: wall time, the process state,
+    the original token count when truncated, then the output."""
+    lines = [f"Wall time: {wall_time_s:.3f} seconds"]
+    if update.process_id is not None:
+        lines.append(f"Process running with session ID {update.process_id}")
+    elif update.exit_code is not None:
+        lines.append(f"Process exited with code {update.exit_code}")
+    else:
+        lines.append("Process ended without an exit code (the sandbox lost track of it)")
+    if update.original_token_count is not None:
+        lines.append(f"Original token count: {update.original_token_count}")
+    if update.output:
+        lines.append("Output:")
+        lines.append(update.output)
+    else:
+        lines.append("Output: (none)")
+    return "\n".join(lines)
+
+
+def _ago(timestamp: float, now: float) -> str:
+    return f"{max(0.0, now - timestamp):.1f}s ago"
+
+
+def format_processes(infos: list[PtyProcessInfo], now: float | None = None) -> str:
+    """The process list as text, oldest first."""
+    if not infos:
+        return "No processes. Start one with exec_command."
+    now = time.time() if now is None else now
+    noun = "process" if len(infos) == 1 else "processes"
+    lines = [f"{len(infos)} {noun}, oldest first:"]
+    for info in infos:
+        if info.running:
+            state = "running"
+        elif info.exit_code is not None:
+            state = f"exited with code {info.exit_code} (poll it to collect its output)"
+        else:
+            state = "ended (poll it to collect its output)"
+        command = info.command if len(info.command) <= 200 else info.command[:199] + "…"
+        lines.append(
+            f"- session {info.process_id}: {state}; {'tty' if info.tty else 'no tty'}; "
+            f"started {_ago(info.started_at, now)}, last used {_ago(info.last_used, now)}; "
+            f"command: {command}"
+        )
+    return "\n".join(lines)
+
+
+def _error_text(exc: SandboxError) -> str:
+    """The library's message, with its Python vocabulary turned into the tool names a
+    model sees."""
+    text = str(exc).replace("pty_processes()", "the list_processes tool")
+    return text + (" (retrying later may help)" if exc.retryable else "")
+
+
+# ---- the server ----------------------------------------------------------------------
+
+
+class _Tool:
+    """One tool: its MCP description, argument model and handler."""
+
+    def __init__(
+        self,
+        name: str,
+        title: str,
+        description: str,
+        args: type[_Args],
+        handler: Callable[[Any], Awaitable[str]],
+        annotations: types.ToolAnnotations,
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.handler = handler
+        self.definition = types.Tool(
+            name=name,
+            title=title,
+            description=description,
+            input_schema=args.model_json_schema(),
+            annotations=annotations,
+        )
+
+
+def _validation_text(name: str, exc: ValidationError) -> str:
+    # Field names and pydantic's reason only: the rejected values are the caller's.
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        problems.append(f"{where}: {error['msg']}")
+    return f"invalid arguments for {name}: " + "; ".join(problems)
+
+
+class SandboxTools:
+    """The six tools over one started sandbox session."""
+
+    def __init__(self, session: BaseSandboxSession) -> None:
+        self.session = session
+        self.tools = {
+            tool.name: tool
+            for tool in (
+                _Tool(
+                    "exec_command",
+                    "Run a command",
+                    EXEC_COMMAND_DESCRIPTION,
+                    ExecCommandArgs,
+                    self.exec_command,
+                    types.ToolAnnotations(destructive_hint=True, open_world_hint=True),
+                ),
+                _Tool(
+                    "write_stdin",
+                    "Type into or poll a process",
+                    WRITE_STDIN_DESCRIPTION,
+                    WriteStdinArgs,
+                    self.write_stdin,
+                    types.ToolAnnotations(destructive_hint=True, open_world_hint=True),
+                ),
+                _Tool(
+                    "list_processes",
+                    "List processes",
+                    LIST_PROCESSES_DESCRIPTION,
+                    ListProcessesArgs,
+                    self.list_processes,
+                    types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                ),
+                _Tool(
+                    "interrupt",
+                    "Send Ctrl-C",
+                    INTERRUPT_DESCRIPTION,
+                    SessionIdArgs,
+                    self.interrupt,
+                    types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
+                ),
+                _Tool(
+                    "resize",
+                    "Resize a terminal",
+                    RESIZE_DESCRIPTION,
+                    ResizeArgs,
+                    self.resize,
+                    types.ToolAnnotations(
+                        destructive_hint=False, idempotent_hint=True, open_world_hint=False
+                    ),
+                ),
+                _Tool(
+                    "terminate",
+                    "Stop a process",
+                    TERMINATE_DESCRIPTION,
+                    SessionIdArgs,
+                    self.terminate,
+                    types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
+                ),
+            )
+        }
+
+    async def exec_command(self, args: ExecCommandArgs) -> str:
+        """Start `cmd` and return its first window."""
+        started = time.monotonic()
+        update = await self.session.pty_exec_start(
+            args.cmd,
+            tty=args.tty,
+            cwd=args.workdir,
+            yield_time_s=_seconds(args.yield_time_ms),
+            max_output_tokens=args.max_output_tokens,
+            until=args.until or None,
+        )
+        return format_update(update, time.monotonic() - started)
+
+    async def write_stdin(self, args: WriteStdinArgs) -> str:
+        """Write `chars` (or poll) and return the next window."""
+        started = time.monotonic()
+        update = await self.session.pty_write_stdin(
+            args.session_id,
+            args.chars,
+            yield_time_s=_seconds(args.yield_time_ms),
+            max_output_tokens=args.max_output_tokens,
+            until=args.until or None,
+        )
+        return format_update(update, time.monotonic() - started)
+
+    async def list_processes(self, args: ListProcessesArgs) -> str:
+        """The live registry."""
+        return format_processes(self.session.pty_processes())
+
+    async def interrupt(self, args: SessionIdArgs) -> str:
+        """Ctrl-C."""
+        await self.session.pty_interrupt(args.session_id)
+        return (
+            f"Sent Ctrl-C to session {args.session_id}. Poll it with write_stdin (empty "
+            "chars) to see the effect."
+        )
+
+    async def resize(self, args: ResizeArgs) -> str:
+        """Resize the terminal."""
+        await self.session.pty_resize(args.session_id, rows=args.rows, cols=args.cols)
+        return f"Resized the terminal of session {args.session_id} to {args.rows}x{args.cols}."
+
+    async def terminate(self, args: SessionIdArgs) -> str:
+        """Tear one process down."""
+        await self.session.pty_terminate(args.session_id)
+        return f"Session {args.session_id} terminated (with all its child processes)."
+
+    async def call(self, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        """Run tool `name`; every failure becomes an error result, never an exception."""
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(self.tools)
+            return _error_result(f"unknown tool {name!r}; the tools are: {known}")
+        try:
+            args = tool.args.model_validate(arguments or {})
+        except ValidationError as exc:
+            return _error_result(_validation_text(name, exc))
+        try:
+            text = await tool.handler(args)
+        except SandboxError as exc:
+            return _error_result(_error_text(exc))
+        except Exception as exc:
+            # Not ours to word: a foreign exception's text may carry anything, so the
+            # model gets its type only and the traceback goes to the server's log.
+            logger.exception("tool %s failed unexpectedly", name)
+            return _error_result(
+                f"{name} failed with an internal error ({type(exc).__name__}); see the server log"
+            )
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=message)], is_error=True
+    )
+
+
+EXEC_COMMAND_DESCRIPTION = """\
+Run a shell command in the sandbox and return what it printed.
+
+The call waits until the command exits, or `until` text appears, or `yield_time_ms` \
+passes (default 10 s, at most 30 s), whichever comes first, then returns:
+- "Process exited with code N" and the output: the command is finished; or
+- "Process running with session ID N" and the output so far: the command keeps \
+running. Use write_stdin with that session_id to poll for more output (empty chars) \
+or to type into it, interrupt to send Ctrl-C, terminate to stop it.
+
+Use tty=true for anything interactive (a REPL such as `python3 -q`, a shell, a \
+program that prompts, a full-screen program); pair it with `until` set to the prompt \
+you expect (e.g. '>>> ') so the call returns as soon as the program is ready. Leave \
+tty=false for ordinary commands (builds, tests, scripts): their stdin is closed. \
+Long-running servers are fine: start them, read the first output, and poll later."""
+
+WRITE_STDIN_DESCRIPTION = """\
+Type into a running process, or poll it for new output.
+
+With `chars`, the keystrokes are sent to the process (it must have been started with \
+tty=true) and the output of the next 250 ms (or until `until` appears) is returned. \
+With empty chars this is a poll: it waits up to 5 s or more (`yield_time_ms`) for new \
+output and returns early when the process exits or `until` appears. Output is never \
+repeated: each call returns only what is new. When the result says "Process exited \
+with code N" the session is finished and its ID is gone."""
+
+LIST_PROCESSES_DESCRIPTION = """\
+List the processes started with exec_command that are still known: their session \
+IDs, commands, whether they are running or exited (an exited process stays listed \
+until it is polled once more), and when they were last used. At most 64 are kept; \
+when full, starting another drops the least recently used."""
+
+INTERRUPT_DESCRIPTION = """\
+Send Ctrl-C to a process (works with and without tty). It does not wait: poll with \
+write_stdin afterwards to see the effect. A program that ignores Ctrl-C can be \
+stopped with terminate."""
+
+RESIZE_DESCRIPTION = """\
+Resize the terminal of a process started with tty=true (rows x cols), e.g. before \
+running a full-screen program. Fails for a process without a terminal, or where the \
+sandbox cannot resize terminals."""
+
+TERMINATE_DESCRIPTION = """\
+Stop a process and everything it started, and forget its session ID. Use it for \
+servers and programs you no longer need, or that do not respond to interrupt."""
+
+
+def build_server(session: BaseSandboxSession, *, instructions: str | None = None) -> Server[Any]:
+    """An MCP server exposing `session` (already started) through the six tools."""
+    tools = SandboxTools(session)
+
+    async def on_list_tools(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool.definition for tool in tools.tools.values()])
+
+    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        return await tools.call(params.name, params.arguments)
+
+    return Server(
+        SERVER_NAME,
+        version=_version(),
+        title="Sandbox",
+        instructions=instructions,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agent-sandbox-pty")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _instructions(backend: str, session: BaseSandboxSession) -> str:
+    where = getattr(session, "workspace", None)
+    place = f" Its workspace (the default working directory) is {where}." if where else ""
+    return (
+        f"Tools to run commands in a {backend} sandbox.{place} Run commands with "
+        "exec_command; interact with or poll long-running ones with write_stdin using the "
+        "session ID it reports; stop them with interrupt or terminate."
+    )
+
+
+# ---- stdio without blocking threads --------------------------------------------------
+#
+# The SDK's default stdio streams read stdin in a worker thread that cannot be
+# cancelled, so a server told to stop by a signal while the client keeps stdin open
+# would wait for the client's next line. These streams read and write the same
+# descriptors in daemon threads and hand the lines over through the event loop, so
+# stopping never waits for the client.
+
+
+class _StdinLines:
+    """Async iterator of the lines read from `fd` by a daemon thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._room = threading.Semaphore(STDIN_READ_AHEAD)
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, name="mcp-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        stream = open(self._fd, "rb", closefd=False)
+        try:
+            while True:
+                self._room.acquire()
+                line = stream.readline()
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, line or None)
+                if not line:
+                    return
+        except RuntimeError:
+            return  # the loop is closed: nobody is listening any more
+        except OSError as exc:
+            logger.warning("reading stdin failed: %s", exc)
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._queue.get()
+        if line is None:
+            self._queue.put_nowait(None)  # stay at EOF
+            raise StopAsyncIteration
+        self._room.release()
+        return line.decode("utf-8", "replace")
+
+
+class _StdoutWriter:
+    """Writes to `fd` in a daemon thread; `flush()` waits (cancellably) for the write."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pending: list[bytes] = []
+        self._jobs: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]]] = queue.SimpleQueue()
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._write, name="mcp-stdout", daemon=True).start()
+
+    def _write(self) -> None:
+        while True:
+            data, done = self._jobs.get()
+            error: BaseException | None = None
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                error = exc
+            try:
+                self._loop.call_soon_threadsafe(_settle_future, done, error)
+            except RuntimeError:
+                return
+            if error is not None:
+                return
+
+    async def write(self, text: str) -> None:
+        self._pending.append(text.encode("utf-8"))
+
+    async def flush(self) -> None:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if not data:
+            return
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._jobs.put((data, done))
+        await done
+
+
+def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+@contextlib.contextmanager
+def _claim_stdio() -> Iterator[tuple[int, int]]:
+    """Move the protocol's stdin/stdout to private descriptors and point fds 0 and 1 at
+    /dev/null and stderr, so nothing else in the process (a stray print, a provider
+    SDK) can read or corrupt the protocol stream. Restored on exit."""
+    wire_in = os.dup(0)
+    wire_out = os.dup(1)
+    os.set_inheritable(wire_in, False)
+    os.set_inheritable(wire_out, False)
+    sys.stdout.flush()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+    finally:
+        os.close(null)
+    try:
+        yield wire_in, wire_out
+    finally:
+        sys.stdout.flush()
+        os.dup2(wire_in, 0)
+        os.dup2(wire_out, 1)
+        # The reader thread may still be blocked on wire_in; closing it under the
+        # thread could hand the number to an unrelated file, so both stay open until
+        # the process exits (they are close-on-exec).
+
+
+# ---- transports ----------------------------------------------------------------------
+
+
+class _Transport:
+    """Serves the MCP server until the peer leaves or `stop()` is called."""
+
+    async def serve(self, server: Server[Any]) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class _StdioTransport(_Transport):
+    def __init__(self) -> None:
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
+
+    async def serve(self, server: Server[Any]) -> None:
+        self._scope = anyio.CancelScope()
+        if self._stopped:
+            self._scope.cancel()
+        with self._scope, _claim_stdio() as (wire_in, wire_out):
+            # The SDK types these as anyio files; it only iterates lines from one and
+            # calls write/flush on the other, which these provide.
+            stdin = cast("anyio.AsyncFile[str]", _StdinLines(wire_in))
+            stdout = cast("anyio.AsyncFile[str]", _StdoutWriter(wire_out))
+            async with stdio_server(stdin=stdin, stdout=stdout) as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+class _QuietUvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signals to us: we stop it, then close the session."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _HttpTransport(_Transport):
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._uvicorn: _QuietUvicorn | None = None
+        self._stopped = False
+
+    def _bind(self) -> socket.socket:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def serve(self, server: Server[Any]) -> None:
+        app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=self.host)
+        sock = self._bind()
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=HTTP_GRACEFUL_STOP_S,
+        )
+        self._uvicorn = _QuietUvicorn(config)
+        self._uvicorn.should_exit = self._stopped
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        # The readiness line: the socket is listening, connections queue from now on.
+        print(
+            f"sandbox mcp: serving MCP over streamable HTTP at http://{shown}:{port}{HTTP_PATH}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await self._uvicorn.serve(sockets=[sock])
+        finally:
+            sock.close()
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+
+# ---- running -------------------------------------------------------------------------
+
+
+async def serve(
+    session: BaseSandboxSession, transport: _Transport, *, backend: str = "sandbox"
+) -> int:
+    """Start `session`, serve it until the peer leaves or a stop signal arrives, then
+    close it (settled: every process is torn down). Returns the exit status."""
+    status = 0
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        starting = anyio.CancelScope()
+        stopping = False
+
+        async def watch_signals() -> None:
+            nonlocal stopping
+            # Keep receiving until the end: a second signal must not kill us while
+            # the session is being closed.
+            async for signum in signals:
+                if not stopping:
+                    stopping = True
+                    logger.info("received %s: stopping", signal.Signals(signum).name)
+                starting.cancel()
+                transport.stop()
+
+        async with anyio.create_task_group() as watchers:
+            watchers.start_soon(watch_signals)
+            try:
+                with starting:
+                    await session.start()
+                if not stopping:
+                    server = build_server(session, instructions=_instructions(backend, session))
+                    await transport.serve(server)
+            except SandboxError as exc:
+                print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
+                status = 1
+            except OSError as exc:
+                # The client vanished under a write, or the address could not be bound.
+                print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
+                status = 1
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await session.aclose()
+                    except Exception as exc:
+                        print(
+                            f"sandbox mcp: closing the session failed: {exc}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        status = 1
+            watchers.cancel_scope.cancel()
+    return status
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:8765), got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def build_parser(prog: str = "sandbox mcp") -> argparse.ArgumentParser:
+    """The `sandbox mcp` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a sandbox to MCP clients: one sandbox session per server, "
+        "over stdio (default) or streamable HTTP.",
+    )
+    add_backend_arguments(parser)
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        type=_parse_address,
+        help=f"serve streamable HTTP at http://HOST:PORT{HTTP_PATH} instead of stdio "
+        "(port 0 picks a free port; the address is printed on stderr)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of the messages written to stderr (default WARNING)",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `sandbox mcp ARGS...`; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        stream=sys.stderr,
+        format="sandbox mcp: %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        backend, options = options_from_args(args)
+        session = open_session(backend, **options)
+    except (SandboxError, ValueError, TypeError) as exc:
+        print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
+        return 1
+    transport: _Transport = _HttpTransport(*args.http) if args.http else _StdioTransport()
+    return asyncio.run(serve(session, transport, backend=backend))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,156 @@
+"""`sandbox shell`: attach the user's terminal to a PTY in the sandbox.
+
+The local terminal is put in raw mode (restored on any exit), its size is sent at start
+and on every SIGWINCH, keystrokes are written as they are typed, and output is streamed
+by polls that end as soon as anything arrives. The remote exit code is passed through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import termios
+import tty
+from collections.abc import Iterator
+
+from . import cli_options
+from .backends import open_session
+from .errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
+from .session import BaseSandboxSession
+from .types import PtyUpdate
+
+ANY_OUTPUT_WINDOW_S = 30.0
+
+
+def _terminal_size() -> tuple[int, int]:
+    size = shutil.get_terminal_size((80, 24))
+    return size.lines, size.columns
+
+
+@contextlib.contextmanager
+def _raw_terminal(fd: int) -> Iterator[None]:
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSAFLUSH, saved)
+
+
+class _Attachment:
+    """Moves bytes between the local terminal and one sandbox process."""
+
+    def __init__(self, session: BaseSandboxSession, process_id: int) -> None:
+        self.session = session
+        self.process_id = process_id
+        self.exit_code: int | None = None
+        self.done = asyncio.Event()
+        self._out = sys.stdout.buffer
+        self.resizes: set[asyncio.Task[None]] = set()
+
+    def show(self, update: PtyUpdate) -> None:
+        if update.output:
+            self._out.write(update.output.encode("utf-8", "surrogateescape"))
+            self._out.flush()
+        if update.process_id is None:
+            self.exit_code = update.exit_code
+            self.done.set()
+
+    async def pump_output(self) -> None:
+        from .cli import ANY_OUTPUT
+
+        while not self.done.is_set():
+            try:
+                update = await self.session.pty_write_stdin(
+                    self.process_id, "", until=ANY_OUTPUT, yield_time_s=ANY_OUTPUT_WINDOW_S
+                )
+            except PtyProcessNotFoundError:
+                self.done.set()
+                return
+            self.show(update)
+
+    async def pump_input(self, fd: int) -> None:
+        from .cli import ANY_OUTPUT
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                data = b""
+            queue.put_nowait(data)
+            if not data:
+                loop.remove_reader(fd)
+
+        loop.add_reader(fd, readable)
+        try:
+            while not self.done.is_set():
+                data = await queue.get()
+                if not data:
+                    return  # local stdin closed: keep showing output until the exit
+                try:
+                    update = await self.session.pty_write_stdin(
+                        self.process_id, data, until=ANY_OUTPUT
+                    )
+                except (PtyProcessNotFoundError, ProcessExitedError):
+                    return
+                self.show(update)
+        finally:
+            loop.remove_reader(fd)
+
+    def resize_soon(self) -> None:
+        rows, cols = _terminal_size()
+
+        async def resize() -> None:
+            with contextlib.suppress(
+                UnsupportedOperationError, PtyProcessNotFoundError, ProcessExitedError
+            ):
+                await self.session.pty_resize(self.process_id, rows=rows, cols=cols)
+
+        task = asyncio.ensure_future(resize())
+        self.resizes.add(task)
+        task.add_done_callback(self.resizes.discard)
+
+
+async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
+    """Run `command` (default `sh`) on a sandbox PTY attached to this terminal; return
+    its exit code."""
+    backend, options = cli_options.options_from_args(args)
+    rows, cols = _terminal_size()
+    stdin_fd = sys.stdin.fileno()
+    loop = asyncio.get_running_loop()
+    async with open_session(backend, **options) as session:
+        with _raw_terminal(stdin_fd):
+            first = await session.pty_exec_start(
+                *(command or ["exec sh -i"]), tty=True, rows=rows, cols=cols, yield_time_s=0.25
+            )
+            if first.process_id is None:
+                sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))
+                sys.stdout.flush()
+                return first.exit_code if first.exit_code is not None else 1
+            attachment = _Attachment(session, first.process_id)
+            attachment.show(first)
+            loop.add_signal_handler(signal.SIGWINCH, attachment.resize_soon)
+            pumps = [
+                asyncio.ensure_future(attachment.pump_output()),
+                asyncio.ensure_future(attachment.pump_input(stdin_fd)),
+            ]
+            try:
+                await attachment.done.wait()
+            finally:
+                loop.remove_signal_handler(signal.SIGWINCH)
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+                await asyncio.gather(*attachment.resizes, return_exceptions=True)
+    return attachment.exit_code if attachment.exit_code is not None else 1

@@ -1,0 +1,186 @@
+"""unix_local specifics: real processes, fds, zombies, terminals, the workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox.backends.unix_local import UnixLocalSession
+from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
+
+
+def children_of_me() -> list[int]:
+    """Direct children of this test process, zombies included."""
+    me = str(os.getpid())
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1].decode() == me:
+                kids.append(int(name))
+    return kids
+
+
+@pytest.fixture
+async def session(tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+        yield s
+
+
+async def test_no_fd_or_child_growth_over_many_cycles(session: UnixLocalSession) -> None:
+    await session.pty_exec_start("true", tty=True)  # warm up lazily created fds
+    fds, kids = open_fds(), len(children_of_me())
+    for i in range(300):
+        update = await session.pty_exec_start("echo $0", tty=i % 2 == 0)
+        assert update.process_id is None and update.exit_code == 0
+        if i % 50 == 0:
+            await session.exec("true")
+    for i in range(20):
+        update = await session.pty_exec_start("echo r; exec sleep 30", tty=i % 2 == 0, until="r")
+        assert update.process_id is not None
+    await session.pty_terminate_all()
+    assert open_fds() == fds
+    assert len(children_of_me()) == kids
+
+
+async def test_64_ptys_at_once_all_work(session: UnixLocalSession) -> None:
+    updates = await asyncio.gather(
+        *(session.pty_exec_start("echo r; exec cat", tty=True, until="r") for _ in range(64))
+    )
+    pids = [u.process_id for u in updates]
+    assert None not in pids and len(set(pids)) == 64
+    replies = await asyncio.gather(
+        *(session.pty_write_stdin(pid, f"n{pid}\n", until=f"n{pid}\r\nn{pid}") for pid in pids)  # type: ignore[arg-type]
+    )
+    assert all(r.output.count(f"n{pid}") == 2 for r, pid in zip(replies, pids, strict=True))
+    assert (await session.exec("echo still fast")).ok
+
+
+async def test_terminal_setup(session: UnixLocalSession) -> None:
+    update = await session.pty_exec_start(
+        "echo term=$TERM; tty; ps -o stat= -p $$; stty -a | head -1", tty=True, rows=30, cols=100
+    )
+    out = update.output
+    assert re.search(r"term=\S+", out), "TERM is set (inherited, else xterm-256color)"
+    assert "/dev/pts/" in out
+    assert "s" in out.split("\n")[2] and "+" in out.split("\n")[2], (
+        "session leader in the foreground"
+    )
+    assert "rows 30; columns 100" in out
+
+
+async def test_pipes_have_dev_null_stdin(session: UnixLocalSession) -> None:
+    update = await session.pty_exec_start("readlink /proc/self/fd/0; cat; echo after-cat")
+    assert update.output == "/dev/null\nafter-cat\n"
+    assert update.exit_code == 0
+
+
+async def test_terminate_kills_the_group_even_if_polite_signals_are_ignored(
+    session: UnixLocalSession,
+) -> None:
+    marker = unique_seconds()
+    update = await session.pty_exec_start(
+        f"trap '' HUP TERM INT; sleep {marker} & echo ready; sleep {marker}; wait",
+        tty=True,
+        until="ready",
+    )
+    assert update.process_id is not None
+    assert len(host_pids_with_arg(marker)) == 2
+    t0 = time.monotonic()
+    await session.pty_terminate(update.process_id)
+    assert time.monotonic() - t0 < 3
+    assert not host_pids_with_arg(marker)
+
+
+async def test_interrupt_works_when_parent_ignores_sigint(tmp_path: Path) -> None:
+    code = f"""
+import asyncio, signal, sandbox
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+async def main():
+    async with sandbox.open_session("unix_local", workspace={str(tmp_path)!r}) as s:
+        for tty in (True, False):
+            u = await s.pty_exec_start("echo r; exec sleep 30", tty=tty, until="r")
+            await s.pty_interrupt(u.process_id)
+            print((await s.pty_write_stdin(u.process_id, "", yield_time_s=5)).exit_code)
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["130", "130"], out.stderr
+
+
+async def test_exit_is_reported_even_if_a_background_child_keeps_the_pty(
+    session: UnixLocalSession,
+) -> None:
+    marker = unique_seconds()
+    t0 = time.monotonic()
+    update = await session.pty_exec_start(f"sleep {marker} & echo bye", tty=True, yield_time_s=10)
+    assert time.monotonic() - t0 < 2
+    assert update.process_id is None and update.exit_code == 0 and "bye" in update.output
+    assert await eventually(lambda: not host_pids_with_arg(marker)), "finalize kills the group"
+
+
+async def test_unread_flood_keeps_memory_bounded(session: UnixLocalSession) -> None:
+    update = await session.pty_exec_start("yes", yield_time_s=0.25)
+    assert update.process_id is not None
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    await asyncio.sleep(1.5)  # `yes` floods while nobody reads: that is the point
+    entry = session._registry[update.process_id]
+    assert entry.output.retained <= session.output_limit_bytes
+    assert entry.output.omitted > 10 * session.output_limit_bytes
+    poll = await session.pty_write_stdin(update.process_id, "", until="y\n", max_output_tokens=2000)
+    assert poll.original_token_count is not None
+    assert len(poll.output) < 2000 * 4 + 100
+    grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grew_kib < 64 * 1024
+
+
+@pytest.mark.parametrize(
+    "path", ["../outside.txt", "/etc/passwd", "a/../../outside.txt", "link/secret.txt"]
+)
+async def test_file_paths_cannot_escape(session: UnixLocalSession, path: str) -> None:
+    os.symlink("/etc", os.path.join(session.workspace, "link"))
+    with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+        await session.read_file(path)
+    with pytest.raises(sandbox.WorkspacePathError):
+        await session.write_file(path, b"x")
+    assert not Path(session.workspace).parent.joinpath("outside.txt").exists()
+
+
+async def test_files_inside_and_missing(session: UnixLocalSession) -> None:
+    await session.write_file(os.path.join(session.workspace, "abs.txt"), "absolute ok")
+    assert await session.read_file("abs.txt") == b"absolute ok"
+    with pytest.raises(sandbox.SandboxFileNotFoundError):
+        await session.read_file("missing.txt")
+
+
+async def test_env_options(tmp_path: Path) -> None:
+    os.environ["SANDBOX_TEST_PARENT_VAR"] = "from-parent"
+    try:
+        async with UnixLocalSession(workspace=tmp_path, env={"A": "1"}, inherit_env=False) as s:
+            out = (await s.exec("echo ${SANDBOX_TEST_PARENT_VAR:-unset} $A")).stdout
+            assert out == b"unset 1\n"
+        async with UnixLocalSession(workspace=tmp_path) as s:
+            out = (await s.exec("echo $SANDBOX_TEST_PARENT_VAR", env={"X": "y"})).stdout
+            assert out == b"from-parent\n"
+    finally:
+        del os.environ["SANDBOX_TEST_PARENT_VAR"]
+
+
+async def test_signal_death_codes(session: UnixLocalSession) -> None:
+    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV):
+        result = await session.exec(f"kill -{int(sig)} $$")
+        assert result.exit_code == 128 + sig
