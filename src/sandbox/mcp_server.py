@@ -34,6 +34,7 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette.sse import AppStatus
 
 from .backends import open_session
 from .cli_options import add_backend_arguments, options_from_args
@@ -47,7 +48,7 @@ SERVER_NAME = "sandbox"
 HTTP_PATH = "/mcp"
 # How long an HTTP server waits for open requests to finish when it is told to stop;
 # after that uvicorn cancels them (each cancelled call tears its own process down).
-HTTP_GRACEFUL_STOP_S = 1
+HTTP_GRACEFUL_STOP_S = 3
 # Lines read ahead from stdin before the server has consumed them.
 STDIN_READ_AHEAD = 64
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -244,6 +245,8 @@ class SandboxTools:
 
     def __init__(self, session: BaseSandboxSession) -> None:
         self.session = session
+        self._calls: set[anyio.CancelScope] = set()
+        self._closing = False
         self.tools = {
             tool.name: tool
             for tool in (
@@ -347,6 +350,13 @@ class SandboxTools:
         await self.session.pty_terminate(args.session_id)
         return f"Session {args.session_id} terminated (with all its child processes)."
 
+    def shut_down(self) -> None:
+        """Refuse new calls and cancel the ones in flight (each cancelled start tears its
+        own process down), so a stopping server answers every open request at once."""
+        self._closing = True
+        for scope in list(self._calls):
+            scope.cancel()
+
     async def call(self, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
         """Run tool `name`; every failure becomes an error result, never an exception."""
         tool = self.tools.get(name)
@@ -357,18 +367,31 @@ class SandboxTools:
             args = tool.args.model_validate(arguments or {})
         except ValidationError as exc:
             return _error_result(_validation_text(name, exc))
-        try:
-            text = await tool.handler(args)
-        except SandboxError as exc:
-            return _error_result(_error_text(exc))
-        except Exception as exc:
-            # Not ours to word: a foreign exception's text may carry anything, so the
-            # model gets its type only and the traceback goes to the server's log.
-            logger.exception("tool %s failed unexpectedly", name)
-            return _error_result(
-                f"{name} failed with an internal error ({type(exc).__name__}); see the server log"
-            )
+        if self._closing:
+            return _error_result(SHUTTING_DOWN)
+        text: str | None = None
+        with anyio.CancelScope() as scope:
+            self._calls.add(scope)
+            try:
+                text = await tool.handler(args)
+            except SandboxError as exc:
+                return _error_result(_error_text(exc))
+            except Exception as exc:
+                # Not ours to word: a foreign exception's text may carry anything, so
+                # the model gets its type only and the traceback goes to the server log.
+                logger.exception("tool %s failed unexpectedly", name)
+                return _error_result(
+                    f"{name} failed with an internal error ({type(exc).__name__}); "
+                    "see the server log"
+                )
+            finally:
+                self._calls.discard(scope)
+        if text is None:  # cancelled by shut_down()
+            return _error_result(SHUTTING_DOWN)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+SHUTTING_DOWN = "the sandbox server is shutting down: the call was cancelled"
 
 
 def _error_result(message: str) -> types.CallToolResult:
@@ -424,9 +447,8 @@ Stop a process and everything it started, and forget its session ID. Use it for 
 servers and programs you no longer need, or that do not respond to interrupt."""
 
 
-def build_server(session: BaseSandboxSession, *, instructions: str | None = None) -> Server[Any]:
-    """An MCP server exposing `session` (already started) through the six tools."""
-    tools = SandboxTools(session)
+def build_server(tools: SandboxTools, *, instructions: str | None = None) -> Server[Any]:
+    """An MCP server exposing `tools` (over an already started session)."""
 
     async def on_list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -661,6 +683,7 @@ class _HttpTransport(_Transport):
             app,
             log_level="warning",
             lifespan="on",
+            log_config=None,  # our logging setup (stderr, one format) applies
             timeout_graceful_shutdown=HTTP_GRACEFUL_STOP_S,
         )
         self._uvicorn = _QuietUvicorn(config)
@@ -682,6 +705,11 @@ class _HttpTransport(_Transport):
         self._stopped = True
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+        # A client's open event stream (GET) would hold uvicorn's graceful shutdown until
+        # its timeout: tell the SDK's event-stream library to end its streams now. It
+        # learns of uvicorn's exit by itself only through uvicorn's signal handlers,
+        # which we do not install.
+        AppStatus.should_exit = True
 
 
 # ---- running -------------------------------------------------------------------------
@@ -697,6 +725,8 @@ async def serve(
         starting = anyio.CancelScope()
         stopping = False
 
+        tools = SandboxTools(session)
+
         async def watch_signals() -> None:
             nonlocal stopping
             # Keep receiving until the end: a second signal must not kill us while
@@ -706,6 +736,7 @@ async def serve(
                     stopping = True
                     logger.info("received %s: stopping", signal.Signals(signum).name)
                 starting.cancel()
+                tools.shut_down()
                 transport.stop()
 
         async with anyio.create_task_group() as watchers:
@@ -714,7 +745,7 @@ async def serve(
                 with starting:
                     await session.start()
                 if not stopping:
-                    server = build_server(session, instructions=_instructions(backend, session))
+                    server = build_server(tools, instructions=_instructions(backend, session))
                     await transport.serve(server)
             except SandboxError as exc:
                 print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)

@@ -28,8 +28,16 @@ ANY_OUTPUT_WINDOW_S = 30.0
 
 
 def _terminal_size() -> tuple[int, int]:
-    size = shutil.get_terminal_size((80, 24))
-    return size.lines, size.columns
+    # Ask the terminal itself: COLUMNS/LINES in the environment go stale on resize.
+    for stream in (sys.stdin, sys.stdout):
+        try:
+            size = os.get_terminal_size(stream.fileno())
+        except (OSError, ValueError):
+            continue
+        if size.lines and size.columns:
+            return size.lines, size.columns
+    fallback = shutil.get_terminal_size((80, 24))
+    return fallback.lines, fallback.columns
 
 
 @contextlib.contextmanager
@@ -39,7 +47,7 @@ def _raw_terminal(fd: int) -> Iterator[None]:
         return
     saved = termios.tcgetattr(fd)
     try:
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSANOW)  # keep keys typed ahead of the attach
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSAFLUSH, saved)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BackendUnavailableError, UnknownBackendError
+from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
 from ..session import BaseSandboxSession
 
 
@@ -156,4 +156,8 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
     Use it as `async with open_session(...) as session:`.
     """
     cls = load_backend(backend)
-    return cls(**options)
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        # An unknown or misspelled option: the message names the option, never a value.
+        raise InvalidArgumentError(f"bad option for the {backend} backend: {exc}") from None

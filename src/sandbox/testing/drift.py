@@ -5,6 +5,12 @@ production. `surface_problems(fake, real)` compares every public name the fake d
 with the real class: it must exist there, be a method where the real one is a method,
 be async exactly where the real one is, and accept only parameters the real one accepts
 (same names and kinds), while every parameter the real one requires is accepted.
+
+SDKs wrapped by synchronicity (Modal) expose each call twice: a blocking form and an
+async form at `.aio` (`Sandbox.create.aio(...)`, `sandbox.exec.aio(...)`). Where either
+side has an `.aio` form, the `.aio` forms are compared (presence, async-ness, parameters)
+instead of the wrapper objects. A fake may also list dunder methods it imitates (such as
+`__aiter__`) in `__fake_dunders__` to have them checked like public names.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 FAKE_ONLY_MARK = "__fake_only__"
+FAKE_DUNDERS_MARK = "__fake_dunders__"
 
 
 def _public_names(cls: type) -> list[str]:
@@ -23,6 +30,7 @@ def _public_names(cls: type) -> list[str]:
         if klass is object:
             continue
         names.update(n for n in vars(klass) if not n.startswith("_"))
+    names.update(getattr(cls, FAKE_DUNDERS_MARK, ()))
     return sorted(names - set(only) - {FAKE_ONLY_MARK})
 
 
@@ -42,6 +50,18 @@ def _lookup(cls: type, name: str) -> Any:
         if name in vars(klass):
             return vars(klass)[name]
     return getattr(cls, name)
+
+
+def _aio_form(cls: type, name: str) -> Any:
+    """The `.aio` (async) form of `cls.name` as a caller reaches it, or None if it has none."""
+    try:
+        attr = getattr(cls, name)
+    except AttributeError:
+        return None
+    if isinstance(attr, property | type):
+        return None
+    aio = getattr(attr, "aio", None)
+    return aio if callable(aio) else None
 
 
 def _signature(func: Any) -> inspect.Signature | None:
@@ -111,6 +131,19 @@ def surface_problems(fake: type, real: type) -> list[str]:
             if name in annotations or name in getattr(real, "model_fields", {}):
                 continue  # an instance attribute the SDK declares
             problems.append(f"{qual}: {real.__name__} has no attribute {name!r}")
+            continue
+        fake_aio, real_aio = _aio_form(fake, name), _aio_form(real, name)
+        if fake_aio is not None or real_aio is not None:
+            if fake_aio is None or real_aio is None:
+                where = "the fake" if fake_aio is not None else "the SDK"
+                problems.append(f"{qual}: has an .aio form only in {where}")
+                continue
+            if _is_async(fake_aio) != _is_async(real_aio):
+                problems.append(
+                    f"{qual}.aio: {'async' if _is_async(fake_aio) else 'sync'} in the fake, "
+                    f"{'async' if _is_async(real_aio) else 'sync'} in the SDK"
+                )
+            problems.extend(signature_problems(f"{qual}.aio", fake_aio, real_aio))
             continue
         fake_is_callable = callable(_unwrap(fake_attr)) and not isinstance(fake_attr, type)
         real_is_callable = callable(_unwrap(real_attr)) and not isinstance(real_attr, type)

@@ -1,0 +1,823 @@
+"""A fake of the part of the `modal` SDK the `modal` backend uses, run by real processes.
+
+`FakeModal()` stands in for the `modal` module: it has `Sandbox`, `App`, `Client` and
+`Image` classes with the same names, parameters and `.aio` call shape as the SDK's
+(`Sandbox.create.aio(...)`, `sandbox.exec.aio(...)`, `process.wait.aio()`,
+`process.stdin.drain.aio()`, ...). Hand it to the backend as its `sdk` option::
+
+    fake = FakeModal()
+    async with sandbox.open_session(
+        "modal", sdk=fake, token_id="x", token_secret="y", workdir="/tmp/ws"
+    ) as session:
+        ...
+
+Every command runs as a REAL local process (`sandbox.local_process.LocalProcess`), on a
+real terminal when `pty=True`, so terminal behaviour, signals and exit codes are real,
+not scripted. The fake sandbox's file system is this machine's: give the session a
+temporary `workdir`. Errors are the SDK's own exception classes (`modal.exception`).
+
+Only the surface the backend uses is faked, and `tests/backends/test_modal.py` checks it
+against the installed SDK with `sandbox.testing.drift.surface_problems`, so an SDK
+upgrade that changes that surface fails the test suite instead of the fake drifting.
+The plain blocking forms (`Sandbox.create(...)` without `.aio`) raise `TypeError`.
+
+Fault knobs, for tests: `fake.fail(op, exc)` makes the next call of `op` raise `exc`
+(an SDK exception); `fake.block(op)` returns a `Gate` whose `reached` event is set when a
+call of `op` arrives, and which holds that call until `gate.release()` (never releasing
+it is "a call that never returns"). The ops and where they are checked:
+
+- `client` (`Client.from_credentials`), `app_lookup` (`App.lookup`);
+- `create` before the sandbox exists, `create_response` after it exists (the provider
+  created it but the answer was lost), `from_id`, `from_name`, `terminate`;
+- `exec` before the process starts, `exec_response` after it started;
+- `write` (`stdin.drain`), `wait` (`process.wait`), `read` (before each chunk of
+  stdout/stderr is delivered: a reader that dies);
+- `read_file`, `write_file` (`filesystem.read_bytes` / `write_bytes`).
+
+A `when=` predicate receives the argv of the process concerned (an empty tuple for
+sandbox-level calls) and restricts a fault to matching calls.
+
+Known differences from the real service: a pipe process's stdin is /dev/null (only
+`write_eof()` is accepted: the backend closes it at start anyway); a finished process
+keeps its local fds until the sandbox is terminated; the sandbox lifetime `timeout` is
+not enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import collections
+import contextlib
+import functools
+import inspect
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from modal import exception as modal_exception
+
+from ..local_process import LocalProcess
+
+# Every process a fake sandbox starts carries this variable, so that terminating the
+# sandbox can find processes that left their process group (like a container teardown).
+FAKE_SANDBOX_ENV = "SANDBOX_MODAL_FAKE_ID"
+STDIN_BUFFER_LIMIT = 16 * 1024 * 1024  # the SDK's limit for the command-router writer
+
+OPS = (
+    "client",
+    "app_lookup",
+    "create",
+    "create_response",
+    "from_id",
+    "from_name",
+    "terminate",
+    "exec",
+    "exec_response",
+    "write",
+    "wait",
+    "read",
+    "read_file",
+    "write_file",
+)
+
+Predicate = Callable[[tuple[str, ...]], bool]
+
+
+# ---- the `.aio` call shape of synchronicity-wrapped SDK objects ------------------------
+
+
+class AioCallable:
+    """What a wrapped SDK callable looks like once looked up: a blocking call (which the
+    fake does not implement) with the coroutine function at `.aio`."""
+
+    def __init__(self, aio: Callable[..., Any], name: str) -> None:
+        self.aio = aio
+        self._name = name
+
+    def __call__(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError(f"the Modal fake implements only the async form: use {self._name}.aio()")
+
+
+class _AioMethod:
+    """Like synchronicity's `MethodWithAio` on an instance method: `.aio` is bound to the
+    instance and keeps the original signature (`self` included) through `__wrapped__`."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self._func = func
+
+    def __get__(self, instance: object, owner: type | None = None) -> AioCallable:
+        bound = functools.update_wrapper(functools.partial(self._func, instance), self._func)
+        return AioCallable(bound, self._func.__name__)
+
+
+class _AioClassMethod(_AioMethod):
+    """Like `MethodWithAio` on a classmethod: `.aio` is bound to the class."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> AioCallable:
+        bound = functools.update_wrapper(functools.partial(self._func, owner), self._func)
+        return AioCallable(bound, self._func.__name__)
+
+
+class _AioStatic(_AioMethod):
+    """Like synchronicity's `FunctionWithAio` on a staticmethod: the signature has no
+    `self`/`cls`. The fake still needs its class (to find its `FakeModal`), so the class
+    is bound as a hidden first argument that the signature does not show."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> AioCallable:
+        return AioCallable(functools.partial(self._func, owner), self._func.__name__)
+
+
+# ---- fault injection --------------------------------------------------------------------
+
+
+class Gate:
+    """A point where faked calls stop: `reached` is set when a call arrives; the call
+    goes on (or raises its fault) only after `release()`."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.calls = 0
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        """Let every held (and every later) call through."""
+        self._released.set()
+
+    async def _pass(self) -> None:
+        self.calls += 1
+        self.reached.set()
+        await self._released.wait()
+
+
+@dataclass(eq=False)
+class _Fault:
+    op: str
+    exc: BaseException | None
+    gate: Gate | None
+    times: int | None
+    when: Predicate | None
+
+
+# ---- the fake SDK -------------------------------------------------------------------
+
+
+class FakeModal:
+    """A fake `modal` module: one in-memory "cloud" of apps, sandboxes and processes.
+
+    Pass it as the backend's `sdk` option. `sandboxes` maps ids to every sandbox ever
+    created; `live_sandboxes()` and `leftover_pids()` tell a test what was left behind.
+    """
+
+    Sandbox: type[FakeSandbox]
+    App: type[FakeApp]
+    Client: type[FakeClient]
+    Image: type[FakeImage]
+
+    def __init__(self) -> None:
+        self.id = secrets.token_hex(6)
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.apps: dict[str, FakeApp] = {}
+        self.clients: list[FakeClient] = []
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self._faults: list[_Fault] = []
+        # One subclass per fake, so the SDK's class-level calls (`Sandbox.create`) know
+        # which fake cloud they belong to.
+        self.Sandbox = _bound(FakeSandbox, self)
+        self.App = _bound(FakeApp, self)
+        self.Client = _bound(FakeClient, self)
+        self.Image = _bound(FakeImage, self)
+
+    def __repr__(self) -> str:
+        return f"<FakeModal {self.id} sandboxes={len(self.live_sandboxes())}>"
+
+    # ---- knobs ----------------------------------------------------------------------
+
+    def fail(
+        self,
+        op: str,
+        exc: BaseException,
+        *,
+        times: int | None = 1,
+        when: Predicate | None = None,
+    ) -> None:
+        """Make the next `times` calls of `op` (None: all) matching `when` raise `exc`."""
+        self._add(_Fault(op, exc, None, times, when))
+
+    def block(self, op: str, *, times: int | None = 1, when: Predicate | None = None) -> Gate:
+        """Hold the next `times` calls of `op` matching `when` at a `Gate` (returned)."""
+        gate = Gate()
+        self._add(_Fault(op, None, gate, times, when))
+        return gate
+
+    def clear_faults(self) -> None:
+        """Forget every pending fault (held calls stay held until their gate is released)."""
+        self._faults.clear()
+
+    def _add(self, fault: _Fault) -> None:
+        if fault.op not in OPS:
+            raise ValueError(f"unknown op {fault.op!r}; known: {', '.join(OPS)}")
+        self._faults.append(fault)
+
+    async def _check(self, op: str, argv: tuple[str, ...] = ()) -> None:
+        self.calls.append((op, argv))
+        for fault in self._faults:
+            if fault.op != op or (fault.when is not None and not fault.when(argv)):
+                continue
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.remove(fault)
+            if fault.gate is not None:
+                await fault.gate._pass()
+            if fault.exc is not None:
+                raise fault.exc
+            return
+
+    # ---- inspection -----------------------------------------------------------------
+
+    def live_sandboxes(self) -> list[FakeSandbox]:
+        """Sandboxes created and not terminated."""
+        return [s for s in self.sandboxes.values() if not s._terminated]
+
+    def open_clients(self) -> list[FakeClient]:
+        """Clients made by `Client.from_credentials` and not closed."""
+        return [c for c in self.clients if not c._closed]
+
+    def leftover_pids(self) -> list[int]:
+        """Live (non-zombie) local processes started by any sandbox of this fake."""
+        return _pids_with_env(f"{FAKE_SANDBOX_ENV}=", prefix=self.id)
+
+    async def aclose(self) -> None:
+        """Terminate every sandbox (for test teardown)."""
+        for sandbox in list(self.sandboxes.values()):
+            await sandbox._shutdown()
+
+
+_T = TypeVar("_T")
+
+
+def _bound(cls: type[_T], fake: FakeModal) -> type[_T]:
+    bound: type[_T] = type(cls.__name__.removeprefix("Fake"), (cls,), {"_fake": fake})
+    return bound
+
+
+def _pids_with_env(key: str, *, prefix: str) -> list[int]:
+    wanted = (key + prefix).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if any(item.startswith(wanted) for item in environ):
+            found.append(int(name))  # a zombie's environ reads empty: never listed
+    return found
+
+
+def _fake_of(cls: type) -> FakeModal:
+    fake = getattr(cls, "_fake", None)
+    if not isinstance(fake, FakeModal):
+        raise TypeError("use the classes of a FakeModal instance (fake.Sandbox, fake.App, ...)")
+    return fake
+
+
+def _check_real_parameters(real: Callable[..., Any], options: Mapping[str, object]) -> None:
+    """Extra keyword options must be ones the installed SDK accepts (so they cannot drift)."""
+    accepted = inspect.signature(real).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"the installed modal SDK does not accept {', '.join(unknown)}")
+
+
+class FakeClient:
+    """Fake `modal.Client`: made from a token, closed at the end."""
+
+    _fake: ClassVar[FakeModal]
+
+    def __init__(self, token_id: str) -> None:
+        self._token_id = token_id
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<FakeClient closed={self._closed}>"
+
+    @_AioClassMethod
+    async def from_credentials(cls, token_id: str, token_secret: str) -> FakeClient:
+        fake = _fake_of(cls)
+        await fake._check("client")
+        if not token_id or not token_secret:
+            raise modal_exception.AuthError("Token missing")
+        client = cls(token_id)
+        fake.clients.append(client)
+        return client
+
+    @_AioMethod
+    async def close(self) -> None:
+        self._closed = True
+
+
+class FakeImage:
+    """Fake `modal.Image`: only names a registry image."""
+
+    _fake: ClassVar[FakeModal]
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __repr__(self) -> str:
+        return f"<FakeImage {self.tag}>"
+
+    @staticmethod
+    def from_registry(tag: str) -> FakeImage:
+        return FakeImage(tag)
+
+
+class FakeApp:
+    """Fake `modal.App`, as returned by `App.lookup`."""
+
+    _fake: ClassVar[FakeModal]
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<FakeApp {self._name}>"
+
+    @_AioStatic
+    async def lookup(
+        cls,  # hidden: see _AioStatic
+        name: str,
+        *,
+        client: FakeClient | None = None,
+        environment_name: str | None = None,
+        create_if_missing: bool = False,
+    ) -> FakeApp:
+        fake = _fake_of(cls)
+        await fake._check("app_lookup")
+        _check_client(client)
+        app = fake.apps.get(name)
+        if app is None:
+            if not create_if_missing:
+                raise modal_exception.NotFoundError(f"App '{name}' not found")
+            app = fake.apps[name] = cls(name)
+        return app
+
+
+def _check_client(client: object) -> None:
+    if isinstance(client, FakeClient) and client._closed:
+        raise modal_exception.ClientClosed("the client is closed")
+
+
+class FakeSandbox:
+    """Fake `modal.Sandbox`: commands run as local processes in `workdir`."""
+
+    _fake: ClassVar[FakeModal]
+
+    def __init__(
+        self,
+        object_id: str,
+        *,
+        app: FakeApp | None,
+        name: str | None,
+        workdir: str | None,
+        env: Mapping[str, str | None] | None,
+        image: object,
+        options: Mapping[str, object],
+    ) -> None:
+        self._object_id = object_id
+        self._app = app
+        self._name = name
+        self._workdir = workdir
+        self._env = {k: v for k, v in (env or {}).items() if v is not None}
+        self.image = image
+        self.options = dict(options)
+        self.processes: list[FakeContainerProcess] = []
+        self._terminated = False
+        self._attached = True
+        self._filesystem = FakeSandboxFilesystem(self)
+
+    def __repr__(self) -> str:
+        return f"<FakeSandbox {self._object_id} terminated={self._terminated}>"
+
+    @property
+    def object_id(self) -> str:
+        return self._object_id
+
+    @property
+    def filesystem(self) -> FakeSandboxFilesystem:
+        self._ensure_attached()
+        return self._filesystem
+
+    def _ensure_attached(self) -> None:
+        if not self._attached:
+            raise modal_exception.ClientClosed("Unable to perform operation on a detached sandbox")
+
+    # ---- class-level calls -----------------------------------------------------------
+
+    @_AioStatic
+    async def create(
+        cls,  # hidden: see _AioStatic
+        *args: str,
+        app: FakeApp | None = None,
+        name: str | None = None,
+        image: object = None,
+        env: dict[str, str | None] | None = None,
+        timeout: int | None = 300,
+        workdir: str | None = None,
+        client: FakeClient | None = None,
+        **options: Any,
+    ) -> FakeSandbox:
+        fake = _fake_of(cls)
+        _check_real_parameters(modal_sandbox_create(), options)
+        await fake._check("create")
+        _check_client(client)
+        if app is None:
+            raise modal_exception.InvalidError("App is required when creating a Sandbox")
+        if workdir is not None and not workdir.startswith("/"):
+            raise modal_exception.InvalidError(f"workdir must be an absolute path, got: {workdir}")
+        if name is not None and any(
+            s._app is app and s._name == name for s in fake.live_sandboxes()
+        ):
+            raise modal_exception.AlreadyExistsError(f"Sandbox '{name}' already exists")
+        sandbox = cls(
+            f"sb-{secrets.token_hex(10)}",
+            app=app,
+            name=name,
+            workdir=workdir,
+            env=env,
+            image=image,
+            options={"timeout": timeout, **options},
+        )
+        if workdir is not None:
+            await asyncio.to_thread(os.makedirs, workdir, exist_ok=True)
+        fake.sandboxes[sandbox.object_id] = sandbox
+        await fake._check("create_response")
+        return sandbox
+
+    @_AioStatic
+    async def from_id(
+        cls,
+        sandbox_id: str,
+        client: FakeClient | None = None,
+    ) -> FakeSandbox:
+        fake = _fake_of(cls)
+        await fake._check("from_id")
+        _check_client(client)
+        sandbox = fake.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise modal_exception.NotFoundError(f"Sandbox with id {sandbox_id} not found")
+        sandbox._attached = True
+        return sandbox
+
+    @_AioStatic
+    async def from_name(
+        cls,
+        app_name: str,
+        name: str,
+        *,
+        environment_name: str | None = None,
+        include_terminated: bool = False,
+        client: FakeClient | None = None,
+    ) -> FakeSandbox:
+        fake = _fake_of(cls)
+        await fake._check("from_name")
+        _check_client(client)
+        for sandbox in fake.sandboxes.values():
+            if (
+                sandbox._name == name
+                and sandbox._app is not None
+                and sandbox._app._name == app_name
+                and (include_terminated or not sandbox._terminated)
+            ):
+                sandbox._attached = True
+                return sandbox
+        raise modal_exception.NotFoundError(f"Sandbox '{name}' not found in app '{app_name}'")
+
+    # ---- instance calls ----------------------------------------------------------------
+
+    @_AioMethod
+    async def exec(
+        self,
+        *args: str,
+        timeout: int | None = None,
+        workdir: str | None = None,
+        env: dict[str, str | None] | None = None,
+        text: bool = True,
+        pty: bool = False,
+    ) -> FakeContainerProcess:
+        self._ensure_attached()
+        argv = tuple(args)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise modal_exception.InvalidError("All entrypoint arguments must be strings")
+        if workdir is not None and not workdir.startswith("/"):
+            raise modal_exception.InvalidError(f"workdir must be an absolute path, got: {workdir}")
+        await self._fake._check("exec", argv)
+        if self._terminated:
+            raise modal_exception.ConflictError("Sandbox already finished")
+        environment = dict(os.environ)
+        environment.update(self._env)
+        environment.update({k: v for k, v in (env or {}).items() if v is not None})
+        environment[FAKE_SANDBOX_ENV] = f"{self._fake.id}-{self._object_id}"
+        if pty:
+            environment.setdefault("TERM", "xterm-256color")
+        process = FakeContainerProcess(self, argv, pty=pty, text=text)
+        process._start(environment, workdir or self._workdir or "/", timeout)
+        self.processes.append(process)
+        await self._fake._check("exec_response", argv)
+        return process
+
+    @_AioMethod
+    async def terminate(self, *, wait: bool = False) -> int | None:
+        self._ensure_attached()
+        await self._fake._check("terminate")
+        await self._shutdown()
+        return 137 if wait else None
+
+    @_AioMethod
+    async def detach(self) -> None:
+        self._attached = False
+
+    async def _shutdown(self) -> None:
+        """Kill every process of the sandbox, as a container teardown would."""
+        if self._terminated:
+            return
+        self._terminated = True
+        for process in self.processes:
+            await process._kill()
+        marker = f"{self._fake.id}-{self._object_id}"
+        for pid in _pids_with_env(f"{FAKE_SANDBOX_ENV}=", prefix=marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def modal_sandbox_create() -> Callable[..., Any]:
+    """The installed SDK's `Sandbox.create.aio` (the reference for extra options)."""
+    import modal
+
+    create: Callable[..., Any] = modal.Sandbox.create.aio
+    return create
+
+
+class FakeSandboxFilesystem:
+    """Fake `Sandbox.filesystem`: this machine's files, absolute paths only."""
+
+    def __init__(self, sandbox: FakeSandbox) -> None:
+        self._sandbox = sandbox
+
+    def __repr__(self) -> str:
+        return f"<FakeSandboxFilesystem of {self._sandbox.object_id}>"
+
+    @_AioMethod
+    async def read_bytes(self, remote_path: str) -> bytes:
+        _check_absolute(remote_path, "read_bytes")
+        await self._sandbox._fake._check("read_file", (remote_path,))
+        if self._sandbox._terminated:
+            raise modal_exception.ConflictError("Sandbox already finished")
+
+        def read() -> bytes:
+            with _filesystem_errors(remote_path), open(remote_path, "rb") as handle:
+                return handle.read()
+
+        return await asyncio.to_thread(read)
+
+    @_AioMethod
+    async def write_bytes(self, data: bytes | bytearray | memoryview, remote_path: str) -> None:
+        _check_absolute(remote_path, "write_bytes")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError("data must be bytes-like")
+        await self._sandbox._fake._check("write_file", (remote_path,))
+        if self._sandbox._terminated:
+            raise modal_exception.ConflictError("Sandbox already finished")
+
+        def write() -> None:
+            with _filesystem_errors(remote_path):
+                os.makedirs(os.path.dirname(remote_path) or "/", exist_ok=True)
+                with open(remote_path, "wb") as handle:
+                    handle.write(data)
+
+        await asyncio.to_thread(write)
+
+
+def _check_absolute(path: str, operation: str) -> None:
+    if not path.startswith("/"):
+        raise modal_exception.InvalidError(
+            f"Sandbox.filesystem.{operation}() currently only supports absolute remote_path values"
+        )
+
+
+@contextlib.contextmanager
+def _filesystem_errors(path: str) -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError:
+        raise modal_exception.SandboxFilesystemNotFoundError(
+            f"No such file or directory: {path}"
+        ) from None
+    except IsADirectoryError:
+        raise modal_exception.SandboxFilesystemIsADirectoryError(
+            f"Is a directory: {path}"
+        ) from None
+    except NotADirectoryError:
+        raise modal_exception.SandboxFilesystemNotADirectoryError(
+            f"Not a directory: {path}"
+        ) from None
+    except PermissionError:
+        raise modal_exception.SandboxFilesystemPermissionError(
+            f"Permission denied: {path}"
+        ) from None
+
+
+class FakeContainerProcess:
+    """Fake `modal.container_process.ContainerProcess` around a real local process."""
+
+    def __init__(self, sandbox: FakeSandbox, argv: tuple[str, ...], *, pty: bool, text: bool):
+        self._sandbox = sandbox
+        self._fake = sandbox._fake
+        self.argv = argv
+        self._pty = pty
+        self._stdout = FakeStreamReader(self, 1, text)
+        self._stderr = FakeStreamReader(self, 2, text)
+        self._stdin = FakeStreamWriter(self)
+        self._local: LocalProcess | None = None
+        self._returncode: int | None = None
+        self._exited = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"<FakeContainerProcess {self.argv[:1]} returncode={self._returncode}>"
+
+    @property
+    def stdout(self) -> FakeStreamReader:
+        return self._stdout
+
+    @property
+    def stderr(self) -> FakeStreamReader:
+        return self._stderr
+
+    @property
+    def stdin(self) -> FakeStreamWriter:
+        return self._stdin
+
+    @_AioMethod
+    async def wait(self) -> int:
+        await self._fake._check("wait", self.argv)
+        await self._exited.wait()
+        assert self._returncode is not None
+        return self._returncode
+
+    # ---- driving the local process ----------------------------------------------------
+
+    def _start(self, env: dict[str, str], cwd: str, timeout: int | None) -> None:
+        try:
+            self._local = LocalProcess.spawn(
+                self.argv,
+                tty=self._pty,
+                env=env,
+                cwd=cwd,
+                on_stdout=self._stdout._push,
+                on_stderr=None if self._pty else self._stderr._push,
+                on_exit=self._on_exit,
+                on_eof=self._on_eof,
+            )
+        except OSError as exc:
+            # What a container runtime reports for a command it cannot start.
+            self._stderr._push(f"exec: {self.argv[0]}: {exc.strerror}\n".encode())
+            self._on_eof()
+            self._on_exit(127 if isinstance(exc, FileNotFoundError) else 126)
+            return
+        if timeout:
+            self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+
+    def _on_exit(self, code: int) -> None:
+        if self._returncode is None:
+            self._returncode = code
+        if self._timer is not None:
+            self._timer.cancel()
+        self._exited.set()
+
+    def _on_eof(self) -> None:
+        self._stdout._end()
+        self._stderr._end()
+
+    def _expire(self) -> None:
+        """The exec's server-side timeout: kill it; the SDK then reports -1 and ends
+        the output streams at the deadline."""
+        self._returncode = -1
+        if self._local is not None:
+            self._local.signal_group(signal.SIGKILL)
+        self._on_eof()
+
+    async def _kill(self) -> None:
+        if self._local is not None:
+            await self._local.terminate(0)
+        self._on_eof()
+        self._on_exit(self._returncode if self._returncode is not None else 137)
+
+
+class FakeStreamReader:
+    """Fake `modal.io_streams.StreamReader`: async iteration yields chunks (bytes, or
+    str for `text=True`) in arrival order until the stream ends."""
+
+    __fake_dunders__ = ("__aiter__",)
+
+    def __init__(self, process: FakeContainerProcess, fd: int, text: bool) -> None:
+        self._process = process
+        self._fd = fd
+        self._text = text
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<FakeStreamReader fd={self._fd}>"
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        decoder = codecs.getincrementaldecoder("utf-8")() if self._text else None
+        while True:
+            while not self._chunks and not self._ended:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            if not self._chunks:
+                if decoder is not None:
+                    tail = decoder.decode(b"", final=True)
+                    if tail:
+                        yield tail
+                return
+            await self._process._fake._check("read", self._process.argv)
+            chunk = self._chunks.popleft()
+            if decoder is None:
+                yield chunk
+            else:
+                text = decoder.decode(chunk)
+                if text:
+                    yield text
+
+    def _push(self, data: bytes) -> None:
+        if not self._ended:
+            self._chunks.append(bytes(data))
+            self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class FakeStreamWriter:
+    """Fake `modal.io_streams.StreamWriter`: `write()` buffers, `drain.aio()` sends."""
+
+    def __init__(self, process: FakeContainerProcess) -> None:
+        self._process = process
+        self._buffer = bytearray()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<FakeStreamWriter closed={self._closed}>"
+
+    def write(self, data: bytes | bytearray | memoryview | str) -> None:
+        if self._closed:
+            raise ValueError("Stdin is closed. Cannot write to it.")
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__}")
+        if len(self._buffer) + len(data) > STDIN_BUFFER_LIMIT:
+            raise BufferError("Buffer size exceed limit. Call drain to flush the buffer.")
+        self._buffer.extend(data)
+
+    def write_eof(self) -> None:
+        self._closed = True
+
+    @_AioMethod
+    async def drain(self) -> None:
+        process = self._process
+        await process._fake._check("write", process.argv)
+        data = bytes(self._buffer)
+        if not data:
+            return
+        if not process._pty:
+            raise NotImplementedError(
+                "the Modal fake runs pipe processes with stdin at /dev/null: only "
+                "write_eof() is supported for them"
+            )
+        local = process._local
+        if local is not None and not local.exited:
+            with contextlib.suppress(Exception):  # a closing terminal swallows input
+                await local.write(data)
+        self._buffer.clear()

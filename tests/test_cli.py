@@ -1,0 +1,160 @@
+"""The `sandbox` command, driven as a person would: real subprocesses, a real terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+SANDBOX = [sys.executable, "-m", "sandbox.cli"]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SANDBOX, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_passes_output_and_exit_code(tmp_path: Path) -> None:
+    out = run_cli("run", "--workspace", str(tmp_path), "--", "echo out; echo err >&2; exit 7")
+    assert out.returncode == 7
+    assert out.stdout == "out\n" and out.stderr == "err\n"
+
+
+def test_run_with_tty(tmp_path: Path) -> None:
+    out = run_cli("run", "--tty", "--workspace", str(tmp_path), "--", "tty; exit 4")
+    assert out.returncode == 4
+    assert "/dev/pts/" in out.stdout
+
+
+def test_run_timeout(tmp_path: Path) -> None:
+    out = run_cli("run", "--timeout", "0.5", "--workspace", str(tmp_path), "--", "sleep 30")
+    assert out.returncode == 1
+    assert out.stderr.startswith("sandbox: error: command timed out")
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run"],
+        ["run", "--backend", "nope", "--", "true"],
+        ["frobnicate"],
+        ["run", "--opt", "novalue", "--", "true"],
+        ["run", "--opt", "bogus_option=1", "--", "true"],
+    ],
+)
+def test_bad_usage_is_one_line_without_traceback(args: list[str]) -> None:
+    out = run_cli(*args)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_backends_table_lists_all_without_secrets() -> None:
+    secret = "sk-test-should-never-print-1234"
+    env = dict(os.environ, E2B_API_KEY=secret, CLOUDFLARE_SANDBOX_API_KEY=secret)
+    out = subprocess.run([*SANDBOX, "backends"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0
+    names = [line.split()[0] for line in out.stdout.splitlines()[1:]]
+    assert names == ["unix_local", "docker", "blaxel", "cloudflare", "daytona", "e2b", "modal"]
+    assert "found (E2B_API_KEY)" in out.stdout
+    assert secret not in out.stdout + out.stderr
+
+
+def test_demo_runs_every_step() -> None:
+    out = run_cli("demo", timeout=120)
+    assert out.returncode == 0, out.stderr
+    for step in ("python3 -q", "pty_interrupt", "exit_code=130", "pty_processes()", "columns=120"):
+        assert step in out.stdout
+    assert "processes left: 0" in out.stdout
+
+
+class Terminal:
+    """A real terminal for the CLI: we hold the primary side, like a terminal emulator."""
+
+    def __init__(self, args: list[str], rows: int = 24, cols: int = 80) -> None:
+        self.primary, secondary = os.openpty()
+        self.set_size(rows, cols, fd=secondary)
+        self.saved = termios.tcgetattr(secondary)
+        self.proc = subprocess.Popen(
+            [*SANDBOX, *args],
+            stdin=secondary,
+            stdout=secondary,
+            stderr=secondary,
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
+        self.secondary = secondary
+        self.seen = b""
+
+    def set_size(self, rows: int, cols: int, fd: int | None = None) -> None:
+        fcntl.ioctl(
+            self.primary if fd is None else fd,
+            termios.TIOCSWINSZ,
+            struct.pack("HHHH", rows, cols, 0, 0),
+        )
+
+    def type(self, text: str) -> None:
+        os.write(self.primary, text.encode())
+
+    def read_until(self, needle: bytes, timeout: float = 20) -> bytes:
+        deadline = time.monotonic() + timeout
+        while needle not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{needle!r} not seen; got {self.seen[-500:]!r}")
+            ready, _, _ = select.select([self.primary], [], [], left)
+            if ready:
+                try:
+                    self.seen += os.read(self.primary, 65536)
+                except OSError:
+                    break
+        return self.seen
+
+    def close(self) -> int:
+        code = self.proc.wait(timeout=30)
+        attrs = termios.tcgetattr(self.secondary)
+        os.close(self.secondary)
+        os.close(self.primary)
+        assert attrs == self.saved, "the terminal mode was restored"
+        return code
+
+
+def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
+    term = Terminal(["shell", "--workspace", str(tmp_path)], rows=30, cols=90)
+    try:
+        term.type("stty size; echo $((6*7))\n")
+        term.read_until(b"30 90")
+        term.read_until(b"42")
+        term.set_size(45, 132)
+        term.proc.send_signal(signal.SIGWINCH)
+        term.type("stty size\n")
+        term.read_until(b"45 132")
+        term.type("echo sleep-started; sleep 30\n")
+        term.read_until(b"sleep-started\r\n")
+        term.type("\x03")
+        term.type("echo after-interrupt\n")
+        term.read_until(b"after-interrupt\r\n")
+        term.type("exit 5\n")
+    finally:
+        code = term.close()
+    assert code == 5
+
+
+def test_shell_with_a_command(tmp_path: Path) -> None:
+    term = Terminal(["shell", "--workspace", str(tmp_path), "--", "cat"])
+    try:
+        term.type("hello cat\n")
+        term.read_until(b"hello cat\r\nhello cat")
+        term.type("\x04")
+    finally:
+        code = term.close()
+    assert code == 0
