@@ -138,9 +138,12 @@ def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
         term.proc.send_signal(signal.SIGWINCH)
         term.type("stty size\n")
         term.read_until(b"45 132")
-        term.type("echo sleep-started; sleep 30\n")
+        # Printed by the foreground job itself, so Ctrl-C cannot reach the shell first.
+        term.type("sh -c 'echo sleep-started; exec sleep 30'\n")
         term.read_until(b"sleep-started\r\n")
         term.type("\x03")
+        term.read_until(b"^C", timeout=10)
+        term.read_until(b"sleep-started\r\n^C\r\n# ")  # the prompt is back
         term.type("echo after-interrupt\n")
         term.read_until(b"after-interrupt\r\n")
         term.type("exit 5\n")

@@ -84,6 +84,7 @@ class _Attachment:
                 self.done.set()
                 return
             self.show(update)
+        # done: the input pump may still wait for keys; nothing more to show.
 
     async def pump_input(self, fd: int) -> None:
         from .cli import ANY_OUTPUT
@@ -154,7 +155,14 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
                 asyncio.ensure_future(attachment.pump_input(stdin_fd)),
             ]
             try:
-                await attachment.done.wait()
+                # The output pump ends when the process does; if either pump fails, the
+                # error surfaces here instead of leaving the terminal attached forever.
+                output_pump = pumps[0]
+                while not output_pump.done():
+                    finished, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+                    for pump in finished:
+                        pump.result()  # raises the pump's error, if any
+                output_pump.result()
             finally:
                 loop.remove_signal_handler(signal.SIGWINCH)
                 for pump in pumps:
