@@ -264,7 +264,7 @@ class BaseSandboxSession:
             entry.removed = True
             await settle(self._teardown_entry(entry))
             raise
-        if live >= self.warn_processes:
+        if live == self.warn_processes:  # once, when the registry crosses the mark
             logger.warning(
                 "%s session has %d of %d processes: the least recently used will be pruned",
                 self.backend_name,

@@ -1,0 +1,326 @@
+"""The unix_local benchmarks, each beside its raw baseline in the same run."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sandbox
+from sandbox.backends.unix_local import UnixLocalSession
+
+from .measure import Figure, StallMeter, cpu_seconds, rss_bytes
+from .raw import RawChild
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes and round counts; `quick` shrinks everything for `make bench-quick`."""
+
+    quick: bool
+    workdir: Path
+
+    @property
+    def rounds(self) -> int:
+        return 2 if self.quick else 3
+
+    @property
+    def drain_mb(self) -> int:
+        return 10 if self.quick else 50
+
+    @property
+    def round_trips(self) -> int:
+        return 40 if self.quick else 200
+
+    @property
+    def starts(self) -> int:
+        return 40 if self.quick else 200
+
+    @property
+    def churn(self) -> int:
+        return 300 if self.quick else 2000
+
+    @property
+    def flood_s(self) -> float:
+        return 2.0 if self.quick else 5.0
+
+    @property
+    def backlog_mb(self) -> int:
+        return 30 if self.quick else 100
+
+
+def session(cfg: Config, **options: object) -> sandbox.BaseSandboxSession:
+    ws = cfg.workdir / "ws"
+    return sandbox.open_session("unix_local", workspace=ws, terminate_grace_s=0.5, **options)
+
+
+def payload_file(cfg: Config) -> tuple[Path, str, int]:
+    """A file of printable bytes without newlines (a terminal passes them unchanged)."""
+    size = cfg.drain_mb * 1_000_000
+    path = cfg.workdir / f"payload-{size}.bin"
+    line = bytes(range(33, 127)) * 1000
+    if not path.exists():
+        with open(path, "wb") as handle:
+            written = 0
+            while written < size:
+                chunk = line[: size - written]
+                handle.write(chunk)
+                written += len(chunk)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return path, digest, size
+
+
+async def throughput(cfg: Config) -> list[Figure]:
+    path, digest, size = payload_file(cfg)
+    figures = []
+    for tty in (True, False):
+        label = "pty" if tty else "pipes"
+        rate = Figure("throughput", f"drain {cfg.drain_mb} MB, {label}", "MB/s", True)
+        cpu = Figure("throughput", f"parent CPU, {cfg.drain_mb} MB {label}", "CPU s", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg, output_limit_bytes=size + (1 << 20)) as s:
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                update = await s.pty_exec_start(f"cat {path}", tty=tty, yield_time_s=0.25)
+                parts = [update.output]
+                while update.process_id is not None:
+                    update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
+                    parts.append(update.output)
+                elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
+                got = "".join(parts).encode()
+                assert hashlib.sha256(got).hexdigest() == digest, "bytes verified"
+            rate.ours.append(size / 1e6 / elapsed)
+            cpu.ours.append(used)
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            raw = RawChild(["cat", str(path)], tty=tty)
+            await raw.finish()
+            elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
+            assert hashlib.sha256(raw.data).hexdigest() == digest
+            rate.baseline.append(size / 1e6 / elapsed)
+            cpu.baseline.append(used)
+            raw.kill()
+        figures += [rate, cpu]
+    return figures
+
+
+async def round_trip(cfg: Config) -> list[Figure]:
+    figures = []
+    programs = [("cat", "cat", None), ("python3 -q -i -u", "python3 -q -i -u", ">>> ")]
+    for label, command, prompt in programs:
+        fig = Figure("round trip", f"{label}: write + until reply", "ms", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg) as s:
+                start = await s.pty_exec_start(
+                    command, tty=True, until=prompt, yield_time_s=0.25 if prompt is None else 10
+                )
+                pid = start.process_id
+                assert pid is not None
+                times = []
+                for i in range(cfg.round_trips):
+                    line = f"{i}+1" if prompt else f"ping{i}"
+                    want: str | re.Pattern[str] = (
+                        f"{line}\r\n{i + 1}\r\n{prompt}" if prompt else f"{line}\r\n{line}\r\n"
+                    )
+                    t0 = time.perf_counter()
+                    reply = await s.pty_write_stdin(pid, line + "\n", until=want, yield_time_s=5)
+                    times.append(time.perf_counter() - t0)
+                    assert (want if isinstance(want, str) else "") in reply.output
+                fig.ours.append(sorted(times)[len(times) // 2] * 1000)
+            raw = RawChild(command.split(), tty=True)
+            if prompt:
+                await raw.read_until(prompt.encode())
+            times = []
+            for i in range(cfg.round_trips):
+                line = f"{i}+1" if prompt else f"ping{i}"
+                want_b = f"{line}\r\n{i + 1}\r\n{prompt}" if prompt else f"{line}\r\n{line}\r\n"
+                raw.data.clear()
+                t0 = time.perf_counter()
+                await raw.write((line + "\n").encode())
+                await raw.read_until(want_b.encode())
+                times.append(time.perf_counter() - t0)
+            raw.kill()
+            fig.baseline.append(sorted(times)[len(times) // 2] * 1000)
+        figures.append(fig)
+    # Without `until`, a write's window is a maximum wait of 0.25 s: show what until saves.
+    fig = Figure("round trip", "cat: write without until (0.25 s window)", "ms", False)
+    async with session(cfg) as s:
+        start = await s.pty_exec_start("cat", tty=True, yield_time_s=0.25)
+        assert start.process_id is not None
+        for i in range(3 if cfg.quick else 8):
+            t0 = time.perf_counter()
+            await s.pty_write_stdin(start.process_id, f"ping{i}\n")
+            fig.ours.append((time.perf_counter() - t0) * 1000)
+    fig.baseline = list(figures[0].baseline)
+    fig.note = "baseline: raw write+read of the same line"
+    figures.append(fig)
+    return figures
+
+
+async def start_cost(cfg: Config) -> list[Figure]:
+    figures = []
+    for command in ("true", "echo hi"):
+        for tty in (True, False):
+            label = "pty" if tty else "pipes"
+            fig = Figure("start", f"start `{command}`, {label}", "calls/s", True)
+            for _ in range(cfg.rounds):
+                async with session(cfg) as s:
+                    t0 = time.perf_counter()
+                    for _ in range(cfg.starts):
+                        update = await s.pty_exec_start(command, tty=tty)
+                        assert update.process_id is None and update.exit_code == 0
+                    fig.ours.append(cfg.starts / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
+                for _ in range(cfg.starts):
+                    raw = RawChild(["sh", "-c", command], tty=tty)
+                    assert await raw.finish() == 0
+                    raw.kill()
+                fig.baseline.append(cfg.starts / (time.perf_counter() - t0))
+            figures.append(fig)
+    return figures
+
+
+async def scale(cfg: Config) -> list[Figure]:
+    figures = []
+    fig = Figure("scale", "64 PTYs: start at once + echo through each", "ms", False)
+    for _ in range(cfg.rounds):
+        async with session(cfg) as s:
+            t0 = time.perf_counter()
+            ups = await asyncio.gather(
+                *(s.pty_exec_start("echo r; exec cat", tty=True, until="r") for _ in range(64))
+            )
+            pids = [u.process_id for u in ups]
+            await asyncio.gather(
+                *(s.pty_write_stdin(p, "x\n", until="x\r\nx\r\n") for p in pids if p is not None)
+            )
+            fig.ours.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        raws = [RawChild(["sh", "-c", "echo r; exec cat"], tty=True) for _ in range(64)]
+        await asyncio.gather(*(r.read_until(b"r") for r in raws))
+        for r in raws:
+            r.data.clear()
+        await asyncio.gather(*(r.write(b"x\n") for r in raws))
+        await asyncio.gather(*(r.read_until(b"x\r\nx\r\n") for r in raws))
+        fig.baseline.append((time.perf_counter() - t0) * 1000)
+        for r in raws:
+            r.kill()
+    figures.append(fig)
+    for count in (1, 16, 64):
+        fig = Figure("scale", f"pty_terminate_all, {count} live", "ms", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg) as s:
+                await asyncio.gather(
+                    *(
+                        s.pty_exec_start("echo r; exec cat", tty=True, until="r")
+                        for _ in range(count)
+                    )
+                )
+                t0 = time.perf_counter()
+                await s.pty_terminate_all()
+                fig.ours.append((time.perf_counter() - t0) * 1000)
+            raws = [RawChild(["sh", "-c", "echo r; exec cat"], tty=True) for _ in range(count)]
+            await asyncio.gather(*(r.read_until(b"r") for r in raws))
+            t0 = time.perf_counter()
+            for r in raws:
+                r.kill()
+            fig.baseline.append((time.perf_counter() - t0) * 1000)
+        fig.note = "ours: SIGHUP+SIGTERM, wait for the exit, SIGKILL the group; raw: SIGKILL+reap"
+        figures.append(fig)
+    return figures
+
+
+async def memory(cfg: Config) -> list[Figure]:
+    growth = Figure("memory", f"RSS growth, `yes` unread {cfg.flood_s:g} s", "MiB", False)
+    stall = Figure(
+        "memory", f"first poll after {cfg.backlog_mb} MB backlog: longest stall", "ms", False
+    )
+    wall = Figure("memory", f"first poll after {cfg.backlog_mb} MB backlog: wall", "ms", False)
+    for _ in range(cfg.rounds):
+        async with session(cfg) as s:
+            before = rss_bytes()
+            update = await s.pty_exec_start("yes", yield_time_s=0.25)
+            await asyncio.sleep(cfg.flood_s)
+            growth.ours.append((rss_bytes() - before) / 2**20)
+            assert update.process_id is not None
+            await s.pty_terminate(update.process_id)
+            backlog = cfg.backlog_mb * 1_000_000
+            update = await s.pty_exec_start(
+                f"echo go; yes | head -c {backlog}; exec sleep 60", until="go"
+            )
+            assert update.process_id is not None
+            entry = s._registry[update.process_id]  # noqa: SLF001 - wait for the backlog
+            while entry.output.end_pos < backlog + 3:
+                await asyncio.sleep(0.01)
+            with StallMeter() as meter:
+                t0 = time.perf_counter()
+                poll = await s.pty_write_stdin(
+                    update.process_id, "", until="y", max_output_tokens=2000
+                )
+                wall.ours.append((time.perf_counter() - t0) * 1000)
+                await asyncio.sleep(0.005)
+            stall.ours.append(meter.longest * 1000)
+            assert poll.original_token_count is not None
+        before = rss_bytes()
+        raw = RawChild(["yes"], tty=False, keep=False)
+        await asyncio.sleep(cfg.flood_s)
+        growth.baseline.append(max((rss_bytes() - before) / 2**20, 0.01))
+        raw.kill()
+        # Baseline for the poll: the least work that gives the same answer from memory.
+        retained = b"y\n" * (1 << 19)
+        with StallMeter() as meter:
+            t0 = time.perf_counter()
+            text = retained.decode()
+            _ = text[:4000] + text[-4000:]
+            wall.baseline.append((time.perf_counter() - t0) * 1000)
+            await asyncio.sleep(0.005)
+        stall.baseline.append(max(meter.longest * 1000, 0.001))
+    growth.note = "baseline: a raw reader that discards what it reads"
+    wall.note = stall.note = "baseline: decoding + slicing the same 1 MiB in memory"
+    return [growth, wall, stall]
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _children() -> int:
+    me = str(os.getpid())
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    if handle.read().rsplit(b")", 1)[1].split()[1].decode() == me:
+                        count += 1
+            except OSError:
+                pass
+    return count
+
+
+async def churn(cfg: Config) -> list[Figure]:
+    fig = Figure("churn", f"{cfg.churn} start/exit cycles", "cycles/s", True)
+    async with session(cfg) as s:
+        assert isinstance(s, UnixLocalSession)
+        await s.pty_exec_start("true", tty=True)
+        fds, kids = _fd_count(), _children()
+        t0 = time.perf_counter()
+        for i in range(cfg.churn):
+            update = await s.pty_exec_start("true", tty=i % 2 == 0)
+            assert update.process_id is None
+        fig.ours.append(cfg.churn / (time.perf_counter() - t0))
+        fd_after, kids_after = _fd_count(), _children()
+    t0 = time.perf_counter()
+    for i in range(cfg.churn):
+        raw = RawChild(["sh", "-c", "true"], tty=i % 2 == 0)
+        await raw.finish()
+        raw.kill()
+    fig.baseline.append(cfg.churn / (time.perf_counter() - t0))
+    fig.note = f"fds {fds}->{fd_after}, children {kids}->{kids_after}"
+    if (fds, kids) != (fd_after, kids_after):
+        fig.note += "  LEAK"
+    return [fig]
+
+
+CASES = [throughput, round_trip, start_cost, scale, memory, churn]
