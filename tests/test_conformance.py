@@ -307,7 +307,7 @@ async def test_terminate_and_terminate_all_leave_nothing(session: BaseSandboxSes
         )
         assert update.process_id is not None
         pids.append(update.process_id)
-    assert all(host_pids_with_arg(m) for m in markers)
+    assert await eventually(lambda: all(host_pids_with_arg(m) for m in markers))
     await session.pty_terminate(pids[0])
     assert await eventually(lambda: not host_pids_with_arg(markers[0]))
     assert {i.process_id for i in session.pty_processes()} == set(pids[1:])

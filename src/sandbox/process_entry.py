@@ -130,6 +130,15 @@ class PtyEntry:
 
     # ---- what the base session uses -------------------------------------------------
 
+    def report_torn_down(self) -> None:
+        """Mark the entry finished after its teardown (exit status unknown if it was
+        never reported), waking any window still waiting on it."""
+        if not self.exited:
+            self.exited = True
+            self.exited_at = time.monotonic()
+        self.eof = True
+        self._wake()
+
     def preempt_poll(self) -> None:
         """Ask a poll in progress on this entry to end its window now (a write waits)."""
         self.poll_preempted = True

@@ -441,6 +441,9 @@ class BaseSandboxSession:
             await self._terminate_pty_entry(entry)
         finally:
             self._reserved.discard(entry.process_id)
+            # A window still waiting on this entry (a poll racing a terminate) must end
+            # now, even if the backend could not report an exit status.
+            entry.report_torn_down()
 
     async def _discard(self, entry: PtyEntry) -> None:
         """Remove `entry` from the registry if it is still there, and tear it down."""

@@ -99,7 +99,7 @@ async def test_terminate_kills_the_group_even_if_polite_signals_are_ignored(
         until="ready",
     )
     assert update.process_id is not None
-    assert len(host_pids_with_arg(marker)) == 2
+    assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2)
     t0 = time.monotonic()
     await session.pty_terminate(update.process_id)
     assert time.monotonic() - t0 < 3
