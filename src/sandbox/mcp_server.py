@@ -6,7 +6,10 @@ stops, whatever stopped it: the client closing stdin, SIGTERM, SIGINT or SIGHUP,
 client going away. Over stdio the server serves one client and exits when it leaves.
 With `--http HOST:PORT` it serves the SDK's streamable HTTP transport at
 `http://HOST:PORT/mcp` until it is signalled; every client shares the one session, so
-processes outlive a client (a reconnecting agent finds them with `list_processes`).
+processes outlive a client (a reconnecting agent finds them with `list_processes`) and
+are torn down when the server stops. A call in flight when its HTTP client vanishes is
+cancelled where the SDK notices (current protocol: at once), which tears down the
+process it was starting.
 
 The tools mirror the library's PTY API one to one and add nothing to its semantics:
 the yield windows, clamps, truncation and registry bounds are the library's.
@@ -16,41 +19,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
-import queue
 import signal
-import socket
 import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
-import uvicorn
 from mcp import types
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sse_starlette.sse import AppStatus
 
 from .backends import open_session
 from .cli_options import add_backend_arguments, options_from_args
 from .errors import SandboxError
+from .mcp_transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 from .session import BaseSandboxSession
 from .types import PtyProcessInfo, PtyUpdate
 
 logger = logging.getLogger("sandbox.mcp")
 
 SERVER_NAME = "sandbox"
-HTTP_PATH = "/mcp"
-# How long an HTTP server waits for open requests to finish when it is told to stop;
-# after that uvicorn cancels them (each cancelled call tears its own process down).
-HTTP_GRACEFUL_STOP_S = 3
-# Lines read ahead from stdin before the server has consumed them.
-STDIN_READ_AHEAD = 64
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -487,236 +477,11 @@ def _instructions(backend: str, session: BaseSandboxSession) -> str:
     )
 
 
-# ---- stdio without blocking threads --------------------------------------------------
-#
-# The SDK's default stdio streams read stdin in a worker thread that cannot be
-# cancelled, so a server told to stop by a signal while the client keeps stdin open
-# would wait for the client's next line. These streams read and write the same
-# descriptors in daemon threads and hand the lines over through the event loop, so
-# stopping never waits for the client.
-
-
-class _StdinLines:
-    """Async iterator of the lines read from `fd` by a daemon thread."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._room = threading.Semaphore(STDIN_READ_AHEAD)
-        self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, name="mcp-stdin", daemon=True).start()
-
-    def _read(self) -> None:
-        stream = open(self._fd, "rb", closefd=False)
-        try:
-            while True:
-                self._room.acquire()
-                line = stream.readline()
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, line or None)
-                if not line:
-                    return
-        except RuntimeError:
-            return  # the loop is closed: nobody is listening any more
-        except OSError as exc:
-            logger.warning("reading stdin failed: %s", exc)
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
-
-    def __aiter__(self) -> _StdinLines:
-        return self
-
-    async def __anext__(self) -> str:
-        line = await self._queue.get()
-        if line is None:
-            self._queue.put_nowait(None)  # stay at EOF
-            raise StopAsyncIteration
-        self._room.release()
-        return line.decode("utf-8", "replace")
-
-
-class _StdoutWriter:
-    """Writes to `fd` in a daemon thread; `flush()` waits (cancellably) for the write."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._pending: list[bytes] = []
-        self._jobs: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]]] = queue.SimpleQueue()
-        self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._write, name="mcp-stdout", daemon=True).start()
-
-    def _write(self) -> None:
-        while True:
-            data, done = self._jobs.get()
-            error: BaseException | None = None
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view) :]
-            except OSError as exc:
-                error = exc
-            try:
-                self._loop.call_soon_threadsafe(_settle_future, done, error)
-            except RuntimeError:
-                return
-            if error is not None:
-                return
-
-    async def write(self, text: str) -> None:
-        self._pending.append(text.encode("utf-8"))
-
-    async def flush(self) -> None:
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if not data:
-            return
-        done: asyncio.Future[None] = self._loop.create_future()
-        self._jobs.put((data, done))
-        await done
-
-
-def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
-@contextlib.contextmanager
-def _claim_stdio() -> Iterator[tuple[int, int]]:
-    """Move the protocol's stdin/stdout to private descriptors and point fds 0 and 1 at
-    /dev/null and stderr, so nothing else in the process (a stray print, a provider
-    SDK) can read or corrupt the protocol stream. Restored on exit."""
-    wire_in = os.dup(0)
-    wire_out = os.dup(1)
-    os.set_inheritable(wire_in, False)
-    os.set_inheritable(wire_out, False)
-    sys.stdout.flush()
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        os.dup2(null, 0)
-        os.dup2(2, 1)
-    finally:
-        os.close(null)
-    try:
-        yield wire_in, wire_out
-    finally:
-        sys.stdout.flush()
-        os.dup2(wire_in, 0)
-        os.dup2(wire_out, 1)
-        # The reader thread may still be blocked on wire_in; closing it under the
-        # thread could hand the number to an unrelated file, so both stay open until
-        # the process exits (they are close-on-exec).
-
-
-# ---- transports ----------------------------------------------------------------------
-
-
-class _Transport:
-    """Serves the MCP server until the peer leaves or `stop()` is called."""
-
-    async def serve(self, server: Server[Any]) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-
-class _StdioTransport(_Transport):
-    def __init__(self) -> None:
-        self._scope: anyio.CancelScope | None = None
-        self._stopped = False
-
-    async def serve(self, server: Server[Any]) -> None:
-        self._scope = anyio.CancelScope()
-        if self._stopped:
-            self._scope.cancel()
-        with self._scope, _claim_stdio() as (wire_in, wire_out):
-            # The SDK types these as anyio files; it only iterates lines from one and
-            # calls write/flush on the other, which these provide.
-            stdin = cast("anyio.AsyncFile[str]", _StdinLines(wire_in))
-            stdout = cast("anyio.AsyncFile[str]", _StdoutWriter(wire_out))
-            async with stdio_server(stdin=stdin, stdout=stdout) as (read, write):
-                await server.run(read, write, server.create_initialization_options())
-
-    def stop(self) -> None:
-        self._stopped = True
-        if self._scope is not None:
-            self._scope.cancel()
-
-
-class _QuietUvicorn(uvicorn.Server):
-    """A uvicorn server that leaves signals to us: we stop it, then close the session."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-class _HttpTransport(_Transport):
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-        self._uvicorn: _QuietUvicorn | None = None
-        self._stopped = False
-
-    def _bind(self) -> socket.socket:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.listen(128)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    async def serve(self, server: Server[Any]) -> None:
-        app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=self.host)
-        sock = self._bind()
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            log_config=None,  # our logging setup (stderr, one format) applies
-            timeout_graceful_shutdown=HTTP_GRACEFUL_STOP_S,
-        )
-        self._uvicorn = _QuietUvicorn(config)
-        self._uvicorn.should_exit = self._stopped
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        # The readiness line: the socket is listening, connections queue from now on.
-        print(
-            f"sandbox mcp: serving MCP over streamable HTTP at http://{shown}:{port}{HTTP_PATH}",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            await self._uvicorn.serve(sockets=[sock])
-        finally:
-            sock.close()
-
-    def stop(self) -> None:
-        self._stopped = True
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-        # A client's open event stream (GET) would hold uvicorn's graceful shutdown until
-        # its timeout: tell the SDK's event-stream library to end its streams now. It
-        # learns of uvicorn's exit by itself only through uvicorn's signal handlers,
-        # which we do not install.
-        AppStatus.should_exit = True
-
-
 # ---- running -------------------------------------------------------------------------
 
 
 async def serve(
-    session: BaseSandboxSession, transport: _Transport, *, backend: str = "sandbox"
+    session: BaseSandboxSession, transport: Transport, *, backend: str = "sandbox"
 ) -> int:
     """Start `session`, serve it until the peer leaves or a stop signal arrives, then
     close it (settled: every process is torn down). Returns the exit status."""
@@ -751,8 +516,11 @@ async def serve(
                 print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
                 status = 1
             except OSError as exc:
-                # The client vanished under a write, or the address could not be bound.
+                # Typically: the HTTP address could not be bound.
                 print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
+                status = 1
+            except Exception:
+                logger.exception("the MCP transport failed")
                 status = 1
             finally:
                 with anyio.CancelScope(shield=True):
@@ -817,7 +585,7 @@ def main(argv: list[str]) -> int:
     except (SandboxError, ValueError, TypeError) as exc:
         print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
         return 1
-    transport: _Transport = _HttpTransport(*args.http) if args.http else _StdioTransport()
+    transport: Transport = HttpTransport(*args.http) if args.http else StdioTransport()
     return asyncio.run(serve(session, transport, backend=backend))
 
 

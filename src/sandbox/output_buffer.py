@@ -112,7 +112,8 @@ class BoundedOutput:
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         if not self._omitted:
-            out = DrainedOutput(bytes(self._head) + bytes(self._tail), 0, b"")
+            self._head += self._tail  # one copy into the head, one out of it
+            out = DrainedOutput(bytes(self._head), 0, b"")
         else:
             out = DrainedOutput(bytes(self._head), self._omitted, bytes(self._tail))
         self._start = self.end_pos

@@ -38,12 +38,24 @@ class ShellTrap:
         self.done = False
         self.exit_code: int | None = None
 
-    def line(self, command: str, *, tty: bool = True, cwd: str | None = None) -> str:
+    def line(
+        self, command: str, *, tty: bool = True, cwd: str | None = None, isolate: bool = False
+    ) -> str:
         """The line to type into the shell to run `command` (a POSIX shell string).
 
         With `tty=False` terminal echo and output processing are turned off and stdin
         is /dev/null, so the process behaves as if it ran on pipes.
+
+        `isolate=True` (report mode only) hands the rest of the line to a non-interactive
+        `sh` that replaces the interactive shell, because an interactive shell abandons
+        the rest of a line whose command died of SIGINT: Ctrl-C would lose the end marker
+        and leave the shell at its prompt. The wrapper survives Ctrl-C (the command does
+        not), discards the shell's own "Killed"/"Terminated" notices, and with
+        `tty=False` gives the command real pipes (stdout and stderr merged in arrival
+        order, so `isatty()` is false and nothing pages) instead of the terminal.
         """
+        if isolate and self.report_exit:
+            return self._isolated_line(command, tty=tty, cwd=cwd)
         parts = []
         if not tty:
             parts.append("stty -echo -opost 2>/dev/null")
@@ -59,6 +71,31 @@ class ShellTrap:
             parts.append("exit")
         else:
             parts.append(f"exec {body}")
+        return "; ".join(parts) + "\n"
+
+    def _isolated_line(self, command: str, *, tty: bool, cwd: str | None) -> str:
+        start = f"printf '\\036S%s\\036' {self.token}"
+        end = f"printf '\\036E%s:%d\\036' {self.token} $?"
+        # Traps that catch a signal are reset in subshells, so the command (run in its
+        # own subshell, which execs it) gets the default Ctrl-C and Ctrl-backslash while
+        # the shells printing the markers survive them. Redirections stay inside the
+        # parentheses: the status notice of a killed command is printed by the waiting
+        # shell, whose stderr is /dev/null (the command gets the real stderr as fd 3).
+        run = f"sh -c {shlex.quote(command)}"
+        if tty:
+            steps = [start, f"(exec {run} 2>&3 3>&-)", end]
+        else:
+            # The end marker goes through the same pipe as the output, so it can never
+            # overtake it; `cat` ignores Ctrl-C so output after an interrupt is kept.
+            producer = f"{{ trap : INT QUIT; (exec {run} </dev/null 2>&1 3>&-); {end}; }}"
+            steps = [start, f"{producer} | (trap '' INT QUIT; exec cat)"]
+        inner = "; ".join(["trap : INT QUIT", "exec 3>&2 2>/dev/null", *steps])
+        parts = []
+        if not tty:
+            parts.append("stty -echo -opost 2>/dev/null")
+        if cwd:
+            parts.append(f"cd {shlex.quote(cwd)} || exit 1")
+        parts.append(f"exec sh -c {shlex.quote(inner)}")
         return "; ".join(parts) + "\n"
 
     def feed(self, data: bytes) -> bytes:

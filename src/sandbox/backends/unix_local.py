@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from .. import confine as jail
 from ..errors import ExecTimeoutError, SandboxFileNotFoundError
 from ..local_process import LocalProcess
 from ..process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
@@ -29,8 +30,17 @@ class UnixLocalSession(BaseSandboxSession):
 
     Options: `workspace` (a directory; default a temporary one removed on close), `env`
     (variables added to every command), `inherit_env` (start from this process's
-    environment, default True), `terminate_grace_s` (time between the polite signals
-    and SIGKILL when terminating, default 1 s), plus the base session's options.
+    environment; default True, but False when confined), `terminate_grace_s` (time
+    between the polite signals and SIGKILL when terminating, default 1 s), plus the base
+    session's options.
+
+    Confinement (Linux, needs bubblewrap; see `sandbox.confine`): `confine=True` runs
+    every process in a jail where the workspace (same path as on the host, and HOME) is
+    the only writable host directory, the system is read-only and everything else is
+    hidden; `network=True` keeps the host's network inside it (off by default);
+    `readonly_paths` shows more host paths read-only (e.g. a toolchain in your home).
+    Without bubblewrap, `start()` raises `BackendUnavailableError`: it never runs
+    unconfined instead. Unconfined sessions ignore `network` and `readonly_paths`.
     """
 
     backend_name = "unix_local"
@@ -40,15 +50,25 @@ class UnixLocalSession(BaseSandboxSession):
         *,
         workspace: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
-        inherit_env: bool = True,
+        inherit_env: bool | None = None,
         terminate_grace_s: float = 1.0,
+        confine: bool = False,
+        network: bool = False,
+        readonly_paths: Sequence[str | os.PathLike[str]] = (),
         **options: int,
     ) -> None:
         super().__init__(**options)
         self._workspace = Workspace(workspace)
         self._env = dict(env or {})
-        self._inherit_env = inherit_env
+        # A jail that hides ~/.aws but hands over AWS_SECRET_ACCESS_KEY would be theatre:
+        # confined sessions start from a small allow-list unless told otherwise.
+        self._inherit_env = (not confine) if inherit_env is None else inherit_env
         self.terminate_grace_s = terminate_grace_s
+        self.confine = confine
+        self.network = network
+        self._readonly_request = [os.fspath(p) for p in readonly_paths]
+        self._readonly_paths: list[str] = []
+        self._bwrap: str | None = None
 
     @property
     def workspace(self) -> str:
@@ -58,7 +78,12 @@ class UnixLocalSession(BaseSandboxSession):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
+        if self.confine:
+            self._bwrap = await asyncio.to_thread(jail.require_bwrap)
+            self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
         self._workspace.create()
+        if self.confine:
+            jail.check_workspace(self._workspace.path)
 
     async def _stop_backend(self) -> None:
         await asyncio.to_thread(self._workspace.cleanup)
@@ -70,8 +95,12 @@ class UnixLocalSession(BaseSandboxSession):
             env = dict(os.environ)
         else:
             env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
+            if self.confine:
+                env.update((k, v) for k, v in os.environ.items() if _is_locale_or_identity(k))
         env.update(self._env)
         env["HOME"] = self._workspace.path
+        if self.confine:
+            env["TMPDIR"] = "/tmp"  # the host's TMPDIR is not visible in the jail
         env["PWD"] = self._workspace.cwd_for(spec.cwd)
         if tty:
             env.setdefault("TERM", DEFAULT_TERM)
@@ -81,7 +110,17 @@ class UnixLocalSession(BaseSandboxSession):
 
     def _argv(self, spec: CommandSpec) -> list[str]:
         """The argv actually executed (a hook for wrappers such as a jail)."""
-        return list(spec.argv)
+        if not self.confine:
+            return list(spec.argv)
+        assert self._bwrap is not None, "a confined session runs commands only once started"
+        return jail.jail_argv(
+            spec.argv,
+            bwrap=self._bwrap,
+            workspace=self._workspace.path,
+            cwd=self._workspace.cwd_for(spec.cwd),
+            network=self.network,
+            readonly_paths=self._readonly_paths,
+        )
 
     async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
         stdout = bytearray()
@@ -178,3 +217,8 @@ class UnixLocalSession(BaseSandboxSession):
                 handle.write(data)
 
         await asyncio.to_thread(write)
+
+
+def _is_locale_or_identity(name: str) -> bool:
+    """Variables a confined session passes on without `inherit_env`: none is a secret."""
+    return name in ("LANG", "LANGUAGE", "TZ", "USER", "LOGNAME") or name.startswith("LC_")

@@ -11,6 +11,13 @@ async form at `.aio` (`Sandbox.create.aio(...)`, `sandbox.exec.aio(...)`). Where
 side has an `.aio` form, the `.aio` forms are compared (presence, async-ness, parameters)
 instead of the wrapper objects. A fake may also list dunder methods it imitates (such as
 `__aiter__`) in `__fake_dunders__` to have them checked like public names.
+
+Some SDKs (E2B) define methods that work both on an instance and on the class, through a
+descriptor such as e2b's `class_method_variant`: `sandbox.kill()` runs the instance method,
+`AsyncSandbox.kill(sandbox_id)` runs a class-level implementation named by the
+descriptor's `class_method_name`. Such a descriptor (anything with a `method` and a
+`class_method_name`) is compared on both forms: the instance methods with each other, and
+the class-level implementations with each other.
 """
 
 from __future__ import annotations
@@ -62,6 +69,30 @@ def _aio_form(cls: type, name: str) -> Any:
         return None
     aio = getattr(attr, "aio", None)
     return aio if callable(aio) else None
+
+
+def _instance_or_class_method(attr: Any) -> tuple[Any, str] | None:
+    """For a descriptor that dispatches to an instance method or a class-level one (e2b's
+    `class_method_variant`): the instance method and the class-level one's name."""
+    if isinstance(attr, type | property | staticmethod | classmethod) or inspect.isfunction(attr):
+        return None
+    method = getattr(attr, "method", None)
+    name = getattr(attr, "class_method_name", None)
+    if callable(method) and isinstance(name, str):
+        return method, name
+    return None
+
+
+def _callable_problems(qual: str, fake: Any, real: Any) -> list[str]:
+    """Async-ness and parameter differences between two callables."""
+    problems = []
+    if _is_async(fake) != _is_async(real):
+        problems.append(
+            f"{qual}: {'async' if _is_async(fake) else 'sync'} in the fake, "
+            f"{'async' if _is_async(real) else 'sync'} in the SDK"
+        )
+    problems.extend(signature_problems(qual, fake, real))
+    return problems
 
 
 def _signature(func: Any) -> inspect.Signature | None:
@@ -144,6 +175,24 @@ def surface_problems(fake: type, real: type) -> list[str]:
                     f"{'async' if _is_async(real_aio) else 'sync'} in the SDK"
                 )
             problems.extend(signature_problems(f"{qual}.aio", fake_aio, real_aio))
+            continue
+        fake_dual = _instance_or_class_method(fake_attr)
+        real_dual = _instance_or_class_method(real_attr)
+        if fake_dual is not None or real_dual is not None:
+            if fake_dual is None or real_dual is None:
+                where = "the fake" if fake_dual is not None else "the SDK"
+                problems.append(f"{qual}: an instance-or-class method only in {where}")
+                continue
+            problems.extend(_callable_problems(qual, fake_dual[0], real_dual[0]))
+            try:
+                fake_cls_form = _lookup(fake, fake_dual[1])
+                real_cls_form = _lookup(real, real_dual[1])
+            except AttributeError as exc:
+                problems.append(f"{qual}: its class-level form is missing ({exc})")
+                continue
+            problems.extend(
+                _callable_problems(f"{qual} (class form)", fake_cls_form, real_cls_form)
+            )
             continue
         fake_is_callable = callable(_unwrap(fake_attr)) and not isinstance(fake_attr, type)
         real_is_callable = callable(_unwrap(real_attr)) and not isinstance(real_attr, type)

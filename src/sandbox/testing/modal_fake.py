@@ -309,7 +309,9 @@ class FakeClient:
         return f"<FakeClient closed={self._closed}>"
 
     @_AioClassMethod
-    async def from_credentials(cls, token_id: str, token_secret: str) -> FakeClient:
+    async def from_credentials(
+        cls: type[FakeClient], token_id: str, token_secret: str
+    ) -> FakeClient:
         fake = _fake_of(cls)
         await fake._check("client")
         if not token_id or not token_secret:
@@ -352,7 +354,7 @@ class FakeApp:
 
     @_AioStatic
     async def lookup(
-        cls,  # hidden: see _AioStatic
+        cls: type[FakeApp],  # hidden: see _AioStatic
         name: str,
         *,
         client: FakeClient | None = None,
@@ -423,7 +425,7 @@ class FakeSandbox:
 
     @_AioStatic
     async def create(
-        cls,  # hidden: see _AioStatic
+        cls: type[FakeSandbox],  # hidden: see _AioStatic
         *args: str,
         app: FakeApp | None = None,
         name: str | None = None,
@@ -463,7 +465,7 @@ class FakeSandbox:
 
     @_AioStatic
     async def from_id(
-        cls,
+        cls: type[FakeSandbox],
         sandbox_id: str,
         client: FakeClient | None = None,
     ) -> FakeSandbox:
@@ -478,7 +480,7 @@ class FakeSandbox:
 
     @_AioStatic
     async def from_name(
-        cls,
+        cls: type[FakeSandbox],
         app_name: str,
         name: str,
         *,
@@ -528,6 +530,7 @@ class FakeSandbox:
         if pty:
             environment.setdefault("TERM", "xterm-256color")
         process = FakeContainerProcess(self, argv, pty=pty, text=text)
+        process.exec_options = {"timeout": timeout, "workdir": workdir, "env": env, "pty": pty}
         process._start(environment, workdir or self._workdir or "/", timeout)
         self.processes.append(process)
         await self._fake._check("exec_response", argv)
@@ -649,6 +652,8 @@ class FakeContainerProcess:
         self._returncode: int | None = None
         self._exited = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
+        # What `exec` was called with, for tests to inspect (not SDK surface).
+        self.exec_options: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"<FakeContainerProcess {self.argv[:1]} returncode={self._returncode}>"
