@@ -111,12 +111,13 @@ class BoundedOutput:
 
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
+        end = self.end_pos
         if not self._omitted:
             self._head += self._tail  # one copy into the head, one out of it
             out = DrainedOutput(bytes(self._head), 0, b"")
         else:
             out = DrainedOutput(bytes(self._head), self._omitted, bytes(self._tail))
-        self._start = self.end_pos
+        self._start = end
         self._head = bytearray()
         self._tail = bytearray()
         self._omitted = 0
