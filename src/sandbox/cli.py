@@ -80,8 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `sandbox` console script."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["mcp"]:
-        from . import mcp_server
-
+        try:
+            from . import mcp_server
+        except ImportError as exc:
+            print(
+                f"sandbox: error: `sandbox mcp` needs the MCP SDK ({exc.name}): "
+                "pip install 'agent-sandbox-pty[mcp]'",
+                file=sys.stderr,
+            )
+            return 1
         return mcp_server.main(words[1:])
     parser = _build_parser()
     args = parser.parse_args(words)

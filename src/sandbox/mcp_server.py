@@ -299,7 +299,7 @@ class SandboxTools:
         update = await self.session.pty_exec_start(
             args.cmd,
             tty=args.tty,
-            cwd=args.workdir,
+            cwd=args.workdir or None,
             yield_time_s=_seconds(args.yield_time_ms),
             max_output_tokens=args.max_output_tokens,
             until=args.until or None,
@@ -367,9 +367,16 @@ class SandboxTools:
             except SandboxError as exc:
                 return _error_result(_error_text(exc))
             except Exception as exc:
-                # Not ours to word: a foreign exception's text may carry anything, so
-                # the model gets its type only and the traceback goes to the server log.
-                logger.exception("tool %s failed unexpectedly", name)
+                # Not ours to word: a foreign exception's text may carry anything (a
+                # token in a URL...), so the model and the log get its type and where
+                # it was raised; the full traceback only at DEBUG, on request.
+                logger.error(
+                    "tool %s failed unexpectedly: %s raised at %s",
+                    name,
+                    type(exc).__name__,
+                    _where(exc),
+                )
+                logger.debug("traceback of the %s failure", name, exc_info=True)
                 return _error_result(
                     f"{name} failed with an internal error ({type(exc).__name__}); "
                     "see the server log"
@@ -382,6 +389,16 @@ class SandboxTools:
 
 
 SHUTTING_DOWN = "the sandbox server is shutting down: the call was cancelled"
+
+
+def _where(exc: BaseException) -> str:
+    """`file:line` of the frame that raised `exc`."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "an unknown place"
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
 
 
 def _error_result(message: str) -> types.CallToolResult:

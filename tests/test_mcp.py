@@ -1,0 +1,667 @@
+"""`sandbox mcp`: the MCP tool server, driven by the official SDK's own client.
+
+Every flow runs against a REAL server subprocess (`python -m sandbox.mcp_server`) over
+stdio and over streamable HTTP on 127.0.0.1. The error paths that need a backend unlike
+unix_local (no terminal resize, a failing provider) run the same server code in-process
+through the SDK's in-process client, on real unix_local subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.types import CallToolResult
+
+import sandbox
+from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.errors import ProviderError
+from sandbox.mcp_server import SandboxTools, build_server
+from sandbox.mcp_server import main as mcp_main
+from sandbox.process_entry import PtyEntry
+from tests.helpers import eventually, host_pids_with_arg, unique_seconds
+
+# The `sandbox` console script next to this interpreter (`sandbox mcp ...`), as a user
+# runs it; the module itself where the package is not installed with its scripts.
+_SCRIPT = Path(sys.executable).with_name("sandbox")
+SERVER_ARGV = (
+    [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp_server"]
+)
+TOOLS = {"exec_command", "write_stdin", "list_processes", "interrupt", "resize", "terminate"}
+# A command that records its shell's parent (the server) and its own pid, atomically,
+# then waits: the test finds both in the workspace and checks they die.
+PID_RECORDER = (
+    "echo $PPID > server.tmp && mv server.tmp server.pid && "
+    "echo $$ > cmd.tmp && mv cmd.tmp cmd.pid && exec sleep {marker}"
+)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def text(result: CallToolResult) -> str:
+    """The single text block of a tool result."""
+    assert len(result.content) == 1
+    block = result.content[0]
+    assert block.type == "text"
+    return block.text
+
+
+async def ok(client: Client, tool: str, **arguments: Any) -> str:
+    """Call a tool that must succeed; its text."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, text(result)
+    return text(result)
+
+
+async def error(client: Client, tool: str, **arguments: Any) -> str:
+    """Call a tool that must fail with a tool error; its message."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, text(result)
+    return text(result)
+
+
+def session_id(result_text: str) -> int:
+    match = re.search(r"Process running with session ID (\d+)", result_text)
+    assert match, result_text
+    return int(match.group(1))
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` is a live process (a zombie counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def read_pids(workspace: Path) -> tuple[int, int]:
+    """The (server, command) pids written by PID_RECORDER."""
+    files = [workspace / "server.pid", workspace / "cmd.pid"]
+    assert await eventually(lambda: all(f.exists() for f in files), timeout=20)
+    server_pid, cmd_pid = (int(f.read_text()) for f in files)
+    return server_pid, cmd_pid
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(workspace: Path, log: Path, *extra: str) -> AsyncIterator[Client]:
+    """An SDK client connected over stdio to a fresh server subprocess."""
+    params = StdioServerParameters(
+        command=SERVER_ARGV[0],
+        args=[*SERVER_ARGV[1:], "--workspace", str(workspace), *extra],
+    )
+    with log.open("a") as errlog:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            yield client
+
+
+class HttpServer:
+    """A `sandbox mcp --http 127.0.0.1:0` subprocess and the URL it announced."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
+        self.proc = proc
+        self.url = url
+        self.stderr: list[str] = []
+        assert proc.stderr is not None
+        self._drain = asyncio.ensure_future(self._collect(proc.stderr))
+
+    async def _collect(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self.stderr.append(line.decode(errors="replace"))
+
+    async def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the server and wait for it to exit; its exit status."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        async with asyncio.timeout(20):
+            code = await self.proc.wait()
+            await self._drain
+        return code
+
+
+@contextlib.asynccontextmanager
+async def http_server(workspace: Path) -> AsyncIterator[HttpServer]:
+    proc = await asyncio.create_subprocess_exec(
+        *SERVER_ARGV,
+        "--workspace",
+        str(workspace),
+        "--http",
+        "127.0.0.1:0",
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(30):
+            line = (await proc.stderr.readline()).decode()
+        match = re.search(r"at (http://127\.0\.0\.1:\d+/mcp)$", line.strip())
+        assert match, line
+        server = HttpServer(proc, match.group(1))
+        yield server
+    finally:
+        # On a failed test: stop it the clean way first, so its processes go too.
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+# ---- the flow, shared by both transports -----------------------------------------------
+
+
+async def check_tool_schemas(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == TOOLS
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 80, tool.name
+        schema = tool.input_schema
+        assert schema["type"] == "object"
+        assert schema.get("additionalProperties") is False
+    exec_schema = tools["exec_command"].input_schema
+    assert exec_schema["required"] == ["cmd"]
+    props = exec_schema["properties"]
+    assert set(props) == {"cmd", "workdir", "tty", "yield_time_ms", "max_output_tokens", "until"}
+    assert props["cmd"]["type"] == "string"
+    assert props["tty"]["type"] == "boolean"
+    assert props["tty"]["default"] is False
+    assert {"type": "integer"} in props["yield_time_ms"]["anyOf"]
+    assert {"type": "string"} in props["until"]["anyOf"]
+    write_schema = tools["write_stdin"].input_schema
+    assert write_schema["required"] == ["session_id"]
+    assert write_schema["properties"]["session_id"]["type"] == "integer"
+    assert write_schema["properties"]["chars"]["default"] == ""
+    assert tools["resize"].input_schema["required"] == ["session_id", "rows", "cols"]
+    assert tools["list_processes"].input_schema.get("properties", {}) == {}
+    assert tools["list_processes"].annotations is not None
+    assert tools["list_processes"].annotations.read_only_hint is True
+    # The descriptions teach the protocol: tty for interactive programs, how to poll,
+    # how to stop.
+    exec_text = tools["exec_command"].description or ""
+    for phrase in ("tty=true", "write_stdin", "session ID", "interrupt", "terminate", "until"):
+        assert phrase in exec_text, phrase
+    assert "empty chars" in (tools["write_stdin"].description or "")
+
+
+async def run_flow(client: Client, workspace: Path) -> None:
+    """echo, a failing command, a PTY REPL with `until`, resize, a long process polled
+    and interrupted, list, terminate, truncation, workdir."""
+    out = await ok(client, "exec_command", cmd="echo hi")
+    lines = out.splitlines()
+    assert re.fullmatch(r"Wall time: \d+\.\d{3} seconds", lines[0]), out
+    assert lines[1:] == ["Process exited with code 0", "Output:", "hi"]
+
+    out = await ok(client, "exec_command", cmd="echo oops >&2; exit 3")
+    assert "Process exited with code 3" in out
+    assert out.endswith("Output:\noops\n")
+
+    out = await ok(client, "exec_command", cmd="exit 0")
+    assert out.endswith("Process exited with code 0\nOutput: (none)")
+
+    # A PTY REPL, driven with `until` so no call waits longer than it must.
+    started = time.monotonic()
+    out = await ok(client, "exec_command", cmd="python3 -q", tty=True, until=">>> ")
+    repl = session_id(out)
+    assert out.endswith(">>> ")
+    out = await ok(client, "write_stdin", session_id=repl, chars="print(6*7)\n", until=">>> ")
+    assert "42" in out and session_id(out) == repl
+    await ok(client, "resize", session_id=repl, rows=40, cols=123)
+    out = await ok(
+        client,
+        "write_stdin",
+        session_id=repl,
+        chars="import os; print(tuple(os.get_terminal_size()))\n",
+        # Not the prompt: the REPL redraws it when the terminal is resized.
+        until="(123, 40)",
+    )
+    assert "(123, 40)" in out
+    assert time.monotonic() - started < 8  # `until` ended every window early
+
+    # A long process: poll it until it has printed enough, then Ctrl-C it.
+    loop = "i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.02; done"
+    out = await ok(client, "exec_command", cmd=loop, yield_time_ms=250)
+    ticker = session_id(out)
+    out = await ok(client, "write_stdin", session_id=ticker, until="tick 8")
+    assert "tick 8" in out and session_id(out) == ticker
+
+    listing = await ok(client, "list_processes")
+    assert re.search(rf"session {repl}: running; tty; .*command: python3 -q", listing), listing
+    assert re.search(rf"session {ticker}: running; no tty; .*command: i=0;", listing), listing
+
+    out = await ok(client, "interrupt", session_id=ticker)
+    assert f"Sent Ctrl-C to session {ticker}" in out
+    out = await ok(client, "write_stdin", session_id=ticker)
+    assert "Process exited with code 130" in out  # 128 + SIGINT
+
+    out = await ok(client, "terminate", session_id=repl)
+    assert f"Session {repl} terminated" in out
+    listing = await ok(client, "list_processes")
+    assert listing == "No processes. Start one with exec_command."
+    message = await error(client, "write_stdin", session_id=repl, chars="1\n")
+    assert f"no process with id {repl}" in message
+
+    # Truncation reports the original size; workdir is honoured.
+    out = await ok(client, "exec_command", cmd="seq 1 20000", max_output_tokens=40)
+    count = re.search(r"Original token count: (\d+)", out)
+    assert count and int(count.group(1)) > 20000
+    assert len(out) < 600
+    (workspace / "sub").mkdir(exist_ok=True)
+    out = await ok(client, "exec_command", cmd="pwd", workdir="sub")
+    assert out.endswith(f"{workspace / 'sub'}\n")
+
+
+async def run_error_paths(client: Client) -> None:
+    """Every error reaches the model as a tool error with the library's message; the
+    server keeps serving."""
+    for tool, args in (
+        ("write_stdin", {"session_id": 99, "chars": "x"}),
+        ("write_stdin", {"session_id": 99}),
+        ("interrupt", {"session_id": 99}),
+        ("terminate", {"session_id": 99}),
+        ("resize", {"session_id": 99, "rows": 10, "cols": 10}),
+    ):
+        message = await error(client, tool, **args)
+        assert "no process with id 99" in message, message
+        assert "list_processes" in message and "pty_processes" not in message
+
+    out = await ok(client, "exec_command", cmd="sleep 30", yield_time_ms=250)
+    piped = session_id(out)
+    message = await error(client, "write_stdin", session_id=piped, chars="hello\n")
+    assert "stdin is closed" in message and "tty=True" in message
+    message = await error(client, "resize", session_id=piped, rows=30, cols=100)
+    assert "no terminal" in message
+    await ok(client, "terminate", session_id=piped)
+
+    out = await ok(client, "exec_command", cmd="cat", tty=True, yield_time_ms=250)
+    catty = session_id(out)
+    message = await error(client, "resize", session_id=catty, rows=0, cols=100)
+    assert "rows must be between 1 and" in message
+    await ok(client, "terminate", session_id=catty)
+
+    # Bad arguments, caught by the schema or by the library.
+    assert "cmd: Field required" in await error(client, "exec_command")
+    assert "cmd: Input should be a valid string" in await error(client, "exec_command", cmd=7)
+    message = await error(client, "exec_command", cmd="true", yield_time=5)
+    assert "yield_time: Extra inputs are not permitted" in message
+    message = await error(client, "exec_command", cmd="true", yield_time_ms=-5)
+    assert "yield_time_s must be >= 0" in message
+    message = await error(client, "exec_command", cmd="true", max_output_tokens=0)
+    assert "max_output_tokens must be a positive int" in message
+    message = await error(client, "write_stdin", session_id="abc")
+    assert "session_id: Input should be a valid integer" in message
+    assert "abc" not in message  # the rejected value is not echoed back
+    assert "unknown tool 'rm_rf'" in await error(client, "rm_rf")
+    # An empty `until` means no pattern, not an error.
+    assert "code 0" in await ok(client, "exec_command", cmd="true", until="")
+
+    assert "No processes" in await ok(client, "list_processes")
+
+
+# ---- stdio -----------------------------------------------------------------------------
+
+
+async def test_stdio_tools_and_flow(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        assert client.server_info is not None and client.server_info.name == "sandbox"
+        assert str(workspace) in (client.instructions or "")
+        await check_tool_schemas(client)
+        await run_flow(client, workspace)
+
+
+async def test_stdio_error_paths(tmp_path: Path) -> None:
+    async with stdio_session(tmp_path / "ws", tmp_path / "server.log") as client:
+        await run_error_paths(client)
+
+
+async def test_stdio_legacy_handshake(tmp_path: Path) -> None:
+    """A client of the older initialize handshake is served the same way."""
+    params = StdioServerParameters(
+        command=SERVER_ARGV[0], args=[*SERVER_ARGV[1:], "--workspace", str(tmp_path / "ws")]
+    )
+    async with Client(params, mode="legacy") as client:
+        assert client.protocol_version != "2026-07-28"
+        out = await ok(client, "exec_command", cmd="python3 -q", tty=True, until=">>> ")
+        out = await ok(
+            client, "write_stdin", session_id=session_id(out), chars="1+1\n", until=">>> "
+        )
+        assert "2" in out
+
+
+async def test_stdin_closed_stops_the_server_and_its_processes(tmp_path: Path) -> None:
+    """Closing stdin alone (no signal) makes the server tear everything down and exit 0.
+    Spoken raw on the pipes so the exit status is ours to see."""
+    workspace = tmp_path / "ws"
+    marker = unique_seconds()
+    proc = await asyncio.create_subprocess_exec(
+        *SERVER_ARGV,
+        "--workspace",
+        str(workspace),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    async def request(ident: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        message = {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await proc.stdin.drain()
+        reply: dict[str, Any] = json.loads(await proc.stdout.readline())
+        assert reply["id"] == ident
+        return reply
+
+    async with asyncio.timeout(30):
+        reply = await request(
+            1,
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        )
+        assert reply["result"]["serverInfo"]["name"] == "sandbox"
+        proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        command = PID_RECORDER.format(marker=marker)
+        reply = await request(
+            2,
+            "tools/call",
+            {"name": "exec_command", "arguments": {"cmd": command, "yield_time_ms": 250}},
+        )
+        assert "Process running with session ID" in reply["result"]["content"][0]["text"]
+        server_pid, cmd_pid = await read_pids(workspace)
+        assert server_pid == proc.pid and alive(cmd_pid)
+        proc.stdin.close()
+        assert await proc.wait() == 0
+    assert not alive(cmd_pid)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_mid_call_stops_everything(tmp_path: Path, sig: int) -> None:
+    """A signal while a call is in flight and the client still holds stdin open: the
+    server cancels the call, tears every process down, and exits."""
+    workspace = tmp_path / "ws"
+    marker = unique_seconds()
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        out = await ok(client, "exec_command", cmd=f"sleep {marker}", yield_time_ms=250)
+        session_id(out)
+        call = asyncio.ensure_future(
+            client.call_tool(
+                "exec_command",
+                {"cmd": PID_RECORDER.format(marker=marker), "yield_time_ms": 30000},
+            )
+        )
+        server_pid, cmd_pid = await read_pids(workspace)
+        assert not call.done()
+        started = time.monotonic()
+        os.kill(server_pid, sig)
+        assert await eventually(lambda: not alive(server_pid), timeout=10)
+        assert time.monotonic() - started < 5
+        with contextlib.suppress(Exception):
+            result = await call
+            assert result.is_error  # answered "shutting down", or the connection closed
+    assert not alive(cmd_pid)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    log = (tmp_path / "server.log").read_text()
+    assert log == ""  # a clean stop logs nothing
+
+
+# A client in its own process, killed with SIGKILL in the middle of a tool call.
+CHILD_CLIENT = """
+import asyncio, sys
+from mcp import Client, StdioServerParameters
+
+async def main(target, workspace, background, command, *server_argv):
+    if target == "stdio":
+        target = StdioServerParameters(
+            command=server_argv[0], args=[*server_argv[1:], "--workspace", workspace]
+        )
+    async with Client(target) as client:
+        # One process left running in the background, one call in flight.
+        result = await client.call_tool("exec_command", {"cmd": background, "yield_time_ms": 250})
+        assert "Process running" in result.content[0].text, result
+        await client.call_tool("exec_command", {"cmd": command, "yield_time_ms": 30000})
+        print("the call returned: the test expected to kill us first", flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def start_child_client(target: str, workspace: Path, marker: str, log: Path) -> Any:
+    """The child client: `sleep MARKER` left running, then PID_RECORDER in flight."""
+    with log.open("a") as errlog:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD_CLIENT,
+            target,
+            str(workspace),
+            f"sleep {marker}",
+            PID_RECORDER.format(marker=marker),
+            *SERVER_ARGV,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=errlog,
+            stderr=errlog,
+        )
+
+
+async def test_client_killed_mid_call_stdio(tmp_path: Path) -> None:
+    """The client dies abruptly (SIGKILL) while a call is in flight: the server sees its
+    stdin close, tears the process down and exits."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    marker = unique_seconds()
+    child = await start_child_client("stdio", workspace, marker, tmp_path / "client.log")
+    try:
+        server_pid, cmd_pid = await read_pids(workspace)
+        assert alive(server_pid) and alive(cmd_pid)
+        assert len(host_pids_with_arg(marker)) == 2  # the background one and this one
+    finally:
+        child.kill()
+        await child.wait()
+    assert await eventually(lambda: not alive(server_pid), timeout=10)
+    assert not alive(cmd_pid)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    # The server's stderr went to the client's log: it stopped without a complaint.
+    assert (tmp_path / "client.log").read_text() == ""
+
+
+async def test_start_failure_is_reported(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *SERVER_ARGV,
+        "--opt",
+        "no_such_option=1",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        stdout, stderr = await proc.communicate()
+    assert proc.returncode == 1
+    assert stdout == b""
+    assert b"no_such_option" in stderr and b"Traceback" not in stderr
+
+
+async def test_bad_http_address_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        mcp_main(["--http", "no-port-here"])
+    assert info.value.code == 2
+    # A port already taken: a clean error, no traceback, nothing left behind.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            *SERVER_ARGV,
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--http",
+            f"127.0.0.1:{port}",
+            stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(30):
+            _, stderr = await proc.communicate()
+    assert proc.returncode == 1
+    assert b"Address already in use" in stderr and b"Traceback" not in stderr
+
+
+# ---- streamable HTTP ---------------------------------------------------------------------
+
+
+async def test_http_tools_flow_and_errors(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with http_server(workspace) as server:
+        async with Client(server.url) as client:
+            await check_tool_schemas(client)
+            await run_flow(client, workspace)
+            await run_error_paths(client)
+        # Processes belong to the server, not to one HTTP client: a later client finds
+        # what an earlier one left running.
+        marker = unique_seconds()
+        async with Client(server.url, mode="legacy") as client:
+            out = await ok(client, "exec_command", cmd=f"sleep {marker}", yield_time_ms=250)
+            left = session_id(out)
+        async with Client(server.url) as client:
+            assert f"session {left}: running" in await ok(client, "list_processes")
+        assert host_pids_with_arg(marker)
+        assert await server.stop() == 0
+        assert await eventually(lambda: not host_pids_with_arg(marker))
+        assert server.stderr == []  # a clean stop logs nothing
+
+
+async def test_http_client_killed_mid_call_then_server_stopped(tmp_path: Path) -> None:
+    """An HTTP client killed mid-call: the server cancels that call, which tears its
+    process down, and keeps serving. Stopping the server (SIGTERM) with a client
+    connected and a call in flight then answers the call and ends everything at once."""
+    workspace = tmp_path / "ws"
+    marker = unique_seconds()
+    async with http_server(workspace) as server:
+        child = await start_child_client(server.url, workspace, marker, tmp_path / "client.log")
+        try:
+            server_pid, cmd_pid = await read_pids(workspace)
+            assert server_pid == server.proc.pid
+            assert len(host_pids_with_arg(marker)) == 2
+        finally:
+            child.kill()
+            await child.wait()
+        assert await eventually(lambda: not alive(cmd_pid), timeout=10)
+        # The process it had left in the background belongs to the server: still there.
+        assert len(host_pids_with_arg(marker)) == 1
+
+        async with Client(server.url, mode="legacy") as client:
+            listing = await ok(client, "list_processes")
+            assert "1 process," in listing and f"command: sleep {marker}" in listing
+            call = asyncio.ensure_future(
+                client.call_tool("exec_command", {"cmd": f"sleep {marker}", "yield_time_ms": 30000})
+            )
+            try:
+                assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2, timeout=10)
+                started = time.monotonic()
+                assert await server.stop() == 0
+                assert time.monotonic() - started < 5
+            finally:
+                result = await call
+            assert result.is_error and "shutting down" in text(result)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    assert server.stderr == []  # a clean stop logs nothing
+
+
+# ---- in-process: errors that need another kind of backend -----------------------------------
+
+
+class NoResizeSession(UnixLocalSession):
+    """unix_local as a provider without terminal resize (the base hook's default)."""
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        await sandbox.BaseSandboxSession._resize(self, entry, rows, cols)
+
+
+class FailingProviderSession(UnixLocalSession):
+    """unix_local whose provider fails every start: first with a provider error, then
+    with a foreign exception whose text carries a secret."""
+
+    secret = "sk-live-" + unique_seconds()
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.failures = 0
+
+    async def _spawn_process(self, entry: PtyEntry) -> None:
+        self.failures += 1
+        if self.failures == 1:
+            raise ProviderError("the provider is busy (HTTP 503)", retryable=True)
+        raise RuntimeError(f"request to https://api.example/?token={self.secret} failed")
+
+
+@contextlib.asynccontextmanager
+async def in_process(session: sandbox.BaseSandboxSession) -> AsyncIterator[Client]:
+    async with session:
+        async with Client(build_server(SandboxTools(session))) as client:
+            yield client
+
+
+async def test_unsupported_resize_is_a_tool_error(tmp_path: Path) -> None:
+    async with in_process(NoResizeSession(workspace=tmp_path / "ws")) as client:
+        out = await ok(client, "exec_command", cmd="cat", tty=True, yield_time_ms=250)
+        message = await error(client, "resize", session_id=session_id(out), rows=30, cols=90)
+        assert "cannot resize a terminal" in message
+
+
+async def test_provider_failures_are_tool_errors_without_secrets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sandbox")
+    session = FailingProviderSession(workspace=tmp_path / "ws")
+    async with in_process(session) as client:
+        message = await error(client, "exec_command", cmd="true")
+        assert "the provider is busy (HTTP 503)" in message
+        assert "retrying later may help" in message
+        message = await error(client, "exec_command", cmd="true")
+        assert "internal error (RuntimeError)" in message
+        assert session.secret not in message
+        # The server keeps serving after both.
+        assert "No processes" in await ok(client, "list_processes")
+    assert session.state is sandbox.SessionState.CLOSED
+    assert "exec_command failed unexpectedly: RuntimeError raised at" in caplog.text
+    assert session.secret not in caplog.text
+
+
+async def test_shut_down_answers_calls_in_flight(tmp_path: Path) -> None:
+    """`SandboxTools.shut_down()` (what a stop signal triggers) answers an in-flight
+    call at once and tears its process down; later calls are refused."""
+    marker = unique_seconds()
+    session = sandbox.open_session("unix_local", workspace=tmp_path / "ws")
+    async with session:
+        tools = SandboxTools(session)
+        call = asyncio.ensure_future(
+            tools.call("exec_command", {"cmd": f"sleep {marker}", "yield_time_ms": 30000})
+        )
+        assert await eventually(lambda: bool(host_pids_with_arg(marker)))
+        tools.shut_down()
+        result = await asyncio.wait_for(call, 5)
+        assert result.is_error and "shutting down" in text(result)
+        assert await eventually(lambda: not host_pids_with_arg(marker))
+        assert session.pty_processes() == []
+        late = await tools.call("list_processes", {})
+        assert late.is_error and "shutting down" in text(late)
