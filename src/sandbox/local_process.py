@@ -315,12 +315,18 @@ class LocalProcess:
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Kill what is left of the group, reap the leader and close every fd."""
+    def close(self, *, kill_group: bool = True) -> None:
+        """Kill what is left of the group, reap the leader and close every fd.
+
+        `kill_group=False` (for an already exited leader) reaps it without signalling
+        the group, the way a remote daemon reaps a process whose children it leaves be;
+        the provider fakes in `sandbox.testing` use it.
+        """
         if self._closed:
             return
         self._closed = True
-        self.signal_group(signal.SIGKILL)
+        if kill_group or not self.exited:
+            self.signal_group(signal.SIGKILL)
         for fd in list(self._out_fds):
             self._loop.remove_reader(fd)
             if fd != self.master_fd:

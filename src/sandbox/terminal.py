@@ -25,6 +25,8 @@ from .session import BaseSandboxSession
 from .types import PtyUpdate
 
 ANY_OUTPUT_WINDOW_S = 30.0
+# bash where there is one (job control works in a confined jail; dash's does not), else sh.
+DEFAULT_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi"
 
 
 def _terminal_size() -> tuple[int, int]:
@@ -141,7 +143,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
     async with open_session(backend, **options) as session:
         with _raw_terminal(stdin_fd):
             first = await session.pty_exec_start(
-                *(command or ["exec sh -i"]), tty=True, rows=rows, cols=cols, yield_time_s=0.25
+                *(command or [DEFAULT_SHELL]), tty=True, rows=rows, cols=cols, yield_time_s=0.25
             )
             if first.process_id is None:
                 sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))
