@@ -1,0 +1,1112 @@
+"""A fake of the part of the `e2b` SDK that the e2b backend uses, driven by real processes.
+
+`FakeE2B` is a pretend E2B service. Its `AsyncSandbox` attribute stands in for
+`e2b.AsyncSandbox`; hand it to the backend (or to your own code that uses the SDK):
+
+```python
+from sandbox.testing.e2b_fake import FakeE2B
+
+async with FakeE2B(api_key="test-key") as fake:
+    session = sandbox.open_session("e2b", api_key="test-key", sandbox_class=fake.AsyncSandbox)
+    async with session:
+        await session.exec("echo hi")
+```
+
+Only the SDK surface the backend uses is imitated (`AsyncSandbox.create/connect/kill/list`,
+`.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write`, the
+command handle's `pid/exit_code/wait/kill/disconnect`), with the SDK's own names,
+parameters and async-ness; `tests/backends/test_e2b.py` checks that against the installed
+SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
+fake raises the SDK's own exception classes and returns its own data types.
+
+Behind the surface every process is a real local process (`sandbox.local_process`), the
+way envd runs them: `commands.run(cmd)` is `/bin/bash -l -c cmd` on pipes with stdin
+closed; `pty.create()` is an interactive login `/bin/bash -i -l` on a real terminal (so
+whatever is typed into it really goes through a shell). A process killed by a signal
+ends with exit code -1, as envd reports it. `kill()` sends SIGKILL to the process
+itself only, never to its children (as envd does). Killing a sandbox kills every process
+started in it. A sandbox's home directory (the default cwd, and the base of relative
+file paths) is a temporary directory; absolute paths are this machine's.
+
+Fault knobs, for tests of the code that uses the SDK (`point` names are in
+`FAULT_POINTS`):
+
+- `fail(point, exc, times=1, after=False, where=None)`: the next call(s) at `point`
+  raise `exc` (an SDK exception), before doing anything or, with `after=True`, after
+  doing their work (a sandbox created, a process started, but the answer lost).
+- `block(point, after=False, where=None) -> Gate`: calls at `point` stop and set
+  `gate.reached` (an `asyncio.Event` a test waits on to cancel deterministically) until
+  `gate.release()`; a gate never released is a call that never returns.
+- `fail("stream", exc)`: the event stream of the next process dies with `exc` right after
+  it started (the "reader that dies"); `FakeProcess.break_stream(exc)` does it to a running
+  process.
+
+`where` is a predicate on the `FakeProcess` the call concerns (for process calls), so a
+knob can target, say, only terminal processes. Leak checks: `leftover_pids()` lists
+local processes still alive in any session the fake started, `open_streams()` the
+handles whose event task still runs, `live_sandbox_ids()` the sandboxes not killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import functools
+import getpass
+import inspect
+import io
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    CommandResult,
+    FileNotFoundException,
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxNotRunningException,
+    TimeoutException,
+)
+from e2b.sandbox.filesystem.filesystem import FileType, WriteInfo
+
+from ..local_process import LocalProcess
+
+FAULT_POINTS = frozenset(
+    {
+        "create",
+        "connect",
+        "kill",
+        "list",
+        "commands.run",
+        "commands.kill",
+        "pty.create",
+        "pty.send_stdin",
+        "pty.resize",
+        "pty.kill",
+        "wait",
+        "disconnect",
+        "files.read",
+        "files.write",
+        "stream",
+    }
+)
+
+# After a process died, how long its output may still take to arrive (a terminal flushes
+# asynchronously) before the end event is sent anyway (children may hold the pipe open).
+EXIT_OUTPUT_GRACE_S = 0.2
+
+# What the SDK's `Pty.create` adds to the environment (client side, before the request).
+PTY_ENV_DEFAULTS = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+_Event = tuple[Any, ...]
+Predicate = Callable[["FakeProcess | None"], bool]
+
+
+# ---- fault knobs ------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Gate:
+    """A blocked call site: `reached` is set when a call arrives, which then waits for
+    `release()` (or its own cancellation)."""
+
+    point: str
+    after: bool = False
+    where: Predicate | None = None
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0
+
+    def release(self) -> None:
+        """Let every call waiting here (and every later one) through."""
+        self._released.set()
+
+    @property
+    def released(self) -> bool:
+        """Whether `release()` was called."""
+        return self._released.is_set()
+
+
+@dataclass(eq=False)
+class _Failure:
+    exc: BaseException
+    times: int
+    after: bool
+    where: Predicate | None
+
+
+class _Knobs:
+    def __init__(self) -> None:
+        self.gates: list[Gate] = []
+        self.failures: dict[str, list[_Failure]] = {}
+        self.calls: list[str] = []
+
+    def _matches(self, where: Predicate | None, subject: FakeProcess | None) -> bool:
+        return where is None or where(subject)
+
+    async def checkpoint(self, point: str, *, after: bool, subject: FakeProcess | None) -> None:
+        """Record the call, wait at matching gates, raise a matching armed failure."""
+        if not after:
+            self.calls.append(point)
+        for gate in list(self.gates):
+            if gate.point == point and gate.after == after and not gate.released:
+                if self._matches(gate.where, subject):
+                    gate.waiting += 1
+                    gate.reached.set()
+                    try:
+                        await gate._released.wait()
+                    finally:
+                        gate.waiting -= 1
+        failure = self.take(point, after=after, subject=subject)
+        if failure is not None:
+            raise failure
+
+    def take(self, point: str, *, after: bool, subject: FakeProcess | None) -> BaseException | None:
+        """Consume one armed failure for this call, if any."""
+        for failure in self.failures.get(point, []):
+            if failure.after == after and failure.times > 0:
+                if self._matches(failure.where, subject):
+                    failure.times -= 1
+                    return failure.exc
+        return None
+
+
+# ---- processes ------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _live_pids(match: Callable[[list[bytes]], bool]) -> list[int]:
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        fields = _proc_stat(int(name))
+        if fields and fields[0] != b"Z" and match(fields):
+            found.append(int(name))
+    return found
+
+
+class FakeProcess:
+    """A process in a fake sandbox: a real local process, plus the event stream envd
+    would send about it (output chunks, then an end event with the exit code)."""
+
+    def __init__(
+        self,
+        knobs: _Knobs,
+        sandbox: _SandboxState,
+        argv: list[str],
+        *,
+        tty: bool,
+        env: dict[str, str],
+        cwd: str,
+        rows: int,
+        cols: int,
+        lifetime: float | None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._knobs = knobs
+        self.sandbox_id = sandbox.sandbox_id
+        self.argv = list(argv)
+        self.tty = tty
+        self.lifetime = lifetime
+        self.ended = False
+        self.detached = False
+        self.exit_code: int | None = None
+        self.closed = False
+        self._events: asyncio.Queue[_Event] = asyncio.Queue()
+        self._finisher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.local = LocalProcess.spawn(
+            argv,
+            tty=tty,
+            env=env,
+            cwd=cwd,
+            rows=rows,
+            cols=cols,
+            on_stdout=self._on_pty if tty else self._on_stdout,
+            on_stderr=None if tty else self._on_stderr,
+            on_exit=self._on_exit,
+        )
+        self.pid = self.local.pid
+        if lifetime:
+            # The SDK's `timeout`: the stream is cut when it elapses (the process stays).
+            self._timer = self._loop.call_later(lifetime, self._lifetime_over)
+
+    def __repr__(self) -> str:
+        return f"<FakeProcess pid={self.pid} tty={self.tty} ended={self.ended}>"
+
+    @property
+    def running(self) -> bool:
+        """True until the local process died."""
+        return not self.local.exited
+
+    def _emit(self, event: _Event) -> None:
+        if not self.detached:
+            self._events.put_nowait(event)
+
+    def _on_pty(self, data: bytes) -> None:
+        self._emit(("data", "pty", data))
+
+    def _on_stdout(self, data: bytes) -> None:
+        self._emit(("data", "stdout", data))
+
+    def _on_stderr(self, data: bytes) -> None:
+        self._emit(("data", "stderr", data))
+
+    def _on_exit(self, code: int) -> None:
+        self._finisher = self._loop.create_task(self._finish(code))
+
+    def _lifetime_over(self) -> None:
+        self.break_stream(
+            TimeoutException(
+                "deadline_exceeded: the process stream reached its 'timeout' (fake E2B)"
+            )
+        )
+
+    async def _finish(self, local_code: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXIT_OUTPUT_GRACE_S):
+                await self.local.wait_eof()
+        self.local.drain_now()
+        code = self._envd_exit_code(local_code)
+        self.exit_code = code
+        self.ended = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._emit(("end", code))
+        if not self._group_busy():
+            self._close_local()
+
+    def _envd_exit_code(self, local_code: int) -> int:
+        """envd's exit code: the status of a normal exit, -1 for a death by signal."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return local_code
+        if info is None:
+            return local_code
+        return info.si_status if info.si_code == os.CLD_EXITED else -1
+
+    def _group_busy(self) -> bool:
+        pgid = str(self.pid).encode()
+        return bool(_live_pids(lambda f: f[2] == pgid))
+
+    def _close_local(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.local.close()
+
+    async def next_event(self) -> _Event:
+        """The next event of the stream (for the fake command handle)."""
+        return await self._events.get()
+
+    def break_stream(self, exc: BaseException) -> None:
+        """Make the event stream fail with `exc` now: the SDK's reader dies (the process
+        itself keeps running, as when a connection drops)."""
+        self._emit(("error", exc))
+        self.detached = True
+
+    def session_pids(self) -> list[int]:
+        """Live local processes in this process's session (it and all it started)."""
+        sid = str(self.pid).encode()
+        return _live_pids(lambda f: f[3] == sid)
+
+    def kill_leader(self) -> bool:
+        """SIGKILL the process itself (envd's kill); False if it is already gone."""
+        if self.ended or self.local.exited or self.closed:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        return True
+
+    async def destroy(self) -> None:
+        """Kill everything in the process's session and release its local resources."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for pid in self.session_pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not self.closed:
+            self.closed = True
+            await self.local.terminate(0)
+        if self._finisher is not None and not self._finisher.done():
+            self._finisher.cancel()
+            await asyncio.wait([self._finisher])
+        self.detached = True
+
+
+# ---- the SDK's data types and handles ----------------------------------------------------
+
+
+class _InstanceOrClassMethod:
+    """Like the SDK's `class_method_variant`: `instance.method(...)` calls the method,
+    `Class.method(sandbox_id, ...)` calls the class-level implementation named
+    `class_method_name`. Same shape (`method`, `class_method_name`), so the drift check
+    compares both forms with the SDK's."""
+
+    def __init__(self, class_method_name: str) -> None:
+        self.class_method_name = class_method_name
+        self.method: Any = None
+
+    def __call__(self, method: Any) -> Any:
+        self.method = method
+        return self
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        @functools.wraps(self.method)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            """Dispatch to the instance method or the class-level implementation."""
+            if obj is not None:
+                return self.method(obj, *args, **kwargs)
+            if args and objtype is not None and isinstance(args[0], objtype):
+                return self.method(args[0], *args[1:], **kwargs)
+            return getattr(objtype, self.class_method_name)(*args, **kwargs)
+
+        return bound
+
+
+class FakeCommandHandle:
+    """Imitates `e2b.AsyncCommandHandle`: a task that reads the process's event stream and
+    calls the output callbacks (stdout/stderr decoded to `str` with incremental UTF-8
+    decoders, as the SDK does; terminal output as `bytes`)."""
+
+    def __init__(
+        self,
+        service: FakeE2B,
+        process: FakeProcess,
+        kill: Callable[[], Awaitable[bool]],
+        *,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        on_pty: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        self._service = service
+        self._process = process
+        self._pid = process.pid
+        self._handle_kill = kill
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self._on_pty = on_pty
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._stdout_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stderr_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._result: CommandResult[str] | None = None
+        self._iteration_exception: Exception | None = None
+        self._wait = asyncio.ensure_future(self._handle_events())
+        service._handles.add(self)
+
+    @property
+    def pid(self) -> int:
+        """The process id (in the sandbox: here, on this machine)."""
+        return self._pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the end event arrived, else None."""
+        return None if self._result is None else self._result.exit_code
+
+    async def _deliver(self, callback: Callable[[Any], Any] | None, chunk: Any) -> None:
+        if callback is not None:
+            result = callback(chunk)
+            if inspect.isawaitable(result):
+                await result
+
+    async def _flush(self) -> None:
+        out = self._stdout_decoder.decode(b"", final=True)
+        if out:
+            self._stdout.append(out)
+            await self._deliver(self._on_stdout, out)
+        err = self._stderr_decoder.decode(b"", final=True)
+        if err:
+            self._stderr.append(err)
+            await self._deliver(self._on_stderr, err)
+
+    async def _handle_events(self) -> None:
+        try:
+            while True:
+                event = await self._process.next_event()
+                if event[0] == "data":
+                    _, stream, chunk = event
+                    if stream == "pty":
+                        await self._deliver(self._on_pty, chunk)
+                    elif stream == "stdout":
+                        text = self._stdout_decoder.decode(chunk)
+                        if text:
+                            self._stdout.append(text)
+                            await self._deliver(self._on_stdout, text)
+                    else:
+                        text = self._stderr_decoder.decode(chunk)
+                        if text:
+                            self._stderr.append(text)
+                            await self._deliver(self._on_stderr, text)
+                elif event[0] == "end":
+                    self._result = CommandResult(
+                        stdout="".join(self._stdout),
+                        stderr="".join(self._stderr),
+                        exit_code=event[1],
+                        error=None,
+                    )
+                    await self._flush()
+                    return
+                else:
+                    await self._flush()
+                    raise event[1]
+        except Exception as exc:
+            self._iteration_exception = exc
+
+    async def wait(self) -> CommandResult[str]:
+        """Wait for the end; `CommandExitException` on a non-zero exit code."""
+        await self._service._knobs.checkpoint("wait", after=False, subject=self._process)
+        await self._wait
+        if self._iteration_exception is not None:
+            raise self._iteration_exception
+        if self._result is None:
+            raise Exception("Command ended without an end event")
+        if self._result.exit_code != 0:
+            raise CommandExitException(
+                stdout="".join(self._stdout),
+                stderr="".join(self._stderr),
+                exit_code=self._result.exit_code,
+                error=self._result.error,
+            )
+        return self._result
+
+    async def kill(self) -> bool:
+        """SIGKILL the process (only the process, not its children)."""
+        return await self._handle_kill()
+
+    async def disconnect(self) -> None:
+        """Stop receiving events; the process keeps running."""
+        await self._service._knobs.checkpoint("disconnect", after=False, subject=self._process)
+        self._stop_reading()
+        await asyncio.wait([self._wait])
+
+    def _stop_reading(self) -> None:
+        self._wait.cancel()
+        self._process.detached = True
+
+
+class FakeCommands:
+    """Imitates `e2b.sandbox_async.commands.command.Commands` (`sandbox.commands`)."""
+
+    def __init__(self, service: FakeE2B, state: _SandboxState) -> None:
+        self._service = service
+        self._state = state
+
+    async def run(
+        self,
+        cmd: str,
+        background: bool | None = None,
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: bool = True,
+    ) -> Any:
+        """`/bin/bash -l -c cmd` on pipes, stdin closed; a handle if `background`, else the
+        result (`CommandExitException` on a non-zero exit)."""
+        knobs = self._service._knobs
+        await knobs.checkpoint("commands.run", after=False, subject=None)
+        if stdin:
+            raise InvalidArgumentException("the fake E2B does not support stdin=True")
+        process = self._service._spawn(
+            self._state,
+            ["/bin/bash", "-l", "-c", cmd],
+            tty=False,
+            envs=envs,
+            cwd=cwd,
+            lifetime=timeout,
+        )
+        handle = FakeCommandHandle(
+            self._service,
+            process,
+            lambda: self.kill(process.pid),
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+        try:
+            await knobs.checkpoint("commands.run", after=True, subject=process)
+        except BaseException:
+            handle._stop_reading()  # the answer was lost: nobody holds this handle
+            raise
+        if background:
+            return handle
+        return await handle.wait()
+
+    async def kill(self, pid: int, request_timeout: float | None = None) -> bool:
+        """SIGKILL the command `pid`; False if there is no such running command."""
+        process = self._state.processes.get(pid)
+        await self._service._knobs.checkpoint("commands.kill", after=False, subject=process)
+        self._service._check_alive(self._state)
+        killed = process.kill_leader() if process is not None else False
+        await self._service._knobs.checkpoint("commands.kill", after=True, subject=process)
+        return killed
+
+
+class FakePty:
+    """Imitates `e2b.sandbox_async.commands.pty.Pty` (`sandbox.pty`)."""
+
+    def __init__(self, service: FakeE2B, state: _SandboxState) -> None:
+        self._service = service
+        self._state = state
+
+    async def create(
+        self,
+        size: Any,
+        on_data: Callable[[bytes], Any],
+        user: str | None = None,
+        cwd: str | None = None,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+    ) -> FakeCommandHandle:
+        """Start an interactive login bash (`/bin/bash -i -l`) on a terminal of `size`."""
+        knobs = self._service._knobs
+        await knobs.checkpoint("pty.create", after=False, subject=None)
+        environment = dict(envs) if envs else {}
+        for key, value in PTY_ENV_DEFAULTS.items():
+            environment.setdefault(key, value)
+        process = self._service._spawn(
+            self._state,
+            ["/bin/bash", "-i", "-l"],
+            tty=True,
+            envs=environment,
+            cwd=cwd,
+            rows=size.rows,
+            cols=size.cols,
+            lifetime=timeout,
+        )
+        handle = FakeCommandHandle(
+            self._service, process, lambda: self.kill(process.pid), on_pty=on_data
+        )
+        try:
+            await knobs.checkpoint("pty.create", after=True, subject=process)
+        except BaseException:
+            handle._stop_reading()
+            raise
+        return handle
+
+    def _terminal(self, pid: int) -> FakeProcess:
+        self._service._check_alive(self._state)
+        process = self._state.processes.get(pid)
+        if process is None or process.ended or not process.tty:
+            raise NotFoundException(f"process with pid {pid} not found")
+        return process
+
+    async def send_stdin(self, pid: int, data: bytes, request_timeout: float | None = None) -> None:
+        """Write `data` to the terminal of `pid`."""
+        process = self._state.processes.get(pid)
+        knobs = self._service._knobs
+        await knobs.checkpoint("pty.send_stdin", after=False, subject=process)
+        await self._terminal(pid).local.write(bytes(data))
+        await knobs.checkpoint("pty.send_stdin", after=True, subject=process)
+
+    async def resize(self, pid: int, size: Any, request_timeout: float | None = None) -> None:
+        """Resize the terminal of `pid`."""
+        process = self._state.processes.get(pid)
+        await self._service._knobs.checkpoint("pty.resize", after=False, subject=process)
+        self._terminal(pid).local.resize(size.rows, size.cols)
+
+    async def kill(self, pid: int, request_timeout: float | None = None) -> bool:
+        """SIGKILL the terminal's process (not its children); False if it is gone."""
+        process = self._state.processes.get(pid)
+        await self._service._knobs.checkpoint("pty.kill", after=False, subject=process)
+        self._service._check_alive(self._state)
+        killed = process.kill_leader() if process is not None else False
+        await self._service._knobs.checkpoint("pty.kill", after=True, subject=process)
+        return killed
+
+
+class FakeFilesystem:
+    """Imitates `e2b.sandbox_async.filesystem.filesystem.Filesystem` (`sandbox.files`)."""
+
+    def __init__(self, service: FakeE2B, state: _SandboxState) -> None:
+        self._service = service
+        self._state = state
+
+    async def read(
+        self,
+        path: str,
+        format: str = "text",
+        user: str | None = None,
+        request_timeout: float | None = None,
+        gzip: bool = False,
+        stream_idle_timeout: float | None = None,
+    ) -> Any:
+        """The file's content as `str` (format="text") or `bytearray` (format="bytes")."""
+        await self._service._knobs.checkpoint("files.read", after=False, subject=None)
+        self._service._check_alive(self._state)
+        if format not in ("text", "bytes"):
+            raise InvalidArgumentException(f"the fake E2B does not support format={format!r}")
+        real = self._state.resolve(path)
+
+        def read() -> bytes:
+            """Read the file (in a thread)."""
+            if os.path.isdir(real):
+                raise InvalidArgumentException(f"path '{path}' is a directory")
+            try:
+                with open(real, "rb") as handle:
+                    return handle.read()
+            except FileNotFoundError:
+                raise FileNotFoundException(f"path '{path}' does not exist") from None
+
+        data = await asyncio.to_thread(read)
+        return data.decode("utf-8", "replace") if format == "text" else bytearray(data)
+
+    async def write(
+        self,
+        path: str,
+        data: Any,
+        user: str | None = None,
+        request_timeout: float | None = None,
+        gzip: bool = False,
+        use_octet_stream: bool | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> WriteInfo:
+        """Write `data` (str, bytes or a file object), creating parent directories."""
+        await self._service._knobs.checkpoint("files.write", after=False, subject=None)
+        self._service._check_alive(self._state)
+        if isinstance(data, str):
+            payload = data.encode()
+        elif isinstance(data, bytes | bytearray | memoryview):
+            payload = bytes(data)
+        elif isinstance(data, io.IOBase):
+            raw = data.read()
+            payload = raw.encode() if isinstance(raw, str) else bytes(raw)
+        else:
+            raise InvalidArgumentException("the fake E2B writes str, bytes or file objects")
+        real = self._state.resolve(path)
+
+        def write() -> None:
+            """Write the file (in a thread)."""
+            os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+            with open(real, "wb") as handle:
+                handle.write(payload)
+
+        await asyncio.to_thread(write)
+        return WriteInfo(name=os.path.basename(real), type=FileType.FILE, path=real)
+
+
+@dataclass
+class FakeSandboxInfo:
+    """Imitates `e2b.SandboxInfo` (the fields a listing consumer reads)."""
+
+    sandbox_id: str = ""
+    template_id: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class FakeSandboxPaginator:
+    """Imitates `e2b.AsyncSandboxPaginator`: one page with every matching sandbox."""
+
+    def __init__(self, service: FakeE2B, query: Any, opts: dict[str, Any]) -> None:
+        self._service = service
+        self._query = query
+        self._opts = opts
+        self._has_next = True
+
+    @property
+    def has_next(self) -> bool:
+        """True until the (single) page was fetched."""
+        return self._has_next
+
+    async def next_items(self, **opts: Any) -> list[FakeSandboxInfo]:
+        """The sandboxes (running, not killed) whose metadata matches the query."""
+        service = self._service
+        service._authorize({**self._opts, **opts})
+        await service._knobs.checkpoint("list", after=False, subject=None)
+        if not self._has_next:
+            raise Exception("No more items to fetch")
+        self._has_next = False
+        wanted = dict(getattr(self._query, "metadata", None) or {})
+        return [
+            FakeSandboxInfo(state.sandbox_id, state.template, dict(state.metadata))
+            for state in service._sandboxes.values()
+            if not state.killed and wanted.items() <= state.metadata.items()
+        ]
+
+
+# ---- the sandbox class and the service -----------------------------------------------------
+
+
+@dataclass(eq=False)
+class _SandboxState:
+    sandbox_id: str
+    home: str
+    template: str
+    metadata: dict[str, str]
+    envs: dict[str, str]
+    processes: dict[int, FakeProcess] = field(default_factory=dict)
+    killed: bool = False
+
+    def resolve(self, path: str) -> str:
+        """A sandbox path on this machine: relative paths are in the home directory."""
+        return os.path.normpath(os.path.join(self.home, os.path.expanduser(path)))
+
+
+class FakeAsyncSandbox:
+    """Imitates `e2b.AsyncSandbox`. Use a `FakeE2B`'s `AsyncSandbox` attribute: a subclass
+    bound to that fake service."""
+
+    _service: ClassVar[FakeE2B | None] = None
+
+    def __init__(self, state: _SandboxState) -> None:
+        service = type(self)._bound()
+        self._state = state
+        self._commands = FakeCommands(service, state)
+        self._pty = FakePty(service, state)
+        self._filesystem = FakeFilesystem(service, state)
+
+    def __repr__(self) -> str:
+        return f"<fake AsyncSandbox {self._state.sandbox_id}>"
+
+    @classmethod
+    def _bound(cls) -> FakeE2B:
+        if cls._service is None:
+            raise TypeError("use FakeE2B().AsyncSandbox, not FakeAsyncSandbox itself")
+        return cls._service
+
+    @property
+    def sandbox_id(self) -> str:
+        """Unique identifier of the sandbox."""
+        return self._state.sandbox_id
+
+    @property
+    def commands(self) -> FakeCommands:
+        """Running commands."""
+        return self._commands
+
+    @property
+    def pty(self) -> FakePty:
+        """Terminals."""
+        return self._pty
+
+    @property
+    def files(self) -> FakeFilesystem:
+        """Files."""
+        return self._filesystem
+
+    @classmethod
+    async def create(
+        cls,
+        template: str | None = None,
+        timeout: int | None = None,
+        metadata: dict[str, str] | None = None,
+        envs: dict[str, str] | None = None,
+        secure: bool | None = None,
+        allow_internet_access: bool | None = None,
+        mcp: Any = None,
+        network: Any = None,
+        iam: Any = None,
+        lifecycle: Any = None,
+        volume_mounts: Any = None,
+        logger: Any = None,
+        idempotency_key: str | None = None,
+        **opts: Any,
+    ) -> FakeAsyncSandbox:
+        """Create a sandbox (a fresh home directory)."""
+        service = cls._bound()
+        service._authorize(opts)
+        await service._knobs.checkpoint("create", after=False, subject=None)
+        state = service._new_sandbox(template or "base", metadata or {}, envs or {})
+        await service._knobs.checkpoint("create", after=True, subject=None)
+        return cls(state)
+
+    @_InstanceOrClassMethod("_cls_connect_sandbox")
+    async def connect(
+        self, timeout: int | None = None, *, on_resume: str = "restore", **opts: Any
+    ) -> FakeAsyncSandbox:
+        """Connect again to this sandbox."""
+        return await type(self)._cls_connect_sandbox(self.sandbox_id, timeout, **opts)
+
+    @classmethod
+    async def _cls_connect_sandbox(
+        cls,
+        sandbox_id: str,
+        timeout: int | None = None,
+        logger: Any = None,
+        *,
+        on_resume: str = "restore",
+        **opts: Any,
+    ) -> FakeAsyncSandbox:
+        service = cls._bound()
+        service._authorize(opts)
+        await service._knobs.checkpoint("connect", after=False, subject=None)
+        state = service._sandboxes.get(sandbox_id)
+        if state is None or state.killed:
+            raise SandboxNotFoundException(f"Paused sandbox {sandbox_id} not found")
+        await service._knobs.checkpoint("connect", after=True, subject=None)
+        return cls(state)
+
+    @_InstanceOrClassMethod("_cls_kill")
+    async def kill(self, **opts: Any) -> bool:
+        """Kill this sandbox and everything running in it."""
+        return bool(await type(self)._cls_kill(self.sandbox_id, **opts))
+
+    @classmethod
+    async def _cls_kill(cls, sandbox_id: str, **opts: Any) -> bool:
+        service = cls._bound()
+        service._authorize(opts)
+        await service._knobs.checkpoint("kill", after=False, subject=None)
+        found = await service._kill_sandbox(sandbox_id)
+        await service._knobs.checkpoint("kill", after=True, subject=None)
+        return found
+
+    @classmethod
+    def list(
+        cls,
+        query: Any = None,
+        limit: int | None = None,
+        next_token: str | None = None,
+        order: str | None = None,
+        **opts: Any,
+    ) -> FakeSandboxPaginator:
+        """List sandboxes (filtered by `query.metadata`)."""
+        return FakeSandboxPaginator(cls._bound(), query, opts)
+
+
+class FakeE2B:
+    """A fake E2B service: sandboxes, the processes in them, and fault knobs.
+
+    `api_key`: the key every call must carry (`api_key=` or `E2B_API_KEY`), else
+    `AuthenticationException`; None accepts any non-empty key. `root`: where sandbox home
+    directories go (default: a temporary directory removed by `aclose()`).
+    """
+
+    def __init__(
+        self, *, api_key: str | None = None, root: str | os.PathLike[str] | None = None
+    ) -> None:
+        self.api_key = api_key
+        self._own_root = root is None
+        self.root = os.fspath(root) if root is not None else tempfile.mkdtemp(prefix="fake-e2b-")
+        self._knobs = _Knobs()
+        self._sandboxes: dict[str, _SandboxState] = {}
+        self._handles: set[FakeCommandHandle] = set()
+        self.processes: list[FakeProcess] = []
+        self.AsyncSandbox: type[FakeAsyncSandbox] = type(
+            "AsyncSandbox",
+            (FakeAsyncSandbox,),
+            {"_service": self, "__module__": __name__, "__doc__": FakeAsyncSandbox.__doc__},
+        )
+
+    def __repr__(self) -> str:
+        return f"<FakeE2B sandboxes={len(self.live_sandbox_ids())}>"
+
+    async def __aenter__(self) -> FakeE2B:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- knobs ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_point(point: str) -> None:
+        if point not in FAULT_POINTS:
+            raise ValueError(f"unknown fault point {point!r}; known: {sorted(FAULT_POINTS)}")
+
+    def fail(
+        self,
+        point: str,
+        exc: BaseException,
+        *,
+        times: int = 1,
+        after: bool = False,
+        where: Predicate | None = None,
+    ) -> None:
+        """Make the next `times` calls at `point` raise `exc` (after doing their work if
+        `after`). For "stream": the next process's event stream dies with `exc`."""
+        self._check_point(point)
+        self._knobs.failures.setdefault(point, []).append(_Failure(exc, times, after, where))
+
+    def block(self, point: str, *, after: bool = False, where: Predicate | None = None) -> Gate:
+        """Stop calls at `point` (before, or with `after` after, their work) until the
+        returned gate is released; `gate.reached` is set when one arrives."""
+        self._check_point(point)
+        gate = Gate(point, after, where)
+        self._knobs.gates.append(gate)
+        return gate
+
+    def release_all(self) -> None:
+        """Release every gate (e.g. at the end of a test)."""
+        for gate in self._knobs.gates:
+            gate.release()
+
+    @property
+    def calls(self) -> list[str]:
+        """Every call point reached so far, in order."""
+        return self._knobs.calls
+
+    # ---- inspection -----------------------------------------------------------------
+
+    def live_sandbox_ids(self) -> list[str]:
+        """Sandboxes created (or attached) and not killed."""
+        return [s.sandbox_id for s in self._sandboxes.values() if not s.killed]
+
+    def sandbox_home(self, sandbox_id: str) -> str:
+        """The home directory of a fake sandbox on this machine."""
+        return self._sandboxes[sandbox_id].home
+
+    def process(self, pid: int) -> FakeProcess:
+        """The fake process with this pid."""
+        for process in self.processes:
+            if process.pid == pid:
+                return process
+        raise KeyError(pid)
+
+    def leftover_pids(self) -> list[int]:
+        """Live local processes in any session the fake started (leaks, unless their
+        sandbox is still meant to run them)."""
+        sids = {str(p.pid).encode() for p in self.processes}
+        return _live_pids(lambda f: f[3] in sids)
+
+    def open_streams(self) -> list[FakeCommandHandle]:
+        """Handles whose event-reading task is still running."""
+        return [h for h in self._handles if not h._wait.done()]
+
+    # ---- the service's internals ----------------------------------------------------------
+
+    def _authorize(self, opts: dict[str, Any]) -> None:
+        key = opts.get("api_key") or os.environ.get("E2B_API_KEY")
+        if not key:
+            raise AuthenticationException(
+                "API key is required, please visit the Team tab at https://e2b.dev/dashboard "
+                "to get your API key. You can either set the environment variable "
+                "`E2B_API_KEY` or you can pass it directly to the method like api_key=..."
+            )
+        if self.api_key is not None and key != self.api_key:
+            raise AuthenticationException("Unauthorized, please check your credentials.")
+
+    def _new_sandbox(
+        self, template: str, metadata: dict[str, str], envs: dict[str, str]
+    ) -> _SandboxState:
+        sandbox_id = "i" + secrets.token_hex(10)
+        home = os.path.join(self.root, sandbox_id, "home")
+        os.makedirs(home)
+        state = _SandboxState(sandbox_id, home, template, dict(metadata), dict(envs))
+        self._sandboxes[sandbox_id] = state
+        return state
+
+    def _check_alive(self, state: _SandboxState) -> None:
+        if state.killed:
+            raise SandboxNotRunningException(
+                f"The sandbox {state.sandbox_id} was not found: The sandbox was killed or "
+                "reached its timeout."
+            )
+
+    def _spawn(
+        self,
+        state: _SandboxState,
+        argv: list[str],
+        *,
+        tty: bool,
+        envs: dict[str, str] | None,
+        cwd: str | None,
+        lifetime: float | None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> FakeProcess:
+        self._check_alive(state)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": state.home,
+            "USER": getpass.getuser(),
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "E2B_SANDBOX": "true",
+            "E2B_SANDBOX_ID": state.sandbox_id,
+        }
+        env.update(state.envs)
+        env.update(envs or {})
+        workdir = state.resolve(cwd) if cwd else state.home
+        if not os.path.isdir(workdir):
+            raise SandboxException(
+                f"unknown: failed to start process: chdir {cwd}: no such file or directory"
+            )
+        process = FakeProcess(
+            self._knobs,
+            state,
+            argv,
+            tty=tty,
+            env=env,
+            cwd=workdir,
+            rows=rows,
+            cols=cols,
+            lifetime=lifetime,
+        )
+        self.processes.append(process)
+        state.processes[process.pid] = process
+        failure = self._knobs.take("stream", after=False, subject=process)
+        if failure is not None:
+            process.break_stream(failure)
+        return process
+
+    async def _kill_sandbox(self, sandbox_id: str) -> bool:
+        state = self._sandboxes.get(sandbox_id)
+        if state is None or state.killed:
+            return False
+        state.killed = True
+        for process in state.processes.values():
+            process.break_stream(
+                SandboxNotRunningException(
+                    f"The sandbox {sandbox_id} was not found: The sandbox was killed or "
+                    "reached its timeout."
+                )
+            )
+        await asyncio.gather(*(p.destroy() for p in state.processes.values()))
+        await asyncio.to_thread(shutil.rmtree, os.path.dirname(state.home), True)
+        return True
+
+    async def aclose(self) -> None:
+        """Kill every sandbox (kept ones too), stop every stream task, release gates and
+        remove the temporary root."""
+        self.release_all()
+        for sandbox_id in list(self._sandboxes):
+            await self._kill_sandbox(sandbox_id)
+        handles = list(self._handles)
+        for handle in handles:
+            handle._stop_reading()
+        if handles:
+            await asyncio.wait([h._wait for h in handles])
+        self._handles.clear()
+        if self._own_root:
+            await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+def fake_classes() -> Iterable[tuple[type, str]]:
+    """Each fake class with the dotted path of the SDK class it imitates (for the drift
+    check)."""
+    return (
+        (FakeAsyncSandbox, "e2b.AsyncSandbox"),
+        (FakeCommands, "e2b.sandbox_async.commands.command.Commands"),
+        (FakePty, "e2b.sandbox_async.commands.pty.Pty"),
+        (FakeFilesystem, "e2b.sandbox_async.filesystem.filesystem.Filesystem"),
+        (FakeCommandHandle, "e2b.AsyncCommandHandle"),
+        (FakeSandboxPaginator, "e2b.AsyncSandboxPaginator"),
+        (FakeSandboxInfo, "e2b.SandboxInfo"),
+    )

@@ -1,0 +1,38 @@
+"""Conformance fixture for the `e2b` backend, through the SDK fake (real local processes
+behind `sandbox.testing.e2b_fake`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import sandbox
+
+NAME = "e2b"
+CAPABILITIES = {"resize", "signals"}
+API_KEY = "e2b_fake_conformance_key"
+
+
+def skip_reason() -> str | None:
+    if importlib.util.find_spec("e2b") is None:
+        return "the e2b SDK is not installed (pip install 'agent-sandbox-pty[e2b]')"
+    return None
+
+
+@asynccontextmanager
+async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    from sandbox.testing.e2b_fake import FakeE2B
+
+    root = tmp_path / "fake-e2b"
+    root.mkdir()
+    async with FakeE2B(api_key=API_KEY, root=root) as fake:
+        async with sandbox.open_session(
+            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
+        ) as s:
+            yield s
+        # Closing the session killed its sandbox, and with it every process.
+        assert fake.live_sandbox_ids() == []
+        assert fake.leftover_pids() == []
+        assert fake.open_streams() == []
