@@ -7,14 +7,16 @@
 
     fake = FakeModal()
     async with sandbox.open_session(
-        "modal", sdk=fake, token_id="x", token_secret="y", workdir="/tmp/ws"
+        "modal", sdk=fake, token_id="x", token_secret="y",
+        workdir=str(tmp_path / "ws"), state_dir=str(tmp_path / "state"),
     ) as session:
         ...
+    await fake.aclose()  # terminates whatever a test left
 
 Every command runs as a REAL local process (`sandbox.local_process.LocalProcess`), on a
 real terminal when `pty=True`, so terminal behaviour, signals and exit codes are real,
 not scripted. The fake sandbox's file system is this machine's: give the session a
-temporary `workdir`. Errors are the SDK's own exception classes (`modal.exception`).
+temporary `workdir` and `state_dir`. Errors are the SDK's own exception classes (`modal.exception`).
 
 Only the surface the backend uses is faked, and `tests/backends/test_modal.py` checks it
 against the installed SDK with `sandbox.testing.drift.surface_problems`, so an SDK
@@ -34,8 +36,10 @@ it is "a call that never returns"). The ops and where they are checked:
   stdout/stderr is delivered: a reader that dies);
 - `read_file`, `write_file` (`filesystem.read_bytes` / `write_bytes`).
 
-A `when=` predicate receives the argv of the process concerned (an empty tuple for
-sandbox-level calls) and restricts a fault to matching calls.
+A `when=` predicate receives the argv of the process concerned (the path for
+`read_file`/`write_file`, an empty tuple for other sandbox-level calls) and restricts a
+fault to matching calls. `fake.calls` records every call as `(op, argv)`; each process
+records its `exec` options in `exec_options`.
 
 Known differences from the real service: a pipe process's stdin is /dev/null (only
 `write_eof()` is accepted: the backend closes it at start anyway); a finished process
@@ -312,6 +316,7 @@ class FakeClient:
     async def from_credentials(
         cls: type[FakeClient], token_id: str, token_secret: str
     ) -> FakeClient:
+        """A client for this token (any non-empty token is accepted)."""
         fake = _fake_of(cls)
         await fake._check("client")
         if not token_id or not token_secret:
@@ -322,6 +327,7 @@ class FakeClient:
 
     @_AioMethod
     async def close(self) -> None:
+        """Close the client."""
         self._closed = True
 
 
@@ -338,6 +344,7 @@ class FakeImage:
 
     @staticmethod
     def from_registry(tag: str) -> FakeImage:
+        """An image named by its registry tag (nothing is pulled)."""
         return FakeImage(tag)
 
 
@@ -361,6 +368,7 @@ class FakeApp:
         environment_name: str | None = None,
         create_if_missing: bool = False,
     ) -> FakeApp:
+        """The app called `name`, created if missing and `create_if_missing`."""
         fake = _fake_of(cls)
         await fake._check("app_lookup")
         _check_client(client)
@@ -410,10 +418,12 @@ class FakeSandbox:
 
     @property
     def object_id(self) -> str:
+        """The sandbox id (`sb-...`)."""
         return self._object_id
 
     @property
     def filesystem(self) -> FakeSandboxFilesystem:
+        """The file API (this machine's files, absolute paths)."""
         self._ensure_attached()
         return self._filesystem
 
@@ -436,8 +446,9 @@ class FakeSandbox:
         client: FakeClient | None = None,
         **options: Any,
     ) -> FakeSandbox:
+        """Create a sandbox (`options` must be ones the installed SDK accepts)."""
         fake = _fake_of(cls)
-        _check_real_parameters(modal_sandbox_create(), options)
+        _check_real_parameters(_sdk_sandbox_create(), options)
         await fake._check("create")
         _check_client(client)
         if app is None:
@@ -469,6 +480,7 @@ class FakeSandbox:
         sandbox_id: str,
         client: FakeClient | None = None,
     ) -> FakeSandbox:
+        """The sandbox with this id (also a terminated one, like the SDK)."""
         fake = _fake_of(cls)
         await fake._check("from_id")
         _check_client(client)
@@ -488,6 +500,7 @@ class FakeSandbox:
         include_terminated: bool = False,
         client: FakeClient | None = None,
     ) -> FakeSandbox:
+        """The running sandbox called `name` in the app `app_name`."""
         fake = _fake_of(cls)
         await fake._check("from_name")
         _check_client(client)
@@ -514,6 +527,7 @@ class FakeSandbox:
         text: bool = True,
         pty: bool = False,
     ) -> FakeContainerProcess:
+        """Start `args` as a local process (on a terminal if `pty`), in `workdir`."""
         self._ensure_attached()
         argv = tuple(args)
         if not argv or not all(isinstance(a, str) for a in argv):
@@ -538,6 +552,7 @@ class FakeSandbox:
 
     @_AioMethod
     async def terminate(self, *, wait: bool = False) -> int | None:
+        """Kill every process of the sandbox, as a container teardown would."""
         self._ensure_attached()
         await self._fake._check("terminate")
         await self._shutdown()
@@ -545,6 +560,7 @@ class FakeSandbox:
 
     @_AioMethod
     async def detach(self) -> None:
+        """Stop using this handle (the sandbox keeps running)."""
         self._attached = False
 
     async def _shutdown(self) -> None:
@@ -560,7 +576,7 @@ class FakeSandbox:
                 os.kill(pid, signal.SIGKILL)
 
 
-def modal_sandbox_create() -> Callable[..., Any]:
+def _sdk_sandbox_create() -> Callable[..., Any]:
     """The installed SDK's `Sandbox.create.aio` (the reference for extra options)."""
     import modal
 
@@ -579,6 +595,7 @@ class FakeSandboxFilesystem:
 
     @_AioMethod
     async def read_bytes(self, remote_path: str) -> bytes:
+        """Read a file."""
         _check_absolute(remote_path, "read_bytes")
         await self._sandbox._fake._check("read_file", (remote_path,))
         if self._sandbox._terminated:
@@ -592,6 +609,7 @@ class FakeSandboxFilesystem:
 
     @_AioMethod
     async def write_bytes(self, data: bytes | bytearray | memoryview, remote_path: str) -> None:
+        """Write a file, creating its parent directories."""
         _check_absolute(remote_path, "write_bytes")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError("data must be bytes-like")
@@ -660,18 +678,22 @@ class FakeContainerProcess:
 
     @property
     def stdout(self) -> FakeStreamReader:
+        """The output stream (everything, with a terminal)."""
         return self._stdout
 
     @property
     def stderr(self) -> FakeStreamReader:
+        """The error stream (empty with a terminal)."""
         return self._stderr
 
     @property
     def stdin(self) -> FakeStreamWriter:
+        """The input stream."""
         return self._stdin
 
     @_AioMethod
     async def wait(self) -> int:
+        """Wait for the exit: the code, 128+N for signal N, -1 past the exec timeout."""
         await self._fake._check("wait", self.argv)
         await self._exited.wait()
         assert self._returncode is not None
@@ -744,6 +766,7 @@ class FakeStreamReader:
         return f"<FakeStreamReader fd={self._fd}>"
 
     def __aiter__(self) -> AsyncIterator[Any]:
+        """Iterate the chunks until the stream ends."""
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Any]:
@@ -796,6 +819,7 @@ class FakeStreamWriter:
         return f"<FakeStreamWriter closed={self._closed}>"
 
     def write(self, data: bytes | bytearray | memoryview | str) -> None:
+        """Buffer `data` (sent by `drain`)."""
         if self._closed:
             raise ValueError("Stdin is closed. Cannot write to it.")
         if isinstance(data, str):
@@ -807,10 +831,12 @@ class FakeStreamWriter:
         self._buffer.extend(data)
 
     def write_eof(self) -> None:
+        """Close the stream once the buffer is drained."""
         self._closed = True
 
     @_AioMethod
     async def drain(self) -> None:
+        """Send the buffered input to the process."""
         process = self._process
         await process._fake._check("write", process.argv)
         data = bytes(self._buffer)

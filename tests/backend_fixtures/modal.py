@@ -1,0 +1,53 @@
+"""Conformance fixture for the `modal` backend, through the SDK fake (real local processes).
+
+The fake (`sandbox.testing.modal_fake.FakeModal`) has exactly the SDK surface the backend
+uses, checked against the installed SDK by tests/backends/test_modal.py. On exit the
+fixture checks that nothing was left behind: no sandbox, no client, no local process
+started by the fake, no background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import sandbox
+
+NAME = "modal"
+CAPABILITIES = {"signals"}  # Modal cannot resize a terminal
+
+
+def skip_reason() -> str | None:
+    if importlib.util.find_spec("modal") is None:
+        return "the modal SDK is not installed (pip install 'agent-sandbox-pty[modal]')"
+    return None
+
+
+@asynccontextmanager
+async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    from sandbox.testing.modal_fake import FakeModal
+
+    fake = FakeModal()
+    tasks_before = asyncio.all_tasks()
+    try:
+        async with sandbox.open_session(
+            "modal",
+            sdk=fake,
+            token_id="fake-token-id",
+            token_secret="fake-token-secret",
+            workdir=str(tmp_path / "ws"),
+            state_dir=str(tmp_path / "state"),
+            terminate_grace_s=0.5,
+        ) as s:
+            yield s
+        assert fake.live_sandboxes() == [], "the sandbox was not terminated"
+        assert fake.open_clients() == [], "the Modal client was not closed"
+        assert fake.leftover_pids() == [], "processes were left behind"
+        current = asyncio.current_task()
+        leaked = {t for t in asyncio.all_tasks() - tasks_before if t is not current}
+        assert not leaked, f"tasks were left behind: {leaked}"
+    finally:
+        await fake.aclose()
