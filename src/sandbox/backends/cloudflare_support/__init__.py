@@ -1,0 +1,1 @@
+"""Protocol pieces of the `cloudflare` backend that are worth testing on their own."""
