@@ -130,12 +130,15 @@ async def test_pipes_reject_stdin_but_poll(session: BaseSandboxSession) -> None:
     update = await session.pty_exec_start("echo one; read x; echo got=$x; echo two", until="two")
     assert update.output.replace("\r", "") == "one\ngot=\ntwo\n" or update.exit_code == 0
     marker = unique_seconds()
-    update = await session.pty_exec_start(f"echo ready; exec sleep {marker}", until="ready")
+    update = await session.pty_exec_start(
+        f"echo ready; read x; echo later; exec sleep {marker}", until="ready"
+    )
     assert update.process_id is not None
     with pytest.raises(sandbox.StdinClosedError, match="tty=True"):
         await session.pty_write_stdin(update.process_id, "data\n")
-    poll = await session.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
+    poll = await session.pty_write_stdin(update.process_id, "", until="later", yield_time_s=10)
     assert poll.process_id == update.process_id
+    assert poll.output.replace("\r", "") == "later\n"
     assert poll.exit_code is None
 
 
