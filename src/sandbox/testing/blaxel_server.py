@@ -1,0 +1,1039 @@
+"""A loopback server that speaks Blaxel's protocols, for provider-free tests.
+
+`BlaxelServer` is an aiohttp server bound to 127.0.0.1 on a free port. It implements
+what the Blaxel SDK (`blaxel==0.4.24`) and the `blaxel` backend call, over REAL local
+processes (it is a "sandbox" that is this machine, so point it only at code you would
+run here):
+
+- control plane, under `api_url` (`http://127.0.0.1:<port>/v0`):
+  `POST /sandboxes[?createIfNotExist=true]`, `GET /sandboxes/{name}`,
+  `DELETE /sandboxes/{name}` (which kills everything the sandbox runs);
+- sandbox API, under each sandbox's `metadata.url`
+  (`http://127.0.0.1:<port>/run/<workspace>/sandboxes/<name>`):
+  `POST /process` (with `waitForCompletion`, `timeout`, `env`, `workingDir`),
+  `GET /process/{id}`, `GET /process/{id}/wait`, `GET /process/{id}/logs`,
+  `DELETE /process/{id}[/kill]`, `GET|PUT /filesystem/{path}` (raw bytes, multipart
+  uploads, JSON `isDirectory`/`content` requests), the multipart-upload endpoints,
+  and the terminal WebSocket `GET /terminal/ws?token=&cols=&rows=&sessionId=&workingDir=`.
+
+The terminal runs an interactive shell on a real PTY (`bash -i`, else `sh -i`), like
+the real service, and reproduces its awkward parts: output frames are JSON
+`{"type": "output", "data": ...}` sent as text OR binary frames, keys are sometimes
+capitalised (`Type`/`Data`), garbage frames (not UTF-8, not JSON, unknown types,
+non-string data) are mixed in, and there is NO exit message: when the shell exits the
+socket just closes. Set `quirks=False` for plain frames. Output is decoded with an
+incremental UTF-8 decoder (a character split across reads is never broken) and cut
+into frames of at most `output_frame_chars` characters.
+
+Authentication: HTTP calls must carry `X-Blaxel-Authorization: Bearer <api_key>` (and,
+on the control plane, `X-Blaxel-Workspace`); the terminal checks `?token=`. The access
+log is off, because the terminal URL carries the token.
+
+Using it::
+
+    from sandbox.testing.blaxel_server import BlaxelServer
+
+    async with BlaxelServer() as server:
+        # the backend:
+        async with sandbox.open_session(
+            "blaxel", workdir=str(tmp_path), **server.backend_options()
+        ) as session:
+            ...
+        # or the Blaxel SDK directly:
+        server.configure_sdk()
+        box = await SandboxInstance.create_if_not_exists({"name": "demo"})
+
+Give the backend a `workdir` that exists on this machine (the default `/workspace`
+usually cannot be created here).
+
+Fault injection (each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a
+`POST /process` with `waitForCompletion` after its process started):
+
+- `fail(endpoint, status, code=..., times=1)`: answer the next call(s) with that HTTP
+  status and a body shaped like Blaxel's (gateway envelope for 502/503/504/429, the
+  endpoint's documented error model otherwise). For `"terminal"` this refuses the
+  WebSocket handshake.
+- `stall(endpoint)`: the next call blocks; the returned `asyncio.Event` is set once it
+  is blocked, so a test can cancel its client deterministically. `release()` (or
+  closing the server) unblocks it. `"terminal_output"` stops sending output frames
+  and `"terminal_input"` stops reading the socket (so a big client write blocks).
+- `drop_terminals()`: abort every live terminal connection now (no close frame);
+  `drop_terminals_after(frames)`: new terminals are aborted after that many output
+  frames.
+- `send_terminal_error(text)`: send an `error` frame on every live terminal.
+
+Inspection: `requests` (method and path of every call), `terminals` (the query of every
+terminal handshake), `sandboxes`, `live_processes()` (local processes still running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from ..local_process import LocalProcess
+
+ENDPOINTS = (
+    "create",
+    "get",
+    "delete",
+    "exec",
+    "exec_wait",
+    "process_get",
+    "process_wait",
+    "process_logs",
+    "kill",
+    "read",
+    "write",
+    "mkdir",
+    "terminal",
+    "terminal_output",
+    "terminal_input",
+)
+
+# Frames mixed into terminal output with `quirks=True`: none of them is a valid frame.
+GARBAGE_FRAMES: tuple[str | bytes, ...] = (
+    "not json at all",
+    b"\xff\xfe\x00\x81 not utf-8",
+    "[1, 2, 3]",
+    '{"type": "ping"}',
+    '{"data": "orphan data"}',
+    '{"type": "output", "data": 42}',
+    '{"Type": "resize", "Data": "80x24"}',
+    '"just a string"',
+    "",
+    b'{"type": "output"',
+)
+
+_DEFAULT_CODES = {
+    400: "BAD_REQUEST",
+    401: "AUTHENTICATION_FAILED",
+    403: "FORBIDDEN",
+    404: "WORKLOAD_NOT_FOUND",
+    408: "UPSTREAM_TIMEOUT",
+    409: "SANDBOX_ALREADY_EXISTS",
+    429: "RATE_LIMIT_EXCEEDED",
+    500: "INTERNAL_ERROR",
+    502: "UPSTREAM_ERROR",
+    503: "WORKLOAD_UNAVAILABLE",
+    504: "UPSTREAM_TIMEOUT",
+}
+_GATEWAY_STATUSES = frozenset({429, 502, 503, 504})
+_OUTPUT_HIGH_WATER = 1024 * 1024
+_CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
+
+
+def _http_date() -> str:
+    return formatdate(usegmt=True)
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids of the processes whose session id is `sid` (Linux /proc)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[3] == str(sid).encode():
+            found.append(int(name))
+    return found
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every member of session `sid` (its leader is a child of this process,
+    unreaped, so the id cannot have been reused)."""
+    for pid in _session_members(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class _Failure:
+    status: int
+    code: str
+    message: str
+    remaining: int | None
+
+
+@dataclass
+class _Stall:
+    blocked: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class _Process:
+    """One process started through `POST /process`."""
+
+    name: str
+    command: str
+    working_dir: str
+    proc: LocalProcess | None = None
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    started_at: str = field(default_factory=_http_date)
+    completed_at: str = ""
+    status: str = "running"
+    exit_code: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def finish(self, code: int) -> None:
+        if self.done.is_set():
+            return
+        self.exit_code = code
+        if self.status == "running":
+            self.status = "completed" if code == 0 else "failed"
+        self.completed_at = _http_date()
+        self.done.set()
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.stdout.decode("utf-8", "replace")
+        err = self.stderr.decode("utf-8", "replace")
+        return {
+            "command": self.command,
+            "completedAt": self.completed_at,
+            "exitCode": self.exit_code,
+            "logs": out + err,
+            "name": self.name,
+            "pid": str(self.proc.pid if self.proc else 0),
+            "startedAt": self.started_at,
+            "status": self.status,
+            "stderr": err,
+            "stdout": out,
+            "workingDir": self.working_dir,
+        }
+
+
+@dataclass(eq=False)
+class _Terminal:
+    """One terminal WebSocket and the shell behind it."""
+
+    ws: web.WebSocketResponse
+    transport: asyncio.Transport | None
+    proc: LocalProcess | None = None
+    buffer: bytearray = field(default_factory=bytearray)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    paused: bool = False
+    exited: bool = False
+    eof: bool = False
+    closed: bool = False
+    frames: int = 0
+    drop_after: int | None = None
+
+
+@dataclass(eq=False)
+class FakeSandbox:
+    """A sandbox of the server: its record and what runs in it."""
+
+    name: str
+    record: dict[str, Any]
+    processes: dict[str, _Process] = field(default_factory=dict)
+    terminals: set[_Terminal] = field(default_factory=set)
+
+
+class BlaxelServer:
+    """The loopback Blaxel server (see the module docstring). Use it as
+    `async with BlaxelServer(...) as server:`, or `await start()` / `await close()`."""
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        workspace: str = "local-workspace",
+        shell: list[str] | None = None,
+        quirks: bool = True,
+        output_frame_chars: int = 4096,
+        root: str | None = None,
+    ) -> None:
+        self.api_key = api_key or f"bl-test-{secrets.token_hex(16)}"
+        self.workspace = workspace
+        if shell is None:
+            bash = shutil.which("bash")
+            shell = [bash, "--noprofile", "--norc", "-i"] if bash else ["sh", "-i"]
+        self.shell = shell
+        self.quirks = quirks
+        self.output_frame_chars = max(1, output_frame_chars)
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.terminals: list[dict[str, str]] = []
+        self._given_root = root
+        self.root = ""
+        self._failures: dict[str, _Failure] = {}
+        self._stalls: dict[str, _Stall] = {}
+        self._drop_after: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+        self._counter = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> BlaxelServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Bind 127.0.0.1 on a free port and start serving."""
+        self.root = self._given_root or tempfile.mkdtemp(prefix="blaxel-server-")
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        self._routes(app)
+        # No access log: the terminal URL carries the API key in its query.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self._port = sock.getsockname()[1]
+        site = web.SockSite(runner, sock)
+        self._runner = runner
+        await site.start()
+
+    async def close(self) -> None:
+        """Unblock stalled calls, kill every process of every sandbox, stop serving."""
+        for stall in list(self._stalls.values()):
+            stall.released.set()
+        self._stalls.clear()
+        for box in list(self.sandboxes.values()):
+            await self._destroy(box)
+        self.sandboxes.clear()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if not self._given_root and self.root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def api_url(self) -> str:
+        """The control-plane URL to give the SDK / the backend (`api_url=`)."""
+        return f"{self.url}/v0"
+
+    def sandbox_url(self, name: str) -> str:
+        """The URL of sandbox `name` (what the API returns as its `metadata.url`)."""
+        return f"{self.url}/run/{self.workspace}/sandboxes/{name}"
+
+    def backend_options(self, **extra: Any) -> dict[str, Any]:
+        """Options for `open_session("blaxel", ...)` that point the backend here."""
+        options: dict[str, Any] = {
+            "api_url": self.api_url,
+            "api_key": self.api_key,
+            "workspace": self.workspace,
+            "region": "local-1",
+        }
+        options.update(extra)
+        return options
+
+    def configure_sdk(self) -> None:
+        """Point the Blaxel SDK's process-wide client at this server (for tests that use
+        the SDK directly)."""
+        from ..backends.blaxel import configure_sdk
+
+        configure_sdk(api_key=self.api_key, workspace=self.workspace, api_url=self.api_url)
+
+    def live_processes(self) -> int:
+        """How many local processes (one-shot and terminal shells) are still running."""
+        count = 0
+        for box in self.sandboxes.values():
+            count += sum(1 for p in box.processes.values() if not p.done.is_set())
+            count += sum(1 for t in box.terminals if not t.exited)
+        return count
+
+    # ---- fault knobs -----------------------------------------------------------------
+
+    def fail(
+        self,
+        endpoint: str,
+        status: int,
+        *,
+        code: str | None = None,
+        message: str | None = None,
+        times: int | None = 1,
+    ) -> None:
+        """Answer the next `times` calls (None: all) of `endpoint` with HTTP `status`."""
+        self._check_endpoint(endpoint)
+        self._failures[endpoint] = _Failure(
+            status,
+            code or _DEFAULT_CODES.get(status, "UNKNOWN_ERROR"),
+            message or f"injected failure ({status})",
+            times,
+        )
+
+    def stall(self, endpoint: str) -> asyncio.Event:
+        """Block the next call of `endpoint`; the event is set once it is blocked."""
+        self._check_endpoint(endpoint)
+        stall = _Stall()
+        self._stalls[endpoint] = stall
+        return stall.blocked
+
+    def release(self) -> None:
+        """Unblock every stalled call (and stop stalling)."""
+        for stall in self._stalls.values():
+            stall.released.set()
+        self._stalls.clear()
+
+    def drop_terminals(self) -> int:
+        """Abort every live terminal connection now (no close frame); returns how many."""
+        count = 0
+        for box in self.sandboxes.values():
+            for term in list(box.terminals):
+                if term.transport is not None and not term.closed:
+                    term.transport.abort()
+                    count += 1
+        return count
+
+    def drop_terminals_after(self, frames: int | None) -> None:
+        """Abort each NEW terminal connection after it sent `frames` output frames."""
+        self._drop_after = frames
+
+    async def send_terminal_error(self, text: str) -> None:
+        """Send an `error` frame on every live terminal."""
+        for box in self.sandboxes.values():
+            for term in list(box.terminals):
+                if not term.closed and not term.ws.closed:
+                    await term.ws.send_str(json.dumps({"type": "error", "data": text}))
+
+    def _check_endpoint(self, endpoint: str) -> None:
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
+
+    async def _gate(self, endpoint: str) -> web.StreamResponse | None:
+        """Apply the faults set for `endpoint`: a failure response, or a stall."""
+        failure = self._failures.get(endpoint)
+        if failure is not None:
+            if failure.remaining is not None:
+                failure.remaining -= 1
+                if failure.remaining <= 0:
+                    del self._failures[endpoint]
+            return self._error(endpoint, failure.status, failure.code, failure.message)
+        stall = self._stalls.get(endpoint)
+        if stall is not None:
+            stall.blocked.set()
+            await stall.released.wait()
+        return None
+
+    def _error(self, endpoint: str, status: int, code: str, message: str) -> web.Response:
+        body: dict[str, Any]
+        if status in _GATEWAY_STATUSES:
+            body = {
+                "error": {
+                    "code": code,
+                    "message": message,
+                    "status": status,
+                    "origin": "platform",
+                    "retryable": status != 429 or code == "RATE_LIMIT_EXCEEDED",
+                }
+            }
+        elif endpoint == "create":
+            body = {"code": code, "message": message, "status_code": status}
+        elif endpoint in _CONTROL_ENDPOINTS:
+            body = {"error": code, "code": status, "message": message}
+        else:
+            body = {"error": message, "code": code}
+        return web.json_response(body, status=status)
+
+    # ---- routing and auth ---------------------------------------------------------------
+
+    def _routes(self, app: web.Application) -> None:
+        box = "/run/{workspace}/sandboxes/{name}"
+        app.router.add_post("/v0/sandboxes", self._create)
+        app.router.add_get("/v0/sandboxes/{name}", self._get)
+        app.router.add_delete("/v0/sandboxes/{name}", self._delete)
+        app.router.add_post(box + "/process", self._exec)
+        app.router.add_get(box + "/process/{id}", self._process_get)
+        app.router.add_get(box + "/process/{id}/wait", self._process_wait)
+        app.router.add_get(box + "/process/{id}/logs", self._process_logs)
+        app.router.add_delete(box + "/process/{id}", self._kill)
+        app.router.add_delete(box + "/process/{id}/kill", self._kill)
+        app.router.add_get(box + "/filesystem/{path:.*}", self._read)
+        app.router.add_put(box + "/filesystem/{path:.*}", self._write)
+        app.router.add_post(box + "/filesystem-multipart/initiate/{path:.*}", self._mp_initiate)
+        app.router.add_put(box + "/filesystem-multipart/{upload}/part", self._mp_part)
+        app.router.add_post(box + "/filesystem-multipart/{upload}/complete", self._mp_complete)
+        app.router.add_delete(box + "/filesystem-multipart/{upload}/abort", self._mp_abort)
+        app.router.add_get(box + "/terminal/ws", self._terminal)
+        self._uploads: dict[str, dict[int, bytes]] = {}
+        self._upload_paths: dict[str, str] = {}
+
+    def _record(self, request: web.Request) -> None:
+        self.requests.append((request.method, request.path))
+
+    def _authorized(self, request: web.Request, *, control: bool) -> bool:
+        if request.headers.get("X-Blaxel-Authorization") != f"Bearer {self.api_key}":
+            return False
+        return not control or request.headers.get("X-Blaxel-Workspace") == self.workspace
+
+    def _unauthorized(self, endpoint: str) -> web.Response:
+        return self._error(endpoint, 401, "AUTHENTICATION_FAILED", "invalid credentials")
+
+    def _sandbox(self, request: web.Request) -> FakeSandbox | None:
+        if request.match_info.get("workspace", self.workspace) != self.workspace:
+            return None
+        return self.sandboxes.get(request.match_info["name"])
+
+    def _not_found(self, endpoint: str) -> web.Response:
+        return web.json_response(
+            {
+                "error": {
+                    "code": "WORKLOAD_NOT_FOUND",
+                    "message": "sandbox not found",
+                    "status": 404,
+                    "origin": "platform",
+                    "retryable": False,
+                }
+            },
+            status=404,
+        )
+
+    async def _data_plane(
+        self, request: web.Request, endpoint: str
+    ) -> tuple[FakeSandbox | None, web.StreamResponse | None]:
+        """Common checks of a sandbox-API call: the sandbox, auth, faults."""
+        self._record(request)
+        box = self._sandbox(request)
+        if box is None:
+            return None, self._not_found(endpoint)
+        if not self._authorized(request, control=False):
+            return None, self._unauthorized(endpoint)
+        if request.content_type == "application/json":
+            await request.read()  # read first (kept by aiohttp): a stalled call was received
+        early = await self._gate(endpoint)
+        if early is not None:
+            return None, early
+        if self.sandboxes.get(box.name) is not box:  # deleted while stalled
+            return None, self._not_found(endpoint)
+        return box, None
+
+    # ---- control plane ------------------------------------------------------------------
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return self._unauthorized("create")
+        body = await request.json()  # read first: a stalled request was still received
+        early = await self._gate("create")
+        if early is not None:
+            return early
+        metadata = dict(body.get("metadata") or {})
+        name = metadata.get("name") or f"sandbox-{secrets.token_hex(4)}"
+        existing = self.sandboxes.get(name)
+        if existing is not None:
+            if request.query.get("createIfNotExist") == "true":
+                return web.json_response(existing.record)
+            return self._error("create", 409, "SANDBOX_ALREADY_EXISTS", f"{name} exists")
+        metadata.update(name=name, url=self.sandbox_url(name), workspace=self.workspace)
+        record: dict[str, Any] = {
+            "metadata": metadata,
+            "spec": body.get("spec") or {},
+            "status": "DEPLOYED",
+            "events": [],
+        }
+        self.sandboxes[name] = FakeSandbox(name, record)
+        return web.json_response(record)
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return self._unauthorized("get")
+        early = await self._gate("get")
+        if early is not None:
+            return early
+        box = self.sandboxes.get(request.match_info["name"])
+        if box is None:
+            return self._error("get", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        return web.json_response(box.record)
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return self._unauthorized("delete")
+        early = await self._gate("delete")
+        if early is not None:
+            return early
+        box = self.sandboxes.pop(request.match_info["name"], None)
+        if box is None:
+            return self._error("delete", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        await self._destroy(box)
+        return web.json_response({**box.record, "status": "TERMINATED"})
+
+    async def _destroy(self, box: FakeSandbox) -> None:
+        """Kill everything `box` runs: one-shot processes and terminal sessions."""
+        for term in list(box.terminals):
+            await self._end_terminal(term)
+        for record in box.processes.values():
+            if record.proc is not None:
+                await record.proc.terminate(0)
+
+    # ---- processes ----------------------------------------------------------------------
+
+    def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        env = dict(os.environ)
+        if extra:
+            env.update({str(k): str(v) for k, v in extra.items()})
+        return env
+
+    async def _exec(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "exec")
+        if early is not None or box is None:
+            return early or self._not_found("exec")
+        body = await request.json()
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            return web.json_response({"error": "command is required"}, status=400)
+        self._counter += 1
+        name = body.get("name") or f"proc-{self._counter}"
+        old = box.processes.get(name)
+        if old is not None and not old.done.is_set():
+            return web.json_response({"error": f"process {name} is running"}, status=400)
+        cwd = body.get("workingDir") or body.get("working_dir") or self.root
+        if not await asyncio.to_thread(os.path.isdir, cwd):
+            return web.json_response({"error": f"no such directory: {cwd}"}, status=400)
+        record = _Process(name=name, command=command, working_dir=cwd)
+        box.processes[name] = record
+        try:
+            record.proc = LocalProcess.spawn(
+                ["sh", "-c", command],
+                tty=False,
+                env=self._environment(body.get("env")),
+                cwd=cwd,
+                on_stdout=record.stdout.extend,
+                on_stderr=record.stderr.extend,
+                on_exit=record.finish,
+            )
+        except OSError as exc:
+            del box.processes[name]
+            return web.json_response({"error": f"cannot start: {exc}"}, status=500)
+        if not (body.get("waitForCompletion") or body.get("wait_for_completion")):
+            return web.json_response(record.to_json())
+        # Faults of "exec_wait" hit a started process (e.g. the edge's 504 on a silent
+        # wait, while the command keeps running).
+        early = await self._gate("exec_wait")
+        if early is not None:
+            return early
+        timeout = body.get("timeout")
+        limit = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
+        try:
+            async with asyncio.timeout(limit):
+                await record.done.wait()
+        except TimeoutError:
+            record.status = "killed"
+            await record.proc.terminate(0)
+            return web.json_response(
+                {"error": f"process {name} timed out after {timeout}s", **record.to_json()},
+                status=408,
+            )
+        await self._settle_output(record)
+        return web.json_response(record.to_json())
+
+    async def _settle_output(self, record: _Process) -> None:
+        proc = record.proc
+        if proc is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await proc.wait_eof()
+        proc.drain_now()
+
+    def _find(self, box: FakeSandbox, ident: str) -> _Process | None:
+        record = box.processes.get(ident)
+        if record is not None:
+            return record
+        for candidate in box.processes.values():
+            if candidate.proc is not None and str(candidate.proc.pid) == ident:
+                return candidate
+        return None
+
+    async def _process_get(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "process_get")
+        if early is not None or box is None:
+            return early or self._not_found("process_get")
+        record = self._find(box, request.match_info["id"])
+        if record is None:
+            return web.json_response({"error": "process not found"}, status=404)
+        if record.done.is_set():
+            await self._settle_output(record)
+        return web.json_response(record.to_json())
+
+    async def _process_wait(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "process_wait")
+        if early is not None or box is None:
+            return early or self._not_found("process_wait")
+        record = self._find(box, request.match_info["id"])
+        if record is None:
+            return web.json_response({"error": "process not found"}, status=404)
+        try:
+            hold = float(request.query.get("timeout", "30"))
+        except ValueError:
+            hold = 30.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(hold):
+                await record.done.wait()
+        if record.done.is_set():
+            await self._settle_output(record)
+        return web.json_response(record.to_json())
+
+    async def _process_logs(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "process_logs")
+        if early is not None or box is None:
+            return early or self._not_found("process_logs")
+        record = self._find(box, request.match_info["id"])
+        if record is None:
+            return web.json_response({"error": "process not found"}, status=404)
+        state = record.to_json()
+        return web.json_response(
+            {"logs": state["logs"], "stdout": state["stdout"], "stderr": state["stderr"]}
+        )
+
+    async def _kill(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "kill")
+        if early is not None or box is None:
+            return early or self._not_found("kill")
+        record = self._find(box, request.match_info["id"])
+        if record is None or record.done.is_set() or record.proc is None:
+            return web.json_response({"error": "process not found or not running"}, status=404)
+        record.status = "killed" if request.path.endswith("/kill") else "stopped"
+        await record.proc.terminate(0 if request.path.endswith("/kill") else 1.0)
+        return web.json_response({"message": f"process {record.name} {record.status}"})
+
+    # ---- files ----------------------------------------------------------------------------
+
+    def _path(self, request: web.Request) -> str:
+        path = request.match_info["path"]
+        return path if path.startswith("/") else os.path.join(self.root, path)
+
+    async def _read(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "read")
+        if early is not None or box is None:
+            return early or self._not_found("read")
+        path = self._path(request)
+        listing = await asyncio.to_thread(_listing, path)
+        if listing is not None:
+            return web.json_response(listing)
+        try:
+            data = await asyncio.to_thread(_read_bytes, path)
+        except FileNotFoundError:
+            return web.json_response({"error": f"file not found: {path}"}, status=404)
+        except PermissionError:
+            return web.json_response({"error": f"permission denied: {path}"}, status=403)
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _write(self, request: web.Request) -> web.StreamResponse:
+        endpoint = "mkdir" if request.content_type == "application/json" else "write"
+        if endpoint == "mkdir":
+            body = await request.json()
+            if not body.get("isDirectory") and "content" in body:
+                endpoint = "write"
+        else:
+            body = None
+        box, early = await self._data_plane(request, endpoint)
+        if early is not None or box is None:
+            return early or self._not_found(endpoint)
+        path = self._path(request)
+        try:
+            if body is not None and body.get("isDirectory"):
+                await asyncio.to_thread(os.makedirs, path, exist_ok=True)
+                return web.json_response({"message": "Directory created", "path": path})
+            if body is not None:
+                data = str(body.get("content", "")).encode()
+            else:
+                data = await self._multipart_file(request)
+            await asyncio.to_thread(_write_bytes, path, data)
+        except (NotADirectoryError, FileExistsError, IsADirectoryError) as exc:
+            return web.json_response({"error": f"cannot write {path}: {exc}"}, status=400)
+        except PermissionError:
+            return web.json_response({"error": f"permission denied: {path}"}, status=403)
+        return web.json_response({"message": "File created", "path": path})
+
+    async def _multipart_file(self, request: web.Request) -> bytes:
+        reader = await request.multipart()
+        data = b""
+        while True:
+            part = await reader.next()
+            if part is None:
+                return data
+            if getattr(part, "name", None) == "file":
+                data = bytes(await part.read())  # type: ignore[union-attr]
+
+    async def _mp_initiate(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "write")
+        if early is not None or box is None:
+            return early or self._not_found("write")
+        upload = secrets.token_hex(8)
+        self._uploads[upload] = {}
+        self._upload_paths[upload] = self._path(request)
+        return web.json_response({"uploadId": upload, "path": self._upload_paths[upload]})
+
+    async def _mp_part(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "write")
+        if early is not None or box is None:
+            return early or self._not_found("write")
+        parts = self._uploads.get(request.match_info["upload"])
+        if parts is None:
+            return web.json_response({"error": "unknown upload"}, status=404)
+        number = int(request.query.get("partNumber", "0"))
+        parts[number] = await self._multipart_file(request)
+        return web.json_response({"partNumber": number, "etag": secrets.token_hex(8)})
+
+    async def _mp_complete(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._data_plane(request, "write")
+        if early is not None or box is None:
+            return early or self._not_found("write")
+        upload = request.match_info["upload"]
+        parts = self._uploads.pop(upload, None)
+        path = self._upload_paths.pop(upload, None)
+        if parts is None or path is None:
+            return web.json_response({"error": "unknown upload"}, status=404)
+        data = b"".join(parts[n] for n in sorted(parts))
+        await asyncio.to_thread(_write_bytes, path, data)
+        return web.json_response({"message": "File created", "path": path})
+
+    async def _mp_abort(self, request: web.Request) -> web.StreamResponse:
+        self._record(request)
+        upload = request.match_info["upload"]
+        self._uploads.pop(upload, None)
+        self._upload_paths.pop(upload, None)
+        return web.json_response({"message": "aborted"})
+
+    # ---- the terminal ---------------------------------------------------------------------
+
+    async def _terminal(self, request: web.Request) -> web.StreamResponse:
+        self._record(request)
+        query = request.query
+        self.terminals.append(dict(query))
+        box = self._sandbox(request)
+        if box is None:
+            return self._not_found("terminal")
+        if query.get("token") != self.api_key:
+            return self._unauthorized("terminal")
+        early = await self._gate("terminal")
+        if early is not None:
+            return early
+        try:
+            cols = int(query.get("cols", "80"))
+            rows = int(query.get("rows", "24"))
+        except ValueError:
+            return web.json_response({"error": "bad terminal size"}, status=400)
+        cwd = query.get("workingDir") or self.root
+        if not await asyncio.to_thread(os.path.isdir, cwd):
+            cwd = self.root  # the shell starts in its default directory, like a real one
+        ws = web.WebSocketResponse(max_msg_size=16 * 1024 * 1024, autoping=True)
+        term = _Terminal(ws=ws, transport=request.transport, drop_after=self._drop_after)
+        await ws.prepare(request)
+        env = self._environment({"TERM": "xterm-256color", "PS1": r"\u@sandbox:\w\$ "})
+        try:
+            term.proc = LocalProcess.spawn(
+                self.shell,
+                tty=True,
+                env=env,
+                cwd=cwd,
+                rows=rows,
+                cols=cols,
+                on_stdout=lambda data: self._on_shell_output(term, data),
+                on_exit=lambda _code: self._on_shell_exit(term),
+                on_eof=lambda: self._on_shell_eof(term),
+            )
+        except OSError as exc:
+            await ws.send_str(json.dumps({"type": "error", "data": f"cannot start shell: {exc}"}))
+            await ws.close()
+            return ws
+        box.terminals.add(term)
+        sender = asyncio.create_task(self._pump_output(term))
+        try:
+            await self._read_input(term)
+        finally:
+            box.terminals.discard(term)
+            await self._end_terminal(term)
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+        return ws
+
+    def _on_shell_output(self, term: _Terminal, data: bytes) -> None:
+        term.buffer.extend(data)
+        term.wake.set()
+        proc = term.proc
+        if len(term.buffer) > _OUTPUT_HIGH_WATER and not term.paused and proc is not None:
+            # Backpressure: stop reading the PTY until the client took the output.
+            if proc.master_fd is not None:
+                asyncio.get_running_loop().remove_reader(proc.master_fd)
+                term.paused = True
+
+    def _resume(self, term: _Terminal) -> None:
+        proc = term.proc
+        if term.paused and proc is not None and proc.master_fd is not None and not term.closed:
+            term.paused = False
+            asyncio.get_running_loop().add_reader(proc.master_fd, proc.drain_now)
+
+    def _on_shell_exit(self, term: _Terminal) -> None:
+        term.exited = True
+        term.wake.set()
+
+    def _on_shell_eof(self, term: _Terminal) -> None:
+        term.eof = True
+        term.wake.set()
+
+    async def _pump_output(self, term: _Terminal) -> None:
+        """Send the shell's output as quirky frames; close the socket when it exits."""
+        exit_seen_at: float | None = None
+        while True:
+            if term.exited and not term.eof:
+                # A background process may hold the terminal open: do not wait forever.
+                exit_seen_at = exit_seen_at or time.monotonic()
+                remaining = exit_seen_at + 0.2 - time.monotonic()
+                if remaining <= 0:
+                    if term.proc is not None and not term.paused:
+                        term.proc.drain_now()
+                    term.eof = True
+                    term.wake.set()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await term.wake.wait()
+            else:
+                await term.wake.wait()
+            term.wake.clear()
+            stall = self._stalls.get("terminal_output")
+            if stall is not None:
+                stall.blocked.set()
+                await stall.released.wait()
+            chunk = bytes(term.buffer)
+            term.buffer.clear()
+            self._resume(term)
+            final = term.eof and not term.buffer
+            text = term.decoder.decode(chunk, final=final)
+            for at in range(0, len(text), self.output_frame_chars):
+                await self._send_output(term, text[at : at + self.output_frame_chars])
+            if final:
+                # No exit message: the terminal simply ends.
+                await term.ws.close()
+                return
+
+    async def _send_output(self, term: _Terminal, text: str) -> None:
+        n = term.frames
+        term.frames += 1
+        if self.quirks and n % 5 == 3:
+            garbage = GARBAGE_FRAMES[(n // 5) % len(GARBAGE_FRAMES)]
+            if isinstance(garbage, bytes):
+                await term.ws.send_bytes(garbage)
+            else:
+                await term.ws.send_str(garbage)
+        keys = ("Type", "Data") if self.quirks and n % 2 == 1 else ("type", "data")
+        payload = json.dumps({keys[0]: "output", keys[1]: text})
+        if self.quirks and n % 3 == 2:
+            await term.ws.send_bytes(payload.encode())
+        else:
+            await term.ws.send_str(payload)
+        if term.drop_after is not None and term.frames >= term.drop_after:
+            if term.transport is not None:
+                term.transport.abort()
+
+    async def _read_input(self, term: _Terminal) -> None:
+        async for msg in term.ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            stall = self._stalls.get("terminal_input")
+            if stall is not None:
+                # Stop reading the socket itself, so the client's writes back up.
+                if term.transport is not None:
+                    with contextlib.suppress(AttributeError, RuntimeError):
+                        term.transport.pause_reading()
+                stall.blocked.set()
+                await stall.released.wait()
+                if term.transport is not None:
+                    with contextlib.suppress(AttributeError, RuntimeError):
+                        term.transport.resume_reading()
+            try:
+                text = msg.data if isinstance(msg.data, str) else msg.data.decode()
+                frame = json.loads(text)
+                kind = frame.get("type")
+                data = frame.get("data")
+            except (ValueError, AttributeError, UnicodeDecodeError):
+                await term.ws.send_str(json.dumps({"type": "error", "data": "invalid message"}))
+                continue
+            if kind != "input" or not isinstance(data, str):
+                await term.ws.send_str(
+                    json.dumps({"type": "error", "data": f"unsupported message type {kind!r}"})
+                )
+                continue
+            proc = term.proc
+            if proc is None or term.exited:
+                continue
+            with contextlib.suppress(Exception):
+                await proc.write(data.encode("utf-8", "surrogateescape"))
+
+    async def _end_terminal(self, term: _Terminal) -> None:
+        """Kill the terminal's whole session and release its PTY."""
+        if term.closed:
+            return
+        term.closed = True
+        proc = term.proc
+        if proc is not None:
+            if proc.pid > 0:
+                _kill_session(proc.pid)
+            await proc.terminate(0)
+            term.exited = True
+        if not term.ws.closed:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await term.ws.close()
+        term.wake.set()
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _listing(path: str) -> dict[str, Any] | None:
+    """A directory listing shaped like the sandbox API's, or None for a non-directory."""
+    if not os.path.isdir(path):
+        return None
+    files: list[dict[str, str]] = []
+    subdirectories: list[dict[str, str]] = []
+    for name in sorted(os.listdir(path)):
+        item = {"name": name, "path": os.path.join(path, name)}
+        (subdirectories if os.path.isdir(item["path"]) else files).append(item)
+    return {
+        "name": os.path.basename(path),
+        "path": path,
+        "files": files,
+        "subdirectories": subdirectories,
+    }
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+__all__ = ["ENDPOINTS", "GARBAGE_FRAMES", "BlaxelServer", "FakeSandbox"]

@@ -1,0 +1,37 @@
+"""Conformance fixture for the `blaxel` backend, through the loopback `BlaxelServer`
+(real sockets, the real Blaxel SDK, real processes behind the server)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import sandbox
+
+NAME = "blaxel"
+# No "resize": the terminal protocol has no resize message.
+CAPABILITIES = {"signals"}
+
+
+def skip_reason() -> str | None:
+    for module in ("blaxel", "aiohttp"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install 'agent-sandbox-pty[blaxel]')"
+    return None
+
+
+@asynccontextmanager
+async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    from sandbox.testing.blaxel_server import BlaxelServer
+
+    workdir = tmp_path / "ws"
+    async with BlaxelServer(root=str(tmp_path)) as server:
+        async with sandbox.open_session(
+            "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()
+        ) as s:
+            yield s
+        # Closing deleted the sandbox, which stops everything it ran.
+        assert server.sandboxes == {}, "the sandbox was not deleted on close"
+        assert server.live_processes() == 0
