@@ -131,7 +131,7 @@ async def test_pipes_reject_stdin_but_poll(session: BaseSandboxSession) -> None:
     assert update.output.replace("\r", "") == "one\ngot=\ntwo\n" or update.exit_code == 0
     marker = unique_seconds()
     update = await session.pty_exec_start(
-        f"echo ready; read x; echo later; exec sleep {marker}", until="ready"
+        f"echo ready; sleep 0.5; echo later; exec sleep {marker}", until="ready"
     )
     assert update.process_id is not None
     with pytest.raises(sandbox.StdinClosedError, match="tty=True"):
