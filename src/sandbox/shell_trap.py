@@ -54,6 +54,11 @@ class ShellTrap:
         `tty=False` gives the command real pipes (stdout and stderr merged in arrival
         order, so `isatty()` is false and nothing pages) instead of the terminal.
         """
+        if cwd:
+            # Inside the command, after the start marker: a bad cwd shows its error in
+            # the output and ends the process with status 1, instead of a silent exit.
+            command = f"cd {shlex.quote(cwd)} || exit 1\n{command}"
+            cwd = None
         if isolate and self.report_exit:
             return self._isolated_line(command, tty=tty, cwd=cwd)
         parts = []

@@ -32,7 +32,7 @@ from sandbox.backends.cloudflare import (
 from sandbox.backends.cloudflare_support.sse import SseDecoder, SseEvent
 from sandbox.session import SessionState
 from sandbox.testing.cloudflare_server import CloudflareWorkerServer
-from tests.helpers import host_pids_with_arg, open_fds, unique_seconds
+from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
 
 KEY = "cf-test-key-SECRET-5b1e90"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -201,7 +201,7 @@ async def test_server_side_timeout_kills_the_command(server: CloudflareWorkerSer
             events = [e for chunk in [await resp.read()] for e in decoder.feed(chunk)]
     assert [e.event for e in events] == ["stdout", "error"]
     assert "timed out" in events[-1].data
-    assert not host_pids_with_arg(marker)
+    assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 async def test_exec_stream_without_exit_is_a_transport_error(
@@ -226,7 +226,7 @@ async def test_exec_stream_dropped_mid_way(server: CloudflareWorkerServer) -> No
         assert info.value.retryable
         assert_no_secret(info.value)
         await idle(server)
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
         server.drop_exec_after_events = None
         assert (await s.exec("echo fine")).ok
 
@@ -521,7 +521,7 @@ async def test_dropped_socket_ends_the_process(server: CloudflareWorkerServer, t
         )
         assert KEY not in final.output
         await idle(server)
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 async def test_terminal_not_ready_in_time(server: CloudflareWorkerServer) -> None:
@@ -610,7 +610,7 @@ async def test_cancel_exec_kills_the_command(server: CloudflareWorkerServer, poi
         await stall.abandoned.wait()
         stall.release()
         await idle(server)
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
         assert (await s.exec("echo next")).stdout == b"next\n"
 
 
@@ -626,7 +626,7 @@ async def test_client_enforces_the_timeout_when_the_worker_stalls(
         await stall.abandoned.wait()
         stall.release()
         await idle(server)
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 async def test_cancel_write_in_flight_keeps_the_stream_intact(
@@ -681,7 +681,7 @@ async def test_cancel_terminate_while_the_close_is_in_flight(
             await task
         assert s.pty_processes() == [] and s._reserved == set()
         await idle(server)
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 async def test_cancel_close_while_the_delete_is_in_flight(server: CloudflareWorkerServer) -> None:
@@ -700,7 +700,7 @@ async def test_cancel_close_while_the_delete_is_in_flight(server: CloudflareWork
         await task
     assert s.state is SessionState.CLOSED and http.closed
     assert server.sandboxes == {}
-    assert not host_pids_with_arg(marker)
+    assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 # ---- the key stays secret ------------------------------------------------------------------------

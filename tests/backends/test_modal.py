@@ -597,7 +597,7 @@ async def test_a_process_starting_after_its_teardown_exits_at_once(
         process = await s._start_command(spec, handle)
         async with asyncio.timeout(10):
             assert await process.wait.aio() == 143
-        assert not host_pids_with_arg(marker)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
 # ---- quirks ----------------------------------------------------------------------------------
