@@ -659,3 +659,18 @@ async def test_secrets_never_leak(
     assert "blaxel" in out.getvalue() and "found (BL_API_KEY + BL_WORKSPACE)" in out.getvalue()
     seen.append(out.getvalue())
     assert_no_secret(*seen)
+
+
+def test_importing_the_backend_leaves_logging_alone() -> None:
+    """The Blaxel SDK configures the root logger on import; our backend undoes that."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging; r = logging.getLogger()\n"
+        "before = (r.level, list(r.handlers), logging.getLogger('httpx').level)\n"
+        "import sandbox.backends.blaxel\n"
+        "print(before == (r.level, list(r.handlers), logging.getLogger('httpx').level))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

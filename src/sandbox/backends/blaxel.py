@@ -37,7 +37,7 @@ import re
 import secrets
 import shlex
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -45,11 +45,6 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import aiohttp
 import httpx
 import yarl
-from blaxel.core.authentication.apikey import ApiKey
-from blaxel.core.authentication.types import CredentialsError, CredentialsType
-from blaxel.core.client.client import client as sdk_client
-from blaxel.core.common.settings import settings as sdk_settings
-from blaxel.core.sandbox import SandboxInstance
 
 from ..errors import (
     ConnectionLostError,
@@ -65,6 +60,31 @@ from ..session import BaseSandboxSession, SessionState
 from ..settle import settle
 from ..shell_trap import ShellTrap
 from ..types import ExecResult
+
+
+@contextlib.contextmanager
+def _logging_untouched() -> Iterator[None]:
+    """Importing the Blaxel SDK calls `logging.basicConfig` and silences httpx: a library
+    must not reconfigure its user's logging, so whatever it changed is put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, old in levels.items():
+            logging.getLogger(name).setLevel(old)
+
+
+with _logging_untouched():
+    from blaxel.core.authentication.apikey import ApiKey
+    from blaxel.core.authentication.types import CredentialsError, CredentialsType
+    from blaxel.core.client.client import client as sdk_client
+    from blaxel.core.common.settings import settings as sdk_settings
+    from blaxel.core.sandbox import SandboxInstance
+
 
 logger = logging.getLogger("sandbox.blaxel")
 
