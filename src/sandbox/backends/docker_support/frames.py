@@ -37,24 +37,41 @@ class FrameDecoder:
         return len(self._header) + self._remaining
 
     def feed(self, data: bytes) -> None:
-        """Decode one chunk as read from the socket."""
+        """Decode one chunk as read from the socket.
+
+        Consecutive payload pieces of the same stream within the chunk are handed on
+        together (one call, one copy), so a chunk of many small frames costs little.
+        """
         view = memoryview(data)
         pos = 0
         end = len(view)
+        pieces: list[memoryview] = []
         while pos < end:
             if self._remaining:
                 take = min(self._remaining, end - pos)
                 self._remaining -= take
-                chunk = data if take == end and pos == 0 else bytes(view[pos : pos + take])
+                pieces.append(view[pos : pos + take])
                 pos += take
-                self._on_payload(self._stream, chunk)
                 continue
             need = HEADER_SIZE - len(self._header)
             piece = view[pos : pos + need]
             self._header += piece
             pos += len(piece)
             if len(self._header) < HEADER_SIZE:
-                return
-            self._stream = self._header[0]
+                break
+            stream = self._header[0]
+            if stream != self._stream and pieces:
+                self._emit(pieces, data)
+            self._stream = stream
             self._remaining = int.from_bytes(self._header[4:8], "big")
             self._header.clear()
+        if pieces:
+            self._emit(pieces, data)
+
+    def _emit(self, pieces: list[memoryview], data: bytes) -> None:
+        if len(pieces) == 1 and pieces[0].nbytes == len(data):
+            payload = data  # the whole chunk is payload: hand it on as it is
+        else:
+            payload = b"".join(pieces)
+        pieces.clear()
+        self._on_payload(self._stream, payload)

@@ -1,0 +1,608 @@
+"""One process in the container: an exec, its stream, its exit, and how to kill it.
+
+Docker has no call that kills an exec. Every command therefore runs under a tiny `sh`
+wrapper (the exec's first process) that carries a random tag in its environment,
+survives Ctrl-C itself (`trap : INT QUIT`, which its child does not inherit), kills the
+rest of its session when the command exits, and exits with the command's status. The
+runtime makes each exec's first process a session leader, so "the command's tree" is:
+every process carrying the tag (children inherit it) plus every process in the session
+of a tagged process (that catches children that scrubbed their environment). A second,
+short exec runs `KILL_SCRIPT`, which finds that set through /proc and signals it: SIGINT
+to the wrapper's process group for an interrupt; for a teardown SIGHUP/SIGTERM/SIGCONT,
+a grace period, then SIGKILL until nothing is left. The wrapper stays the tagged parent
+even when the command replaces its own environment, so the tree can always be found.
+
+Exits are detected by event, never by polling every process: the end of the exec's
+stream followed by one `exec_inspect` (the engine records the exit code before it closes
+the stream), or the engine's `exec_die` event (which it sends only once the stream is
+closed, and which also ends a process that closed its output early). A process whose
+output ended but which still runs is looked at again with a growing delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import docker.errors
+
+from ...errors import ProviderError, UnsupportedOperationError
+from .engine import Engine
+from .errors import is_not_found
+from .frames import FrameDecoder
+from .stream import RawStream
+
+logger = logging.getLogger("sandbox.docker")
+
+TAG_VARIABLE = "SANDBOX_PROCESS_TAG"
+# How long an exit reported by event waits for the end of the stream, so that output
+# still in flight inside the engine is not cut off (the engine itself waits at most ~2 s
+# for a stream held open by a background child).
+EXIT_WAITS_FOR_EOF_S = 0.25
+KILL_TICK_S = 0.05
+ENGINE_GAVE_UP_CODES = frozenset({126, 127})
+KILL_SCRIPT_TIMEOUT_S = 30.0
+# Bounds of the delay between two looks at a process whose output ended before its exit.
+INSPECT_FIRST_DELAY_S = 0.05
+INSPECT_MAX_DELAY_S = 2.0
+INSPECT_MAX_DELAY_WITH_EVENTS_S = 10.0
+
+# The command's wrapper: $1 $2 are the terminal size ("-" without a terminal), then argv.
+# It outlives Ctrl-C (its child does not inherit the trap), and when the command exits it
+# kills what is left of its session (background children), as the local backend does
+# when it collects an exited process: otherwise they would hold the output open and the
+# engine would report the exit only when it gives up waiting for them (about 2 s).
+WRAPPER_SCRIPT = (
+    'trap : INT QUIT; [ "$1" = - ] || stty rows "$1" cols "$2" 2>/dev/null; shift 2; "$@"; '
+    "s=$?; l=; for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = $$ ] && continue; "
+    '{ read -r t <$d/stat; } 2>/dev/null || continue; set -- ${t##*") "}; '
+    '[ "$4" = $$ ] && [ "$1" != Z ] && l="$l $p"; done; '
+    '[ -n "$l" ] && for g in HUP TERM CONT KILL; do kill -s $g $l 2>/dev/null; done; exit $s'
+)
+WRAPPER_NAME = "sandbox-exec"
+
+# Finds and signals tagged trees. Arguments: mode (int|term), grace ticks, then the tags.
+# Only POSIX sh builtins, `grep -z` (NUL-separated input, as /proc/PID/environ is), `kill`
+# and `sleep` (fractional sleep optional) are needed.
+KILL_SCRIPT = r"""
+mode=$1; ticks=$2; shift 2; pats=""; me=$$
+for t in "$@"; do pats="$pats -e TAG_VARIABLE=$t"; done
+scan() {
+  roots=""; sids=" "; targets=""
+  for f in $(grep -l -z -x -F $pats /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; p=${p%/environ}
+    { read -r st <"/proc/$p/stat"; } 2>/dev/null || continue
+    set -- ${st##*") "}
+    [ "$2" = 0 ] && roots="$roots $p"
+    case "$4" in 0|1|"$me") continue ;; esac
+    case "$sids" in *" $4 "*) ;; *) sids="$sids$4 " ;; esac
+  done
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$me" ] && continue
+    { read -r st <"$d/stat"; } 2>/dev/null || continue
+    set -- ${st##*") "}
+    [ "$1" = Z ] && continue
+    case "$sids" in *" $4 "*) targets="$targets $p" ;; esac
+  done
+}
+nap() { sleep "$1" 2>/dev/null || sleep 1; }
+scan
+if [ "$mode" = int ]; then
+  for r in $roots; do kill -s INT "-$r" 2>/dev/null || kill -s INT "$r" 2>/dev/null; done
+  echo "sandbox-kill:${roots:-none}"
+  exit 0
+fi
+if [ -n "$targets" ] && [ "$ticks" -gt 0 ]; then
+  for s in HUP TERM CONT; do kill -s $s $targets 2>/dev/null; done
+  i=0
+  while [ "$i" -lt "$ticks" ]; do
+    nap 0.05; scan; [ -z "$targets" ] && break; i=$((i + 1))
+  done
+fi
+n=0
+while [ -n "$targets" ] && [ "$n" -lt 100 ]; do
+  kill -s KILL $targets 2>/dev/null; nap 0.01; scan; n=$((n + 1))
+done
+echo "sandbox-kill:${targets:-done}"
+""".replace("TAG_VARIABLE", TAG_VARIABLE)
+
+OutputCallback = Callable[[int, bytes], None]
+
+
+class ExecOptions:
+    """Where and as whom execs run: fixed per session."""
+
+    def __init__(
+        self,
+        *,
+        container_id: str,
+        user: str,
+        env: Mapping[str, str],
+        workdir: str,
+        detach_keys: str,
+    ) -> None:
+        self.container_id = container_id
+        self.user = user
+        self.env = dict(env)
+        self.workdir = workdir
+        self.detach_keys = detach_keys
+
+
+class DockerExec:
+    """One exec: start it, stream it, learn its end, write to it, kill its tree.
+
+    Callbacks run on the event loop: `on_output(stream, data)` (1 stdout, 2 stderr, 3
+    engine error), `on_eof()`, `on_exit(code)`, `on_lost(reason)`. At most one of
+    `on_exit`/`on_lost` is called.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        options: ExecOptions,
+        argv: Sequence[str],
+        *,
+        tty: bool,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        on_output: OutputCallback | None = None,
+        on_eof: Callable[[], None] | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        wrap: bool = True,
+        killer: KillBatcher | None = None,
+    ) -> None:
+        self._engine = engine
+        self._options = options
+        self._killer = killer or KillBatcher(engine, options)
+        self.tty = tty
+        self.tag = secrets.token_hex(16)
+        environment = dict(options.env)
+        if env:
+            environment.update(env)
+        if wrap:
+            environment[TAG_VARIABLE] = self.tag
+            size = (str(rows), str(cols)) if tty else ("-", "-")
+            self._argv = ["sh", "-c", WRAPPER_SCRIPT, WRAPPER_NAME, *size, *argv]
+        else:
+            self._argv = list(argv)
+        self._environment = environment
+        self._workdir = cwd or options.workdir or None
+        self._on_output = on_output
+        self._on_eof = on_eof
+        self._on_exit = on_exit
+        self._on_lost = on_lost
+        self._decoder = None if tty else FrameDecoder(self._output)
+        self.exec_id: str | None = None
+        self.exit_code: int | None = None
+        self.lost_reason: str | None = None
+        self.eof = False
+        self._stream: RawStream | None = None
+        self._create_future: asyncio.Future[Any] | None = None
+        self._start_future: asyncio.Future[Any] | None = None
+        # "no": never attempted; "failed": the engine refused it (no process exists);
+        # "unknown": sent, outcome not known (a process may exist); "yes": attached.
+        self._start_state = "no"
+        self._ended = asyncio.Event()  # exit or loss known
+        self._eof_event = asyncio.Event()
+        self._pending_exit: int | None = None
+        self._exit_timer: asyncio.TimerHandle | None = None
+        self._inspector: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<DockerExec exec_id={(self.exec_id or '')[:12]!r} tty={self.tty}>"
+
+    @property
+    def ended(self) -> bool:
+        """True once the exit (or the loss) of the process is known."""
+        return self._ended.is_set()
+
+    # ---- start -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create and start the exec, attached. Cancellation is safe at any point: the
+        blocking calls finish in the background and `terminate()` undoes them."""
+        api = self._engine.api
+        self._create_future = self._engine.submit(
+            "create an exec",
+            api.exec_create,
+            self._options.container_id,
+            self._argv,
+            stdout=True,
+            stderr=True,
+            stdin=self.tty,
+            tty=self.tty,
+            user=self._options.user,
+            environment=self._environment,
+            workdir=self._workdir,
+            detach_keys=self._options.detach_keys if self.tty else None,
+        )
+        self._create_future.add_done_callback(self._created)
+        await asyncio.shield(self._create_future)
+        if self._closed:
+            return
+        self._start_state = "unknown"
+        self._start_future = self._engine.submit(
+            "start an exec", _start_attached, api, self.exec_id, self.tty
+        )
+        self._start_future.add_done_callback(self._attached)
+        await asyncio.shield(self._start_future)
+
+    def _created(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        self.exec_id = str(future.result()["Id"])
+        self._engine.register(self.exec_id, self)
+
+    def _attached(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            # An answer from the engine (an HTTP error) means it did not start the exec;
+            # a broken connection leaves that open, so the teardown still sweeps.
+            if isinstance(error.__cause__, docker.errors.APIError):
+                self._start_state = "failed"
+            return
+        sock, leftover, keep = future.result()
+        self._start_state = "yes"
+        if self._closed:
+            _close_quietly(sock, keep)
+            return
+        self._stream = RawStream(
+            sock, on_data=self._data, on_end=self._stream_ended, leftover=leftover, keep=keep
+        )
+        self._stream.start()
+
+    # ---- output and exit ---------------------------------------------------------------
+
+    def _data(self, data: bytes) -> None:
+        if self._decoder is not None:
+            self._decoder.feed(data)
+        else:
+            self._output(1, data)
+
+    def _output(self, stream: int, data: bytes) -> None:
+        if self._on_output is not None:
+            self._on_output(stream, data)
+
+    def _stream_ended(self, error: BaseException | None) -> None:
+        if error is not None:
+            logger.debug("exec %s stream ended: %s", self.exec_id, type(error).__name__)
+        self.eof = True
+        self._eof_event.set()
+        if self._on_eof is not None:
+            self._on_eof()
+        if self._pending_exit is not None:
+            self._report_exit(self._pending_exit)
+        elif not self.ended and not self._closed:
+            self._inspect_soon()
+
+    def exec_died(self, exit_code: int | None) -> None:
+        """The engine's `exec_die` event for this exec."""
+        if self.ended or self._closed:
+            return
+        if exit_code is None:
+            self._inspect_soon()
+            return
+        if self.eof:
+            self._report_exit(exit_code)
+            return
+        # Output may still be in flight inside the engine: read what arrived, then give
+        # the end of the stream a moment before reporting the exit.
+        if self._stream is not None:
+            self._stream.drain_now()
+        if self.eof or self.ended:
+            self._report_exit(exit_code)
+            return
+        self._pending_exit = exit_code
+        loop = asyncio.get_running_loop()
+        self._exit_timer = loop.call_later(EXIT_WAITS_FOR_EOF_S, self._report_exit, exit_code)
+
+    def container_gone(self, reason: str) -> None:
+        """The container stopped or was removed under the process."""
+        if self._pending_exit is not None:
+            self._report_exit(self._pending_exit)
+        else:
+            self._report_lost(reason)
+
+    def _report_exit(self, code: int) -> None:
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
+        self._pending_exit = None
+        if self.ended:
+            return
+        self.exit_code = code
+        self._ended.set()
+        if self._on_exit is not None:
+            self._on_exit(code)
+
+    def _report_lost(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.lost_reason = reason
+        self._ended.set()
+        if self._on_lost is not None:
+            self._on_lost(reason)
+
+    def _inspect_soon(self) -> None:
+        if self._inspector is None or self._inspector.done():
+            self._inspector = asyncio.get_running_loop().create_task(self._inspect_until_ended())
+
+    async def _inspect_until_ended(self) -> None:
+        delay = 0.0
+        while not self.ended and not self._closed:
+            if self.exec_id is None:
+                return
+            try:
+                info = await self._engine.call(
+                    "inspect an exec", self._engine.api.exec_inspect, self.exec_id
+                )
+            except ProviderError as exc:
+                if is_not_found(exc):
+                    self._report_lost(self._engine.gone_reason or "the container is gone")
+                elif exc.retryable:
+                    self._report_lost("lost the connection to the Docker engine")
+                else:
+                    self._report_lost(f"the Docker engine failed: {exc}")
+                return
+            code = info.get("ExitCode")
+            if not info.get("Running") and code is not None:
+                self._report_exit(int(code))
+                return
+            if not info.get("Running") and not info.get("Pid") and self._start_state != "yes":
+                self._report_lost("the process never started")
+                return
+            if self._engine.gone_reason is not None:
+                self._report_lost(self._engine.gone_reason)
+                return
+            # Still running with its output closed (or the engine has not processed the
+            # exit yet): look again later; the exec_die event usually comes first.
+            events = self._engine.events_alive
+            cap = INSPECT_MAX_DELAY_WITH_EVENTS_S if events else INSPECT_MAX_DELAY_S
+            delay = min(cap, max(INSPECT_FIRST_DELAY_S, delay * 2))
+            await asyncio.sleep(delay)
+
+    async def wait_ended(self) -> None:
+        """Wait until the exit (or loss) is known."""
+        await self._ended.wait()
+
+    async def wait_eof(self) -> None:
+        """Wait until the output stream ended."""
+        await self._eof_event.wait()
+
+    def drain_now(self) -> None:
+        """Read output that already arrived at the socket."""
+        if self._stream is not None:
+            self._stream.drain_now()
+
+    # ---- input and control -------------------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        """Write to the process's terminal."""
+        if self._stream is None:
+            raise ProviderError("the process is not attached", retryable=False)
+        await self._stream.write(data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Resize the terminal (`exec_resize`). A process that is still starting gets a
+        few more tries; one that already ended is left alone."""
+        delay = 0.02
+        for attempt in range(6):
+            try:
+                await self._engine.call(
+                    "resize a terminal",
+                    self._engine.api.exec_resize,
+                    self.exec_id,
+                    height=rows,
+                    width=cols,
+                )
+                return
+            except ProviderError:
+                if self.ended or self.eof:
+                    return
+                if attempt == 5:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    async def interrupt(self) -> None:
+        """SIGINT to the wrapper's process group (Ctrl-C for a process without a tty)."""
+        await self._killer.run(self.tag, "int", 0)
+
+    # ---- teardown ----------------------------------------------------------------------
+
+    def _needs_kill(self) -> bool:
+        if self._start_state in ("no", "failed"):
+            return False
+        if self._engine.gone_reason is not None:
+            return False  # nothing can run in a stopped or removed container
+        if self.lost_reason is not None and self._start_state == "yes":
+            return True  # try: the engine may be back; failures are tolerated then
+        if self.exit_code in ENGINE_GAVE_UP_CODES:
+            # The engine ends an exec it could not keep attached (the detach keys were
+            # typed, an attach error) with 126 or 127 while its process may still run.
+            # (A command that was not found exits 127 too: a needless sweep, no harm.)
+            return True
+        return not (self.ended and self.eof)
+
+    async def terminate(self, grace_s: float) -> None:
+        """Kill the process's whole tree (unless it already ended and its output closed),
+        then release the socket. Idempotent; copes with a start cancelled half-way."""
+        try:
+            for future in (self._create_future, self._start_future):
+                if future is not None and not future.done():
+                    await asyncio.wait([future])
+            if self._needs_kill():
+                try:
+                    await self.kill_tree(grace_s)
+                except ProviderError as exc:
+                    if self.lost_reason is None:
+                        raise
+                    logger.warning("could not kill a lost process (%s): %s", self.lost_reason, exc)
+        finally:
+            await self.aclose()
+
+    async def kill_tree(self, grace_s: float) -> None:
+        """Signal the whole tree now (see the module docstring); wait for the exit."""
+        ticks = max(0, math.ceil(grace_s / KILL_TICK_S))
+        for attempt in range(3):
+            await self._killer.run(self.tag, "term", ticks if attempt == 0 else 0)
+            if self.ended or self.exec_id is None:
+                return
+            if self._stream is None or self._stream.ended:
+                self._inspect_soon()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0 + attempt):
+                    await self._ended.wait()
+                    return
+        raise ProviderError(
+            "could not stop a process in the container: it is still running after SIGKILL",
+            retryable=True,
+        )
+
+    async def aclose(self) -> None:
+        """Release the socket, the event route and the helper task. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
+        if self._stream is not None:
+            self._stream.close()
+        if self.exec_id is not None:
+            self._engine.unregister(self.exec_id)
+        inspector = self._inspector
+        if inspector is not None and not inspector.done():
+            inspector.cancel()
+            with contextlib.suppress(BaseException):
+                await inspector
+
+
+class KillBatcher:
+    """Merges the kill requests made at about the same moment (a terminate-all, a
+    session close) into one `KILL_SCRIPT` exec per kind of request, so tearing down 64
+    processes costs a few execs, not 64. Each batch is a task owned here; a requester
+    that is cancelled does not cancel the batch it joined."""
+
+    def __init__(self, engine: Engine, options: ExecOptions) -> None:
+        self._engine = engine
+        self._options = options
+        self._forming: dict[tuple[str, int], tuple[list[str], asyncio.Task[str]]] = {}
+        self._running: set[asyncio.Task[str]] = set()
+
+    async def run(self, tag: str, mode: str, ticks: int) -> None:
+        """Signal the tree tagged `tag` (see `KILL_SCRIPT`), with whoever else asks now."""
+        key = (mode, ticks)
+        forming = self._forming.get(key)
+        if forming is None:
+            tags: list[str] = []
+            task = asyncio.get_running_loop().create_task(self._flush(key, tags))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            task.add_done_callback(_mark_retrieved)
+            forming = (tags, task)
+            self._forming[key] = forming
+        forming[0].append(tag)
+        await asyncio.shield(forming[1])
+
+    async def _flush(self, key: tuple[str, int], tags: list[str]) -> str:
+        # Let the teardowns started in the same moment join this batch.
+        for _ in range(2):
+            await asyncio.sleep(0)
+        if self._forming.get(key, (None,))[0] is tags:
+            del self._forming[key]
+        mode, ticks = key
+        return await run_kill_script(self._engine, self._options, tags, mode, ticks)
+
+    async def settle(self) -> None:
+        """Wait for every batch started so far (used before the engine closes)."""
+        if self._running:
+            await asyncio.wait(list(self._running))
+
+
+def _mark_retrieved(task: asyncio.Task[str]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def run_kill_script(
+    engine: Engine, options: ExecOptions, tags: Sequence[str], mode: str, ticks: int
+) -> str:
+    """Run `KILL_SCRIPT` in the container as the session's user; returns its report."""
+    output = bytearray()
+    killer = DockerExec(
+        engine,
+        options,
+        ["sh", "-c", KILL_SCRIPT, "sandbox-kill", mode, str(ticks), *tags],
+        tty=False,
+        wrap=False,
+        on_output=lambda stream, data: output.extend(data),
+    )
+    try:
+        async with asyncio.timeout(ticks * KILL_TICK_S + KILL_SCRIPT_TIMEOUT_S):
+            await killer.start()
+            await killer.wait_eof()
+            await killer.wait_ended()
+    except TimeoutError:
+        raise ProviderError(
+            "could not signal a process in the container: the Docker engine did not finish "
+            "the kill in time",
+            retryable=True,
+        ) from None
+    finally:
+        await killer.aclose()
+    text = output.decode("utf-8", "replace").strip()
+    if killer.exit_code != 0 or "sandbox-kill:" not in text:
+        raise ProviderError(
+            f"could not signal a process in the container (exit {killer.exit_code}): "
+            f"{text[-300:] or 'no output'}; the image needs sh, grep and kill",
+            retryable=False,
+        )
+    return text.rsplit("sandbox-kill:", 1)[1].strip()
+
+
+def _start_attached(
+    api: Any, exec_id: str, tty: bool
+) -> tuple[socket.socket, bytes, tuple[Any, ...]]:
+    """(In a worker thread) start the exec attached; return its socket, the bytes the
+    HTTP client already read past the response headers, and what to keep alive."""
+    raw = api.exec_start(exec_id, tty=tty, socket=True)
+    response = getattr(raw, "_response", None)
+    sock = getattr(raw, "_sock", raw) if isinstance(raw, socket.SocketIO) else raw
+    keep: tuple[Any, ...] = (raw, response) if response is not None else (raw,)
+    if not isinstance(sock, socket.socket):
+        _close_quietly(None, keep)
+        raise UnsupportedOperationError(
+            "the docker backend streams processes over a unix, tcp or tls connection to "
+            "the engine; this DOCKER_HOST transport (ssh or a named pipe) is not supported"
+        )
+    leftover = b""
+    buffered = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    sock.setblocking(False)
+    if buffered is not None and hasattr(buffered, "peek"):
+        with contextlib.suppress(OSError, ValueError):
+            # Non-blocking: returns what the HTTP parser buffered, or b"".
+            leftover = bytes(buffered.peek())
+    return sock, leftover, keep
+
+
+def _close_quietly(sock: socket.socket | None, keep: tuple[Any, ...]) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
+    for obj in keep:
+        with contextlib.suppress(Exception):
+            obj.close()

@@ -1,0 +1,141 @@
+"""Build the small local image the docker backend's tests, demo and benchmarks use.
+
+No registry is needed: the image is `FROM scratch` plus the host's statically linked
+busybox (Debian: `apt-get install busybox-static`), installed as every applet (`sh`,
+`cat`, `sleep`, `stty`, `kill`, `grep`, ...), with /tmp, a home, and passwd/group
+entries for root, `user` (1000) and `nobody`. The build context is made in memory and
+sent through the docker SDK. A label holds a hash of everything that goes in, so an
+image that is already there with the same content is reused, not rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+import tarfile
+from typing import Any
+
+from ..errors import BackendUnavailableError, ProviderError
+
+DEFAULT_TAG = "sandbox-test-busybox:latest"
+HASH_LABEL = "sandbox.test-image.hash"
+BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+INSTALL_HINT = "install it with: apt-get install -y busybox-static"
+
+DOCKERFILE = b"""FROM scratch
+COPY busybox /bin/busybox
+COPY passwd group /etc/
+RUN ["/bin/busybox", "sh", "-c", "/bin/busybox --install -s /bin && mkdir -p /tmp /root /home/user /usr/bin /usr/sbin /sbin && chmod 1777 /tmp && chown 1000:1000 /home/user"]
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+WORKDIR /root
+CMD ["sh"]
+"""  # noqa: E501
+PASSWD = (
+    b"root:x:0:0:root:/root:/bin/sh\n"
+    b"user:x:1000:1000:user:/home/user:/bin/sh\n"
+    b"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+)
+GROUP = b"root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
+
+
+def find_busybox() -> str:
+    """The path of a statically linked busybox on this machine, or a clear error."""
+    for path in BUSYBOX_CANDIDATES:
+        if os.path.isfile(path):
+            if not is_static_elf(path):
+                raise BackendUnavailableError(
+                    f"{path} is dynamically linked and cannot run in an empty image; "
+                    + INSTALL_HINT
+                )
+            return path
+    raise BackendUnavailableError("no busybox binary found; " + INSTALL_HINT)
+
+
+def is_static_elf(path: str) -> bool:
+    """True when `path` is a 64- or 32-bit ELF executable without a program interpreter."""
+    with open(path, "rb") as handle:
+        ident = handle.read(64)
+        if len(ident) < 52 or ident[:4] != b"\x7fELF":
+            return False
+        wide = ident[4] == 2
+        order = "<" if ident[5] == 1 else ">"
+        if wide:
+            (phoff,) = struct.unpack_from(order + "Q", ident, 32)
+            phentsize, phnum = struct.unpack_from(order + "HH", ident, 54)
+        else:
+            (phoff,) = struct.unpack_from(order + "I", ident, 28)
+            phentsize, phnum = struct.unpack_from(order + "HH", ident, 42)
+        handle.seek(phoff)
+        table = handle.read(phentsize * phnum)
+    pt_interp = 3
+    for index in range(phnum):
+        (p_type,) = struct.unpack_from(order + "I", table, index * phentsize)
+        if p_type == pt_interp:
+            return False
+    return True
+
+
+def _context(busybox: bytes) -> tuple[bytes, str]:
+    digest = hashlib.sha256()
+    for part in (DOCKERFILE, PASSWD, GROUP, busybox):
+        digest.update(hashlib.sha256(part).digest())
+    content_hash = digest.hexdigest()[:32]
+    dockerfile = DOCKERFILE.replace(b"CMD", f"LABEL {HASH_LABEL}={content_hash}\nCMD".encode(), 1)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data, mode in (
+            ("Dockerfile", dockerfile, 0o644),
+            ("busybox", busybox, 0o755),
+            ("passwd", PASSWD, 0o644),
+            ("group", GROUP, 0o644),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue(), content_hash
+
+
+def ensure_busybox_image(tag: str = DEFAULT_TAG, client: Any = None) -> str:
+    """Build the test image unless an image with this content already has `tag`.
+
+    Returns the tag. `client` is a `docker.DockerClient` (default: from the
+    environment). Raises `BackendUnavailableError` when busybox is missing, and
+    `ProviderError` when the engine cannot be reached or the build fails.
+    """
+    import docker
+    import docker.errors
+
+    busybox_path = find_busybox()
+    with open(busybox_path, "rb") as handle:
+        busybox = handle.read()
+    context, content_hash = _context(busybox)
+    own_client = client is None
+    try:
+        if client is None:
+            client = docker.from_env()
+        try:
+            image = client.images.get(tag)
+            if (image.labels or {}).get(HASH_LABEL) == content_hash:
+                return tag
+        except docker.errors.ImageNotFound:
+            pass
+        try:
+            client.images.build(
+                fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True
+            )
+        except docker.errors.BuildError as exc:
+            raise ProviderError(f"building {tag} failed: {exc.msg}", retryable=False) from exc
+        return tag
+    except docker.errors.DockerException as exc:
+        if isinstance(exc, docker.errors.APIError):
+            raise ProviderError(f"building {tag} failed: {exc.explanation}") from exc
+        raise ProviderError(
+            f"cannot reach the Docker engine to build {tag}: {type(exc).__name__}",
+            retryable=True,
+        ) from exc
+    finally:
+        if own_client and client is not None:
+            client.close()

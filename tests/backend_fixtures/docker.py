@@ -1,0 +1,138 @@
+"""Conformance fixture for the `docker` backend, against this machine's real engine.
+
+For speed every session attaches (`container=`) to one shared container, started once per
+test run from the locally built busybox image; each session gets its own fresh working
+directory, so it sees a clean state. On exit the fixture checks through the Docker API
+that the session left no exec running and no process beyond the container's own, then
+removes the session's directory. The shared container is removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import sandbox
+
+NAME = "docker"
+CAPABILITIES = {"resize", "signals"}
+SHARED_LABEL = "sandbox.test.shared"
+KEEPALIVE = ["sleep", "2147483647"]
+
+
+@functools.cache
+def skip_reason() -> str | None:
+    try:
+        import docker
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'agent-sandbox-pty[docker]')"
+    try:
+        client = docker.from_env()
+        client.ping()
+        client.close()
+    except Exception as exc:
+        return f"no Docker engine is reachable ({type(exc).__name__}: {exc})"
+    try:
+        from sandbox.testing.docker_image import ensure_busybox_image
+
+        ensure_busybox_image()
+    except Exception as exc:
+        return f"cannot build the busybox test image: {exc}"
+    return None
+
+
+def image() -> str:
+    """The test image's tag (built on first use in this run)."""
+    from sandbox.testing.docker_image import ensure_busybox_image
+
+    return ensure_busybox_image()
+
+
+@functools.cache
+def _client() -> Any:
+    import docker
+
+    return docker.APIClient(version="auto")
+
+
+@functools.cache
+def shared_container() -> str:
+    """The id of the container every conformance session attaches to."""
+    api = _client()
+    info = api.create_container(
+        image(),
+        command=KEEPALIVE[1:],
+        entrypoint=KEEPALIVE[:1],
+        labels={SHARED_LABEL: "1"},
+        host_config=api.create_host_config(init=True, network_mode="none"),
+        detach=True,
+    )
+    container_id = str(info["Id"])
+    atexit.register(_remove, container_id)
+    api.start(container_id)
+    return container_id
+
+
+def _remove(container_id: str) -> None:
+    try:
+        _client().remove_container(container_id, force=True, v=True)
+    except Exception:
+        pass
+
+
+def container_processes(container_id: str) -> list[str]:
+    """The command lines of the processes in a container, from the engine's `top`."""
+    top = _client().top(container_id, ps_args="-o pid,args")
+    index = top["Titles"].index("COMMAND") if "COMMAND" in top["Titles"] else -1
+    return [row[index] for row in top.get("Processes") or []]
+
+
+def running_execs(container_id: str) -> list[str]:
+    """Execs of the container the engine still reports as running."""
+    api = _client()
+    ids = api.inspect_container(container_id).get("ExecIDs") or []
+    running = []
+    for exec_id in ids:
+        try:
+            if api.exec_inspect(exec_id).get("Running"):
+                running.append(exec_id)
+        except Exception:
+            continue
+    return running
+
+
+def assert_only_keepalive(container_id: str, timeout: float = 10.0) -> None:
+    """Fail unless, within `timeout`, the container runs nothing but its init and the
+    keepalive command, and no exec is running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = container_processes(container_id)
+        stray = [p for p in procs if "docker-init" not in p and p != " ".join(KEEPALIVE)]
+        execs = running_execs(container_id)
+        if not stray and not execs:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left behind in the container: {stray} execs={execs}")
+        time.sleep(0.05)
+
+
+@asynccontextmanager
+async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    container_id = shared_container()
+    workdir = f"/tmp/ws-{secrets.token_hex(6)}"
+    s = sandbox.open_session(
+        "docker", container=container_id, workdir=workdir, terminate_grace_s=0.5
+    )
+    try:
+        async with s:
+            yield s
+        assert_only_keepalive(container_id)
+    finally:
+        exec_id = _client().exec_create(container_id, ["rm", "-rf", workdir])["Id"]
+        _client().exec_start(exec_id)
