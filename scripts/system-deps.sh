@@ -8,7 +8,7 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 # The Docker test image needs the STATIC busybox (the dynamic `busybox` package also has
 # /bin/busybox but cannot run in a FROM-scratch image).
-dpkg -s busybox-static >/dev/null 2>&1 || [ -n "${SANDBOX_BUSYBOX:-}" ] || missing+=(busybox-static)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} with apt-get"
