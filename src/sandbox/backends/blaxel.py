@@ -31,7 +31,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import posixpath
 import re
 import secrets
@@ -46,6 +45,7 @@ import aiohttp
 import httpx
 import yarl
 
+from ..credentials import Secret, require_credential
 from ..errors import (
     ConnectionLostError,
     CredentialsMissingError,
@@ -177,24 +177,6 @@ class BlaxelAPIError(ProviderError):
         super().__init__(message, retryable=retryable)
         self.status = status
         self.code = code
-
-
-class _Secret:
-    """A credential that never shows itself in a repr or a format string."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The secret itself, for the one place that must send it."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "<secret>"
-
-    __str__ = __repr__
 
 
 def configure_sdk(*, api_key: str, workspace: str, api_url: str | None = None) -> None:
@@ -408,17 +390,12 @@ class BlaxelSession(BaseSandboxSession):
         super().__init__(**options)
         if name is not None and sandbox_id is not None and name != sandbox_id:
             raise InvalidArgumentError("give the sandbox's name once (name= or sandbox_id=)")
-        key = api_key or os.environ.get(API_KEY_ENV)
-        if not key:
-            raise CredentialsMissingError(
-                f"no Blaxel API key: pass api_key=... or set the {API_KEY_ENV} environment variable"
-            )
-        space = workspace or os.environ.get(WORKSPACE_ENV)
-        if not space:
-            raise CredentialsMissingError(
-                f"no Blaxel workspace: pass workspace=... or set the {WORKSPACE_ENV} "
-                "environment variable"
-            )
+        key = require_credential(
+            api_key, API_KEY_ENV, backend="blaxel", what="an API key (api_key)"
+        )
+        space = require_credential(
+            workspace, WORKSPACE_ENV, backend="blaxel", what="a workspace (workspace)"
+        )
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError("workdir must be an absolute path in the sandbox")
         self.sandbox_name = name or sandbox_id or f"sandbox-{secrets.token_hex(6)}"
@@ -429,7 +406,7 @@ class BlaxelSession(BaseSandboxSession):
         self.close_timeout_s = close_timeout_s
         self.heartbeat_s = heartbeat_s
         self.terminate_grace_s = terminate_grace_s
-        self._api_key = _Secret(key)
+        self._api_key = Secret(key)
         self._workspace_name = space
         self._api_url = api_url
         self._create_config: dict[str, Any] = {"name": self.sandbox_name}

@@ -16,7 +16,7 @@ Because the PTY is a shell, each command is typed into it through `ShellTrap` in
 mode: the command replaces the shell, so the Worker's `exit` frame carries the command's
 own status, and the prompt and echo are filtered out.
 
-The API key travels only in the `Authorization` header. It is held in a `_Secret` whose
+The API key travels only in the `Authorization` header. It is held in a `Secret` whose
 repr hides it, provider text is redacted before it reaches a message, and aiohttp
 exceptions (which carry request headers) are never chained to the errors we raise.
 """
@@ -28,7 +28,6 @@ import binascii
 import contextlib
 import json
 import logging
-import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,9 +37,9 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
+from ..credentials import Secret, require_credential
 from ..errors import (
     ConnectionLostError,
-    CredentialsMissingError,
     ExecTimeoutError,
     InvalidArgumentError,
     ProviderError,
@@ -66,28 +65,6 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 # server-side limit is the backstop if the Worker keeps running it.
 SERVER_TIMEOUT_GRACE_MS = 1000
 MAX_DETAIL_CHARS = 300
-
-
-class _Secret:
-    """A credential that never shows itself in a repr, str or format."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The value itself, for the one place that needs it (the request header)."""
-        return self._value
-
-    def redact(self, text: str) -> str:
-        """`text` with every occurrence of the secret replaced."""
-        return text.replace(self._value, "<redacted>") if self._value else text
-
-    def __repr__(self) -> str:
-        return "<secret>"
-
-    __str__ = __repr__
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,19 +232,13 @@ class CloudflareSession(BaseSandboxSession):
         **options: int,
     ) -> None:
         super().__init__(**options)
-        url_text = worker_url or os.environ.get(WORKER_URL_ENV)
-        if not url_text:
-            raise CredentialsMissingError(
-                f"the cloudflare backend needs the Worker's URL: set {WORKER_URL_ENV} "
-                "or pass worker_url="
-            )
-        key = api_key or os.environ.get(API_KEY_ENV)
-        if not key:
-            raise CredentialsMissingError(
-                f"the cloudflare backend needs the Worker's API key: set {API_KEY_ENV} "
-                "or pass api_key="
-            )
-        self._key = _Secret(key)
+        url_text = require_credential(
+            worker_url, WORKER_URL_ENV, backend="cloudflare", what="the Worker's URL (worker_url)"
+        )
+        key = require_credential(
+            api_key, API_KEY_ENV, backend="cloudflare", what="the Worker's API key (api_key)"
+        )
+        self._key = Secret(key)
         try:
             url = URL(url_text)
         except (TypeError, ValueError):

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -70,9 +69,9 @@ from e2b import (
     TimeoutException,
 )
 
+from ..credentials import require_credential
 from ..errors import (
     ConnectionLostError,
-    CredentialsMissingError,
     ExecTimeoutError,
     InvalidArgumentError,
     ProcessExitedError,
@@ -324,13 +323,9 @@ class E2BSession(BaseSandboxSession):
     async def _start_backend(self) -> None:
         """Resolve the API key, then attach to `sandbox_id` or create a sandbox (tagged,
         as a task we own, so a cancelled or failed create can be cleaned up)."""
-        key = self._api_key_option or os.environ.get(API_KEY_ENV)
-        if not key:
-            raise CredentialsMissingError(
-                f"the e2b backend needs an E2B API key: set the {API_KEY_ENV} environment "
-                "variable or pass api_key=..."
-            )
-        self._api_key = key
+        self._api_key = require_credential(
+            self._api_key_option, API_KEY_ENV, backend="e2b", what="an E2B API key (api_key)"
+        )
         cls = self._sandbox_class
         if self._attach_id is not None:
             try:
