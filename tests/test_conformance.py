@@ -412,3 +412,19 @@ async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSe
     assert session.pty_processes() == []
     assert await eventually(lambda: not host_pids_with_arg(marker))
     assert session._reserved == set()
+
+
+async def test_cancel_close_at_every_step(backend: ModuleType, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for steps in (1, 2, 4, 8, 16):
+        marker = unique_seconds()
+        (tmp_path / str(steps)).mkdir()
+        async with backend.session(tmp_path / str(steps)) as s:
+            for tty in (True, False):
+                await s.pty_exec_start(f"echo ready; exec sleep {marker}", tty=tty, until="ready")
+            outcome = await _cancel_after(s.aclose(), steps)
+            assert outcome is None or isinstance(outcome, asyncio.CancelledError)
+            assert s.state is sandbox.SessionState.CLOSED, "close completes despite the cancel"
+            assert s.pty_processes() == []
+            assert await eventually(lambda m=marker: not host_pids_with_arg(m))  # type: ignore[misc]
+            with pytest.raises(sandbox.SessionClosedError):
+                await s.exec("true")
