@@ -1,0 +1,1147 @@
+"""A fake of the part of the `daytona` async SDK the daytona backend uses, driven by real
+local processes.
+
+`FakeDaytona` is a pretend Daytona service. Its `AsyncDaytona` attribute stands in for
+`daytona.AsyncDaytona`; hand it to the backend with the `daytona_class` option (or to your
+own code that uses the SDK):
+
+```python
+from sandbox.testing.daytona_fake import FakeDaytona
+
+async with FakeDaytona(api_key="test-key") as fake:
+    session = sandbox.open_session("daytona", api_key="test-key", daytona_class=fake.AsyncDaytona)
+    async with session:
+        await session.exec("echo hi")
+```
+
+Only the SDK surface the backend uses is imitated, with the SDK's own names, parameters
+and async-ness: `AsyncDaytona(config).create/get/close`; the sandbox's `id`, `name`,
+`state`, `process`, `fs`, `start()` and `delete()`; `process.exec`,
+`create_session/execute_session_command/get_session_command_logs_async/
+get_session_command/delete_session`, `create_pty_session/kill_pty_session/
+resize_pty_session`; the PTY handle's `send_input/wait/disconnect/exit_code/error`; and
+`fs.download_file/upload_file`. `tests/backends/test_daytona.py` checks that surface
+against the installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it
+fails the tests. The fake raises the SDK's own exception classes and returns the SDK's
+own data types (`ExecuteResponse`, `SessionExecuteResponse`, `Command`, `PtyResult`,
+`PtySessionInfo`).
+
+Behind the surface every process is a real local process (`sandbox.local_process`), run
+the way the Daytona daemon runs them, as pessimistically as it plausibly behaves:
+
+- a PTY session is an interactive shell (`bash -i`, else `sh -i`) on a real terminal, so
+  whatever is typed into it really goes through a shell; `kill_pty_session` SIGKILLs the
+  shell process only, never its children; a process that died of signal N is reported
+  like Go's `exec` reports it (exit code -1, reason `signal: <name>`; pass
+  `signal_exit="shell"` for 128+N instead);
+- a session command is run by a shell whose stdin is a pipe that never reaches EOF (the
+  daemon's session shell), so a command that reads stdin hangs unless it redirects it;
+  stdout and stderr are streamed as text decoded per stream by an incremental UTF-8
+  decoder with `errors="replace"`, exactly as the SDK's demultiplexer does (invalid bytes
+  become U+FFFD); `delete_session` SIGKILLs each command's shell only;
+- an uploaded file's parent directory must already exist.
+
+A sandbox's working directory (the default cwd, and the base of relative file paths) is a
+temporary directory, its `TMPDIR` a folder inside it; absolute paths are this machine's.
+Deleting a sandbox kills every process that still carries its marker in its environment.
+
+Fault knobs, for tests of code that uses the SDK (`point` names are in `FAULT_POINTS`,
+which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them):
+
+- `fail(point, exc, times=1, after=False)`: the next call(s) at `point` raise `exc`
+  (an SDK exception instance), before doing anything or, with `after=True`, after doing
+  their work (a sandbox created, a shell started, but the answer lost);
+- `block(point, after=False) -> Gate`: calls at `point` stop and set `gate.reached` (an
+  `asyncio.Event` a test waits on to cancel deterministically) until `gate.release()`;
+  a gate never released is a call that never returns;
+- `fail("stream", exc)`: the next PTY or log stream dies with `exc` right after it
+  starts (the "reader that dies"); `drop_streams(reason)` does it to every open stream
+  now. The processes behind a dead stream keep running, as on a real provider.
+
+Leak checks: `leftover_pids()` lists live local processes started in any sandbox of the
+fake, `open_streams()` the PTY handles and log streams still running,
+`live_sandbox_ids()` the sandboxes not deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import copy
+import datetime
+import inspect
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from daytona import (
+    DaytonaAuthenticationError,
+    DaytonaBadRequestError,
+    DaytonaConflictError,
+    DaytonaConnectionError,
+    DaytonaError,
+    DaytonaNotFoundError,
+    DaytonaTimeoutError,
+    SandboxState,
+)
+from daytona.common.errors import SOURCE_DAEMON, DaytonaFileNotFoundError
+from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionExecuteResponse
+from daytona.common.pty import PtyResult, PtySize
+from daytona_toolbox_api_client_async import Command, PtySessionInfo
+
+from ..local_process import LocalProcess
+
+FAULT_POINTS = (
+    "create",
+    "get",
+    "start",
+    "delete",
+    "exec",
+    "create_session",
+    "execute_session_command",
+    "get_session_command_logs_async",
+    "get_session_command",
+    "delete_session",
+    "create_pty_session",
+    "kill_pty_session",
+    "resize_pty_session",
+    "send_input",
+    "wait",
+    "download_file",
+    "upload_file",
+    "stream",
+)
+ALIASES = {
+    "connect": "create_pty_session",
+    "send": "send_input",
+    "kill": "kill_pty_session",
+    "logs": "get_session_command_logs_async",
+}
+
+MARKER_ENV = "SANDBOX_FAKE_DAYTONA"
+# How long an exited process's output may still trickle in before its end is reported.
+EXIT_OUTPUT_GRACE_S = 0.05
+
+# Go's names for signals (`syscall.Signal.String()` on Linux), as the daemon reports them.
+GO_SIGNAL_NAMES = {
+    1: "hangup",
+    2: "interrupt",
+    3: "quit",
+    4: "illegal instruction",
+    5: "trace/breakpoint trap",
+    6: "aborted",
+    7: "bus error",
+    8: "floating point exception",
+    9: "killed",
+    10: "user defined signal 1",
+    11: "segmentation fault",
+    12: "user defined signal 2",
+    13: "broken pipe",
+    14: "alarm clock",
+    15: "terminated",
+}
+
+
+def _canonical(point: str) -> str:
+    point = ALIASES.get(point, point)
+    if point not in FAULT_POINTS:
+        raise ValueError(f"unknown fault point {point!r}; known: {', '.join(FAULT_POINTS)}")
+    return point
+
+
+class Gate:
+    """A call held at a fault point: `reached` is set when a call arrives; the call
+    waits until `release()`."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        """Let held calls (and later ones) through."""
+        self._released.set()
+
+    @property
+    def released(self) -> bool:
+        """Whether `release()` was called."""
+        return self._released.is_set()
+
+    async def _hold(self) -> None:
+        self.reached.set()
+        await self._released.wait()
+
+
+@dataclass
+class _Failure:
+    point: str
+    exc: BaseException
+    times: int
+    after: bool
+
+
+class _Knobs:
+    def __init__(self) -> None:
+        self.failures: list[_Failure] = []
+        self.gates: dict[tuple[str, bool], Gate] = {}
+        self.calls: list[str] = []
+
+    def take(self, point: str, *, after: bool) -> BaseException | None:
+        for failure in self.failures:
+            if failure.point == point and failure.after == after:
+                failure.times -= 1
+                if failure.times <= 0:
+                    self.failures.remove(failure)
+                    return failure.exc
+                return copy.copy(failure.exc)
+        return None
+
+    async def checkpoint(self, point: str, *, after: bool = False) -> None:
+        if not after:
+            self.calls.append(point)
+        exc = self.take(point, after=after)
+        if exc is not None:
+            raise exc
+        gate = self.gates.get((point, after))
+        if gate is not None and not gate.released:
+            await gate._hold()
+
+
+async def _call(callback: Callable[[Any], Any], value: Any) -> None:
+    """Call an SDK user callback, awaiting it when it is async (as the SDK does)."""
+    result = callback(value)
+    if inspect.isawaitable(result):
+        await result
+
+
+def _split(data: bytes, size: int | None) -> list[bytes]:
+    if not size or len(data) <= size:
+        return [data]
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def _death_signal(pid: int) -> int | None:
+    """The signal an exited (unreaped) child died of, or None for a normal exit."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_code == os.CLD_EXITED:
+        return None
+    return info.si_status
+
+
+def _read_marker(pid: str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        if state == b"Z":
+            return None
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except (OSError, IndexError):
+        return None
+    prefix = MARKER_ENV.encode() + b"="
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :]
+    return None
+
+
+def _marked_pids(prefix: str) -> list[int]:
+    """Live local processes whose environment carries a marker starting with `prefix`."""
+    found = []
+    me = os.getpid()
+    wanted = prefix.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        marker = _read_marker(name)
+        if marker is not None and marker.startswith(wanted):
+            found.append(int(name))
+    return found
+
+
+def _shell_argv() -> list[str]:
+    bash = shutil.which("bash")
+    if bash:
+        return [bash, "--noprofile", "--norc", "-i"]
+    return ["sh", "-i"]
+
+
+# ---- server-side state -------------------------------------------------------------------
+
+
+class _SandboxState:
+    """One sandbox of the fake service: its directory, terminals and sessions."""
+
+    def __init__(self, service: FakeDaytona, name: str) -> None:
+        self.service = service
+        self.id = secrets.token_hex(8)
+        self.name = name
+        self.root = tempfile.mkdtemp(prefix=f"sandbox-{self.id}-", dir=service.root)
+        self.root = os.path.realpath(self.root)
+        self.tmp = os.path.join(self.root, ".tmp")
+        os.makedirs(self.tmp)
+        self.marker = f"{service.token}/{self.id}"
+        self.state: Any = SandboxState.STARTED
+        self.ptys: dict[str, _FakePty] = {}
+        self.sessions: dict[str, _FakeSession] = {}
+        self.retired: list[_FakeSession] = []  # deleted sessions whose shells may linger
+        self.deleted = False
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": self.root,
+            "TMPDIR": self.tmp,
+            "LANG": "C.UTF-8",
+            MARKER_ENV: self.marker,
+        }
+        if extra:
+            env.update(extra)
+        return env
+
+    def resolve(self, path: str) -> str:
+        return path if os.path.isabs(path) else os.path.join(self.root, path)
+
+    def require_alive(self) -> None:
+        if self.deleted:
+            raise DaytonaNotFoundError(f"Sandbox {self.id} not found", status_code=404)
+
+    async def destroy(self) -> None:
+        """Kill every process started in the sandbox and remove its directory."""
+        self.deleted = True
+        self.state = SandboxState.DESTROYED
+        ptys = list(self.ptys.values())
+        sessions = list(self.sessions.values()) + self.retired
+        for pty in ptys:
+            pty.kill_leader()
+        for session in sessions:
+            session.close()
+        for _ in range(50):
+            pids = _marked_pids(self.marker)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.01)
+        for pty in ptys:
+            await pty.destroy()
+        for session in sessions:
+            await session.destroy()
+        self.ptys.clear()
+        self.sessions.clear()
+        self.retired.clear()
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+class _FakePty:
+    """A PTY session on the fake daemon: an interactive shell on a real terminal."""
+
+    def __init__(
+        self,
+        sandbox: _SandboxState,
+        pty_id: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str] | None,
+        rows: int,
+        cols: int,
+    ) -> None:
+        self.sandbox = sandbox
+        self.id = pty_id
+        self.cwd = sandbox.resolve(cwd) if cwd else sandbox.root
+        self.rows = rows
+        self.cols = cols
+        # Output for the connected client; None marks the end, a str a dropped connection.
+        self.queue: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+        self.attached = True
+        self.exit_code: int | None = None
+        self.exit_reason: str | None = None
+        self.finished = asyncio.Event()
+        self._finisher: asyncio.Task[None] | None = None
+        env = sandbox.env({"PS1": "$ ", "TERM": "xterm-256color", **(envs or {})})
+        self.local = LocalProcess.spawn(
+            _shell_argv(),
+            tty=True,
+            env=env,
+            cwd=self.cwd,
+            rows=rows,
+            cols=cols,
+            on_stdout=self._on_output,
+            on_exit=self._on_exit,
+        )
+        self.pid = self.local.pid
+
+    def _on_output(self, data: bytes) -> None:
+        if self.attached:
+            self.queue.put_nowait(data)
+
+    def _on_exit(self, code: int) -> None:
+        self._finisher = asyncio.get_running_loop().create_task(self._finish(code))
+
+    async def _finish(self, local_code: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXIT_OUTPUT_GRACE_S):
+                await self.local.wait_eof()
+        self.local.drain_now()
+        sig = _death_signal(self.pid)
+        if sig is None:
+            self.exit_code = local_code
+        elif self.sandbox.service.signal_exit == "shell":
+            self.exit_code = 128 + sig
+        else:
+            self.exit_code = -1
+            self.exit_reason = f"signal: {GO_SIGNAL_NAMES.get(sig, f'signal {sig}')}"
+        # The daemon reaps its shell; children the shell left behind stay alive.
+        self.local.close(kill_group=False)
+        self.sandbox.ptys.pop(self.id, None)
+        self.queue.put_nowait(None)
+        self.finished.set()
+
+    async def write(self, data: bytes) -> None:
+        await self.local.write(data)
+
+    def kill_leader(self) -> bool:
+        if self.local.exited:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        return True
+
+    async def destroy(self) -> None:
+        self.kill_leader()
+        if self._finisher is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.local.wait()
+        if self._finisher is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._finisher)
+            if not self._finisher.done():
+                self._finisher.cancel()
+                await asyncio.wait([self._finisher])
+        self.local.close()
+
+
+class _FakeCommand:
+    """A command run in a session: its output (kept, like the daemon's log) and exit."""
+
+    def __init__(
+        self, session: _FakeSession, command: str, argv: list[str], env: dict[str, str]
+    ) -> None:
+        self.id = secrets.token_hex(6)
+        self.command = command
+        self.session = session
+        self.chunks: list[tuple[str, bytes]] = []
+        self.exit_code: int | None = None
+        self.done = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._finisher: asyncio.Task[None] | None = None
+        self.local = LocalProcess.spawn(
+            argv,
+            tty=False,
+            env=env,
+            cwd=session.sandbox.root,
+            on_stdout=lambda data: self._append("stdout", data),
+            on_stderr=lambda data: self._append("stderr", data),
+            on_exit=self._on_exit,
+        )
+        self.pid = self.local.pid
+
+    def _append(self, stream: str, data: bytes) -> None:
+        self.chunks.append((stream, data))
+        self._notify()
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def change(self) -> asyncio.Future[None]:
+        """A future resolved at the next output chunk or the end."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _on_exit(self, code: int) -> None:
+        self._finisher = asyncio.get_running_loop().create_task(self._finish(code))
+
+    async def _finish(self, code: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXIT_OUTPUT_GRACE_S):
+                await self.local.wait_eof()
+        self.local.drain_now()
+        self.exit_code = code
+        self.local.close(kill_group=False)
+        self.done.set()
+        self._notify()
+
+    def kill_leader(self) -> None:
+        if not self.local.exited:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    async def destroy(self) -> None:
+        self.kill_leader()
+        if self._finisher is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.local.wait()
+        if self._finisher is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._finisher)
+            if not self._finisher.done():
+                self._finisher.cancel()
+                await asyncio.wait([self._finisher])
+        self.local.close()
+
+
+class _FakeSession:
+    """A daemon session: a shell whose stdin is a pipe that stays open."""
+
+    def __init__(self, sandbox: _SandboxState, session_id: str) -> None:
+        self.sandbox = sandbox
+        self.id = session_id
+        self.commands: dict[str, _FakeCommand] = {}
+        self.fifo = os.path.join(sandbox.tmp, f".session-{secrets.token_hex(6)}")
+        os.mkfifo(self.fifo, 0o600)
+        # Held open for reading and writing: readers of the fifo never see EOF.
+        self.fifo_fd: int | None = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
+
+    def run(self, command: str) -> _FakeCommand:
+        argv = ["sh", "-c", 'exec 0<"$1"; eval "$2"', "daytona-session", self.fifo, command]
+        cmd = _FakeCommand(self, command, argv, self.sandbox.env())
+        self.commands[cmd.id] = cmd
+        return cmd
+
+    def close(self) -> None:
+        for cmd in self.commands.values():
+            cmd.kill_leader()
+        if self.fifo_fd is not None:
+            os.close(self.fifo_fd)
+            self.fifo_fd = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.fifo)
+
+    async def destroy(self) -> None:
+        self.close()
+        for cmd in self.commands.values():
+            await cmd.destroy()
+
+
+# ---- the SDK surface ------------------------------------------------------------------------
+
+
+class FakeAsyncPtyHandle:
+    """Stands in for `daytona.handle.async_pty_handle.AsyncPtyHandle`."""
+
+    def __init__(
+        self,
+        service: FakeDaytona,
+        pty: _FakePty,
+        on_data: Callable[[bytes], None] | Callable[[bytes], Awaitable[None]],
+    ) -> None:
+        self._service = service
+        self._pty = pty
+        self._on_data = on_data
+        self._exit_code: int | None = None
+        self._error: str | None = None
+        self._connected = True
+        self._wait: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._reader())
+        service._handles.append(self)
+
+    @property
+    def exit_code(self) -> int | None:
+        """Exit code of the PTY process (if it exited)."""
+        return self._exit_code
+
+    @property
+    def error(self) -> str | None:
+        """Error message if the PTY failed or the connection broke."""
+        return self._error
+
+    async def _reader(self) -> None:
+        try:
+            failure = self._service._knobs.take("stream", after=False)
+            if failure is not None:
+                raise failure
+            while True:
+                item = await self._pty.queue.get()
+                if isinstance(item, str):
+                    raise DaytonaConnectionError(item)
+                if item is None:
+                    self._exit_code = self._pty.exit_code
+                    if self._pty.exit_reason is not None:
+                        self._error = self._pty.exit_reason
+                    return
+                for piece in _split(item, self._service.max_chunk):
+                    await _call(self._on_data, piece)
+        except Exception as exc:  # the SDK's reader records any failure and ends
+            self._error = f"Unexpected error: {exc}"
+        finally:
+            self._connected = False
+
+    def _break(self, reason: str) -> None:
+        if not self._wait.done():
+            self._pty.queue.put_nowait(reason)
+
+    async def send_input(self, data: str | bytes) -> None:
+        """Send input to the terminal."""
+        await self._service._knobs.checkpoint("send_input")
+        if not self._connected:
+            raise DaytonaConnectionError("PTY is not connected")
+        try:
+            await self._pty.write(data.encode("utf-8") if isinstance(data, str) else data)
+        except Exception as exc:
+            raise DaytonaConnectionError(f"Failed to send input to PTY: {exc}") from exc
+        await self._service._knobs.checkpoint("send_input", after=True)
+
+    async def wait(self) -> PtyResult:
+        """Wait until the PTY process exits (or the connection ends)."""
+        await self._service._knobs.checkpoint("wait")
+        await asyncio.shield(self._wait)
+        await self._service._knobs.checkpoint("wait", after=True)
+        return PtyResult(exit_code=self._exit_code, error=self._error)
+
+    async def disconnect(self) -> None:
+        """Close the connection; the process on the daemon keeps running."""
+        self._pty.attached = False
+        if not self._wait.done():
+            self._wait.cancel()
+            await asyncio.wait([self._wait])
+
+
+class FakeAsyncProcess:
+    """Stands in for `daytona._async.process.AsyncProcess` (a sandbox's `.process`)."""
+
+    def __init__(self, service: FakeDaytona, sandbox: _SandboxState) -> None:
+        self._service = service
+        self._sandbox = sandbox
+
+    async def _check(self, point: str) -> None:
+        await self._service._knobs.checkpoint(point)
+        self._sandbox.require_alive()
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: int | None = None,
+    ) -> ExecuteResponse:
+        """Run a shell command to completion; stdout and stderr come back combined."""
+        await self._check("exec")
+        output = bytearray()
+        local = LocalProcess.spawn(
+            ["sh", "-c", command],
+            tty=False,
+            env=self._sandbox.env(env),
+            cwd=self._sandbox.resolve(cwd) if cwd else self._sandbox.root,
+            on_stdout=output.extend,
+        )
+        try:
+            async with asyncio.timeout(timeout or None):
+                code = await local.wait()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(EXIT_OUTPUT_GRACE_S):
+                        await local.wait_eof()
+                local.drain_now()
+        except TimeoutError:
+            raise DaytonaTimeoutError(
+                f"Failed to execute command: timed out after {timeout}s"
+            ) from None
+        finally:
+            local.close()
+        await self._service._knobs.checkpoint("exec", after=True)
+        text = bytes(output).decode("utf-8", "replace")
+        return ExecuteResponse.model_construct(
+            exit_code=code,
+            result=text,
+            artifacts=ExecutionArtifacts(stdout=text, charts=[]),
+            additional_properties={},
+        )
+
+    async def create_session(self, session_id: str, request_timeout: float | None = None) -> None:
+        """Create a background session (a shell with an open stdin pipe)."""
+        await self._check("create_session")
+        if session_id in self._sandbox.sessions:
+            raise DaytonaConflictError(
+                f"Failed to create session: session {session_id} already exists", status_code=409
+            )
+        self._sandbox.sessions[session_id] = _FakeSession(self._sandbox, session_id)
+        await self._service._knobs.checkpoint("create_session", after=True)
+
+    def _session(self, session_id: str) -> _FakeSession:
+        session = self._sandbox.sessions.get(session_id)
+        if session is None:
+            raise DaytonaNotFoundError(f"session {session_id} not found", status_code=404)
+        return session
+
+    def _command(self, session_id: str, command_id: str) -> _FakeCommand:
+        cmd = self._session(session_id).commands.get(command_id)
+        if cmd is None:
+            raise DaytonaNotFoundError(f"command {command_id} not found", status_code=404)
+        return cmd
+
+    async def execute_session_command(
+        self, session_id: str, req: Any, timeout: int | None = None
+    ) -> SessionExecuteResponse:
+        """Run `req.command` in the session; with `req.run_async` return at once."""
+        await self._check("execute_session_command")
+        cmd = self._session(session_id).run(req.command)
+        await self._service._knobs.checkpoint("execute_session_command", after=True)
+        if req.run_async:
+            return SessionExecuteResponse.model_construct(
+                cmd_id=cmd.id,
+                output=None,
+                stdout="",
+                stderr="",
+                exit_code=None,
+                additional_properties={},
+            )
+        await cmd.done.wait()
+        out = b"".join(d for s, d in cmd.chunks if s == "stdout").decode("utf-8", "replace")
+        err = b"".join(d for s, d in cmd.chunks if s == "stderr").decode("utf-8", "replace")
+        return SessionExecuteResponse.model_construct(
+            cmd_id=cmd.id,
+            output=out + err,
+            stdout=out,
+            stderr=err,
+            exit_code=cmd.exit_code,
+            additional_properties={},
+        )
+
+    async def get_session_command_logs_async(
+        self,
+        session_id: str,
+        command_id: str,
+        on_stdout: Callable[[str], Any],
+        on_stderr: Callable[[str], Any],
+    ) -> None:
+        """Stream a command's output from its start until it ends (as text)."""
+        await self._check("get_session_command_logs_async")
+        cmd = self._command(session_id, command_id)
+        decoders = {
+            "stdout": codecs.getincrementaldecoder("utf-8")(errors="replace"),
+            "stderr": codecs.getincrementaldecoder("utf-8")(errors="replace"),
+        }
+        callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        stream = asyncio.current_task()
+        assert stream is not None
+        drop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._service._log_streams[stream] = drop
+        try:
+            failure = self._service._knobs.take("stream", after=False)
+            if failure is not None:
+                raise failure
+            index = 0
+            while True:
+                while index < len(cmd.chunks):
+                    if drop.done():
+                        raise DaytonaConnectionError(drop.result())
+                    name, data = cmd.chunks[index]
+                    index += 1
+                    for piece in _split(data, self._service.max_chunk):
+                        text = decoders[name].decode(piece, final=False)
+                        if text:
+                            await _call(callbacks[name], text)
+                if cmd.done.is_set() and index >= len(cmd.chunks):
+                    break
+                watched: list[asyncio.Future[Any]] = [cmd.change(), drop]
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if drop.done():
+                    raise DaytonaConnectionError(drop.result())
+        finally:
+            self._service._log_streams.pop(stream, None)
+        for name, decoder in decoders.items():
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                await _call(callbacks[name], tail)
+        await self._service._knobs.checkpoint("get_session_command_logs_async", after=True)
+
+    async def get_session_command(
+        self, session_id: str, command_id: str, request_timeout: float | None = None
+    ) -> Command:
+        """A command's state; `exit_code` is None while it runs."""
+        await self._check("get_session_command")
+        cmd = self._command(session_id, command_id)
+        await self._service._knobs.checkpoint("get_session_command", after=True)
+        return Command(id=cmd.id, command=cmd.command, exit_code=cmd.exit_code)
+
+    async def delete_session(self, session_id: str, request_timeout: float | None = None) -> None:
+        """Delete a session, SIGKILLing its commands' shells (not their children)."""
+        await self._check("delete_session")
+        session = self._session(session_id)
+        del self._sandbox.sessions[session_id]
+        session.close()
+        self._sandbox.retired.append(session)
+        await self._service._knobs.checkpoint("delete_session", after=True)
+
+    async def create_pty_session(
+        self,
+        id: str,
+        on_data: Callable[[bytes], None] | Callable[[bytes], Awaitable[None]],
+        cwd: str | None = None,
+        envs: dict[str, str] | None = None,
+        pty_size: PtySize | None = None,
+    ) -> FakeAsyncPtyHandle:
+        """Start an interactive shell on a new terminal and connect to it."""
+        await self._check("create_pty_session")
+        if id in self._sandbox.ptys:
+            raise DaytonaConflictError("WebSocket upgrade failed with HTTP 409", status_code=409)
+        if cwd and not await asyncio.to_thread(os.path.isdir, self._sandbox.resolve(cwd)):
+            raise DaytonaBadRequestError(f"invalid cwd {cwd!r}", status_code=400)
+        pty = _FakePty(
+            self._sandbox,
+            id,
+            cwd=cwd,
+            envs=envs,
+            rows=pty_size.rows if pty_size else 24,
+            cols=pty_size.cols if pty_size else 80,
+        )
+        self._sandbox.ptys[id] = pty
+        handle = FakeAsyncPtyHandle(self._service, pty, on_data)
+        try:
+            await self._service._knobs.checkpoint("create_pty_session", after=True)
+        except BaseException:
+            # As the SDK does: the connection is closed, the daemon's shell lives on.
+            await handle.disconnect()
+            raise
+        return handle
+
+    async def kill_pty_session(self, session_id: str, request_timeout: float | None = None) -> None:
+        """SIGKILL a PTY session's shell (its children are left alone, as the daemon does)."""
+        await self._check("kill_pty_session")
+        pty = self._sandbox.ptys.get(session_id)
+        if pty is None or not pty.kill_leader():
+            raise DaytonaNotFoundError(f"PTY session {session_id} not found", status_code=404)
+        await self._service._knobs.checkpoint("kill_pty_session", after=True)
+
+    async def resize_pty_session(
+        self, session_id: str, pty_size: PtySize, request_timeout: float | None = None
+    ) -> PtySessionInfo:
+        """Resize a PTY session's terminal."""
+        await self._check("resize_pty_session")
+        pty = self._sandbox.ptys.get(session_id)
+        if pty is None:
+            raise DaytonaNotFoundError(f"PTY session {session_id} not found", status_code=404)
+        pty.local.resize(pty_size.rows, pty_size.cols)
+        pty.rows, pty.cols = pty_size.rows, pty_size.cols
+        await self._service._knobs.checkpoint("resize_pty_session", after=True)
+        return PtySessionInfo(
+            active=True,
+            cols=pty.cols,
+            created_at=datetime.datetime.now(datetime.UTC).isoformat(),
+            cwd=pty.cwd,
+            envs={},
+            id=pty.id,
+            lazy_start=False,
+            rows=pty.rows,
+        )
+
+
+class FakeAsyncFileSystem:
+    """Stands in for `daytona._async.filesystem.AsyncFileSystem` (a sandbox's `.fs`)."""
+
+    def __init__(self, service: FakeDaytona, sandbox: _SandboxState) -> None:
+        self._service = service
+        self._sandbox = sandbox
+
+    async def download_file(self, *args: str) -> bytes | None:
+        """Read a file (the one-argument form: returns its bytes)."""
+        await self._service._knobs.checkpoint("download_file")
+        self._sandbox.require_alive()
+        path = self._sandbox.resolve(args[0])
+
+        def read() -> bytes:
+            with open(path, "rb") as handle:
+                return handle.read()
+
+        try:
+            data = await asyncio.to_thread(read)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise DaytonaFileNotFoundError(
+                f"Failed to download file: file not found: {args[0]}",
+                status_code=404,
+                code="FILE_NOT_FOUND",
+                source=SOURCE_DAEMON,
+            ) from None
+        await self._service._knobs.checkpoint("download_file", after=True)
+        return data
+
+    async def upload_file(self, src: str | bytes, dst: str, timeout: int = 30 * 60) -> None:
+        """Write a file (from bytes, or from a local path). The parent must exist."""
+        await self._service._knobs.checkpoint("upload_file")
+        self._sandbox.require_alive()
+        path = self._sandbox.resolve(dst)
+
+        def write() -> None:
+            if isinstance(src, bytes):
+                data = src
+            else:
+                with open(src, "rb") as source:
+                    data = source.read()
+            with open(path, "wb") as handle:
+                handle.write(data)
+
+        try:
+            await asyncio.to_thread(write)
+        except (FileNotFoundError, NotADirectoryError):
+            raise DaytonaNotFoundError(
+                f"Failed to upload files: parent directory of {dst} does not exist",
+                status_code=404,
+            ) from None
+        await self._service._knobs.checkpoint("upload_file", after=True)
+
+
+class FakeAsyncSandbox:
+    """Stands in for `daytona.AsyncSandbox`."""
+
+    id: str = ""
+    name: str = ""
+    state: Any = None
+
+    def __init__(self, service: FakeDaytona, state: _SandboxState) -> None:
+        self._service = service
+        self._state = state
+        self.id = state.id
+        self.name = state.name
+        self.state = state.state
+        self._process = FakeAsyncProcess(service, state)
+        self._fs = FakeAsyncFileSystem(service, state)
+
+    def __repr__(self) -> str:
+        return f"<FakeAsyncSandbox id={self.id} name={self.name}>"
+
+    @property
+    def process(self) -> FakeAsyncProcess:
+        """Process execution (commands, sessions, PTYs)."""
+        return self._process
+
+    @property
+    def fs(self) -> FakeAsyncFileSystem:
+        """File system operations."""
+        return self._fs
+
+    async def start(self, timeout: float | None = 60) -> None:
+        """Start a stopped sandbox."""
+        await self._service._knobs.checkpoint("start")
+        self._state.require_alive()
+        self._state.state = self.state = SandboxState.STARTED
+        await self._service._knobs.checkpoint("start", after=True)
+
+    async def delete(self, timeout: float | None = 60, wait: bool = False) -> None:
+        """Delete the sandbox and everything running in it."""
+        await self._service._knobs.checkpoint("delete")
+        self._state.require_alive()
+        await self._service._delete(self._state)
+        self.state = SandboxState.DESTROYED
+        await self._service._knobs.checkpoint("delete", after=True)
+
+
+class FakeAsyncDaytona:
+    """Stands in for `daytona.AsyncDaytona`; use `FakeDaytona(...).AsyncDaytona`, which is
+    bound to that fake service."""
+
+    _service: ClassVar[FakeDaytona]
+
+    def __init__(self, config: Any = None) -> None:
+        key = getattr(config, "api_key", None) or os.environ.get("DAYTONA_API_KEY")
+        if not key:
+            raise DaytonaAuthenticationError(
+                "Authentication credentials not found. Set DAYTONA_API_KEY, or both "
+                "DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID."
+            )
+        self._key = key
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return "<FakeAsyncDaytona>"
+
+    def _authorize(self) -> None:
+        if self._closed:
+            raise DaytonaError("Session is closed: Daytona client is closed")
+        if not secrets.compare_digest(self._key, self._service.api_key):
+            raise DaytonaAuthenticationError("Unauthorized: invalid API key", status_code=401)
+
+    async def create(
+        self,
+        params: Any = None,
+        *,
+        timeout: float = 60,
+        on_snapshot_create_logs: Callable[[str], None] | None = None,
+    ) -> FakeAsyncSandbox:
+        """Create (and start) a sandbox."""
+        self._authorize()
+        await self._service._knobs.checkpoint("create")
+        name = getattr(params, "name", None) or f"sandbox-{secrets.token_hex(4)}"
+        if any(s.name == name for s in self._service.sandboxes.values()):
+            raise DaytonaConflictError(
+                f"Failed to create sandbox: sandbox named {name} already exists",
+                status_code=409,
+            )
+        state = self._service._new_sandbox(name)
+        await self._service._knobs.checkpoint("create", after=True)
+        return FakeAsyncSandbox(self._service, state)
+
+    async def get(
+        self, sandbox_id_or_name: str, request_timeout: float | None = None
+    ) -> FakeAsyncSandbox:
+        """Look a sandbox up by id or name."""
+        self._authorize()
+        await self._service._knobs.checkpoint("get")
+        for state in self._service.sandboxes.values():
+            if sandbox_id_or_name in (state.id, state.name):
+                await self._service._knobs.checkpoint("get", after=True)
+                return FakeAsyncSandbox(self._service, state)
+        raise DaytonaNotFoundError(
+            f"Failed to get sandbox: Sandbox with ID or name {sandbox_id_or_name} not found",
+            status_code=404,
+        )
+
+    async def close(self) -> None:
+        """Release the client's connections."""
+        self._closed = True
+
+
+class FakeDaytona:
+    """A pretend Daytona service: sandboxes made of local processes, plus fault knobs.
+
+    `api_key` is the only key it accepts. `root` holds the sandboxes' directories (a
+    temporary directory by default). `signal_exit` is how a PTY process killed by a
+    signal is reported: "go" (exit code -1 and `signal: <name>`) or "shell" (128+N).
+    `max_chunk` splits every output chunk into pieces of at most that many bytes before
+    it reaches the SDK's callbacks (to exercise split characters).
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str = "fake-daytona-key",
+        root: str | os.PathLike[str] | None = None,
+        signal_exit: str = "go",
+        max_chunk: int | None = None,
+    ) -> None:
+        if signal_exit not in ("go", "shell"):
+            raise ValueError("signal_exit must be 'go' or 'shell'")
+        self.api_key = api_key
+        self.signal_exit = signal_exit
+        self.max_chunk = max_chunk
+        self.token = secrets.token_hex(6)
+        self._own_root = root is None
+        self.root = (
+            os.fspath(root) if root is not None else tempfile.mkdtemp(prefix="fake-daytona-")
+        )
+        os.makedirs(self.root, exist_ok=True)
+        self.sandboxes: dict[str, _SandboxState] = {}
+        self._knobs = _Knobs()
+        self._log_streams: dict[asyncio.Task[Any], asyncio.Future[str]] = {}
+        self._handles: list[FakeAsyncPtyHandle] = []
+        self.AsyncDaytona: type[FakeAsyncDaytona] = type(
+            "AsyncDaytona", (FakeAsyncDaytona,), {"_service": self}
+        )
+
+    def __repr__(self) -> str:
+        return f"<FakeDaytona sandboxes={len(self.sandboxes)}>"
+
+    async def __aenter__(self) -> FakeDaytona:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- fault knobs -------------------------------------------------------------------
+
+    def fail(self, point: str, exc: BaseException, *, times: int = 1, after: bool = False) -> None:
+        """Make the next `times` calls at `point` raise `exc` (before or after their work)."""
+        self._knobs.failures.append(_Failure(_canonical(point), exc, times, after))
+
+    def block(self, point: str, *, after: bool = False) -> Gate:
+        """Hold calls at `point` (before or after their work) until the gate is released."""
+        gate = Gate()
+        self._knobs.gates[(_canonical(point), after)] = gate
+        return gate
+
+    def drop_streams(self, reason: str = "connection reset by peer") -> int:
+        """Break every open PTY connection and log stream now; returns how many."""
+        count = 0
+        for handle in self._live_handles():
+            handle._break(reason)
+            count += 1
+        for drop in self._log_streams.values():
+            if not drop.done():
+                drop.set_result(reason)
+                count += 1
+        return count
+
+    @property
+    def calls(self) -> list[str]:
+        """Every SDK call made so far, by fault point name, in order."""
+        return self._knobs.calls
+
+    # ---- inspection ----------------------------------------------------------------------
+
+    def _live_handles(self) -> list[FakeAsyncPtyHandle]:
+        self._handles = [h for h in self._handles if not h._wait.done()]
+        return self._handles
+
+    def live_sandbox_ids(self) -> list[str]:
+        """Ids of sandboxes that exist (were not deleted)."""
+        return sorted(self.sandboxes)
+
+    def leftover_pids(self) -> list[int]:
+        """Live local processes started in any sandbox of this fake."""
+        return _marked_pids(self.token + "/")
+
+    def open_streams(self) -> list[str]:
+        """PTY connections and log streams still running."""
+        names = [f"pty:{h._pty.id}" for h in self._live_handles()]
+        names += [f"logs:{t.get_name()}" for t in self._log_streams if not t.done()]
+        return names
+
+    def pty_ids(self, sandbox_id: str) -> list[str]:
+        """Ids of the PTY sessions whose shell is still running in a sandbox."""
+        return sorted(self.sandboxes[sandbox_id].ptys)
+
+    def session_ids(self, sandbox_id: str) -> list[str]:
+        """Ids of the sessions that exist in a sandbox."""
+        return sorted(self.sandboxes[sandbox_id].sessions)
+
+    def add_sandbox(self, name: str | None = None) -> str:
+        """Create a sandbox directly (as if made elsewhere, to attach to); returns its id."""
+        return self._new_sandbox(name or f"sandbox-{secrets.token_hex(4)}").id
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _new_sandbox(self, name: str) -> _SandboxState:
+        state = _SandboxState(self, name)
+        self.sandboxes[state.id] = state
+        return state
+
+    async def _delete(self, state: _SandboxState) -> None:
+        self.sandboxes.pop(state.id, None)
+        await state.destroy()
+
+    async def aclose(self) -> None:
+        """Delete every sandbox, stop every stream, remove the fake's files."""
+        for state in list(self.sandboxes.values()):
+            await self._delete(state)
+        tasks = [h._wait for h in self._live_handles()]
+        tasks += [t for t in self._log_streams if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._own_root:
+            await asyncio.to_thread(shutil.rmtree, self.root, True)

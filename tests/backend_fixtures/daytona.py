@@ -1,0 +1,42 @@
+"""Conformance fixture for the `daytona` backend, through the SDK fake (real local
+processes behind `sandbox.testing.daytona_fake`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import sandbox
+
+NAME = "daytona"
+CAPABILITIES = {"resize", "signals"}
+API_KEY = "dtn_fake_conformance_key"
+
+
+def skip_reason() -> str | None:
+    if importlib.util.find_spec("daytona") is None:
+        return "the daytona SDK is not installed (pip install 'agent-sandbox-pty[daytona]')"
+    return None
+
+
+@asynccontextmanager
+async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    from sandbox.testing.daytona_fake import FakeDaytona
+
+    root = tmp_path / "fake-daytona"
+    root.mkdir()
+    async with FakeDaytona(api_key=API_KEY, root=root) as fake:
+        async with sandbox.open_session(
+            "daytona",
+            api_key=API_KEY,
+            daytona_class=fake.AsyncDaytona,
+            terminate_grace_s=0.5,
+            teardown_timeout_s=10.0,
+        ) as s:
+            yield s
+        # Closing the session deleted its sandbox, and with it every process.
+        assert fake.live_sandbox_ids() == []
+        assert fake.leftover_pids() == []
+        assert fake.open_streams() == []
