@@ -84,6 +84,23 @@ class ExecTimeoutError(SandboxError):
         self.stdout = stdout
         self.stderr = stderr
 
+    @classmethod
+    def killed(
+        cls,
+        display: str,
+        timeout: float | None,
+        stdout: bytes | bytearray,
+        stderr: bytes | bytearray,
+    ) -> ExecTimeoutError:
+        """The error every backend raises for a command killed at its timeout, keeping
+        what it printed (the command is shown shortened, never more than 200 chars)."""
+        after = f"after {timeout:g}s" if timeout is not None else "at its deadline"
+        return cls(
+            f"command timed out {after} and was killed: {display[:200]}",
+            stdout=bytes(stdout),
+            stderr=bytes(stderr),
+        )
+
 
 class WorkspacePathError(SandboxError, ValueError):
     """A file path escapes the workspace (`..`, an absolute path outside it, a symlink out)."""

@@ -617,12 +617,7 @@ class BlaxelSession(BaseSandboxSession):
         if timed_out or (isinstance(error, BlaxelAPIError) and error.status == 408):
             await settle(self._kill_process(name))
             stdout, stderr = await self._partial_output(name)
-            after = f"after {timeout:g}s" if timeout is not None else "on the Blaxel side"
-            raise ExecTimeoutError(
-                f"command timed out {after} and was killed: {spec.display[:200]}",
-                stdout=stdout,
-                stderr=stderr,
-            )
+            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
         if error is not None:
             if isinstance(error, BlaxelAPIError) and error.status is None:
                 # The connection failed mid-call: the command may be running without us.

@@ -469,11 +469,7 @@ class CloudflareSession(BaseSandboxSession):
         except TimeoutError:
             if not deadline.expired():
                 raise
-            failure = ExecTimeoutError(
-                f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                stdout=bytes(stdout),
-                stderr=bytes(stderr),
-            )
+            failure = ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
         finally:
             if resp is not None:
                 # Closing the connection mid-stream is how a timed-out or cancelled
@@ -715,11 +711,7 @@ class _ExecFailed(ProviderError):
         self, timeout: float | None, spec: CommandSpec, stdout: bytearray, stderr: bytearray
     ) -> SandboxError:
         if self.timed_out and timeout is not None:
-            return ExecTimeoutError(
-                f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                stdout=bytes(stdout),
-                stderr=bytes(stderr),
-            )
+            return ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
         return ProviderError(
             f"the Worker could not run the command: {self.message}", retryable=False
         )

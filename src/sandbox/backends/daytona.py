@@ -631,10 +631,8 @@ class DaytonaSession(BaseSandboxSession):
                 code = await self._exit_code(state)
         except TimeoutError:
             await settle(self._teardown_pipe(state))
-            raise ExecTimeoutError(
-                f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                stdout=bytes(state.stdout),
-                stderr=bytes(state.stderr),
+            raise ExecTimeoutError.killed(
+                spec.display, timeout, state.stdout, state.stderr
             ) from None
         except BaseException as exc:
             await settle(self._teardown_pipe(state))

@@ -468,11 +468,7 @@ class E2BSession(BaseSandboxSession):
             await settle(self._abort_pipe(sandbox, handle, pgid_file))
             if not deadline.expired():
                 self._fail(TimeoutError("the command's stream timed out"), "run a command")
-            raise ExecTimeoutError(
-                f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                stdout=bytes(stdout),
-                stderr=bytes(stderr),
-            ) from None
+            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr) from None
         except asyncio.CancelledError:
             await settle(self._abort_pipe(sandbox, handle, pgid_file))
             raise

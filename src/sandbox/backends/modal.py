@@ -560,11 +560,7 @@ class ModalSession(BaseSandboxSession):
             if timed_out or (server_timeout is not None and code == SERVER_TIMEOUT_CODE):
                 finished = True
                 await settle(self._finish_command(handle, readers, kill=True))
-                raise ExecTimeoutError(
-                    f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                    stdout=bytes(stdout),
-                    stderr=bytes(stderr),
-                )
+                raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
             if code == SERVER_TIMEOUT_CODE:
                 raise ProviderError("modal: the command ended without an exit status")
             # The exit status may overtake the last output: wait a little for the streams.

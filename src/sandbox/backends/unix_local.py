@@ -144,11 +144,7 @@ class UnixLocalSession(BaseSandboxSession):
             proc.drain_now()
         except TimeoutError:
             await settle(proc.terminate(0))
-            raise ExecTimeoutError(
-                f"command timed out after {timeout:g}s and was killed: {spec.display[:200]}",
-                stdout=bytes(stdout),
-                stderr=bytes(stderr),
-            ) from None
+            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr) from None
         except BaseException:
             await settle(proc.terminate(0))
             raise
