@@ -19,9 +19,9 @@ class DrainedOutput:
     """The bytes taken out of a `BoundedOutput`: `head`, then `omitted` dropped bytes,
     then `tail`. With `omitted == 0` the two parts are contiguous."""
 
-    head: bytes
+    head: bytes | bytearray
     omitted: int
-    tail: bytes
+    tail: bytes | bytearray
 
     @property
     def size(self) -> int:
@@ -112,11 +112,13 @@ class BoundedOutput:
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         end = self.end_pos
+        # The buffers are handed over, not copied: fresh ones replace them below.
         if not self._omitted:
-            self._head += self._tail  # one copy into the head, one out of it
-            out = DrainedOutput(bytes(self._head), 0, b"")
+            if self._tail:
+                self._head += self._tail
+            out = DrainedOutput(self._head, 0, b"")
         else:
-            out = DrainedOutput(bytes(self._head), self._omitted, bytes(self._tail))
+            out = DrainedOutput(self._head, self._omitted, self._tail)
         self._start = end
         self._head = bytearray()
         self._tail = bytearray()

@@ -19,7 +19,7 @@ def omission_marker(omitted: int) -> str:
     return f"\n[... {omitted} bytes of output omitted ...]\n"
 
 
-def _incomplete_suffix_len(data: bytes) -> int:
+def _incomplete_suffix_len(data: bytes | bytearray) -> int:
     """Length of a trailing, not yet complete UTF-8 sequence at the end of `data`."""
     n = len(data)
     for back in range(1, min(4, n) + 1):
@@ -32,7 +32,7 @@ def _incomplete_suffix_len(data: bytes) -> int:
     return 0
 
 
-def _leading_continuation_len(data: bytes) -> int:
+def _leading_continuation_len(data: bytes | bytearray) -> int:
     """Count of continuation bytes (10xxxxxx) at the start of `data`, at most 3."""
     n = 0
     while n < min(3, len(data)) and 0x80 <= data[n] < 0xC0:
