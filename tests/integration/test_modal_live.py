@@ -4,152 +4,36 @@ Runs only with `-m integration` (`make test-integration`) and Modal credentials
 (`MODAL_TOKEN_ID` and `MODAL_TOKEN_SECRET`); otherwise every test skips and says why.
 One sandbox serves the whole module and is always terminated at the end. The app name
 can be set with `MODAL_TEST_APP` (default `agent-sandbox-pty-tests`).
+
+The common flow is `LiveSuite` (tests/integration/live_flow.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
-import secrets
-import time
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 
 import sandbox
+from tests.integration.live_flow import LiveSuite, Requirements, live_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
+REQUIRES = Requirements(
+    "Modal", "modal", {"modal": "the modal SDK"}, ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")
+)
 
-def _skip_reason() -> str | None:
-    if importlib.util.find_spec("modal") is None:
-        return "the modal SDK is not installed (pip install 'agent-sandbox-pty[modal]')"
-    missing = [v for v in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET") if not os.environ.get(v)]
-    if missing:
-        return f"no Modal credentials: set {' and '.join(missing)} to run the live Modal suite"
-    return None
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def live() -> AsyncIterator[sandbox.BaseSandboxSession]:
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    session = sandbox.open_session(
+live = live_session(
+    REQUIRES,
+    lambda: sandbox.open_session(
         "modal",
         app_name=os.environ.get("MODAL_TEST_APP", "agent-sandbox-pty-tests"),
         sandbox_timeout_s=900,  # a backstop should the terminate below never run
-    )
-    try:
-        await session.start()
-        yield session
-    finally:
-        await session.aclose()
+    ),
+)
 
 
-def marker() -> str:
-    return str(600_000 + secrets.randbelow(300_000))
-
-
-async def alive(session: sandbox.BaseSandboxSession, mark: str) -> int:
-    """How many processes in the sandbox run `sleep <mark>` (the bracket keeps the
-    searching grep from matching itself)."""
-    script = (
-        "for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' <\"$f\" 2>/dev/null; echo; done"
-        f" | grep -c 'slee[p] {mark}' || true"
-    )
-    result = await session.exec(script)
-    return int(result.stdout.strip() or b"0")
-
-
-async def test_exec(live: sandbox.BaseSandboxSession) -> None:
-    result = await live.exec("echo out; echo err >&2; exit 7")
-    assert result == sandbox.ExecResult(stdout=b"out\n", stderr=b"err\n", exit_code=7)
-    result = await live.exec("echo $GREETING; pwd", env={"GREETING": "hola"}, cwd="/tmp")
-    assert result.stdout == b"hola\n/tmp\n"
-    result = await live.exec("printf", "%s|", "a b", "$HOME", shell=False)
-    assert result.stdout == b"a b|$HOME|"
-
-
-async def test_exec_timeout_kills_the_command_not_the_sandbox(
-    live: sandbox.BaseSandboxSession,
-) -> None:
-    mark = marker()
-    started = time.monotonic()
-    with pytest.raises(sandbox.ExecTimeoutError) as info:
-        await live.exec(f"echo before; sleep {mark} & sleep {mark}; wait", timeout=2)
-    assert time.monotonic() - started < 30
-    assert b"before" in info.value.stdout
-    assert await alive(live, mark) == 0
-    assert (await live.exec("echo still-here")).stdout == b"still-here\n"
-
-
-async def test_files(live: sandbox.BaseSandboxSession) -> None:
-    payload = bytes(range(256)) * 64
-    await live.write_file("sub/dir/data.bin", payload)
-    assert await live.read_file("sub/dir/data.bin") == payload
-    with pytest.raises(sandbox.SandboxFileNotFoundError):
-        await live.read_file("no/such/file")
-
-
-@pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
-@pytest.mark.parametrize(("command", "code"), [("true", 0), ("exit 3", 3), ("kill -9 $$", 137)])
-async def test_exit_codes(
-    live: sandbox.BaseSandboxSession, command: str, code: int, tty: bool
-) -> None:
-    update = await live.pty_exec_start(command, tty=tty, yield_time_s=20)
-    assert (update.process_id, update.exit_code) == (None, code)
-
-
-async def test_tty_round_trip_size_and_utf8(live: sandbox.BaseSandboxSession) -> None:
-    update = await live.pty_exec_start("stty size", tty=True, rows=33, cols=91, yield_time_s=20)
-    assert "33 91" in update.output
-    update = await live.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
-    pid = update.process_id
-    assert pid is not None
-    update = await live.pty_write_stdin(
-        pid, "h\u00e9llo\n", until=re.compile("h\u00e9llo\r?\n(.|\n)*h\u00e9llo"), yield_time_s=20
-    )
-    assert update.output.count("h\u00e9llo") == 2
-    with pytest.raises(sandbox.UnsupportedOperationError):
-        await live.pty_resize(pid, rows=40, cols=120)
-    await live.pty_terminate(pid)
-
-
-@pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
-async def test_interrupt(live: sandbox.BaseSandboxSession, tty: bool) -> None:
-    mark = marker()
-    update = await live.pty_exec_start(f"echo ready; exec sleep {mark}", tty=tty, until="ready")
-    pid = update.process_id
-    assert pid is not None
-    await live.pty_interrupt(pid)
-    final = await live.pty_write_stdin(pid, "", yield_time_s=20)
-    assert (final.process_id, final.exit_code) == (None, 130)
-
-
-async def test_terminate_kills_the_tree(live: sandbox.BaseSandboxSession) -> None:
-    marks = [marker(), marker()]
-    pids = []
-    for tty, mark in zip((True, False), marks, strict=True):
-        update = await live.pty_exec_start(
-            f"sleep {mark} & setsid sleep {mark} & echo ready; sleep {mark}; wait",
-            tty=tty,
-            until="ready",
-        )
-        assert update.process_id is not None
-        pids.append(update.process_id)
-    for mark in marks:
-        assert await alive(live, mark) == 3
-    await live.pty_terminate(pids[0])
-    assert await alive(live, marks[0]) == 0
-    await live.pty_terminate_all()
-    assert await alive(live, marks[1]) == 0
-    assert live.pty_processes() == []
-
-
-async def test_output_is_complete(live: sandbox.BaseSandboxSession) -> None:
-    update = await live.pty_exec_start("seq 1 100000", yield_time_s=30)
-    assert update.exit_code == 0
-    assert update.output == "".join(f"{i}\n" for i in range(1, 100001))
+class TestModal(LiveSuite):
+    can_resize = False  # the SDK has no resize
+    kills_at_once = True
+    tree_escape = "setsid"  # every process carrying the command's token is signalled
