@@ -84,6 +84,7 @@ async def test_immediate_exit_reports_code_early(
     assert time.monotonic() - started < 5, "the window must end at the exit, not the deadline"
     assert update.process_id is None
     assert update.exit_code == code
+    assert update.output == "", "nothing a wrapper, trap or shell adds may show"
     assert session.pty_processes() == []
 
 

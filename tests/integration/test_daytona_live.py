@@ -36,9 +36,6 @@ class TestDaytona(LiveSuite):
     exec_timeout_s = 3.0
     kills_at_once = True
     tree_escape = "setsid"  # the group, session and descendants are all signalled
-    # The `sh` of the pipe wrapper (`piped_command`) reports its child's signal death on
-    # stderr; the suite never checked that output.
-    pipes_show_signal_reports = True
 
     async def test_exec_stdin_is_closed(self, live: sandbox.BaseSandboxSession) -> None:
         result = await live.exec("cat; echo after-cat")

@@ -305,10 +305,16 @@ def piped_command(command: str, *, pidfile: str, cwd: str, env: Mapping[str, str
     env_prefix = ""
     if env:
         env_prefix = "env " + " ".join(_q(f"{k}={v}") for k, v in env.items()) + " "
-    launch = f'{env_prefix}sh -c {_q(leader)} sh "$f" {_q(command)} </dev/null'
+    launch = f'{env_prefix}sh -c {_q(leader)} sh "$f" {_q(command)} </dev/null 2>&3 3>&-'
     body = (
-        f"cd {_q(cwd)} || exit 1; f={_q(pidfile)}; "
-        f"if command -v setsid >/dev/null 2>&1; then setsid {launch}; else {launch}; fi; "
+        # The waiting shell reports a child killed by a signal ("Killed") on its stderr,
+        # which is /dev/null here; the command keeps the real stderr (fd 3). Its
+        # redirections live inside a subshell that execs it, so the report cannot use
+        # them.
+        "exec 3>&2 2>/dev/null; "
+        f"cd {_q(cwd)} 2>&3 || exit 1; f={_q(pidfile)}; "
+        "if command -v setsid >/dev/null 2>&1; "
+        f"then (exec setsid {launch}); else (exec {launch}); fi; "
         # The leader was reaped above: while members of its group live, the group id
         # cannot be reused, so this kills only what the command left behind.
         's=$?; p=; read -r p x <"$f" 2>/dev/null; '

@@ -58,8 +58,12 @@ INSPECT_MAX_DELAY_WITH_EVENTS_S = 10.0
 # kills what is left of its session (background children), as the local backend does
 # when it collects an exited process: otherwise they would hold the output open and the
 # engine would report the exit only when it gives up waiting for them (about 2 s).
+# Its own stderr goes to /dev/null: a shell reports a child killed by a signal
+# ("Killed") on the stderr in force for that command, so the command gets the real
+# stderr (fd 3) only inside the subshell that execs it.
 WRAPPER_SCRIPT = (
-    'trap : INT QUIT; [ "$1" = - ] || stty rows "$1" cols "$2" 2>/dev/null; shift 2; "$@"; '
+    "trap : INT QUIT; exec 3>&2 2>/dev/null; "
+    '[ "$1" = - ] || stty rows "$1" cols "$2"; shift 2; (exec "$@" 2>&3 3>&-); '
     "s=$?; l=; for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = $$ ] && continue; "
     '{ read -r t <$d/stat; } 2>/dev/null || continue; set -- ${t##*") "}; '
     '[ "$4" = $$ ] && [ "$1" != Z ] && l="$l $p"; done; '
