@@ -161,3 +161,31 @@ def test_shell_with_a_command(tmp_path: Path) -> None:
     finally:
         code = term.close()
     assert code == 0
+
+
+def test_shell_on_docker_works_like_docker_exec_it() -> None:
+    from tests.backend_fixtures import docker as docker_fixture
+    from tests.conftest import skip_or_fail
+
+    reason = docker_fixture.skip_reason()
+    if reason:
+        skip_or_fail(f"docker: {reason}")
+    from sandbox.testing.docker_image import ensure_busybox_image
+
+    import docker
+
+    image = ensure_busybox_image()
+    engine = docker.from_env()
+    before = {c.id for c in engine.containers.list(all=True, filters={"ancestor": image})}
+    term = Terminal(["shell", "--backend", "docker", "--image", image], rows=31, cols=97)
+    try:
+        term.type("stty size; echo in-container-$((40+2))\n")
+        term.read_until(b"31 97")
+        term.read_until(b"in-container-42")
+        term.type("exit 6\n")
+    finally:
+        code = term.close()
+    assert code == 6
+    after = {c.id for c in engine.containers.list(all=True, filters={"ancestor": image})}
+    engine.close()
+    assert after <= before, "the container the shell created is removed"
