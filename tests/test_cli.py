@@ -170,9 +170,9 @@ def test_shell_on_docker_works_like_docker_exec_it() -> None:
     reason = docker_fixture.skip_reason()
     if reason:
         skip_or_fail(f"docker: {reason}")
-    from sandbox.testing.docker_image import ensure_busybox_image
-
     import docker
+
+    from sandbox.testing.docker_image import ensure_busybox_image
 
     image = ensure_busybox_image()
     engine = docker.from_env()
