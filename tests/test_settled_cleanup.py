@@ -211,7 +211,8 @@ async def test_start_cancelled_before_registration(session: UnixLocalSession, ca
     blocker = BlockingTeardown(session)
     task, outcome = run_task(lambda: session.pty_exec_start(f"exec sleep {marker}"))
     await spawned.wait()
-    assert host_pids_with_arg(marker)
+    # Spawned is not yet exec'd: `sh -c "exec sleep N"` shows N once sh has exec'd.
+    assert await eventually(lambda: bool(host_pids_with_arg(marker)))
     await cancel_repeatedly(task, 1)
     await blocker.started.wait()
     assert session.pty_processes() == []

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
+from tests.helpers import eventually
 
 NAME = "modal"
 CAPABILITIES = {"signals"}  # Modal cannot resize a terminal
@@ -45,7 +46,7 @@ async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
             yield s
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"
         assert fake.open_clients() == [], "the Modal client was not closed"
-        assert fake.leftover_pids() == [], "processes were left behind"
+        assert await eventually(lambda: fake.leftover_pids() == [], timeout=5), "processes left"
         current = asyncio.current_task()
         leaked = {t for t in asyncio.all_tasks() - tasks_before if t is not current}
         assert not leaked, f"tasks were left behind: {leaked}"
