@@ -48,6 +48,21 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> boo
     return True
 
 
+def describe_pids(pids: list[int]) -> str:
+    """`pid state argv` for each pid (for assertion messages about leftover processes)."""
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0].decode()
+        except OSError:
+            argv, state = "(gone)", "-"
+        lines.append(f"{pid} {state} {argv}")
+    return "\n".join(lines) or "(none)"
+
+
 def open_fds() -> int:
     """Number of fds this process has open."""
     return len(os.listdir("/proc/self/fd"))

@@ -475,7 +475,8 @@ async def test_client_killed_mid_call_stdio(tmp_path: Path) -> None:
     try:
         server_pid, cmd_pid = await read_pids(workspace)
         assert alive(server_pid) and alive(cmd_pid)
-        assert len(host_pids_with_arg(marker)) == 2  # the background one and this one
+        # The background one and this one (which writes its pid before it execs `sleep`).
+        assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2)
     finally:
         child.kill()
         await child.wait()
@@ -544,7 +545,8 @@ async def test_http_tools_flow_and_errors(tmp_path: Path) -> None:
             left = session_id(out)
         async with Client(server.url) as client:
             assert f"session {left}: running" in await ok(client, "list_processes")
-        assert host_pids_with_arg(marker)
+        # Running is not yet exec'd: `sh -c "sleep N"` shows N once `sleep` runs.
+        assert await eventually(lambda: bool(host_pids_with_arg(marker)))
         assert await server.stop() == 0
         assert await eventually(lambda: not host_pids_with_arg(marker))
         assert server.stderr == []  # a clean stop logs nothing
@@ -561,7 +563,8 @@ async def test_http_client_killed_mid_call_then_server_stopped(tmp_path: Path) -
         try:
             server_pid, cmd_pid = await read_pids(workspace)
             assert server_pid == server.proc.pid
-            assert len(host_pids_with_arg(marker)) == 2
+            # The background one and this one (which writes its pid before it execs `sleep`).
+            assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2)
         finally:
             child.kill()
             await child.wait()

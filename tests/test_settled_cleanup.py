@@ -35,6 +35,7 @@ class BlockingTeardown:
         self.completed: list[int] = []
         self.fail_with = fail_with
         session._terminate_pty_entry = self.teardown  # type: ignore[method-assign]
+        _blockers.append(self)
 
     async def teardown(self, entry: PtyEntry) -> None:
         self.begun.append(entry.process_id)
@@ -44,6 +45,22 @@ class BlockingTeardown:
         self.completed.append(entry.process_id)
         if self.fail_with is not None:
             raise self.fail_with
+
+
+# Every BlockingTeardown of the running test. A test that fails while a teardown is blocked
+# must not hang the suite: the settled teardown outlives any cancellation, so the event
+# loop's shutdown would wait for it forever. `release_blockers` lets it run instead.
+_blockers: list[BlockingTeardown] = []
+
+
+@pytest.fixture(autouse=True)
+async def release_blockers() -> AsyncIterator[None]:
+    """Release every blocked teardown when the test ends (an async fixture: torn down on
+    the test's event loop, before the loop cancels what is left and waits for it)."""
+    _blockers.clear()
+    yield
+    for blocker in _blockers:
+        blocker.release.set()
 
 
 class Outcome:
@@ -211,7 +228,7 @@ async def test_start_cancelled_before_registration(session: UnixLocalSession, ca
     blocker = BlockingTeardown(session)
     task, outcome = run_task(lambda: session.pty_exec_start(f"exec sleep {marker}"))
     await spawned.wait()
-    # Spawned is not yet exec'd: `sh -c "exec sleep N"` shows N once sh has exec'd.
+    # Spawned is not exec'd: `sh -c "exec sleep N"` shows the marker once sh has exec'd.
     assert await eventually(lambda: bool(host_pids_with_arg(marker)))
     await cancel_repeatedly(task, 1)
     await blocker.started.wait()

@@ -404,7 +404,7 @@ async def test_no_fd_or_thread_growth(case: str) -> None:
     fds, threads = fd_targets(), set(threading.enumerate())
     async with image_session(case) as s:
         for i in range(10):
-            update = await s.pty_exec_start("echo r; exec cat", tty=i % 2 == 0, until="r")
+            update = await s.pty_exec_start("echo r; exec sleep 600", tty=i % 2 == 0, until="r")
             assert update.process_id is not None
         await s.exec("true")
         await s.pty_terminate_all()
