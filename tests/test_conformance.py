@@ -71,6 +71,11 @@ async def test_file_round_trip(session: BaseSandboxSession) -> None:
 
 # ---- process start and exit ---------------------------------------------------------
 
+# Waits until the test creates the file "go" in the workspace (`session.write_file`):
+# output the test expects in a LATER window is printed only once the test says so, never
+# after a sleep a loaded machine may outlast before the first window has ended.
+WAIT_FOR_GO = "until [ -e go ]; do sleep 0.01; done"
+
 
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
 @pytest.mark.parametrize(
@@ -132,11 +137,12 @@ async def test_pipes_reject_stdin_but_poll(session: BaseSandboxSession) -> None:
     assert update.output.replace("\r", "") == "one\ngot=\ntwo\n" or update.exit_code == 0
     marker = unique_seconds()
     update = await session.pty_exec_start(
-        f"echo ready; sleep 0.5; echo later; exec sleep {marker}", until="ready"
+        f"echo ready; {WAIT_FOR_GO}; echo later; exec sleep {marker}", until="ready"
     )
     assert update.process_id is not None
     with pytest.raises(sandbox.StdinClosedError, match="tty=True"):
         await session.pty_write_stdin(update.process_id, "data\n")
+    await session.write_file("go", "")
     poll = await session.pty_write_stdin(update.process_id, "", until="later", yield_time_s=10)
     assert poll.process_id == update.process_id
     assert poll.output.replace("\r", "") == "later\n"
@@ -144,8 +150,9 @@ async def test_pipes_reject_stdin_but_poll(session: BaseSandboxSession) -> None:
 
 
 async def test_empty_poll_returns_at_exit(session: BaseSandboxSession) -> None:
-    update = await session.pty_exec_start("echo a; sleep 1; echo b", until="a")
+    update = await session.pty_exec_start(f"echo a; {WAIT_FOR_GO}; echo b", until="a")
     assert update.process_id is not None
+    await session.write_file("go", "")
     started = time.monotonic()
     final = await session.pty_write_stdin(update.process_id, "", yield_time_s=30)
     assert time.monotonic() - started < 10
@@ -263,9 +270,10 @@ async def test_unknown_process_ids(session: BaseSandboxSession) -> None:
 
 
 async def test_exited_process_is_gone_after_final_poll(session: BaseSandboxSession) -> None:
-    update = await session.pty_exec_start("echo ready; sleep 0.2; echo bye", until="ready")
+    update = await session.pty_exec_start(f"echo ready; {WAIT_FOR_GO}; echo bye", until="ready")
     pid = update.process_id
     assert pid is not None
+    await session.write_file("go", "")
     final = await session.pty_write_stdin(pid, "", yield_time_s=10)
     assert final.process_id is None
     assert final.exit_code == 0

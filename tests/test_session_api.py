@@ -163,7 +163,7 @@ async def test_a_write_preempts_a_long_poll(tmp_path: Path) -> None:
         t0 = loop.time()
         poll = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
         assert await eventually(lambda: s._registry[pid].call_lock.locked())
-        write = await s.pty_write_stdin(pid, "hi\n", until="hi\r\nhi")
+        write = await s.pty_write_stdin(pid, "hi\n", until="hi\r\nhi", yield_time_s=20)
         assert loop.time() - t0 < 5
         assert (await poll).process_id == pid
         assert "hi" in write.output

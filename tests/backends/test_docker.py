@@ -497,7 +497,7 @@ async def test_detach_keys() -> None:
         assert pid is not None
         for key in (b"\x10", b"\x11", b"\x10\x11", b"\x1e", b"x", b"\x00\x1e"):
             await s.pty_write_stdin(pid, key)
-        final = await s.pty_write_stdin(pid, "still-here\n", until="still-here")
+        final = await s.pty_write_stdin(pid, "still-here\n", until="still-here", yield_time_s=20)
         assert final.process_id == pid and "still-here" in final.output
         for key in (b"\x1e", b"\x00", b"\x1e", b"\x00"):
             with suppress(sandbox.ProcessExitedError, sandbox.PtyProcessNotFoundError):
@@ -544,9 +544,13 @@ async def test_64_ptys_at_once_and_one_shot_exec_does_not_starve() -> None:
         results = await asyncio.gather(*(s.exec(f"echo {i}") for i in range(4)))
         assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(4)]
         assert time.monotonic() - started < 10
+        # Each window ends at its echo; the maximum only matters on a loaded machine, where
+        # 64 round trips through the engine can outlast the default 0.25 s write window.
         echoes = await asyncio.gather(
             *(
-                s.pty_write_stdin(pid, f"n{i}\n", until=re.compile(rf"n{i}\r?\n.*n{i}", re.S))
+                s.pty_write_stdin(
+                    pid, f"n{i}\n", until=re.compile(rf"n{i}\r?\n.*n{i}", re.S), yield_time_s=20
+                )
                 for i, pid in enumerate(pids)
             )
         )
@@ -627,8 +631,12 @@ async def test_event_stream_dropped_exits_still_detected(case: str) -> None:
             assert await eventually(lambda: not s._engine.events_alive)  # type: ignore[union-attr]
             update = await s.pty_exec_start("echo a; exit 4", tty=True)
             assert update.exit_code == 4 and update.process_id is None
-            update = await s.pty_exec_start("echo r; sleep 0.3; echo b", until="r")
+            # `b` (and the exit) only once the test says so, never within the first window.
+            update = await s.pty_exec_start(
+                "echo r; until [ -e go ]; do sleep 0.01; done; echo b", until="r"
+            )
             assert update.process_id is not None
+            await s.write_file("go", "")
             final = await s.pty_write_stdin(update.process_id, "", yield_time_s=20)
             assert final.exit_code == 0 and "b" in final.output
             assert (await s.exec("echo ok")).stdout == b"ok\n"

@@ -345,7 +345,7 @@ async def test_write_errors_keep_the_process(
         with pytest.raises(sandbox.ProviderError) as info:
             await s.pty_write_stdin(pid, "lost\n")
         check_mapped(info.value, exc, retryable, sandbox.ProviderError)
-        update = await s.pty_write_stdin(pid, "after\n", until="after")
+        update = await s.pty_write_stdin(pid, "after\n", until="after", yield_time_s=20)
         assert "after" in update.output and update.process_id == pid
 
 
