@@ -66,3 +66,19 @@ def describe_pids(pids: list[int]) -> str:
 def open_fds() -> int:
     """Number of fds this process has open."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def children_of_me() -> set[int]:
+    """Direct children of this test process, zombies included."""
+    me = str(os.getpid())
+    kids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1].decode() == me:
+                kids.add(int(name))
+    return kids

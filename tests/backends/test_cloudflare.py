@@ -32,26 +32,10 @@ from sandbox.backends.cloudflare import (
 from sandbox.backends.cloudflare_support.sse import SseDecoder, SseEvent
 from sandbox.session import SessionState
 from sandbox.testing.cloudflare_server import CloudflareWorkerServer
-from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
+from tests.helpers import children_of_me, eventually, host_pids_with_arg, open_fds, unique_seconds
 
 KEY = "cf-test-key-SECRET-5b1e90"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def children_of_me() -> set[int]:
-    """Direct children of this test process, zombies included."""
-    me = str(os.getpid())
-    kids = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1].decode() == me:
-                kids.add(int(name))
-    return kids
 
 
 def other_tasks() -> set[asyncio.Task[Any]]:

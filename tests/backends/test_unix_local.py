@@ -16,23 +16,7 @@ import pytest
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
-from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
-
-
-def children_of_me() -> list[int]:
-    """Direct children of this test process, zombies included."""
-    me = str(os.getpid())
-    kids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1].decode() == me:
-                kids.append(int(name))
-    return kids
+from tests.helpers import children_of_me, eventually, host_pids_with_arg, open_fds, unique_seconds
 
 
 @pytest.fixture
