@@ -298,6 +298,7 @@ async def test_repl_survives_ctrl_c(jail: UnixLocalSession) -> None:
         pid,
         "import itertools, time; print('go'); any(time.sleep(0.01) for _ in itertools.count())\n",
         until=re.compile(r"\ngo\r?\n"),
+        yield_time_s=10,  # the Ctrl-C must find the loop running, so wait for `go`
     )
     await jail.pty_interrupt(pid)
     update = await jail.pty_write_stdin(pid, "", until=">>> ", yield_time_s=10)
