@@ -6,7 +6,10 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import sandbox
 
 
 def unique_seconds() -> str:
@@ -82,3 +85,50 @@ def children_of_me() -> set[int]:
             if fields[1].decode() == me:
                 kids.add(int(name))
     return kids
+
+
+@asynccontextmanager
+async def maybe_started(
+    session: sandbox.BaseSandboxSession, start: bool
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """`async with session` when `start`; else hand it over unstarted and close it at
+    the end (a test that races its start and close owns the starting)."""
+    if start:
+        async with session:
+            yield session
+        return
+    try:
+        yield session
+    finally:
+        await session.aclose()
+
+
+class HookGate:
+    """Parks every call of one backend hook of one session until released: `reached` is
+    set when a call arrives. With `after=True` the real hook runs first and the call
+    parks before returning (what it made exists; its caller does not know yet).
+
+    A deterministic interleaving point for races the base session must win (a close
+    against a start, a spawn or an exec): the real hook still does all the work.
+    """
+
+    def __init__(self, session: sandbox.BaseSandboxSession, hook: str, *, after: bool = False):
+        self.reached = asyncio.Event()
+        self._released = asyncio.Event()
+        original = getattr(session, hook)
+
+        async def gated(*args: object, **kwargs: object) -> object:
+            if not after:
+                self.reached.set()
+                await self._released.wait()
+            result = await original(*args, **kwargs)
+            if after:
+                self.reached.set()
+                await self._released.wait()
+            return result
+
+        setattr(session, hook, gated)
+
+    def release(self) -> None:
+        """Let parked and later calls through."""
+        self._released.set()

@@ -22,6 +22,7 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from . import process_tree
 from .errors import ProcessExitedError
 
 READ_CHUNK = 256 * 1024
@@ -82,6 +83,7 @@ class LocalProcess:
         self._on_eof: Callable[[], None] | None = None
         self._reaped = False
         self._closed = False
+        self._write_waiter: asyncio.Future[None] | None = None
 
     @classmethod
     def spawn(
@@ -251,13 +253,18 @@ class LocalProcess:
 
     # ---- input and control -------------------------------------------------------------
 
-    async def write(self, data: bytes) -> None:
-        """Write all of `data` to the terminal, waiting for room when it is full."""
-        fd = self.master_fd
-        if fd is None or self._closed:
-            raise ProcessExitedError(f"process {self.pid} has no open terminal")
+    async def write(self, data: bytes, on_progress: Callable[[int], None] | None = None) -> None:
+        """Write all of `data` to the terminal, waiting for room when it is full.
+
+        `on_progress(n)` is told each time the terminal took `n` more bytes, so a write
+        cancelled half-way (its window ended, the process is being torn down) knows how
+        much went in. Only one write waits for room at a time (calls are serialized).
+        """
         view = memoryview(data)
         while view:
+            fd = self.master_fd
+            if fd is None or self._closed:
+                raise ProcessExitedError(f"process {self.pid} has no open terminal")
             try:
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -266,9 +273,39 @@ class LocalProcess:
             except OSError as exc:
                 raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
             view = view[written:]
+            if on_progress is not None:
+                on_progress(written)
+
+    def write_now(self, data: bytes) -> bool:
+        """Write `data` only if the terminal takes all of it at once; never waits."""
+        fd = self.master_fd
+        if fd is None or self._closed:
+            raise ProcessExitedError(f"process {self.pid} has no open terminal")
+        try:
+            return os.write(fd, data) == len(data)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+
+    def interrupt_terminal(self) -> None:
+        """Ctrl-C on the terminal: the interrupt character if the terminal has room for
+        it, else what the line discipline would do with it, SIGINT to the terminal's
+        foreground process group (a process that stops reading its input still gets
+        its Ctrl-C)."""
+        if self.write_now(b"\x03"):
+            return
+        assert self.master_fd is not None
+        try:
+            group = os.tcgetpgrp(self.master_fd)
+        except OSError:
+            group = self.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGINT)
 
     async def _writable(self, fd: int) -> None:
         ready: asyncio.Future[None] = self._loop.create_future()
+        self._write_waiter = ready
 
         def on_writable() -> None:
             if not ready.done():
@@ -278,7 +315,9 @@ class LocalProcess:
         try:
             await ready
         finally:
-            self._loop.remove_writer(fd)
+            self._write_waiter = None
+            if not self._closed:  # close() already removed it (and the fd may be reused)
+                self._loop.remove_writer(fd)
 
     def resize(self, rows: int, cols: int) -> None:
         """Resize the terminal (no-op once closed)."""
@@ -302,8 +341,11 @@ class LocalProcess:
             return
         try:
             if not self.exited and grace_s > 0:
-                for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
+                polite = (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT)
+                for sig in polite:
                     self.signal_group(sig)
+                if not self._reaped:
+                    process_tree.signal_tree(self.pid, *polite)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace_s):
                         await self._exited.wait()
@@ -313,20 +355,41 @@ class LocalProcess:
                     async with asyncio.timeout(KILL_WAIT_S):
                         await self._exited.wait()
         finally:
-            self.close()
+            self.close(sweep_tree=True)
 
-    def close(self, *, kill_group: bool = True) -> None:
+    def kill_now(self) -> None:
+        """SIGKILL the group and the whole tree, synchronously, touching no event loop
+        (for a session being garbage-collected)."""
+        if self._closed or self._reaped:
+            return
+        self.signal_group(signal.SIGKILL)
+        process_tree.kill_tree(self.pid)
+
+    def close(self, *, kill_group: bool = True, sweep_tree: bool = False) -> None:
         """Kill what is left of the group, reap the leader and close every fd.
 
         `kill_group=False` (for an already exited leader) reaps it without signalling
         the group, the way a remote daemon reaps a process whose children it leaves be;
-        the provider fakes in `sandbox.testing` use it.
+        the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
+        left the group (see `sandbox.process_tree`): teardowns do, a one-shot command
+        that ended by itself does not (its group kill is the fast path).
         """
         if self._closed:
             return
         self._closed = True
         if kill_group or not self.exited:
             self.signal_group(signal.SIGKILL)
+            if kill_group and sweep_tree and not self._reaped:
+                # Background jobs of an interactive shell have groups of their own, and
+                # nohup'd or setsid'd children leave the group: kill the whole tree.
+                process_tree.kill_tree(self.pid)
+        waiter = self._write_waiter
+        if waiter is not None and self.master_fd is not None:
+            # A write waiting for room must not keep a writer on an fd number that is
+            # about to be closed and reused by the next process.
+            self._loop.remove_writer(self.master_fd)
+            if not waiter.done():
+                waiter.set_exception(ProcessExitedError(f"process {self.pid} was closed"))
         for fd in list(self._out_fds):
             self._loop.remove_reader(fd)
             if fd != self.master_fd:

@@ -72,6 +72,12 @@ class PtyEntry:
     lost_reason: str | None = None
     removed: bool = False
     poll_preempted: bool = False
+    # Set by the base session: the in-flight spawn and write (a close or terminate
+    # cancels them), and how many bytes of the current write the terminal took (a
+    # backend that writes in parts may count them here; see `count_input`).
+    spawn_task: asyncio.Future[None] | None = None
+    write_task: asyncio.Future[None] | None = None
+    input_accepted: int = 0
 
     def __post_init__(self) -> None:
         self.output = BoundedOutput(self.output_limit)
@@ -127,6 +133,11 @@ class PtyEntry:
         self.exited_at = time.monotonic()
         self.eof = True
         self._wake()
+
+    def count_input(self, accepted: int) -> None:
+        """Record that the terminal took `accepted` more bytes of the current write (so a
+        write cut short at its window can say how much was not written)."""
+        self.input_accepted += accepted
 
     # ---- what the base session uses -------------------------------------------------
 

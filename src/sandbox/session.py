@@ -10,15 +10,21 @@ never touches the registry or the lock, and never awaits a teardown itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
 import logging
 import secrets
-from collections.abc import Mapping
+import warnings
+from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from . import arguments
+from . import file_arguments as files
 from .errors import (
+    CleanupError,
+    FileTooLargeError,
     InvalidArgumentError,
     ProcessExitedError,
     PtyProcessNotFoundError,
@@ -29,9 +35,10 @@ from .errors import (
     StdinClosedError,
     UnsupportedOperationError,
 )
+from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
-from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle, settle_each
+from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .until_match import UntilMatcher, UntilPattern, check_until
@@ -42,6 +49,14 @@ MAX_PROCESSES = 64
 WARN_PROCESSES = 60
 PROTECTED_RECENT = 8
 ID_RANGE = (1000, 100_000)
+PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
+
+T = TypeVar("T")
+
+
+async def _finished(task: asyncio.Future[Any]) -> None:
+    """Wait until `task` is done, without taking over its result or exception."""
+    await asyncio.wait({task})
 
 
 class SessionState(enum.Enum):
@@ -70,6 +85,8 @@ class BaseSandboxSession:
         max_processes: int = MAX_PROCESSES,
         output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT,
         teardown_concurrency: int = DEFAULT_BATCH_CONCURRENCY,
+        read_limit_bytes: int = files.DEFAULT_READ_LIMIT,
+        exec_output_limit_bytes: int = DEFAULT_EXEC_OUTPUT_LIMIT,
     ) -> None:
         if max_processes < PROTECTED_RECENT + 1:
             raise InvalidArgumentError(f"max_processes must be at least {PROTECTED_RECENT + 1}")
@@ -79,10 +96,23 @@ class BaseSandboxSession:
         self.warn_processes = max(1, max_processes - (MAX_PROCESSES - WARN_PROCESSES))
         self.output_limit_bytes = output_limit_bytes
         self.teardown_concurrency = teardown_concurrency
+        self.read_limit_bytes = files.check_byte_count(read_limit_bytes, "read_limit_bytes")
+        # Per stream, for one-shot `exec` (head + tail kept, see `sandbox.exec_output`).
+        self.exec_output_limit_bytes = arguments.check_output_limit(
+            "exec_output_limit_bytes", exec_output_limit_bytes
+        )
         self._state = SessionState.NEW
+        # Ownership: a process entry belongs to whoever holds it in one of these (the
+        # registry: the session; `_starting`: the `pty_exec_start` call spawning it) and
+        # passes to a teardown by being popped from it, in one step on the loop thread.
         self._registry: dict[int, PtyEntry] = {}
-        self._reserved: set[int] = set()
+        self._starting: dict[int, PtyEntry] = {}
+        self._retiring: set[int] = set()  # ids being torn down: not reusable, no slot
+        self._pruned: dict[int, str] = {}  # recent prune victims, for clear errors
         self._lock = asyncio.Lock()
+        self._lifecycle_start: asyncio.Task[None] | None = None
+        self._execs: set[asyncio.Task[Any]] = set()
+        self._teardowns: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
@@ -103,6 +133,8 @@ class BaseSandboxSession:
 
         If starting fails or is cancelled, whatever was half-created is torn down
         (settled) before the error propagates, and the session can be started again.
+        If `aclose()` is called meanwhile, the start is cancelled, the close tears down
+        whatever it made, and this raises `SessionClosedError`.
         """
         if self._state is SessionState.RUNNING:
             return
@@ -111,6 +143,23 @@ class BaseSandboxSession:
         if self._state is SessionState.STARTING:
             raise SessionStateError("start() is already in progress")
         self._state = SessionState.STARTING
+        task = asyncio.ensure_future(self._run_start())
+        self._lifecycle_start = task
+        try:
+            await self._await_owned(task)
+        except BaseException:
+            if self._state is SessionState.STARTING:
+                self._state = SessionState.NEW
+            raise
+        finally:
+            if self._lifecycle_start is task:
+                self._lifecycle_start = None
+        if self._state is not SessionState.STARTING:
+            # The close came after the backend was up: it stops the backend, we lost.
+            raise SessionClosedError(f"the {self.backend_name} session was closed while starting")
+        self._state = SessionState.RUNNING
+
+    async def _run_start(self) -> None:
         try:
             await self._start_backend()
         except BaseException as exc:
@@ -118,45 +167,68 @@ class BaseSandboxSession:
                 await settle(self._stop_backend())
             except Exception as cleanup_exc:
                 exc.add_note(f"cleaning up the failed start also failed: {cleanup_exc}")
-            finally:
-                self._state = SessionState.NEW
             raise
-        self._state = SessionState.RUNNING
 
     async def aclose(self) -> None:
-        """Terminate every process and stop the sandbox. Idempotent; safe after a failed
-        start; completes even if the caller is cancelled (then re-raises that)."""
+        """Cancel whatever is starting or running (a `start()`, one-shot commands, spawns),
+        terminate every process, then stop the sandbox. Returns only when nothing is
+        left. Idempotent; safe after a failed start; completes even if the caller is
+        cancelled (then re-raises that). Several failures come back together as a
+        `CleanupError`."""
         if self._state is SessionState.CLOSED:
             return
         if self._closing is not None:
-            await settle(self._closing)
+            await settle(_finished(self._closing))
             return
-        was_started = self._state is SessionState.RUNNING
+        previous = self._state
         self._state = SessionState.CLOSING
-        entries = list(self._registry.values())
-        self._registry.clear()
-        for entry in entries:
-            entry.removed = True
-        closing = asyncio.ensure_future(self._close_everything(entries, was_started))
+        closing = asyncio.ensure_future(self._close_everything(previous))
         self._closing = closing
         try:
             await settle(closing)
         finally:
             self._state = SessionState.CLOSED
 
-    async def _close_everything(self, entries: list[PtyEntry], was_started: bool) -> None:
+    async def _close_everything(self, previous: SessionState) -> None:
         errors: list[BaseException] = []
+        backend_up = previous is SessionState.RUNNING
+        start = self._lifecycle_start
+        if previous is SessionState.STARTING and start is not None:
+            start.cancel()  # the start's own failure path stops what it made
+            await asyncio.wait({start})
+            backend_up = not start.cancelled() and start.exception() is None
+        # Calls in flight lose: their hooks see the cancellation and undo what they made.
+        in_flight: list[asyncio.Future[Any]] = [*self._execs]
+        in_flight += [e.spawn_task for e in self._starting.values() if e.spawn_task is not None]
+        for task in in_flight:
+            task.cancel()
+        if in_flight:
+            await asyncio.wait(in_flight)
+        entries = [*self._starting.values(), *self._registry.values()]
+        self._starting.clear()
+        self._registry.clear()
         try:
-            await attempt_all(entries, self._teardown_entry, self.teardown_concurrency)
+            await self._settle_batch(entries)
+        except CleanupError as exc:
+            errors.extend(exc.errors)
         except Exception as exc:
             errors.append(exc)
-        if was_started:
+        # Teardowns other calls own (a terminate, a prune) finish before the backend stops.
+        while self._teardowns:
+            await asyncio.wait(list(self._teardowns))
+        if backend_up:
             try:
                 await self._stop_backend()
             except Exception as exc:
                 errors.append(exc)
-        if errors:
+        if len(errors) == 1:
             raise errors[0]
+        if errors:
+            raise CleanupError(
+                f"closing the {self.backend_name} session failed {len(errors)} ways: "
+                + "; ".join(str(e) for e in errors),
+                errors,
+            )
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -189,30 +261,91 @@ class BaseSandboxSession:
         shell: bool = True,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        max_output_bytes: int | None = None,
     ) -> ExecResult:
         """Run a command to completion and return its output and exit code.
 
         A non-zero exit is a result, not an error. When `timeout` expires the whole
         process tree is killed and `ExecTimeoutError` is raised.
+
+        Each stream keeps at most `max_output_bytes` (default: the session's
+        `exec_output_limit_bytes`, 16 MiB): its first half and a rolling tail, with
+        `stdout_omitted` / `stderr_omitted` counting what was dropped in between.
+
+        A `cwd` that is missing or not a directory raises `WorkdirError`; with
+        `shell=False`, a program that does not exist or is not executable raises
+        `CommandNotFoundError` (with `shell=True` that is the shell's exit 127).
         """
         self._require_running()
         spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
-        return await self._exec(spec, arguments.check_timeout(timeout))
+        checked_timeout = arguments.check_timeout(timeout)
+        limit = (
+            self.exec_output_limit_bytes
+            if max_output_bytes is None
+            else arguments.check_output_limit("max_output_bytes", max_output_bytes)
+        )
+        capture = ExecCapture(limit)
+        # The session owns the command: close cancels it (its hook kills the tree).
+        return await self._run_owned(self._exec(spec, checked_timeout, capture), self._execs)
 
-    async def read_file(self, path: str) -> bytes:
-        """Read a file from the sandbox (relative paths are in the workspace)."""
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a whole regular file from the sandbox (relative paths are in the workspace).
+
+        A directory, FIFO, socket or device raises `NotAFileError` (nothing is opened
+        that could block). A file above `max_bytes` (default: the session's
+        `read_limit_bytes`, 64 MiB) raises `FileTooLargeError`, before it is read where
+        the backend can tell its size; stream big files with `read_file_chunks`.
+        """
         self._require_running()
-        if not isinstance(path, str) or not path:
-            raise InvalidArgumentError("path must be a non-empty str")
-        return await self._read_file(path)
+        path = files.check_path(path)
+        limit = self.read_limit_bytes
+        if max_bytes is not None:
+            limit = files.check_byte_count(max_bytes, "max_bytes")
+        data = await self._read_file(path, limit)
+        if len(data) > limit:  # backends that cannot tell the size first
+            raise FileTooLargeError.over(path, len(data), limit)
+        return data
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write a file in the sandbox (str is UTF-8 encoded), creating parent folders."""
+        """Write a regular file in the sandbox (str is UTF-8 encoded), creating parent
+        folders. Writing over a directory, FIFO, socket or device, or under a path whose
+        parent is a file, raises `NotAFileError` and changes nothing."""
         self._require_running()
-        if not isinstance(path, str) or not path:
-            raise InvalidArgumentError("path must be a non-empty str")
+        path = files.check_path(path)
         payload = arguments.to_input_bytes(data)
         await self._write_file(path, payload)
+
+    def read_file_chunks(
+        self, path: str, *, chunk_size: int = files.DEFAULT_CHUNK_SIZE
+    ) -> AsyncIterator[bytes]:
+        """Stream a regular file: `async for chunk in session.read_file_chunks(path)`.
+
+        Chunks are at most `chunk_size` bytes (default 1 MiB). No size limit applies on
+        backends that stream (unix_local, docker); elsewhere the whole file is fetched
+        first, bounded by `read_limit_bytes`. Stop early with `contextlib.aclosing` so the
+        file is closed at once. Same errors as `read_file`, raised by the first chunk.
+        """
+        self._require_running()
+        path = files.check_path(path)
+        size = files.check_chunk_size(chunk_size)
+        return files.at_most(self._read_file_chunks(path, size), size)
+
+    async def write_file_chunks(
+        self,
+        path: str,
+        chunks: AsyncIterable[bytes | bytearray | memoryview | str]
+        | Iterable[bytes | bytearray | memoryview | str],
+    ) -> None:
+        """Write a regular file from an iterable or async iterable of chunks (str is
+        UTF-8 encoded), creating parent folders; same rules as `write_file`.
+
+        unix_local and docker never hold the whole file (docker spools it to a temporary
+        file first, as its archive needs the size up front); elsewhere the chunks are
+        joined, then written. If `chunks` fails, its error propagates and the file may
+        hold part of the data."""
+        self._require_running()
+        path = files.check_path(path)
+        await self._write_file_chunks(path, files.chunks_of(chunks, path))
 
     # ---- the PTY API ---------------------------------------------------------------
 
@@ -249,21 +382,32 @@ class BaseSandboxSession:
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
 
-        process_id, victim = await self._reserve_id()
-        entry = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
+        entry, victim = await self._reserve(spec)
         try:
             if victim is not None:
-                await settle(self._teardown_entry(victim))
-            await self._spawn_process(entry)
-            async with self._lock:
-                if self._state is not SessionState.RUNNING:
-                    raise SessionClosedError(f"the {self.backend_name} session was closed")
-                self._registry[process_id] = entry
-                live = len(self._registry)
-        except BaseException:
-            entry.removed = True
-            await settle(self._teardown_entry(entry))
+                # A victim's failed teardown is not this start's failure: logged only.
+                await self._settle_batch([victim], log_errors=True)
+            if self._starting.get(entry.process_id) is not entry:
+                raise self._closed_error()  # closed while the victim went
+            spawn = asyncio.ensure_future(self._spawn_process(entry))
+            entry.spawn_task = spawn
+            await self._await_owned(spawn)
+        except BaseException as exc:
+            if self._starting.pop(entry.process_id, None) is entry:  # still ours to undo
+                entry.removed = True
+                try:
+                    await self._settle_batch([entry])
+                except Exception as cleanup_exc:
+                    exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
             raise
+        if self._starting.pop(entry.process_id, None) is not entry:
+            raise self._closed_error()  # the close took it over and tears it down
+        if self._state is not SessionState.RUNNING:
+            entry.removed = True
+            await self._settle_batch([entry])
+            raise self._closed_error()
+        self._registry[entry.process_id] = entry
+        live = len(self._registry) + len(self._starting)
         if live == self.warn_processes:  # once, when the registry crosses the mark
             logger.warning(
                 "%s session has %d of %d processes: the least recently used will be pruned",
@@ -315,16 +459,53 @@ class BaseSandboxSession:
             entry.preempt_poll()
         async with entry.call_lock:
             if entry.removed:
-                raise PtyProcessNotFoundError(f"process {process_id} was terminated")
+                raise self._gone(entry)
             entry.touch()
+            unwritten = 0
+            window_end = asyncio.get_running_loop().time() + window
             if data:
                 if entry.exited:
                     raise ProcessExitedError(
                         f"process {process_id} has exited; poll it with empty chars to "
                         "collect its remaining output and exit code"
                     )
-                await self._write_stdin(entry, data)
-            return await self._collect(entry, window, pattern, max_tokens, poll=not data)
+                unwritten = await self._write_within(entry, data, window_end)
+            remaining = max(0.0, window_end - asyncio.get_running_loop().time())
+            update = await self._collect(entry, remaining, pattern, max_tokens, poll=not data)
+            if unwritten:
+                update = dataclasses.replace(update, unwritten_bytes=unwritten)
+            return update
+
+    async def _write_within(self, entry: PtyEntry, data: bytes, window_end: float) -> int:
+        """Write `data` within the window; return how many bytes the terminal did not
+        take. The write is a task of the entry's, so a terminate, a close or an
+        interrupt can end it at once instead of waiting behind a full terminal."""
+        entry.input_accepted = 0
+        write = asyncio.ensure_future(self._write_stdin(entry, data))
+        entry.write_task = write
+        try:
+            timeout = max(0.0, window_end - asyncio.get_running_loop().time())
+            done, _ = await asyncio.wait({write}, timeout=timeout)
+            if not done:
+                write.cancel()
+                await asyncio.wait({write})
+        except asyncio.CancelledError:
+            write.cancel()
+            await settle(_finished(write))
+            raise
+        finally:
+            if entry.write_task is write:
+                entry.write_task = None
+        if write.cancelled():
+            accepted = entry.input_accepted
+        else:
+            error = write.exception()
+            if error is not None:
+                if entry.removed:
+                    raise self._gone(entry) from error
+                raise error
+            accepted = len(data)
+        return len(data) - min(accepted, len(data))
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
@@ -345,27 +526,29 @@ class BaseSandboxSession:
         entry.touch()
         if entry.exited:
             return
+        write = entry.write_task
+        if write is not None and not write.done():
+            # Ctrl-C never queues behind input the process is not reading: the pending
+            # write ends (its caller learns how much was not written), then this goes.
+            write.cancel()
+            await asyncio.wait({write})
         await self._interrupt(entry)
 
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
         self._require_running()
-        async with self._lock:
-            entry = self._registry.pop(process_id, None)
-            if entry is None:
-                raise self._not_found(process_id)
-            entry.removed = True
-        await settle(self._teardown_entry(entry))
+        entry = self._registry.pop(process_id, None)
+        if entry is None:
+            raise self._not_found(process_id)
+        entry.removed = True
+        await self._settle_batch([entry])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
         self._require_running()
-        async with self._lock:
-            entries = list(self._registry.values())
-            self._registry.clear()
-            for entry in entries:
-                entry.removed = True
-        await settle_each(entries, self._teardown_entry, concurrency=self.teardown_concurrency)
+        entries = list(self._registry.values())
+        self._registry.clear()
+        await self._settle_batch(entries)
 
     def pty_processes(self) -> list[PtyProcessInfo]:
         """The live registry, oldest first, so an agent can find processes it forgot."""
@@ -384,11 +567,31 @@ class BaseSandboxSession:
 
     # ---- registry internals --------------------------------------------------------
 
+    @property
+    def _reserved(self) -> set[int]:
+        """Every id in use: registered, starting, or being torn down."""
+        return {*self._registry, *self._starting, *self._retiring}
+
+    def _closed_error(self) -> SessionClosedError:
+        return SessionClosedError(f"the {self.backend_name} session was closed")
+
     def _not_found(self, process_id: object) -> PtyProcessNotFoundError:
+        pruned = self._pruned.get(process_id) if isinstance(process_id, int) else None
+        if pruned is not None:
+            return PtyProcessNotFoundError(f"process {process_id} {pruned}")
         return PtyProcessNotFoundError(
             f"no process with id {process_id!r} (it exited and was collected, was "
             "terminated, or never existed); pty_processes() lists the live ones"
         )
+
+    def _gone(self, entry: PtyEntry) -> SandboxError:
+        """The error for a call that finds its process removed while it waited."""
+        if self._state in (SessionState.CLOSING, SessionState.CLOSED):
+            return self._closed_error()
+        pruned = self._pruned.get(entry.process_id)
+        if pruned is not None:
+            return PtyProcessNotFoundError(f"process {entry.process_id} {pruned}")
+        return PtyProcessNotFoundError(f"process {entry.process_id} was terminated")
 
     def _lookup(self, process_id: int) -> PtyEntry:
         self._require_running()
@@ -399,11 +602,13 @@ class BaseSandboxSession:
             raise self._not_found(process_id)
         return entry
 
-    async def _reserve_id(self) -> tuple[int, PtyEntry | None]:
+    async def _reserve(self, spec: ProcessSpec) -> tuple[PtyEntry, PtyEntry | None]:
+        """Take a slot for a new process (pruning one when full): the new entry waits in
+        `_starting`, owned by the caller; the victim, if any, is the caller's to tear down."""
         async with self._lock:
             self._require_running()
             victim = None
-            if len(self._reserved) >= self.max_processes:
+            if len(self._registry) + len(self._starting) >= self.max_processes:
                 victim = self._prune_victim()
                 if victim is None:
                     raise SandboxError(
@@ -413,19 +618,27 @@ class BaseSandboxSession:
                     )
                 del self._registry[victim.process_id]
                 victim.removed = True
-                logger.info(
-                    "%s session is full: pruning process %d (%s)",
-                    self.backend_name,
-                    victim.process_id,
-                    "exited" if victim.exited else "running",
+                reason = (
+                    f"was pruned: the session was full ({self.max_processes} processes) and "
+                    f"it was the least recently used {'exited' if victim.exited else 'running'} one"
                 )
+                self._remember_pruned(victim.process_id, reason)
+                victim.feed(f"\n[sandbox: process {victim.process_id} {reason}]\n".encode())
+                logger.info("%s session: process %d %s", self.backend_name, victim.process_id, reason)
             low, high = ID_RANGE
+            in_use = self._reserved
             while True:
                 process_id = low + secrets.randbelow(high - low)
-                if process_id not in self._reserved:
+                if process_id not in in_use:
                     break
-            self._reserved.add(process_id)
-            return process_id, victim
+            entry = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
+            self._starting[process_id] = entry
+            return entry, victim
+
+    def _remember_pruned(self, process_id: int, reason: str) -> None:
+        self._pruned[process_id] = reason
+        while len(self._pruned) > PRUNED_MEMORY:
+            del self._pruned[next(iter(self._pruned))]
 
     def _prune_victim(self) -> PtyEntry | None:
         by_recency = sorted(self._registry.values(), key=lambda e: e.last_used_mono)
@@ -435,24 +648,98 @@ class BaseSandboxSession:
                 return entry
         return candidates[0] if candidates else None
 
-    async def _teardown_entry(self, entry: PtyEntry) -> None:
-        """Run the backend's teardown, then release the id. Only called via settle."""
+    async def _settle_batch(self, entries: list[PtyEntry], *, log_errors: bool = False) -> None:
+        """THE place where teardowns are handed over, attempted and awaited.
+
+        The caller has already taken `entries` out of the registry (or `_starting`), so
+        it owns them; this hands them to one settled task that tears every one down (a
+        few at a time), which `aclose()` also waits for before stopping the backend.
+        The finalizer, prune, terminate, terminate-all, failed starts and close all come
+        here; one entry is a batch of one. Failures are raised (several as a
+        `CleanupError`), or only logged with `log_errors`.
+        """
+        if not entries:
+            return
+        for entry in entries:
+            entry.removed = True
+            self._retiring.add(entry.process_id)
+        task = asyncio.ensure_future(
+            attempt_all(entries, self._teardown_entry, self.teardown_concurrency)
+        )
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
         try:
+            await settle(task)
+        except Exception as exc:
+            if not log_errors:
+                raise
+            logger.warning("%s session: a teardown failed: %s", self.backend_name, exc)
+
+    async def _teardown_entry(self, entry: PtyEntry) -> None:
+        """End a pending write, run the backend's teardown, then release the id.
+        Only called through `_settle_batch`."""
+        try:
+            write = entry.write_task
+            if write is not None and not write.done():
+                write.cancel()
+                await asyncio.wait({write})
             await self._terminate_pty_entry(entry)
         finally:
-            self._reserved.discard(entry.process_id)
+            self._retiring.discard(entry.process_id)
             # A window still waiting on this entry (a poll racing a terminate) must end
             # now, even if the backend could not report an exit status.
             entry.report_torn_down()
 
     async def _discard(self, entry: PtyEntry) -> None:
         """Remove `entry` from the registry if it is still there, and tear it down."""
-        async with self._lock:
-            if self._registry.get(entry.process_id) is not entry:
-                return
-            del self._registry[entry.process_id]
-            entry.removed = True
-        await settle(self._teardown_entry(entry))
+        if self._registry.get(entry.process_id) is not entry:
+            return
+        del self._registry[entry.process_id]
+        await self._settle_batch([entry])
+
+    async def _await_owned(self, task: asyncio.Future[T]) -> T:
+        """Wait for a task the session owns (a start, a spawn, a one-shot command).
+
+        If the caller is cancelled, the task is cancelled and awaited (settled) before
+        the cancellation propagates, so nothing it made outlives the call. If the close
+        cancelled it (or broke it while tearing things down), this raises
+        `SessionClosedError`: the caller lost the race.
+        """
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            await settle(_finished(task))
+            raise
+        if task.cancelled() or task.exception() is not None:
+            if self._state in (SessionState.CLOSING, SessionState.CLOSED):
+                error = None if task.cancelled() else task.exception()
+                raise self._closed_error() from error
+        return task.result()
+
+    async def _run_owned(self, work: Coroutine[Any, Any, T], owner: set[asyncio.Task[Any]]) -> T:
+        """Run `work` as a task in `owner` (which `aclose()` cancels and awaits)."""
+        task = asyncio.ensure_future(work)
+        owner.add(task)
+        task.add_done_callback(owner.discard)
+        return await self._await_owned(task)
+
+    def __del__(self) -> None:
+        # Like an unclosed aiohttp session: say so, and let the backend kill what it can
+        # synchronously (unix_local kills its process groups); a remote sandbox is left
+        # to the provider's own timeout.
+        state = getattr(self, "_state", SessionState.CLOSED)
+        if state in (SessionState.NEW, SessionState.CLOSED):
+            return
+        warnings.warn(
+            f"unclosed {self.backend_name} session (state {state.value}): use "
+            "`async with session:` or await session.aclose()",
+            ResourceWarning,
+            source=self,
+            stacklevel=1,
+        )
+        with contextlib.suppress(Exception):
+            self._abandon([*self._starting.values(), *self._registry.values()])
 
     # ---- collection windows --------------------------------------------------------
 
@@ -509,9 +796,17 @@ class BaseSandboxSession:
         Must tolerate a partially completed `_start_backend()`. Called at most once per
         start attempt, after every process has been torn down."""
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        """Run a one-shot command to completion. On timeout: kill the command's whole
-        tree (never the sandbox) and raise `ExecTimeoutError`."""
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """Run a one-shot command to completion, appending its stdout and stderr chunks
+        to `capture` as they arrive (never an unbounded buffer of our own), and return
+        `capture.result(exit_code)`. On timeout: kill the command's whole tree (never the
+        sandbox) and raise `capture.timeout_error(spec.display, timeout)`.
+
+        A missing `spec.cwd`, or (with `shell=False`) a missing program, must raise
+        `WorkdirError` / `CommandNotFoundError`: run the command behind a
+        `CommandCheck` (set `capture.check`; `result` then raises) or check natively."""
         raise UnsupportedOperationError(f"{self.backend_name} cannot run one-shot commands")
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
@@ -548,15 +843,44 @@ class BaseSandboxSession:
         settled cleanup, after the entry left the registry. Must cope with an entry whose
         spawn failed or was cancelled half-way (`entry.handle` may be None or partial)."""
 
+    def _abandon(self, entries: list[PtyEntry]) -> None:
+        """Called (synchronously, best effort) when a session that was never closed is
+        garbage-collected, with its processes: kill what can be killed without awaiting
+        (no event loop may be running). Default: nothing."""
+
     async def _final_drain(self, entry: PtyEntry) -> None:
         """At a window's deadline, move output that already arrived at the transport into
         the entry. Default: let pending callbacks run once."""
         await asyncio.sleep(0)
 
-    async def _read_file(self, path: str) -> bytes:
-        """Read a file from the sandbox."""
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Read a whole regular file (`path` is checked: a non-empty str without NUL).
+
+        Raise `NotAFileError` for anything but a regular file (a directory, FIFO,
+        socket, device) without opening what could block, `SandboxFileNotFoundError`
+        when it is missing, and `FileTooLargeError` above `max_bytes` where the size is
+        known before reading (the base session checks the returned length too)."""
         raise UnsupportedOperationError(f"the {self.backend_name} backend cannot read files")
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        """Write a file in the sandbox."""
+        """Write a regular file, creating parent folders. Raise `NotAFileError` (and
+        change nothing) over a directory, FIFO, socket or device, or when a parent on
+        the path is a file."""
         raise UnsupportedOperationError(f"the {self.backend_name} backend cannot write files")
+
+    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """Stream a regular file in chunks of about `chunk_size` bytes (the base session
+        re-cuts longer ones); same errors as `_read_file`. Default: `_read_file` bounded
+        by `read_limit_bytes`, then sliced."""
+        data = await self._read_file(path, self.read_limit_bytes)
+        if len(data) > self.read_limit_bytes:
+            raise FileTooLargeError.over(path, len(data), self.read_limit_bytes)
+        view = memoryview(data)
+        for start in range(0, len(view), chunk_size):
+            yield bytes(view[start : start + chunk_size])
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Write a regular file from `chunks` (bytes, never empty); same rules as
+        `_write_file`. Default: join the chunks, then `_write_file`."""
+        parts = [chunk async for chunk in chunks]
+        await self._write_file(path, b"".join(parts))

@@ -10,11 +10,18 @@ class ExecResult:
     """The outcome of a one-shot `exec`: its captured streams and exit code.
 
     A process killed by signal N reports `exit_code` 128+N.
+
+    Each stream is bounded (`max_output_bytes`, default 16 MiB per stream): beyond the
+    bound, the first half of it and a rolling tail of the other half are kept, and
+    `stdout_omitted` / `stderr_omitted` count the bytes dropped in between. When they
+    are non-zero, `stdout[:limit // 2]` is the head and the rest the tail.
     """
 
     stdout: bytes
     stderr: bytes
     exit_code: int
+    stdout_omitted: int = 0
+    stderr_omitted: int = 0
 
     @property
     def ok(self) -> bool:
@@ -36,6 +43,7 @@ class PtyUpdate:
     output: str
     exit_code: int | None
     original_token_count: int | None = None
+    unwritten_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

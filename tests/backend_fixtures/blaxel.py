@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
+from tests.helpers import maybe_started
 
 NAME = "blaxel"
 # No "resize": the terminal protocol has no resize message.
@@ -23,13 +24,19 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     from sandbox.testing.blaxel_server import BlaxelServer
 
     workdir = tmp_path / "ws"
     async with BlaxelServer(root=str(tmp_path)) as server:
-        async with sandbox.open_session(
+        async with maybe_started(
+            sandbox.open_session(
             "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()
+        ), start
         ) as s:
             yield s
         # Closing deleted the sandbox, which stops everything it ran.

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
+from tests.helpers import maybe_started
 
 NAME = "cloudflare"
 CAPABILITIES = {"resize", "signals"}
@@ -22,11 +23,17 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     from sandbox.testing.cloudflare_server import CloudflareWorkerServer
 
     async with CloudflareWorkerServer(api_key=API_KEY, root=tmp_path / "worker") as server:
-        async with sandbox.open_session("cloudflare", worker_url=server.url, api_key=API_KEY) as s:
+        async with maybe_started(
+            sandbox.open_session("cloudflare", worker_url=server.url, api_key=API_KEY), start
+        ) as s:
             yield s
         # Closing the session deleted its sandbox, and with it every process and socket.
         assert server.sandboxes == {}, "the session's sandbox was not deleted"

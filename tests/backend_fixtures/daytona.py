@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually
+from tests.helpers import maybe_started, describe_pids, eventually
 
 NAME = "daytona"
 CAPABILITIES = {"resize", "signals"}
@@ -23,18 +23,24 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     from sandbox.testing.daytona_fake import FakeDaytona
 
     root = tmp_path / "fake-daytona"
     root.mkdir()
     async with FakeDaytona(api_key=API_KEY, root=root) as fake:
-        async with sandbox.open_session(
+        async with maybe_started(
+            sandbox.open_session(
             "daytona",
             api_key=API_KEY,
             daytona_class=fake.AsyncDaytona,
             terminate_grace_s=0.5,
             teardown_timeout_s=10.0,
+        ), start
         ) as s:
             yield s
         # Closing the session deleted its sandbox, and with it every process.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
+from tests.helpers import maybe_started
 
 NAME = "docker"
 CAPABILITIES = {"resize", "signals"}
@@ -123,14 +124,18 @@ def assert_only_keepalive(container_id: str, timeout: float = 10.0) -> None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     container_id = shared_container()
     workdir = f"/tmp/ws-{secrets.token_hex(6)}"
     s = sandbox.open_session(
         "docker", container=container_id, workdir=workdir, terminate_grace_s=0.5
     )
     try:
-        async with s:
+        async with maybe_started(s, start):
             yield s
         assert_only_keepalive(container_id)
     finally:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually
+from tests.helpers import maybe_started, describe_pids, eventually
 
 NAME = "e2b"
 CAPABILITIES = {"resize", "signals"}
@@ -23,14 +23,20 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     from sandbox.testing.e2b_fake import FakeE2B
 
     root = tmp_path / "fake-e2b"
     root.mkdir()
     async with FakeE2B(api_key=API_KEY, root=root) as fake:
-        async with sandbox.open_session(
+        async with maybe_started(
+            sandbox.open_session(
             "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
+        ), start
         ) as s:
             yield s
         # Closing the session killed its sandbox, and with it every process.

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually
+from tests.helpers import maybe_started, describe_pids, eventually
 
 NAME = "modal"
 CAPABILITIES = {"signals"}  # Modal cannot resize a terminal
@@ -28,13 +28,18 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
     from sandbox.testing.modal_fake import FakeModal
 
     fake = FakeModal()
     tasks_before = asyncio.all_tasks()
     try:
-        async with sandbox.open_session(
+        async with maybe_started(
+            sandbox.open_session(
             "modal",
             sdk=fake,
             token_id="fake-token-id",
@@ -42,6 +47,7 @@ async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
             workdir=str(tmp_path / "ws"),
             state_dir=str(tmp_path / "state"),
             terminate_grace_s=0.5,
+        ), start
         ) as s:
             yield s
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
+from tests.helpers import maybe_started
 
 NAME = "unix_local"
 CAPABILITIES = {"resize", "signals"}
@@ -17,8 +18,14 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    async with sandbox.open_session(
+async def session(
+    tmp_path: Path, *, start: bool = True
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    """A session of this backend, started unless `start=False` (then the test starts
+    it); the leak checks below run once it is closed."""
+    async with maybe_started(
+        sandbox.open_session(
         "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5
+    ), start
     ) as s:
         yield s

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
+from .. import arguments, local_files
 from .. import confine as jail
-from ..errors import ExecTimeoutError, SandboxFileNotFoundError
+from ..command_check import CommandCheck, wait_for_verdict
+from ..errors import InvalidArgumentError, SandboxError
+from ..exec_output import ExecCapture
 from ..local_process import LocalProcess
 from ..process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ..session import BaseSandboxSession
 from ..settle import settle
+from ..shell_trap import ShellTrap
 from ..types import ExecResult
 from ..workspace import Workspace
 
@@ -58,12 +64,29 @@ class UnixLocalSession(BaseSandboxSession):
         **options: int,
     ) -> None:
         super().__init__(**options)
+        # Every option is checked here, when the session is opened: a bad one must not
+        # surface later as a raw TypeError in a teardown.
+        if workspace is not None:
+            _check_workspace_option(workspace)
+        for name, flag in (
+            ("inherit_env", inherit_env),
+            ("confine", confine),
+            ("network", network),
+        ):
+            if not isinstance(flag, bool) and not (name == "inherit_env" and flag is None):
+                raise InvalidArgumentError(f"{name} must be a bool, not {flag!r}")
+        if isinstance(readonly_paths, str | bytes) or not all(
+            isinstance(p, str | os.PathLike) for p in readonly_paths
+        ):
+            raise InvalidArgumentError("readonly_paths must be a list of paths")
         self._workspace = Workspace(workspace)
-        self._env = dict(env or {})
+        self._env = arguments.check_env(env) or {}
         # A jail that hides ~/.aws but hands over AWS_SECRET_ACCESS_KEY would be theatre:
         # confined sessions start from a small allow-list unless told otherwise.
         self._inherit_env = (not confine) if inherit_env is None else inherit_env
-        self.terminate_grace_s = terminate_grace_s
+        grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        assert grace is not None
+        self.terminate_grace_s = grace
         self.confine = confine
         self.network = network
         self._readonly_request = [os.fspath(p) for p in readonly_paths]
@@ -122,17 +145,22 @@ class UnixLocalSession(BaseSandboxSession):
             readonly_paths=self._readonly_paths,
         )
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        stdout = bytearray()
-        stderr = bytearray()
-        proc = LocalProcess.spawn(
-            self._argv(spec),
-            tty=False,
-            env=self._environment(spec, tty=False),
-            cwd=self._workspace.cwd_for(spec.cwd),
-            on_stdout=stdout.extend,
-            on_stderr=stderr.extend,
-        )
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """Pipes read by the event loop straight into the bounded capture."""
+        command, capture.check = self._checked_command(spec, announce=False)
+        try:
+            proc = LocalProcess.spawn(
+                self._argv(command),
+                tty=False,
+                env=self._environment(command, tty=False),
+                cwd=self._workspace.cwd_for(command.cwd),
+                on_stdout=capture.add_stdout,
+                on_stderr=capture.add_stderr,
+            )
+        except OSError as exc:
+            raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         try:
             async with asyncio.timeout(timeout):
                 code = await proc.wait()
@@ -144,30 +172,65 @@ class UnixLocalSession(BaseSandboxSession):
             proc.drain_now()
         except TimeoutError:
             await settle(proc.terminate(0))
-            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr) from None
+            raise capture.timeout_error(spec.display, timeout) from None
         except BaseException:
             await settle(proc.terminate(0))
             raise
         proc.close()
-        return ExecResult(stdout=bytes(stdout), stderr=bytes(stderr), exit_code=code)
+        return capture.result(code)
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
+        """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
+        shell) first runs the command check inside the jail and is waited for."""
         spec = entry.spec
-        entry.handle = LocalProcess.spawn(
-            self._argv(spec.command),
-            tty=spec.tty,
-            env=self._environment(spec.command, tty=spec.tty),
-            cwd=self._workspace.cwd_for(spec.command.cwd),
-            rows=spec.rows,
-            cols=spec.cols,
-            on_stdout=entry.feed,
-            on_exit=entry.report_exit,
-            on_eof=entry.report_eof,
-        )
+        command, check = self._checked_command(spec.command, announce=True)
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+
+        def on_stdout(data: bytes) -> None:
+            # Only with a check: the trap strips its start marker (nothing precedes it).
+            shown = data if trap is None else trap.feed(data)
+            if shown:
+                entry.feed(shown)
+
+        try:
+            entry.handle = LocalProcess.spawn(
+                self._argv(command),
+                tty=spec.tty,
+                env=self._environment(command, tty=spec.tty),
+                cwd=self._workspace.cwd_for(command.cwd),
+                rows=spec.rows,
+                cols=spec.cols,
+                on_stdout=entry.feed if trap is None else on_stdout,
+                on_exit=entry.report_exit,
+                on_eof=entry.report_eof,
+            )
+        except OSError as exc:
+            raise _start_error(
+                spec.command, self._workspace.cwd_for(spec.command.cwd), exc
+            ) from None
+        if trap is not None and check is not None:
+            await wait_for_verdict(entry, trap, check)
+
+    def _checked_command(
+        self, spec: CommandSpec, *, announce: bool
+    ) -> tuple[CommandSpec, CommandCheck | None]:
+        """The command to start, and its check (None: not needed).
+
+        Unconfined, `Popen` itself reports a bad `cwd` or program exactly (see
+        `_start_error`): no check. In the jail the host cannot tell what exists inside
+        it, so the shared check runs there, from the workspace.
+        """
+        if not self.confine:
+            return spec, None
+        check = CommandCheck.needed(spec, cwd=self._workspace.cwd_for(spec.cwd))
+        if check is None:
+            return spec, None
+        argv = tuple(check.argv(spec.argv, announce=announce))
+        return dataclasses.replace(spec, argv=argv, cwd=None), check
 
     async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
         proc: LocalProcess = entry.handle
-        await proc.write(data)
+        await proc.write(data, on_progress=entry.count_input)
 
     async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
         proc: LocalProcess = entry.handle
@@ -176,7 +239,7 @@ class UnixLocalSession(BaseSandboxSession):
     async def _interrupt(self, entry: PtyEntry) -> None:
         proc: LocalProcess = entry.handle
         if entry.tty:
-            await proc.write(b"\x03")
+            proc.interrupt_terminal()
         else:
             proc.signal_group(signal.SIGINT)
 
@@ -185,6 +248,13 @@ class UnixLocalSession(BaseSandboxSession):
         if proc is not None:
             await proc.terminate(self.terminate_grace_s)
 
+    def _abandon(self, entries: list[PtyEntry]) -> None:
+        """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays)."""
+        for entry in entries:
+            proc: LocalProcess | None = entry.handle
+            if proc is not None:
+                proc.kill_now()
+
     async def _final_drain(self, entry: PtyEntry) -> None:
         proc: LocalProcess | None = entry.handle
         if proc is not None:
@@ -192,27 +262,55 @@ class UnixLocalSession(BaseSandboxSession):
 
     # ---- files -------------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
-        real = self._workspace.resolve_inside(path)
-
-        def read() -> bytes:
-            try:
-                with open(real, "rb") as handle:
-                    return handle.read()
-            except FileNotFoundError:
-                raise SandboxFileNotFoundError(f"no such file in the workspace: {path!r}") from None
-
-        return await asyncio.to_thread(read)
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Resolved and opened in one step beneath the workspace (`sandbox.safe_open`):
+        a process swapping a folder for a symlink cannot lead the read out of it."""
+        return await local_files.read_whole(self._workspace.path, path, max_bytes)
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        real = self._workspace.resolve_inside(path)
+        """Created (with its folders) beneath the workspace in one step, never through a
+        link out of it; truncated only once known to be a regular file."""
+        await local_files.write_whole(self._workspace.path, path, data)
 
-        def write() -> None:
-            os.makedirs(os.path.dirname(real), exist_ok=True)
-            with open(real, "wb") as handle:
-                handle.write(data)
+    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """Streamed from one open fd, one short executor call per chunk."""
+        async for chunk in local_files.read_chunks(self._workspace.path, path, chunk_size):
+            yield chunk
 
-        await asyncio.to_thread(write)
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Streamed into one open fd, one short executor call per chunk."""
+        await local_files.write_chunks(self._workspace.path, path, chunks)
+
+
+def _start_error(spec: CommandSpec, cwd: str, exc: OSError) -> SandboxError:
+    """Our error for `Popen` failing to start `spec` in `cwd` (it names the culprit:
+    the directory, or the program it could not execute)."""
+    check = CommandCheck(spec, cwd=cwd)
+    if exc.filename == cwd:
+        kind = {errno.ENOENT: "nocwd", errno.ENOTDIR: "notdir"}.get(exc.errno or 0, "noaccess")
+        return check.error(kind)
+    if not spec.shell:
+        missing = exc.errno in (errno.ENOENT, errno.ENOTDIR)
+        return check.error("noprog" if missing else "noexec")
+    return SandboxError(f"could not start the command: {exc.strerror or exc}")
+
+
+def _check_workspace_option(workspace: object) -> None:
+    """`workspace` must be a path whose existing part is a directory (it is created at
+    start): a file there would only fail later, with a raw OSError."""
+    if not isinstance(workspace, str | os.PathLike):
+        raise InvalidArgumentError(f"workspace must be a path, not {type(workspace).__name__}")
+    path = os.fspath(workspace)
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidArgumentError(f"workspace must be a non-empty str path, not {path!r}")
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = (
+            "exists and is not" if probe == os.path.abspath(path) else f"is inside {probe!r}, not"
+        )
+        raise InvalidArgumentError(f"workspace {path!r} {what} a directory")
 
 
 def _is_locale_or_identity(name: str) -> bool:

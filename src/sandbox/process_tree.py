@@ -1,0 +1,85 @@
+"""Finding and killing everything a local process started, not just its process group.
+
+A process group is not a tree: an interactive shell gives each background job a group
+of its own, and `nohup`/`setsid` children leave the group too. What they keep is either
+the session (job-control groups stay in the shell's session) or the parent link (until
+their parent dies and they are re-parented). So a tree is taken as: every process whose
+session id is the leader's (the leader started a new session: its pid is the sid), plus
+every descendant of those by parent link. The leader's pid stays reserved while it is an
+unreaped zombie (`local_process` waits with WNOWAIT), so the session id is never another
+process's. A process that both left the session and lost its parent before we looked is
+out of reach without cgroups; confined sessions do not have that gap (the jail's PID
+namespace dies with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+KILL_ROUNDS = 16  # a forking process is killed before it forks again, so this converges
+
+
+def _read_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, sid) for every live (non-zombie) process on this host."""
+    table: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] in (b"Z", b"X"):
+            continue
+        table[int(name)] = (int(fields[1]), int(fields[4]))
+    return table
+
+
+def tree_members(leader: int) -> set[int]:
+    """The live processes of `leader`'s session and their descendants (leader included
+    if it is still alive), never this process itself."""
+    if not os.path.isdir("/proc"):
+        return set()
+    table = _read_table()
+    members = {pid for pid, (_, sid) in table.items() if sid == leader}
+    if leader in table:
+        members.add(leader)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = list(members)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in members:
+                members.add(child)
+                todo.append(child)
+    members.discard(os.getpid())
+    return members
+
+
+def _send(pids: set[int], signals: tuple[int, ...]) -> None:
+    for pid in pids:
+        for sig in signals:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def signal_tree(leader: int, *signals: int) -> None:
+    """Send each of `signals` to every member of `leader`'s tree (one look at /proc)."""
+    _send(tree_members(leader), signals)
+
+
+def kill_tree(leader: int) -> None:
+    """SIGKILL `leader`'s whole tree, looking again until a look finds nobody new: a
+    killed process cannot fork, so only a fork that raced the previous look can appear
+    (bounded: a fork bomb in the sandbox must not hang the host)."""
+    killed: set[int] = set()
+    for _ in range(KILL_ROUNDS):
+        fresh = tree_members(leader) - killed
+        if not fresh:
+            return
+        _send(fresh, (signal.SIGKILL,))
+        killed |= fresh
