@@ -1,0 +1,195 @@
+"""`until` matching stays bounded: exact substrings across chunks, a regex searched over
+at most the current line (capped) plus a piece of new text, and a pathological regex on
+a flood of output that no longer blocks the event loop past the window."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox.text_decoding import StreamDecoder
+from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher
+
+# The reproduction of the hardening issue: `.*` backtracks over the whole line from every
+# start position, so a search costs the square of its string.
+PATHOLOGICAL = re.compile(r".*\$ $")
+
+
+class RecordingPattern:
+    """A real compiled pattern that records the length of every string it searches."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.lengths: list[int] = []
+
+    def search(self, text: str, pos: int = 0) -> re.Match[str] | None:
+        self.lengths.append(len(text))
+        return self.pattern.search(text, pos)
+
+
+def matcher(pattern: object) -> UntilMatcher:
+    return UntilMatcher(pattern, StreamDecoder())  # type: ignore[arg-type]
+
+
+def feed_chunks(m: UntilMatcher, data: bytes, size: int) -> bool:
+    return any(m.feed([data[i : i + size]]) for i in range(0, len(data), size))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64])
+def test_substring_matches_across_every_chunk_boundary(size: int) -> None:
+    data = "noise ünïcode noise >>> ".encode()
+    assert feed_chunks(matcher("ünïcode noise >>>"), data, size)
+    assert not feed_chunks(matcher("ünïcode  noise"), data, size)
+
+
+def test_substring_is_not_joined_across_dropped_bytes() -> None:
+    m = matcher("abcd")
+    assert not m.feed([b"xxab", b"cdxx"])  # a gap of dropped bytes between the segments
+    assert m.feed([b"abcd"])
+
+
+@pytest.mark.parametrize("size", [1, 3, 100, REGEX_PIECE, 3 * REGEX_PIECE])
+def test_regex_matches_across_chunk_boundaries(size: int) -> None:
+    data = b"x" * 10_000 + b"\nready on port 8123\n" + b"y" * 10_000
+    assert feed_chunks(matcher(re.compile(r"ready on port \d+$", re.M)), data, size)
+    assert not feed_chunks(matcher(re.compile(r"ready on port \d+x")), data, size)
+
+
+def test_regex_anchored_at_end_matches_only_at_the_end_of_the_text() -> None:
+    m = matcher(PATHOLOGICAL)
+    assert not m.feed([b"user@host:~$ ls\n"])  # a prompt followed by more text
+    assert not m.feed([b"x" * 50_000])
+    assert not m.feed([b"$"])
+    assert m.feed([b" "])  # the prompt at the very end of a 50 000-character line
+
+
+def test_regex_line_start_is_never_a_cut_in_a_long_line() -> None:
+    m = matcher(re.compile(r"^x", re.M))
+    assert not m.feed([b"y" * (3 * REGEX_LOOKBEHIND)])
+    assert not m.feed([b"x"])  # the line is longer than the cap; its start is far back
+    assert m.feed([b"\nx"])
+    assert not feed_chunks(matcher(re.compile(r"\Ax")), b"y" * 20_000 + b"x", 100)
+    assert feed_chunks(matcher(re.compile(r"\Ay")), b"y" * 20_000, 100)
+
+
+def test_regex_search_string_is_capped() -> None:
+    recording = RecordingPattern(PATHOLOGICAL)
+    m = matcher(recording)
+    data = b"x" * 400_000
+    assert not feed_chunks(m, data, 4096)
+    assert not m.feed([data])  # much at once is searched piece by piece
+    assert max(recording.lengths) <= 1 + REGEX_LOOKBEHIND + REGEX_PIECE
+    # Every new character is searched (no text skipped), within a bounded string.
+    assert len(recording.lengths) >= 2 * len(data) // REGEX_PIECE
+
+
+def test_regex_cap_bounds_what_one_match_may_span() -> None:
+    # Documented: within one line, a match up to REGEX_LOOKBEHIND characters is found...
+    fits = "<" + "z" * (REGEX_LOOKBEHIND - 2) + ">"
+    span = re.compile(r"<z+>")
+    assert feed_chunks(matcher(span), b"a" * 9_000 + fits.encode(), 1)
+    # ...a longer one, arriving in small chunks, is not.
+    too_long = "<" + "z" * (2 * REGEX_LOOKBEHIND) + ">"
+    assert not feed_chunks(matcher(span), too_long.encode(), 100)
+    # A match may end with its line's newline, but does not reach back over a newline.
+    assert feed_chunks(matcher(re.compile(r"done\n")), b"all done\nmore", 1)
+    assert not feed_chunks(matcher(re.compile(r"one\ntwo")), b"one\ntwo", 1)
+
+
+def test_budget_skips_searches_but_keeps_the_context() -> None:
+    recording = RecordingPattern(re.compile(r"ready"))
+    m = matcher(recording)
+    assert not m.feed([b"server ready"], budget_s=0)
+    assert recording.lengths == []
+    assert m.feed([b"!"])  # the skipped text is still in the look-behind
+
+
+async def test_feed_async_matches_like_feed_and_stops_at_its_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    m = matcher(re.compile(r"ready"))
+    assert not await m.feed_async([b"server re"], loop.time() + 60)
+    assert await m.feed_async([b"ady"], loop.time() + 60)
+    # Past its deadline it searches nothing, but the text stays context.
+    recording = RecordingPattern(re.compile(r"ready"))
+    m = matcher(recording)
+    assert not await m.feed_async([b"server ready", b"after a gap"], loop.time() - 1)
+    assert recording.lengths == []
+    assert m.feed([b"!"]) is False  # the gap cut the context: "ready" was before it
+
+
+async def test_feed_async_lets_the_loop_run_during_a_flood() -> None:
+    loop = asyncio.get_running_loop()
+    window = 1.0
+    longest_stall = 0.0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal longest_stall
+        last = loop.time()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            longest_stall = max(longest_stall, loop.time() - last)
+            last = loop.time()
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    begin = loop.time()
+    # 1 MB at once (a poll of a full output buffer): about 250 pathological searches.
+    assert not await matcher(PATHOLOGICAL).feed_async([b"x" * 1_000_000], begin + window)
+    elapsed = loop.time() - begin
+    done.set()
+    await ticking
+    assert elapsed < 2 * window, f"a {window}s deadline took {elapsed:.2f}s"
+    assert longest_stall < window / 4, f"the event loop stalled for {longest_stall:.2f}s"
+
+
+async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    window = 1.0
+    # 400 KB without a newline, in 4 KB writes; then it waits (so only the window ends
+    # the call, not an exit).
+    child = (
+        "import sys\n"
+        "sys.stdin.readline()\n"
+        "for _ in range(100):\n"
+        "    sys.stdout.write('x' * 4096); sys.stdout.flush()\n"
+        "sys.stdin.readline()\n"
+    )
+    loop = asyncio.get_running_loop()
+    longest_stall = 0.0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal longest_stall
+        last = loop.time()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = loop.time()
+            longest_stall = max(longest_stall, now - last)
+            last = now
+
+    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+        started = await session.pty_exec_start(
+            sys.executable, "-c", child, shell=False, tty=True, yield_time_s=0.25
+        )
+        assert started.process_id is not None
+        ticking = asyncio.create_task(ticker())
+        try:
+            await asyncio.sleep(0.05)  # the ticker has its first reading
+            begin = time.monotonic()
+            update = await session.pty_write_stdin(
+                started.process_id, "go\n", until=PATHOLOGICAL, yield_time_s=window
+            )
+            elapsed = time.monotonic() - begin
+        finally:
+            stop.set()
+            await ticking
+    assert update.process_id is not None, "the window ended, not the process"
+    assert "x" * 4096 in update.output
+    assert longest_stall < window, f"the event loop stalled for {longest_stall:.2f}s"
+    assert elapsed < 3 * window, f"a {window}s window took {elapsed:.2f}s"
