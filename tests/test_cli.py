@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import select
@@ -15,11 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+
 SANDBOX = [sys.executable, "-m", "sandbox.cli"]
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SANDBOX, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def gone(arg: str) -> bool:
+    """No live process has `arg` in its argv (a SIGKILLed one may take a moment to be
+    reaped, so this looks for a while)."""
+    return asyncio.run(eventually(lambda: not host_pids_with_arg(arg)))
 
 
 def test_run_passes_output_and_exit_code(tmp_path: Path) -> None:
@@ -34,11 +43,23 @@ def test_run_with_tty(tmp_path: Path) -> None:
     assert "/dev/pts/" in out.stdout
 
 
-def test_run_timeout(tmp_path: Path) -> None:
-    out = run_cli("run", "--timeout", "0.5", "--workspace", str(tmp_path), "--", "sleep 30")
-    assert out.returncode == 1
-    assert out.stderr.startswith("sandbox: error: command timed out")
-    assert "Traceback" not in out.stderr
+def test_run_timeout_prints_partial_output_then_exits_124(tmp_path: Path) -> None:
+    arg = unique_seconds()
+    out = run_cli(
+        "run",
+        "--timeout",
+        "1",
+        "--workspace",
+        str(tmp_path),
+        "--",
+        f"echo partial-out; echo partial-err >&2; exec sleep {arg}",
+    )
+    assert out.returncode == 124
+    assert out.stdout == "partial-out\n"
+    assert out.stderr == ("partial-err\nsandbox: command timed out after 1s and was killed\n"), (
+        out.stderr
+    )
+    assert gone(arg), describe_pids(host_pids_with_arg(arg))
 
 
 @pytest.mark.parametrize(
@@ -49,13 +70,37 @@ def test_run_timeout(tmp_path: Path) -> None:
         ["frobnicate"],
         ["run", "--opt", "novalue", "--", "true"],
         ["run", "--opt", "bogus_option=1", "--", "true"],
+        ["run", "--timeout", "-1", "--", "true"],
+        ["run", "--timeout", "nan", "--", "true"],
+        ["run", "--timeout", "soon", "--", "true"],
     ],
 )
 def test_bad_usage_is_one_line_without_traceback(args: list[str]) -> None:
     out = run_cli(*args)
-    assert out.returncode != 0
+    assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "shell"])
+@pytest.mark.parametrize(
+    "workspace",
+    # A file; a path under a file; a path the kernel refuses (an OSError at start).
+    ["/etc/passwd", "/etc/passwd/sub", "/proc/sandbox-cli-no-such-dir"],
+)
+def test_bad_workspace_is_one_line_without_traceback(command: str, workspace: str) -> None:
+    out = subprocess.run(
+        [*SANDBOX, command, "--workspace", workspace, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode in (1, 2), out.stderr
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("sandbox: error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert workspace in out.stderr
 
 
 def test_backends_table_lists_all_without_secrets() -> None:
@@ -126,6 +171,24 @@ class Terminal:
         os.close(self.primary)
         assert attrs == self.saved, "the terminal mode was restored"
         return code
+
+
+@pytest.mark.parametrize("output_first", [True, False])
+def test_run_tty_timeout_covers_the_whole_run(tmp_path: Path, output_first: bool) -> None:
+    arg = unique_seconds()
+    command = f"echo before-timeout; exec sleep {arg}" if output_first else f"exec sleep {arg}"
+    args = ["run", "--tty", "--timeout", "1", "--workspace", str(tmp_path), "--", command]
+    term = Terminal(args)
+    try:
+        if output_first:
+            term.read_until(b"before-timeout")
+        # Without the timeout, the sleep would outlast this wait by days.
+        term.read_until(b"sandbox: command timed out after 1s and was killed\r\n")
+    finally:
+        code = term.close()
+    assert code == 124
+    assert b"Traceback" not in term.seen
+    assert gone(arg), describe_pids(host_pids_with_arg(arg))
 
 
 def test_shell_attaches_a_terminal(tmp_path: Path) -> None:

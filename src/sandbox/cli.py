@@ -1,25 +1,39 @@
 """The `sandbox` command: run, shell, backends, demo, mcp.
 
 Bad usage and library errors print one line on stderr and exit non-zero; no traceback.
+Exit codes: the command's own when it ran to its end; `EXIT_TIMEOUT` (124, as timeout(1))
+when `--timeout` killed it; `EXIT_USAGE` (2) for bad usage (an unknown flag, a malformed
+or rejected option value); `EXIT_ERROR` (1) for any other error (a backend that is not
+installed, missing credentials, a workspace that cannot be used, a provider failure);
+`EXIT_INTERRUPTED` (130) on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
+import math
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 from . import cli_options
-from .backends import open_session
-from .errors import SandboxError
+from .cli_session import ANY_OUTPUT, open_cli_session
+from .errors import (
+    ExecTimeoutError,
+    InvalidArgumentError,
+    PtyProcessNotFoundError,
+    SandboxError,
+    UnknownBackendError,
+)
+from .session import BaseSandboxSession
+from .types import PtyUpdate
 
-# Matches any character: a window with this `until` returns as soon as output arrives,
-# which turns polls into a stream.
-ANY_OUTPUT = re.compile(r"[\s\S]")
+EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+STREAM_WINDOW_S = 30.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,7 +48,11 @@ def _build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a command, print its output, exit with its code")
     cli_options.add_backend_arguments(run)
     run.add_argument("--tty", action="store_true", help="run on a terminal")
-    run.add_argument("--timeout", type=float, help="seconds before the command is killed")
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        help=f"seconds before the command is killed (then the exit code is {EXIT_TIMEOUT})",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
 
     shell = commands.add_parser("shell", help="attach this terminal to a PTY in the sandbox")
@@ -47,6 +65,16 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
 def _command_words(words: Sequence[str]) -> list[str]:
     return list(words[1:] if words and words[0] == "--" else words)
 
@@ -54,26 +82,94 @@ def _command_words(words: Sequence[str]) -> list[str]:
 async def _run(args: argparse.Namespace) -> int:
     command = _command_words(args.cmd)
     if not command:
-        raise SandboxError("run needs a command: sandbox run -- CMD...")
+        raise InvalidArgumentError("run needs a command: sandbox run -- CMD...")
     backend, options = cli_options.options_from_args(args)
-    async with open_session(backend, **options) as session:
-        if not args.tty:
+    async with open_cli_session(backend, options) as session:
+        if args.tty:
+            return await _run_tty(session, command, args.timeout)
+        try:
             result = await session.exec(*command, timeout=args.timeout)
-            sys.stdout.buffer.write(result.stdout)
-            sys.stdout.flush()
-            sys.stderr.buffer.write(result.stderr)
-            sys.stderr.flush()
-            return result.exit_code
-        run = session.pty_exec_start(*command, tty=True, until=ANY_OUTPUT, yield_time_s=30)
-        update = await (asyncio.wait_for(run, args.timeout) if args.timeout else run)
-        while True:
-            sys.stdout.write(update.output)
-            sys.stdout.flush()
-            if update.process_id is None:
-                return update.exit_code if update.exit_code is not None else 1
-            update = await session.pty_write_stdin(
-                update.process_id, "", until=ANY_OUTPUT, yield_time_s=30
-            )
+        except ExecTimeoutError as exc:
+            _write(sys.stdout.buffer, exc.stdout)
+            _write(sys.stderr.buffer, exc.stderr)
+            return _timed_out(args.timeout)
+        _write(sys.stdout.buffer, result.stdout)
+        _write(sys.stderr.buffer, result.stderr)
+        return result.exit_code
+
+
+async def _run_tty(session: BaseSandboxSession, command: list[str], timeout: float | None) -> int:
+    """Stream a terminal command's output until it exits or `timeout` elapses.
+
+    The timeout covers the whole run, not one window: the first window ends by it, and
+    a later poll still waiting at the deadline sees the process terminated under it,
+    which ends that window with the last output.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    first_window = STREAM_WINDOW_S if timeout is None else min(timeout, STREAM_WINDOW_S)
+    update = await session.pty_exec_start(
+        *command, tty=True, until=ANY_OUTPUT, yield_time_s=first_window
+    )
+    _show(update)
+    process_id = update.process_id
+    timed_out = False
+    while process_id is not None and update.process_id is not None:
+        poll = asyncio.ensure_future(
+            session.pty_write_stdin(process_id, "", until=ANY_OUTPUT, yield_time_s=STREAM_WINDOW_S)
+        )
+        try:
+            if deadline is not None and not timed_out:
+                done, _ = await asyncio.wait({poll}, timeout=max(0.0, deadline - loop.time()))
+                if not done:
+                    timed_out = await _terminate(session, process_id)
+            update = await poll
+        except PtyProcessNotFoundError:
+            break  # terminated before the poll began: nothing more to show
+        except BaseException:
+            poll.cancel()
+            await asyncio.wait({poll})
+            raise
+        _show(update)
+    if timed_out:
+        assert timeout is not None
+        return _timed_out(timeout)
+    return _exit_code(update)
+
+
+async def _terminate(session: BaseSandboxSession, process_id: int) -> bool:
+    """Terminate the process (its whole tree); False if it had already exited."""
+    try:
+        await session.pty_terminate(process_id)
+    except PtyProcessNotFoundError:
+        return False  # it exited, and a poll collected it, just before the deadline
+    return True
+
+
+def _show(update: PtyUpdate) -> None:
+    _write(sys.stdout.buffer, update.output.encode("utf-8", "surrogateescape"))
+
+
+def _write(stream: BinaryIO, data: bytes) -> None:
+    if data:
+        stream.write(data)
+        stream.flush()
+
+
+def _exit_code(update: PtyUpdate) -> int:
+    return update.exit_code if update.exit_code is not None else EXIT_ERROR
+
+
+def _timed_out(timeout: float) -> int:
+    sys.stdout.flush()
+    print(f"sandbox: command timed out after {timeout:g}s and was killed", file=sys.stderr)
+    return EXIT_TIMEOUT
+
+
+def _error_line(exc: BaseException) -> str:
+    # One line, whatever the message holds (a provider's multi-line answer).
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return f"sandbox: error: {message}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,14 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_demo(sys.stdout))
         parser.print_help()
         return EXIT_USAGE
+    except (InvalidArgumentError, UnknownBackendError) as exc:
+        print(_error_line(exc), file=sys.stderr)
+        return EXIT_USAGE
     except SandboxError as exc:
-        print(f"sandbox: error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"sandbox: error: {exc}", file=sys.stderr)
+        print(_error_line(exc), file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as exc:  # a malformed option (`--opt` without `=`)
+        print(_error_line(exc), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import tty
 from collections.abc import Iterator
 
 from . import cli_options
-from .backends import open_session
+from .cli_session import ANY_OUTPUT, open_cli_session
 from .errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
 from .session import BaseSandboxSession
 from .types import PtyUpdate
@@ -75,8 +75,6 @@ class _Attachment:
             self.done.set()
 
     async def pump_output(self) -> None:
-        from .cli import ANY_OUTPUT
-
         while not self.done.is_set():
             try:
                 update = await self.session.pty_write_stdin(
@@ -89,8 +87,6 @@ class _Attachment:
         # done: the input pump may still wait for keys; nothing more to show.
 
     async def pump_input(self, fd: int) -> None:
-        from .cli import ANY_OUTPUT
-
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -140,7 +136,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
     rows, cols = _terminal_size()
     stdin_fd = sys.stdin.fileno()
     loop = asyncio.get_running_loop()
-    async with open_session(backend, **options) as session:
+    async with open_cli_session(backend, options) as session:
         with _raw_terminal(stdin_fd):
             first = await session.pty_exec_start(
                 *(command or [DEFAULT_SHELL]), tty=True, rows=rows, cols=cols, yield_time_s=0.25
