@@ -84,6 +84,7 @@ class LocalProcess:
         self._reaped = False
         self._closed = False
         self._write_waiter: asyncio.Future[None] | None = None
+        self._swept: set[int] = set()
 
     @classmethod
     def spawn(
@@ -356,6 +357,8 @@ class LocalProcess:
                         await self._exited.wait()
         finally:
             self.close(sweep_tree=True)
+        if self._swept:
+            await process_tree.wait_gone(self._swept)
 
     def kill_now(self) -> None:
         """SIGKILL the group and the whole tree, synchronously, touching no event loop
@@ -382,7 +385,7 @@ class LocalProcess:
             if kill_group and sweep_tree and not self._reaped:
                 # Background jobs of an interactive shell have groups of their own, and
                 # nohup'd or setsid'd children leave the group: kill the whole tree.
-                process_tree.kill_tree(self.pid)
+                self._swept = process_tree.kill_tree(self.pid)
         waiter = self._write_waiter
         if waiter is not None and self.master_fd is not None:
             # A write waiting for room must not keep a writer on an fd number that is

@@ -14,10 +14,13 @@ namespace dies with it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import time
 
+GONE_WAIT_S = 2.0
 KILL_ROUNDS = 16  # a forking process is killed before it forks again, so this converges
 
 
@@ -34,7 +37,7 @@ def _read_table() -> dict[int, tuple[int, int]]:
             continue
         if fields[0] in (b"Z", b"X"):
             continue
-        table[int(name)] = (int(fields[1]), int(fields[4]))
+        table[int(name)] = (int(fields[1]), int(fields[3]))  # ppid, session id
     return table
 
 
@@ -72,14 +75,35 @@ def signal_tree(leader: int, *signals: int) -> None:
     _send(tree_members(leader), signals)
 
 
-def kill_tree(leader: int) -> None:
+def kill_tree(leader: int) -> set[int]:
     """SIGKILL `leader`'s whole tree, looking again until a look finds nobody new: a
     killed process cannot fork, so only a fork that raced the previous look can appear
-    (bounded: a fork bomb in the sandbox must not hang the host)."""
+    (bounded: a fork bomb in the sandbox must not hang the host). Returns the pids
+    killed (they may take a moment to die: see `wait_gone`)."""
     killed: set[int] = set()
     for _ in range(KILL_ROUNDS):
         fresh = tree_members(leader) - killed
         if not fresh:
-            return
+            break
         _send(fresh, (signal.SIGKILL,))
         killed |= fresh
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+async def wait_gone(pids: set[int], timeout: float = GONE_WAIT_S) -> None:
+    """Wait (bounded) until every pid in `pids` has died: a SIGKILL is delivered, not
+    finished, when `kill` returns, and a teardown must not report done before."""
+    deadline = time.monotonic() + timeout
+    left = {pid for pid in pids if _alive(pid)}
+    while left and time.monotonic() < deadline:
+        await asyncio.sleep(0.002)
+        left = {pid for pid in left if _alive(pid)}

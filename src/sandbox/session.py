@@ -765,7 +765,7 @@ class BaseSandboxSession:
             if matcher is not None:
                 segments = entry.output.since(scanned)
                 scanned = entry.output.end_pos
-                if segments and matcher.feed(segments):
+                if segments and await matcher.feed_async(segments, deadline):
                     break
             if entry.output_done:
                 break

@@ -35,8 +35,9 @@ async def session(
     async with BlaxelServer(root=str(tmp_path)) as server:
         async with maybe_started(
             sandbox.open_session(
-            "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()
-        ), start
+                "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()
+            ),
+            start,
         ) as s:
             yield s
         # Closing deleted the sandbox, which stops everything it ran.

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started, describe_pids, eventually
+from tests.helpers import describe_pids, eventually, maybe_started
 
 NAME = "daytona"
 CAPABILITIES = {"resize", "signals"}
@@ -35,12 +35,13 @@ async def session(
     async with FakeDaytona(api_key=API_KEY, root=root) as fake:
         async with maybe_started(
             sandbox.open_session(
-            "daytona",
-            api_key=API_KEY,
-            daytona_class=fake.AsyncDaytona,
-            terminate_grace_s=0.5,
-            teardown_timeout_s=10.0,
-        ), start
+                "daytona",
+                api_key=API_KEY,
+                daytona_class=fake.AsyncDaytona,
+                terminate_grace_s=0.5,
+                teardown_timeout_s=10.0,
+            ),
+            start,
         ) as s:
             yield s
         # Closing the session deleted its sandbox, and with it every process.

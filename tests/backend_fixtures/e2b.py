@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started, describe_pids, eventually
+from tests.helpers import describe_pids, eventually, maybe_started
 
 NAME = "e2b"
 CAPABILITIES = {"resize", "signals"}
@@ -35,8 +35,9 @@ async def session(
     async with FakeE2B(api_key=API_KEY, root=root) as fake:
         async with maybe_started(
             sandbox.open_session(
-            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
-        ), start
+                "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
+            ),
+            start,
         ) as s:
             yield s
         # Closing the session killed its sandbox, and with it every process.

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started, describe_pids, eventually
+from tests.helpers import describe_pids, eventually, maybe_started
 
 NAME = "modal"
 CAPABILITIES = {"signals"}  # Modal cannot resize a terminal
@@ -40,14 +40,15 @@ async def session(
     try:
         async with maybe_started(
             sandbox.open_session(
-            "modal",
-            sdk=fake,
-            token_id="fake-token-id",
-            token_secret="fake-token-secret",
-            workdir=str(tmp_path / "ws"),
-            state_dir=str(tmp_path / "state"),
-            terminate_grace_s=0.5,
-        ), start
+                "modal",
+                sdk=fake,
+                token_id="fake-token-id",
+                token_secret="fake-token-secret",
+                workdir=str(tmp_path / "ws"),
+                state_dir=str(tmp_path / "state"),
+                terminate_grace_s=0.5,
+            ),
+            start,
         ) as s:
             yield s
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"

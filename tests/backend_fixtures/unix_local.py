@@ -24,8 +24,6 @@ async def session(
     """A session of this backend, started unless `start=False` (then the test starts
     it); the leak checks below run once it is closed."""
     async with maybe_started(
-        sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5
-    ), start
+        sandbox.open_session("unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5), start
     ) as s:
         yield s

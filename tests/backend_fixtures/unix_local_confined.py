@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started
 from sandbox import confine
+from tests.helpers import maybe_started
 
 NAME = "unix_local_confined"
 CAPABILITIES = {"resize", "signals"}
@@ -28,7 +28,8 @@ async def session(
     it); the leak checks below run once it is closed."""
     async with maybe_started(
         sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, confine=True
-    ), start
+            "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, confine=True
+        ),
+        start,
     ) as s:
         yield s
