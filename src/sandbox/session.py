@@ -624,7 +624,9 @@ class BaseSandboxSession:
                 )
                 self._remember_pruned(victim.process_id, reason)
                 victim.feed(f"\n[sandbox: process {victim.process_id} {reason}]\n".encode())
-                logger.info("%s session: process %d %s", self.backend_name, victim.process_id, reason)
+                logger.info(
+                    "%s session: process %d %s", self.backend_name, victim.process_id, reason
+                )
             low, high = ID_RANGE
             in_use = self._reserved
             while True:

@@ -788,3 +788,27 @@ async def test_cancel_close_still_removes_the_container(case: str) -> None:
         client.release.set()
         remove_containers_of(case)
         client.close()
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-create", "after-create"])
+async def test_close_while_the_container_is_being_created(case: str, after: bool) -> None:
+    # The reproduction: a close during start() returned, then the start finished, the state
+    # went back to running and the container stayed up, running commands on a closed session.
+    from tests.helpers import HookGate
+
+    session = open_image(case)
+    try:
+        gate = HookGate(session, "_start_backend", after=after)
+        starting = asyncio.ensure_future(session.start())
+        await gate.reached.wait()
+        if after:
+            assert len(containers_of(case)) == 1, "the container exists while start is parked"
+        await session.aclose()
+        assert containers_of(case) == [], "the close left the container"
+        with pytest.raises(sandbox.SessionClosedError):
+            await starting
+        assert session.state is sandbox.SessionState.CLOSED
+        with pytest.raises(sandbox.SessionClosedError):
+            await session.exec("true")
+    finally:
+        remove_containers_of(case)
