@@ -1,0 +1,793 @@
+"""A rendered terminal screen for one tty process: what a person at the terminal would see.
+
+Interface (everything else in this module is private)::
+
+    screen = TerminalScreen(rows=24, cols=80)      # max_pending=256 KiB by default
+    screen.feed(chunk)             # raw output bytes, exactly as read: cheap, never blocks
+    screen.resize(rows, cols)      # queued in order with the output (see below)
+    done = screen.process(0.01)    # emulate queued output for about 10 ms; True: caught up
+    snap = screen.snapshot()       # the screen as emulated so far (a ScreenSnapshot)
+    snap = await screen.render()   # process everything fed so far (yielding to the event
+                                   # loop between slices), then snapshot
+    snap.text(cursor_marker="█")   # the lines for a model, with the cursor marked
+
+How a session wires it: the reader calls `feed()` with every chunk it reads and, unless a
+pump is already scheduled, schedules one with `loop.call_soon`; the pump calls
+`process()` and reschedules itself (again with `call_soon`) while it returns False. A
+"show me the screen" call awaits `render()`. `resize()` goes with the PTY resize.
+
+Cost. `feed()` only queues the bytes. The emulator (pyte, pure Python) is slow: about
+0.4 MB/s on `yes`-like output and 1-1.5 MB/s on curses redraws on one core, so a flood
+can outrun it. `process()` works in slices whose size adapts to the measured cost (a
+slice aims at 1 ms, at most 1 KiB of input) and stops once its budget is spent, so the
+event loop is held for the budget plus at most one slice (plus what the garbage
+collector or a busy machine adds, as with any Python code). The queue is bounded by
+`max_pending` bytes: when a flood overfills it, the oldest queued bytes are dropped
+(`skipped_bytes` counts them), the parser and the UTF-8 decoder restart at the next
+escape sequence or line break of what is kept, and the emulator goes on with the most
+recent output. The screen content is not cleared at a drop: full-screen programs redraw
+by diffs, so the previous picture plus the newest diffs is closer to the truth than the
+diffs alone; line-oriented floods scroll the stale lines away at once. Alternate-screen
+switches and window titles inside the dropped bytes are still applied (found with a
+byte search, not emulated), so `alternate_screen` and `title` stay right. Memory is
+bounded by `max_pending` plus the screen cells (rows x cols); the emulator's cost per
+operation grows with the screen size, so the slice bound assumes ordinary sizes (up to a
+few hundred rows and columns).
+
+Order. Bytes fed before a `resize()` are emulated at the old size and bytes after it at
+the new size, as on a real terminal (the program only redraws after its SIGWINCH). A
+snapshot shows the state after the bytes processed so far: `pending_bytes` says how many
+are still queued.
+
+Emulation (on top of pyte's VT100/xterm subset): the alternate screen (DEC private modes
+47, 1047 and 1049; 1049 also saves and restores the cursor; leaving restores the main
+screen as it was, like xterm, so after `vim` or `less` quits the shell's screen is back;
+the alternate screen is always entered blank), the window title (OSC 0 and 2), mode 1048
+(save/restore cursor), wide characters in two cells (a wide character that does not fit
+in the last column wraps, like xterm), zero-width characters (ZWJ, variation selectors,
+combining marks) kept with the previous character, DEC line drawing (`ESC ( 0`), the
+sequences pyte lacks that ncurses uses (SU/SD scrolling, REP, HPA, SCOSC/SCORC), DCS,
+APC, PM and SOS strings skipped (terminal queries, inline images), and malformed or
+runaway sequences dropped without losing the text that follows. Not emulated: scrollback
+(ED 3 is a no-op), DECCOLM (ignored, as by xterm's default), and answers to queries (a
+cursor-position or device-attributes request gets no reply; vim, less, top, nano and
+curses programs do not wait for one). Colours and attributes are emulated but not
+reported: a snapshot is text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import copy
+import functools
+import logging
+import time
+import unicodedata
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import pyte
+from pyte.screens import Char, Cursor, StaticDefaultDict
+from wcwidth import wcwidth
+
+from .arguments import check_terminal_size
+
+logger = logging.getLogger("sandbox")
+
+DEFAULT_MAX_PENDING = 256 * 1024
+"""Default bound of the bytes queued for the emulator (`TerminalScreen(max_pending=)`)."""
+
+_SLICE_TARGET_S = 0.001  # what one slice of emulation aims to cost
+_MIN_STEP = 64  # bytes per slice, lower and upper bounds of the adaptive size
+_MAX_STEP = 1024
+_RESYNC_WINDOW = 256  # after a drop, look this far for a sequence or line start
+_MAX_SEQUENCE_CHARS = 4096  # an escape sequence longer than this is abandoned
+_MAX_CELL_CHARS = 16  # combining characters kept on one cell
+_ALTERNATE_MODES = frozenset({47, 1047, 1049})
+_SAVE_CURSOR_MODE = 1048
+# DECCOLM (80/132 columns): xterm ignores it unless allowColumnMode is set (it is not by
+# default); pyte would switch to 132 columns, or clear the screen on `reset`'s ?3l.
+_IGNORED_MODES = frozenset({3})
+
+_Buffer = dict[int, StaticDefaultDict[int, Char]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenSnapshot:
+    """What a terminal screen showed at one moment (after the bytes processed so far).
+
+    `lines` has exactly `rows` entries, one per screen row, each with its trailing blanks
+    removed (so `lines[cursor_row]` is the cursor's row); a wide character is one `str`
+    character covering two cells. `cursor_row` and `cursor_col` are 0-based cells,
+    always on the screen. `alternate_screen` is True while a full-screen program has
+    switched to the alternate screen. `title` is the last window title the program set
+    (OSC 0 or 2), None if it never set one. `skipped_bytes` counts output bytes dropped
+    unrendered because the emulator could not keep up (since the screen was created);
+    `pending_bytes` counts bytes fed but not yet processed.
+    """
+
+    lines: tuple[str, ...]
+    cursor_row: int
+    cursor_col: int
+    cursor_visible: bool
+    rows: int
+    cols: int
+    alternate_screen: bool
+    title: str | None
+    skipped_bytes: int
+    pending_bytes: int
+
+    def text(self, cursor_marker: str | None = None) -> str:
+        """The screen as text: the lines joined by newlines, without the blank lines at
+        the bottom. With `cursor_marker`, the marker is inserted where the cursor is (when
+        the cursor is visible), padding the row with spaces if the cursor is past its end.
+        """
+        lines = list(self.lines)
+        last = len(lines) - 1
+        while last >= 0 and not lines[last]:
+            last -= 1
+        if cursor_marker is not None and self.cursor_visible:
+            row = lines[self.cursor_row]
+            index = _index_of_cell(row, self.cursor_col)
+            row = row.ljust(index)
+            lines[self.cursor_row] = row[:index] + cursor_marker + row[index:]
+            last = max(last, self.cursor_row)
+        return "\n".join(lines[: last + 1])
+
+
+class TerminalScreen:
+    """The rendered screen of one tty process, fed with its raw output bytes.
+
+    See the module docstring for the cost model and how a session drives it. Not
+    thread-safe: call it from the event loop thread (or any single thread).
+    """
+
+    def __init__(self, rows: int, cols: int, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        check_terminal_size(rows, cols)
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be a positive int, not {max_pending!r}")
+        self._max_pending = max_pending
+        self._screen = _Screen(cols, rows)
+        self._stream = _Stream(self._screen)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # Output chunks and queued resizes, in arrival order; `_head` is how much of the
+        # first chunk was already consumed (a chunk is processed a slice at a time).
+        self._queue: deque[bytes | tuple[int, int]] = deque()
+        self._head = 0
+        self._pending = 0
+        self._fed = 0
+        self._consumed = 0  # processed + dropped: `_fed - _consumed == _pending`
+        self._skipped = 0
+        self._step = 1024
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed but not yet processed."""
+        return self._pending
+
+    @property
+    def skipped_bytes(self) -> int:
+        """Bytes dropped unrendered so far because the emulator fell behind."""
+        return self._skipped
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue raw output bytes (any split of characters and escape sequences is fine).
+
+        Cheap: no emulation happens here. If the queue then holds more than
+        `max_pending` bytes, the oldest are dropped (see the module docstring).
+        """
+        if not data:
+            return
+        chunk = bytes(data)  # a copy only if the caller passed a mutable buffer
+        self._queue.append(chunk)
+        self._pending += len(chunk)
+        self._fed += len(chunk)
+        if self._pending > self._max_pending:
+            self._drop(self._pending - self._max_pending)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Resize the screen, after the bytes fed so far (they were written for the old
+        size). Takes effect when `process()` reaches it."""
+        check_terminal_size(rows, cols)
+        if self._queue:
+            self._queue.append((rows, cols))
+        else:
+            self._screen.resize(rows, cols)
+
+    def process(self, budget_s: float = 0.01) -> bool:
+        """Emulate queued output for about `budget_s` seconds (at least one slice, at
+        most the budget plus one slice of about 1 ms). Returns True when nothing is left
+        to process."""
+        deadline = time.perf_counter() + budget_s
+        while self._queue:
+            item = self._queue[0]
+            if isinstance(item, tuple):
+                self._queue.popleft()
+                self._screen.resize(*item)
+                continue
+            end = min(len(item), self._head + self._step)
+            chunk = item[self._head : end]
+            if end == len(item):
+                self._queue.popleft()
+                self._head = 0
+            else:
+                self._head = end
+            self._pending -= len(chunk)
+            self._consumed += len(chunk)
+            started = time.perf_counter()
+            self._emulate(chunk)
+            now = time.perf_counter()
+            self._adapt(len(chunk), now - started)
+            if now >= deadline:
+                break
+        return not self._queue
+
+    async def render(self, budget_s: float = 0.01) -> ScreenSnapshot:
+        """Process everything fed before this call, `budget_s` at a time, yielding to the
+        event loop between slices; then return the snapshot. Output fed meanwhile may be
+        processed too; the wait is bounded because the queue is."""
+        target = self._fed
+        while self._consumed < target:
+            if self.process(budget_s):
+                break
+            await asyncio.sleep(0)  # one slice per turn: the reader and others run between
+        return self.snapshot()
+
+    def snapshot(self) -> ScreenSnapshot:
+        """The screen as emulated so far (costs one pass over the cells, no emulation)."""
+        screen = self._screen
+        rows, cols = screen.lines, screen.columns
+        buffer = screen.buffer
+        lines = tuple(_render_line(buffer.get(y), cols) for y in range(rows))
+        return ScreenSnapshot(
+            lines=lines,
+            cursor_row=min(max(screen.cursor.y, 0), rows - 1),
+            cursor_col=min(max(screen.cursor.x, 0), cols - 1),
+            cursor_visible=not screen.cursor.hidden,
+            rows=rows,
+            cols=cols,
+            alternate_screen=screen.alternate,
+            title=screen.window_title,
+            skipped_bytes=self._skipped,
+            pending_bytes=self._pending,
+        )
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _emulate(self, chunk: bytes) -> None:
+        text = self._decoder.decode(chunk)
+        if not text:
+            return
+        try:
+            self._stream.feed(text)
+        except Exception:
+            # The parser's own errors are absorbed by `_Stream`; anything else is an
+            # emulator bug on odd input. The session's reader must not die of it: lose
+            # the rest of this slice and go on.
+            logger.debug("terminal emulator error; slice skipped", exc_info=True)
+            self._stream.restart()
+
+    def _adapt(self, size: int, elapsed: float) -> None:
+        # Scale the next slice by how far this one was from the target, at most 2x up or
+        # 8x down at a time (costs per byte differ by 100x between plain text and
+        # redraws, so shrink fast and grow carefully).
+        if size < self._step:
+            return  # a chunk's tail: says nothing about a full slice
+        ratio = _SLICE_TARGET_S / elapsed if elapsed > 0 else 2.0
+        step = int(self._step * min(2.0, max(0.125, ratio)))
+        self._step = min(_MAX_STEP, max(_MIN_STEP, step))
+
+    def _drop(self, excess: int) -> None:
+        """Drop `excess` queued bytes from the front and resynchronise on what is kept."""
+        dropped: list[tuple[bytes, int, int]] = []
+        while excess > 0 and self._queue:
+            item = self._queue[0]
+            if isinstance(item, tuple):
+                self._queue.popleft()
+                self._screen.resize(*item)
+                continue
+            available = len(item) - self._head
+            take = min(available, excess)
+            dropped.append((item, self._head, self._head + take))
+            if take == available:
+                self._queue.popleft()
+                self._head = 0
+            else:
+                self._head += take
+            excess -= take
+            self._pending -= take
+            self._consumed += take
+            self._skipped += take
+        self._replay_dropped(dropped)
+        self._decoder.reset()
+        self._stream.restart()
+        self._skip_to_sync_point()
+
+    def _skip_to_sync_point(self) -> None:
+        # What is kept may start inside an escape sequence or a UTF-8 character: start
+        # at the next ESC, CR or LF when one is near, so a cut sequence's tail is not
+        # drawn as text; else at least on a character boundary.
+        if not self._queue or isinstance(self._queue[0], tuple):
+            return
+        item, start = self._queue[0], self._head
+        window_end = min(len(item), start + _RESYNC_WINDOW)
+        found = [
+            pos
+            for pos in (item.find(b, start, window_end) for b in (b"\x1b", b"\r", b"\n"))
+            if pos >= 0
+        ]
+        if found:
+            skip = min(found) - start
+        else:
+            skip = 0
+            while skip < 3 and start + skip < len(item) and 0x80 <= item[start + skip] < 0xC0:
+                skip += 1
+        if not skip:
+            return
+        if start + skip == len(item):
+            self._queue.popleft()
+            self._head = 0
+        else:
+            self._head = start + skip
+        self._pending -= skip
+        self._consumed += skip
+        self._skipped += skip
+
+    def _replay_dropped(self, dropped: list[tuple[bytes, int, int]]) -> None:
+        """Apply the last alternate-screen switch and the last title found in dropped
+        bytes (a byte search: sequences split between chunks are missed)."""
+        switch: tuple[int, int, bool, int] | None = None  # (part, pos, enter, mode)
+        title: str | None = None
+        for index, (data, start, end) in enumerate(dropped):
+            for mode in _ALTERNATE_MODES:
+                for enter, final in ((True, b"h"), (False, b"l")):
+                    pos = data.rfind(b"\x1b[?%d" % mode + final, start, end)
+                    if pos >= 0 and (switch is None or (index, pos) > switch[:2]):
+                        switch = (index, pos, enter, mode)
+            found = _last_title(data, start, end)
+            if found is not None:
+                title = found
+        if switch is not None:
+            _, _, enter, mode = switch
+            if enter:
+                self._screen.enter_alternate(save_cursor=mode == 1049)
+            else:
+                self._screen.leave_alternate(restore_cursor=mode == 1049)
+        if title is not None:
+            self._screen.set_title(title)
+
+
+def _last_title(data: bytes, start: int, end: int) -> str | None:
+    """The title of the last complete OSC 0/2 sequence in data[start:end], if any."""
+    best = max(data.rfind(b"\x1b]0;", start, end), data.rfind(b"\x1b]2;", start, end))
+    if best < 0:
+        return None
+    body = best + 4
+    stops = [p for p in (data.find(b"\x07", body, end), data.find(b"\x1b\\", body, end)) if p >= 0]
+    if not stops or min(stops) - body > _MAX_SEQUENCE_CHARS:
+        return None
+    return data[body : min(stops)].decode("utf-8", errors="replace")
+
+
+@functools.lru_cache(maxsize=4096)
+def _width(char: str) -> int:
+    """Cells taken by one character: 2 (wide), 1, 0 (rides on the previous one) or -1
+    (a control character, not drawn)."""
+    return int(wcwidth(char))
+
+
+def _index_of_cell(line: str, col: int) -> int:
+    """The index in a rendered line where cell `col` starts (past the end: the index the
+    cell would have if the line were padded with spaces)."""
+    width = 0
+    for index, char in enumerate(line):
+        cells = 1 if char.isascii() else _width(char)
+        if cells <= 0:
+            continue  # a combining mark or joiner belongs to the previous character
+        if width >= col:
+            return index
+        width += cells
+    return len(line) + max(0, col - width)
+
+
+def _render_line(line: StaticDefaultDict[int, Char] | None, cols: int) -> str:
+    """One screen row as text, trailing blanks removed."""
+    if line is None:
+        return ""
+    blank_default = line.default.data == " "
+    if blank_default:
+        if not line:
+            return ""
+        # Cells past the last stored one are blank: no need to look at them.
+        cols = min(cols, max(line) + 1)
+    out: list[str] = []
+    after_wide = False
+    for x in range(cols):
+        char = line[x].data
+        if char == "":
+            # The right half of a wide character: it was drawn with its left half. An
+            # orphaned half (its left half was overwritten) shows blank, as in xterm.
+            if not after_wide:
+                out.append(" ")
+            after_wide = False
+            continue
+        wide = not char.isascii() and _width(char[0]) == 2
+        if wide and x + 1 < cols and line[x + 1].data != "":
+            # Its right half was overwritten: xterm blanks the left half too.
+            out.append(" ")
+            after_wide = False
+            continue
+        out.append(char)
+        after_wide = wide
+    return "".join(out).rstrip(" ")
+
+
+class _Screen(pyte.Screen):
+    """pyte's screen with the alternate screen, titles, robust drawing and bounded costs."""
+
+    def __init__(self, columns: int, lines: int) -> None:
+        # Set before pyte's __init__, which calls our reset().
+        self.alternate = False
+        self._saved_main: tuple[_Buffer, Cursor | None] | None = None
+        self._saved_1048: Cursor | None = None
+        self.window_title: str | None = None
+        self._last_char = ""  # for REP
+        super().__init__(columns, lines)
+
+    # -- the alternate screen (pyte has none) --
+
+    def enter_alternate(self, *, save_cursor: bool) -> None:
+        """Switch to a blank alternate screen, keeping the main one (and, for mode 1049,
+        the cursor) to restore when leaving."""
+        if self.alternate:
+            return
+        self._saved_main = (self.buffer, copy.copy(self.cursor) if save_cursor else None)
+        self.buffer = self._blank_buffer()
+        self.alternate = True
+        self.dirty.update(range(self.lines))
+
+    def leave_alternate(self, *, restore_cursor: bool) -> None:
+        """Switch back to the main screen as it was when the alternate one was entered."""
+        if not self.alternate or self._saved_main is None:
+            return
+        buffer, cursor = self._saved_main
+        self._saved_main = None
+        self.alternate = False
+        self.buffer = buffer
+        if restore_cursor and cursor is not None:
+            self.cursor = cursor
+            self.ensure_hbounds()
+            self.ensure_vbounds()
+        self.dirty.update(range(self.lines))
+
+    def _blank_buffer(self) -> _Buffer:
+        return defaultdict(lambda: StaticDefaultDict[int, Char](self.default_char))
+
+    def set_mode(self, *modes: int, **kwargs: Any) -> None:
+        """Set modes; the private alternate-screen, save-cursor and column modes are
+        ours."""
+        if kwargs.get("private"):
+            rest = []
+            for mode in modes:
+                if mode in _IGNORED_MODES:
+                    continue
+                if mode in _ALTERNATE_MODES:
+                    self.enter_alternate(save_cursor=mode == 1049)
+                elif mode == _SAVE_CURSOR_MODE:
+                    self._saved_1048 = copy.copy(self.cursor)
+                else:
+                    rest.append(mode)
+            if not rest:
+                return
+            modes = tuple(rest)
+        super().set_mode(*modes, **kwargs)
+
+    def reset_mode(self, *modes: int, **kwargs: Any) -> None:
+        """Reset modes; the private alternate-screen, save-cursor and column modes are
+        ours."""
+        if kwargs.get("private"):
+            rest = []
+            for mode in modes:
+                if mode in _IGNORED_MODES:
+                    continue
+                if mode in _ALTERNATE_MODES:
+                    self.leave_alternate(restore_cursor=mode == 1049)
+                elif mode == _SAVE_CURSOR_MODE:
+                    if self._saved_1048 is not None:
+                        self.cursor = copy.copy(self._saved_1048)
+                        self.ensure_hbounds()
+                        self.ensure_vbounds()
+                else:
+                    rest.append(mode)
+            if not rest:
+                return
+            modes = tuple(rest)
+        super().reset_mode(*modes, **kwargs)
+
+    def reset(self) -> None:
+        """RIS: like xterm, back to the main screen, cleared; the title stays."""
+        if self.alternate and self._saved_main is not None:
+            self.buffer = self._saved_main[0]
+        self.alternate = False
+        self._saved_main = None
+        self._saved_1048 = None
+        super().reset()
+
+    def set_title(self, param: str) -> None:
+        """OSC 0/2: remember the title."""
+        super().set_title(param)
+        self.window_title = param
+
+    # -- drawing --
+
+    def draw(self, data: str) -> None:
+        """Draw text. pyte's own `draw` stops at the first character of width 0 that is
+        not a combining mark (ZWJ, a variation selector) or of width -1 (a stray control
+        character), losing the rest of the text, and draws a wide character into the last
+        column; this handles those characters itself."""
+        if data.isascii() and data.isprintable():
+            super().draw(data)  # the common case, and pyte's fast path
+            self._last_char = data[-1]
+            return
+        start = 0
+        for index, char in enumerate(data):
+            if char.isascii() and char.isprintable():
+                continue
+            cells = _width(char)
+            if cells == 1:
+                continue
+            if start < index:
+                super().draw(data[start:index])
+            start = index + 1
+            if cells == 2:
+                self._last_char = char
+                if (
+                    self.cursor.x == self.columns - 1
+                    and pyte.modes.DECAWM in self.mode
+                    and self.columns > 1
+                ):
+                    self.cursor.x = self.columns  # no room: wrap first, like xterm
+                super().draw(char)
+            elif cells == 0:
+                self._attach(char)
+            # cells < 0: a control character with no meaning here; xterm ignores it.
+        if start < len(data):
+            super().draw(data[start:] if start else data)
+            self._last_char = data[-1]
+
+    def _attach(self, char: str) -> None:
+        """Add a zero-width character to the character before the cursor."""
+        x, y = min(self.cursor.x, self.columns), self.cursor.y
+        if x == 0:
+            return
+        line = self.buffer[y]
+        x -= 1
+        if line[x].data == "" and x > 0:
+            x -= 1  # the right half of a wide character: attach to the character
+        cell = line[x]
+        if cell.data and len(cell.data) < _MAX_CELL_CHARS:
+            line[x] = cell._replace(data=unicodedata.normalize("NFC", cell.data + char))
+
+    def repeat_last(self, count: int | None = None, *args: Any, **kwargs: Any) -> None:
+        """REP: draw the last drawn character `count` more times (at most a screenful)."""
+        if self._last_char and not args and not kwargs:
+            self.draw(self._last_char * min(count or 1, self.lines * self.columns))
+
+    # -- sequences pyte does not map --
+
+    def scroll_up(self, count: int | None = None) -> None:
+        """SU: scroll the scrolling region up `count` lines; the cursor stays."""
+        top = self.margins.top if self.margins else 0
+        x, y = self.cursor.x, self.cursor.y
+        self.cursor.y = top
+        self.delete_lines(count)
+        self.cursor.x, self.cursor.y = x, y
+
+    def scroll_down(self, count: int | None = None) -> None:
+        """SD: scroll the scrolling region down `count` lines; the cursor stays."""
+        top = self.margins.top if self.margins else 0
+        x, y = self.cursor.x, self.cursor.y
+        self.cursor.y = top
+        self.insert_lines(count)
+        self.cursor.x, self.cursor.y = x, y
+
+    def ansi_save_cursor(self, *params: int, **kwargs: Any) -> None:
+        """SCOSC (CSI s), without parameters only (with them it is DECSLRM)."""
+        if params in ((), (0,)) and not kwargs:
+            self.save_cursor()
+
+    def ansi_restore_cursor(self, *params: int, **kwargs: Any) -> None:
+        """SCORC (CSI u), without parameters only (others are keyboard protocols)."""
+        if params in ((), (0,)) and not kwargs:
+            self.restore_cursor()
+
+    # -- costs bounded per operation --
+
+    def erase_in_display(self, how: int = 0, *args: Any, **kwargs: Any) -> None:
+        """ED: erase whole rows by replacing them (O(rows), where pyte rewrites every
+        cell). ED 3 erases the scrollback only, as in xterm: we keep none."""
+        if how == 0:
+            rows = range(self.cursor.y + 1, self.lines)
+        elif how == 1:
+            rows = range(self.cursor.y)
+        elif how == 2:
+            rows = range(self.lines)
+        else:
+            return
+        blank = self.cursor.attrs._replace(data=" ")
+        for y in rows:
+            self.buffer[y] = StaticDefaultDict[int, Char](blank)
+        self.dirty.update(rows)
+        if how in (0, 1):
+            self.erase_in_line(how)
+
+    def alignment_display(self) -> None:
+        """DECALN: fill the screen with E (as rows whose every cell is E, O(rows))."""
+        filled = self.default_char._replace(data="E")
+        for y in range(self.lines):
+            self.buffer[y] = StaticDefaultDict[int, Char](filled)
+        self.dirty.update(range(self.lines))
+
+    def save_cursor(self) -> None:
+        """DECSC: one saved cursor, as in xterm (pyte keeps an unbounded stack)."""
+        super().save_cursor()
+        del self.savepoints[:-1]
+
+    def resize(self, lines: int | None = None, columns: int | None = None) -> None:
+        """Resize like xterm: when rows go, rows leave at the top only as far as needed
+        to keep the cursor's row on screen (pyte always drops them at the top, leaving the
+        cursor on another row); columns are cut at the right. Both screens are resized."""
+        lines = lines or self.lines
+        columns = columns or self.columns
+        if lines == self.lines and columns == self.columns:
+            return
+        old_columns = self.columns
+        shift = max(0, self.cursor.y - (lines - 1))
+        self.buffer = self._fit(self.buffer, shift, lines, columns)
+        self.cursor.y -= shift
+        if self._saved_main is not None:
+            main, cursor = self._saved_main
+            main_shift = 0 if cursor is None else max(0, cursor.y - (lines - 1))
+            if cursor is not None:
+                cursor.y -= main_shift
+                cursor.x = min(cursor.x, columns - 1)
+            self._saved_main = (self._fit(main, main_shift, lines, columns), cursor)
+        self.lines, self.columns = lines, columns
+        self.margins = None
+        self.cursor.x = min(self.cursor.x, columns - 1)
+        self.tabstops = {stop for stop in self.tabstops if stop < columns}
+        if columns > old_columns:
+            self.tabstops.update(range((old_columns // 8 + 1) * 8, columns, 8))
+        self.dirty.update(range(lines))
+
+    def _fit(self, buffer: _Buffer, shift: int, lines: int, columns: int) -> _Buffer:
+        fitted = self._blank_buffer()
+        for y, line in buffer.items():
+            if 0 <= y - shift < lines:
+                for x in [x for x in line if x >= columns]:
+                    del line[x]
+                fitted[y - shift] = line
+        return fitted
+
+
+# The parser's state as `_Stream` tracks it, beside pyte's own (hidden in a generator).
+_GROUND, _ESCAPE, _CSI, _DISCARD, _OTHER, _STRING, _STRING_ESC = range(7)
+# In a control sequence, pyte takes any of these for the final byte and then draws the
+# real final byte and what follows as text: intermediates (CSI ! p, CSI 2 SP q), colon
+# sub-parameters (CSI 4:3 m) and the private markers < = > (CSI > 4;2 m, CSI < u).
+_CSI_DISCARD = frozenset(" !\"#$%&'()*+,-./:<=>")
+_STRING_INTRODUCERS = frozenset("P_^X")  # DCS, APC, PM, SOS: ESC <one of these> ... ST
+
+
+class _Stream(pyte.Stream):
+    """pyte's parser, made tolerant: what it cannot handle is dropped, never drawn.
+
+    pyte has no DCS/APC/PM/SOS strings (it would draw a DCS query's or an inline image's
+    payload as text), misreads sequences with intermediate bytes, and re-raises when a
+    handler refuses its parameters (losing the rest of the text being fed). A shadow
+    state of the parser, updated with every character pyte is sent one at a time (only
+    inside sequences: text goes to `draw` in runs), lets us skip those sequences.
+    """
+
+    # Sequences pyte does not map: SU/SD (ncurses scrolls with them), HPA with its
+    # ECMA-48 final, REP (ncurses repeats characters with it), SCOSC/SCORC.
+    csi = {
+        **pyte.Stream.csi,
+        "S": "scroll_up",
+        "T": "scroll_down",
+        "`": "cursor_to_column",
+        "b": "repeat_last",
+        "s": "ansi_save_cursor",
+        "u": "ansi_restore_cursor",
+    }
+
+    def __init__(self, screen: _Screen) -> None:
+        self._state = _GROUND
+        self._sequence_length = 0
+        super().__init__(screen)
+        # Our decoder turns bytes into text; pyte's `use_utf8` would only make it ignore
+        # charset selection (ESC ( 0, SO/SI), which xterm honours for line drawing.
+        self.use_utf8 = False
+
+    def restart(self) -> None:
+        """Forget any partly parsed sequence (the stream was cut)."""
+        self._initialize_parser()
+        self._state = _GROUND
+        self._sequence_length = 0
+
+    def _send(self, char: str) -> bool | None:
+        try:
+            return super()._send_to_parser(char)
+        except Exception:
+            # A handler refused its parameters (CSI 1;2;3 A, a private flag it does not
+            # take). pyte has restarted its parser, in the ground state; xterm would
+            # ignore the sequence the same way.
+            return True
+
+    def _send_to_parser(self, data: str) -> bool | None:
+        state = self._state
+        if state >= _STRING:
+            return self._in_string(data)
+        if state == _DISCARD:
+            return self._in_discarded_sequence(data)
+        if state == _CSI and data in _CSI_DISCARD:
+            self._state = _DISCARD
+            return None
+        if state == _ESCAPE and data in _STRING_INTRODUCERS:
+            self._send("\x18")  # CAN: pyte leaves its escape state, drawing nothing
+            self._state = _STRING
+            return None
+        ground = self._send(data)
+        if ground:
+            self._state = _GROUND
+            self._sequence_length = 0
+            return ground
+        if state == _GROUND:
+            self._state = _ESCAPE if data == "\x1b" else _CSI if data == "\x9b" else _OTHER
+        elif state == _ESCAPE:
+            self._state = _CSI if data == "[" else _OTHER
+        return self._count_sequence_char()
+
+    def _count_sequence_char(self) -> bool | None:
+        self._sequence_length += 1
+        if self._sequence_length > _MAX_SEQUENCE_CHARS:
+            # An unterminated OSC would swallow all later output and grow without bound
+            # inside pyte's parser: give up on it.
+            self.restart()
+            return True
+        return None
+
+    def _in_discarded_sequence(self, char: str) -> bool | None:
+        code = ord(char)
+        if 0x40 <= code <= 0x7E:  # the final byte: end pyte's sequence without effect
+            self._send("\x18")
+            self._state = _GROUND
+            self._sequence_length = 0
+            return True
+        if char == "\x1b":  # a new sequence starts: abandon this one
+            self._send("\x18")
+            self._state = _GROUND
+            return self._send_to_parser(char)
+        if code < 0x20:  # controls act inside a sequence (CAN and SUB end it)
+            if self._send(char):
+                self._state = _GROUND
+                return True
+            return None
+        return self._count_sequence_char()
+
+    def _in_string(self, char: str) -> bool | None:
+        # A string's payload is skipped without any cost but this call: no length limit.
+        if self._state == _STRING_ESC:
+            self._state = _GROUND
+            if char == "\\":  # ST
+                return True
+            self._send_to_parser("\x1b")  # ESC + anything else starts a new sequence
+            return self._send_to_parser(char)
+        if char == "\x1b":
+            self._state = _STRING_ESC
+        elif char in "\x18\x1a\x9c":  # CAN, SUB abort it; C1 ST ends it
+            self._state = _GROUND
+            return True
+        return None
