@@ -10,6 +10,7 @@ import asyncio
 import re
 import time
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,67 @@ async def test_file_round_trip(session: BaseSandboxSession) -> None:
     await session.write_file("sub/dir/data.bin", payload)
     assert await session.read_file("sub/dir/data.bin") == payload
     assert (await session.exec("wc -c < sub/dir/data.bin")).stdout.strip() == b"102400"
+
+
+# ---- files: regular files only, bounded reads, streaming (issue 12) -------------------
+
+
+async def test_file_fifo_is_refused_without_hanging(session: BaseSandboxSession) -> None:
+    assert (await session.exec("mkfifo fifo")).exit_code == 0
+    async with asyncio.timeout(60):  # a safety net only: the refusal must not wait
+        with pytest.raises(sandbox.NotAFileError, match="'fifo'"):
+            await session.read_file("fifo")
+        with pytest.raises(sandbox.NotAFileError, match="'fifo'"):
+            await session.write_file("fifo", b"x")
+        with pytest.raises(sandbox.NotAFileError, match="'fifo'"):
+            await anext(session.read_file_chunks("fifo"))
+    assert (await session.exec("test -p fifo && echo still-a-fifo")).stdout == b"still-a-fifo\n"
+
+
+async def test_file_directory_is_not_a_file(session: BaseSandboxSession) -> None:
+    assert (await session.exec("mkdir -p d/inner && echo kept > d/inner/f")).exit_code == 0
+    with pytest.raises(sandbox.NotAFileError, match="'d'"):
+        await session.read_file("d")
+    with pytest.raises(sandbox.NotAFileError, match="'d'"):
+        await session.write_file("d", b"x")
+    with pytest.raises(sandbox.NotAFileError, match="'d'"):
+        await session.write_file_chunks("d", [b"x"])
+    assert (await session.exec("cat d/inner/f")).stdout == b"kept\n"
+
+
+async def test_file_write_under_a_file_is_refused(session: BaseSandboxSession) -> None:
+    await session.write_file("plain", b"p")
+    with pytest.raises(sandbox.NotAFileError, match="'plain/sub'"):
+        await session.write_file("plain/sub", b"x")
+    assert await session.read_file("plain") == b"p"
+
+
+async def test_file_nul_in_path_is_refused(session: BaseSandboxSession) -> None:
+    await session.write_file("a", b"kept")
+    with pytest.raises(sandbox.InvalidArgumentError, match="NUL"):
+        await session.read_file("a\0b")
+    with pytest.raises(sandbox.InvalidArgumentError, match="NUL"):
+        await session.write_file("a\0b", b"x")
+    assert await session.read_file("a") == b"kept"
+
+
+async def test_file_read_over_the_limit(session: BaseSandboxSession) -> None:
+    await session.write_file("ten.txt", b"0123456789")
+    assert await session.read_file("ten.txt", max_bytes=10) == b"0123456789"
+    with pytest.raises(sandbox.FileTooLargeError, match="limit of 9 bytes") as info:
+        await session.read_file("ten.txt", max_bytes=9)
+    assert info.value.limit == 9 and info.value.size in (10, None)
+
+
+async def test_file_chunks_round_trip(session: BaseSandboxSession) -> None:
+    payload = bytes(range(256)) * (3 * 4096) + b"tail"  # 3 MiB and a bit: several chunks
+    pieces = (payload[i : i + 100_000] for i in range(0, len(payload), 100_000))
+    await session.write_file_chunks("chunks/data.bin", pieces)
+    chunks = [c async for c in session.read_file_chunks("chunks/data.bin", chunk_size=1 << 20)]
+    assert b"".join(chunks) == payload
+    assert len(chunks) >= 4 and all(0 < len(c) <= 1 << 20 for c in chunks)
+    size = (await session.exec("wc -c < chunks/data.bin")).stdout.strip()
+    assert size == str(len(payload)).encode()
 
 
 # ---- process start and exit ---------------------------------------------------------
@@ -437,3 +499,127 @@ async def test_cancel_close_at_every_step(backend: ModuleType, tmp_path) -> None
             assert await eventually(lambda m=marker: not host_pids_with_arg(m))  # type: ignore[misc]
             with pytest.raises(sandbox.SessionClosedError):
                 await s.exec("true")
+
+
+# ---- bounded one-shot output ------------------------------------------------------------
+
+SEQ_LINES = 400_000  # `seq 1 400000` prints about 2.7 MB
+SEQ_OUTPUT = "".join(f"{i}\n" for i in range(1, SEQ_LINES + 1)).encode()
+
+
+async def test_exec_output_keeps_head_and_tail(session: BaseSandboxSession) -> None:
+    limit = 1024 * 1024
+    result = await session.exec(f"seq 1 {SEQ_LINES}; seq 1 {SEQ_LINES} >&2", max_output_bytes=limit)
+    assert result.exit_code == 0
+    expected = SEQ_OUTPUT[: limit // 2] + SEQ_OUTPUT[-(limit - limit // 2) :]
+    for kept, omitted in (
+        (result.stdout, result.stdout_omitted),
+        (result.stderr, result.stderr_omitted),
+    ):
+        assert omitted == len(SEQ_OUTPUT) - limit
+        assert len(kept) == limit
+        assert kept == expected
+    # Under the (16 MiB) default nothing is dropped.
+    whole = await session.exec(f"seq 1 {SEQ_LINES}")
+    assert (whole.stdout, whole.stdout_omitted, whole.stderr_omitted) == (SEQ_OUTPUT, 0, 0)
+
+
+async def test_exec_timeout_keeps_a_flood_bounded(session: BaseSandboxSession) -> None:
+    limit = 10_000
+    with pytest.raises(sandbox.ExecTimeoutError) as info:
+        await session.exec("yes", timeout=2, max_output_bytes=limit)
+    error = info.value
+    assert len(error.stdout) == limit
+    assert error.stdout_omitted > 0
+    assert set(error.stdout) <= set(b"y\n")
+    assert (await session.exec("echo still-here")).stdout == b"still-here\n"
+
+
+async def test_exec_output_limit_is_checked(session: BaseSandboxSession) -> None:
+    for bad in (-1, 1.5, "1", True):
+        with pytest.raises(sandbox.InvalidArgumentError, match="max_output_bytes"):
+            await session.exec("true", max_output_bytes=bad)  # type: ignore[arg-type]
+    nothing = await session.exec("echo hello", max_output_bytes=0)
+    assert (nothing.stdout, nothing.stdout_omitted) == (b"", 6)
+
+
+# ---- what cannot start: the same errors on every backend ----------------------------------
+
+
+async def _start(session: BaseSandboxSession, how: str, *command: str, **options: Any) -> None:
+    """Start `command` as a one-shot `exec`, or as a process on a terminal or on pipes."""
+    if how == "exec":
+        await session.exec(*command, **options)
+    else:
+        await session.pty_exec_start(*command, tty=how == "tty", yield_time_s=10, **options)
+
+
+START_WAYS = ["exec", "tty", "pipes"]
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+async def test_missing_program_without_shell(session: BaseSandboxSession, how: str) -> None:
+    await session.exec("echo '#!/bin/sh' > not-executable.sh")
+    for program, words in (
+        ("no-such-program-5f2a", "was not found"),
+        ("./no-such-program-5f2a", "does not exist"),
+        ("./not-executable.sh", "not an executable"),
+    ):
+        with pytest.raises(sandbox.CommandNotFoundError, match=words) as info:
+            await _start(session, how, program, "arg", shell=False)
+        assert info.value.program == program and program in str(info.value)
+        assert session.pty_processes() == []
+    # With a shell, a missing program is the shell's exit status 127: a normal result.
+    if how == "exec":
+        assert (await session.exec("no-such-program-5f2a")).exit_code == 127
+    else:
+        update = await session.pty_exec_start("no-such-program-5f2a", tty=how == "tty")
+        assert update.exit_code == 127
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+@pytest.mark.parametrize("shell", [True, False], ids=["shell", "argv"])
+async def test_bad_cwd(session: BaseSandboxSession, how: str, shell: bool) -> None:
+    await session.exec("touch a-file")
+    for cwd, words in (("no-such-dir", "does not exist"), ("a-file", "is not a directory")):
+        with pytest.raises(sandbox.WorkdirError, match=words) as info:
+            await _start(session, how, "pwd", cwd=cwd, shell=shell)
+        assert info.value.cwd == cwd and repr(cwd) in str(info.value)
+        assert session.pty_processes() == []
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+async def test_checked_start_runs_the_command_unchanged(
+    session: BaseSandboxSession, how: str
+) -> None:
+    # A `cwd` with `shell=False`: both checks pass and leave no trace in the output.
+    await session.exec("mkdir -p sub")
+    command = ("sh", "-c", 'echo "$GREETING"; pwd; exit 4')
+    options = {"shell": False, "cwd": "sub", "env": {"GREETING": "hola"}}
+    if how == "exec":
+        result = await session.exec(*command, **options)  # type: ignore[arg-type]
+        lines = result.stdout.decode().splitlines()
+        code, stderr = result.exit_code, result.stderr
+    else:
+        update = await session.pty_exec_start(*command, tty=how == "tty", **options)  # type: ignore[arg-type]
+        lines = update.output.replace("\r", "").splitlines()
+        code, stderr = update.exit_code, b""
+    assert code == 4 and stderr == b""
+    assert lines[0] == "hola" and lines[1].endswith("/sub") and len(lines) == 2
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+async def test_bad_env_is_an_invalid_argument(session: BaseSandboxSession, how: str) -> None:
+    for env, words in (
+        ({"A": "x\0y"}, "NUL"),
+        ({"A": 1}, "must be a str"),
+        ({"A=B": "x"}, "invalid variable name"),
+        (["A=1"], "mapping"),
+    ):
+        with pytest.raises(sandbox.InvalidArgumentError, match=words):
+            await _start(session, how, "true", env=env)
+    with pytest.raises(sandbox.InvalidArgumentError, match="cwd"):
+        await _start(session, how, "true", cwd=7)
+    with pytest.raises(sandbox.InvalidArgumentError, match="cwd"):
+        await _start(session, how, "true", cwd="a\0b")
+    assert session.pty_processes() == []

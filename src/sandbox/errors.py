@@ -76,13 +76,25 @@ class UnsupportedOperationError(SandboxError):
 class ExecTimeoutError(SandboxError):
     """A one-shot `exec` ran past its timeout; its process tree was killed.
 
-    `stdout` and `stderr` hold what it printed before it was killed.
+    `stdout` and `stderr` hold what it printed before it was killed, bounded like an
+    `ExecResult`'s (head and tail); `stdout_omitted` / `stderr_omitted` count the bytes
+    dropped between the two.
     """
 
-    def __init__(self, message: str, *, stdout: bytes = b"", stderr: bytes = b"") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        stdout: bytes = b"",
+        stderr: bytes = b"",
+        stdout_omitted: int = 0,
+        stderr_omitted: int = 0,
+    ) -> None:
         super().__init__(message, retryable=False)
         self.stdout = stdout
         self.stderr = stderr
+        self.stdout_omitted = stdout_omitted
+        self.stderr_omitted = stderr_omitted
 
     @classmethod
     def killed(
@@ -91,6 +103,9 @@ class ExecTimeoutError(SandboxError):
         timeout: float | None,
         stdout: bytes | bytearray,
         stderr: bytes | bytearray,
+        *,
+        stdout_omitted: int = 0,
+        stderr_omitted: int = 0,
     ) -> ExecTimeoutError:
         """The error every backend raises for a command killed at its timeout, keeping
         what it printed (the command is shown shortened, never more than 200 chars)."""
@@ -99,7 +114,32 @@ class ExecTimeoutError(SandboxError):
             f"command timed out {after} and was killed: {display[:200]}",
             stdout=bytes(stdout),
             stderr=bytes(stderr),
+            stdout_omitted=stdout_omitted,
+            stderr_omitted=stderr_omitted,
         )
+
+
+class CommandNotFoundError(SandboxError):
+    """The program to execute does not exist or is not an executable file.
+
+    Raised by `exec` and `pty_exec_start` with `shell=False`, on every backend, before
+    anything runs. (With `shell=True` the shell looks the program up: a missing one is
+    the shell's exit status 127, a normal result.) `program` is the name as given.
+    """
+
+    def __init__(self, message: str, *, program: str) -> None:
+        super().__init__(message, retryable=False)
+        self.program = program
+
+
+class WorkdirError(SandboxError):
+    """The working directory given as `cwd` does not exist, is not a directory, or
+    cannot be entered. Raised by `exec` and `pty_exec_start` on every backend, before
+    the command runs. `cwd` is the directory as given."""
+
+    def __init__(self, message: str, *, cwd: str) -> None:
+        super().__init__(message, retryable=False)
+        self.cwd = cwd
 
 
 class WorkspacePathError(SandboxError, ValueError):
@@ -108,6 +148,37 @@ class WorkspacePathError(SandboxError, ValueError):
 
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """`read_file` named a file that does not exist."""
+
+
+class NotAFileError(InvalidArgumentError):
+    """A file call named something that is not a regular file: a directory, a FIFO, a
+    socket, a device, or (for a write) a path under something that is not a directory.
+
+    Nothing was read or changed. It is an `InvalidArgumentError` because the path argument
+    is what is wrong (the docker backend raised that class for directories before).
+    """
+
+
+class FileTooLargeError(SandboxError):
+    """`read_file` refused a file larger than its limit (`max_bytes`, or the session's
+    `read_limit_bytes`). `size` is the file's size when known (else None: it grew past the
+    limit while being read), `limit` the limit. Use `read_file_chunks` for big files."""
+
+    def __init__(self, message: str, *, size: int | None, limit: int) -> None:
+        super().__init__(message, retryable=False)
+        self.size = size
+        self.limit = limit
+
+    @classmethod
+    def over(cls, path: str, size: int | None, limit: int) -> FileTooLargeError:
+        """The error every backend raises for `path` above `limit` bytes."""
+        what = f"is {size} bytes" if size is not None else "has more bytes than that"
+        return cls(
+            f"file {path!r} {what}, over the read limit of {limit} bytes; read it with "
+            "read_file_chunks(), or pass a larger max_bytes",
+            size=size,
+            limit=limit,
+        )
 
 
 class ProviderError(SandboxError):

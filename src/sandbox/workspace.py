@@ -1,7 +1,8 @@
-"""A workspace directory on the local file system, and safe paths inside it.
+"""A workspace directory on the local file system.
 
-`resolve_inside` refuses every path that would leave the workspace: `..` components
-that climb out, absolute paths elsewhere, and symlinks (at any level) pointing out.
+Files in it are opened through `sandbox.safe_open`, which resolves and opens a path in
+one step beneath the workspace: checking a path first and opening it afterwards would be
+a race a process in the sandbox can win (by swapping a folder for a symlink meanwhile).
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-
-from .errors import WorkspacePathError
 
 
 class Workspace:
@@ -42,17 +41,6 @@ class Workspace:
         if not self._given and self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
             self._path = None
-
-    def resolve_inside(self, path: str) -> str:
-        """The real path of `path` (relative to the workspace), refusing any escape."""
-        root = self.path
-        candidate = path if os.path.isabs(path) else os.path.join(root, path)
-        real = os.path.realpath(candidate)
-        if real != root and not real.startswith(root + os.sep):
-            raise WorkspacePathError(
-                f"path {path!r} is outside the workspace; use a path inside {root}"
-            )
-        return real
 
     def cwd_for(self, cwd: str | None) -> str:
         """The working directory for a command: the workspace, or `cwd` relative to it."""

@@ -679,3 +679,15 @@ def test_importing_the_backend_leaves_logging_alone() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+async def test_a_directory_answered_as_a_listing_is_not_a_file(session: BlaxelSession) -> None:
+    """The API answers a GET of a directory with its JSON listing: a symlink to a
+    directory passes the listing check (a symlink), and the answer itself is refused."""
+    await session.exec("mkdir -p real && echo in > real/f && ln -s real link")
+    with pytest.raises(sandbox.NotAFileError, match="'link'"):
+        await session.read_file("link")
+    # A file that merely holds JSON shaped like a listing is a file.
+    shaped = b'{"name": "x", "path": "/x", "files": [], "subdirectories": []}'
+    await session.write_file("shaped.json", shaped)
+    assert await session.read_file("shaped.json") == shaped

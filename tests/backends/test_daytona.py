@@ -341,11 +341,13 @@ async def test_errors_of_running_processes_map(
         update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
         pid = update.process_id
         assert pid is not None
+        await session.write_file("any.txt", b"a")  # reads get past the stat first
         calls = {
             "send_input": lambda: session.pty_write_stdin(pid, "x\n"),
             "resize_pty_session": lambda: session.pty_resize(pid, rows=30, cols=100),
             "create_session": lambda: session.exec("true"),
             "download_file": lambda: session.read_file("any.txt"),
+            "get_file_info": lambda: session.read_file("any.txt"),
             "upload_file": lambda: session.write_file("any.txt", b"x"),
         }
         for point, call in calls.items():
@@ -427,7 +429,8 @@ async def test_file_errors(fake: FakeDaytona) -> None:
     async with open_daytona(fake) as session:
         with pytest.raises(sandbox.SandboxFileNotFoundError):
             await session.read_file("missing.txt")
-        fake.fail("download_file", DaytonaServiceUnavailableError("busy", status_code=503))
+        # A read asks get_file_info first (a download of a FIFO would never end).
+        fake.fail("get_file_info", DaytonaServiceUnavailableError("busy", status_code=503))
         with pytest.raises(sandbox.ProviderError) as info:
             await session.read_file("missing.txt")
         assert info.value.retryable
@@ -588,9 +591,9 @@ async def test_terminal_env_and_cwd(fake: FakeDaytona) -> None:
         )
         update = await session.pty_exec_start("pwd", cwd="sub")
         assert update.output == f"{session.workdir}/sub\n"
-        update = await session.pty_exec_start("true", tty=True, cwd="nowhere")
-        assert update.exit_code == 1
-        assert "nowhere" in update.output
+        with pytest.raises(sandbox.WorkdirError, match="nowhere"):
+            await session.pty_exec_start("true", tty=True, cwd="nowhere")
+        assert session.pty_processes() == []
 
 
 async def test_pipe_stdin_is_closed_although_the_session_shell_has_one(fake: FakeDaytona) -> None:

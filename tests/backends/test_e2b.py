@@ -358,6 +358,7 @@ async def test_create_errors_map_with_retryable(
         ("pty.send_stdin", "write"),
         ("pty.resize", "resize"),
         ("files.read", "read"),
+        ("files.get_info", "read"),
         ("files.write", "write_file"),
     ],
 )
@@ -373,6 +374,7 @@ async def test_errors_at_every_call_map_with_retryable(
         update = await owner.pty_exec_start("echo r; exec cat", tty=True, until="r")
         pid = update.process_id
         assert pid is not None
+        await owner.write_file("present", b"p")  # reads get past the stat first
         fake.fail(point, exc)
         with pytest.raises(sandbox.ProviderError) as info:
             if call == "attach":
@@ -388,7 +390,7 @@ async def test_errors_at_every_call_map_with_retryable(
             elif call == "resize":
                 await owner.pty_resize(pid, rows=10, cols=20)
             elif call == "read":
-                await owner.read_file("nope")
+                await owner.read_file("present")
             else:
                 await owner.write_file("f", b"x")
         assert info.value.retryable is retryable

@@ -398,10 +398,11 @@ async def test_file_errors(fake: FakeModal, tmp_path: Path) -> None:
             await s.read_file("missing.txt")
         await s.write_file(str(tmp_path / "abs.txt"), b"x")
         assert await s.read_file(str(tmp_path / "abs.txt")) == b"x"
-        fake.fail("read_file", mx.ServiceError("unavailable"))
-        with pytest.raises(sandbox.ProviderError) as info:
-            await s.read_file("abs.txt")
-        assert info.value.retryable
+        for point in ("read_file", "stat"):  # a read asks stat first
+            fake.fail(point, mx.ServiceError("unavailable"))
+            with pytest.raises(sandbox.ProviderError) as info:
+                await s.read_file(str(tmp_path / "abs.txt"))
+            assert info.value.retryable
         fake.fail("write_file", mx.PermissionDeniedError("read-only"))
         with pytest.raises(sandbox.ProviderError) as info:
             await s.write_file("x.txt", b"x")
@@ -630,10 +631,13 @@ async def test_pipe_stdin_is_closed_at_start(fake: FakeModal, tmp_path: Path) ->
 async def test_exec_options(fake: FakeModal, tmp_path: Path) -> None:
     marker = unique_seconds()
     async with open_modal(fake, tmp_path, env={"BASE": "1"}) as s:
+        await s.exec("mkdir -p sub")
         await s.exec(f"echo {marker}", timeout=2.5, cwd="sub", env={"X": "y"})
         options = fake_process(fake, marker).exec_options
         assert options["timeout"] == 5, "the server-side backstop: ceil(2.5) + 2"
-        assert options["workdir"] == str(tmp_path / "ws" / "sub")
+        # A `cwd` is entered by the command check, from the session's workdir (Modal is
+        # never handed a directory that may not exist).
+        assert options["workdir"] == str(tmp_path / "ws")
         assert options["env"]["BASE"] == "1" and options["env"]["X"] == "y"
         assert TOKEN_ENV in options["env"]
         update = await s.pty_exec_start(f"echo {marker}-tty", tty=True)

@@ -45,17 +45,22 @@ import aiohttp
 import httpx
 import yarl
 
+from .. import arguments, remote_files
+from ..command_check import CommandCheck, wait_for_verdict
 from ..credentials import Secret, require_credential
 from ..errors import (
     ConnectionLostError,
     CredentialsMissingError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
+    NotAFileError,
     ProviderError,
     SandboxError,
     SandboxFileNotFoundError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
+from ..remote_files import Entry
 from ..session import BaseSandboxSession, SessionState
 from ..settle import settle
 from ..shell_trap import ShellTrap
@@ -100,6 +105,8 @@ WORKSPACE_ENV = "BL_WORKSPACE"
 MAX_TYPED_LINE = 1024
 # Input frames are cut to this many characters (a str slice never splits a character).
 INPUT_FRAME_CHARS = 16 * 1024
+# Output the SDK returns as one str is converted to bytes this many characters at a time.
+TEXT_SLICE_CHARS = 1024 * 1024
 # How long a teardown waits for the shell's pid to arrive, when the command was typed
 # but the pid marker was not seen yet (a start cancelled right after connecting).
 PID_WAIT_S = 2.0
@@ -237,6 +244,23 @@ def _get_key(obj: Mapping[str, Any], key: str) -> Any:
     return None
 
 
+def _looks_like_a_listing(data: bytes) -> bool:
+    """Whether `data` has the shape of the sandbox API's JSON listing of a directory
+    (its answer to a GET of one); `_is_directory` confirms."""
+    if not data.startswith(b"{") or len(data) > 64 * 1024 * 1024:
+        return False
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return False
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("files"), list)
+        and isinstance(value.get("subdirectories"), list)
+        and "path" in value
+    )
+
+
 def _text_to_bytes(text: str) -> bytes:
     """Terminal text as bytes. Lone surrogates from `surrogateescape` on the server side
     map back to the original bytes; any other lone surrogate becomes U+FFFD."""
@@ -244,6 +268,13 @@ def _text_to_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace")
+
+
+def _append_text(sink: Callable[[bytes], None], text: str) -> None:
+    """Append `text` as bytes (as `_text_to_bytes`), a slice at a time, so that a huge
+    output the SDK handed over as one str is not also held as one bytes object."""
+    for at in range(0, len(text), TEXT_SLICE_CHARS):
+        sink(_text_to_bytes(text[at : at + TEXT_SLICE_CHARS]))
 
 
 def _int_status(value: object) -> int | None:
@@ -398,6 +429,30 @@ class BlaxelSession(BaseSandboxSession):
         )
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError("workdir must be an absolute path in the sandbox")
+        # Every option is checked now, not when first used (a bad grace period would
+        # otherwise surface as a raw TypeError in a teardown).
+        for option, seconds in (
+            ("api_timeout_s", api_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("close_timeout_s", close_timeout_s),
+        ):
+            arguments.check_seconds(option, seconds)
+        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
+        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        for option, text in (
+            ("name", name),
+            ("sandbox_id", sandbox_id),
+            ("image", image),
+            ("region", region),
+            ("ttl", ttl),
+        ):
+            arguments.check_str(option, text)
+        labels = arguments.check_env(labels, name="labels")
+        for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
+            if number is not None and (
+                isinstance(number, bool) or not isinstance(number, int) or number <= 0
+            ):
+                raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
         self.sandbox_name = name or sandbox_id or f"sandbox-{secrets.token_hex(6)}"
         self.keep = keep
         self.workdir = posixpath.normpath(workdir)
@@ -581,13 +636,21 @@ class BlaxelSession(BaseSandboxSession):
 
     # ---- one-shot commands -------------------------------------------------------------
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """One `process.exec` that waits for completion. The SDK returns the whole output
+        at once (no stream to read it from as it comes): only what is kept of it is
+        bounded. A `cwd` (or `shell=False`) runs behind the command check, started in
+        `workdir`, so a bad one is reported as on every backend."""
         instance = self.instance
         name = f"exec-{secrets.token_hex(6)}"
+        check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
+        argv = spec.argv if check is None else check.argv(spec.argv, announce=False)
         request: dict[str, Any] = {
-            "command": shlex.join(spec.argv),
+            "command": shlex.join(argv),
             "name": name,
-            "working_dir": self._cwd(spec.cwd),
+            "working_dir": self.workdir,
             "wait_for_completion": True,
         }
         if spec.env:
@@ -617,7 +680,9 @@ class BlaxelSession(BaseSandboxSession):
         if timed_out or (isinstance(error, BlaxelAPIError) and error.status == 408):
             await settle(self._kill_process(name))
             stdout, stderr = await self._partial_output(name)
-            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
+            capture.add_stdout(stdout)
+            capture.add_stderr(stderr)
+            raise capture.timeout_error(spec.display, timeout)
         if error is not None:
             if isinstance(error, BlaxelAPIError) and error.status is None:
                 # The connection failed mid-call: the command may be running without us.
@@ -631,9 +696,9 @@ class BlaxelSession(BaseSandboxSession):
         code = response.exit_code if isinstance(response.exit_code, int) else 255
         if code < 0:
             code = 128 + min(-code, 127)  # some APIs encode a death by signal N as -N
-        return ExecResult(
-            stdout=_text_to_bytes(stdout_text), stderr=_text_to_bytes(stderr_text), exit_code=code
-        )
+        _append_text(capture.add_stdout, stdout_text)
+        _append_text(capture.add_stderr, stderr_text)
+        return capture.result(code)
 
     async def _wait_for_process(self, name: str, what: str) -> Any:
         instance = self.instance
@@ -673,9 +738,42 @@ class BlaxelSession(BaseSandboxSession):
 
     # ---- files ---------------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
+    async def _stat(self, path: str) -> Entry | None:
+        """What the listing of the parent folder says `path` is: the sandbox API lists
+        each entry's Go FileMode in octal, type bits included (its GET of a FIFO would
+        open it and wait forever, so nothing else can ask)."""
+        if path == "/":
+            return Entry("dir")
+        parent, name = posixpath.split(path)
+        instance = self.instance
+        try:
+            listing = await self._call(
+                f"listing {parent!r}", lambda: instance.fs.ls(self._url_path(parent))
+            )
+        except BlaxelAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if any(sub.name == name for sub in listing.subdirectories or []):
+            return Entry("dir")
+        for entry in listing.files or []:
+            if entry.name == name:
+                try:
+                    mode = int(str(entry.permissions), 8)
+                except ValueError:
+                    mode = 0
+                return Entry(remote_files.go_file_mode_kind(mode), size=entry.size)
+        return None
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """`fs.read_binary`, after the parent's listing says it is a regular file within
+        `max_bytes`. The API answers a GET of a directory with its JSON listing as if it
+        were the file's bytes: such an answer is checked, and refused."""
         instance = self.instance
         target = self._abs_path(path)
+        size = await remote_files.regular_file(self._stat, target, write=False, shown=path)
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
         try:
             data: bytes = await self._call(
                 f"reading {target!r}", lambda: instance.fs.read_binary(self._url_path(target))
@@ -684,20 +782,42 @@ class BlaxelSession(BaseSandboxSession):
             if exc.status == 404:
                 raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
             raise
+        if _looks_like_a_listing(data) and await self._is_directory(target):
+            raise NotAFileError(f"{path!r} is a directory, not a regular file")
         return data
 
+    async def _is_directory(self, target: str) -> bool:
+        """Whether `target` lists as a directory now (a file that merely holds JSON
+        shaped like a listing does not: the API answers it as a file)."""
+        instance = self.instance
+        try:
+            await self._call(f"listing {target!r}", lambda: instance.fs.ls(self._url_path(target)))
+        except SandboxError:
+            return False
+        return True
+
     async def _write_file(self, path: str, data: bytes) -> None:
+        """`fs.write_binary` (its parent made first), after the parent's listing says
+        nothing or a regular file is there (the API's upload over a FIFO would wait
+        forever, over a directory it fails with a 422)."""
         instance = self.instance
         target = self._abs_path(path)
+        await remote_files.regular_file(self._stat, target, write=True, shown=path)
         parent = posixpath.dirname(target)
-        if parent not in ("/", self.workdir):
+        try:
+            if parent not in ("/", self.workdir):
+                await self._call(
+                    f"creating {parent!r}", lambda: instance.fs.mkdir(self._url_path(parent))
+                )
             await self._call(
-                f"creating {parent!r}", lambda: instance.fs.mkdir(self._url_path(parent))
+                f"writing {target!r}",
+                lambda: instance.fs.write_binary(self._url_path(target), data),
             )
-        await self._call(
-            f"writing {target!r}",
-            lambda: instance.fs.write_binary(self._url_path(target), data),
-        )
+        except BlaxelAPIError as failure:
+            error = await remote_files.explain_write_failure(self._stat, target, failure)
+            if isinstance(error, NotAFileError):
+                raise remote_files.under_a_file(path) from None
+            raise
 
     # ---- terminal processes ------------------------------------------------------------
 
@@ -718,16 +838,31 @@ class BlaxelSession(BaseSandboxSession):
         path = base.path.rstrip("/") + "/terminal/ws"
         return yarl.URL(urlunsplit((scheme, base.netloc, path, query, "")), encoded=True)
 
-    async def _typed_line(self, term: _Terminal, spec: CommandSpec, tty: bool, cwd: str) -> str:
+    async def _typed_line(
+        self,
+        term: _Terminal,
+        spec: CommandSpec,
+        tty: bool,
+        cwd: str,
+        check: CommandCheck | None = None,
+    ) -> str:
         """What to type into the terminal's shell: the pid marker, then the trap line
-        (sourced from a file written through the API when it is too long to type)."""
-        command = spec.shell_command
-        if spec.env:
-            assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items())
-            command = f"exec env {assignments} sh -c {shlex.quote(command)}"
+        (sourced from a file written through the API when it is too long to type).
+        With a `check`, the command runs behind it (it changes to `cwd` and prints the
+        trap's start marker) and the shell starts in `workdir`."""
+        if check is None:
+            command = spec.shell_command
+            if spec.env:
+                assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items())
+                command = f"exec env {assignments} sh -c {shlex.quote(command)}"
+        else:
+            argv = check.argv(spec.argv, announce=True)
+            if spec.env:
+                argv = ["env", *(f"{k}={v}" for k, v in spec.env.items()), *argv]
+            command = "exec " + shlex.join(argv)
         token = term.trap.token
         line = f"printf '\\036P%s:%d\\036' {token} $$; " + term.trap.line(
-            command, tty=tty, cwd=cwd, isolate=True
+            command, tty=tty, cwd=None if check else cwd, isolate=True, announced=bool(check)
         )
         if len(line.encode()) <= MAX_TYPED_LINE:
             return line
@@ -744,13 +879,21 @@ class BlaxelSession(BaseSandboxSession):
         term = _Terminal(trap=ShellTrap(report_exit=True), session_id=secrets.token_hex(8))
         entry.handle = term
         cwd = self._cwd(spec.command.cwd)
-        line = await self._typed_line(term, spec.command, spec.tty, cwd)
-        term.ws = await self._connect_terminal(self._terminal_url(term, spec.rows, spec.cols, cwd))
+        check = CommandCheck.needed(spec.command, cwd=cwd, token=term.trap.token)
+        line = await self._typed_line(term, spec.command, spec.tty, cwd, check)
+        # With a check the terminal starts in `workdir` (it exists) and the check enters
+        # `cwd`: a missing `workingDir` is not reported by the terminal.
+        start_dir = cwd if check is None else self.workdir
+        term.ws = await self._connect_terminal(
+            self._terminal_url(term, spec.rows, spec.cols, start_dir)
+        )
         term.reader = asyncio.create_task(
             self._read_terminal(entry, term), name=f"blaxel-terminal-{entry.process_id}"
         )
         await self._send_input(entry, line.encode())
         term.line_sent = True
+        if check is not None:
+            await wait_for_verdict(entry, term.trap, check)
 
     async def _connect_terminal(self, url: yarl.URL) -> aiohttp.ClientWebSocketResponse:
         http = self._http

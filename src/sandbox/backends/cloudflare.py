@@ -37,16 +37,20 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
+from .. import arguments
+from ..command_check import CommandCheck, wait_for_verdict
 from ..credentials import Secret, require_credential
 from ..errors import (
     ConnectionLostError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
+    NotAFileError,
     ProviderError,
     SandboxError,
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
 from ..session import BaseSandboxSession
 from ..shell_trap import ShellTrap
@@ -253,8 +257,8 @@ class CloudflareSession(BaseSandboxSession):
             ("connect_timeout_s", connect_timeout_s),
             ("ready_timeout_s", ready_timeout_s),
         ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive number of seconds")
+            arguments.check_seconds(name, value)
+        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
         self._api_root = url.with_query(None).with_fragment(None).with_user(None)
         self._origin = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.explicit_port else "")
         self._requested_id = sandbox_id
@@ -265,6 +269,7 @@ class CloudflareSession(BaseSandboxSession):
         self.heartbeat_s = heartbeat_s
         self._http: aiohttp.ClientSession | None = None
         self._sandbox_id: str | None = None
+        self._create_task: asyncio.Future[tuple[int, bytes]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -402,20 +407,27 @@ class CloudflareSession(BaseSandboxSession):
             )
             self._sandbox_id = self._requested_id
             return
-        _, body = await self._call("POST", self._url(), "create a sandbox", json_body={})
-        try:
-            created = json.loads(body)
-            sandbox_id = created["id"]
-        except (ValueError, KeyError, TypeError):
-            sandbox_id = None
-        if not isinstance(sandbox_id, str) or not sandbox_id:
-            raise ProviderError(
-                "could not create a sandbox: the Worker's answer has no id", retryable=False
-            )
-        self._sandbox_id = sandbox_id
-        logger.debug("created cloudflare sandbox %s", sandbox_id)
+        # The create runs as our own task: if this caller is cancelled after the Worker
+        # made the sandbox, `_stop_backend` waits for the answer and deletes it.
+        create = asyncio.ensure_future(
+            self._call("POST", self._url(), "create a sandbox", json_body={})
+        )
+        self._create_task = create
+        _, body = await asyncio.shield(create)
+        self._create_task = None
+        self._sandbox_id = _created_id(body)
+        logger.debug("created cloudflare sandbox %s", self._sandbox_id)
 
     async def _stop_backend(self) -> None:
+        create, self._create_task = self._create_task, None
+        if create is not None and self._sandbox_id is None:
+            await asyncio.wait({create})
+            if not create.cancelled() and create.exception() is None:
+                with contextlib.suppress(ProviderError):
+                    self._sandbox_id = _created_id(create.result()[1])
+        await self._delete_and_release()
+
+    async def _delete_and_release(self) -> None:
         http, sandbox_id = self._http, self._sandbox_id
         try:
             if http is not None and sandbox_id is not None and not self.keep:
@@ -432,13 +444,17 @@ class CloudflareSession(BaseSandboxSession):
 
     # ---- one-shot commands ---------------------------------------------------------
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        body: dict[str, Any] = {"argv": _exec_argv(spec)}
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """One `exec` request; its SSE stream is decoded chunk by chunk straight into
+        the bounded capture. Closing the stream is how the Worker is told to stop."""
+        capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
+        body: dict[str, Any] = {"argv": _exec_argv(spec, capture.check)}
         if timeout is not None:
             body["timeout_ms"] = int(timeout * 1000) + SERVER_TIMEOUT_GRACE_MS
         http = self._client()
         url = self._sandbox_url("exec")
-        stdout, stderr = bytearray(), bytearray()
         resp: aiohttp.ClientResponse | None = None
         failure: SandboxError | None = None
         code: int | None = None
@@ -454,10 +470,10 @@ class CloudflareSession(BaseSandboxSession):
                             resp.status, "run the command", await resp.content.read(4096)
                         )
                     else:
-                        code = await self._read_exec_stream(resp, stdout, stderr)
+                        code = await self._read_exec_stream(resp, capture)
                         reusable = resp.content.at_eof()
                 except _ExecFailed as exc:
-                    failure = exc.as_error(timeout, spec, stdout, stderr)
+                    failure = exc.as_error(timeout, spec, capture)
                 except aiohttp.ClientError as exc:
                     if resp is not None and resp.status == 200:
                         failure = ConnectionLostError(
@@ -469,7 +485,7 @@ class CloudflareSession(BaseSandboxSession):
         except TimeoutError:
             if not deadline.expired():
                 raise
-            failure = ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
+            failure = capture.timeout_error(spec.display, timeout)
         finally:
             if resp is not None:
                 # Closing the connection mid-stream is how a timed-out or cancelled
@@ -481,26 +497,24 @@ class CloudflareSession(BaseSandboxSession):
         if failure is not None:
             raise failure
         assert code is not None
-        return ExecResult(stdout=bytes(stdout), stderr=bytes(stderr), exit_code=code)
+        return capture.result(code)
 
-    async def _read_exec_stream(
-        self, resp: aiohttp.ClientResponse, stdout: bytearray, stderr: bytearray
-    ) -> int:
+    async def _read_exec_stream(self, resp: aiohttp.ClientResponse, capture: ExecCapture) -> int:
         decoder = SseDecoder()
         async for chunk in resp.content.iter_any():
             for event in decoder.feed(chunk):
-                code = self._exec_event(event, stdout, stderr)
+                code = self._exec_event(event, capture)
                 if code is not None:
                     return code
         for event in decoder.finish():
-            code = self._exec_event(event, stdout, stderr)
+            code = self._exec_event(event, capture)
             if code is not None:
                 return code
         raise ConnectionLostError(
             "the command's output stream ended without an exit status (transport error)"
         )
 
-    def _exec_event(self, event: SseEvent, stdout: bytearray, stderr: bytearray) -> int | None:
+    def _exec_event(self, event: SseEvent, capture: ExecCapture) -> int | None:
         if event.event in ("stdout", "stderr"):
             try:
                 data = binascii.a2b_base64(event.data.encode("ascii"), strict_mode=False)
@@ -509,7 +523,7 @@ class CloudflareSession(BaseSandboxSession):
                     f"the Worker sent a malformed {event.event} event (not base64)",
                     retryable=False,
                 ) from None
-            (stdout if event.event == "stdout" else stderr).extend(data)
+            (capture.add_stdout if event.event == "stdout" else capture.add_stderr)(data)
             return None
         if event.event == "exit":
             payload = _json_object(event.data)
@@ -560,8 +574,13 @@ class CloudflareSession(BaseSandboxSession):
         assert handle.ws is not None
         handle.terminal = WorkerTerminal(handle.ws, early)
         handle.reader = asyncio.create_task(self._pump(entry, handle))
-        line = handle.trap.line(_pty_command(spec.command), tty=spec.tty, cwd=spec.command.cwd)
+        check = CommandCheck.needed(spec.command, cwd=spec.command.cwd, token=handle.trap.token)
+        line = handle.trap.line(
+            _pty_command(spec.command, check), tty=spec.tty, announced=check is not None
+        )
         await self._send(handle, line.encode())
+        if check is not None:
+            await wait_for_verdict(entry, handle.trap, check)
 
     async def _pump(self, entry: PtyEntry, handle: _PtyHandle) -> None:
         """The reader: moves terminal output through the trap into the entry until the
@@ -671,26 +690,41 @@ class CloudflareSession(BaseSandboxSession):
 
     # ---- files ---------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
-        _, body = await self._call(
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """GET the file; the Worker answers 409 for what is not a regular file (without
+        opening it) and 413 above `?max_bytes=` (before sending it)."""
+        url = self._file_url(path).update_query(max_bytes=str(max_bytes))
+        status, body = await self._call(
             "GET",
-            self._file_url(path),
+            url,
             f"read {path!r}",
             special={
                 404: SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}"),
                 403: WorkspacePathError(f"path {path!r} is outside the sandbox"),
             },
+            accept=frozenset({409, 413}),
         )
+        if status == 409:
+            raise _not_a_file(path, body)
+        if status == 413:
+            size = _json_object(body.decode("utf-8", "replace")).get("size")
+            known = size if isinstance(size, int) and not isinstance(size, bool) else None
+            raise FileTooLargeError.over(path, known, max_bytes)
         return body
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        await self._call(
+        """PUT the file; 409 when something other than a regular file is there, or a
+        parent on the path is a file."""
+        status, body = await self._call(
             "PUT",
             self._file_url(path),
             f"write {path!r}",
             data=data,
             special={403: WorkspacePathError(f"path {path!r} is outside the sandbox")},
+            accept=frozenset({409}),
         )
+        if status == 409:
+            raise _not_a_file(path, body)
 
     def _file_url(self, path: str) -> URL:
         url = self._sandbox_url("file")
@@ -708,13 +742,21 @@ class _ExecFailed(ProviderError):
         self.timed_out = timed_out or "timed out" in message or "timeout" in message.lower()
 
     def as_error(
-        self, timeout: float | None, spec: CommandSpec, stdout: bytearray, stderr: bytearray
+        self, timeout: float | None, spec: CommandSpec, capture: ExecCapture
     ) -> SandboxError:
         if self.timed_out and timeout is not None:
-            return ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
+            return capture.timeout_error(spec.display, timeout)
         return ProviderError(
             f"the Worker could not run the command: {self.message}", retryable=False
         )
+
+
+def _not_a_file(path: str, body: bytes) -> NotAFileError:
+    """The Worker's 409: `path` is (or, for a write, is under) something that is not a
+    regular file; its `error` says what."""
+    detail = _json_object(body.decode("utf-8", "replace")).get("error")
+    reason = f" ({str(detail)[:200]})" if detail else ""
+    return NotAFileError(f"{path!r} is not a regular file{reason}")
 
 
 def _quote_segment(segment: str) -> str:
@@ -731,21 +773,36 @@ def _json_object(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _exec_argv(spec: CommandSpec) -> list[str]:
-    """The argv sent to the Worker: the command, wrapped to apply `cwd` and `env`.
+def _exec_argv(spec: CommandSpec, check: CommandCheck | None) -> list[str]:
+    """The argv sent to the Worker: the command, behind the command check that applies
+    `cwd` (and checks the program for `shell=False`), after `env` is set (so the
+    program is looked up in the command's PATH).
 
     The wrappers `exec` into the command, so signals and exit statuses are its own.
     """
-    argv = list(spec.argv)
-    if spec.cwd:
-        argv = ["sh", "-c", 'cd -- "$1" || exit 1; shift; exec "$@"', "sh", spec.cwd, *argv]
+    argv = list(spec.argv) if check is None else check.argv(spec.argv, announce=False)
     if spec.env:
         argv = ["env", *(f"{key}={value}" for key, value in spec.env.items()), *argv]
     return argv
 
 
-def _pty_command(spec: CommandSpec) -> str:
-    """The shell string typed (through the trap) into the Worker's terminal."""
+def _pty_command(spec: CommandSpec, check: CommandCheck | None) -> str:
+    """The shell string typed (through the trap) into the Worker's terminal; with a
+    check, it is what prints the trap's start marker (see `ShellTrap.line`)."""
+    argv = list(spec.argv) if check is None else check.argv(spec.argv, announce=True)
     if spec.env:
-        return shlex.join(["env", *(f"{k}={v}" for k, v in spec.env.items()), *spec.argv])
-    return spec.shell_command
+        return shlex.join(["env", *(f"{k}={v}" for k, v in spec.env.items()), *argv])
+    return spec.shell_command if check is None else shlex.join(argv)
+
+
+def _created_id(body: bytes) -> str:
+    """The new sandbox's id from the Worker's answer to a create."""
+    try:
+        sandbox_id = json.loads(body)["id"]
+    except (ValueError, KeyError, TypeError):
+        sandbox_id = None
+    if not isinstance(sandbox_id, str) or not sandbox_id:
+        raise ProviderError(
+            "could not create a sandbox: the Worker's answer has no id", retryable=False
+        )
+    return sandbox_id

@@ -42,7 +42,7 @@ import secrets
 import shlex
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from daytona import (
@@ -68,15 +68,19 @@ from daytona import (
     SessionExecuteRequest,
 )
 
+from .. import arguments, remote_files
+from ..command_check import CommandCheck, wait_for_verdict
 from ..credentials import Secret, require_credential
 from ..errors import (
     ConnectionLostError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
     ProviderError,
     SandboxFileNotFoundError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
+from ..remote_files import Entry
 from ..session import BaseSandboxSession, SessionState
 from ..settle import settle
 from ..shell_trap import ShellTrap
@@ -361,8 +365,6 @@ class _PipeState:
     cmd_id: str | None = None
     finished: bool = False
     pump: asyncio.Task[None] | None = None
-    stdout: bytearray = field(default_factory=bytearray)
-    stderr: bytearray = field(default_factory=bytearray)
 
 
 class DaytonaSession(BaseSandboxSession):
@@ -413,10 +415,17 @@ class DaytonaSession(BaseSandboxSession):
             ("create_timeout_s", create_timeout_s),
             ("teardown_timeout_s", teardown_timeout_s),
         ):
-            if not value > 0:
-                raise InvalidArgumentError(f"{name} must be a positive number of seconds")
-        if terminate_grace_s < 0:
-            raise InvalidArgumentError("terminate_grace_s must be >= 0")
+            arguments.check_seconds(name, value)
+        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        for name, text in (
+            ("api_url", api_url),
+            ("target", target),
+            ("sandbox_id", sandbox_id),
+            ("snapshot", snapshot),
+        ):
+            arguments.check_str(name, text)
+        if create_options is not None and not isinstance(create_options, Mapping):
+            raise InvalidArgumentError("create_options must be a mapping of option names")
         self._api_key = Secret(key)
         self._api_url = api_url
         self._target = target
@@ -621,25 +630,27 @@ class DaytonaSession(BaseSandboxSession):
 
     # ---- one-shot commands -----------------------------------------------------------
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        """Run a one-shot command in its own session; on timeout or cancellation its
-        process tree is killed and the session deleted (the sandbox is untouched)."""
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """Run a one-shot command in its own session, its logs streamed into the bounded
+        capture; on timeout or cancellation its process tree is killed and the session
+        deleted (the sandbox is untouched)."""
         session_id = self._new_id("exec")
         state = _PipeState(session_id=session_id, pidfile=self._pidfile(session_id))
+        capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
         try:
             async with asyncio.timeout(timeout):
-                await self._start_pipe(state, spec)
+                await self._start_pipe(state, spec, capture.check, announce=False)
                 await self._read_logs(
                     state,
-                    lambda text: state.stdout.extend(text.encode("utf-8")),
-                    lambda text: state.stderr.extend(text.encode("utf-8")),
+                    lambda text: capture.add_stdout(text.encode("utf-8")),
+                    lambda text: capture.add_stderr(text.encode("utf-8")),
                 )
                 code = await self._exit_code(state)
         except TimeoutError:
             await settle(self._teardown_pipe(state))
-            raise ExecTimeoutError.killed(
-                spec.display, timeout, state.stdout, state.stderr
-            ) from None
+            raise capture.timeout_error(spec.display, timeout) from None
         except BaseException as exc:
             await settle(self._teardown_pipe(state))
             if isinstance(exc, DaytonaError):
@@ -652,15 +663,21 @@ class DaytonaSession(BaseSandboxSession):
             logger.warning(
                 "daytona: deleting a finished command's session failed: %s", self._describe(exc)
             )
-        return ExecResult(stdout=bytes(state.stdout), stderr=bytes(state.stderr), exit_code=code)
+        return capture.result(code)
 
-    async def _start_pipe(self, state: _PipeState, spec: CommandSpec) -> None:
+    async def _start_pipe(
+        self, state: _PipeState, spec: CommandSpec, check: CommandCheck | None, *, announce: bool
+    ) -> None:
+        """Start the session command; behind `check` it starts in the working directory
+        and the check enters `cwd`."""
         process = self._sandbox.process
         state.session_attempted = True
         await process.create_session(state.session_id)
-        command = piped_command(
-            spec.shell_command, pidfile=state.pidfile, cwd=self._cwd(spec.cwd), env=spec.env or {}
-        )
+        if check is None:
+            shell_command, cwd = spec.shell_command, self._cwd(spec.cwd)
+        else:
+            shell_command, cwd = check.shell(spec.argv, announce=announce), self._workdir
+        command = piped_command(shell_command, pidfile=state.pidfile, cwd=cwd, env=spec.env or {})
         state.execute_attempted = True
         response = await process.execute_session_command(
             state.session_id, SessionExecuteRequest(command=command, run_async=True)
@@ -752,20 +769,34 @@ class DaytonaSession(BaseSandboxSession):
         session_id = self._new_id(f"p{entry.process_id}")
         state = _PipeState(session_id=session_id, pidfile=self._pidfile(session_id))
         entry.handle = state
+        command = entry.spec.command
+        check = CommandCheck.needed(command, cwd=self._cwd(command.cwd))
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
         try:
-            await self._start_pipe(state, entry.spec.command)
+            await self._start_pipe(state, command, check, announce=True)
         except DaytonaError as exc:
             raise self._error(exc, "starting the process") from None
-        state.pump = asyncio.create_task(self._pump_pipe(entry, state))
+        state.pump = asyncio.create_task(self._pump_pipe(entry, state, trap))
+        if check is not None and trap is not None:
+            await wait_for_verdict(entry, trap, check)
 
-    async def _pump_pipe(self, entry: PtyEntry, state: _PipeState) -> None:
-        """Stream the command's output into the entry, then report its exit."""
+    async def _pump_pipe(
+        self, entry: PtyEntry, state: _PipeState, trap: ShellTrap | None = None
+    ) -> None:
+        """Stream the command's output into the entry, then report its exit. Stdout goes
+        through `trap` when the command runs behind a check (it strips the markers)."""
 
         def feed(text: str) -> None:
             entry.feed(text.encode("utf-8"))
 
+        def feed_stdout(text: str) -> None:
+            assert trap is not None
+            shown = trap.feed(text.encode("utf-8"))
+            if shown:
+                entry.feed(shown)
+
         try:
-            await self._read_logs(state, feed, feed)
+            await self._read_logs(state, feed if trap is None else feed_stdout, feed)
         except Exception as exc:  # the log stream died: did the command end?
             code = await self._exit_code_if_known(state)
             if code is None:
@@ -802,9 +833,18 @@ class DaytonaSession(BaseSandboxSession):
     async def _spawn_pty(self, entry: PtyEntry) -> None:
         spec = entry.spec
         pty_id = self._new_id(f"t{entry.process_id}")
+        check = CommandCheck.needed(spec.command, cwd=self._cwd(spec.command.cwd))
         state = _PtyState(
-            pty_id=pty_id, pidfile=self._pidfile(pty_id), trap=ShellTrap(report_exit=False)
+            pty_id=pty_id,
+            pidfile=self._pidfile(pty_id),
+            trap=ShellTrap(report_exit=False, token=None if check is None else check.token),
         )
+        # Behind a check the shell starts in the working directory, the check enters
+        # `cwd` and prints the trap's start marker (or a failure marker) itself.
+        if check is None:
+            shell_command, cwd = spec.command.shell_command, self._cwd(spec.command.cwd)
+        else:
+            shell_command, cwd = check.shell(spec.command.argv, announce=True), self._workdir
         entry.handle = state
         process = self._sandbox.process
 
@@ -814,22 +854,18 @@ class DaytonaSession(BaseSandboxSession):
                 entry.feed(shown)
 
         envs = {"TERM": DEFAULT_TERM, **(spec.command.env or {})}
-        inner = pty_inner_command(
-            spec.command.shell_command, pidfile=state.pidfile, cwd=self._cwd(spec.command.cwd)
-        )
-        line = state.trap.line(inner, tty=True)
+        inner = pty_inner_command(shell_command, pidfile=state.pidfile, cwd=cwd)
+        announced = check is not None
+        line = state.trap.line(inner, tty=True, announced=announced)
         try:
             if len(line.encode()) > MAX_TYPED_LINE:
                 # Too long to type safely: the shell runs it from a file instead.
                 state.script = posixpath.join(self._state_dir, f"{pty_id}.sh")
                 inner = pty_inner_command(
-                    spec.command.shell_command,
-                    pidfile=state.pidfile,
-                    cwd=self._cwd(spec.command.cwd),
-                    script=state.script,
+                    shell_command, pidfile=state.pidfile, cwd=cwd, script=state.script
                 )
                 await self._sandbox.fs.upload_file(inner.encode(), state.script)
-                line = state.trap.line(f". {_q(state.script)}", tty=True)
+                line = state.trap.line(f". {_q(state.script)}", tty=True, announced=announced)
             state.connect_attempted = True
             state.handle = await process.create_pty_session(
                 id=pty_id,
@@ -842,6 +878,8 @@ class DaytonaSession(BaseSandboxSession):
             await state.handle.send_input(line)
         except DaytonaError as exc:
             raise self._error(exc, "starting the terminal") from None
+        if check is not None:
+            await wait_for_verdict(entry, state.trap, check)
 
     async def _wait_pty(self, entry: PtyEntry, state: _PtyState) -> None:
         """Wait for the PTY's end and report it (or the lost connection)."""
@@ -952,8 +990,29 @@ class DaytonaSession(BaseSandboxSession):
 
     # ---- files -------------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
-        """Download a file (relative paths are in the working directory)."""
+    async def _stat(self, path: str) -> Entry | None:
+        """`fs.get_file_info` (Go's os.Stat: symlinks followed) as an `Entry`."""
+        try:
+            info = await self._sandbox.fs.get_file_info(path)
+        except DaytonaError as exc:
+            typed = _typed_cause(exc)
+            if isinstance(typed, DaytonaNotFoundError) or getattr(typed, "status_code", 0) == 404:
+                return None
+            raise self._error(exc, f"inspecting {path!r}") from None
+        if info.is_dir:
+            return Entry("dir")
+        # Go's FileMode.String(): "-rw-r--r--" for a regular file, "prw-..." for a FIFO,
+        # "Srw-..." for a socket, "Dcrw-..." for a device.
+        mode = str(info.mode or "-")
+        return Entry("file" if mode.startswith("-") else "other", size=info.size)
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Download a file (relative paths are in the working directory), after
+        `fs.get_file_info` says it is a regular file within `max_bytes` (the daemon's
+        download of a FIFO would wait forever; of a directory, it says "not found")."""
+        size = await remote_files.regular_file(self._stat, path, write=False)
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
         try:
             data = await self._sandbox.fs.download_file(path)
         except DaytonaError as exc:
@@ -965,7 +1024,9 @@ class DaytonaSession(BaseSandboxSession):
 
     async def _write_file(self, path: str, data: bytes) -> None:
         """Upload a file, creating its folder first (the SDK does not promise that an
-        upload creates missing folders)."""
+        upload creates missing folders), after `fs.get_file_info` says nothing or a
+        regular file is there."""
+        await remote_files.regular_file(self._stat, path, write=True)
         parent = posixpath.dirname(path)
         if parent and parent != "/":
             script = f"mkdir -p -- {_q(posixpath.join(self._workdir, parent))}"
@@ -973,8 +1034,12 @@ class DaytonaSession(BaseSandboxSession):
                 f"creating the folder of {path!r}", self._sandbox.process.exec(script)
             )
             if response.exit_code != 0:
-                raise ProviderError(
+                failure = ProviderError(
                     f"daytona: cannot create the folder of {path!r}: "
                     f"{self._scrub(response.result or '')[:300]}"
                 )
-        await self._call(f"writing {path!r}", self._sandbox.fs.upload_file(data, path))
+                raise await remote_files.explain_write_failure(self._stat, path, failure)
+        try:
+            await self._call(f"writing {path!r}", self._sandbox.fs.upload_file(data, path))
+        except ProviderError as failure:
+            raise await remote_files.explain_write_failure(self._stat, path, failure) from None

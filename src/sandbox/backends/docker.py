@@ -15,29 +15,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import posixpath
 import secrets
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .. import arguments
+from ..command_check import CommandCheck, wait_for_verdict
 from ..errors import (
     ConnectionLostError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
+    NotAFileError,
     ProcessExitedError,
     ProviderError,
     SandboxFileNotFoundError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ..session import BaseSandboxSession
 from ..settle import settle
+from ..shell_trap import ShellTrap
 from ..types import ExecResult
 from .docker_support.archive import (
     MODE_DIR,
     MODE_NOT_REGULAR,
     MODE_SYMLINK,
+    iter_first_file,
     read_first_file,
+    stat_path,
     tar_one_file,
+    tar_spooled_file,
 )
 from .docker_support.engine import DEFAULT_API_TIMEOUT_S, Engine
 from .docker_support.errors import is_not_found
@@ -135,19 +145,41 @@ class DockerSession(BaseSandboxSession):
                 raise InvalidArgumentError(f"{label} must be a non-empty str")
         if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
             raise InvalidArgumentError("workdir must be an absolute path in the container")
-        if cpus is not None and (isinstance(cpus, bool) or not cpus > 0):
+        if cpus is not None and (
+            isinstance(cpus, bool) or not isinstance(cpus, int | float) or not 0 < cpus < math.inf
+        ):
             raise InvalidArgumentError(f"cpus must be a positive number, got {cpus!r}")
-        if pids_limit is not None and (isinstance(pids_limit, bool) or pids_limit < 1):
+        if pids_limit is not None and (
+            isinstance(pids_limit, bool) or not isinstance(pids_limit, int) or pids_limit < 1
+        ):
             raise InvalidArgumentError(f"pids_limit must be a positive int, got {pids_limit!r}")
         if not keepalive_command or not all(isinstance(a, str) for a in keepalive_command):
             raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
-        if terminate_grace_s < 0:
-            raise InvalidArgumentError("terminate_grace_s must be >= 0")
+        grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        timeout = arguments.check_seconds("api_timeout", api_timeout)
+        for name, text in (
+            ("user", user or None),  # "" is the image's user, as None
+            ("network_mode", network_mode),
+            ("base_url", base_url),
+            ("api_version", api_version),
+            ("detach_keys", detach_keys),
+            ("name_prefix", name_prefix),
+        ):
+            arguments.check_str(name, text)
+        env = arguments.check_env(env)
+        labels = arguments.check_env(labels, name="labels")
+        if memory is not None and (
+            isinstance(memory, bool) or not isinstance(memory, int | str) or not memory
+        ):
+            raise InvalidArgumentError(
+                f"memory must be bytes (int) or a str like '512m', got {memory!r}"
+            )
         if network_mode is None and network is not None:
             network_mode = None if network else "none"
         self.image = image
         self.container_name = container
-        self.terminate_grace_s = float(terminate_grace_s)
+        assert grace is not None and timeout is not None
+        self.terminate_grace_s = grace
         self._workdir_option = workdir
         self._user = user or ""
         self._env = dict(env or {})
@@ -165,7 +197,7 @@ class DockerSession(BaseSandboxSession):
         self._keep_container = bool(keep_container)
         self._base_url = base_url
         self._api_version = api_version
-        self._api_timeout = api_timeout
+        self._api_timeout = timeout
         self._client = client
         self._detach_keys = detach_keys
         self._engine: Engine | None = None
@@ -378,21 +410,24 @@ class DockerSession(BaseSandboxSession):
 
     # ---- commands ----------------------------------------------------------------------
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        """One exec on pipes, stdout and stderr kept apart; on timeout or cancellation
-        its whole tree is killed through the kill script."""
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """One exec on pipes, stdout and stderr kept apart (each chunk straight into the
+        bounded capture); on timeout or cancellation its whole tree is killed through
+        the kill script. A `cwd` or `shell=False` runs behind the command check."""
         engine, _ = self._require_engine()
-        stdout = bytearray()
-        stderr = bytearray()
+        argv, cwd, capture.check = self._checked(spec, announce=False)
 
         def collect(stream: int, data: bytes) -> None:
-            (stdout if stream == 1 else stderr).extend(data)
+            # Stream 3 (an engine error) is kept with stderr, where the user looks.
+            (capture.add_stdout if stream == 1 else capture.add_stderr)(data)
 
         proc = self._new_exec(
-            spec.argv,
+            argv,
             tty=False,
             env=self._environment(spec, tty=False),
-            cwd=self._cwd(spec.cwd),
+            cwd=cwd,
             on_output=collect,
         )
         try:
@@ -413,7 +448,7 @@ class DockerSession(BaseSandboxSession):
             proc.drain_now()
         except TimeoutError:
             await settle(proc.terminate(0))
-            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr) from None
+            raise capture.timeout_error(spec.display, timeout) from None
         except BaseException:
             await settle(proc.terminate(0))
             raise
@@ -424,25 +459,51 @@ class DockerSession(BaseSandboxSession):
                 retryable=engine.gone_reason is None,
             )
         assert proc.exit_code is not None
-        return ExecResult(stdout=bytes(stdout), stderr=bytes(stderr), exit_code=proc.exit_code)
+        return capture.result(proc.exit_code)
+
+    def _checked(
+        self, spec: CommandSpec, *, announce: bool
+    ) -> tuple[Sequence[str], str | None, CommandCheck | None]:
+        """The argv and working directory of the exec, and the command check they run
+        (None when there is no `cwd` and a shell runs the command). With a check the
+        exec starts in the session's directory and the check changes to `cwd`: the
+        engine would otherwise fail the exec itself (exit 126/127, its error as output).
+        """
+        check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
+        if check is None:
+            return spec.argv, self._cwd(spec.cwd), None
+        return check.argv(spec.argv, announce=announce), None, check
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
-        """Start an attached exec whose socket feeds the entry (no thread)."""
+        """Start an attached exec whose socket feeds the entry (no thread); with a
+        command check, wait for its verdict."""
         spec = entry.spec
+        argv, cwd, check = self._checked(spec.command, announce=True)
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+
+        def on_output(stream: int, data: bytes) -> None:
+            # The check's markers come on stdout (the terminal, for a tty): the trap strips
+            # them. Stderr never carries them: it goes straight through.
+            if trap is not None and stream == 1:
+                data = trap.feed(data)
+            entry.feed(data)
+
         proc = self._new_exec(
-            spec.command.argv,
+            argv,
             tty=spec.tty,
             env=self._environment(spec.command, tty=spec.tty),
-            cwd=self._cwd(spec.command.cwd),
+            cwd=cwd,
             rows=spec.rows,
             cols=spec.cols,
-            on_output=lambda stream, data: entry.feed(data),
+            on_output=on_output,
             on_eof=entry.report_eof,
             on_exit=entry.report_exit,
             on_lost=entry.report_lost,
         )
         entry.handle = proc
         await proc.start()
+        if trap is not None and check is not None:
+            await wait_for_verdict(entry, trap, check)
 
     async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
         """Send keystrokes over the exec's socket."""
@@ -487,66 +548,128 @@ class DockerSession(BaseSandboxSession):
 
     # ---- files -------------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
-        """Stream the file out of the archive endpoint (symlinks followed)."""
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Stream the file out of the archive endpoint (symlinks followed); what is not a
+        regular file, or is above `max_bytes`, is refused by its stat before fetching."""
         engine, options = self._require_engine()
         full = self._path(path)
         api = engine.api
 
         def read() -> bytes:
-            current = full
-            for _ in range(MAX_SYMLINK_HOPS):
-                try:
-                    chunks, stat = api.get_archive(
-                        options.container_id, current, chunk_size=READ_CHUNK
-                    )
-                except Exception as exc:
-                    if is_not_found(exc):
-                        raise SandboxFileNotFoundError(
-                            f"no such file in the container: {path!r}"
-                        ) from None
-                    raise
-                mode = int(stat.get("mode", 0))
-                try:
-                    if mode & MODE_SYMLINK and stat.get("linkTarget"):
-                        current = str(stat["linkTarget"])
-                        continue
-                    if mode & MODE_DIR:
-                        raise InvalidArgumentError(f"{path!r} is a directory, not a file")
-                    if mode & MODE_NOT_REGULAR:
-                        raise InvalidArgumentError(f"{path!r} is not a regular file")
-                    return read_first_file(chunks, path)
-                finally:
-                    chunks.close()
-            raise InvalidArgumentError(f"too many levels of symbolic links: {path!r}")
+            target, size = _locate(api, options.container_id, full, path, write=False)
+            if size is not None and size > max_bytes:
+                raise FileTooLargeError.over(path, size, max_bytes)
+            chunks = _fetch(api, options.container_id, target, path)
+            try:
+                return read_first_file(chunks, path, max_bytes)
+            finally:
+                chunks.close()
 
         return await engine.call(f"read {path!r}", read)
 
+    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """The archive stream's payload as it arrives, one pool call per chunk."""
+        engine, options = self._require_engine()
+        full = self._path(path)
+        api = engine.api
+
+        def start() -> tuple[Any, Iterator[bytes]]:
+            target, _ = _locate(api, options.container_id, full, path, write=False)
+            chunks = _fetch(api, options.container_id, target, path)
+            return chunks, iter_first_file(chunks, path, chunk_size)
+
+        chunks, pieces = await engine.call(f"read {path!r}", start)
+        call: asyncio.Future[bytes | None] | None = None
+        try:
+            while True:
+                call = engine.submit(f"read {path!r}", next, pieces, None)
+                await asyncio.wait({call})  # a cancelled caller leaves the call to finish
+                piece = call.result()
+                call = None
+                if piece is None:
+                    return
+                yield piece
+        finally:
+            # A generator cannot be closed while a pool thread runs it.
+            if call is None or call.done():
+                _close_stream(chunks, pieces)
+            else:
+                call.add_done_callback(lambda _: _close_stream(chunks, pieces))
+
     async def _write_file(self, path: str, data: bytes) -> None:
-        """Stream a one-file tar in, owned by the session's user; a missing parent
-        directory is created (as that user) and the write retried."""
+        """Stream a one-file tar in, owned by the session's user."""
+        await self._put_file(
+            path, lambda name, uid, gid: tar_one_file(name, data, uid=uid, gid=gid)
+        )
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Spool the chunks to a temporary file (the tar header needs the size), then
+        stream the tar from it: the file is never held in memory."""
+        spool = await asyncio.to_thread(tempfile.TemporaryFile)
+        size = 0
+        try:
+            async for chunk in chunks:
+                await asyncio.to_thread(spool.write, chunk)
+                size += len(chunk)
+            await self._put_file(
+                path, lambda name, uid, gid: tar_spooled_file(name, spool, size, uid=uid, gid=gid)
+            )
+        except asyncio.CancelledError:
+            raise  # a pool call may still use the spool: it closes once nothing holds it
+        except BaseException:
+            spool.close()
+            raise
+        spool.close()
+
+    async def _put_file(
+        self, path: str, make_tar: Callable[[str, int, int], Iterable[bytes | memoryview]]
+    ) -> None:
+        """Put a one-file tar at `path` after checking what is there: the archive
+        endpoint would replace a directory (and all it holds), a FIFO or a device with
+        the file. A final symlink is followed (bounded). A missing parent directory is
+        created (as the session's user) and the write retried. A process in the
+        container that swaps the path between the check and the put can still have it
+        replaced: only its own container is at stake."""
         engine, options = self._require_engine()
         full = self._path(path)
         if path.endswith("/") or full == "/":
-            raise InvalidArgumentError(f"{path!r} names a directory, not a file")
-        directory, name = posixpath.split(full)
+            raise NotAFileError(f"cannot write {path!r}: it names a folder, not a file")
+        api = engine.api
+        container_id = options.container_id
+        target, _ = await engine.call(
+            f"write {path!r}", _locate, api, container_id, full, path, write=True
+        )
+        directory, name = posixpath.split(target)
         uid, gid = self._file_owner
 
         async def put() -> None:
             await engine.call(
                 f"write {path!r}",
-                engine.api.put_archive,
-                options.container_id,
+                api.put_archive,
+                container_id,
                 directory,
-                tar_one_file(name, data, uid=uid, gid=gid),
+                make_tar(name, uid, gid),
             )
+
+        async def explain(exc: ProviderError) -> None:
+            """A file on the way is the caller's mistake, not the provider's."""
+            blocker = await engine.call(
+                f"write {path!r}", _file_on_the_way, api, container_id, target
+            )
+            if blocker is not None:
+                raise NotAFileError(
+                    f"cannot write {path!r}: a parent on its path is not a folder"
+                ) from None
+            raise exc
 
         try:
             await put()
             return
         except ProviderError as exc:
-            if not is_not_found(exc) or engine.gone_reason is not None:
+            if engine.gone_reason is not None:
                 raise
+            if not is_not_found(exc):
+                await explain(exc)
         # The parent directory is missing: create it as the session's user, then retry.
         made = await self._exec(
             CommandSpec(
@@ -556,11 +679,98 @@ class DockerSession(BaseSandboxSession):
                 shell=False,
             ),
             None,
+            ExecCapture(64 * 1024),
         )
         if made.exit_code != 0:
-            raise ProviderError(
-                f"could not create the directory of {path!r}: "
-                f"{made.stderr.decode('utf-8', 'replace').strip()[-300:]}",
-                retryable=False,
+            await explain(
+                ProviderError(
+                    f"could not create the directory of {path!r}: "
+                    f"{made.stderr.decode('utf-8', 'replace').strip()[-300:]}",
+                    retryable=False,
+                )
             )
         await put()
+
+
+# ---- files: blocking helpers run on the engine's pool ----------------------------------
+
+
+def _locate(
+    api: Any, container_id: str, full: str, path: str, *, write: bool
+) -> tuple[str, int | None]:
+    """Follow symlinks from `full` by the engine's stat: the path of the regular file
+    there and its size, or (for a write) where a new file goes and None. A directory,
+    FIFO, socket or device raises `NotAFileError`; for a read, nothing there raises
+    `SandboxFileNotFoundError`."""
+    current = full
+    for _ in range(MAX_SYMLINK_HOPS):
+        try:
+            stat = stat_path(api, container_id, current)
+        except ProviderError:
+            if _file_on_the_way(api, container_id, current) is None:
+                raise
+            if write:
+                raise NotAFileError(
+                    f"cannot write {path!r}: a parent on its path is not a folder"
+                ) from None
+            raise SandboxFileNotFoundError(
+                f"no such file in the container: {path!r} (a parent on its path is not a folder)"
+            ) from None
+        if stat is None:
+            if write:
+                return current, None
+            raise SandboxFileNotFoundError(f"no such file in the container: {path!r}")
+        mode = int(stat.get("mode", 0))
+        if mode & MODE_SYMLINK and stat.get("linkTarget"):
+            current = str(stat["linkTarget"])
+            continue
+        _check_regular(mode, path)
+        return current, int(stat.get("size", 0))
+    raise NotAFileError(f"{path!r}: too many levels of symbolic links")
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if mode & MODE_DIR:
+        raise NotAFileError(f"{path!r} is a directory, not a regular file")
+    if mode & MODE_NOT_REGULAR:
+        raise NotAFileError(f"{path!r} is not a regular file")
+
+
+def _fetch(api: Any, container_id: str, target: str, path: str) -> Any:
+    """The archive stream of the regular file at `target` (checked again: it may have
+    changed since `_locate`)."""
+    try:
+        chunks, stat = api.get_archive(container_id, target, chunk_size=READ_CHUNK)
+    except Exception as exc:
+        if is_not_found(exc):
+            raise SandboxFileNotFoundError(f"no such file in the container: {path!r}") from None
+        raise
+    try:
+        _check_regular(int((stat or {}).get("mode", 0)), path)
+    except BaseException:
+        chunks.close()
+        raise
+    return chunks
+
+
+def _file_on_the_way(api: Any, container_id: str, full: str) -> str | None:
+    """The nearest existing ancestor of `full` when it is not a directory (what makes a
+    write under it fail), else None."""
+    current = posixpath.dirname(full)
+    while current not in ("/", ""):
+        try:
+            stat = stat_path(api, container_id, current)
+        except ProviderError:
+            stat = None  # itself under a file: look further up
+        if stat is not None:
+            mode = int(stat.get("mode", 0))
+            return None if mode & (MODE_DIR | MODE_SYMLINK) else current
+        current = posixpath.dirname(current)
+    return None
+
+
+def _close_stream(chunks: Any, pieces: Iterator[bytes]) -> None:
+    close = getattr(pieces, "close", None)
+    if close is not None:
+        close()
+    chunks.close()

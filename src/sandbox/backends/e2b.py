@@ -55,6 +55,7 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     FileNotFoundException,
+    FileType,
     InvalidArgumentException,
     NotEnoughSpaceException,
     NotFoundException,
@@ -69,17 +70,21 @@ from e2b import (
     TimeoutException,
 )
 
+from .. import arguments, remote_files
+from ..command_check import CommandCheck, wait_for_verdict
 from ..credentials import require_credential
 from ..errors import (
     ConnectionLostError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
     ProcessExitedError,
     ProviderError,
     SandboxError,
     SandboxFileNotFoundError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
+from ..remote_files import Entry, Kind
 from ..session import BaseSandboxSession, SessionState
 from ..settle import settle
 from ..shell_trap import ShellTrap
@@ -235,6 +240,10 @@ class E2BSession(BaseSandboxSession):
             raise InvalidArgumentError("process_timeout_s must be >= 0 (0: no limit)")
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidArgumentError("api_key must be a str")
+        for name, text in (("sandbox_id", sandbox_id), ("template", template)):
+            arguments.check_str(name, text)
+        metadata = arguments.check_env(metadata, name="metadata")
+        envs = arguments.check_env(envs, name="envs")
         self._api_key_option = api_key
         self._api_key: str | None = None
         self._attach_id = sandbox_id
@@ -435,23 +444,26 @@ class E2BSession(BaseSandboxSession):
         if not task.cancelled() and task.exception() is None:
             await undo(task.result())
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        """Run the command as a background job in its own process group; on timeout or
-        cancellation kill that group (never the sandbox)."""
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """Run the command as a background job in its own process group (its output
+        streamed into the bounded capture); on timeout or cancellation kill that group
+        (never the sandbox). A `cwd` (or `shell=False`) runs behind the command check:
+        E2B would refuse a missing `cwd` with an error of its own."""
         sandbox = self._sandbox
-        stdout = bytearray()
-        stderr = bytearray()
+        check = capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
+        command = spec.shell_command if check is None else check.shell(spec.argv, announce=False)
         pgid_file = _new_pgid_file()
         lifetime = self._process_timeout if timeout is None else timeout + EXEC_STREAM_MARGIN_S
         try:
             handle = await self._owned_start(
                 sandbox.commands.run(
-                    pipe_wrapper(spec.shell_command, pgid_file),
+                    pipe_wrapper(command, pgid_file),
                     background=True,
                     envs=spec.env,
-                    cwd=spec.cwd,
-                    on_stdout=lambda chunk: stdout.extend(text_to_bytes(chunk)),
-                    on_stderr=lambda chunk: stderr.extend(text_to_bytes(chunk)),
+                    on_stdout=lambda chunk: capture.add_stdout(text_to_bytes(chunk)),
+                    on_stderr=lambda chunk: capture.add_stderr(text_to_bytes(chunk)),
                     stdin=False,
                     timeout=lifetime,
                     **self._request(),
@@ -468,7 +480,7 @@ class E2BSession(BaseSandboxSession):
             await settle(self._abort_pipe(sandbox, handle, pgid_file))
             if not deadline.expired():
                 self._fail(TimeoutError("the command's stream timed out"), "run a command")
-            raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr) from None
+            raise capture.timeout_error(spec.display, timeout) from None
         except asyncio.CancelledError:
             await settle(self._abort_pipe(sandbox, handle, pgid_file))
             raise
@@ -476,7 +488,7 @@ class E2BSession(BaseSandboxSession):
             await settle(self._abort_pipe(sandbox, handle, pgid_file))
             self._fail(exc, "run a command")
         await settle(self._disconnect(handle))
-        return ExecResult(stdout=bytes(stdout), stderr=bytes(stderr), exit_code=code)
+        return capture.result(code)
 
     async def _abort_pipe(self, sandbox: Any, handle: Any, pgid_file: str) -> None:
         """Kill a pipe command's whole tree and stop reading it."""
@@ -563,8 +575,15 @@ class E2BSession(BaseSandboxSession):
         command = spec.command
         proc = _E2BProcess(tty=spec.tty)
         entry.handle = proc
+        # With a check (a `cwd`, or `shell=False`) the process starts in E2B's default
+        # directory and the check enters `cwd`; its verdict is waited for below.
+        check = CommandCheck.needed(command, cwd=command.cwd)
+        shell_command = (
+            command.shell_command if check is None else check.shell(command.argv, announce=True)
+        )
+        cwd = command.cwd if check is None else None
         if spec.tty:
-            trap = ShellTrap(report_exit=False)
+            trap = ShellTrap(report_exit=False, token=None if check is None else check.token)
             proc.trap = trap
 
             def on_data(data: bytes) -> None:
@@ -576,24 +595,34 @@ class E2BSession(BaseSandboxSession):
             start: Coroutine[Any, Any, Any] = sandbox.pty.create(
                 size=PtySize(rows=spec.rows, cols=spec.cols),
                 on_data=on_data,
-                cwd=command.cwd,
+                cwd=cwd,
                 envs=command.env,
                 timeout=self._process_timeout,
                 **self._request(),
             )
         else:
             proc.pgid_file = _new_pgid_file()
+            if check is not None:
+                proc.trap = ShellTrap(report_exit=False, token=check.token)
+            stdout_trap = proc.trap
 
             def on_output(chunk: str | bytes) -> None:
                 """Pipe output (stdout and stderr, in arrival order) as bytes."""
                 entry.feed(text_to_bytes(chunk))
 
+            def on_stdout(chunk: str | bytes) -> None:
+                """Stdout behind a check: the trap strips the check's start marker."""
+                assert stdout_trap is not None
+                shown = stdout_trap.feed(text_to_bytes(chunk))
+                if shown:
+                    entry.feed(shown)
+
             start = sandbox.commands.run(
-                pipe_wrapper(command.shell_command, proc.pgid_file),
+                pipe_wrapper(shell_command, proc.pgid_file),
                 background=True,
                 envs=command.env,
-                cwd=command.cwd,
-                on_stdout=on_output,
+                cwd=cwd,
+                on_stdout=on_output if check is None else on_stdout,
                 on_stderr=on_output,
                 stdin=False,
                 timeout=self._process_timeout,
@@ -607,9 +636,11 @@ class E2BSession(BaseSandboxSession):
         except Exception as exc:
             self._fail(exc, "start a process")
         proc.waiter = asyncio.ensure_future(self._watch(entry, proc))
-        if proc.trap is not None:
-            line = proc.trap.line(tty_wrapper(command.shell_command), tty=True)
+        if spec.tty and proc.trap is not None:
+            line = proc.trap.line(tty_wrapper(shell_command), tty=True, announced=bool(check))
             await self._send(proc.handle.pid, line.encode())
+        if check is not None and proc.trap is not None:
+            await wait_for_verdict(entry, proc.trap, check)
 
     async def _watch(self, entry: PtyEntry, proc: _E2BProcess) -> None:
         """Wait for the process's end and report it (or report the stream lost)."""
@@ -712,8 +743,29 @@ class E2BSession(BaseSandboxSession):
 
     # ---- files ------------------------------------------------------------------------------
 
-    async def _read_file(self, path: str) -> bytes:
-        """`files.read` as bytes (relative paths are in the sandbox user's home)."""
+    async def _stat(self, path: str) -> Entry | None:
+        """`files.get_info` as an `Entry` (None when nothing is there)."""
+        try:
+            info = await self._sandbox.files.get_info(path, **self._request())
+        except FileNotFoundException:
+            return None
+        except Exception as exc:
+            self._fail(exc, f"inspect {path!r}")
+        kinds: dict[object, Kind] = {
+            FileType.FILE: "file",
+            FileType.DIR: "dir",
+            FileType.SYMLINK: "symlink",
+        }
+        # envd reports no type (None here) for a FIFO, socket or device.
+        return Entry(kinds.get(info.type, "other"), size=info.size, target=info.symlink_target)
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """`files.read` as bytes (relative paths are in the sandbox user's home), after
+        `files.get_info` says it is a regular file within `max_bytes` (envd's download
+        of a FIFO would wait forever)."""
+        size = await remote_files.regular_file(self._stat, path, write=False)
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
         try:
             data = await self._sandbox.files.read(path, format="bytes", **self._request())
         except FileNotFoundException:
@@ -723,11 +775,14 @@ class E2BSession(BaseSandboxSession):
         return bytes(data)
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        """`files.write` (E2B creates the parent directories)."""
+        """`files.write` (E2B creates the parent directories), after `files.get_info`
+        says nothing or a regular file is there."""
+        await remote_files.regular_file(self._stat, path, write=True)
         try:
             await self._sandbox.files.write(path, data, **self._request())
         except Exception as exc:
-            self._fail(exc, f"write {path!r}")
+            failure = self._error(exc, f"write {path!r}")
+            raise await remote_files.explain_write_failure(self._stat, path, failure) from None
 
 
 def _positive(value: object) -> bool:

@@ -27,25 +27,33 @@ import math
 import os
 import posixpath
 import secrets
+import stat as stat_module
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import modal
 from modal import exception as modal_exception
+from modal.types import FileType
 
+from .. import arguments, remote_files
+from ..command_check import CommandCheck, wait_for_verdict
 from ..errors import (
     ConnectionLostError,
     CredentialsMissingError,
-    ExecTimeoutError,
+    FileTooLargeError,
     InvalidArgumentError,
+    NotAFileError,
     ProviderError,
     SandboxError,
     SandboxFileNotFoundError,
 )
+from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
+from ..remote_files import Entry
 from ..session import BaseSandboxSession, SessionState
 from ..settle import settle
+from ..shell_trap import ShellTrap
 from ..types import ExecResult
 
 logger = logging.getLogger("sandbox.modal")
@@ -257,6 +265,28 @@ class ModalSession(BaseSandboxSession):
         super().__init__(**options)
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
+        # Every option is checked now, not when first used (a bad grace period would
+        # otherwise surface as a raw TypeError in a teardown).
+        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        if (
+            isinstance(sandbox_timeout_s, bool)
+            or not isinstance(sandbox_timeout_s, int)
+            or sandbox_timeout_s <= 0
+        ):
+            raise InvalidArgumentError(
+                f"sandbox_timeout_s must be a positive int (seconds), not {sandbox_timeout_s!r}"
+            )
+        for name, text in (
+            ("app_name", app_name),
+            ("sandbox_id", sandbox_id),
+            ("token_id", token_id),
+            ("token_secret", token_secret),
+            ("state_dir", state_dir),
+        ):
+            arguments.check_str(name, text)
+        env = arguments.check_env(env)
+        if create_options is not None and not isinstance(create_options, Mapping):
+            raise InvalidArgumentError("create_options must be a mapping of option names")
         self.app_name = app_name
         self.keep = keep
         self.workdir = workdir
@@ -465,14 +495,18 @@ class ModalSession(BaseSandboxSession):
         rows: int = 24,
         cols: int = 80,
         server_timeout: int | None = None,
+        check: CommandCheck | None = None,
+        announce: bool = False,
     ) -> Any:
         """Exec `spec` through the wrapper (`handle.process` is set as soon as the exec
-        answers); a pipe process then gets its stdin closed."""
+        answers); a pipe process then gets its stdin closed. Behind a `check` the exec
+        starts in `workdir` and the check enters `cwd`."""
         sandbox = self._require_sandbox()
         tty = handle.tty
+        command = spec.argv if check is None else check.argv(spec.argv, announce=announce)
         argv = (
             "sh", "-c", WRAPPER, "sandbox-pty", self._state_dir, handle.token,
-            "tty" if tty else "pipes", str(rows), str(cols), *spec.argv,
+            "tty" if tty else "pipes", str(rows), str(cols), *command,
         )  # fmt: skip
         env = {**self._env, **(spec.env or {}), TOKEN_ENV: handle.token}
         handle.process = process = await self._call(
@@ -482,7 +516,7 @@ class ModalSession(BaseSandboxSession):
             pty=tty,
             text=False,
             timeout=server_timeout,
-            workdir=self._cwd(spec.cwd),
+            workdir=self._cwd(spec.cwd) if check is None else self.workdir,
             env=env,
         )
         if not tty:
@@ -535,13 +569,16 @@ class ModalSession(BaseSandboxSession):
 
     # ---- one-shot commands -------------------------------------------------------------
 
-    async def _exec(self, spec: CommandSpec, timeout: float | None) -> ExecResult:
-        """One exec through the wrapper, stdin closed, both streams collected. The
-        timeout is enforced here (the server-side one is only a backstop); on expiry or
-        cancellation the command's tree is killed by token, never the sandbox."""
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """One exec through the wrapper, stdin closed, both streams read chunk by chunk
+        into the bounded capture. The timeout is enforced here (the server-side one is
+        only a backstop); on expiry or cancellation the command's tree is killed by
+        token, never the sandbox."""
         handle = _Process(token=secrets.token_hex(12), tty=False)
         server_timeout = None if timeout is None else math.ceil(timeout) + SERVER_TIMEOUT_MARGIN_S
-        stdout, stderr = bytearray(), bytearray()
+        check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
         readers: list[asyncio.Task[None]] = []
         finished = False
         try:
@@ -549,10 +586,16 @@ class ModalSession(BaseSandboxSession):
             code = 0
             try:
                 async with asyncio.timeout(timeout):
-                    process = await self._start_command(spec, handle, server_timeout=server_timeout)
+                    process = await self._start_command(
+                        spec, handle, server_timeout=server_timeout, check=check
+                    )
                     readers = [
-                        asyncio.create_task(self._collect_stream(process.stdout, stdout)),
-                        asyncio.create_task(self._collect_stream(process.stderr, stderr)),
+                        asyncio.create_task(
+                            self._collect_stream(process.stdout, capture.add_stdout)
+                        ),
+                        asyncio.create_task(
+                            self._collect_stream(process.stderr, capture.add_stderr)
+                        ),
                     ]
                     code = await self._call("wait for the command", process.wait.aio)
             except TimeoutError:
@@ -560,7 +603,7 @@ class ModalSession(BaseSandboxSession):
             if timed_out or (server_timeout is not None and code == SERVER_TIMEOUT_CODE):
                 finished = True
                 await settle(self._finish_command(handle, readers, kill=True))
-                raise ExecTimeoutError.killed(spec.display, timeout, stdout, stderr)
+                raise capture.timeout_error(spec.display, timeout)
             if code == SERVER_TIMEOUT_CODE:
                 raise ProviderError("modal: the command ended without an exit status")
             # The exit status may overtake the last output: wait a little for the streams.
@@ -576,12 +619,12 @@ class ModalSession(BaseSandboxSession):
             if not finished:
                 await settle(self._finish_command(handle, readers, kill=True))
             raise
-        return ExecResult(stdout=bytes(stdout), stderr=bytes(stderr), exit_code=_exit_code(code))
+        return capture.result(_exit_code(code))
 
-    async def _collect_stream(self, stream: Any, sink: bytearray) -> None:
+    async def _collect_stream(self, stream: Any, sink: Callable[[bytes], None]) -> None:
         """Collect a one-shot's output stream, mapping the SDK's errors."""
         try:
-            await _read_stream(stream, sink.extend)
+            await _read_stream(stream, sink)
         except _SDK_ERRORS as exc:
             raise self._map_error("read the command's output", exc) from None
 
@@ -593,17 +636,34 @@ class ModalSession(BaseSandboxSession):
         spec = entry.spec
         handle = _Process(token=secrets.token_hex(12), tty=spec.tty)
         entry.handle = handle  # from here on, teardown can find (and kill) it by token
-        process = await self._start_command(spec.command, handle, rows=spec.rows, cols=spec.cols)
+        check = CommandCheck.needed(spec.command, cwd=self._cwd(spec.command.cwd))
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+        process = await self._start_command(
+            spec.command, handle, rows=spec.rows, cols=spec.cols, check=check, announce=True
+        )
         streams = [process.stdout]
         if not spec.tty:  # with a terminal, stderr is merged into stdout
             streams.append(process.stderr)
-        handle.readers = [asyncio.create_task(self._pump(entry, s)) for s in streams]
+        handle.readers = [
+            # The check's markers come on stdout only: that is the stream the trap filters.
+            asyncio.create_task(self._pump(entry, s, trap if s is process.stdout else None))
+            for s in streams
+        ]
         handle.watcher = asyncio.create_task(self._watch(entry, handle))
+        if check is not None and trap is not None:
+            await wait_for_verdict(entry, trap, check)
 
-    async def _pump(self, entry: PtyEntry, stream: Any) -> None:
-        """Feed one output stream into the entry; a stream that fails loses the process."""
+    async def _pump(self, entry: PtyEntry, stream: Any, trap: ShellTrap | None = None) -> None:
+        """Feed one output stream into the entry (through `trap` behind a check); a
+        stream that fails loses the process."""
+
+        def feed(data: bytes) -> None:
+            shown = data if trap is None else trap.feed(data)
+            if shown:
+                entry.feed(shown)
+
         try:
-            await _read_stream(stream, entry.feed)
+            await _read_stream(stream, feed)
         except Exception as exc:
             entry.report_lost(f"reading its output from Modal failed ({self._describe(exc)})")
 
@@ -692,22 +752,56 @@ class ModalSession(BaseSandboxSession):
     def _path(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.workdir, path)
 
-    async def _read_file(self, path: str) -> bytes:
-        """`Sandbox.filesystem.read_bytes` (relative paths are in `workdir`)."""
+    async def _stat(self, path: str) -> Entry | None:
+        """`Sandbox.filesystem.stat` (the entry itself, not a symlink's target) as an
+        `Entry`; a FILE whose mode carries file-type bits must be a regular one."""
         sandbox = self._require_sandbox()
         try:
-            data: bytes = await sandbox.filesystem.read_bytes.aio(self._path(path))
+            info = await sandbox.filesystem.stat.aio(path)
+        except modal_exception.SandboxFilesystemNotFoundError:
+            return None
+        except ValueError:
+            return Entry("other")  # a type the SDK has no name for: not a regular file
+        except _SDK_ERRORS as exc:
+            raise self._map_error(f"inspect {path!r}", exc) from None
+        if info.type is FileType.DIRECTORY:
+            return Entry("dir")
+        if info.type is FileType.SYMLINK:
+            return Entry("symlink", target=info.symlink_target)
+        mode = int(info.mode or 0)
+        regular = mode <= 0o7777 or stat_module.S_ISREG(mode)
+        return Entry("file" if regular else "other", size=info.size)
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """`Sandbox.filesystem.read_bytes` (relative paths are in `workdir`), after
+        `filesystem.stat` says it is a regular file within `max_bytes`."""
+        sandbox = self._require_sandbox()
+        full = self._path(path)
+        size = await remote_files.regular_file(self._stat, full, write=False, shown=path)
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
+        try:
+            data: bytes = await sandbox.filesystem.read_bytes.aio(full)
         except modal_exception.SandboxFilesystemNotFoundError:
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
+        except modal_exception.SandboxFilesystemIsADirectoryError:
+            raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
         except _SDK_ERRORS as exc:
             raise self._map_error(f"read {path!r}", exc) from None
         return bytes(data)
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        """`Sandbox.filesystem.write_bytes`, which creates parent directories."""
+        """`Sandbox.filesystem.write_bytes`, which creates parent directories, after
+        `filesystem.stat` says nothing or a regular file is there."""
         sandbox = self._require_sandbox()
+        full = self._path(path)
+        await remote_files.regular_file(self._stat, full, write=True, shown=path)
         try:
-            await sandbox.filesystem.write_bytes.aio(data, self._path(path))
+            await sandbox.filesystem.write_bytes.aio(data, full)
+        except modal_exception.SandboxFilesystemIsADirectoryError:
+            raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+        except modal_exception.SandboxFilesystemNotADirectoryError:
+            raise remote_files.under_a_file(path) from None
         except _SDK_ERRORS as exc:
             raise self._map_error(f"write {path!r}", exc) from None
 

@@ -77,9 +77,10 @@ import secrets
 import shutil
 import signal
 import socket
+import stat as stat_module
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
@@ -135,6 +136,10 @@ _DEFAULT_CODES = {
 }
 _GATEWAY_STATUSES = frozenset({429, 502, 503, 504})
 _OUTPUT_HIGH_WATER = 1024 * 1024
+# A process's output as Blaxel keeps it (the SDK: `logs` returns up to 4 MB, `get` and
+# `list` the last 64 KB of each stream).
+OUTPUT_RETAIN = 4 * 1024 * 1024
+GET_OUTPUT_TAIL = 64 * 1024
 _CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
 
 
@@ -180,9 +185,20 @@ class _Stall:
     released: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _keep_tail(buffer: bytearray, data: bytes) -> None:
+    """Append, keeping at most the last `OUTPUT_RETAIN` bytes (a flood must not fill
+    the test process's memory; Blaxel itself keeps a bounded log)."""
+    buffer += data
+    excess = len(buffer) - OUTPUT_RETAIN
+    if excess > 0:
+        del buffer[:excess]
+
+
 @dataclass(eq=False)
 class _Process:
-    """One process started through `POST /process`."""
+    """One process started through `POST /process`. Its output is kept as Blaxel keeps
+    it: the last 4 MB of each stream (what `logs` returns); `GET /process/{id}` and the
+    list answer the last 64 KB."""
 
     name: str
     command: str
@@ -205,9 +221,15 @@ class _Process:
         self.completed_at = _http_date()
         self.done.set()
 
-    def to_json(self) -> dict[str, Any]:
-        out = self.stdout.decode("utf-8", "replace")
-        err = self.stderr.decode("utf-8", "replace")
+    def add_stdout(self, data: bytes) -> None:
+        _keep_tail(self.stdout, data)
+
+    def add_stderr(self, data: bytes) -> None:
+        _keep_tail(self.stderr, data)
+
+    def to_json(self, tail: int = OUTPUT_RETAIN) -> dict[str, Any]:
+        out = self.stdout[-tail:].decode("utf-8", "replace")
+        err = self.stderr[-tail:].decode("utf-8", "replace")
         return {
             "command": self.command,
             "completedAt": self.completed_at,
@@ -623,8 +645,8 @@ class BlaxelServer:
                 tty=False,
                 env=self._environment(body.get("env")),
                 cwd=cwd,
-                on_stdout=record.stdout.extend,
-                on_stderr=record.stderr.extend,
+                on_stdout=record.add_stdout,
+                on_stderr=record.add_stderr,
                 on_exit=record.finish,
             )
         except OSError as exc:
@@ -679,7 +701,7 @@ class BlaxelServer:
             return web.json_response({"error": "process not found"}, status=404)
         if record.done.is_set():
             await self._settle_output(record)
-        return web.json_response(record.to_json())
+        return web.json_response(record.to_json(GET_OUTPUT_TAIL))
 
     async def _process_wait(self, request: web.Request) -> web.StreamResponse:
         box, early = await self._data_plane(request, "process_wait")
@@ -729,20 +751,34 @@ class BlaxelServer:
         return path if path.startswith("/") else os.path.join(self.root, path)
 
     async def _read(self, request: web.Request) -> web.StreamResponse:
+        """As the sandbox API: a directory (symlinks followed) answers its JSON listing
+        whatever was asked; a file its bytes with `Accept: application/octet-stream`,
+        else a JSON FileWithContent. A FIFO or device is opened and waited on forever
+        (here without holding a thread: the client's timeout ends it)."""
         box, early = await self._data_plane(request, "read")
         if early is not None or box is None:
             return early or self._not_found("read")
         path = self._path(request)
-        listing = await asyncio.to_thread(_listing, path)
+        try:
+            listing = await asyncio.to_thread(_listing, path)
+        except FileNotFoundError:
+            return web.json_response({"error": f"file not found: {path}"}, status=404)
+        except OSError as exc:
+            return web.json_response({"error": f"stat {path}: {exc.strerror}"}, status=500)
         if listing is not None:
             return web.json_response(listing)
+        await _wait_forever_on_special_file(path)
         try:
             data = await asyncio.to_thread(_read_bytes, path)
         except FileNotFoundError:
             return web.json_response({"error": f"file not found: {path}"}, status=404)
         except PermissionError:
             return web.json_response({"error": f"permission denied: {path}"}, status=403)
-        return web.Response(body=data, content_type="application/octet-stream")
+        if "application/octet-stream" in request.headers.get("Accept", ""):
+            return web.Response(body=data, content_type="application/octet-stream")
+        entry = await asyncio.to_thread(_file_entry, path, os.stat)
+        entry["content"] = data.decode("utf-8", "replace")
+        return web.json_response(entry)
 
     async def _write(self, request: web.Request) -> web.StreamResponse:
         endpoint = "mkdir" if request.content_type == "application/json" else "write"
@@ -764,11 +800,15 @@ class BlaxelServer:
                 data = str(body.get("content", "")).encode()
             else:
                 data = await self._multipart_file(request)
+            await _wait_forever_on_special_file(path)  # the API's open would block
             await asyncio.to_thread(_write_bytes, path, data)
-        except (NotADirectoryError, FileExistsError, IsADirectoryError) as exc:
-            return web.json_response({"error": f"cannot write {path}: {exc}"}, status=400)
         except PermissionError:
             return web.json_response({"error": f"permission denied: {path}"}, status=403)
+        except OSError as exc:
+            # A directory there, or a parent that is a file: the API's 422.
+            return web.json_response(
+                {"error": f"error writing file: {path}: {exc.strerror}"}, status=422
+            )
         return web.json_response({"message": "File created", "path": path})
 
     async def _multipart_file(self, request: web.Request) -> bytes:
@@ -1012,20 +1052,70 @@ def _read_bytes(path: str) -> bytes:
 
 
 def _listing(path: str) -> dict[str, Any] | None:
-    """A directory listing shaped like the sandbox API's, or None for a non-directory."""
+    """A directory listing shaped like the sandbox API's (entries by lstat: a symlink is
+    a file whose permissions carry Go's symlink bit), or None for a non-directory."""
     if not os.path.isdir(path):
+        os.stat(path)  # raises for a missing path or one under a file
         return None
-    files: list[dict[str, str]] = []
+    files: list[dict[str, Any]] = []
     subdirectories: list[dict[str, str]] = []
     for name in sorted(os.listdir(path)):
-        item = {"name": name, "path": os.path.join(path, name)}
-        (subdirectories if os.path.isdir(item["path"]) else files).append(item)
+        item = os.path.join(path, name)
+        try:
+            info = os.lstat(item)
+        except FileNotFoundError:
+            continue
+        if stat_module.S_ISDIR(info.st_mode):
+            subdirectories.append({"name": name, "path": item})
+        else:
+            files.append(_file_entry(item, os.lstat))
     return {
         "name": os.path.basename(path),
         "path": path,
         "files": files,
         "subdirectories": subdirectories,
     }
+
+
+def _file_entry(path: str, stat_fn: Callable[[str], os.stat_result]) -> dict[str, Any]:
+    """A File as the sandbox API sends it: `permissions` is Go's FileMode in octal."""
+    info = stat_fn(path)
+    return {
+        "name": os.path.basename(path),
+        "path": path,
+        "permissions": f"{_go_file_mode(info.st_mode):o}",
+        "size": info.st_size,
+        "lastModified": _http_date(),
+        "owner": str(info.st_uid),
+        "group": str(info.st_gid),
+    }
+
+
+def _go_file_mode(mode: int) -> int:
+    """Go's `os.FileMode` bits for an st_mode (type bits above the permissions)."""
+    bits = stat_module.S_IMODE(mode)
+    if stat_module.S_ISDIR(mode):
+        bits |= 1 << 31
+    elif stat_module.S_ISLNK(mode):
+        bits |= 1 << 27
+    elif stat_module.S_ISFIFO(mode):
+        bits |= 1 << 25
+    elif stat_module.S_ISSOCK(mode):
+        bits |= 1 << 24
+    elif stat_module.S_ISCHR(mode):
+        bits |= (1 << 26) | (1 << 21)
+    elif stat_module.S_ISBLK(mode):
+        bits |= 1 << 26
+    return bits
+
+
+async def _wait_forever_on_special_file(path: str) -> None:
+    try:
+        mode = (await asyncio.to_thread(os.stat, path)).st_mode
+    except OSError:
+        return
+    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
+        await asyncio.Event().wait()
 
 
 def _write_bytes(path: str, data: bytes) -> None:

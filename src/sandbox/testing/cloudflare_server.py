@@ -12,7 +12,12 @@ Worker protocol the backend uses, over REAL local processes (`sandbox.local_proc
                                             unknown)
 `GET    /v1/sandbox/{id}/running`           ``{"running": true}``
 `GET|PUT /v1/sandbox/{id}/file/<path>`      raw bytes; relative paths are in the
-                                            sandbox directory; 404 missing, 403 outside
+                                            sandbox directory; 404 missing, 403 outside,
+                                            409 not a regular file (a directory, FIFO,
+                                            socket, device; for PUT also a parent that
+                                            is a file), never opened to wait on; GET
+                                            takes ``?max_bytes=N``: 413 ``{"size": S}``
+                                            above it, before sending anything
 `POST   /v1/sandbox/{id}/exec`              ``{"argv": [...], "timeout_ms": N}`` ->
                                             server-sent events: ``stdout``/``stderr``
                                             (base64), then ``exit`` ``{"exit_code": N}``
@@ -84,18 +89,25 @@ import os
 import random
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from ..errors import ProcessExitedError, WorkspacePathError
+from .. import local_files
+from ..errors import (
+    FileTooLargeError,
+    NotAFileError,
+    ProcessExitedError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    WorkspacePathError,
+)
 from ..local_process import LocalProcess
 from ..settle import settle
-from ..workspace import Workspace
 
 ENDPOINTS = ("create", "delete", "running", "exec", "file_get", "file_put", "pty")
 STALL_POINTS = (*ENDPOINTS, "exec_stream", "pty_ready", "pty_input", "pty_close")
@@ -178,13 +190,6 @@ class FakeSandbox:
     id: str
     root: str
     connections: set[_Connection] = field(default_factory=set)
-
-    @property
-    def workspace(self) -> Workspace:
-        """The sandbox directory as a `Workspace` (for path checks)."""
-        workspace = Workspace(self.root)
-        workspace.create()
-        return workspace
 
 
 class _SseWriter:
@@ -538,38 +543,31 @@ class CloudflareWorkerServer:
 
     # ---- files ----------------------------------------------------------------------------
 
-    def _file_path(self, request: web.Request) -> str:
-        sandbox = self._sandbox(request)
-        try:
-            return sandbox.workspace.resolve_inside(request.match_info["path"])
-        except WorkspacePathError:
-            raise web.HTTPForbidden(
-                text=json.dumps({"error": "path outside the sandbox"}),
-                content_type="application/json",
-            ) from None
-
     async def _get(self, request: web.Request) -> web.StreamResponse:
-        path = self._file_path(request)
+        sandbox = self._sandbox(request)
+        path = request.match_info["path"]
+        limit = request.query.get("max_bytes")
+        if limit is not None and not limit.isdigit():
+            return web.json_response({"error": "max_bytes must be an int >= 0"}, status=400)
         try:
-            data = await asyncio.to_thread(Path(path).read_bytes)
-        except FileNotFoundError:
-            return web.json_response({"error": "file not found"}, status=404)
-        except IsADirectoryError:
-            return web.json_response({"error": "is a directory"}, status=400)
+            # Opened beneath the sandbox directory in one step, regular files only (a
+            # FIFO is refused, never opened to wait on).
+            data = await local_files.read_whole(
+                sandbox.root, path, int(limit) if limit is not None else sys.maxsize
+            )
+        except FileTooLargeError as exc:
+            return web.json_response({"error": exc.message, "size": exc.size}, status=413)
+        except SandboxError as exc:
+            return _file_error(exc)
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def _put(self, request: web.Request) -> web.StreamResponse:
-        path = self._file_path(request)
+        sandbox = self._sandbox(request)
         data = await request.read()
-
-        def write() -> None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            Path(path).write_bytes(data)
-
         try:
-            await asyncio.to_thread(write)
-        except IsADirectoryError:
-            return web.json_response({"error": "is a directory"}, status=400)
+            await local_files.write_whole(sandbox.root, request.match_info["path"], data)
+        except SandboxError as exc:
+            return _file_error(exc)
         return web.json_response({"written": len(data)})
 
     # ---- one-shot exec ----------------------------------------------------------------------
@@ -833,6 +831,18 @@ def _endpoint_of(request: web.Request) -> str:
     if parts[3] == "file":
         return "file_get" if request.method == "GET" else "file_put"
     return parts[3] if parts[3] in ENDPOINTS else "unknown"
+
+
+def _file_error(exc: SandboxError) -> web.Response:
+    """The protocol's answer to a failed file request: 403 outside the sandbox, 404
+    missing, 409 not a regular file (or under a file), 500 otherwise."""
+    if isinstance(exc, WorkspacePathError):
+        return web.json_response({"error": "path outside the sandbox"}, status=403)
+    if isinstance(exc, SandboxFileNotFoundError):
+        return web.json_response({"error": "file not found"}, status=404)
+    if isinstance(exc, NotAFileError):
+        return web.json_response({"error": exc.message}, status=409)
+    return web.json_response({"error": exc.message}, status=500)
 
 
 def _make_root(given: str | None) -> str:

@@ -75,6 +75,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat as stat_module
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ from daytona import (
 from daytona.common.errors import SOURCE_DAEMON, DaytonaFileNotFoundError
 from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionExecuteResponse
 from daytona.common.pty import PtyResult, PtySize
-from daytona_toolbox_api_client_async import Command, PtySessionInfo
+from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
 from ..local_process import LocalProcess
 
@@ -115,6 +116,7 @@ FAULT_POINTS = (
     "wait",
     "download_file",
     "upload_file",
+    "get_file_info",
     "stream",
 )
 ALIASES = {
@@ -859,10 +861,12 @@ class FakeAsyncFileSystem:
         self._sandbox = sandbox
 
     async def download_file(self, *args: str) -> bytes | None:
-        """Read a file (the one-argument form: returns its bytes)."""
+        """Read a file (the one-argument form: returns its bytes). A directory is "not
+        found"; a FIFO or device is opened and waited on forever, as the daemon does."""
         await self._service._knobs.checkpoint("download_file")
         self._sandbox.require_alive()
         path = self._sandbox.resolve(args[0])
+        await _wait_forever_on_special_file(path)
 
         def read() -> bytes:
             with open(path, "rb") as handle:
@@ -881,7 +885,9 @@ class FakeAsyncFileSystem:
         return data
 
     async def upload_file(self, src: str | bytes, dst: str, timeout: int = 30 * 60) -> None:
-        """Write a file (from bytes, or from a local path). The parent must exist."""
+        """Write a file (from bytes, or from a local path). The parent must exist. As the
+        daemon does, the data goes to a temporary file renamed over `dst` (so a FIFO
+        there is replaced); a directory there is a 400."""
         await self._service._knobs.checkpoint("upload_file")
         self._sandbox.require_alive()
         path = self._sandbox.resolve(dst)
@@ -892,8 +898,16 @@ class FakeAsyncFileSystem:
             else:
                 with open(src, "rb") as source:
                     data = source.read()
-            with open(path, "wb") as handle:
-                handle.write(data)
+            fd, temporary = tempfile.mkstemp(prefix=".daytona-upload-", dir=os.path.dirname(path))
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                os.chmod(temporary, 0o644)
+                os.replace(temporary, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
 
         try:
             await asyncio.to_thread(write)
@@ -902,7 +916,67 @@ class FakeAsyncFileSystem:
                 f"Failed to upload files: parent directory of {dst} does not exist",
                 status_code=404,
             ) from None
+        except (IsADirectoryError, FileExistsError, OSError) as exc:
+            raise DaytonaBadRequestError(
+                f"Failed to upload files: {dst}: rename: {exc.strerror}", status_code=400
+            ) from None
         await self._service._knobs.checkpoint("upload_file", after=True)
+
+    async def get_file_info(self, path: str, request_timeout: float | None = None) -> FileInfo:
+        """The daemon's os.Stat (symlinks followed); `mode` is Go's FileMode.String()."""
+        await self._service._knobs.checkpoint("get_file_info")
+        self._sandbox.require_alive()
+        real = self._sandbox.resolve(path)
+        try:
+            info = await asyncio.to_thread(os.stat, real)
+        except FileNotFoundError:
+            raise DaytonaNotFoundError(
+                f"Failed to get file info: stat {path}: no such file or directory",
+                status_code=404,
+            ) from None
+        except OSError as exc:
+            raise DaytonaBadRequestError(
+                f"Failed to get file info: stat {path}: {exc.strerror}", status_code=400
+            ) from None
+        return FileInfo(
+            name=os.path.basename(real),
+            is_dir=stat_module.S_ISDIR(info.st_mode),
+            size=info.st_size,
+            mode=_go_mode_string(info.st_mode),
+            mod_time=str(info.st_mtime),
+            permissions=f"{stat_module.S_IMODE(info.st_mode):04o}",
+            owner=str(info.st_uid),
+            group=str(info.st_gid),
+        )
+
+
+def _go_mode_string(mode: int) -> str:
+    """Go's `os.FileMode.String()` for an st_mode (the type letters Go uses)."""
+    if stat_module.S_ISDIR(mode):
+        kind = "d"
+    elif stat_module.S_ISFIFO(mode):
+        kind = "p"
+    elif stat_module.S_ISSOCK(mode):
+        kind = "S"
+    elif stat_module.S_ISCHR(mode):
+        kind = "Dc"
+    elif stat_module.S_ISBLK(mode):
+        kind = "D"
+    else:
+        kind = "-"
+    return kind + stat_module.filemode(mode)[1:]
+
+
+async def _wait_forever_on_special_file(path: str) -> None:
+    """The daemon opens a FIFO (or a device) and waits for the other end forever: so
+    does the fake, without holding a thread (the caller's timeout or cancellation ends
+    it)."""
+    try:
+        mode = (await asyncio.to_thread(os.stat, path)).st_mode
+    except OSError:
+        return
+    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
+        await asyncio.Event().wait()
 
 
 class FakeAsyncSandbox:

@@ -13,7 +13,7 @@ async with FakeE2B(api_key="test-key") as fake:
 ```
 
 Only the SDK surface the backend uses is imitated (`AsyncSandbox.create/connect/kill/list`,
-`.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write`, the
+`.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write/get_info`, the
 command handle's `pid/exit_code/wait/kill/disconnect`), with the SDK's own names,
 parameters and async-ness; `tests/backends/test_e2b.py` checks that against the installed
 SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
@@ -60,9 +60,11 @@ import os
 import secrets
 import shutil
 import signal
+import stat as stat_module
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from e2b import (
@@ -77,7 +79,7 @@ from e2b import (
     SandboxNotRunningException,
     TimeoutException,
 )
-from e2b.sandbox.filesystem.filesystem import FileType, WriteInfo
+from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
 from ..local_process import LocalProcess
 
@@ -97,6 +99,7 @@ FAULT_POINTS = frozenset(
         "disconnect",
         "files.read",
         "files.write",
+        "files.get_info",
         "stream",
     }
 )
@@ -664,6 +667,7 @@ class FakeFilesystem:
         if format not in ("text", "bytes"):
             raise InvalidArgumentException(f"the fake E2B does not support format={format!r}")
         real = self._state.resolve(path)
+        await _wait_forever_on_special_file(real)
 
         def read() -> bytes:
             """Read the file (in a thread)."""
@@ -672,7 +676,7 @@ class FakeFilesystem:
             try:
                 with open(real, "rb") as handle:
                     return handle.read()
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 raise FileNotFoundException(f"path '{path}' does not exist") from None
 
         data = await asyncio.to_thread(read)
@@ -701,15 +705,73 @@ class FakeFilesystem:
         else:
             raise InvalidArgumentException("the fake E2B writes str, bytes or file objects")
         real = self._state.resolve(path)
+        await _wait_forever_on_special_file(real)
 
         def write() -> None:
-            """Write the file (in a thread)."""
-            os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+            """Write the file (in a thread), answering as envd does: 400 over a
+            directory, 500 when a parent cannot be made (a file is in the way)."""
+            try:
+                os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+            except OSError as exc:
+                raise SandboxException(f"error ensuring directories: {exc.strerror}") from None
+            if os.path.isdir(real):
+                raise InvalidArgumentException(f"path is a directory: {real}")
             with open(real, "wb") as handle:
                 handle.write(payload)
 
         await asyncio.to_thread(write)
         return WriteInfo(name=os.path.basename(real), type=FileType.FILE, path=real)
+
+    async def get_info(
+        self, path: str, user: str | None = None, request_timeout: float | None = None
+    ) -> EntryInfo:
+        """envd's stat: the entry itself (a symlink is reported as one, with its target);
+        a FIFO, socket or device has no type. Missing: `FileNotFoundException`; under a
+        file: a plain `SandboxException` (envd answers 500 for ENOTDIR)."""
+        await self._service._knobs.checkpoint("files.get_info", after=False, subject=None)
+        self._service._check_alive(self._state)
+        real = self._state.resolve(path)
+
+        def stat() -> EntryInfo:
+            try:
+                info = os.lstat(real)
+            except FileNotFoundError:
+                raise FileNotFoundException(f"path '{path}' does not exist") from None
+            except OSError as exc:
+                raise SandboxException(f"error getting file info: {exc.strerror}") from None
+            kind: FileType | None = None
+            target = None
+            if stat_module.S_ISREG(info.st_mode):
+                kind = FileType.FILE
+            elif stat_module.S_ISDIR(info.st_mode):
+                kind = FileType.DIR
+            elif stat_module.S_ISLNK(info.st_mode):
+                kind, target = FileType.SYMLINK, os.readlink(real)
+            return EntryInfo(
+                name=os.path.basename(real),
+                type=kind,
+                path=real,
+                size=info.st_size,
+                mode=info.st_mode,
+                permissions=stat_module.filemode(info.st_mode)[1:],
+                owner=str(info.st_uid),
+                group=str(info.st_gid),
+                modified_time=datetime.fromtimestamp(info.st_mtime, tz=UTC),
+                symlink_target=target,
+            )
+
+        return await asyncio.to_thread(stat)
+
+
+async def _wait_forever_on_special_file(real: str) -> None:
+    """envd opens a FIFO (or a device) and waits for the other end forever: so does the
+    fake, without holding a thread (the caller's timeout or cancellation ends it)."""
+    try:
+        mode = (await asyncio.to_thread(os.stat, real)).st_mode
+    except OSError:
+        return
+    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
+        await asyncio.Event().wait()
 
 
 @dataclass

@@ -34,10 +34,10 @@ it is "a call that never returns"). The ops and where they are checked:
 - `exec` before the process starts, `exec_response` after it started;
 - `write` (`stdin.drain`), `wait` (`process.wait`), `read` (before each chunk of
   stdout/stderr is delivered: a reader that dies);
-- `read_file`, `write_file` (`filesystem.read_bytes` / `write_bytes`).
+- `read_file`, `write_file`, `stat` (`filesystem.read_bytes` / `write_bytes` / `stat`).
 
 A `when=` predicate receives the argv of the process concerned (the path for
-`read_file`/`write_file`, an empty tuple for other sandbox-level calls) and restricts a
+`read_file`/`write_file`/`stat`, an empty tuple for other sandbox-level calls) and restricts a
 fault to matching calls. `fake.calls` records every call as `(op, argv)`; each process
 records its `exec` options in `exec_options`.
 
@@ -58,11 +58,13 @@ import inspect
 import os
 import secrets
 import signal
+import stat as stat_module
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from modal import exception as modal_exception
+from modal.types import FileInfo, FileType
 
 from ..local_process import LocalProcess
 
@@ -86,6 +88,7 @@ OPS = (
     "read",
     "read_file",
     "write_file",
+    "stat",
 )
 
 Predicate = Callable[[tuple[str, ...]], bool]
@@ -595,11 +598,13 @@ class FakeSandboxFilesystem:
 
     @_AioMethod
     async def read_bytes(self, remote_path: str) -> bytes:
-        """Read a file."""
+        """Read a file. A FIFO or device is opened and waited on forever (the SDK's file
+        tool reads it like any file): without holding a thread here."""
         _check_absolute(remote_path, "read_bytes")
         await self._sandbox._fake._check("read_file", (remote_path,))
         if self._sandbox._terminated:
             raise modal_exception.ConflictError("Sandbox already finished")
+        await _wait_forever_on_special_file(remote_path)
 
         def read() -> bytes:
             with _filesystem_errors(remote_path), open(remote_path, "rb") as handle:
@@ -609,13 +614,15 @@ class FakeSandboxFilesystem:
 
     @_AioMethod
     async def write_bytes(self, data: bytes | bytearray | memoryview, remote_path: str) -> None:
-        """Write a file, creating its parent directories."""
+        """Write a file, creating its parent directories (a FIFO there: waited on
+        forever, as for a read)."""
         _check_absolute(remote_path, "write_bytes")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError("data must be bytes-like")
         await self._sandbox._fake._check("write_file", (remote_path,))
         if self._sandbox._terminated:
             raise modal_exception.ConflictError("Sandbox already finished")
+        await _wait_forever_on_special_file(remote_path)
 
         def write() -> None:
             with _filesystem_errors(remote_path):
@@ -624,6 +631,50 @@ class FakeSandboxFilesystem:
                     handle.write(data)
 
         await asyncio.to_thread(write)
+
+    @_AioMethod
+    async def stat(self, remote_path: str) -> FileInfo:
+        """The entry itself (a symlink is described, not followed). The SDK names only
+        files, directories and symlinks: a FIFO, socket or device comes back as a FILE
+        whose `mode` (the full st_mode here) says what it is."""
+        _check_absolute(remote_path, "stat")
+        await self._sandbox._fake._check("stat", (remote_path,))
+        if self._sandbox._terminated:
+            raise modal_exception.ConflictError("Sandbox already finished")
+
+        def stat() -> FileInfo:
+            with _filesystem_errors(remote_path):
+                info = os.lstat(remote_path)
+                target = os.readlink(remote_path) if stat_module.S_ISLNK(info.st_mode) else None
+            if stat_module.S_ISDIR(info.st_mode):
+                kind = FileType.DIRECTORY
+            elif target is not None:
+                kind = FileType.SYMLINK
+            else:
+                kind = FileType.FILE
+            return FileInfo(
+                name=os.path.basename(remote_path),
+                path=remote_path,
+                type=kind,
+                size=info.st_size,
+                mode=info.st_mode,
+                permissions=stat_module.filemode(info.st_mode)[1:],
+                owner=str(info.st_uid),
+                group=str(info.st_gid),
+                modified_time=info.st_mtime,
+                symlink_target=target,
+            )
+
+        return await asyncio.to_thread(stat)
+
+
+async def _wait_forever_on_special_file(path: str) -> None:
+    try:
+        mode = (await asyncio.to_thread(os.stat, path)).st_mode
+    except OSError:
+        return
+    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
+        await asyncio.Event().wait()
 
 
 def _check_absolute(path: str, operation: str) -> None:
@@ -645,7 +696,9 @@ def _filesystem_errors(path: str) -> Iterator[None]:
         raise modal_exception.SandboxFilesystemIsADirectoryError(
             f"Is a directory: {path}"
         ) from None
-    except NotADirectoryError:
+    except (NotADirectoryError, FileExistsError):
+        # A parent that is a file: the file tool says "NotDirectory" or "AlreadyExists",
+        # both raised by the SDK as SandboxFilesystemNotADirectoryError.
         raise modal_exception.SandboxFilesystemNotADirectoryError(
             f"Not a directory: {path}"
         ) from None
@@ -714,8 +767,9 @@ class FakeContainerProcess:
                 on_eof=self._on_eof,
             )
         except OSError as exc:
-            # What a container runtime reports for a command it cannot start.
-            self._stderr._push(f"exec: {self.argv[0]}: {exc.strerror}\n".encode())
+            # What a container runtime reports for a command it cannot start (the path
+            # it names is the program's, or the working directory's).
+            self._stderr._push(f"exec: {exc.filename or self.argv[0]}: {exc.strerror}\n".encode())
             self._on_eof()
             self._on_exit(127 if isinstance(exc, FileNotFoundError) else 126)
             return

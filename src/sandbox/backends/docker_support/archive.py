@@ -1,9 +1,12 @@
 """Files in and out of a container through the engine's tar archive endpoints, streamed.
 
 `write_file` sends a one-member tar built on the fly: the header, then the caller's bytes
-as memoryview slices (never copied), then the padding. `read_file` parses the tar stream
-as it arrives and writes the member's payload into one buffer, so the file is held in
-memory once, plus one chunk.
+as memoryview slices (never copied), then the padding; `write_file_chunks` spools the
+chunks to a temporary file first (the header needs the size) and streams from it.
+`read_file` parses the tar stream as it arrives and writes the member's payload into one
+buffer, so the file is held in memory once, plus one chunk; `read_file_chunks` yields
+the payload as it arrives. `stat_path` asks the engine what a path is (HEAD on the
+archive endpoint) without fetching anything.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import io
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
+from typing import IO, Any
 
-from ...errors import ProviderError
+import docker.utils
+
+from ...errors import FileTooLargeError, NotAFileError, ProviderError
 
 BLOCK = 512
 WRITE_CHUNK = 1024 * 1024
@@ -26,23 +32,60 @@ MODE_NOT_REGULAR = (
 )
 
 
-def tar_one_file(
-    name: str, data: bytes, *, uid: int = 0, gid: int = 0, mode: int = 0o644
-) -> Iterator[bytes | memoryview]:
-    """Yield a tar archive holding `data` as the file `name`, without copying `data`."""
+def _header(name: str, size: int, uid: int, gid: int, mode: int) -> bytes:
     info = tarfile.TarInfo(name)
-    info.size = len(data)
+    info.size = size
     info.uid = uid
     info.gid = gid
     info.mode = mode
     info.mtime = int(time.time())
     info.type = tarfile.REGTYPE
-    yield info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
+
+
+def tar_one_file(
+    name: str, data: bytes, *, uid: int = 0, gid: int = 0, mode: int = 0o644
+) -> Iterator[bytes | memoryview]:
+    """Yield a tar archive holding `data` as the file `name`, without copying `data`."""
+    yield _header(name, len(data), uid, gid, mode)
     view = memoryview(data)
     for start in range(0, len(view), WRITE_CHUNK):
         yield view[start : start + WRITE_CHUNK]
     padding = -len(data) % BLOCK
     yield b"\0" * (padding + 2 * BLOCK)
+
+
+def tar_spooled_file(
+    name: str, spool: IO[bytes], size: int, *, uid: int = 0, gid: int = 0, mode: int = 0o644
+) -> Iterator[bytes]:
+    """Yield a tar archive holding the first `size` bytes of `spool` as the file `name`,
+    read a chunk at a time (the engine's request thread iterates it)."""
+    yield _header(name, size, uid, gid, mode)
+    spool.seek(0)
+    left = size
+    while left:
+        piece = spool.read(min(WRITE_CHUNK, left))
+        if not piece:
+            raise ProviderError(f"the spooled copy of {name!r} ended early", retryable=False)
+        left -= len(piece)
+        yield piece
+    yield b"\0" * (-size % BLOCK + 2 * BLOCK)
+
+
+def stat_path(api: Any, container_id: str, path: str) -> dict[str, Any] | None:
+    """The engine's stat of `path` in the container (symlinks not followed), None when it
+    does not exist; another failure (a parent that is a file: 500) raises ProviderError."""
+    response = api.head(api._url("/containers/{0}/archive", container_id), params={"path": path})
+    if response.status_code == 404:
+        return None
+    encoded = response.headers.get("x-docker-container-path-stat")
+    if response.status_code != 200 or not encoded:
+        raise ProviderError(
+            f"the Docker engine answered {response.status_code} to a stat of {path!r}",
+            retryable=response.status_code in (408, 429, 502, 503, 504),
+        )
+    stat: dict[str, Any] = docker.utils.decode_json_header(encoded)
+    return stat
 
 
 class _ChunkReader:
@@ -110,10 +153,8 @@ def _pax_size(payload: bytes) -> int | None:
     return size
 
 
-def read_first_file(chunks: Iterable[bytes], path: str) -> bytes:
-    """The payload of the first regular file in a tar stream (the engine's archive of
-    one file), parsed as it streams in."""
-    reader = _ChunkReader(chunks)
+def _first_file_size(reader: _ChunkReader, path: str) -> int:
+    """Parse the headers before the first regular file's payload; its size."""
     size_override: int | None = None
     while True:
         header = reader.read_exact(BLOCK)
@@ -133,10 +174,33 @@ def read_first_file(chunks: Iterable[bytes], path: str) -> bytes:
             reader.read_exact(padded)
             continue
         if not info.isreg():
-            raise ProviderError(f"{path!r} is not a regular file", retryable=False)
-        size = size_override if size_override is not None else info.size
-        out = io.BytesIO()
-        if reader.copy_to(out, size) != size:
+            # The path changed between the stat and the fetch: still not read.
+            raise NotAFileError(f"{path!r} is not a regular file")
+        return size_override if size_override is not None else info.size
+
+
+def read_first_file(chunks: Iterable[bytes], path: str, max_bytes: int | None = None) -> bytes:
+    """The payload of the first regular file in a tar stream (the engine's archive of
+    one file), parsed as it streams in; refused above `max_bytes` before copying."""
+    reader = _ChunkReader(chunks)
+    size = _first_file_size(reader, path)
+    if max_bytes is not None and size > max_bytes:
+        raise FileTooLargeError.over(path, size, max_bytes)
+    out = io.BytesIO()
+    if reader.copy_to(out, size) != size:
+        raise ProviderError(f"the archive of {path!r} ended early", retryable=True)
+    # getvalue() hands over the buffer without a copy when it is exactly full.
+    return out.getvalue()
+
+
+def iter_first_file(chunks: Iterable[bytes], path: str, chunk_size: int) -> Iterator[bytes]:
+    """The payload of the first regular file in a tar stream, `chunk_size` bytes at a
+    time, as it streams in (a blocking iterator: drive it from a worker thread)."""
+    reader = _ChunkReader(chunks)
+    left = _first_file_size(reader, path)
+    while left:
+        piece = reader.read_exact(min(chunk_size, left))
+        if not piece:
             raise ProviderError(f"the archive of {path!r} ended early", retryable=True)
-        # getvalue() hands over the buffer without a copy when it is exactly full.
-        return out.getvalue()
+        left -= len(piece)
+        yield piece
