@@ -332,6 +332,21 @@ async def test_stdio_error_paths(tmp_path: Path) -> None:
         await run_error_paths(client)
 
 
+async def test_bad_workdir_is_a_clear_tool_error(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        await ok(client, "exec_command", cmd="touch a-file")
+        for tty in (False, True):
+            message = await error(client, "exec_command", cmd="pwd", workdir="missing", tty=tty)
+            assert message == "the working directory (workdir) 'missing' does not exist", message
+            message = await error(client, "exec_command", cmd="pwd", workdir="a-file", tty=tty)
+            assert "(workdir) 'a-file' is not a directory" in message, message
+        assert "No processes" in await ok(client, "list_processes")
+        out = await ok(client, "exec_command", cmd="pwd", workdir=str(workspace))
+        assert out.endswith(f"Output:\n{workspace}\n")
+    assert "unexpectedly" not in (tmp_path / "server.log").read_text()
+
+
 async def test_stdio_legacy_handshake(tmp_path: Path) -> None:
     """A client of the older initialize handshake is served the same way."""
     params = StdioServerParameters(

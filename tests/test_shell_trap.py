@@ -1,11 +1,16 @@
-"""ShellTrap against real shells: markers stripped, exit codes kept, cwd errors shown."""
+"""ShellTrap against real shells: markers stripped, exit codes kept, cwd errors shown, the
+command check's verdict found."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from sandbox.arguments import build_command
+from sandbox.command_check import CHECK_FAILED_EXIT, CommandCheck
+from sandbox.errors import CommandNotFoundError, WorkdirError
 from sandbox.shell_trap import ShellTrap
 
 
@@ -47,3 +52,48 @@ def test_markers_split_anywhere_never_leak() -> None:
         out = b"".join(t.feed(stream[i : i + size]) for i in range(0, len(stream), size))
         assert out == b"hello\x1e" and t.exit_code == 7
     assert trap.line("x").count("abc") >= 1
+
+
+def checked_line(trap: ShellTrap, check: CommandCheck, argv: tuple[str, ...]) -> str:
+    """A trap line whose command runs behind `check` (which prints the start marker)."""
+    return trap.line(check.shell(argv, announce=True), tty=False, announced=True)
+
+
+@pytest.mark.parametrize("report", [True, False])
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_failed_check_is_decided_and_shows_nothing(
+    report: bool, shell: str, tmp_path: Path
+) -> None:
+    (tmp_path / "a-file").touch()
+    for cwd, argv, kind in (
+        (str(tmp_path / "nope"), ("pwd",), "nocwd"),
+        (str(tmp_path / "a-file"), ("pwd",), "notdir"),
+        (str(tmp_path), ("no-such-program-5f2a",), "noprog"),
+    ):
+        spec = build_command(argv, shell=False, env=None, cwd=cwd)
+        check = CommandCheck(spec, cwd=cwd)
+        trap = ShellTrap(report_exit=report, token=check.token)
+        shown, returncode = run_line(trap, checked_line(trap, check, argv), shell)
+        assert (trap.failure, trap.decided.is_set(), trap.started) == (kind, True, False)
+        assert shown == b""
+        assert (trap.exit_code if report else returncode) == CHECK_FAILED_EXIT
+        assert isinstance(check.error(kind), WorkdirError | CommandNotFoundError)
+
+
+@pytest.mark.parametrize("report", [True, False])
+def test_passed_check_starts_the_command(report: bool, tmp_path: Path) -> None:
+    spec = build_command(("sh", "-c", "pwd; exit 5"), shell=False, env=None, cwd=str(tmp_path))
+    check = CommandCheck(spec, cwd=str(tmp_path))
+    trap = ShellTrap(report_exit=report, token=check.token)
+    shown, returncode = run_line(trap, checked_line(trap, check, spec.argv))
+    assert trap.started and trap.decided.is_set() and trap.failure is None
+    assert shown.strip() == str(tmp_path).encode()
+    assert (trap.exit_code if report else returncode) == 5
+
+
+def test_failure_marker_split_anywhere_is_found() -> None:
+    stream = b"prompt$ echo\r\n\x1eFabc:nocwd\x1eafter"
+    for size in range(1, 8):
+        trap = ShellTrap(report_exit=False, token="abc")
+        out = b"".join(trap.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        assert out == b"" and trap.failure == "nocwd" and trap.done

@@ -66,6 +66,67 @@ def check_timeout(timeout: float | None) -> float | None:
     return float(timeout)
 
 
+def check_seconds(
+    name: str,
+    value: object,
+    *,
+    allow_zero: bool = False,
+    allow_none: bool = False,
+) -> float | None:
+    """A session option in seconds: a finite number, > 0 (or >= 0 with `allow_zero`),
+    or None where `allow_none`. Checked when the session is opened, not at teardown."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        none = " or None" if allow_none else ""
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds{none}, not {type(value).__name__}"
+        )
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgumentError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+def check_output_limit(name: str, value: object) -> int:
+    """A bound on kept output, in bytes: an int >= 0 (0 keeps nothing, counts all)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{name} must be an int >= 0 (bytes), not {value!r}")
+    return value
+
+
+def check_str(name: str, value: object, *, allow_none: bool = True) -> str | None:
+    """A non-empty str without NUL bytes (or None where allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgumentError(f"{name} must be a non-empty str, not {value!r}")
+    return value
+
+
+def check_env(env: object, *, name: str = "env") -> dict[str, str] | None:
+    """An environment mapping: str names (non-empty, without '=' or NUL) to str values
+    without NUL. Values are never quoted in errors: they may be secrets."""
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise InvalidArgumentError(
+            f"{name} must be a mapping of variable names to str values, not {type(env).__name__}"
+        )
+    checked: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
+            raise InvalidArgumentError(
+                f"{name} has an invalid variable name {key!r} (a non-empty str without '=')"
+            )
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"{name}[{key!r}] must be a str, not {type(value).__name__}")
+        if "\x00" in value:
+            raise InvalidArgumentError(f"{name}[{key!r}] must not contain NUL bytes")
+        checked[key] = value
+    return checked
+
+
 def to_input_bytes(chars: str | bytes) -> bytes:
     """Keystrokes as bytes: str is UTF-8 encoded, bytes pass through."""
     if isinstance(chars, str):
@@ -95,12 +156,13 @@ def build_command(
             raise InvalidArgumentError(f"command parts must be str, not {type(part).__name__}")
         if "\x00" in part:
             raise InvalidArgumentError("command parts must not contain NUL bytes")
-    if env is not None:
-        for key, value in env.items():
-            if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
-                raise InvalidArgumentError(f"invalid environment entry {key!r}")
-    if cwd is not None and not isinstance(cwd, str):
-        raise InvalidArgumentError(f"cwd must be a str, not {type(cwd).__name__}")
+    checked_env = check_env(env)
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            raise InvalidArgumentError(f"cwd must be a str, not {type(cwd).__name__}")
+        if "\x00" in cwd:
+            raise InvalidArgumentError("cwd must not contain NUL bytes")
+        cwd = cwd or None  # "" is the default directory, as if not given
     if shell:
         script = parts[0] if len(parts) == 1 else shlex.join(parts)
         if not script.strip():
@@ -118,6 +180,6 @@ def build_command(
         shell_command=script,
         display=display,
         shell=shell,
-        env=dict(env) if env is not None else None,
+        env=checked_env,
         cwd=cwd,
     )

@@ -191,6 +191,8 @@ def _error_text(exc: SandboxError) -> str:
     """The library's message, with its Python vocabulary turned into the tool names a
     model sees."""
     text = str(exc).replace("pty_processes()", "the list_processes tool")
+    # The library names its `cwd` argument; the tool's argument is `workdir`.
+    text = text.replace("working directory (cwd)", "working directory (workdir)")
     return text + (" (retrying later may help)" if exc.retryable else "")
 
 

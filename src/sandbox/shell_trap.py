@@ -13,15 +13,26 @@ and filters what comes back:
 
 The markers are written by `printf` from octal escapes, so the echo of the typed line
 never contains them literally. Markers split across chunks are handled.
+
+A command run behind the shared `CommandCheck` (`sandbox.command_check`, in its announce
+mode, with this trap's token) prints the start marker itself once its working directory
+and program check out (`line(..., announced=True)`), or a failure marker instead: the
+trap then records the failure's kind in `failure` and ends. `decided` is set as soon as
+either marker was seen. A trap with the same token also serves as the plain filter of a
+checked command's stdout on backends that run no interactive shell.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import shlex
 
+from .command_check import CHECK_FAILED_EXIT
+
 _RS = b"\x1e"
+_MAX_KIND = 16
 
 
 class ShellTrap:
@@ -33,15 +44,32 @@ class ShellTrap:
         self._start = _RS + b"S" + self.token.encode() + _RS
         self._end_prefix = _RS + b"E" + self.token.encode() + b":"
         self._end_re = re.compile(re.escape(self._end_prefix) + rb"(\d{1,3})" + re.escape(_RS))
+        fail_prefix = _RS + b"F" + self.token.encode() + b":"
+        self._fail_re = re.compile(
+            re.escape(fail_prefix) + rb"([a-z]{1,%d})" % _MAX_KIND + re.escape(_RS)
+        )
+        # Bytes held back before the start: enough for a split start or failure marker.
+        self._hold = max(len(self._start), len(fail_prefix) + _MAX_KIND + 1) - 1
         self._pending = b""
         self.started = False
         self.done = False
         self.exit_code: int | None = None
+        self.failure: str | None = None
+        self.decided = asyncio.Event()
 
     def line(
-        self, command: str, *, tty: bool = True, cwd: str | None = None, isolate: bool = False
+        self,
+        command: str,
+        *,
+        tty: bool = True,
+        cwd: str | None = None,
+        isolate: bool = False,
+        announced: bool = False,
     ) -> str:
         """The line to type into the shell to run `command` (a POSIX shell string).
+
+        `announced=True`: `command` prints this trap's start marker itself (it runs
+        behind a `CommandCheck` in announce mode with this token), so the line does not.
 
         With `tty=False` terminal echo and output processing are turned off and stdin
         is /dev/null, so the process behaves as if it ran on pipes.
@@ -60,13 +88,14 @@ class ShellTrap:
             command = f"cd {shlex.quote(cwd)} || exit 1\n{command}"
             cwd = None
         if isolate and self.report_exit:
-            return self._isolated_line(command, tty=tty, cwd=cwd)
+            return self._isolated_line(command, tty=tty, cwd=cwd, announced=announced)
         parts = []
         if not tty:
             parts.append("stty -echo -opost 2>/dev/null")
         if cwd:
             parts.append(f"cd {shlex.quote(cwd)} || exit 1")
-        parts.append(f"printf '\\036S%s\\036' {self.token}")
+        if not announced:
+            parts.append(f"printf '\\036S%s\\036' {self.token}")
         body = f"sh -c {shlex.quote(command)}"
         if not tty:
             body += " </dev/null"
@@ -78,8 +107,8 @@ class ShellTrap:
             parts.append(f"exec {body}")
         return "; ".join(parts) + "\n"
 
-    def _isolated_line(self, command: str, *, tty: bool, cwd: str | None) -> str:
-        start = f"printf '\\036S%s\\036' {self.token}"
+    def _isolated_line(self, command: str, *, tty: bool, cwd: str | None, announced: bool) -> str:
+        start = ":" if announced else f"printf '\\036S%s\\036' {self.token}"
         end = f"printf '\\036E%s:%d\\036' {self.token} $?"
         # Traps that catch a signal are reset in subshells, so the command (run in its
         # own subshell, which execs it) gets the default Ctrl-C and Ctrl-backslash while
@@ -111,10 +140,20 @@ class ShellTrap:
         self._pending = b""
         if not self.started:
             at = data.find(self._start)
+            failed = self._fail_re.search(data, 0, len(data) if at < 0 else at)
+            if failed is not None:
+                # The command check failed: the command never ran (see CommandCheck).
+                self.failure = failed.group(1).decode("ascii")
+                self.done = True
+                if self.report_exit:
+                    self.exit_code = CHECK_FAILED_EXIT
+                self.decided.set()
+                return b""
             if at < 0:
-                self._pending = data[-(len(self._start) - 1) :]
+                self._pending = data[-self._hold :]
                 return b""
             self.started = True
+            self.decided.set()
             data = data[at + len(self._start) :]
         if not self.report_exit:
             return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import resource
@@ -136,6 +137,56 @@ async def test_unread_flood_keeps_memory_bounded(session: UnixLocalSession) -> N
     assert len(poll.output) < 2000 * 4 + 100
     grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grew_kib < 64 * 1024
+
+
+async def test_one_shot_flood_keeps_peak_memory_small(tmp_path: Path) -> None:
+    # In a fresh interpreter, so that the peak (ru_maxrss never goes down) is this exec's:
+    # 600 MB of output must cost the default 16 MiB bound plus read buffers, not 600 MB.
+    code = f"""
+import asyncio, json, resource, sandbox
+async def main():
+    async with sandbox.open_session("unix_local", workspace={str(tmp_path)!r}) as s:
+        await s.exec("head -c 1000000 /dev/zero")  # warm up
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        r = await s.exec("head -c 600000000 /dev/zero")
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(json.dumps([grew, len(r.stdout), r.stdout_omitted, r.exit_code]))
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    grew_kib, kept, omitted, code_ = json.loads(out)
+    limit = 16 * 1024 * 1024
+    assert (kept, omitted, code_) == (limit, 600_000_000 - limit, 0)
+    assert grew_kib < 150 * 1024, f"peak RSS grew by {grew_kib} KiB"
+
+
+async def test_exec_output_limit_option(tmp_path: Path) -> None:
+    async with UnixLocalSession(workspace=tmp_path, exec_output_limit_bytes=100) as s:
+        result = await s.exec("seq 1 1000")
+        assert len(result.stdout) == 100 and result.stdout.startswith(b"1\n2\n")
+        assert result.stdout.endswith(b"999\n1000\n")
+        assert result.stdout_omitted == len(b"".join(b"%d\n" % i for i in range(1, 1001))) - 100
+        # The call's own bound wins over the session's.
+        assert (await s.exec("seq 1 1000", max_output_bytes=10**6)).stdout_omitted == 0
+
+
+async def test_start_errors_name_what_failed(session: UnixLocalSession) -> None:
+    # Popen's own errors, mapped: never a raw FileNotFoundError / NotADirectoryError.
+    Path(session.workspace, "a-file").touch()
+    with pytest.raises(sandbox.WorkdirError, match="'missing' does not exist"):
+        await session.pty_exec_start("true", cwd="missing")
+    with pytest.raises(sandbox.WorkdirError, match="'a-file' is not a directory"):
+        await session.exec("true", cwd="a-file")
+    with pytest.raises(sandbox.CommandNotFoundError, match=r"'\./a-file' is not an executable"):
+        await session.exec("./a-file", shell=False)
+    with pytest.raises(sandbox.CommandNotFoundError, match="'nope-3f1' was not found"):
+        await session.pty_exec_start("nope-3f1", shell=False, tty=True)
+    assert session.pty_processes() == []
 
 
 @pytest.mark.parametrize(

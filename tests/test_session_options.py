@@ -1,0 +1,123 @@
+"""Session options are checked when the session is opened, on every backend.
+
+A bad option must raise `InvalidArgumentError` from `open_session` naming the option,
+never a raw `TypeError` at the first use or, worse, at teardown. Each backend gets the
+options its conformance fixture passes (with placeholder credentials: nothing connects
+before `start()`) plus one bad option.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox.backends import BACKENDS
+
+
+def _usual(name: str, tmp_path: Path) -> dict[str, Any]:
+    """The options the conformance fixture of `name` passes (credentials are dummies)."""
+    ws = str(tmp_path / "ws")
+    return {
+        "unix_local": lambda: {"workspace": ws, "terminate_grace_s": 0.5},
+        "docker": lambda: {"container": "c0ffee", "workdir": "/tmp/ws", "terminate_grace_s": 0.5},
+        "blaxel": lambda: {
+            "workdir": ws,
+            "terminate_grace_s": 0.5,
+            "api_key": "k",
+            "workspace": "w",
+            "api_url": "http://127.0.0.1:9",
+        },
+        "cloudflare": lambda: {"worker_url": "http://127.0.0.1:9", "api_key": "k"},
+        "daytona": lambda: {"api_key": "k", "terminate_grace_s": 0.5, "teardown_timeout_s": 10.0},
+        "e2b": lambda: {"api_key": "k", "kill_timeout_s": 5.0},
+        "modal": lambda: {
+            "token_id": "i",
+            "token_secret": "s",
+            "workdir": ws,
+            "state_dir": str(tmp_path / "state"),
+            "terminate_grace_s": 0.5,
+        },
+    }[name]()
+
+
+# (backend, bad option, its value). Every backend also gets the base session's options.
+BAD: list[tuple[str, str, object]] = [
+    (name, option, value)
+    for name in BACKENDS
+    for option, value in (
+        ("exec_output_limit_bytes", -1),
+        ("exec_output_limit_bytes", "16M"),
+    )
+] + [
+    ("unix_local", "terminate_grace_s", "x"),
+    ("unix_local", "terminate_grace_s", -1),
+    ("unix_local", "env", {"A": 1}),
+    ("unix_local", "env", ["A=1"]),
+    ("unix_local", "env", {"A": "x\0y"}),
+    ("unix_local", "inherit_env", "no"),
+    ("unix_local", "workspace", "/etc/passwd"),
+    ("unix_local", "workspace", "/etc/passwd/sub"),
+    ("unix_local", "workspace", 7),
+    ("unix_local", "readonly_paths", "/usr"),
+    ("docker", "terminate_grace_s", "x"),
+    ("docker", "api_timeout", 0),
+    ("docker", "env", {"A": 1}),
+    ("docker", "cpus", "two"),
+    ("docker", "pids_limit", 1.5),
+    ("docker", "user", 1000),
+    ("blaxel", "terminate_grace_s", "x"),
+    ("blaxel", "api_timeout_s", -1),
+    ("blaxel", "connect_timeout_s", "30"),
+    ("blaxel", "heartbeat_s", float("nan")),
+    ("blaxel", "memory", "2G"),
+    ("cloudflare", "request_timeout_s", "60"),
+    ("cloudflare", "heartbeat_s", -1),
+    ("daytona", "terminate_grace_s", "x"),
+    ("daytona", "teardown_timeout_s", "x"),
+    ("daytona", "create_timeout_s", 0),
+    ("daytona", "create_options", ["x"]),
+    ("e2b", "start_timeout_s", "x"),
+    ("e2b", "envs", {"A": 1}),
+    ("e2b", "metadata", {"A": None}),
+    ("modal", "terminate_grace_s", "x"),
+    ("modal", "sandbox_timeout_s", "1h"),
+    ("modal", "env", {"A": b"x"}),
+    ("modal", "state_dir", ""),
+]
+
+
+def _installed(name: str) -> None:
+    if not BACKENDS[name].installed:
+        pytest.skip(f"the {name} backend is not installed")
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_usual_options_open(name: str, tmp_path: Path) -> None:
+    _installed(name)
+    session = sandbox.open_session(name, **_usual(name, tmp_path))
+    assert session.state is sandbox.SessionState.NEW
+
+
+@pytest.mark.parametrize(("name", "option", "value"), BAD, ids=lambda v: repr(v)[:30])
+def test_bad_option_is_refused_at_open(
+    name: str, option: str, value: object, tmp_path: Path
+) -> None:
+    _installed(name)
+    (tmp_path / "a-file").touch()
+    options = {**_usual(name, tmp_path), option: value}
+    with pytest.raises(sandbox.InvalidArgumentError) as info:
+        sandbox.open_session(name, **options)
+    message = str(info.value)
+    assert option in message, message
+    assert "x\0y" not in message, "values are not echoed (they may be secrets)"
+
+
+def test_workspace_under_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a-file").touch()
+    with pytest.raises(sandbox.InvalidArgumentError, match=r"is inside .* not a directory"):
+        sandbox.open_session("unix_local", workspace=tmp_path / "a-file" / "ws")
+    with pytest.raises(sandbox.InvalidArgumentError, match="exists and is not a directory"):
+        sandbox.open_session("unix_local", workspace=tmp_path / "a-file")
