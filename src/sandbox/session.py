@@ -147,8 +147,14 @@ class BaseSandboxSession:
         self._lifecycle_start = task
         try:
             await self._await_owned(task)
-        except BaseException:
+        except BaseException as exc:
             if self._state is SessionState.STARTING:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    # The backend came up just as our caller was cancelled: undo it.
+                    try:
+                        await settle(self._stop_backend())
+                    except Exception as cleanup_exc:
+                        exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
             raise
         finally:

@@ -540,11 +540,12 @@ async def test_cancel_start_during_create(server: CloudflareWorkerServer) -> Non
     stall = server.stall("create")
     s = open_cf(server)
     task = await cancel_when_reached(s.start(), stall.reached)
+    # The create is the session's own task: the cancelled start waits for its answer
+    # (bounded by request_timeout_s) and deletes what the Worker made.
+    stall.release()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert s.state is SessionState.NEW and s._http is None
-    await stall.abandoned.wait()
-    stall.release()
     assert server.sandboxes == {}
     async with s:
         assert (await s.exec("echo up")).ok
@@ -631,7 +632,9 @@ async def test_cancel_write_in_flight_keeps_the_stream_intact(
         task = asyncio.ensure_future(s.pty_write_stdin(pid, b"y" * size))
         for _ in range(20):  # let it fill the socket and block in the drain
             await asyncio.sleep(0)
-        assert "CloudflareSession._send" in awaiting(task), "the write itself is in flight"
+        write = s._registry[pid].write_task
+        assert write is not None
+        assert "CloudflareSession._send" in awaiting(write), "the write itself is in flight"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
