@@ -29,6 +29,7 @@ from .errors import (
     WorkspacePathError,
 )
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
+from .screen import ScreenSnapshot
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
@@ -57,6 +58,7 @@ __all__ = [
     "PtyUpdate",
     "SandboxError",
     "SandboxFileNotFoundError",
+    "ScreenSnapshot",
     "SessionClosedError",
     "SessionNotStartedError",
     "SessionState",

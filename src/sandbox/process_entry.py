@@ -5,6 +5,13 @@ A backend's reader only ever calls `feed()`, `report_exit()`, `report_eof()` and
 windows wait on the entry with `wait_for_change()`; the entry wakes a waiter only for
 what it asked for, so a reader that streams megabytes does not wake a window that only
 waits for the deadline or the exit.
+
+A tty entry started with a screen (the default) also feeds every chunk to its
+`TerminalScreen` (a cheap queue) and, if recorded, to its `AsciicastRecorder`; the
+emulation runs in a pump scheduled with `loop.call_soon` that works for at most
+`SCREEN_PUMP_BUDGET_S` per turn and reschedules itself until caught up, so a reader is
+never held up by the emulator. `close_terminal()` (from the teardown) stops the pump and
+closes the recording.
 """
 
 from __future__ import annotations
@@ -12,9 +19,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
+
+if TYPE_CHECKING:
+    from .recording import AsciicastRecorder
+    from .screen import TerminalScreen
 from .text_decoding import StreamDecoder
 
 
@@ -37,16 +48,24 @@ class CommandSpec:
 
 @dataclass(frozen=True, slots=True)
 class ProcessSpec:
-    """A `CommandSpec` plus the terminal settings of a `pty_exec_start`."""
+    """A `CommandSpec` plus the terminal settings of a `pty_exec_start`.
+
+    `screen` says whether the base session keeps a rendered screen of the terminal (only
+    ever True with `tty`).
+    """
 
     command: CommandSpec
     tty: bool
     rows: int
     cols: int
+    screen: bool = False
 
 
 # How long a window waits, after a process's exit is known, for the end of its output.
 EXIT_DRAIN_GRACE_S = 0.05
+# How long one turn of the screen pump may emulate (the loop is held at most this plus
+# one slice of about 1 ms, see `sandbox.screen`): short enough for other tasks' latency.
+SCREEN_PUMP_BUDGET_S = 0.005
 
 
 @dataclass(eq=False)
@@ -78,6 +97,8 @@ class PtyEntry:
     spawn_task: asyncio.Future[None] | None = None
     write_task: asyncio.Future[None] | None = None
     input_accepted: int = 0
+    # Set by the base session after the reservation, before the spawn.
+    recorder: AsciicastRecorder | None = None
 
     def __post_init__(self) -> None:
         self.output = BoundedOutput(self.output_limit)
@@ -85,6 +106,14 @@ class PtyEntry:
         self.call_lock = asyncio.Lock()
         self._waiter: asyncio.Future[None] | None = None
         self._waiter_wants_data = False
+        self.screen: TerminalScreen | None = None
+        if self.spec.tty and self.spec.screen:
+            # Imported here: `screen` imports `arguments`, which imports this module.
+            from .screen import TerminalScreen
+
+            self.screen = TerminalScreen(self.spec.rows, self.spec.cols)
+        self._pump: asyncio.Handle | None = None
+        self._terminal_closed = False
 
     # ---- what a backend calls -------------------------------------------------------
 
@@ -102,6 +131,11 @@ class PtyEntry:
         """Append output bytes (stdout and stderr alike, in arrival order)."""
         if data:
             self.output.append(data)
+            if self.screen is not None:
+                self.screen.feed(data)
+                self._schedule_pump()
+            if self.recorder is not None:
+                self.recorder.output(data)
             if self._waiter_wants_data:
                 self._wake()
 
@@ -155,6 +189,35 @@ class PtyEntry:
         self.poll_preempted = True
         self._wake()
 
+    def record_input(self, data: bytes) -> None:
+        """Record keystrokes sent to the terminal (kept only if the recording asked)."""
+        if self.recorder is not None:
+            self.recorder.input(data)
+
+    def resize_terminal(self, rows: int, cols: int) -> None:
+        """Follow a resize of the terminal in the screen and the recording."""
+        if self.screen is not None:
+            self.screen.resize(rows, cols)
+            self._schedule_pump()
+        if self.recorder is not None:
+            self.recorder.resize(rows, cols)
+
+    def close_terminal(self) -> None:
+        """Stop the screen pump and close the recording (the teardown calls it once the
+        backend's readers are stopped). The screen stays readable; later feeds only
+        queue (a render still processes them)."""
+        self._terminal_closed = True
+        if self._pump is not None:
+            self._pump.cancel()
+            self._pump = None
+        if self.recorder is not None:
+            self.recorder.close()
+
+    @property
+    def pump_scheduled(self) -> bool:
+        """Whether a turn of the screen pump is waiting on the event loop."""
+        return self._pump is not None
+
     def touch(self) -> None:
         """Mark the entry as used now (for the prune rule and `pty_processes()`)."""
         self.last_used = time.time()
@@ -191,6 +254,24 @@ class PtyEntry:
     def _exit_grace_loop_deadline(self, loop: asyncio.AbstractEventLoop) -> float:
         assert self.exited_at is not None
         return loop.time() + max(0.0, self.exited_at + EXIT_DRAIN_GRACE_S - time.monotonic())
+
+    def _schedule_pump(self) -> None:
+        if self._pump is not None or self._terminal_closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a finalizer): a render processes the queue
+            return
+        self._pump = loop.call_soon(self._run_pump)
+
+    def _run_pump(self) -> None:
+        self._pump = None
+        screen = self.screen
+        if screen is None or self._terminal_closed:
+            return
+        if not screen.process(SCREEN_PUMP_BUDGET_S):
+            # Not caught up: go on at the next turn, after the callbacks ready meanwhile.
+            self._schedule_pump()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -14,6 +14,8 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import os
+import re
 import secrets
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
@@ -38,6 +40,8 @@ from .errors import (
 from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
+from .recording import AsciicastRecorder
+from .screen import ScreenSnapshot
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
@@ -47,6 +51,8 @@ logger = logging.getLogger("sandbox")
 
 MAX_PROCESSES = 64
 WARN_PROCESSES = 60
+# One turn of an `until_screen` check emulates at most this long before yielding.
+SCREEN_CHECK_SLICE_S = 0.005
 PROTECTED_RECENT = 8
 ID_RANGE = (1000, 100_000)
 PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
@@ -57,6 +63,13 @@ T = TypeVar("T")
 async def _finished(task: asyncio.Future[Any]) -> None:
     """Wait until `task` is done, without taking over its result or exception."""
     await asyncio.wait({task})
+
+
+def _screen_matches(pattern: UntilPattern, snapshot: ScreenSnapshot) -> bool:
+    text = snapshot.text()
+    if isinstance(pattern, re.Pattern):
+        return pattern.search(text) is not None
+    return pattern in text
 
 
 class SessionState(enum.Enum):
@@ -75,6 +88,9 @@ class BaseSandboxSession:
     Use it as `async with session:` (or call `start()` and `aclose()`). Closing tears
     down every process and the sandbox itself (unless the backend was told to keep it),
     also when the closing task is cancelled.
+
+    `record_dir`: record every tty process to `<record_dir>/<process_id>.cast`
+    (asciicast v2) unless its `pty_exec_start` names its own `record` file.
     """
 
     backend_name: ClassVar[str] = "base"
@@ -87,7 +103,11 @@ class BaseSandboxSession:
         teardown_concurrency: int = DEFAULT_BATCH_CONCURRENCY,
         read_limit_bytes: int = files.DEFAULT_READ_LIMIT,
         exec_output_limit_bytes: int = DEFAULT_EXEC_OUTPUT_LIMIT,
+        record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        if record_dir is not None and not isinstance(record_dir, str | os.PathLike):
+            raise InvalidArgumentError(f"record_dir must be a path, not {record_dir!r}")
+        self.record_dir = None if record_dir is None else os.fspath(record_dir)
         if max_processes < PROTECTED_RECENT + 1:
             raise InvalidArgumentError(f"max_processes must be at least {PROTECTED_RECENT + 1}")
         if output_limit_bytes < 1024:
@@ -367,26 +387,38 @@ class BaseSandboxSession:
         yield_time_s: float | None = None,
         max_output_tokens: int | None = None,
         until: UntilPattern | None = None,
+        until_screen: UntilPattern | None = None,
+        screen: bool = True,
+        record: str | os.PathLike[str] | None = None,
+        record_input: bool = False,
     ) -> PtyUpdate:
         """Start a process (on a terminal if `tty`, else on pipes with stdin closed) and
         return what it printed within the first window.
 
-        The window ends at `yield_time_s` (default 10 s), when the process exits, or
-        when `until` appears. `process_id` is None in the result if it already exited.
-        If this call is cancelled before it returns, the process is torn down: nobody
-        would know its id.
+        The window ends at `yield_time_s` (default 10 s), when the process exits, when
+        `until` appears in the output, or when `until_screen` appears on the rendered
+        screen. `process_id` is None in the result if it already exited. If this call is
+        cancelled before it returns, the process is torn down: nobody would know its id.
+
+        A tty process keeps a rendered screen (`pty_screen()`) unless `screen=False`;
+        pipes never have one. `record` (or the session's `record_dir`) writes an
+        asciicast v2 recording of a tty process, with the keystrokes if `record_input`.
         """
         self._require_running()
+        if record is not None and not isinstance(record, str | os.PathLike):
+            raise InvalidArgumentError(f"record must be a path, not {record!r}")
         spec = ProcessSpec(
             command=arguments.build_command(command, shell=shell, env=env, cwd=cwd),
             tty=bool(tty),
             rows=rows,
             cols=cols,
+            screen=bool(tty) and bool(screen),
         )
         arguments.check_terminal_size(rows, cols)
         window = arguments.yield_window(yield_time_s, arguments.START_YIELD_S)
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
+        screen_pattern = self._check_until_screen(until_screen, spec.screen)
 
         entry, victim = await self._reserve(spec)
         try:
@@ -395,6 +427,8 @@ class BaseSandboxSession:
                 await self._settle_batch([victim], log_errors=True)
             if self._starting.get(entry.process_id) is not entry:
                 raise self._closed_error()  # closed while the victim went
+            if spec.tty:
+                self._open_recording(entry, record, record_input)
             spawn = asyncio.ensure_future(self._spawn_process(entry))
             entry.spawn_task = spawn
             await self._await_owned(spawn)
@@ -423,7 +457,9 @@ class BaseSandboxSession:
             )
         try:
             async with entry.call_lock:
-                return await self._collect(entry, window, pattern, max_tokens)
+                return await self._collect(
+                    entry, window, pattern, max_tokens, until_screen=screen_pattern
+                )
         except asyncio.CancelledError:
             await self._discard(entry)
             raise
@@ -436,11 +472,14 @@ class BaseSandboxSession:
         yield_time_s: float | None = None,
         max_output_tokens: int | None = None,
         until: UntilPattern | None = None,
+        until_screen: UntilPattern | None = None,
     ) -> PtyUpdate:
         """Write keystrokes to a process and return the output of the next window.
 
         Empty `chars` is a poll: its window lasts at least 5 s unless the process exits
-        or `until` appears. A write's window defaults to 0.25 s.
+        or `until` appears (in the output) or `until_screen` appears (on the rendered
+        screen; the result then carries the `screen`). A write's window defaults to
+        0.25 s.
         """
         data = arguments.to_input_bytes(chars)
         if data:
@@ -454,6 +493,7 @@ class BaseSandboxSession:
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         entry = self._lookup(process_id)
+        screen_pattern = self._check_until_screen(until_screen, entry.screen is not None)
         if data and not entry.tty:
             raise StdinClosedError(
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
@@ -475,9 +515,12 @@ class BaseSandboxSession:
                         f"process {process_id} has exited; poll it with empty chars to "
                         "collect its remaining output and exit code"
                     )
+                entry.record_input(data)
                 unwritten = await self._write_within(entry, data, window_end)
             remaining = max(0.0, window_end - asyncio.get_running_loop().time())
-            update = await self._collect(entry, remaining, pattern, max_tokens, poll=not data)
+            update = await self._collect(
+                entry, remaining, pattern, max_tokens, poll=not data, until_screen=screen_pattern
+            )
             if unwritten:
                 update = dataclasses.replace(update, unwritten_bytes=unwritten)
             return update
@@ -524,6 +567,7 @@ class BaseSandboxSession:
         if entry.exited:
             return
         await self._resize(entry, rows, cols)
+        entry.resize_terminal(rows, cols)
 
     async def pty_interrupt(self, process_id: int) -> None:
         """Send Ctrl-C: the interrupt character on a terminal, SIGINT to a pipe process's
@@ -538,7 +582,27 @@ class BaseSandboxSession:
             # write ends (its caller learns how much was not written), then this goes.
             write.cancel()
             await asyncio.wait({write})
+        if entry.tty:
+            entry.record_input(b"\x03")
         await self._interrupt(entry)
+
+    async def pty_screen(self, process_id: int) -> ScreenSnapshot:
+        """The rendered screen of a tty process: what a person at its terminal would see
+        now (everything it printed so far is emulated first, a slice at a time).
+
+        `InvalidArgumentError` for a process without a terminal or started with
+        `screen=False`. Does not wait for a write or a poll in progress.
+        """
+        entry = self._lookup(process_id)
+        screen = entry.screen
+        if screen is None:
+            if not entry.tty:
+                raise InvalidArgumentError(
+                    f"process {process_id} has no terminal (tty=False), so no screen"
+                )
+            raise InvalidArgumentError(f"process {process_id} was started with screen=False")
+        entry.touch()
+        return await screen.render(SCREEN_CHECK_SLICE_S)
 
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
@@ -567,6 +631,7 @@ class BaseSandboxSession:
                 exit_code=entry.exit_code,
                 started_at=entry.started_at,
                 last_used=entry.last_used,
+                has_screen=entry.screen is not None,
             )
             for entry in sorted(self._registry.values(), key=lambda e: e.started_at)
         ]
@@ -577,6 +642,39 @@ class BaseSandboxSession:
     def _reserved(self) -> set[int]:
         """Every id in use: registered, starting, or being torn down."""
         return {*self._registry, *self._starting, *self._retiring}
+
+    @staticmethod
+    def _check_until_screen(until_screen: object, has_screen: bool) -> UntilPattern | None:
+        pattern = check_until(until_screen)
+        if pattern is not None and not has_screen:
+            raise InvalidArgumentError(
+                "until_screen needs a rendered screen: a tty process started with screen=True"
+            )
+        return pattern
+
+    def _open_recording(
+        self, entry: PtyEntry, record: str | os.PathLike[str] | None, record_input: bool
+    ) -> None:
+        """Open the entry's recording (its own file, else one in `record_dir`)."""
+        if record is None and self.record_dir is None:
+            return
+        path = (
+            os.fspath(record)
+            if record is not None
+            else os.path.join(self.record_dir or "", f"{entry.process_id}.cast")
+        )
+        env = entry.spec.command.env or {}
+        try:
+            entry.recorder = AsciicastRecorder.open(
+                path,
+                rows=entry.spec.rows,
+                cols=entry.spec.cols,
+                term=env.get("TERM", "xterm-256color"),
+                command=entry.spec.command.display,
+                record_input=bool(record_input),
+            )
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot record to {path!r}: {exc.strerror}") from None
 
     def _closed_error(self) -> SessionClosedError:
         return SessionClosedError(f"the {self.backend_name} session was closed")
@@ -693,6 +791,8 @@ class BaseSandboxSession:
                 await asyncio.wait({write})
             await self._terminate_pty_entry(entry)
         finally:
+            # The readers are stopped: the recording is complete (and valid) now.
+            entry.close_terminal()
             self._retiring.discard(entry.process_id)
             # A window still waiting on this entry (a poll racing a terminate) must end
             # now, even if the backend could not report an exit status.
@@ -759,11 +859,16 @@ class BaseSandboxSession:
         max_tokens: int | None,
         *,
         poll: bool = False,
+        until_screen: UntilPattern | None = None,
     ) -> PtyUpdate:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + window_s
         matcher = UntilMatcher(until, entry.decoder.snapshot()) if until is not None else None
         scanned = entry.output.start_pos
+        # The screen is checked once there is output this window returns (like `until`,
+        # which searches it), and after every change; a poll checks it at once.
+        screen_checked = -1 if poll else entry.output.start_pos
+        snapshot: ScreenSnapshot | None = None
         if not poll:
             entry.poll_preempted = False
         while True:
@@ -775,12 +880,22 @@ class BaseSandboxSession:
                 scanned = entry.output.end_pos
                 if segments and await matcher.feed_async(segments, deadline):
                     break
+            if until_screen is not None and entry.output.end_pos != screen_checked:
+                screen_checked = entry.output.end_pos
+                snapshot = await self._render_by(entry, deadline)
+                if snapshot is not None and _screen_matches(until_screen, snapshot):
+                    break
             if entry.output_done:
                 break
             if loop.time() >= deadline:
                 await self._final_drain(entry)
                 break
-            await entry.wait_for_change(deadline, wants_data=matcher is not None)
+            await entry.wait_for_change(
+                deadline, wants_data=matcher is not None or until_screen is not None
+            )
+        if until_screen is not None:
+            # What the model sees with the output: the screen at the window's end.
+            snapshot = await self._render_by(entry, loop.time() + SCREEN_CHECK_SLICE_S)
         finished = entry.output_done
         text = entry.decoder.decode_drained(entry.output.drain(), final=finished)
         truncated = truncate_to_tokens(text, max_tokens)
@@ -791,7 +906,22 @@ class BaseSandboxSession:
             output=truncated.text,
             exit_code=entry.exit_code if entry.exited else None,
             original_token_count=truncated.original_token_count,
+            screen=snapshot,
         )
+
+    @staticmethod
+    async def _render_by(entry: PtyEntry, deadline: float) -> ScreenSnapshot | None:
+        """Emulate the entry's queued output a slice at a time (yielding between slices)
+        until caught up or the loop time `deadline`; then the snapshot."""
+        screen = entry.screen
+        if screen is None:
+            return None
+        loop = asyncio.get_running_loop()
+        while not screen.process(SCREEN_CHECK_SLICE_S):
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(0)
+        return screen.snapshot()
 
     # ---- backend hooks ---------------------------------------------------------------
 

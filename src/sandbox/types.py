@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .screen import ScreenSnapshot
+
 
 @dataclass(frozen=True, slots=True)
 class ExecResult:
@@ -36,7 +38,8 @@ class PtyUpdate:
     `process_id` is None once the process has exited (it has then left the registry);
     `exit_code` is set once it exited (None if it is still running, or if the provider
     lost it without an exit status); `original_token_count` is set only when `output`
-    was truncated to `max_output_tokens`.
+    was truncated to `max_output_tokens`. `screen` is the rendered screen at the end of
+    the window, set only when the call waited with `until_screen`.
     """
 
     process_id: int | None
@@ -44,13 +47,15 @@ class PtyUpdate:
     exit_code: int | None
     original_token_count: int | None = None
     unwritten_bytes: int = 0
+    screen: ScreenSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PtyProcessInfo:
     """A snapshot of one registered process, as listed by `pty_processes()`.
 
-    `started_at` and `last_used` are wall-clock UNIX timestamps.
+    `started_at` and `last_used` are wall-clock UNIX timestamps. `has_screen` says
+    whether `pty_screen()` can show its terminal.
     """
 
     process_id: int
@@ -60,3 +65,4 @@ class PtyProcessInfo:
     exit_code: int | None
     started_at: float
     last_used: float
+    has_screen: bool = False

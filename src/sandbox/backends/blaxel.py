@@ -416,7 +416,7 @@ class BlaxelSession(BaseSandboxSession):
         close_timeout_s: float = 2.0,
         heartbeat_s: float | None = 30.0,
         terminate_grace_s: float = 1.0,
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         if name is not None and sandbox_id is not None and name != sandbox_id:

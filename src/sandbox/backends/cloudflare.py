@@ -233,7 +233,7 @@ class CloudflareSession(BaseSandboxSession):
         connect_timeout_s: float = 15.0,
         ready_timeout_s: float = 30.0,
         heartbeat_s: float | None = 30.0,
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         url_text = require_credential(

@@ -405,7 +405,7 @@ class DaytonaSession(BaseSandboxSession):
         terminate_grace_s: float = 1.0,
         teardown_timeout_s: float = 30.0,
         daytona_class: Callable[..., Any] | None = None,
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         key = require_credential(

@@ -129,7 +129,7 @@ class DockerSession(BaseSandboxSession):
         client: Any = None,
         terminate_grace_s: float = 1.0,
         detach_keys: str = DEFAULT_DETACH_KEYS,
-        **options: int,
+        **options: Any,
     ) -> None:
         # Kills that happen together are merged into one exec (see KillBatcher), so a
         # terminate-all tears every process down at once instead of 8 at a time.

@@ -224,7 +224,7 @@ class E2BSession(BaseSandboxSession):
         metadata: Mapping[str, str] | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         for name, value in (

@@ -260,7 +260,7 @@ class ModalSession(BaseSandboxSession):
         terminate_grace_s: float = 1.0,
         state_dir: str = STATE_ROOT,
         sdk: Any = None,
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         if not isinstance(workdir, str) or not workdir.startswith("/"):

@@ -14,6 +14,7 @@ import errno
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from .. import arguments, local_files
 from .. import confine as jail
@@ -61,7 +62,7 @@ class UnixLocalSession(BaseSandboxSession):
         confine: bool = False,
         network: bool = False,
         readonly_paths: Sequence[str | os.PathLike[str]] = (),
-        **options: int,
+        **options: Any,
     ) -> None:
         super().__init__(**options)
         # Every option is checked here, when the session is opened: a bad one must not
