@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import logging
 import importlib
 import os
 import signal
@@ -729,3 +730,33 @@ async def test_sandbox_killed_underneath(fake: FakeE2B) -> None:
             await session.exec("true")
         assert not info.value.retryable
     await assert_clean(fake)
+
+
+async def test_a_prune_victims_failed_teardown_does_not_fail_the_start(
+    fake: FakeE2B, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = unique_seconds()
+    async with open_e2b(fake, max_processes=9) as s:
+        for _ in range(9):
+            await s.pty_exec_start(f"echo r; exec sleep {marker}", until="r")
+        oldest = s.pty_processes()[0].process_id
+        fake.fail("commands.kill", SandboxException("kill refused by envd"), times=5)
+        with caplog.at_level(logging.WARNING, logger="sandbox"):
+            update = await s.pty_exec_start("echo tenth", until="tenth")
+        assert "tenth" in update.output
+        assert oldest not in {p.process_id for p in s.pty_processes()}
+        assert any("teardown failed" in r.getMessage() for r in caplog.records)
+    await assert_clean(fake)
+
+
+async def test_close_reports_every_failed_teardown_together(fake: FakeE2B) -> None:
+    s = open_e2b(fake, keep=True)  # kept: close kills each process itself
+    await s.start()
+    for _ in range(2):
+        await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
+    fake.fail("pty.kill", SandboxException("kill refused by envd"), times=2)
+    with pytest.raises(sandbox.CleanupError) as info:
+        await s.aclose()
+    assert len(info.value.errors) == 2
+    assert s.state is sandbox.SessionState.CLOSED
+    await fake.aclose()
