@@ -121,3 +121,19 @@ def test_workspace_under_a_file_is_refused(tmp_path: Path) -> None:
         sandbox.open_session("unix_local", workspace=tmp_path / "a-file" / "ws")
     with pytest.raises(sandbox.InvalidArgumentError, match="exists and is not a directory"):
         sandbox.open_session("unix_local", workspace=tmp_path / "a-file")
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("max_processes", "64"),
+        ("max_processes", 3),
+        ("output_limit_bytes", 1.5),
+        ("teardown_concurrency", "x"),
+        ("teardown_concurrency", 0),
+        ("teardown_concurrency", True),
+    ],
+)
+def test_base_session_options_are_checked_at_open(option: str, value: object) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match=option):
+        sandbox.open_session("unix_local", **{option: value})

@@ -108,10 +108,16 @@ class BaseSandboxSession:
         if record_dir is not None and not isinstance(record_dir, str | os.PathLike):
             raise InvalidArgumentError(f"record_dir must be a path, not {record_dir!r}")
         self.record_dir = None if record_dir is None else os.fspath(record_dir)
-        if max_processes < PROTECTED_RECENT + 1:
-            raise InvalidArgumentError(f"max_processes must be at least {PROTECTED_RECENT + 1}")
-        if output_limit_bytes < 1024:
-            raise InvalidArgumentError("output_limit_bytes must be at least 1024")
+        for name, value, least in (
+            ("max_processes", max_processes, PROTECTED_RECENT + 1),
+            ("output_limit_bytes", output_limit_bytes, 1024),
+            ("teardown_concurrency", teardown_concurrency, 1),
+        ):
+            # Checked here, not at teardown: a bad option must fail when it is given.
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
+            if value < least:
+                raise InvalidArgumentError(f"{name} must be at least {least}, not {value}")
         self.max_processes = max_processes
         self.warn_processes = max(1, max_processes - (MAX_PROCESSES - WARN_PROCESSES))
         self.output_limit_bytes = output_limit_bytes
