@@ -623,3 +623,24 @@ async def test_bad_env_is_an_invalid_argument(session: BaseSandboxSession, how: 
     with pytest.raises(sandbox.InvalidArgumentError, match="cwd"):
         await _start(session, how, "true", cwd="a\0b")
     assert session.pty_processes() == []
+
+
+# ---- rendered screens ---------------------------------------------------------------
+
+
+async def test_screen_renders_tty_output_and_until_screen(session: BaseSandboxSession) -> None:
+    started = time.monotonic()
+    update = await session.pty_exec_start(
+        "printf 'hello\\nworld\\n'; sleep 0.3; printf 'ready'; exec sleep 30",
+        tty=True,
+        until_screen=re.compile(r"world\nready"),
+        yield_time_s=20,
+    )
+    assert time.monotonic() - started < 10, "until_screen must end the window early"
+    pid = update.process_id
+    assert pid is not None and update.screen is not None
+    snap = await session.pty_screen(pid)
+    assert snap.lines[:3] == ("hello", "world", "ready")
+    assert (snap.cursor_row, snap.cursor_col) == (2, 5)
+    assert not snap.alternate_screen
+    assert [i.has_screen for i in session.pty_processes()] == [True]

@@ -1,0 +1,242 @@
+"""Screens and recordings through the session API (unix_local, real programs on PTYs).
+
+`pty_screen()` renders what a tty process printed; `until_screen` ends a window when a
+pattern shows on that screen; `record=` / `record_dir=` write asciicast v2 files that
+asciinema's own parser reads, also after a kill or a cancelled close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox import BaseSandboxSession
+from tests.helpers import eventually
+from tests.test_recording import assert_times_monotonic, read_cast
+from tests.test_screen import need
+
+PROMPT = "prompt$ "
+# Long windows that only `until`/`until_screen` end early; a test fails if one runs out.
+LONG = 20.0
+
+
+@pytest.fixture
+async def session(tmp_path: Path) -> AsyncIterator[BaseSandboxSession]:
+    """A started unix_local session, closed after the test."""
+    async with sandbox.open_session(
+        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5
+    ) as s:
+        yield s
+
+
+async def start_bash(session: BaseSandboxSession, **options: Any) -> int:
+    """An interactive bash with a known prompt, started once the prompt shows."""
+    update = await session.pty_exec_start(
+        "exec bash --norc --noprofile -i",
+        tty=True,
+        env={"PS1": PROMPT, "LESSHISTFILE": "-"},
+        until_screen=PROMPT.strip(),
+        yield_time_s=LONG,
+        **options,
+    )
+    assert update.process_id is not None
+    assert update.screen is not None and update.screen.lines[0] == PROMPT.strip()
+    return update.process_id
+
+
+def pump_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
+    """Live (not cancelled) loop callbacks of the process's screen pump."""
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", ())  # asyncio's own queue of ready callbacks
+    return [
+        h
+        for h in ready
+        if not h.cancelled()
+        and getattr(h._callback, "__self__", None) is not None
+        and getattr(h._callback.__self__, "process_id", None) == process_id
+    ]
+
+
+async def test_less_pages_with_until_screen_and_gives_the_shell_back(
+    session: BaseSandboxSession,
+) -> None:
+    need("less")
+    await session.write_file("f.txt", "".join(f"line {i:03d}\n" for i in range(200)))
+    pid = await start_bash(session)
+    update = await session.pty_write_stdin(
+        pid, "less f.txt\r", until_screen=re.compile(r"^f\.txt", re.M), yield_time_s=LONG
+    )
+    assert update.screen is not None and update.screen.alternate_screen
+    started = time.monotonic()
+    update = await session.pty_write_stdin(pid, " ", until_screen="line 045", yield_time_s=LONG)
+    assert time.monotonic() - started < LONG / 2, "until_screen must end the window early"
+    snap = update.screen
+    assert snap is not None and snap.alternate_screen
+    assert snap.lines[:23] == tuple(f"line {i:03d}" for i in range(23, 46))
+    assert await session.pty_screen(pid) == snap  # nothing new arrived since
+    update = await session.pty_write_stdin(
+        pid, "q", until_screen=re.compile(r"less f\.txt\nprompt\$"), yield_time_s=LONG
+    )
+    snap = await session.pty_screen(pid)
+    assert not snap.alternate_screen
+    assert snap.lines[:2] == ("prompt$ less f.txt", "prompt$")
+    assert (snap.cursor_row, snap.cursor_col) == (1, len(PROMPT))
+
+
+async def test_vim_insert_mode_and_cursor(session: BaseSandboxSession) -> None:
+    vim = need("vim.tiny", "vi")
+    update = await session.pty_exec_start(
+        f"exec {vim} -u NONE -i NONE -n -N -c 'set showmode' new.txt",
+        tty=True,
+        until_screen="new.txt",
+        yield_time_s=LONG,
+    )
+    pid = update.process_id
+    assert pid is not None
+    update = await session.pty_write_stdin(pid, "i", until_screen="-- INSERT --", yield_time_s=LONG)
+    assert update.screen is not None and update.screen.lines[-1].startswith("-- INSERT --")
+    update = await session.pty_write_stdin(
+        pid, "hello 漢字\rworld", until_screen="\nworld", yield_time_s=LONG
+    )
+    snap = update.screen
+    assert snap is not None and snap.alternate_screen
+    assert snap.lines[:3] == ("hello 漢字", "world", "~")
+    assert (snap.cursor_row, snap.cursor_col) == (1, 5)
+    assert snap.text("█").splitlines()[1] == "world█"
+    update = await session.pty_write_stdin(pid, "\x1b:q!\r", yield_time_s=LONG)
+    if update.exit_code is None:
+        update = await session.pty_write_stdin(pid, "", yield_time_s=LONG)
+    assert update.exit_code == 0 and update.process_id is None
+
+
+async def test_resize_then_the_screen_follows(session: BaseSandboxSession) -> None:
+    pid = await start_bash(session)
+    await session.pty_resize(pid, rows=30, cols=100)
+    snap = await session.pty_screen(pid)
+    assert (snap.rows, snap.cols) == (30, 100)
+    update = await session.pty_write_stdin(
+        pid, "stty size\r", until_screen=re.compile(r"\n30 100\nprompt\$"), yield_time_s=LONG
+    )
+    assert update.screen is not None
+    assert update.screen.lines[:3] == ("prompt$ stty size", "30 100", "prompt$")
+
+
+async def test_ctrl_c_shows_on_the_screen_and_the_prompt_returns(
+    session: BaseSandboxSession,
+) -> None:
+    pid = await start_bash(session)
+    # The child prints, so when that shows it is the foreground job and ^C reaches it.
+    command = "sh -c 'echo started; exec sleep 600'"
+    await session.pty_write_stdin(pid, command + "\r", until_screen="\nstarted", yield_time_s=LONG)
+    await session.pty_interrupt(pid)
+    started = time.monotonic()
+    update = await session.pty_write_stdin(
+        pid, "", until_screen=re.compile(r"\^C\nprompt\$"), yield_time_s=LONG
+    )
+    assert time.monotonic() - started < LONG / 2
+    assert update.screen is not None
+    assert update.screen.lines[:4] == ("prompt$ " + command, "started", "^C", "prompt$")
+
+
+async def test_a_write_preempts_a_poll_waiting_on_the_screen(
+    session: BaseSandboxSession,
+) -> None:
+    update = await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+    pid = update.process_id
+    assert pid is not None
+    started = time.monotonic()
+    poll = asyncio.ensure_future(
+        session.pty_write_stdin(pid, "", until_screen="never shown", yield_time_s=LONG)
+    )
+    assert await eventually(lambda: session._registry[pid].call_lock.locked())
+    write = await session.pty_write_stdin(
+        pid, "hi\n", until_screen=re.compile(r"hi\nhi"), yield_time_s=LONG
+    )
+    assert time.monotonic() - started < LONG / 2
+    assert (await poll).process_id == pid
+    assert write.screen is not None and write.screen.lines[:3] == ("r", "hi", "hi")
+
+
+async def test_pipes_and_screen_false_have_no_screen(session: BaseSandboxSession) -> None:
+    pipe = await session.pty_exec_start("echo r; exec sleep 600", until="r")
+    plain = await session.pty_exec_start(
+        "echo r; exec sleep 600", tty=True, screen=False, until="r"
+    )
+    assert pipe.process_id is not None and plain.process_id is not None
+    for pid in (pipe.process_id, plain.process_id):
+        with pytest.raises(sandbox.InvalidArgumentError):
+            await session.pty_screen(pid)
+        with pytest.raises(sandbox.InvalidArgumentError):
+            await session.pty_write_stdin(pid, "", until_screen="x")
+        assert session._registry[pid].screen is None
+    with pytest.raises(sandbox.InvalidArgumentError):
+        await session.pty_exec_start("true", until_screen="x")
+    with pytest.raises(sandbox.PtyProcessNotFoundError):
+        await session.pty_screen(99)
+    infos = {i.process_id: i.has_screen for i in session.pty_processes()}
+    assert infos == {pipe.process_id: False, plain.process_id: False}
+
+
+async def test_recording_of_a_killed_process_and_the_pump_stops(
+    session: BaseSandboxSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "killed.cast"
+    pid = await start_bash(session, record=path, record_input=True)
+    await session.pty_write_stdin(pid, "echo hi\r", until_screen="\nhi\n", yield_time_s=LONG)
+    await session.pty_resize(pid, rows=30, cols=100)
+    # A flood keeps the pump busy, so the terminate finds one scheduled.
+    await session.pty_write_stdin(pid, "yes\r", until="y\r\ny", yield_time_s=LONG)
+    entry = session._registry[pid]
+    await session.pty_terminate(pid)
+    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    assert entry.recorder is not None and entry.recorder.closed
+    header, events = read_cast(path)
+    assert (header["width"], header["height"]) == (80, 24)
+    assert header["command"] == "exec bash --norc --noprofile -i"
+    assert_times_monotonic(events)
+    assert [e[2] for e in events if e[1] == "r"] == ["100x30"]
+    assert [e[2] for e in events if e[1] == "i"] == ["echo hi\r", "yes\r"]
+    output = "".join(e[2] for e in events if e[1] == "o")
+    assert "prompt$ echo hi\r\n" in output and "hi\r\n" in output and "y\r\ny\r\n" in output
+
+
+async def test_recording_survives_a_cancelled_close(tmp_path: Path) -> None:
+    record_dir = tmp_path / "casts"
+    record_dir.mkdir()
+    session = sandbox.open_session(
+        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, record_dir=record_dir
+    )
+    await session.start()
+    pid = await start_bash(session)
+    await session.pty_write_stdin(pid, "echo hi\r", until_screen="\nhi\n", yield_time_s=LONG)
+    await session.pty_resize(pid, rows=30, cols=100)
+    entry = session._registry[pid]
+    closing = asyncio.ensure_future(session.aclose())
+    await asyncio.sleep(0)  # the close is under way: now its caller is cancelled
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert session.state is sandbox.SessionState.CLOSED
+    assert entry.recorder is not None and entry.recorder.closed
+    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    header, events = read_cast(record_dir / f"{pid}.cast")
+    assert (header["width"], header["height"]) == (80, 24)
+    assert [e[2] for e in events if e[1] == "r"] == ["100x30"]
+    assert not [e for e in events if e[1] == "i"]  # record_input defaults to False
+    output = "".join(e[2] for e in events if e[1] == "o")
+    assert "prompt$ echo hi\r\n" in output and "\rhi\r\n" in output
+
+
+async def test_a_bad_record_path_fails_the_start_cleanly(
+    session: BaseSandboxSession, tmp_path: Path
+) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="cannot record"):
+        await session.pty_exec_start("true", tty=True, record=tmp_path / "missing" / "x.cast")
+    assert session.pty_processes() == []
