@@ -3,6 +3,8 @@
 One API over seven backends; see `open_session`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .backends import BACKENDS, BackendInfo, load_backend, open_session
 from .errors import (
     BackendUnavailableError,
@@ -29,10 +31,23 @@ from .errors import (
     WorkspacePathError,
 )
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
-from .screen import ScreenSnapshot
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
+
+if TYPE_CHECKING:
+    from .screen import ScreenSnapshot
+
+
+def __getattr__(name: str) -> Any:
+    # `ScreenSnapshot` is loaded on first use: `import sandbox` stays free of the
+    # terminal emulator (pyte) until a screen is made.
+    if name == "ScreenSnapshot":
+        from .screen import ScreenSnapshot
+
+        return ScreenSnapshot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BACKENDS",

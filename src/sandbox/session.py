@@ -20,7 +20,7 @@ import secrets
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from . import arguments
 from . import file_arguments as files
@@ -41,11 +41,13 @@ from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
-from .screen import ScreenSnapshot
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .until_match import UntilMatcher, UntilPattern, check_until
+
+if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
+    from .screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox")
 

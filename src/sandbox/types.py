@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .screen import ScreenSnapshot
+if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
+    from .screen import ScreenSnapshot
 
 
 @dataclass(frozen=True, slots=True)
