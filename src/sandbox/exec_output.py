@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .command_check import CHECK_FAILED_EXIT, CommandCheck
 from .errors import ExecTimeoutError
+from .output_buffer import BoundedOutput
 from .types import ExecResult
 
 DEFAULT_EXEC_OUTPUT_LIMIT = 16 * 1024 * 1024
@@ -21,49 +22,32 @@ START_BYTES = 4096
 
 
 class BoundedBytes:
-    """One stream's bytes: a head of `limit // 2`, a rolling tail of the rest, and the
-    number of bytes dropped between them (`omitted`)."""
+    """One stream's bytes: a `BoundedOutput` (head of `limit // 2`, rolling tail of the
+    rest, `omitted` dropped between), plus the first bytes ever appended (`start`) and
+    the `total` count."""
 
-    __slots__ = ("_head", "_head_limit", "_tail", "_tail_limit", "omitted", "start", "total")
+    __slots__ = ("_buffer", "start", "total")
 
     def __init__(self, limit: int) -> None:
-        self._head_limit = limit // 2
-        self._tail_limit = limit - self._head_limit
-        self._head = bytearray()
-        self._tail = bytearray()
-        self.omitted = 0
+        self._buffer = BoundedOutput(limit)
         self.total = 0
         self.start = bytearray()  # the first START_BYTES bytes ever appended
 
+    @property
+    def omitted(self) -> int:
+        """Bytes dropped from the middle."""
+        return self._buffer.omitted
+
     def append(self, data: bytes | bytearray | memoryview) -> None:
         """Append a chunk; what exceeds the bound is dropped from the middle."""
-        size = len(data)
-        if not size:
-            return
-        self.total += size
-        view = memoryview(data)
+        self.total += len(data)
         if len(self.start) < START_BYTES:
-            self.start += view[: START_BYTES - len(self.start)]
-        room = self._head_limit - len(self._head)
-        if room > 0:  # the head fills first: the tail is still empty
-            self._head += view[:room]
-            view = view[room:]
-            if not view:
-                return
-        if len(view) >= self._tail_limit:
-            self.omitted += len(self._tail) + len(view) - self._tail_limit
-            self._tail = bytearray(view[len(view) - self._tail_limit :])
-            return
-        self._tail += view
-        excess = len(self._tail) - self._tail_limit
-        if excess > 0:
-            # CPython deletes from the front of a bytearray in O(1) (it moves ob_start).
-            del self._tail[:excess]
-            self.omitted += excess
+            self.start += memoryview(data)[: START_BYTES - len(self.start)]
+        self._buffer.append(data)
 
     def value(self) -> bytes:
         """The kept bytes: the head, then the tail."""
-        return bytes(self._head) + bytes(self._tail)
+        return b"".join(self._buffer.since(0))
 
 
 class ExecCapture:

@@ -35,8 +35,8 @@ class BoundedOutput:
     __slots__ = ("_head", "_head_limit", "_omitted", "_start", "_tail", "_tail_limit")
 
     def __init__(self, limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
-        if limit < 2:
-            raise ValueError("output limit must be at least 2 bytes")
+        if limit < 0:
+            raise ValueError("output limit must not be negative")
         self._head_limit = limit // 2
         self._tail_limit = limit - self._head_limit
         self._head = bytearray()

@@ -70,6 +70,11 @@ def _send(pids: set[int], signals: tuple[int, ...]) -> None:
                 os.kill(pid, sig)
 
 
+def signal_session(sid: int, *signals: int) -> None:
+    """Send each of `signals` to every live process whose session id is `sid`."""
+    _send({pid for pid, (_, s) in _read_table().items() if s == sid}, signals)
+
+
 def signal_tree(leader: int, *signals: int) -> None:
     """Send each of `signals` to every member of `leader`'s tree (one look at /proc)."""
     _send(tree_members(leader), signals)

@@ -87,6 +87,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from .. import process_tree
 from ..local_process import LocalProcess
 
 ENDPOINTS = (
@@ -147,28 +148,10 @@ def _http_date() -> str:
     return formatdate(usegmt=True)
 
 
-def _session_members(sid: int) -> list[int]:
-    """Pids of the processes whose session id is `sid` (Linux /proc)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 3 and fields[3] == str(sid).encode():
-            found.append(int(name))
-    return found
-
-
 def _kill_session(sid: int) -> None:
     """SIGKILL every member of session `sid` (its leader is a child of this process,
     unreaped, so the id cannot have been reused)."""
-    for pid in _session_members(sid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    process_tree.signal_session(sid, signal.SIGKILL)
 
 
 @dataclass
