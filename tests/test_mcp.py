@@ -41,7 +41,15 @@ _SCRIPT = Path(sys.executable).with_name("sandbox")
 SERVER_ARGV = (
     [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp_server"]
 )
-TOOLS = {"exec_command", "write_stdin", "list_processes", "interrupt", "resize", "terminate"}
+TOOLS = {
+    "exec_command",
+    "write_stdin",
+    "list_processes",
+    "view_screen",
+    "interrupt",
+    "resize",
+    "terminate",
+}
 # A command that records its shell's parent (the server) and its own pid, atomically,
 # then waits: the test finds both in the workspace and checks they die.
 PID_RECORDER = (
@@ -179,7 +187,15 @@ async def check_tool_schemas(client: Client) -> None:
     exec_schema = tools["exec_command"].input_schema
     assert exec_schema["required"] == ["cmd"]
     props = exec_schema["properties"]
-    assert set(props) == {"cmd", "workdir", "tty", "yield_time_ms", "max_output_tokens", "until"}
+    assert set(props) == {
+        "cmd",
+        "workdir",
+        "tty",
+        "yield_time_ms",
+        "max_output_tokens",
+        "until",
+        "until_screen",
+    }
     assert props["cmd"]["type"] == "string"
     assert props["tty"]["type"] == "boolean"
     assert props["tty"]["default"] is False
@@ -345,6 +361,78 @@ async def test_bad_workdir_is_a_clear_tool_error(tmp_path: Path) -> None:
         out = await ok(client, "exec_command", cmd="pwd", workdir=str(workspace))
         assert out.endswith(f"Output:\n{workspace}\n")
     assert "unexpectedly" not in (tmp_path / "server.log").read_text()
+
+
+async def test_view_screen_shows_a_full_screen_program(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "f.txt").write_text("".join(f"line {i:03d}\n" for i in range(200)))
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        out = await ok(
+            client,
+            "exec_command",
+            cmd="LESSHISTFILE=- less f.txt",
+            tty=True,
+            until_screen="line 022",
+            yield_time_ms=20000,
+        )
+        pager = session_id(out)
+        out = await ok(client, "view_screen", session_id=pager)
+        lines = out.splitlines()
+        assert lines[0] == (
+            f"Session {pager}. Screen (24 rows x 80 columns; alternate screen: yes; "
+            "title: (none); cursor: row 24, column 6 (marked █)):"
+        ), out
+        assert lines[1:24] == [f"line {i:03d}" for i in range(23)]
+        assert lines[24] == "f.txt█", out
+        # Pipes have no screen: a clear tool error.
+        out = await ok(client, "exec_command", cmd="sleep 30", yield_time_ms=250)
+        message = await error(client, "view_screen", session_id=session_id(out))
+        assert "no terminal (tty=False), so no screen" in message
+        assert "no process with id 99" in await error(client, "view_screen", session_id=99)
+
+
+async def test_write_stdin_until_screen_returns_the_screen(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "f.txt").write_text("".join(f"line {i:03d}\n" for i in range(200)))
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        out = await ok(
+            client,
+            "exec_command",
+            cmd="LESSHISTFILE=- less f.txt",
+            tty=True,
+            until_screen="line 022",
+            yield_time_ms=20000,
+        )
+        pager = session_id(out)
+        assert "alternate screen: yes" in out  # until_screen: the screen comes along
+        started = time.monotonic()
+        out = await ok(
+            client,
+            "write_stdin",
+            session_id=pager,
+            chars=" ",
+            until_screen="line 045",
+            yield_time_ms=20000,
+        )
+        assert time.monotonic() - started < 10
+        screen = out.split("(marked █)):\n", 1)[1].splitlines()
+        assert screen[:23] == [f"line {i:03d}" for i in range(23, 46)], out
+        # Without until_screen, no screen in the result.
+        out = await ok(
+            client, "write_stdin", session_id=pager, chars="q", until="x", yield_time_ms=2000
+        )
+        assert "Screen (" not in out
+
+
+async def test_list_processes_says_which_have_a_screen(tmp_path: Path) -> None:
+    async with stdio_session(tmp_path / "ws", tmp_path / "server.log") as client:
+        tty = session_id(await ok(client, "exec_command", cmd="cat", tty=True, yield_time_ms=250))
+        pipe = session_id(await ok(client, "exec_command", cmd="sleep 30", yield_time_ms=250))
+        listing = await ok(client, "list_processes")
+        assert re.search(rf"session {tty}: running; tty; screen \(view_screen\); ", listing)
+        assert re.search(rf"session {pipe}: running; no tty; started ", listing), listing
 
 
 async def test_stdio_legacy_handshake(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp import types
@@ -37,6 +37,9 @@ from .errors import SandboxError
 from .mcp_transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 from .session import BaseSandboxSession
 from .types import PtyProcessInfo, PtyUpdate
+
+if TYPE_CHECKING:
+    from .screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox.mcp")
 
@@ -72,6 +75,13 @@ _UNTIL = (
     "Return as soon as this exact text appears in the new output, e.g. a prompt such as "
     "'>>> ' or '$ ', or a line like 'Listening on'. Plain substring, not a regex."
 )
+_UNTIL_SCREEN = (
+    "Return as soon as this exact text is visible on the process's rendered terminal "
+    "screen (tty=true only), e.g. '-- INSERT --' in vim or '(END)' in less; the rendered "
+    "screen is then included in the result. Plain substring, not a regex."
+)
+CURSOR_MARKER = "█"
+"""Where the cursor is, in the screen text a model reads (`view_screen`, `until_screen`)."""
 _SESSION_ID = "The session ID reported by exec_command ('Process running with session ID N')."
 
 
@@ -96,6 +106,7 @@ class ExecCommandArgs(_Args):
     yield_time_ms: int | None = Field(default=None, description=_YIELD_START)
     max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
     until: str | None = Field(default=None, description=_UNTIL)
+    until_screen: str | None = Field(default=None, description=_UNTIL_SCREEN)
 
 
 class WriteStdinArgs(_Args):
@@ -112,6 +123,7 @@ class WriteStdinArgs(_Args):
     yield_time_ms: int | None = Field(default=None, description=_YIELD_WRITE)
     max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
     until: str | None = Field(default=None, description=_UNTIL)
+    until_screen: str | None = Field(default=None, description=_UNTIL_SCREEN)
 
 
 class ListProcessesArgs(_Args):
@@ -119,7 +131,7 @@ class ListProcessesArgs(_Args):
 
 
 class SessionIdArgs(_Args):
-    """Arguments of `interrupt` and `terminate`."""
+    """Arguments of `view_screen`, `interrupt` and `terminate`."""
 
     session_id: int = Field(description=_SESSION_ID)
 
@@ -157,6 +169,31 @@ def format_update(update: PtyUpdate, wall_time_s: float) -> str:
         lines.append(update.output)
     else:
         lines.append("Output: (none)")
+    text = "\n".join(lines)
+    if update.screen is not None:
+        text += "\n" + format_screen(update.screen)
+    return text
+
+
+def format_screen(snapshot: ScreenSnapshot) -> str:
+    """The rendered screen as a model reads it: size, alternate-screen flag, title and
+    cursor, then the screen's lines with the cursor marked."""
+    where = (
+        f"row {snapshot.cursor_row + 1}, column {snapshot.cursor_col + 1} (marked {CURSOR_MARKER})"
+        if snapshot.cursor_visible
+        else "hidden"
+    )
+    lines = [
+        f"Screen ({snapshot.rows} rows x {snapshot.cols} columns; "
+        f"alternate screen: {'yes' if snapshot.alternate_screen else 'no'}; "
+        f"title: {snapshot.title if snapshot.title is not None else '(none)'}; cursor: {where}):"
+    ]
+    if snapshot.skipped_bytes:
+        lines.append(
+            f"({snapshot.skipped_bytes} bytes of fast output were not rendered; the screen "
+            "shows the most recent output)"
+        )
+    lines.append(snapshot.text(cursor_marker=CURSOR_MARKER) or "(blank)")
     return "\n".join(lines)
 
 
@@ -181,6 +218,7 @@ def format_processes(infos: list[PtyProcessInfo], now: float | None = None) -> s
         command = info.command if len(info.command) <= 200 else info.command[:199] + "…"
         lines.append(
             f"- session {info.process_id}: {state}; {'tty' if info.tty else 'no tty'}; "
+            f"{'screen (view_screen); ' if info.has_screen else ''}"
             f"started {_ago(info.started_at, now)}, last used {_ago(info.last_used, now)}; "
             f"command: {command}"
         )
@@ -233,7 +271,7 @@ def _validation_text(name: str, exc: ValidationError) -> str:
 
 
 class SandboxTools:
-    """The six tools over one started sandbox session."""
+    """The seven tools over one started sandbox session."""
 
     def __init__(self, session: BaseSandboxSession) -> None:
         self.session = session
@@ -264,6 +302,14 @@ class SandboxTools:
                     LIST_PROCESSES_DESCRIPTION,
                     ListProcessesArgs,
                     self.list_processes,
+                    types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                ),
+                _Tool(
+                    "view_screen",
+                    "View a terminal screen",
+                    VIEW_SCREEN_DESCRIPTION,
+                    SessionIdArgs,
+                    self.view_screen,
                     types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
                 ),
                 _Tool(
@@ -305,6 +351,7 @@ class SandboxTools:
             yield_time_s=_seconds(args.yield_time_ms),
             max_output_tokens=args.max_output_tokens,
             until=args.until or None,
+            until_screen=args.until_screen or None,
         )
         return format_update(update, time.monotonic() - started)
 
@@ -317,12 +364,18 @@ class SandboxTools:
             yield_time_s=_seconds(args.yield_time_ms),
             max_output_tokens=args.max_output_tokens,
             until=args.until or None,
+            until_screen=args.until_screen or None,
         )
         return format_update(update, time.monotonic() - started)
 
     async def list_processes(self, args: ListProcessesArgs) -> str:
         """The live registry."""
         return format_processes(self.session.pty_processes())
+
+    async def view_screen(self, args: SessionIdArgs) -> str:
+        """The rendered screen of a tty process."""
+        snapshot = await self.session.pty_screen(args.session_id)
+        return f"Session {args.session_id}. " + format_screen(snapshot)
 
     async def interrupt(self, args: SessionIdArgs) -> str:
         """Ctrl-C."""
@@ -421,7 +474,9 @@ or to type into it, interrupt to send Ctrl-C, terminate to stop it.
 
 Use tty=true for anything interactive (a REPL such as `python3 -q`, a shell, a \
 program that prompts, a full-screen program); pair it with `until` set to the prompt \
-you expect (e.g. '>>> ') so the call returns as soon as the program is ready. Leave \
+you expect (e.g. '>>> ') so the call returns as soon as the program is ready. For a \
+full-screen program use `until_screen` (text on its rendered screen) and view_screen. \
+Leave \
 tty=false for ordinary commands (builds, tests, scripts): their stdin is closed. \
 Long-running servers are fine: start them, read the first output, and poll later."""
 
@@ -440,6 +495,14 @@ List the processes started with exec_command that are still known: their session
 IDs, commands, whether they are running or exited (an exited process stays listed \
 until it is polled once more), and when they were last used. At most 64 are kept; \
 when full, starting another drops the least recently used."""
+
+VIEW_SCREEN_DESCRIPTION = """\
+Show the terminal screen of a process started with tty=true, rendered as a person at \
+the terminal would see it now: full-screen programs (vim, less, top, nano, htop, \
+menus) draw with escape sequences that are unreadable in the raw output, so read them \
+here. The cursor is marked with █; the result also says whether the program is on \
+the alternate screen (full-screen mode) and the window title. To wait for something to \
+show on the screen, pass `until_screen` to write_stdin or exec_command."""
 
 INTERRUPT_DESCRIPTION = """\
 Send Ctrl-C to a process (works with and without tty). It does not wait: poll with \
