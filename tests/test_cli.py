@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.test_recording import read_cast
 
 SANDBOX = [sys.executable, "-m", "sandbox.cli"]
 
@@ -224,6 +225,38 @@ def test_shell_with_a_command(tmp_path: Path) -> None:
     finally:
         code = term.close()
     assert code == 0
+
+
+def test_run_tty_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
+    cast = tmp_path / "run.cast"
+    args = ["run", "--tty", "--record", str(cast), "--workspace", str(tmp_path / "ws")]
+    out = run_cli(*args, "--", "echo recorded-漢字; stty size; exit 3")
+    assert out.returncode == 3, out.stderr
+    assert "recorded-漢字" in out.stdout
+    header, events = read_cast(cast)
+    assert (header["width"], header["height"]) == (80, 24)
+    assert header["command"] == "echo recorded-漢字; stty size; exit 3"
+    output = "".join(e[2] for e in events if e[1] == "o")
+    assert "recorded-漢字\r\n24 80\r\n" in output
+    # Only a terminal is recorded.
+    out = run_cli("run", "--record", str(cast), "--workspace", str(tmp_path), "--", "true")
+    assert out.returncode == 2 and "--record needs --tty" in out.stderr
+
+
+def test_shell_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
+    cast = tmp_path / "shell.cast"
+    term = Terminal(["shell", "--record", str(cast), "--workspace", str(tmp_path / "ws")])
+    try:
+        term.type("echo $((6*7))-in-shell\n")
+        term.read_until(b"42-in-shell\r\n")
+        term.type("exit 0\n")
+    finally:
+        code = term.close()
+    assert code == 0
+    header, events = read_cast(cast)
+    assert "exec sh -i" in header["command"]  # the default shell
+    assert not [e for e in events if e[1] == "i"]  # keystrokes are not recorded
+    assert "42-in-shell\r\n" in "".join(e[2] for e in events if e[1] == "o")
 
 
 def test_shell_on_docker_works_like_docker_exec_it() -> None:

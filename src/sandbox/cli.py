@@ -49,6 +49,11 @@ def _build_parser() -> argparse.ArgumentParser:
     cli_options.add_backend_arguments(run)
     run.add_argument("--tty", action="store_true", help="run on a terminal")
     run.add_argument(
+        "--record",
+        metavar="FILE",
+        help="with --tty: record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
+    )
+    run.add_argument(
         "--timeout",
         type=_seconds,
         help=f"seconds before the command is killed (then the exit code is {EXIT_TIMEOUT})",
@@ -57,6 +62,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     shell = commands.add_parser("shell", help="attach this terminal to a PTY in the sandbox")
     cli_options.add_backend_arguments(shell)
+    shell.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
+    )
     shell.add_argument("cmd", nargs=argparse.REMAINDER, help="command (default: sh)")
 
     commands.add_parser("backends", help="list the backends, installed or not, credentials")
@@ -83,10 +93,12 @@ async def _run(args: argparse.Namespace) -> int:
     command = _command_words(args.cmd)
     if not command:
         raise InvalidArgumentError("run needs a command: sandbox run -- CMD...")
+    if args.record is not None and not args.tty:
+        raise InvalidArgumentError("--record needs --tty: only a terminal is recorded")
     backend, options = cli_options.options_from_args(args)
     async with open_cli_session(backend, options) as session:
         if args.tty:
-            return await _run_tty(session, command, args.timeout)
+            return await _run_tty(session, command, args.timeout, args.record)
         try:
             result = await session.exec(*command, timeout=args.timeout)
         except ExecTimeoutError as exc:
@@ -98,7 +110,9 @@ async def _run(args: argparse.Namespace) -> int:
         return result.exit_code
 
 
-async def _run_tty(session: BaseSandboxSession, command: list[str], timeout: float | None) -> int:
+async def _run_tty(
+    session: BaseSandboxSession, command: list[str], timeout: float | None, record: str | None
+) -> int:
     """Stream a terminal command's output until it exits or `timeout` elapses.
 
     The timeout covers the whole run, not one window: the first window ends by it, and
@@ -108,8 +122,14 @@ async def _run_tty(session: BaseSandboxSession, command: list[str], timeout: flo
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     first_window = STREAM_WINDOW_S if timeout is None else min(timeout, STREAM_WINDOW_S)
+    # No screen: the output goes to the user's own terminal, which renders it.
     update = await session.pty_exec_start(
-        *command, tty=True, until=ANY_OUTPUT, yield_time_s=first_window
+        *command,
+        tty=True,
+        until=ANY_OUTPUT,
+        yield_time_s=first_window,
+        screen=False,
+        record=record,
     )
     _show(update)
     process_id = update.process_id

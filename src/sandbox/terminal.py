@@ -138,8 +138,15 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
     loop = asyncio.get_running_loop()
     async with open_cli_session(backend, options) as session:
         with _raw_terminal(stdin_fd):
+            # No screen: the user's own terminal renders the output.
             first = await session.pty_exec_start(
-                *(command or [DEFAULT_SHELL]), tty=True, rows=rows, cols=cols, yield_time_s=0.25
+                *(command or [DEFAULT_SHELL]),
+                tty=True,
+                rows=rows,
+                cols=cols,
+                yield_time_s=0.25,
+                screen=False,
+                record=args.record,
             )
             if first.process_id is None:
                 sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))
