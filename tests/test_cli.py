@@ -120,6 +120,8 @@ def test_demo_runs_every_step() -> None:
     assert out.returncode == 0, out.stderr
     for step in ("python3 -q", "pty_interrupt", "exit_code=130", "pty_processes()", "columns=120"):
         assert step in out.stdout
+    # The full-screen step: the page of `less` as the model receives it.
+    assert "   | line 045\n   | :█\n" in out.stdout, out.stdout
     assert "processes left: 0" in out.stdout
 
 
