@@ -323,4 +323,45 @@ async def churn(cfg: Config) -> list[Figure]:
     return [fig]
 
 
-CASES = [throughput, round_trip, start_cost, scale, memory, churn]
+async def screens(cfg: Config) -> list[Figure]:
+    """What rendered screens cost a tty flood: throughput with screens on and off (each
+    beside raw), and the longest event-loop stall during the flood (on vs off)."""
+    path, digest, size = payload_file(cfg)
+    figures = []
+    stall = Figure(
+        "screens", f"longest loop stall, {cfg.drain_mb} MB pty flood (vs screens off)", "ms", False
+    )
+    for screen in (False, True):
+        label = "screens on" if screen else "screens off"
+        rate = Figure("screens", f"drain {cfg.drain_mb} MB, pty, {label}", "MB/s", True)
+        cpu = Figure("screens", f"parent CPU, {cfg.drain_mb} MB pty, {label}", "CPU s", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg, output_limit_bytes=size + (1 << 20)) as s:
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                with StallMeter() as meter:
+                    update = await s.pty_exec_start(
+                        f"cat {path}", tty=True, yield_time_s=0.25, screen=screen
+                    )
+                    parts = [update.output]
+                    while update.process_id is not None:
+                        update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
+                        parts.append(update.output)
+                elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
+                assert hashlib.sha256("".join(parts).encode()).hexdigest() == digest
+            rate.ours.append(size / 1e6 / elapsed)
+            cpu.ours.append(used)
+            (stall.ours if screen else stall.baseline).append(meter.longest * 1000)
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            raw = RawChild(["cat", str(path)], tty=True)
+            await raw.finish()
+            elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
+            assert hashlib.sha256(raw.data).hexdigest() == digest
+            rate.baseline.append(size / 1e6 / elapsed)
+            cpu.baseline.append(used)
+            raw.kill()
+        figures += [rate, cpu]
+    stall.note = "ticker task every 1 ms; baseline: the same flood with screen=False"
+    return [*figures, stall]
+
+
+CASES = [throughput, round_trip, start_cost, scale, memory, churn, screens]

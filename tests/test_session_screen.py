@@ -54,10 +54,11 @@ async def start_bash(session: BaseSandboxSession, **options: Any) -> int:
 def pump_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
     """Live (not cancelled) loop callbacks of the process's screen pump."""
     loop = asyncio.get_running_loop()
-    ready = getattr(loop, "_ready", ())  # asyncio's own queue of ready callbacks
+    # asyncio's own queues: ready callbacks, and timers (the pump pauses in a flood).
+    queued = [*getattr(loop, "_ready", ()), *getattr(loop, "_scheduled", ())]
     return [
         h
-        for h in ready
+        for h in queued
         if not h.cancelled()
         and getattr(h._callback, "__self__", None) is not None
         and getattr(h._callback.__self__, "process_id", None) == process_id

@@ -66,6 +66,11 @@ EXIT_DRAIN_GRACE_S = 0.05
 # How long one turn of the screen pump may emulate (the loop is held at most this plus
 # one slice of about 1 ms, see `sandbox.screen`): short enough for other tasks' latency.
 SCREEN_PUMP_BUDGET_S = 0.005
+# With more than this queued the emulator cannot catch up with a flood (the screen drops
+# the oldest bytes anyway): the pump then pauses between turns, so that the emulator
+# takes about a quarter of the loop and the reader keeps its throughput.
+SCREEN_FLOOD_PENDING = 64 * 1024
+SCREEN_FLOOD_PAUSE_S = 0.015
 
 
 @dataclass(eq=False)
@@ -255,14 +260,17 @@ class PtyEntry:
         assert self.exited_at is not None
         return loop.time() + max(0.0, self.exited_at + EXIT_DRAIN_GRACE_S - time.monotonic())
 
-    def _schedule_pump(self) -> None:
+    def _schedule_pump(self, pause: float = 0.0) -> None:
         if self._pump is not None or self._terminal_closed:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a finalizer): a render processes the queue
             return
-        self._pump = loop.call_soon(self._run_pump)
+        if pause:
+            self._pump = loop.call_later(pause, self._run_pump)
+        else:
+            self._pump = loop.call_soon(self._run_pump)
 
     def _run_pump(self) -> None:
         self._pump = None
@@ -270,8 +278,10 @@ class PtyEntry:
         if screen is None or self._terminal_closed:
             return
         if not screen.process(SCREEN_PUMP_BUDGET_S):
-            # Not caught up: go on at the next turn, after the callbacks ready meanwhile.
-            self._schedule_pump()
+            # Not caught up: go on at the next turn, after the callbacks ready meanwhile
+            # (a little later in a flood, see SCREEN_FLOOD_PENDING).
+            flooded = screen.pending_bytes > SCREEN_FLOOD_PENDING
+            self._schedule_pump(SCREEN_FLOOD_PAUSE_S if flooded else 0.0)
 
     def _wake(self) -> None:
         waiter = self._waiter
