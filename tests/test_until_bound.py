@@ -90,16 +90,17 @@ def test_regex_search_string_is_capped() -> None:
 
 
 def test_regex_cap_bounds_what_one_match_may_span() -> None:
-    # Documented: within one line, a match up to REGEX_LOOKBEHIND characters is found...
+    # Documented: a match up to REGEX_LOOKBEHIND characters is found...
     fits = "<" + "z" * (REGEX_LOOKBEHIND - 2) + ">"
     span = re.compile(r"<z+>")
     assert feed_chunks(matcher(span), b"a" * 9_000 + fits.encode(), 1)
     # ...a longer one, arriving in small chunks, is not.
     too_long = "<" + "z" * (2 * REGEX_LOOKBEHIND) + ">"
     assert not feed_chunks(matcher(span), too_long.encode(), 100)
-    # A match may end with its line's newline, but does not reach back over a newline.
+    # ...across lines too (a prompt after an echoed command), byte by byte.
     assert feed_chunks(matcher(re.compile(r"done\n")), b"all done\nmore", 1)
-    assert not feed_chunks(matcher(re.compile(r"one\ntwo")), b"one\ntwo", 1)
+    assert feed_chunks(matcher(re.compile(r"one\ntwo")), b"one\ntwo", 1)
+    assert feed_chunks(matcher(re.compile(r"ping\r?\n(.|\n)*ping")), b"ping\r\nx\nping", 1)
 
 
 def test_budget_skips_searches_but_keeps_the_context() -> None:

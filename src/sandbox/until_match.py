@@ -8,8 +8,9 @@ match straddling two chunks (`len(pattern) - 1` characters): exact, and linear.
 
 A regular expression cannot be searched that way (it may need any amount of context, and
 a backtracking search can cost the square of its input or worse), so each search is
-given a bounded string: the current line, at most `REGEX_LOOKBEHIND` characters of it,
-followed by the next piece of new text, at most `REGEX_PIECE` characters. The search
+given a bounded string: at most the last `REGEX_LOOKBEHIND` characters of the window's
+text (across lines), followed by the next piece of new text, at most `REGEX_PIECE`
+characters. The search
 string is never longer than their sum, whatever the output, so the cost of one search is
 bounded and the cost of a window is linear in its output. See `UntilMatcher`.
 """
@@ -59,19 +60,19 @@ class UntilMatcher:
     side of a gap of dropped bytes is not joined).
 
     A compiled pattern is searched (`pattern.search`) as the text arrives, over a bounded
-    string: the current line (from just after its newline, or the window's start) but at
-    most its last `REGEX_LOOKBEHIND` (4096) characters, followed by the next at most
-    `REGEX_PIECE` (4096) characters of new text. Hence:
+    string: at most the last `REGEX_LOOKBEHIND` (4096) characters of the window's text
+    (across lines), followed by the next at most `REGEX_PIECE` (4096) characters of new
+    text. Hence:
 
-    - a match that lies within one line (a newline may be its last character) and is at
-      most `REGEX_LOOKBEHIND` characters long is always found;
-    - a longer match, or one spanning a newline, is found only if one search string
-      happens to hold it all, which depends on how the output arrives: do not rely on it;
+    - a match at most `REGEX_LOOKBEHIND` characters long is always found, whether or not
+      it spans lines (a prompt after a command's echo, `ping\r\n...ping`);
+    - a longer match is found only if one search string happens to hold it all, which
+      depends on how the output arrives: do not rely on it;
     - `$` and `\Z` match at the end of a search string: the end of the text received so
       far (or of a 4096-character piece of it, when more arrives at once);
-    - `^` and `\A` match only at a real line start or the window's start, and `\b` and a
-      one-character look-behind see the character before the kept text: a cut in a long
-      line is never mistaken for a line start.
+    - `^` matches at a real line start or the window's start, `\A` only at the window's
+      start, and `\b` and a one-character look-behind see the character before the kept
+      text: a cut in the text is never mistaken for a line start.
 
     One search costs at most what the pattern costs on 8 KiB of text (a catastrophic
     pattern, exponential in its input, can still be slow on that). `feed` checks its
@@ -190,10 +191,8 @@ class UntilMatcher:
         if isinstance(self._pattern, str):
             self._window = window[-self._keep :] if self._keep else ""
             return
-        newline = window.rfind("\n", self._start)
-        line_start = newline + 1 if newline >= 0 else self._start
-        cut = max(line_start, len(window) - REGEX_LOOKBEHIND)
-        if cut == 0:
-            return  # the whole window is still one short first line
+        cut = len(window) - REGEX_LOOKBEHIND
+        if cut <= self._start:
+            return  # all of it is still within the look-behind
         self._window = window[cut - 1 :]
         self._start = 1
