@@ -43,11 +43,14 @@ async def test_close_without_start_and_concurrent_close(tmp_path: Path) -> None:
 
 async def test_failed_start_cleans_up_and_can_retry(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    s = UnixLocalSession(workspace=blocker / "ws")
-    with pytest.raises(OSError):
+    s = UnixLocalSession(workspace=blocker / "ws")  # fine when opened...
+    blocker.write_text("not a directory")  # ...then a file takes the parent's place
+    with pytest.raises(sandbox.InvalidArgumentError, match="workspace"):
         await s.start()
     assert s.state is sandbox.SessionState.NEW
+    blocker.unlink()
+    await s.start()  # the failed start left nothing in the way
+    assert (await s.exec("echo again")).stdout == b"again\n"
     await s.aclose()
     assert s.state is sandbox.SessionState.CLOSED
 

@@ -11,6 +11,8 @@ import os
 import shutil
 import tempfile
 
+from .errors import InvalidArgumentError
+
 
 class Workspace:
     """A directory that is the session's cwd and HOME; temporary ones are removed on
@@ -29,10 +31,18 @@ class Workspace:
 
     def create(self) -> str:
         """Create the directory (a fresh temporary one when no path was given)."""
-        if self._path is None or not self._given:
-            self._path = tempfile.mkdtemp(prefix="sandbox-ws-")
-        else:
-            os.makedirs(self._path, exist_ok=True)
+        try:
+            if self._path is None or not self._given:
+                self._path = tempfile.mkdtemp(prefix="sandbox-ws-")
+            else:
+                os.makedirs(self._path, exist_ok=True)
+                if not os.path.isdir(self._path):
+                    raise NotADirectoryError(f"{self._path!r} is not a directory")
+        except OSError as exc:
+            # The path was fine when the session was opened; something changed since.
+            raise InvalidArgumentError(
+                f"the workspace {self._path!r} cannot be created: {exc.strerror or exc}"
+            ) from None
         self._path = os.path.realpath(self._path)
         return self._path
 
