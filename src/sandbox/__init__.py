@@ -30,13 +30,16 @@ from .errors import (
     WorkdirError,
     WorkspacePathError,
 )
-from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .session import BaseSandboxSession, SessionState
-from .settle import settle, settle_each
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
+from .until_match import UntilPattern
 
 if TYPE_CHECKING:
     from .screen import ScreenSnapshot
+
+
+# Backend-author names that used to be exported here; they live in `sandbox.backend`.
+_MOVED_TO_BACKEND = frozenset({"CommandSpec", "ProcessSpec", "PtyEntry", "settle", "settle_each"})
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +49,17 @@ def __getattr__(name: str) -> Any:
         from .screen import ScreenSnapshot
 
         return ScreenSnapshot
+    if name in _MOVED_TO_BACKEND:
+        import warnings
+
+        from . import backend
+
+        warnings.warn(
+            f"sandbox.{name} is for backend authors: import it from sandbox.backend",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -56,7 +70,6 @@ __all__ = [
     "BaseSandboxSession",
     "CleanupError",
     "CommandNotFoundError",
-    "CommandSpec",
     "ConnectionLostError",
     "CredentialsMissingError",
     "ExecResult",
@@ -65,9 +78,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotAFileError",
     "ProcessExitedError",
-    "ProcessSpec",
     "ProviderError",
-    "PtyEntry",
     "PtyProcessInfo",
     "PtyProcessNotFoundError",
     "PtyUpdate",
@@ -81,10 +92,9 @@ __all__ = [
     "StdinClosedError",
     "UnknownBackendError",
     "UnsupportedOperationError",
+    "UntilPattern",
     "WorkdirError",
     "WorkspacePathError",
     "load_backend",
     "open_session",
-    "settle",
-    "settle_each",
 ]

@@ -1,0 +1,37 @@
+"""What a backend author needs, in one place (the user API is `sandbox` itself).
+
+A backend is a `BaseSandboxSession` subclass that implements the hooks documented at the
+bottom of `sandbox.session` (see AGENTS.md, "Adding a backend"). Its reader feeds a
+`PtyEntry`; its one-shot commands append to an `ExecCapture`; every teardown it writes
+is awaited by the base session through `settle` (never by the backend itself). For a
+provider that hands over a shell, `ShellTrap` carries a command's exit status in-band
+and `CommandCheck` checks its `cwd` and program first. `LocalProcess` drives a real
+local child without threads (the unix_local backend and the stand-ins in
+`sandbox.testing` use it), and `Secret` holds a credential so that it never reaches a
+message, log or repr.
+"""
+
+from .command_check import CommandCheck
+from .credentials import Secret, require_credential
+from .exec_output import ExecCapture
+from .local_process import LocalProcess
+from .process_entry import CommandSpec, ProcessSpec, PtyEntry
+from .session import BaseSandboxSession, SessionState
+from .settle import settle, settle_each
+from .shell_trap import ShellTrap
+
+__all__ = [
+    "BaseSandboxSession",
+    "CommandCheck",
+    "CommandSpec",
+    "ExecCapture",
+    "LocalProcess",
+    "ProcessSpec",
+    "PtyEntry",
+    "Secret",
+    "SessionState",
+    "ShellTrap",
+    "require_credential",
+    "settle",
+    "settle_each",
+]

@@ -1,0 +1,43 @@
+"""The two public faces: `sandbox` for users, `sandbox.backend` for backend authors."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+import sandbox
+import sandbox.backend
+
+BACKEND_INTERNALS = {"PtyEntry", "CommandSpec", "ProcessSpec", "settle", "settle_each"}
+
+
+def test_user_face_has_no_backend_internals_but_has_until_pattern() -> None:
+    assert BACKEND_INTERNALS.isdisjoint(sandbox.__all__)
+    assert "UntilPattern" in sandbox.__all__
+    assert isinstance(re.compile("x"), sandbox.UntilPattern.__args__[1])  # type: ignore[attr-defined]
+    for name in sandbox.__all__:
+        assert getattr(sandbox, name) is not None
+
+
+def test_backend_face_has_what_an_author_needs() -> None:
+    needed = BACKEND_INTERNALS | {
+        "BaseSandboxSession",
+        "ShellTrap",
+        "LocalProcess",
+        "Secret",
+        "ExecCapture",
+    }
+    assert needed <= set(sandbox.backend.__all__)
+    for name in sandbox.backend.__all__:
+        assert getattr(sandbox.backend, name) is not None
+
+
+@pytest.mark.parametrize("name", sorted(BACKEND_INTERNALS))
+def test_old_spellings_still_work_with_a_warning(name: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(sandbox, name)
+    assert value is getattr(sandbox.backend, name)
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
