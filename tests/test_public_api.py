@@ -16,7 +16,7 @@ BACKEND_INTERNALS = {"PtyEntry", "CommandSpec", "ProcessSpec", "settle", "settle
 def test_user_face_has_no_backend_internals_but_has_until_pattern() -> None:
     assert BACKEND_INTERNALS.isdisjoint(sandbox.__all__)
     assert "UntilPattern" in sandbox.__all__
-    assert isinstance(re.compile("x"), sandbox.UntilPattern.__args__[1])  # type: ignore[attr-defined]
+    assert set(sandbox.UntilPattern.__args__) == {str, re.Pattern[str]}  # type: ignore[attr-defined]
     for name in sandbox.__all__:
         assert getattr(sandbox, name) is not None
 
@@ -34,7 +34,7 @@ def test_backend_face_has_what_an_author_needs() -> None:
         assert getattr(sandbox.backend, name) is not None
 
 
-@pytest.mark.parametrize("name", sorted(BACKEND_INTERNALS))
+@pytest.mark.parametrize("name", ["PtyEntry", "CommandSpec", "ProcessSpec"])
 def test_old_spellings_still_work_with_a_warning(name: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -31,6 +31,10 @@ from .errors import (
     WorkspacePathError,
 )
 from .session import BaseSandboxSession, SessionState
+
+# Kept callable for old callers (the submodule of the same name would shadow them);
+# not part of the user face: backend authors use `sandbox.backend`.
+from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .until_match import UntilPattern
 
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 
 # Backend-author names that used to be exported here; they live in `sandbox.backend`.
-_MOVED_TO_BACKEND = frozenset({"CommandSpec", "ProcessSpec", "PtyEntry", "settle", "settle_each"})
+_MOVED_TO_BACKEND = frozenset({"CommandSpec", "ProcessSpec", "PtyEntry"})
 
 
 def __getattr__(name: str) -> Any:
