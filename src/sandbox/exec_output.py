@@ -10,6 +10,8 @@ is bounded).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from .command_check import CHECK_FAILED_EXIT, CommandCheck
 from .errors import ExecTimeoutError
 from .output_buffer import BoundedOutput
@@ -100,3 +102,24 @@ class ExecCapture:
             stdout_omitted=self.stdout.omitted,
             stderr_omitted=self.stderr.omitted,
         )
+
+
+class OneShotProcess(Protocol):
+    """A one-shot command a backend started with `_start_exec`; the base session owns
+    its life from then on (timeout, cancellation, the settled kill, ownership at close).
+    """
+
+    async def wait(self) -> int:
+        """Wait until the command exited and its output was appended to the capture;
+        return its exit status (128+N for a death by signal N)."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill the command's whole tree and release what it holds. Idempotent; the base
+        session awaits it settled (timeout, cancellation, close), never the backend."""
+        ...
+
+    async def release(self) -> None:
+        """After `wait()` returned: release what is left (a reader, a socket, a zombie,
+        a leftover background child of the command)."""
+        ...

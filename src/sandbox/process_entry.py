@@ -99,6 +99,10 @@ class PtyEntry:
     # Set by the base session: the in-flight spawn and write (a close or terminate
     # cancels them), and how many bytes of the current write the terminal took (a
     # backend that writes in parts may count them here; see `count_input`).
+    # Set by the base session when the entry is torn down because the whole sandbox is
+    # going away (the close): a backend may then skip per-process kills the sandbox's
+    # own deletion makes moot. Backends read this, never the session's state.
+    sandbox_stopping: bool = False
     spawn_task: asyncio.Future[None] | None = None
     write_task: asyncio.Future[None] | None = None
     input_accepted: int = 0

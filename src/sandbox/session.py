@@ -37,7 +37,7 @@ from .errors import (
     StdinClosedError,
     UnsupportedOperationError,
 )
-from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
+from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
@@ -241,6 +241,8 @@ class BaseSandboxSession:
         entries = [*self._starting.values(), *self._registry.values()]
         self._starting.clear()
         self._registry.clear()
+        for entry in entries:
+            entry.sandbox_stopping = True
         try:
             await self._settle_batch(entries)
         except CleanupError as exc:
@@ -945,14 +947,37 @@ class BaseSandboxSession:
     async def _exec(
         self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
     ) -> ExecResult:
-        """Run a one-shot command to completion, appending its stdout and stderr chunks
-        to `capture` as they arrive (never an unbounded buffer of our own), and return
-        `capture.result(exit_code)`. On timeout: kill the command's whole tree (never the
-        sandbox) and raise `capture.timeout_error(spec.display, timeout)`.
+        """Run a one-shot command to completion. The default is the base session's own
+        skeleton: `_start_exec()`, then wait within `timeout`; at the timeout, on
+        cancellation or when the session closes, the command's tree is killed (settled)
+        and `capture.timeout_error(...)` / the cancellation is raised. A backend
+        implements `_start_exec` (preferred), or overrides this whole hook (the older
+        way: then it must do all of the above itself)."""
+        process = await self._start_exec(spec, capture)
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                code = await process.wait()
+        except TimeoutError:
+            await settle(process.kill())
+            if not scope.expired():
+                raise  # the backend's own timeout, not ours
+            raise capture.timeout_error(spec.display, timeout) from None
+        except BaseException:
+            await settle(process.kill())
+            raise
+        await settle(process.release())
+        return capture.result(code)
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """Start a one-shot command whose stdout and stderr chunks are appended to
+        `capture` as they arrive (never an unbounded buffer of our own), and return it
+        (see `OneShotProcess`). If this is cancelled after the command started, kill it
+        before the cancellation propagates: nobody else knows it.
 
         A missing `spec.cwd`, or (with `shell=False`) a missing program, must raise
         `WorkdirError` / `CommandNotFoundError`: run the command behind a
-        `CommandCheck` (set `capture.check`; `result` then raises) or check natively."""
+        `CommandCheck` (set `capture.check`; `capture.result` then raises) or check
+        natively."""
         raise UnsupportedOperationError(f"{self.backend_name} cannot run one-shot commands")
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
@@ -987,7 +1012,10 @@ class BaseSandboxSession:
         """Tear down one process: kill its whole tree, stop and await its reader tasks,
         close its sockets and fds. Called exactly once per entry, always through the
         settled cleanup, after the entry left the registry. Must cope with an entry whose
-        spawn failed or was cancelled half-way (`entry.handle` may be None or partial)."""
+        spawn failed or was cancelled half-way (`entry.handle` may be None or partial).
+        `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
+        session's close): a backend whose sandbox deletion kills every process may skip
+        the per-process kill then; it never reads the session's state itself."""
 
     def _abandon(self, entries: list[PtyEntry]) -> None:
         """Called (synchronously, best effort) when a session that was never closed is

@@ -20,13 +20,11 @@ from .. import arguments, local_files
 from .. import confine as jail
 from ..command_check import CommandCheck, wait_for_verdict
 from ..errors import InvalidArgumentError, SandboxError
-from ..exec_output import ExecCapture
+from ..exec_output import ExecCapture, OneShotProcess
 from ..local_process import LocalProcess
 from ..process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ..session import BaseSandboxSession
-from ..settle import settle
 from ..shell_trap import ShellTrap
-from ..types import ExecResult
 from ..workspace import Workspace
 
 DEFAULT_TERM = "xterm-256color"
@@ -146,10 +144,9 @@ class UnixLocalSession(BaseSandboxSession):
             readonly_paths=self._readonly_paths,
         )
 
-    async def _exec(
-        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
-    ) -> ExecResult:
-        """Pipes read by the event loop straight into the bounded capture."""
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """Pipes read by the event loop straight into the bounded capture; the base
+        session waits, times out and kills (see `_LocalOneShot`)."""
         command, capture.check = self._checked_command(spec, announce=False)
         try:
             proc = LocalProcess.spawn(
@@ -162,23 +159,7 @@ class UnixLocalSession(BaseSandboxSession):
             )
         except OSError as exc:
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
-        try:
-            async with asyncio.timeout(timeout):
-                code = await proc.wait()
-            # A background child may hold the pipes open: give it the same short grace a
-            # PTY window gives, then the whole group is killed by close().
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
-                    await proc.wait_eof()
-            proc.drain_now()
-        except TimeoutError:
-            await settle(proc.terminate(0))
-            raise capture.timeout_error(spec.display, timeout) from None
-        except BaseException:
-            await settle(proc.terminate(0))
-            raise
-        proc.close()
-        return capture.result(code)
+        return _LocalOneShot(proc)
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
@@ -317,3 +298,26 @@ def _check_workspace_option(workspace: object) -> None:
 def _is_locale_or_identity(name: str) -> bool:
     """Variables a confined session passes on without `inherit_env`: none is a secret."""
     return name in ("LANG", "LANGUAGE", "TZ", "USER", "LOGNAME") or name.startswith("LC_")
+
+
+class _LocalOneShot:
+    """A one-shot local command (`OneShotProcess`)."""
+
+    def __init__(self, proc: LocalProcess) -> None:
+        self._proc = proc
+
+    async def wait(self) -> int:
+        code = await self._proc.wait()
+        # A background child may hold the pipes open: give it the same short grace a
+        # PTY window gives, then `release` kills the whole group.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
+                await self._proc.wait_eof()
+        self._proc.drain_now()
+        return code
+
+    async def kill(self) -> None:
+        await self._proc.terminate(0)
+
+    async def release(self) -> None:
+        self._proc.close()
