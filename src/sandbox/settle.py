@@ -63,6 +63,9 @@ def _caller_cancelled() -> bool:
 async def attempt_all(
     items: Iterable[T], teardown: Callable[[T], Awaitable[object]], concurrency: int
 ) -> None:
+    """Attempt `teardown` on every item, at most `concurrency` at once, then raise the
+    failure (one as itself, several as a `CleanupError`). Not settled by itself: the
+    caller runs it under `settle`."""
     gate = asyncio.Semaphore(max(1, concurrency))
     errors: list[BaseException] = []
 
@@ -73,7 +76,9 @@ async def attempt_all(
             except Exception as exc:  # every item is attempted; failures are reported
                 errors.append(exc)
 
-    await asyncio.gather(*(one(item) for item in items))
+    # Teardowns are the one fan-out that must not stop at the first failure: every
+    # item is attempted (each branch catches its own error), so nothing is cancelled.
+    await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
     if len(errors) == 1:
         raise errors[0]
     if errors:
