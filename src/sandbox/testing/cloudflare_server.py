@@ -1,73 +1,91 @@
-"""A loopback Cloudflare Sandbox Worker: test code that uses the `cloudflare` backend
-without a Cloudflare account or network access.
+"""A loopback Cloudflare Sandbox bridge Worker: test code that uses the `cloudflare`
+backend without a Cloudflare account or network access.
 
 `CloudflareWorkerServer` is an aiohttp server on 127.0.0.1 (a free port) that speaks the
-Worker protocol the backend uses, over REAL local processes (`sandbox.local_process`):
+bridge protocol, over REAL local processes (`sandbox.local_process`). It follows
+cloudflare/sandbox-sdk at commit 6abf639caffa6dd20dcdba6f957ab203ece4cb01 (see
+docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 
 ==========================================  ==============================================
-`POST   /v1/sandbox`                        create a sandbox: ``{"id": ...}``; each one
-                                            is a fresh directory (its cwd and HOME)
-`DELETE /v1/sandbox/{id}`                   delete it: kills its processes, closes its
-                                            terminals, removes the directory (404 if
-                                            unknown)
-`GET    /v1/sandbox/{id}/running`           ``{"running": true}``
-`GET|PUT /v1/sandbox/{id}/file/<path>`      raw bytes; relative paths are in the
-                                            sandbox directory; 404 missing, 403 outside,
-                                            409 not a regular file (a directory, FIFO,
-                                            socket, device; for PUT also a parent that
-                                            is a file), never opened to wait on; GET
-                                            takes ``?max_bytes=N``: 413 ``{"size": S}``
-                                            above it, before sending anything
+`POST   /v1/sandbox`                        ``{"id": ...}``: 26 base32 characters
+                                            (routes.ts); the sandbox's directory plays
+                                            ``/workspace`` (its cwd and HOME)
+`DELETE /v1/sandbox/{id}`                   kills everything, 204 (also for an unknown id)
+`GET    /v1/sandbox/{id}/running`           ``{"running": true|false}``, always 200
+                                            (routes.ts); unknown ids are not running
+`POST   /v1/sandbox/{id}/session`           ``{"id": sid}`` (body ``{"id"?}``); 502 when
+                                            the id exists
+`DELETE /v1/sandbox/{id}/session/{sid}`     ends the session and its PTY (SIGHUP, then
+                                            the group is killed); 502 when unknown
+`GET|PUT /v1/sandbox/{id}/file/<path>`      raw bytes at ``'/' + <path>`` resolved like
+                                            ``resolveWorkspacePath`` (helpers.ts): 400
+                                            empty, 403 outside /workspace, 404 missing,
+                                            502 anything else (a directory, FIFO...);
+                                            PUT: 413 above 32 MiB
 `POST   /v1/sandbox/{id}/exec`              ``{"argv": [...], "timeout_ms": N}`` ->
                                             server-sent events: ``stdout``/``stderr``
                                             (base64), then ``exit`` ``{"exit_code": N}``
-                                            or ``error`` ``{"error": "..."}``
-`GET    /v1/sandbox/{id}/pty?cols=&rows=`   WebSocket to an interactive shell (bash -i,
-                                            TERM set): output before ``{"type":
-                                            "ready"}``, raw bytes both ways in binary
-                                            frames, ``{"type": "exit", "code": N}``,
-                                            ``{"type": "error", "message": ...}``; the
+                                            or ``error``; ``timeout_ms`` is ignored and a
+                                            client going away does not stop the command
+                                            (execute-handler.ts)
+`GET    /v1/sandbox/{id}/pty?cols=&rows=`   WebSocket to the PTY of a session
+                                            (``Session-Id`` header or ``?session=``,
+                                            else the sandbox's default session): its
+                                            buffered output (256 KiB ring) replayed in a
+                                            binary frame, then ``{"type": "ready"}``, raw
+                                            bytes both ways; ``{"type": "error"}``; the
                                             client may send ``{"type": "resize", ...}``
+                                            (pty-ws-handler.ts, session-manager.ts)
 ==========================================  ==============================================
 
-Every request must carry ``Authorization: Bearer <api_key>`` (else 401). A one-shot
-command is killed (its whole process group) when its timeout expires or its client goes
-away; a terminal's processes are killed when its socket closes.
+Every request must carry ``Authorization: Bearer <api_key>`` (else 401), and an id in
+``/v1/sandbox/{id}/...`` must match ``^[a-z2-7]{1,128}$`` (else 400), as in routes.ts.
+
+Like the real container, and unlike older bridges:
+
+- a session has ONE PTY, created on the first connection and shared by every later one
+  (each new connection gets the buffered output first); closing a socket only
+  unsubscribes it: the PTY and its processes keep running until the session is deleted
+  (or the sandbox);
+- no ``exit`` frame is ever sent: when the shell exits the socket simply stays open
+  (`legacy_exit_frame=True` sends ``{"type": "exit", "code": N}`` and closes, as older
+  bridges did);
+- a one-shot exec gets no abort signal and no server-side timeout.
 
 The awkward parts of the real service are reproduced on purpose, always:
 
-- a terminal sends output (a banner, `pre_ready_output`, and the shell's first prompt)
-  BEFORE its ``ready`` frame;
+- a new PTY's buffer holds a banner (`pre_ready_output`) and the shell's first prompt, so
+  output arrives BEFORE ``ready``;
 - event streams mix CR, LF and CRLF line ends, include comments and ``id:`` lines, and
-  are written in pieces cut at random places (mid-line, between CR and LF), so a client
-  sees events split across network chunks. `seed` makes the cuts reproducible.
+  are written in pieces cut at random places, so a client sees events split across
+  network chunks. `seed` makes the cuts reproducible.
 
 Fault injection (all of it can be changed while the server runs):
 
 - ``server.fail(endpoint, status, times=1, body=None)``: answer the next `times`
   requests of an endpoint (``"create"``, ``"delete"``, ``"running"``, ``"exec"``,
-  ``"file_get"``, ``"file_put"``, ``"pty"``) with `status` (503, 401, 404, 500...).
-  For ``"pty"`` this refuses the WebSocket handshake.
+  ``"file_get"``, ``"file_put"``, ``"pty"``, ``"session_create"``,
+  ``"session_delete"``) with `status`. For ``"pty"`` this refuses the handshake.
 - ``stall = server.stall(point)``: requests reaching `point` wait until
   ``stall.release()``; ``await stall.reached.wait()`` tells a test that one is blocked
-  there, so it can cancel the client deterministically. Points: the endpoints above
-  (before anything is done), ``"exec_stream"`` (after the first output event),
-  ``"pty_ready"`` (after the early output, before ``ready``), ``"pty_input"`` (holding
-  a terminal's input frame before it reaches the shell, so later writes back up) and ``"pty_close"``
+  there. Points: the endpoints above (before anything is done), ``"exec_stream"``
+  (after the first output event), ``"pty_ready"`` (before ``ready``), ``"pty_input"``
+  (holding a terminal's input frame before it reaches the shell) and ``"pty_close"``
   (when the client's close frame arrives, before it is answered).
-- ``server.drop_pty_connections()``: abort every open terminal socket (a dropped
-  connection, mid-stream).
+- ``server.drop_pty_connections()``: abort every open terminal socket.
 - ``server.drop_exec_after_events = N``: abort an exec stream after N events.
 - ``server.exec_omit_exit = True``: end exec streams cleanly but without ``exit``.
 - ``server.exec_error = "message"``: answer exec with an ``error`` event.
 - ``server.pty_error_instead_of_ready = "message"``: an ``error`` frame, then close,
   instead of ``ready``.
 - ``await server.send_pty_error("message")``: an ``error`` frame to every terminal.
+- ``server.stop_sandbox(id)``: its ``running`` answers false from now on.
+- ``server.legacy_exit_frame = True``: the older bridge's ``exit`` frame.
 
-What a test can look at: `sandboxes` (live ones, with their `root` directory),
-`deleted` (ids), `requests` (method, path, endpoint, authorized, client port: never
-headers), `exec_bodies` (the JSON of each exec request), `live_processes()` and
-`open_terminals()`.
+What a test can look at: `sandboxes` (live ones, with their `root` directory, the
+``/workspace``, and their `sessions`), `deleted` (ids), `deleted_sessions`,
+`requests` (method, path, endpoint, authorized, client port, session id: never other
+headers), `exec_bodies`, `live_processes()` and `open_terminals()`.
 
 Usage::
 
@@ -87,6 +105,7 @@ import hmac
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import sys
@@ -98,24 +117,34 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from .. import local_files
-from ..errors import (
-    FileTooLargeError,
-    NotAFileError,
-    ProcessExitedError,
-    SandboxError,
-    SandboxFileNotFoundError,
-    WorkspacePathError,
-)
+from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
 from ..local_process import LocalProcess
 from ..settle import settle
 
-ENDPOINTS = ("create", "delete", "running", "exec", "file_get", "file_put", "pty")
+ENDPOINTS = (
+    "create",
+    "delete",
+    "running",
+    "exec",
+    "file_get",
+    "file_put",
+    "pty",
+    "session_create",
+    "session_delete",
+)
 STALL_POINTS = (*ENDPOINTS, "exec_stream", "pty_ready", "pty_input", "pty_close")
 DEFAULT_PRE_READY_OUTPUT = b"Cloudflare Sandbox terminal\r\n"
 # After a process exits, how long its last output may take to arrive.
 EXIT_DRAIN_S = 0.05
-# How long a terminal waits for the shell's first prompt before sending `ready` anyway.
+# How long a new PTY waits for the shell's first prompt before the first `ready`.
 FIRST_PROMPT_WAIT_S = 2.0
+# pty.ts: DEFAULT_BUFFER_SIZE, the ring of output replayed to each new connection.
+PTY_BUFFER_BYTES = 256 * 1024
+# routes.ts: MAX_WRITE_BYTES.
+MAX_WRITE_BYTES = 32 * 1024 * 1024
+SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
+SESSION_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,128}")
+WORKSPACE = "/workspace"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -164,18 +193,20 @@ class _Failure:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """One request as the server saw it (no headers: those carry the key)."""
+    """One request as the server saw it (no headers but the session id: the others
+    carry the key)."""
 
     method: str
     path: str
     endpoint: str
     authorized: bool
     client_port: int | None = None
+    session: str | None = None
 
 
 @dataclass(eq=False)
 class _Connection:
-    """A running exec stream or terminal, so a delete can end it."""
+    """A running exec stream or terminal socket, so a delete can end it."""
 
     request: web.Request
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -184,12 +215,41 @@ class _Connection:
 
 
 @dataclass(eq=False)
+class FakePty:
+    """A session's one PTY (pty.ts): the shell, its output ring, who listens."""
+
+    proc: LocalProcess
+    buffer: bytearray = field(default_factory=bytearray)
+    listeners: set[web.WebSocketResponse] = field(default_factory=set)
+    exit_code: int | None = None
+    first_output: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class FakeSession:
+    """A container session (session-manager.ts): its PTY once one was asked for."""
+
+    id: str
+    pty: FakePty | None = None
+
+
+@dataclass(eq=False)
 class FakeSandbox:
-    """One sandbox: a directory, and the exec streams and terminals running in it."""
+    """One sandbox: a directory (its /workspace), its sessions, the exec streams and
+    terminals running in it, and the exec processes nobody waits for any more."""
 
     id: str
     root: str
     connections: set[_Connection] = field(default_factory=set)
+    sessions: dict[str, FakeSession] = field(default_factory=dict)
+    orphans: set[LocalProcess] = field(default_factory=set)
+    running: bool = True
+
+    @property
+    def default_session_id(self) -> str:
+        """sandbox.ts: `terminal()` always uses `sandbox-<id>`."""
+        return f"sandbox-{self.id}"
 
 
 class _SseWriter:
@@ -244,13 +304,16 @@ class _SseWriter:
 
 
 class CloudflareWorkerServer:
-    """A loopback Cloudflare Sandbox Worker over real local processes (see the module
-    docstring for the endpoints and every fault knob).
+    """A loopback Cloudflare Sandbox bridge Worker over real local processes (see the
+    module docstring for the endpoints, the upstream files they follow, and every fault
+    knob).
 
     `api_key` is the bearer key clients must send. `root` is where sandbox directories
     are made (default: a temporary directory, removed on close). `shell` is the argv of
-    the terminal's interactive shell (default bash, else sh). `seed` fixes how event
-    streams are cut into pieces; `split_events=False` writes them whole.
+    a PTY's interactive shell (default bash, else sh). `seed` fixes how event streams
+    are cut into pieces; `split_events=False` writes them whole. `legacy_exit_frame`
+    makes terminals send an ``exit`` frame and close when the shell exits (older
+    bridges); the current container never does.
     """
 
     def __init__(
@@ -262,6 +325,7 @@ class CloudflareWorkerServer:
         seed: int = 0,
         split_events: bool = True,
         pre_ready_output: bytes = DEFAULT_PRE_READY_OUTPUT,
+        legacy_exit_frame: bool = False,
     ) -> None:
         if not api_key:
             raise ValueError("api_key must be a non-empty str")
@@ -271,12 +335,14 @@ class CloudflareWorkerServer:
         self.shell = shell or _default_shell()
         self.split_events = split_events
         self.pre_ready_output = pre_ready_output
+        self.legacy_exit_frame = legacy_exit_frame
         self.drop_exec_after_events: int | None = None
         self.exec_omit_exit = False
         self.exec_error: str | None = None
         self.pty_error_instead_of_ready: str | None = None
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
+        self.deleted_sessions: list[str] = []
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
         self._rng = random.Random(seed)
@@ -285,6 +351,7 @@ class CloudflareWorkerServer:
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._processes: set[LocalProcess] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -310,14 +377,21 @@ class CloudflareWorkerServer:
                 web.post("/v1/sandbox", self._wrap("create", self._create)),
                 web.delete("/v1/sandbox/{id}", self._wrap("delete", self._delete)),
                 web.get("/v1/sandbox/{id}/running", self._wrap("running", self._running)),
+                web.post(
+                    "/v1/sandbox/{id}/session", self._wrap("session_create", self._session_create)
+                ),
+                web.delete(
+                    "/v1/sandbox/{id}/session/{sid}",
+                    self._wrap("session_delete", self._session_delete),
+                ),
                 web.get("/v1/sandbox/{id}/file/{path:.*}", self._wrap("file_get", self._get)),
                 web.put("/v1/sandbox/{id}/file/{path:.*}", self._wrap("file_put", self._put)),
                 web.post("/v1/sandbox/{id}/exec", self._wrap("exec", self._exec)),
                 web.get("/v1/sandbox/{id}/pty", self._wrap("pty", self._pty)),
             ]
         )
-        # handler_cancellation: a client that goes away cancels its handler, which is
-        # how a timed-out or cancelled exec gets its process group killed.
+        # handler_cancellation: a stall a client walks away from is abandoned (tests
+        # wait for that). It never kills anything: execs and PTYs outlive their client.
         runner = web.AppRunner(
             app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
@@ -342,6 +416,10 @@ class CloudflareWorkerServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
         if self._root is not None and self._given_root is None:
             shutil.rmtree(self._root, ignore_errors=True)
         self._url = None
@@ -370,8 +448,13 @@ class CloudflareWorkerServer:
         self._stalls[point] = stall
         return stall
 
+    def stop_sandbox(self, sandbox_id: str) -> None:
+        """From now on `running` answers false for this sandbox (a stopped container)."""
+        self.sandboxes[sandbox_id].running = False
+
     def drop_pty_connections(self) -> int:
-        """Abort every open terminal socket without a close frame; returns how many."""
+        """Abort every open terminal socket without a close frame; returns how many.
+        The PTYs go on running, as on the real container."""
         dropped = 0
         for sandbox in self.sandboxes.values():
             for conn in sandbox.connections:
@@ -394,12 +477,12 @@ class CloudflareWorkerServer:
     # ---- observation -------------------------------------------------------------------
 
     def live_processes(self) -> int:
-        """Processes started by the server that are not yet killed and reaped."""
+        """Processes started by the server that are not yet killed and reaped (PTY
+        shells until their session or sandbox is deleted, execs until they end)."""
         return len(self._processes)
 
     async def wait_idle(self) -> None:
-        """Wait until no exec stream or terminal is being served (each one's processes
-        are then killed and reaped)."""
+        """Wait until no exec stream or terminal socket is being served."""
         await self._idle.wait()
 
     def open_terminals(self) -> int:
@@ -411,6 +494,10 @@ class CloudflareWorkerServer:
             if conn.ws is not None and not conn.ws.closed
         )
 
+    def workspace(self, sandbox_id: str) -> str:
+        """The host directory that plays a sandbox's ``/workspace``."""
+        return self.sandboxes[sandbox_id].root
+
     # ---- request plumbing --------------------------------------------------------------
 
     @web.middleware
@@ -421,11 +508,16 @@ class CloudflareWorkerServer:
         endpoint = _endpoint_of(request)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         port = peer[1] if isinstance(peer, tuple) else None
+        session = request.headers.get("Session-Id") or request.query.get("session")
         self.requests.append(
-            RequestRecord(request.method, request.path, endpoint, authorized, port)
+            RequestRecord(request.method, request.path, endpoint, authorized, port, session)
         )
+        # routes.ts: the id format is checked first, then the key.
+        parts = request.path.split("/")
+        if len(parts) > 3 and parts[3] and not SANDBOX_ID_RE.fullmatch(parts[3]):
+            return _error_json("Invalid sandbox ID format", "invalid_request", 400)
         if not authorized:
-            return web.json_response({"error": "unauthorized"}, status=401)
+            return _error_json("Unauthorized", "unauthorized", 401)
         return await handler(request)
 
     def _wrap(self, endpoint: str, handler: Handler) -> Handler:
@@ -457,8 +549,11 @@ class CloudflareWorkerServer:
     def _sandbox(self, request: web.Request) -> FakeSandbox:
         sandbox = self.sandboxes.get(request.match_info["id"])
         if sandbox is None:
-            raise web.HTTPNotFound(
-                text=json.dumps({"error": "no such sandbox"}), content_type="application/json"
+            # The real pool would assign a fresh container to any well-formed id; a
+            # loopback cannot run one it never created, so it says "pool error" (502).
+            raise web.HTTPBadGateway(
+                text=json.dumps({"error": "pool error: no such sandbox", "code": "pool_error"}),
+                content_type="application/json",
             )
         return sandbox
 
@@ -494,33 +589,37 @@ class CloudflareWorkerServer:
         self._processes.add(proc)
         return proc
 
-    async def _kill(self, conn: _Connection, grace_s: float) -> None:
-        """Kill a connection's process group (after `grace_s` of polite signals), reap."""
-        proc = conn.proc
-        if proc is None:
-            return
+    async def _end_process(self, proc: LocalProcess, grace_s: float) -> None:
+        """Kill a process's group (after `grace_s` of polite signals, SIGHUP first as
+        when a terminal closes), reap it."""
         try:
             await proc.terminate(grace_s)
         finally:
-            conn.proc = None
             self._processes.discard(proc)
+
+    def _background(self, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            await coro
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ---- sandboxes ----------------------------------------------------------------------
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts: 16 random bytes, base32 (a-z, 2-7), 26 characters."""
         assert self._root is not None
-        sandbox_id = "sbx-" + secrets.token_hex(6)
+        sandbox_id = base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
         root = os.path.join(self._root, sandbox_id)
         os.makedirs(root)
         self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, root)
         return web.json_response({"id": sandbox_id})
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
-        sandbox_id = request.match_info["id"]
-        if sandbox_id not in self.sandboxes:
-            return web.json_response({"error": "no such sandbox"}, status=404)
-        await self._destroy(sandbox_id)
-        return web.json_response({"deleted": True})
+        """routes.ts: 204, also when no container exists for the id."""
+        await self._destroy(request.match_info["id"])
+        return web.Response(status=204)
 
     async def _destroy(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.get(sandbox_id)
@@ -529,6 +628,12 @@ class CloudflareWorkerServer:
         for conn in list(sandbox.connections):
             if conn.request.transport is not None:
                 conn.request.transport.abort()
+        for session in list(sandbox.sessions.values()):
+            await self._end_session(session)
+        sandbox.sessions.clear()
+        for proc in list(sandbox.orphans):
+            await settle(self._end_process(proc, 0))
+        sandbox.orphans.clear()
         for conn in list(sandbox.connections):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
@@ -538,46 +643,121 @@ class CloudflareWorkerServer:
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
-        self._sandbox(request)
-        return web.json_response({"running": True})
+        """routes.ts: always 200; ``running`` is whether `exec('true')` worked."""
+        sandbox = self.sandboxes.get(request.match_info["id"])
+        return web.json_response({"running": sandbox is not None and sandbox.running})
+
+    # ---- sessions ----------------------------------------------------------------------
+
+    async def _session_create(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts `POST /sandbox/:id/session`: an optional ``{"id"}`` (else one is
+        made up); answers ``{"id"}``, 502 when that session exists already."""
+        sandbox = self._sandbox(request)
+        body: Any = {}
+        with contextlib.suppress(ValueError):
+            body = await request.json()
+        wanted = body.get("id") if isinstance(body, dict) else None
+        sid = wanted if isinstance(wanted, str) and wanted else "session-" + secrets.token_hex(6)
+        if not SESSION_ID_RE.fullmatch(sid) or ".." in sid or sid in sandbox.sessions:
+            return _error_json(
+                f"session create failed: session '{sid}' already exists or is invalid",
+                "session_error",
+                502,
+            )
+        sandbox.sessions[sid] = FakeSession(sid)
+        return web.json_response({"id": sid})
+
+    async def _session_delete(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts `DELETE /sandbox/:id/session/:sid` -> session-manager.ts
+        `deleteSession`: 502 for an unknown session; else its PTY is destroyed (pty.ts
+        `destroy`: the terminal closed, the shell killed)."""
+        sandbox = self._sandbox(request)
+        sid = request.match_info["sid"]
+        session = sandbox.sessions.pop(sid, None)
+        if session is None:
+            return _error_json(
+                f"session delete failed: Session '{sid}' not found", "session_error", 502
+            )
+        await self._end_session(session)
+        self.deleted_sessions.append(sid)
+        return web.json_response({"success": True, "sessionId": sid})
+
+    async def _end_session(self, session: FakeSession) -> None:
+        pty, session.pty = session.pty, None
+        if pty is None:
+            return
+        for ws in list(pty.listeners):
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await ws.close()
+        pty.listeners.clear()
+        await settle(self._end_process(pty.proc, 0.2))
+        pty.ended.set()
 
     # ---- files ----------------------------------------------------------------------------
 
-    async def _get(self, request: web.Request) -> web.StreamResponse:
+    def _file_path(self, request: web.Request) -> tuple[FakeSandbox, str] | web.Response:
+        """routes.ts: ``resolveWorkspacePath('/' + relativePath)``; the sandbox
+        directory stands for /workspace."""
         sandbox = self._sandbox(request)
         path = request.match_info["path"]
-        limit = request.query.get("max_bytes")
-        if limit is not None and not limit.isdigit():
-            return web.json_response({"error": "max_bytes must be an int >= 0"}, status=400)
-        try:
-            # Opened beneath the sandbox directory in one step, regular files only (a
-            # FIFO is refused, never opened to wait on).
-            data = await local_files.read_whole(
-                sandbox.root, path, int(limit) if limit is not None else sys.maxsize
+        if not path:
+            return _error_json("file path must not be empty", "invalid_request", 400)
+        resolved = _resolve_workspace_path("/" + path)
+        if resolved is None:
+            return _error_json(
+                "path must resolve to a location within /workspace", "invalid_request", 403
             )
-        except FileTooLargeError as exc:
-            return web.json_response({"error": exc.message, "size": exc.size}, status=413)
+        return sandbox, resolved[len(WORKSPACE) :].lstrip("/") or "."
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        """404 for a missing file, 502 for anything else that fails (a directory, a
+        FIFO: the real one would wait on it, this one refuses without opening it)."""
+        found = self._file_path(request)
+        if isinstance(found, web.Response):
+            return found
+        sandbox, relative = found
+        try:
+            data = await local_files.read_whole(sandbox.root, relative, sys.maxsize)
+        except SandboxFileNotFoundError:
+            return _error_json(
+                f"File not found: {WORKSPACE}/{relative}", "workspace_read_not_found", 404
+            )
         except SandboxError as exc:
-            return _file_error(exc)
+            return _error_json(f"read failed: {exc.message}", "exec_transport_error", 502)
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def _put(self, request: web.Request) -> web.StreamResponse:
-        sandbox = self._sandbox(request)
+        """413 above 32 MiB, 502 for any failure (a directory there, a parent that is a
+        file), else ``{"ok": true}``."""
+        found = self._file_path(request)
+        if isinstance(found, web.Response):
+            return found
+        sandbox, relative = found
         data = await request.read()
+        if len(data) > MAX_WRITE_BYTES:
+            return _error_json(
+                f"payload too large: {len(data)} bytes exceeds the {MAX_WRITE_BYTES}-byte limit",
+                "payload_too_large",
+                413,
+            )
         try:
-            await local_files.write_whole(sandbox.root, request.match_info["path"], data)
+            await local_files.write_whole(sandbox.root, relative, data)
         except SandboxError as exc:
-            return _file_error(exc)
-        return web.json_response({"written": len(data)})
+            return _error_json(f"write failed: {exc.message}", "workspace_archive_write_error", 502)
+        return web.json_response({"ok": True})
 
     # ---- one-shot exec ----------------------------------------------------------------------
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts exec -> execute-handler.ts `handleStreamingExecute`: no abort
+        signal reaches the command and ``timeout_ms`` is not applied on this path, so a
+        client that goes away leaves the command running."""
         sandbox = self._sandbox(request)
         try:
             body = await request.json()
         except ValueError:
-            return web.json_response({"error": "body must be JSON"}, status=400)
+            return _error_json("Invalid JSON body", "invalid_request", 400)
         self.exec_bodies.append(body)
         argv = body.get("argv") if isinstance(body, dict) else None
         if (
@@ -585,10 +765,7 @@ class CloudflareWorkerServer:
             or not argv
             or not all(isinstance(a, str) and "\x00" not in a for a in argv)
         ):
-            return web.json_response({"error": "argv must be a list of strings"}, status=400)
-        timeout_ms = body.get("timeout_ms")
-        if timeout_ms is not None and (not isinstance(timeout_ms, int) or timeout_ms <= 0):
-            return web.json_response({"error": "timeout_ms must be a positive int"}, status=400)
+            return _error_json("argv must be a non-empty array", "invalid_request", 400)
 
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -602,24 +779,31 @@ class CloudflareWorkerServer:
                 await resp.write_eof()
                 return resp
             await writer.comment("stream open")
-            await self._run_exec(conn, sandbox, argv, timeout_ms, writer)
+            await self._run_exec(conn, sandbox, argv, writer)
             await resp.write_eof()
         except ConnectionError:
-            pass  # the client went away: the finally below kills what is left
+            pass  # the client went away: the command goes on (below)
         finally:
-            try:
-                await settle(self._kill(conn, 0))
-            finally:
-                self._close_connection(sandbox, conn)
+            proc, conn.proc = conn.proc, None
+            if proc is not None:
+                if proc.exited:
+                    await settle(self._end_process(proc, 0))
+                else:
+                    sandbox.orphans.add(proc)
+                    self._background(self._reap_orphan(sandbox, proc))
+            self._close_connection(sandbox, conn)
         return resp
 
+    async def _reap_orphan(self, sandbox: FakeSandbox, proc: LocalProcess) -> None:
+        """An exec nobody listens to any more runs to its end, then is reaped."""
+        try:
+            await proc.wait()
+        finally:
+            sandbox.orphans.discard(proc)
+            await settle(self._end_process(proc, 0))
+
     async def _run_exec(
-        self,
-        conn: _Connection,
-        sandbox: FakeSandbox,
-        argv: list[str],
-        timeout_ms: int | None,
-        writer: _SseWriter,
+        self, conn: _Connection, sandbox: FakeSandbox, argv: list[str], writer: _SseWriter
     ) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
@@ -640,25 +824,17 @@ class CloudflareWorkerServer:
             await writer.event("exit", json.dumps({"exit_code": 127}))
             return
         proc = conn.proc
-        deadline = loop.time() + timeout_ms / 1000 if timeout_ms is not None else None
         events = 0
         exited_at: float | None = None
         eof = False
         while not (exited_at is not None and eof):
-            limit = deadline
-            if exited_at is not None:
-                limit = exited_at + EXIT_DRAIN_S
             try:
-                async with asyncio.timeout_at(limit):
+                async with asyncio.timeout_at(
+                    exited_at + EXIT_DRAIN_S if exited_at is not None else None
+                ):
                     kind, data = await queue.get()
             except TimeoutError:
-                if exited_at is not None:
-                    break  # a background child holds the pipes: the group is killed below
-                await proc.terminate(0)
-                await writer.event(
-                    "error", json.dumps({"error": f"command timed out after {timeout_ms} ms"})
-                )
-                return
+                break  # a background child holds the pipes
             if kind == "exit":
                 exited_at = loop.time()
             elif kind == "eof":
@@ -687,138 +863,168 @@ class CloudflareWorkerServer:
     # ---- terminals --------------------------------------------------------------------------
 
     async def _pty(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts pty: the ``Session-Id`` header or ``?session=``, else the default
+        session (sandbox.ts `terminal` -> `sandbox-<id>`); pty-ws-handler.ts `onOpen`:
+        the session's PTY (made on first use), its buffered output, then ``ready``."""
         sandbox = self._sandbox(request)
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return _error_json("WebSocket upgrade required", "invalid_request", 400)
         try:
             cols = int(request.query.get("cols", "80"))
             rows = int(request.query.get("rows", "24"))
         except ValueError:
-            return web.json_response({"error": "cols and rows must be ints"}, status=400)
-        if not (1 <= cols <= 10_000 and 1 <= rows <= 10_000):
-            return web.json_response({"error": "cols and rows out of range"}, status=400)
+            return _error_json("cols and rows must be valid numbers", "invalid_request", 400)
+        sid = request.headers.get("Session-Id") or request.query.get("session")
+        if sid is not None and (not SESSION_ID_RE.fullmatch(sid) or ".." in sid):
+            return _error_json("Invalid session ID format", "invalid_request", 400)
+        sid = sid or sandbox.default_session_id
+        # session-manager.ts `getPty` -> `getOrCreateSession`: an unknown id is created.
+        session = sandbox.sessions.setdefault(sid, FakeSession(sid))
         ws = web.WebSocketResponse(autoclose=False, max_msg_size=0)
         conn = self._open_connection(sandbox, request)
         conn.ws = ws
-        sender: asyncio.Task[None] | None = None
+        pty: FakePty | None = None
         try:
             await ws.prepare(request)
-            queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
-            conn.proc = self._spawn(
-                self.shell,
-                tty=True,
-                env=self._env(sandbox, tty=True),
-                cwd=sandbox.root,
-                rows=rows,
-                cols=cols,
-                on_stdout=lambda data: queue.put_nowait(("data", data)),
-                on_exit=lambda code: queue.put_nowait(("exit", b"")),
-                on_eof=lambda: queue.put_nowait(("eof", b"")),
-            )
-            sender = asyncio.create_task(self._pty_sender(conn, queue))
-            if await self._pty_receiver(conn) == "closing":
-                # Our sender sent `exit` and is closing the socket: let it finish the
-                # close handshake before the teardown below cancels it.
-                await asyncio.wait([sender], timeout=5)
-        finally:
-            try:
-                await settle(self._end_terminal(conn, sender))
-            finally:
-                self._close_connection(sandbox, conn)
-        return ws
-
-    async def _end_terminal(self, conn: _Connection, sender: asyncio.Task[None] | None) -> None:
-        if sender is not None:
-            sender.cancel()
-            await asyncio.wait([sender])
-            error = None if sender.cancelled() else sender.exception()
-            if error is not None:
-                raise error
-        await self._kill(conn, 0.2)
-        ws = conn.ws
-        if ws is not None and not ws.closed:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    await ws.close()
-
-    async def _pty_receiver(self, conn: _Connection) -> str:
-        """Client frames -> the terminal, until the socket ends; returns how it ended:
-        "closing" (our sender is closing it), "closed" (the client closed it) or
-        "dropped"."""
-        ws, proc = conn.ws, conn.proc
-        assert ws is not None and proc is not None
-        while True:
-            msg = await ws.receive()
-            if msg.type is WSMsgType.BINARY:
-                await self._maybe_stall("pty_input")
-                if not proc.exited:
-                    with contextlib.suppress(ProcessExitedError):
-                        await proc.write(msg.data)
-            elif msg.type is WSMsgType.TEXT:
-                with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                    control = json.loads(msg.data)
-                    if control.get("type") == "resize":
-                        proc.resize(int(control["rows"]), int(control["cols"]))
-            elif msg.type is WSMsgType.CLOSE:
-                await self._maybe_stall("pty_close")
-                await ws.close()
-                return "closed"
-            elif msg.type is WSMsgType.CLOSING:
-                return "closing"
-            else:  # CLOSED, ERROR: the connection dropped
-                return "dropped"
-
-    async def _pty_sender(self, conn: _Connection, queue: asyncio.Queue[tuple[str, bytes]]) -> None:
-        ws, proc = conn.ws, conn.proc
-        assert ws is not None and proc is not None
-        loop = asyncio.get_running_loop()
-        try:
-            if self.pre_ready_output:
-                await ws.send_bytes(self.pre_ready_output)
-            pending: list[tuple[str, bytes]] = []
-            # Forward the shell's first output (its prompt) before `ready`, as the
-            # real Worker may.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(FIRST_PROMPT_WAIT_S):
-                    item = await queue.get()
-                    if item[0] == "data":
-                        await ws.send_bytes(item[1])
-                    else:
-                        pending.append(item)
+            pty = session.pty
+            if pty is None:
+                pty = session.pty = self._new_pty(sandbox, rows, cols)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FIRST_PROMPT_WAIT_S):
+                        await pty.first_output.wait()
             await self._maybe_stall("pty_ready")
             if self.pty_error_instead_of_ready is not None:
                 await ws.send_str(
                     json.dumps({"type": "error", "message": self.pty_error_instead_of_ready})
                 )
                 await ws.close()
-                return
+                return ws
+            if pty.buffer:
+                await ws.send_bytes(bytes(pty.buffer))
+            pty.listeners.add(ws)
             await ws.send_str(json.dumps({"type": "ready"}))
-            for item in pending:
-                queue.put_nowait(item)
-            exited_at: float | None = None
-            eof = False
-            while not (exited_at is not None and eof):
-                try:
-                    async with asyncio.timeout_at(
-                        exited_at + EXIT_DRAIN_S if exited_at is not None else None
-                    ):
-                        kind, data = await queue.get()
-                except TimeoutError:
-                    break  # exited, but something still holds the terminal open
-                if kind == "data":
-                    await ws.send_bytes(data)
-                elif kind == "exit":
-                    exited_at = loop.time()
-                else:
-                    eof = True
-            proc.drain_now()
-            while not queue.empty():
-                kind, data = queue.get_nowait()
-                if kind == "data":
-                    await ws.send_bytes(data)
-            code = await proc.wait()
-            await ws.send_str(json.dumps({"type": "exit", "code": code}))
-            await ws.close()
+            if self.legacy_exit_frame and pty.exit_code is not None:
+                await self._send_exit(ws, pty.exit_code)
+            await self._pty_receiver(conn, pty)
         except (ConnectionError, RuntimeError):
-            pass  # the client went away; the handler tears the rest down
+            pass  # the client went away: the PTY goes on
+        finally:
+            if pty is not None:
+                pty.listeners.discard(ws)
+            if not ws.closed:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        await ws.close()
+            self._close_connection(sandbox, conn)
+        return ws
+
+    def _new_pty(self, sandbox: FakeSandbox, rows: int, cols: int) -> FakePty:
+        """pty.ts `initialize`: an interactive shell on a terminal; every output chunk
+        goes into the ring and to each listening socket."""
+        holder: list[FakePty] = []
+
+        def on_output(data: bytes) -> None:
+            pty = holder[0]
+            pty.buffer += data
+            del pty.buffer[: max(0, len(pty.buffer) - PTY_BUFFER_BYTES)]
+            pty.first_output.set()
+            for ws in list(pty.listeners):
+                self._background(self._send_data(ws, data))
+
+        def on_exit(code: int) -> None:
+            pty = holder[0]
+            pty.exit_code = code
+            pty.first_output.set()
+            if self.legacy_exit_frame:
+                for ws in list(pty.listeners):
+                    self._background(self._send_exit(ws, code))
+
+        proc = self._spawn(
+            self.shell,
+            tty=True,
+            env=self._env(sandbox, tty=True),
+            cwd=sandbox.root,
+            rows=rows,
+            cols=cols,
+            on_stdout=on_output,
+            on_exit=on_exit,
+        )
+        pty = FakePty(proc)
+        holder.append(pty)
+        if self.pre_ready_output:
+            pty.buffer += self.pre_ready_output
+        return pty
+
+    async def _send_data(self, ws: web.WebSocketResponse, data: bytes) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not ws.closed:
+                await ws.send_bytes(data)
+
+    async def _send_exit(self, ws: web.WebSocketResponse, code: int) -> None:
+        """The older bridge: ``exit`` once the shell is gone (after its last output has
+        had a moment to arrive), then close."""
+        await asyncio.sleep(EXIT_DRAIN_S)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not ws.closed:
+                await ws.send_str(json.dumps({"type": "exit", "code": code}))
+                await ws.close()
+
+    async def _pty_receiver(self, conn: _Connection, pty: FakePty) -> None:
+        """Client frames -> the PTY, until the socket ends (pty-ws-handler.ts
+        `onMessage`: binary is input, text is a control message; input for a PTY whose
+        shell exited is dropped)."""
+        ws = conn.ws
+        assert ws is not None
+        while True:
+            msg = await ws.receive()
+            if msg.type is WSMsgType.BINARY:
+                await self._maybe_stall("pty_input")
+                if not pty.proc.exited:
+                    with contextlib.suppress(ProcessExitedError, OSError):
+                        await pty.proc.write(msg.data)
+            elif msg.type is WSMsgType.TEXT:
+                try:
+                    control = json.loads(msg.data)
+                    if control.get("type") == "resize":
+                        rows, cols = int(control["rows"]), int(control["cols"])
+                        if rows <= 0 or cols <= 0:
+                            raise ValueError("Invalid dimensions")
+                        if not pty.proc.exited:
+                            pty.proc.resize(rows, cols)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    await ws.send_str(
+                        json.dumps({"type": "error", "message": "Invalid control message"})
+                    )
+            elif msg.type is WSMsgType.CLOSE:
+                await self._maybe_stall("pty_close")
+                await ws.close()
+                return
+            else:  # CLOSING, CLOSED, ERROR
+                return
+
+
+def _resolve_workspace_path(path: str) -> str | None:
+    """helpers.ts `resolveWorkspacePath`: relative means under /workspace; dot segments
+    resolved lexically; None when the result is not /workspace or below it."""
+    absolute = path if path.startswith("/") else f"{WORKSPACE}/{path}"
+    parts: list[str] = []
+    for segment in absolute.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if parts:
+                parts.pop()
+        else:
+            parts.append(segment)
+    resolved = "/" + "/".join(parts)
+    if resolved == WORKSPACE or resolved.startswith(WORKSPACE + "/"):
+        return resolved
+    return None
+
+
+def _error_json(error: str, code: str, status: int) -> web.Response:
+    """helpers.ts `errorJson`: ``{"error", "code"}``."""
+    return web.json_response({"error": error, "code": code}, status=status)
 
 
 def _endpoint_of(request: web.Request) -> str:
@@ -830,19 +1036,9 @@ def _endpoint_of(request: web.Request) -> str:
         return "delete"
     if parts[3] == "file":
         return "file_get" if request.method == "GET" else "file_put"
+    if parts[3] == "session":
+        return "session_create" if request.method == "POST" else "session_delete"
     return parts[3] if parts[3] in ENDPOINTS else "unknown"
-
-
-def _file_error(exc: SandboxError) -> web.Response:
-    """The protocol's answer to a failed file request: 403 outside the sandbox, 404
-    missing, 409 not a regular file (or under a file), 500 otherwise."""
-    if isinstance(exc, WorkspacePathError):
-        return web.json_response({"error": "path outside the sandbox"}, status=403)
-    if isinstance(exc, SandboxFileNotFoundError):
-        return web.json_response({"error": "file not found"}, status=404)
-    if isinstance(exc, NotAFileError):
-        return web.json_response({"error": exc.message}, status=409)
-    return web.json_response({"error": exc.message}, status=500)
 
 
 def _make_root(given: str | None) -> str:
