@@ -79,7 +79,7 @@ import stat as stat_module
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 from daytona import (
     DaytonaAuthenticationError,
@@ -860,7 +860,15 @@ class FakeAsyncFileSystem:
         self._service = service
         self._sandbox = sandbox
 
-    async def download_file(self, *args: str) -> bytes | None:
+    @overload
+    async def download_file(self, remote_path: str, timeout: int = 30 * 60) -> bytes: ...
+
+    @overload
+    async def download_file(
+        self, remote_path: str, local_path: str, timeout: int = 30 * 60
+    ) -> None: ...
+
+    async def download_file(self, *args: str) -> bytes | None:  # type: ignore[misc]
         """Read a file (the one-argument form: returns its bytes). A directory is "not
         found"; a FIFO or device is opened and waited on forever, as the daemon does."""
         await self._service._knobs.checkpoint("download_file")
@@ -884,7 +892,17 @@ class FakeAsyncFileSystem:
         await self._service._knobs.checkpoint("download_file", after=True)
         return data
 
-    async def upload_file(self, src: str | bytes, dst: str, timeout: int = 30 * 60) -> None:
+    @overload
+    async def upload_file(self, file: bytes, remote_path: str, timeout: int = 30 * 60) -> None: ...
+
+    @overload
+    async def upload_file(
+        self, local_path: str, remote_path: str, timeout: int = 30 * 60
+    ) -> None: ...
+
+    async def upload_file(  # type: ignore[misc]
+        self, src: str | bytes, dst: str, timeout: int = 30 * 60
+    ) -> None:
         """Write a file (from bytes, or from a local path). The parent must exist. As the
         daemon does, the data goes to a temporary file renamed over `dst` (so a FIFO
         there is replaced); a directory there is a 400."""
@@ -1049,6 +1067,18 @@ class FakeAsyncDaytona:
         if not secrets.compare_digest(self._key, self._service.api_key):
             raise DaytonaAuthenticationError("Unauthorized: invalid API key", status_code=401)
 
+    @overload
+    async def create(self, params: Any = None, *, timeout: float = 60) -> FakeAsyncSandbox: ...
+
+    @overload
+    async def create(
+        self,
+        params: Any = None,
+        *,
+        timeout: float = 60,
+        on_snapshot_create_logs: Callable[[str], None] | None = None,
+    ) -> FakeAsyncSandbox: ...
+
     async def create(
         self,
         params: Any = None,
@@ -1087,6 +1117,17 @@ class FakeAsyncDaytona:
     async def close(self) -> None:
         """Release the client's connections."""
         self._closed = True
+
+
+# The SDK class each fake class stands for, by name (the drift check maps return
+# annotations with it).
+SDK_NAMES = {
+    "FakeAsyncDaytona": "AsyncDaytona",
+    "FakeAsyncSandbox": "AsyncSandbox",
+    "FakeAsyncProcess": "AsyncProcess",
+    "FakeAsyncFileSystem": "AsyncFileSystem",
+    "FakeAsyncPtyHandle": "AsyncPtyHandle",
+}
 
 
 class FakeDaytona:

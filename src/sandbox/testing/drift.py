@@ -4,7 +4,20 @@ A fake that drifts from the SDK it imitates makes tests pass against code that f
 production. `surface_problems(fake, real)` compares every public name the fake defines
 with the real class: it must exist there, be a method where the real one is a method,
 be async exactly where the real one is, and accept only parameters the real one accepts
-(same names and kinds), while every parameter the real one requires is accepted.
+(same names and kinds), while every parameter the real one requires is accepted. Beyond
+names, it compares what a caller relies on:
+
+- order: the fake's positional parameters are the SDK's first ones, in the same order
+  (a positional call would otherwise bind to the wrong parameter);
+- defaults: a parameter both declare is optional in both or required in both, and where
+  both defaults are plain values (None, bool, numbers, strings, enums) they are equal;
+- return annotations: when both sides annotate a return, the outer type names agree,
+  union member by union member (`X | None` against `Optional[X]`), after mapping the
+  fake's class names to the SDK's (the fake class itself, its bases, `Self`, leading
+  underscores of synchronicity's `_Impl` names, and the fake module's `SDK_NAMES`
+  mapping); `Any` on either side is not checked;
+- overloads (`typing.overload`): a fake of an overloaded SDK function declares the same
+  number of overloads, compared one by one like the implementations.
 
 SDKs wrapped by synchronicity (Modal) expose each call twice: a blocking form and an
 async form at `.aio` (`Sandbox.create.aio(...)`, `sandbox.exec.aio(...)`). Where either
@@ -22,12 +35,26 @@ the class-level implementations with each other.
 
 from __future__ import annotations
 
+import enum
 import inspect
-from collections.abc import Iterable
+import sys
+import typing
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 FAKE_ONLY_MARK = "__fake_only__"
 FAKE_DUNDERS_MARK = "__fake_dunders__"
+SDK_NAMES_MARK = "SDK_NAMES"
+_PLAIN_DEFAULTS = (type(None), bool, int, float, str, bytes, enum.Enum)
+# typing's old aliases name the same types as the builtins.
+_TYPING_ALIASES = {
+    "List": "list",
+    "Dict": "dict",
+    "Tuple": "tuple",
+    "Set": "set",
+    "FrozenSet": "frozenset",
+    "Type": "type",
+}
 
 
 def _public_names(cls: type) -> list[str]:
@@ -83,7 +110,9 @@ def _instance_or_class_method(attr: Any) -> tuple[Any, str] | None:
     return None
 
 
-def _callable_problems(qual: str, fake: Any, real: Any) -> list[str]:
+def _callable_problems(
+    qual: str, fake: Any, real: Any, aliases: Mapping[str, str] | None = None
+) -> list[str]:
     """Async-ness and parameter differences between two callables."""
     problems = []
     if _is_async(fake) != _is_async(real):
@@ -91,7 +120,7 @@ def _callable_problems(qual: str, fake: Any, real: Any) -> list[str]:
             f"{qual}: {'async' if _is_async(fake) else 'sync'} in the fake, "
             f"{'async' if _is_async(real) else 'sync'} in the SDK"
         )
-    problems.extend(signature_problems(qual, fake, real))
+    problems.extend(signature_problems(qual, fake, real, aliases))
     return problems
 
 
@@ -102,15 +131,156 @@ def _signature(func: Any) -> inspect.Signature | None:
         return None
 
 
-def signature_problems(name: str, fake: Any, real: Any) -> list[str]:
-    """Differences between a fake callable's parameters and the real one's."""
+def _split_top(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` where it is not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _annotation_names(annotation: Any, aliases: Mapping[str, str]) -> frozenset[str] | None:
+    """The outer type names of a return annotation, one per union member (None: not
+    annotated, or `Any`, so nothing to compare)."""
+    if annotation is inspect.Signature.empty:
+        return None
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    names: set[str] = set()
+    for member in _split_top(text.strip().strip("'\""), "|"):
+        member = member.strip("'\"")
+        head, _, inner = member.partition("[")
+        base = head.rsplit(".", 1)[-1]
+        if base in ("Optional", "Union") and inner:
+            for part in _split_top(inner[:-1], ","):
+                found = _annotation_names(part, aliases)
+                if found is None:
+                    return None
+                names.update(found)
+            if base == "Optional":
+                names.add("None")
+            continue
+        if base == "Any":
+            return None
+        base = "None" if base == "NoneType" else _TYPING_ALIASES.get(base, base)
+        base = aliases.get(base, base)
+        names.add(aliases.get(base.lstrip("_"), base.lstrip("_")))
+    return frozenset(names)
+
+
+def _return_problems(
+    name: str, fake_sig: inspect.Signature, real_sig: inspect.Signature, aliases: Mapping[str, str]
+) -> list[str]:
+    fake_names = _annotation_names(fake_sig.return_annotation, aliases)
+    real_names = _annotation_names(real_sig.return_annotation, aliases)
+    if fake_names is None or real_names is None or fake_names == real_names:
+        return []
+    return [
+        f"{name}: returns {' | '.join(sorted(fake_names))} in the fake, "
+        f"{' | '.join(sorted(real_names))} in the SDK"
+    ]
+
+
+def _plain(value: object) -> bool:
+    return isinstance(value, _PLAIN_DEFAULTS)
+
+
+def _default_problems(
+    name: str, fake_sig: inspect.Signature, real_sig: inspect.Signature
+) -> list[str]:
+    problems = []
+    for pname, param in fake_sig.parameters.items():
+        other = real_sig.parameters.get(pname)
+        if other is None or param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            continue
+        fake_required = param.default is param.empty
+        real_required = other.default is other.empty
+        if fake_required != real_required:
+            where = "the fake" if fake_required else "the SDK"
+            problems.append(f"{name}: parameter {pname!r} is required only in {where}")
+        elif not fake_required and _plain(param.default) and _plain(other.default):
+            same = type(param.default) is type(other.default) and param.default == other.default
+            if not same:
+                problems.append(
+                    f"{name}: parameter {pname!r} defaults to {param.default!r} in the fake, "
+                    f"{other.default!r} in the SDK"
+                )
+    return problems
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _order_problems(
+    name: str, fake_sig: inspect.Signature, real_sig: inspect.Signature
+) -> list[str]:
+    """The fake's positional parameters must be the SDK's first ones, in order."""
+    fake_pos = [p for p, v in fake_sig.parameters.items() if v.kind in _POSITIONAL]
+    real_pos = [p for p, v in real_sig.parameters.items() if v.kind in _POSITIONAL]
+    for index, pname in enumerate(fake_pos):
+        if pname not in real_pos:
+            continue  # reported as a parameter the SDK lacks (or takes by keyword only)
+        if index >= len(real_pos) or real_pos[index] != pname:
+            return [
+                f"{name}: parameter {pname!r} is positional parameter {index} in the fake, "
+                f"{real_pos.index(pname)} in the SDK"
+            ]
+    return []
+
+
+def _overloads(func: Any) -> list[Any]:
+    try:
+        return list(typing.get_overloads(inspect.unwrap(_unwrap(func))))
+    except (AttributeError, TypeError, ValueError):
+        return []
+
+
+def signature_problems(
+    name: str, fake: Any, real: Any, aliases: Mapping[str, str] | None = None
+) -> list[str]:
+    """Differences between a fake callable's parameters and the real one's: names and
+    kinds, order, defaults, return annotation, and overloads (see the module
+    docstring). `aliases` maps the fake's class names to the SDK's."""
+    aliases = aliases or {}
     fake_sig, real_sig = _signature(fake), _signature(real)
     if fake_sig is None or real_sig is None:
         return []
+    problems = _parameter_problems(name, fake_sig, real_sig)
+    problems.extend(_order_problems(name, fake_sig, real_sig))
+    problems.extend(_default_problems(name, fake_sig, real_sig))
+    problems.extend(_return_problems(name, fake_sig, real_sig, aliases))
+    fake_overloads, real_overloads = _overloads(fake), _overloads(real)
+    if len(fake_overloads) != len(real_overloads):
+        problems.append(
+            f"{name}: {len(fake_overloads)} overloads in the fake, {len(real_overloads)} in the SDK"
+        )
+    else:
+        for index, (fake_o, real_o) in enumerate(zip(fake_overloads, real_overloads, strict=True)):
+            fake_osig, real_osig = _signature(fake_o), _signature(real_o)
+            if fake_osig is None or real_osig is None:
+                continue
+            qual = f"{name} (overload {index})"
+            problems.extend(_parameter_problems(qual, fake_osig, real_osig))
+            problems.extend(_order_problems(qual, fake_osig, real_osig))
+            problems.extend(_default_problems(qual, fake_osig, real_osig))
+            problems.extend(_return_problems(qual, fake_osig, real_osig, aliases))
+    return problems
+
+
+def _parameter_problems(
+    name: str, fake_sig: inspect.Signature, real_sig: inspect.Signature
+) -> list[str]:
+    """Parameter names and kinds: the fake accepts only what the SDK accepts, and
+    everything the SDK requires."""
     problems = []
     real_params = real_sig.parameters
     real_has_var_kw = any(p.kind is p.VAR_KEYWORD for p in real_params.values())
-    real_has_var_pos = any(p.kind is p.VAR_POSITIONAL for p in real_params.values())
     for pname, param in fake_sig.parameters.items():
         if param.kind is param.VAR_KEYWORD or param.kind is param.VAR_POSITIONAL:
             continue
@@ -139,16 +309,32 @@ def signature_problems(name: str, fake: Any, real: Any) -> list[str]:
             ):
                 continue
             problems.append(f"{name}: the SDK requires parameter {pname!r}, the fake lacks it")
-    del real_has_var_pos
     return problems
 
 
-def surface_problems(fake: type, real: type) -> list[str]:
+def _aliases(fake: type, real: type, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """Fake class names -> SDK class names, for comparing return annotations."""
+    names: dict[str, str] = {}
+    module = sys.modules.get(fake.__module__)
+    names.update(getattr(module, SDK_NAMES_MARK, None) or {})
+    for klass in fake.__mro__:
+        if klass is not object:
+            names[klass.__name__] = real.__name__.lstrip("_")
+    names["Self"] = real.__name__.lstrip("_")
+    names.update(extra or {})
+    return names
+
+
+def surface_problems(
+    fake: type, real: type, *, aliases: Mapping[str, str] | None = None
+) -> list[str]:
     """Every way the public surface of `fake` differs from `real` (empty when none).
 
     Names listed in the fake's `__fake_only__` tuple are helpers for tests, not SDK
-    surface, and are skipped.
+    surface, and are skipped. `aliases` adds fake-to-SDK class names for comparing
+    return annotations (the fake module's `SDK_NAMES` dict is used too).
     """
+    names = _aliases(fake, real, aliases)
     problems: list[str] = []
     for name in _public_names(fake):
         qual = f"{fake.__name__}.{name}"
@@ -174,7 +360,7 @@ def surface_problems(fake: type, real: type) -> list[str]:
                     f"{qual}.aio: {'async' if _is_async(fake_aio) else 'sync'} in the fake, "
                     f"{'async' if _is_async(real_aio) else 'sync'} in the SDK"
                 )
-            problems.extend(signature_problems(f"{qual}.aio", fake_aio, real_aio))
+            problems.extend(signature_problems(f"{qual}.aio", fake_aio, real_aio, names))
             continue
         fake_dual = _instance_or_class_method(fake_attr)
         real_dual = _instance_or_class_method(real_attr)
@@ -183,7 +369,7 @@ def surface_problems(fake: type, real: type) -> list[str]:
                 where = "the fake" if fake_dual is not None else "the SDK"
                 problems.append(f"{qual}: an instance-or-class method only in {where}")
                 continue
-            problems.extend(_callable_problems(qual, fake_dual[0], real_dual[0]))
+            problems.extend(_callable_problems(qual, fake_dual[0], real_dual[0], names))
             try:
                 fake_cls_form = _lookup(fake, fake_dual[1])
                 real_cls_form = _lookup(real, real_dual[1])
@@ -191,7 +377,7 @@ def surface_problems(fake: type, real: type) -> list[str]:
                 problems.append(f"{qual}: its class-level form is missing ({exc})")
                 continue
             problems.extend(
-                _callable_problems(f"{qual} (class form)", fake_cls_form, real_cls_form)
+                _callable_problems(f"{qual} (class form)", fake_cls_form, real_cls_form, names)
             )
             continue
         fake_is_callable = callable(_unwrap(fake_attr)) and not isinstance(fake_attr, type)
@@ -212,5 +398,5 @@ def surface_problems(fake: type, real: type) -> list[str]:
                 f"{qual}: {'async' if _is_async(fake_attr) else 'sync'} in the fake, "
                 f"{'async' if _is_async(real_attr) else 'sync'} in the SDK"
             )
-        problems.extend(signature_problems(qual, fake_attr, real_attr))
+        problems.extend(signature_problems(qual, fake_attr, real_attr, names))
     return problems

@@ -65,7 +65,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 from e2b import (
     AuthenticationException,
@@ -82,6 +82,9 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
 from ..local_process import LocalProcess
+
+if TYPE_CHECKING:
+    from e2b.sandbox.filesystem.filesystem import AsyncFileStreamReader
 
 FAULT_POINTS = frozenset(
     {
@@ -516,6 +519,103 @@ class FakeCommands:
         self._service = service
         self._state = state
 
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[False] | None = None,
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: Literal[False],
+    ) -> CommandResult[None]: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[False] | None = None,
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: Literal[True] = True,
+    ) -> CommandResult[str]: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[False] | None = None,
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: bool,
+    ) -> CommandResult[str | None]: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[True],
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: Literal[False],
+    ) -> FakeCommandHandle: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[True],
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: Literal[True] = True,
+    ) -> FakeCommandHandle: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        background: Literal[True],
+        envs: dict[str, str] | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        stdin: bool | None = None,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        *,
+        retain_output: bool,
+    ) -> FakeCommandHandle: ...
+
     async def run(
         self,
         cmd: str,
@@ -651,6 +751,37 @@ class FakeFilesystem:
     def __init__(self, service: FakeE2B, state: _SandboxState) -> None:
         self._service = service
         self._state = state
+
+    @overload
+    async def read(
+        self,
+        path: str,
+        format: Literal["text"] = "text",
+        user: str | None = None,
+        request_timeout: float | None = None,
+        gzip: bool = False,
+    ) -> str: ...
+
+    @overload
+    async def read(
+        self,
+        path: str,
+        format: Literal["bytes"],
+        user: str | None = None,
+        request_timeout: float | None = None,
+        gzip: bool = False,
+    ) -> bytearray: ...
+
+    @overload
+    async def read(
+        self,
+        path: str,
+        format: Literal["stream"],
+        user: str | None = None,
+        request_timeout: float | None = None,
+        gzip: bool = False,
+        stream_idle_timeout: float | None = None,
+    ) -> AsyncFileStreamReader: ...
 
     async def read(
         self,
@@ -899,6 +1030,22 @@ class FakeAsyncSandbox:
         await service._knobs.checkpoint("create", after=True, subject=None)
         return cls(state)
 
+    @overload  # type: ignore[misc]  # the SDK mixes an instance and a static form
+    async def connect(
+        self, timeout: int | None = None, *, on_resume: str = "restore", **opts: Any
+    ) -> FakeAsyncSandbox: ...
+
+    @overload
+    @staticmethod
+    async def connect(
+        sandbox_id: str,
+        timeout: int | None = None,
+        logger: Any = None,
+        *,
+        on_resume: str = "restore",
+        **opts: Any,
+    ) -> FakeAsyncSandbox: ...
+
     @_InstanceOrClassMethod("_cls_connect_sandbox")
     async def connect(
         self, timeout: int | None = None, *, on_resume: str = "restore", **opts: Any
@@ -924,6 +1071,13 @@ class FakeAsyncSandbox:
             raise SandboxNotFoundException(f"Paused sandbox {sandbox_id} not found")
         await service._knobs.checkpoint("connect", after=True, subject=None)
         return cls(state)
+
+    @overload  # type: ignore[misc]  # the SDK mixes an instance and a static form
+    async def kill(self, **opts: Any) -> bool: ...
+
+    @overload
+    @staticmethod
+    async def kill(sandbox_id: str, **opts: Any) -> bool: ...
 
     @_InstanceOrClassMethod("_cls_kill")
     async def kill(self, **opts: Any) -> bool:
@@ -1158,6 +1312,19 @@ class FakeE2B:
         self._handles.clear()
         if self._own_root:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+# The SDK class each fake class stands for, by name (the drift check maps return
+# annotations with it).
+SDK_NAMES = {
+    "FakeCommandHandle": "AsyncCommandHandle",
+    "FakeCommands": "Commands",
+    "FakePty": "Pty",
+    "FakeFilesystem": "Filesystem",
+    "FakeSandboxPaginator": "AsyncSandboxPaginator",
+    "FakeSandboxInfo": "SandboxInfo",
+    "FakeAsyncSandbox": "AsyncSandbox",
+}
 
 
 def fake_classes() -> Iterable[tuple[type, str]]:

@@ -59,9 +59,9 @@ import os
 import secrets
 import signal
 import stat as stat_module
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
@@ -72,6 +72,19 @@ from ..local_process import LocalProcess
 # sandbox can find processes that left their process group (like a container teardown).
 FAKE_SANDBOX_ENV = "SANDBOX_MODAL_FAKE_ID"
 STDIN_BUFFER_LIMIT = 16 * 1024 * 1024  # the SDK's limit for the command-router writer
+
+# The SDK class each fake class stands for, by name (the drift check maps return
+# annotations with it).
+SDK_NAMES = {
+    "FakeSandbox": "Sandbox",
+    "FakeContainerProcess": "ContainerProcess",
+    "FakeStreamReader": "StreamReader",
+    "FakeStreamWriter": "StreamWriter",
+    "FakeSandboxFilesystem": "SandboxFilesystem",
+    "FakeApp": "App",
+    "FakeClient": "Client",
+    "FakeImage": "Image",
+}
 
 OPS = (
     "client",
@@ -520,7 +533,29 @@ class FakeSandbox:
 
     # ---- instance calls ----------------------------------------------------------------
 
-    @_AioMethod
+    @overload
+    async def exec(
+        self,
+        *args: str,
+        timeout: int | None = None,
+        workdir: str | None = None,
+        env: dict[str, str | None] | None = None,
+        text: Literal[True] = True,
+        pty: bool = False,
+    ) -> FakeContainerProcess: ...
+
+    @overload
+    async def exec(
+        self,
+        *args: str,
+        timeout: int | None = None,
+        workdir: str | None = None,
+        env: dict[str, str | None] | None = None,
+        text: Literal[False] = False,
+        pty: bool = False,
+    ) -> FakeContainerProcess: ...
+
+    @_AioMethod  # type: ignore[operator, misc]  # the overloads above describe it
     async def exec(
         self,
         *args: str,
@@ -553,7 +588,13 @@ class FakeSandbox:
         await self._fake._check("exec_response", argv)
         return process
 
-    @_AioMethod
+    @overload
+    async def terminate(self, *, wait: Literal[True]) -> int: ...
+
+    @overload
+    async def terminate(self, *, wait: Literal[False] = False) -> None: ...
+
+    @_AioMethod  # type: ignore[operator, misc]  # the overloads above describe it
     async def terminate(self, *, wait: bool = False) -> int | None:
         """Kill every process of the sandbox, as a container teardown would."""
         self._ensure_attached()
@@ -819,11 +860,11 @@ class FakeStreamReader:
     def __repr__(self) -> str:
         return f"<FakeStreamReader fd={self._fd}>"
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncGenerator[Any, None]:
         """Iterate the chunks until the stream ends."""
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Any]:
+    async def _iterate(self) -> AsyncGenerator[Any, None]:
         decoder = codecs.getincrementaldecoder("utf-8")() if self._text else None
         while True:
             while not self._chunks and not self._ended:
