@@ -20,10 +20,37 @@ The terminal runs an interactive shell on a real PTY (`bash -i`, else `sh -i`), 
 the real service, and reproduces its awkward parts: output frames are JSON
 `{"type": "output", "data": ...}` sent as text OR binary frames, keys are sometimes
 capitalised (`Type`/`Data`), garbage frames (not UTF-8, not JSON, unknown types,
-non-string data) are mixed in, and there is NO exit message: when the shell exits the
-socket just closes. Set `quirks=False` for plain frames. Output is decoded with an
-incremental UTF-8 decoder (a character split across reads is never broken) and cut
-into frames of at most `output_frame_chars` characters.
+non-string data) are mixed in, and there is NO exit message. Set `quirks=False` for
+plain frames.
+
+Where it follows the real in-sandbox server (github.com/blaxel-ai/sandbox, commit
+bfecd2e7da6a, `sandbox-api/src/handler/...`) rather than what was assumed before, each
+behaviour has a knob that restores the stand-in's older one:
+
+- `edge_cut_s` (default 60): the edge in front of a sandbox answers 504 to a request
+  that stayed silent that long (a `POST /process` waiting for completion, a
+  `GET /process/{id}/wait`), while the command keeps running (documented by the SDK,
+  `blaxel==0.4.24`, `SandboxProcess.exec`). None: no cut.
+- `timeout_status` (default 422): the server's own `timeout` (whole seconds) answers
+  422 `{"error": "process timed out after N seconds"}` and leaves the process running
+  (`handler/process.go` `HandleExecuteCommand`, `handler/process/service.go`
+  `ExecuteProcess`). 408: the older answer (the process killed, its record in the body).
+- `go_exit_codes` (default True): a process killed by a signal reports exit code -1
+  (Go's `ExitError.ExitCode()`, `handler/process/process.go`). False: 128+N.
+- `wait_endpoint` (default True): `GET /process/{id}/wait`, which the SDK long-polls;
+  the server at that commit has no such route, so False answers gin's plain-text 404
+  (the SDK then polls `GET /process/{id}`).
+- terminal (`handler/terminal.go`, `handler/terminal/session_manager.go`,
+  `handler/terminal/terminal.go`): `{"type": "resize", "cols", "rows"}` resizes the
+  PTY and unknown or malformed messages are ignored silently (`terminal_resize=False`:
+  both answered with an `error` frame, as before). When the shell exits, its session's
+  processes are killed, but the socket stays OPEN: the server only notices between
+  client messages, so it closes after the next one (`close_terminal_on_exit=True`:
+  it closes at once). Output is read from the PTY `read_size` (4096) bytes at a time
+  and each read becomes one frame through `string(buf[:n])` and Go's JSON encoder,
+  which replaces every byte of an invalid or split UTF-8 sequence with one U+FFFD
+  (`go_utf8=False`: an incremental decoder that never splits a character). Frames are
+  further cut to at most `output_frame_chars` characters.
 
 Authentication: HTTP calls must carry `X-Blaxel-Authorization: Bearer <api_key>` (and,
 on the control plane, `X-Blaxel-Workspace`); the terminal checks `?token=`. The access
@@ -79,7 +106,6 @@ import signal
 import socket
 import stat as stat_module
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -142,6 +168,25 @@ _OUTPUT_HIGH_WATER = 1024 * 1024
 OUTPUT_RETAIN = 4 * 1024 * 1024
 GET_OUTPUT_TAIL = 64 * 1024
 _CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
+
+
+def _go_replace(error: UnicodeError) -> tuple[str, int]:
+    """Go's `encoding/json` replaces each byte of invalid UTF-8 with one U+FFFD (its
+    `utf8.DecodeRuneInString` reports size 1 for any invalid or truncated sequence),
+    where Python's "replace" uses one U+FFFD per maximal invalid subpart."""
+    assert isinstance(error, UnicodeDecodeError)
+    return "\ufffd", error.start + 1
+
+
+_GO_REPLACE = "sandbox-blaxel-go-json"
+codecs.register_error(_GO_REPLACE, _go_replace)
+
+
+def go_terminal_text(data: bytes) -> str:
+    """What the real terminal sends for one PTY read: `string(buf[:n])` through Go's
+    JSON encoder, every byte of invalid or split UTF-8 becoming one U+FFFD
+    (`sandbox-api/src/handler/terminal.go`, the output goroutine)."""
+    return data.decode("utf-8", _GO_REPLACE)
 
 
 def _http_date() -> str:
@@ -243,9 +288,14 @@ class _Terminal:
     paused: bool = False
     exited: bool = False
     eof: bool = False
+    # The shell exited and its session was killed: no more output, the socket closes
+    # after the client's next message (the real server notices only then).
+    dead: bool = False
     closed: bool = False
     frames: int = 0
     drop_after: int | None = None
+    # Every output text sent, in order (what the real server would have produced).
+    sent: list[str] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -271,6 +321,14 @@ class BlaxelServer:
         quirks: bool = True,
         output_frame_chars: int = 4096,
         root: str | None = None,
+        edge_cut_s: float | None = 60.0,
+        timeout_status: int = 422,
+        go_exit_codes: bool = True,
+        wait_endpoint: bool = True,
+        terminal_resize: bool = True,
+        close_terminal_on_exit: bool = False,
+        go_utf8: bool = True,
+        read_size: int = 4096,
     ) -> None:
         self.api_key = api_key or f"bl-test-{secrets.token_hex(16)}"
         self.workspace = workspace
@@ -280,9 +338,23 @@ class BlaxelServer:
         self.shell = shell
         self.quirks = quirks
         self.output_frame_chars = max(1, output_frame_chars)
+        if timeout_status not in (408, 422):
+            raise ValueError("timeout_status is 422 (the server's) or 408 (the older stand-in)")
+        self.edge_cut_s = edge_cut_s
+        self.timeout_status = timeout_status
+        self.go_exit_codes = go_exit_codes
+        self.wait_endpoint = wait_endpoint
+        self.terminal_resize = terminal_resize
+        self.close_terminal_on_exit = close_terminal_on_exit
+        self.go_utf8 = go_utf8
+        self.read_size = max(1, read_size)
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.requests: list[tuple[str, str]] = []
         self.terminals: list[dict[str, str]] = []
+        # Every accepted resize `(rows, cols)`, and how many `input` messages came.
+        self.resizes: list[tuple[int, int]] = []
+        self.inputs = 0
+        self._terminal_sent: list[list[str]] = []
         self._given_root = root
         self.root = ""
         self._failures: dict[str, _Failure] = {}
@@ -362,6 +434,12 @@ class BlaxelServer:
         from ..backends.blaxel import configure_sdk
 
         configure_sdk(api_key=self.api_key, workspace=self.workspace, api_url=self.api_url)
+
+    def terminal_output(self) -> list[list[str]]:
+        """The output texts each terminal sent (one per PTY read), in the order the
+        terminals were opened: after the conversion the real server makes, before any
+        frame quirk."""
+        return [list(sent) for sent in self._terminal_sent]
 
     def live_processes(self) -> int:
         """How many local processes (one-shot and terminal shells) are still running."""
@@ -630,7 +708,7 @@ class BlaxelServer:
                 cwd=cwd,
                 on_stdout=record.add_stdout,
                 on_stderr=record.add_stderr,
-                on_exit=record.finish,
+                on_exit=lambda code: record.finish(self._exit_code(record, code)),
             )
         except OSError as exc:
             del box.processes[name]
@@ -643,19 +721,49 @@ class BlaxelServer:
         if early is not None:
             return early
         timeout = body.get("timeout")
-        limit = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else None
+        limit = timeout if isinstance(timeout, int) and timeout > 0 else None
+        cut = self.edge_cut_s
+        hold = min((t for t in (limit, cut) if t is not None), default=None)
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(hold):
                 await record.done.wait()
         except TimeoutError:
-            record.status = "killed"
-            await record.proc.terminate(0)
+            if limit is None or (cut is not None and cut < limit):
+                return self._edge_cut("exec_wait")
+            if self.timeout_status == 408:  # the older stand-in's answer
+                record.status = "killed"
+                await record.proc.terminate(0)
+                return web.json_response(
+                    {"error": f"process {name} timed out after {timeout}s", **record.to_json()},
+                    status=408,
+                )
+            # handler/process/service.go: the wait ends, the process keeps running, and
+            # HandleExecuteCommand answers the error with 422.
             return web.json_response(
-                {"error": f"process {name} timed out after {timeout}s", **record.to_json()},
-                status=408,
+                {"error": f"process timed out after {limit} seconds"}, status=422
             )
         await self._settle_output(record)
         return web.json_response(record.to_json())
+
+    def _edge_cut(self, endpoint: str) -> web.Response:
+        """The edge's answer to a request that stayed silent for `edge_cut_s` (the SDK
+        documents it in `SandboxProcess.exec`): a gateway 504; the command goes on."""
+        return self._error(endpoint, 504, "UPSTREAM_TIMEOUT", "the upstream did not answer in time")
+
+    def _exit_code(self, record: _Process, code: int) -> int:
+        """The exit code the real server reports: Go's `ExitError.ExitCode()` is -1 for
+        a process killed by a signal (`handler/process/process.go`), which the local
+        status (128+N) does not tell apart from an exit, so the zombie is asked."""
+        proc = record.proc
+        if not self.go_exit_codes or proc is None:
+            return code
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return code
+        if info is not None and info.si_code != os.CLD_EXITED:
+            return -1
+        return code
 
     async def _settle_output(self, record: _Process) -> None:
         proc = record.proc
@@ -687,6 +795,10 @@ class BlaxelServer:
         return web.json_response(record.to_json(GET_OUTPUT_TAIL))
 
     async def _process_wait(self, request: web.Request) -> web.StreamResponse:
+        if not self.wait_endpoint:
+            # gin's answer to an unknown route: the SDK then polls GET /process/{id}.
+            self._record(request)
+            return web.Response(text="404 page not found", status=404)
         box, early = await self._data_plane(request, "process_wait")
         if early is not None or box is None:
             return early or self._not_found("process_wait")
@@ -697,9 +809,13 @@ class BlaxelServer:
             hold = float(request.query.get("timeout", "30"))
         except ValueError:
             hold = 30.0
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(hold):
+        cut = self.edge_cut_s
+        try:
+            async with asyncio.timeout(hold if cut is None else min(hold, cut)):
                 await record.done.wait()
+        except TimeoutError:
+            if cut is not None and cut < hold:
+                return self._edge_cut("process_wait")
         if record.done.is_set():
             await self._settle_output(record)
         return web.json_response(record.to_json())
@@ -868,6 +984,7 @@ class BlaxelServer:
             cwd = self.root  # the shell starts in its default directory, like a real one
         ws = web.WebSocketResponse(max_msg_size=16 * 1024 * 1024, autoping=True)
         term = _Terminal(ws=ws, transport=request.transport, drop_after=self._drop_after)
+        self._terminal_sent.append(term.sent)
         await ws.prepare(request)
         env = self._environment({"TERM": "xterm-256color", "PS1": r"\u@sandbox:\w\$ "})
         try:
@@ -899,6 +1016,8 @@ class BlaxelServer:
         return ws
 
     def _on_shell_output(self, term: _Terminal, data: bytes) -> None:
+        if term.dead:
+            return  # the real server closed the PTY when the shell exited
         term.buffer.extend(data)
         term.wake.set()
         proc = term.proc
@@ -915,7 +1034,17 @@ class BlaxelServer:
             asyncio.get_running_loop().add_reader(proc.master_fd, proc.drain_now)
 
     def _on_shell_exit(self, term: _Terminal) -> None:
+        """As `watchShellExit` (handler/terminal/session_manager.go): the shell's exit
+        closes the session at once, killing every process of it; output still unread
+        then is lost. The WebSocket is left open (see `_read_input`)."""
         term.exited = True
+        proc = term.proc
+        if proc is not None and not term.paused:
+            proc.drain_now()
+        if proc is not None and proc.pid > 0:
+            _kill_session(proc.pid)
+        term.dead = True
+        term.eof = True
         term.wake.set()
 
     def _on_shell_eof(self, term: _Terminal) -> None:
@@ -923,24 +1052,11 @@ class BlaxelServer:
         term.wake.set()
 
     async def _pump_output(self, term: _Terminal) -> None:
-        """Send the shell's output as quirky frames; close the socket when it exits."""
-        exit_seen_at: float | None = None
+        """Send the shell's output as quirky frames, one PTY read (`read_size` bytes at
+        most) at a time. When the shell has exited: no exit message, and the socket
+        stays open (`close_terminal_on_exit=True`: it closes)."""
         while True:
-            if term.exited and not term.eof:
-                # A background process may hold the terminal open: do not wait forever.
-                exit_seen_at = exit_seen_at or time.monotonic()
-                remaining = exit_seen_at + 0.2 - time.monotonic()
-                if remaining <= 0:
-                    if term.proc is not None and not term.paused:
-                        term.proc.drain_now()
-                    term.eof = True
-                    term.wake.set()
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await term.wake.wait()
-            else:
-                await term.wake.wait()
+            await term.wake.wait()
             term.wake.clear()
             stall = self._stalls.get("terminal_output")
             if stall is not None:
@@ -950,13 +1066,23 @@ class BlaxelServer:
             term.buffer.clear()
             self._resume(term)
             final = term.eof and not term.buffer
-            text = term.decoder.decode(chunk, final=final)
-            for at in range(0, len(text), self.output_frame_chars):
-                await self._send_output(term, text[at : at + self.output_frame_chars])
+            for text in self._reads_as_text(term, chunk, final):
+                term.sent.append(text)
+                for at in range(0, len(text), self.output_frame_chars):
+                    await self._send_output(term, text[at : at + self.output_frame_chars])
             if final:
-                # No exit message: the terminal simply ends.
-                await term.ws.close()
+                if self.close_terminal_on_exit:
+                    await term.ws.close()
                 return
+
+    def _reads_as_text(self, term: _Terminal, chunk: bytes, final: bool) -> list[str]:
+        """`chunk` as the texts the server sends: with `go_utf8`, one per 4096-byte read,
+        each converted on its own (a character split between reads becomes U+FFFDs)."""
+        if not self.go_utf8:
+            text = term.decoder.decode(chunk, final=final)
+            return [text] if text else []
+        size = self.read_size
+        return [go_terminal_text(chunk[at : at + size]) for at in range(0, len(chunk), size)]
 
     async def _send_output(self, term: _Terminal, text: str) -> None:
         n = term.frames
@@ -992,24 +1118,47 @@ class BlaxelServer:
                 if term.transport is not None:
                     with contextlib.suppress(AttributeError, RuntimeError):
                         term.transport.resume_reading()
-            try:
-                text = msg.data if isinstance(msg.data, str) else msg.data.decode()
-                frame = json.loads(text)
-                kind = frame.get("type")
-                data = frame.get("data")
-            except (ValueError, AttributeError, UnicodeDecodeError):
+            await self._on_input(term, msg.data)
+            if term.dead and not self.close_terminal_on_exit:
+                # handler/terminal.go checks whether the session ended only between
+                # client messages: the first one after the shell's exit closes it.
+                await term.ws.close()
+                return
+
+    async def _on_input(self, term: _Terminal, payload: str | bytes) -> None:
+        """One client message: `input` goes to the PTY, `resize` resizes it (both
+        sizes positive), anything else is ignored, as `HandleTerminalWS` does."""
+        try:
+            text = payload if isinstance(payload, str) else payload.decode()
+            frame = json.loads(text)
+            kind = frame.get("type")
+            data = frame.get("data")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            if not self.terminal_resize:  # the older stand-in answered with an error
                 await term.ws.send_str(json.dumps({"type": "error", "data": "invalid message"}))
-                continue
-            if kind != "input" or not isinstance(data, str):
+            return
+        proc = term.proc
+        if kind == "resize" and self.terminal_resize:
+            cols, rows = frame.get("cols"), frame.get("rows")
+            sizes = (cols, rows)
+            if all(isinstance(n, int) and not isinstance(n, bool) for n in sizes) and (
+                0 < cols < 65536 and 0 < rows < 65536
+            ):
+                if proc is not None and not term.dead:
+                    proc.resize(rows, cols)
+                self.resizes.append((rows, cols))
+            return
+        if kind != "input" or not isinstance(data, str):
+            if not self.terminal_resize:
                 await term.ws.send_str(
                     json.dumps({"type": "error", "data": f"unsupported message type {kind!r}"})
                 )
-                continue
-            proc = term.proc
-            if proc is None or term.exited:
-                continue
-            with contextlib.suppress(Exception):
-                await proc.write(data.encode("utf-8", "surrogateescape"))
+            return
+        self.inputs += 1
+        if proc is None or term.exited:
+            return
+        with contextlib.suppress(Exception):
+            await proc.write(data.encode("utf-8", "surrogateescape"))
 
     async def _end_terminal(self, term: _Terminal) -> None:
         """Kill the terminal's whole session and release its PTY."""
