@@ -15,7 +15,7 @@ names, it compares what a caller relies on:
   union member by union member (`X | None` against `Optional[X]`), after mapping the
   fake's class names to the SDK's (the fake class itself, its bases, `Self`, leading
   underscores of synchronicity's `_Impl` names, and the fake module's `SDK_NAMES`
-  mapping); `Any` on either side is not checked;
+  mapping, also of its bases' modules); `Any` on either side is not checked;
 - overloads (`typing.overload`): a fake of an overloaded SDK function declares the same
   number of overloads, compared one by one like the implementations.
 
@@ -315,8 +315,9 @@ def _parameter_problems(
 def _aliases(fake: type, real: type, extra: Mapping[str, str] | None) -> dict[str, str]:
     """Fake class names -> SDK class names, for comparing return annotations."""
     names: dict[str, str] = {}
-    module = sys.modules.get(fake.__module__)
-    names.update(getattr(module, SDK_NAMES_MARK, None) or {})
+    for klass in reversed(fake.__mro__):  # a test's subclass of a fake uses its module's names
+        module = sys.modules.get(klass.__module__)
+        names.update(getattr(module, SDK_NAMES_MARK, None) or {})
     for klass in fake.__mro__:
         if klass is not object:
             names[klass.__name__] = real.__name__.lstrip("_")
