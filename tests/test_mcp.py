@@ -1,6 +1,6 @@
 """`sandbox mcp`: the MCP tool server, driven by the official SDK's own client.
 
-Every flow runs against a REAL server subprocess (`python -m sandbox.mcp_server`) over
+Every flow runs against a REAL server subprocess (`sandbox mcp`) over
 stdio and over streamable HTTP on 127.0.0.1. The error paths that need a backend unlike
 unix_local (no terminal resize, a failing provider) run the same server code in-process
 through the SDK's in-process client, on real unix_local subclasses.
@@ -30,17 +30,15 @@ from mcp.types import CallToolResult
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.errors import ProviderError
-from sandbox.mcp_server import SandboxTools, build_server
-from sandbox.mcp_server import main as mcp_main
+from sandbox.mcp.server import SandboxTools, build_server
+from sandbox.mcp.server import main as mcp_main
 from sandbox.process_entry import PtyEntry
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 # The `sandbox` console script next to this interpreter (`sandbox mcp ...`), as a user
 # runs it; the module itself where the package is not installed with its scripts.
 _SCRIPT = Path(sys.executable).with_name("sandbox")
-SERVER_ARGV = (
-    [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp_server"]
-)
+SERVER_ARGV = [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp"]
 TOOLS = {
     "exec_command",
     "write_stdin",

@@ -655,7 +655,7 @@ async def test_secrets_never_leak(
     seen.append(all_logs.text)
     seen += [r.getMessage() for r in all_logs.records]
 
-    from sandbox.backends_report import print_backends
+    from sandbox.cli.backends_report import print_backends
 
     monkeypatch.setenv("BL_API_KEY", SPECIAL_KEY)
     monkeypatch.setenv("BL_WORKSPACE", "w")

@@ -513,7 +513,7 @@ async def test_bwrap_without_namespaces_is_a_clear_error(
 
 
 def test_backends_report_shows_confinement(need_bwrap: None) -> None:
-    from sandbox.backends_report import backend_rows
+    from sandbox.cli.backends_report import backend_rows
 
     notes = {row[0]: row[3] for row in backend_rows()}
     assert "confinement available" in notes["unix_local"]

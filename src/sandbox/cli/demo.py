@@ -12,9 +12,9 @@ import time
 from collections.abc import Awaitable
 from typing import TextIO, TypeVar
 
-from .backends import open_session
-from .session import BaseSandboxSession
-from .types import PtyUpdate
+from ..backends import open_session
+from ..session import BaseSandboxSession
+from ..types import PtyUpdate
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import TextIO
 
-from .backends import BACKENDS
+from ..backends import BACKENDS
 
 
 def _confinement_note() -> str:

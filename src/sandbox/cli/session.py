@@ -2,7 +2,7 @@
 opening the session with its start errors turned into one clear line, and the `until`
 that turns polls into a stream.
 
-Kept apart from `cli.py` and `terminal.py` so that neither imports the other.
+Kept apart from `run.py` and `terminal.py` so that neither imports the other.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .backends import open_session
-from .errors import SandboxError
-from .session import BaseSandboxSession
+from ..backends import open_session
+from ..errors import SandboxError
+from ..session import BaseSandboxSession
 
 # Matches any character: a window with this `until` returns as soon as output arrives,
 # which turns polls into a stream.

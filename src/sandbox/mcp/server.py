@@ -31,15 +31,15 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .backends import open_session
-from .cli_options import add_backend_arguments, options_from_args
-from .errors import SandboxError
-from .mcp_transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
-from .session import BaseSandboxSession
-from .types import PtyProcessInfo, PtyUpdate
+from ..backends import open_session
+from ..cli.options import add_backend_arguments, options_from_args
+from ..errors import SandboxError
+from ..session import BaseSandboxSession
+from ..types import PtyProcessInfo, PtyUpdate
+from .transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 
 if TYPE_CHECKING:
-    from .screen import ScreenSnapshot
+    from ..screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox.mcp")
 

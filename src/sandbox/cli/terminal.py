@@ -18,11 +18,11 @@ import termios
 import tty
 from collections.abc import Iterator
 
-from . import cli_options
-from .cli_session import ANY_OUTPUT, open_cli_session
-from .errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
-from .session import BaseSandboxSession
-from .types import PtyUpdate
+from ..errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
+from ..session import BaseSandboxSession
+from ..types import PtyUpdate
+from . import options as cli_options
+from .session import ANY_OUTPUT, open_cli_session
 
 ANY_OUTPUT_WINDOW_S = 30.0
 # bash where there is one (job control works in a confined jail; dash's does not), else sh.

@@ -1,0 +1,125 @@
+"""The `sandbox` command: run, shell, backends, demo, mcp.
+
+Bad usage and library errors print one line on stderr and exit non-zero; no traceback.
+Exit codes: the command's own when it ran to its end; `EXIT_TIMEOUT` (124, as timeout(1))
+when `--timeout` killed it; `EXIT_USAGE` (2) for bad usage (an unknown flag, a malformed
+or rejected option value); `EXIT_ERROR` (1) for any other error (a backend that is not
+installed, missing credentials, a workspace that cannot be used, a provider failure);
+`EXIT_INTERRUPTED` (130) on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
+from . import options as cli_options
+from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
+from .run import command_words, run_command
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sandbox", description=__doc__)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = commands.add_parser("run", help="run a command, print its output, exit with its code")
+    cli_options.add_backend_arguments(run)
+    run.add_argument("--tty", action="store_true", help="run on a terminal")
+    run.add_argument(
+        "--record",
+        metavar="FILE",
+        help="with --tty: record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        help=f"seconds before the command is killed (then the exit code is {EXIT_TIMEOUT})",
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+
+    shell = commands.add_parser("shell", help="attach this terminal to a PTY in the sandbox")
+    cli_options.add_backend_arguments(shell)
+    shell.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
+    )
+    shell.add_argument("cmd", nargs=argparse.REMAINDER, help="command (default: sh)")
+
+    commands.add_parser("backends", help="list the backends, installed or not, credentials")
+    commands.add_parser("demo", help="an agent-style session on unix_local, step by step")
+    commands.add_parser("mcp", help="serve the sandbox as MCP tools (see `sandbox mcp --help`)")
+    return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _error_line(exc: BaseException) -> str:
+    # One line, whatever the message holds (a provider's multi-line answer).
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return f"sandbox: error: {message}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `sandbox` console script."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["mcp"]:
+        try:
+            from ..mcp import server as mcp_server
+        except ImportError as exc:
+            print(
+                f"sandbox: error: `sandbox mcp` needs the MCP SDK ({exc.name}): "
+                "pip install 'agent-sandbox-pty[mcp]'",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        return mcp_server.main(words[1:])
+    parser = _build_parser()
+    args = parser.parse_args(words)
+    try:
+        if args.command == "run":
+            return asyncio.run(run_command(args))
+        if args.command == "shell":
+            from .terminal import attach_shell
+
+            return asyncio.run(attach_shell(args, command_words(args.cmd)))
+        if args.command == "backends":
+            from .backends_report import print_backends
+
+            print_backends(sys.stdout)
+            return 0
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return asyncio.run(run_demo(sys.stdout))
+        parser.print_help()
+        return EXIT_USAGE
+    except (InvalidArgumentError, UnknownBackendError) as exc:
+        print(_error_line(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except SandboxError as exc:
+        print(_error_line(exc), file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as exc:  # a malformed option (`--opt` without `=`)
+        print(_error_line(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

@@ -1,0 +1,126 @@
+"""`sandbox run`: run one command in a fresh session, print its output, exit with its code.
+
+Without `--tty` the command is a one-shot `exec`; with it, a PTY process whose output is
+streamed by polls that end as soon as anything arrives. `--timeout` covers the whole run
+and kills the command's tree when it elapses (exit code `EXIT_TIMEOUT`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import BinaryIO
+
+from ..errors import ExecTimeoutError, InvalidArgumentError, PtyProcessNotFoundError
+from ..session import BaseSandboxSession
+from ..types import PtyUpdate
+from . import options as cli_options
+from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
+from .session import ANY_OUTPUT, open_cli_session
+
+STREAM_WINDOW_S = 30.0
+
+
+def command_words(words: Sequence[str]) -> list[str]:
+    """The command after an optional leading `--` (argparse's REMAINDER keeps it)."""
+    return list(words[1:] if words and words[0] == "--" else words)
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    """Run `args.cmd` as `sandbox run` does; returns the exit code to exit with."""
+    command = command_words(args.cmd)
+    if not command:
+        raise InvalidArgumentError("run needs a command: sandbox run -- CMD...")
+    if args.record is not None and not args.tty:
+        raise InvalidArgumentError("--record needs --tty: only a terminal is recorded")
+    backend, options = cli_options.options_from_args(args)
+    async with open_cli_session(backend, options) as session:
+        if args.tty:
+            return await _run_tty(session, command, args.timeout, args.record)
+        try:
+            result = await session.exec(*command, timeout=args.timeout)
+        except ExecTimeoutError as exc:
+            _write(sys.stdout.buffer, exc.stdout)
+            _write(sys.stderr.buffer, exc.stderr)
+            return _timed_out(args.timeout)
+        _write(sys.stdout.buffer, result.stdout)
+        _write(sys.stderr.buffer, result.stderr)
+        return result.exit_code
+
+
+async def _run_tty(
+    session: BaseSandboxSession, command: list[str], timeout: float | None, record: str | None
+) -> int:
+    """Stream a terminal command's output until it exits or `timeout` elapses.
+
+    The timeout covers the whole run, not one window: the first window ends by it, and
+    a later poll still waiting at the deadline sees the process terminated under it,
+    which ends that window with the last output.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    first_window = STREAM_WINDOW_S if timeout is None else min(timeout, STREAM_WINDOW_S)
+    # No screen: the output goes to the user's own terminal, which renders it.
+    update = await session.pty_exec_start(
+        *command,
+        tty=True,
+        until=ANY_OUTPUT,
+        yield_time_s=first_window,
+        screen=False,
+        record=record,
+    )
+    _show(update)
+    process_id = update.process_id
+    timed_out = False
+    while process_id is not None and update.process_id is not None:
+        poll = asyncio.ensure_future(
+            session.pty_write_stdin(process_id, "", until=ANY_OUTPUT, yield_time_s=STREAM_WINDOW_S)
+        )
+        try:
+            if deadline is not None and not timed_out:
+                done, _ = await asyncio.wait({poll}, timeout=max(0.0, deadline - loop.time()))
+                if not done:
+                    timed_out = await _terminate(session, process_id)
+            update = await poll
+        except PtyProcessNotFoundError:
+            break  # terminated before the poll began: nothing more to show
+        except BaseException:
+            poll.cancel()
+            await asyncio.wait({poll})
+            raise
+        _show(update)
+    if timed_out:
+        assert timeout is not None
+        return _timed_out(timeout)
+    return _exit_code(update)
+
+
+async def _terminate(session: BaseSandboxSession, process_id: int) -> bool:
+    """Terminate the process (its whole tree); False if it had already exited."""
+    try:
+        await session.pty_terminate(process_id)
+    except PtyProcessNotFoundError:
+        return False  # it exited, and a poll collected it, just before the deadline
+    return True
+
+
+def _show(update: PtyUpdate) -> None:
+    _write(sys.stdout.buffer, update.output.encode("utf-8", "surrogateescape"))
+
+
+def _write(stream: BinaryIO, data: bytes) -> None:
+    if data:
+        stream.write(data)
+        stream.flush()
+
+
+def _exit_code(update: PtyUpdate) -> int:
+    return update.exit_code if update.exit_code is not None else EXIT_ERROR
+
+
+def _timed_out(timeout: float) -> int:
+    sys.stdout.flush()
+    print(f"sandbox: command timed out after {timeout:g}s and was killed", file=sys.stderr)
+    return EXIT_TIMEOUT
