@@ -4,12 +4,28 @@
   (`SandboxInstance.create_if_not_exists`) and deleted on close unless `keep=True`.
 - One-shot `exec` uses the SDK's process API (`process.exec` with
   `wait_for_completion`); files use `fs.read_binary` / `fs.write_binary` / `fs.mkdir`.
+  The edge in front of the sandbox cuts a request silent for about 60 s with a 504
+  while the command keeps running: the session then follows the process (`process.wait`)
+  until it ends or our deadline passes, and kills it at the deadline. The server's own
+  timeout (whole seconds) answers 422 "process timed out" and does not kill: that is
+  our timeout too, and we kill. The server reports a death by signal as -1 (Go's
+  `ExitCode()`), so the command runs under a small `sh` wrapper that exits with 128+N
+  (its own "Killed" notice goes to /dev/null).
 - PTYs use the sandbox's terminal WebSocket (`/terminal/ws`) with aiohttp. The terminal
   runs an interactive shell and never reports an exit, so the command is typed into it
   wrapped by `ShellTrap` (isolated report mode): its exit status comes back in-band and
   everything the wrapper adds is stripped. The wrapper also prints the shell's pid
   before the start marker; terminating a running process kills that terminal session
-  with a one-shot command, because closing the socket is not documented to stop it.
+  with a one-shot command, because closing the socket does not stop it (the server keeps
+  a session without clients for ten minutes).
+- The terminal socket does not close when the shell exits: the server notices only
+  between client messages. So while a command runs and the terminal is silent, an empty
+  `input` frame is sent every `probe_interval_s`; a shell that died without the end
+  marker then gets its socket closed, and the process is reported lost.
+- Output: the server reads the PTY 4096 bytes at a time and sends each read through
+  `string(buf[:n])` and Go's JSON encoder, so a UTF-8 character split between reads
+  arrives as one U+FFFD per byte. That is not recoverable here; the U+FFFDs are passed
+  through as they are (never more of them).
 - `tty=False` runs the command on real pipes inside that terminal (stdin /dev/null,
   stdout and stderr merged); Ctrl-C still reaches it through the terminal's line
   discipline, which keeps signal generation on.
@@ -36,7 +52,7 @@ import re
 import secrets
 import shlex
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -112,6 +128,13 @@ TEXT_SLICE_CHARS = 1024 * 1024
 PID_WAIT_S = 2.0
 # Bound on the best-effort kill of a terminal whose connection was lost.
 LOST_KILL_TIMEOUT_S = 5.0
+# The server reports a death by signal as -1 (Go's `ExitCode()`). The wrapper reports
+# the command's signal exactly; a -1 left means the wrapper itself was killed, which only
+# a group kill (SIGKILL) does.
+UNKNOWN_SIGNAL_EXIT = 128 + 9
+# What the terminal is sent to make the server look at the session: writing nothing to
+# the PTY is harmless, and the server checks whether the shell ended after each message.
+PROBE_FRAME = json.dumps({"type": "input", "data": ""})
 # Status codes and provider codes after which the same call may succeed later.
 RETRYABLE_STATUS = frozenset({408, 425, 429, 502, 503, 504})
 RETRYABLE_CODES = frozenset(
@@ -277,6 +300,34 @@ def _append_text(sink: Callable[[bytes], None], text: str) -> None:
         sink(_text_to_bytes(text[at : at + TEXT_SLICE_CHARS]))
 
 
+def exact_status_command(command: str) -> str:
+    """The script run for a one-shot `command` (a POSIX shell string): `command` in a
+    child, the script exiting with its status, so a death by signal N is 128+N where
+    the server would report -1. The waiting shell's stderr is /dev/null, so its
+    "Killed" notice never shows; the command keeps the real stderr (as fd 3 meanwhile).
+    """
+    return f"exec 3>&2 2>/dev/null; {command} 2>&3 3>&-; exit $?"
+
+
+def exit_status(code: object) -> int:
+    """The contract's exit status from the server's (-1: killed by a signal it does not
+    name; only the wrapper's own group kill leaves that)."""
+    if not isinstance(code, int) or isinstance(code, bool):
+        return 255
+    if code < 0:
+        return UNKNOWN_SIGNAL_EXIT
+    return code
+
+
+def is_server_timeout(error: SandboxError | None) -> bool:
+    """Whether `error` is the sandbox API's own timeout of a waited-for process: 422
+    "process timed out after N seconds" (the process still runs), or 408 from older
+    gateways."""
+    if not isinstance(error, BlaxelAPIError):
+        return False
+    return error.status == 408 or (error.status == 422 and "timed out" in str(error))
+
+
 def _int_status(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
         return value
@@ -354,6 +405,8 @@ class _Terminal:
     pid_scan: bytes = b""
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closing: bool = False
+    # A liveness probe was sent and no frame came since.
+    probed: bool = False
 
     def __post_init__(self) -> None:
         self.pid_marker = re.compile(rb"\x1eP" + self.trap.token.encode() + rb":(\d{1,10})\x1e")
@@ -390,6 +443,9 @@ class BlaxelSession(BaseSandboxSession):
       on a WebSocket close; `heartbeat_s` (default 30): WebSocket ping interval, so a
       silently dead connection is noticed; `terminate_grace_s` (default 1): time between
       the polite signals and SIGKILL when a running process is terminated;
+      `probe_interval_s` (default 5): after that long without a frame from a running
+      process's terminal, it is probed, so a shell that died without reporting is
+      found lost within about twice that;
     - plus the base session's options.
     """
 
@@ -416,6 +472,7 @@ class BlaxelSession(BaseSandboxSession):
         close_timeout_s: float = 2.0,
         heartbeat_s: float | None = 30.0,
         terminate_grace_s: float = 1.0,
+        probe_interval_s: float = 5.0,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -435,6 +492,7 @@ class BlaxelSession(BaseSandboxSession):
             ("api_timeout_s", api_timeout_s),
             ("connect_timeout_s", connect_timeout_s),
             ("close_timeout_s", close_timeout_s),
+            ("probe_interval_s", probe_interval_s),
         ):
             arguments.check_seconds(option, seconds)
         arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
@@ -461,6 +519,7 @@ class BlaxelSession(BaseSandboxSession):
         self.close_timeout_s = close_timeout_s
         self.heartbeat_s = heartbeat_s
         self.terminate_grace_s = terminate_grace_s
+        self.probe_interval_s = probe_interval_s
         self._api_key = Secret(key)
         self._workspace_name = space
         self._api_url = api_url
@@ -642,13 +701,17 @@ class BlaxelSession(BaseSandboxSession):
         """One `process.exec` that waits for completion. The SDK returns the whole output
         at once (no stream to read it from as it comes): only what is kept of it is
         bounded. A `cwd` (or `shell=False`) runs behind the command check, started in
-        `workdir`, so a bad one is reported as on every backend."""
+        `workdir`, so a bad one is reported as on every backend.
+
+        The edge cuts a wait silent for about 60 s with a 504 while the command runs on:
+        the process is then followed until it ends, up to our deadline. At our deadline,
+        or when the server's own timeout answers first (422), the process is killed."""
         instance = self.instance
         name = f"exec-{secrets.token_hex(6)}"
         check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
         argv = spec.argv if check is None else check.argv(spec.argv, announce=False)
         request: dict[str, Any] = {
-            "command": shlex.join(argv),
+            "command": exact_status_command(shlex.join(argv)),
             "name": name,
             "working_dir": self.workdir,
             "wait_for_completion": True,
@@ -668,7 +731,7 @@ class BlaxelSession(BaseSandboxSession):
                     response = await instance.process.exec(request)
                 except Exception as exc:
                     error = self._map_error(exc, what)
-                if isinstance(error, BlaxelAPIError) and error.status == 504 and timeout is None:
+                if isinstance(error, BlaxelAPIError) and error.status == 504:
                     # The edge cut a silent request; the command is still running.
                     error = None
                     response = await self._wait_for_process(name, what)
@@ -677,7 +740,7 @@ class BlaxelSession(BaseSandboxSession):
         except BaseException:
             await settle(self._kill_process(name))
             raise
-        if timed_out or (isinstance(error, BlaxelAPIError) and error.status == 408):
+        if timed_out or is_server_timeout(error):
             await settle(self._kill_process(name))
             stdout, stderr = await self._partial_output(name)
             capture.add_stdout(stdout)
@@ -693,9 +756,7 @@ class BlaxelSession(BaseSandboxSession):
         stderr_text = response.stderr or ""
         if not stdout_text and not stderr_text and response.logs:
             stdout_text = response.logs  # older sandbox APIs only return combined logs
-        code = response.exit_code if isinstance(response.exit_code, int) else 255
-        if code < 0:
-            code = 128 + min(-code, 127)  # some APIs encode a death by signal N as -N
+        code = exit_status(response.exit_code)
         _append_text(capture.add_stdout, stdout_text)
         _append_text(capture.add_stderr, stderr_text)
         return capture.result(code)
@@ -927,19 +988,27 @@ class BlaxelSession(BaseSandboxSession):
         raise error
 
     async def _send_input(self, entry: PtyEntry, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        await self._send_frames(
+            entry,
+            (
+                json.dumps({"type": "input", "data": text[at : at + INPUT_FRAME_CHARS]})
+                for at in range(0, len(text), INPUT_FRAME_CHARS)
+            ),
+        )
+
+    async def _send_frames(self, entry: PtyEntry, frames: Iterable[str]) -> None:
         term: _Terminal = entry.handle
         ws = term.ws
         if ws is None or ws.closed:
             raise ConnectionLostError(
                 f"the terminal of process {entry.process_id} is disconnected", retryable=False
             )
-        text = data.decode("utf-8", "replace")
         error: SandboxError | None = None
         async with term.send_lock:
             try:
-                for at in range(0, len(text), INPUT_FRAME_CHARS):
-                    chunk = text[at : at + INPUT_FRAME_CHARS]
-                    await ws.send_str(json.dumps({"type": "input", "data": chunk}))
+                for frame in frames:
+                    await ws.send_str(frame)
             except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
                 error = ConnectionLostError(
                     f"writing to the terminal of process {entry.process_id} failed "
@@ -948,6 +1017,11 @@ class BlaxelSession(BaseSandboxSession):
                 )
         if error is not None:
             raise error
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        """The terminal's `resize` message (`handler/terminal.go`; the server ignores a
+        size of zero and answers nothing)."""
+        await self._send_frames(entry, [json.dumps({"type": "resize", "cols": cols, "rows": rows})])
 
     async def _read_terminal(self, entry: PtyEntry, term: _Terminal) -> None:
         """Pump terminal frames into the entry until the socket closes."""
@@ -965,6 +1039,9 @@ class BlaxelSession(BaseSandboxSession):
         tail = term.trap.flush()
         if tail:
             entry.feed(tail)
+        if reason is None and term.probed:
+            # Closed in answer to a probe: the server found the shell gone.
+            reason = "the Blaxel terminal's shell ended without reporting the command's exit"
         if reason is None:
             code = ws.close_code
             reason = "the Blaxel terminal connection closed before the command finished"
@@ -980,8 +1057,13 @@ class BlaxelSession(BaseSandboxSession):
         """Feed frames to the entry until the socket closes; returns why it failed, or
         None for a plain close."""
         while True:
-            msg = await ws.receive()
+            try:
+                msg = await ws.receive(timeout=self.probe_interval_s)
+            except TimeoutError:
+                await self._probe(term, ws)
+                continue
             if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                term.probed = False
                 self._on_frame(entry, term, msg.data)
             elif msg.type is aiohttp.WSMsgType.ERROR:
                 return f"the terminal connection failed ({type(msg.data).__name__})"
@@ -991,6 +1073,20 @@ class BlaxelSession(BaseSandboxSession):
                 aiohttp.WSMsgType.CLOSED,
             ):
                 return None
+
+    async def _probe(self, term: _Terminal, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Make the server look at a silent terminal's session: it checks whether the
+        shell ended only after a client message, and then closes the socket (a shell
+        that died without our end marker would otherwise be waited on forever). Skipped
+        while a write is under way (that write is such a message) or once the command
+        ended; a probe that cannot be sent is left to the next one."""
+        if term.trap.done or term.closing or term.send_lock.locked() or not term.line_sent:
+            return
+        async with term.send_lock:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError, ConnectionError):
+                async with asyncio.timeout(self.probe_interval_s):
+                    await ws.send_str(PROBE_FRAME)
+                    term.probed = True
 
     def _on_frame(self, entry: PtyEntry, term: _Terminal, payload: str | bytes) -> None:
         frame = parse_terminal_frame(payload)
