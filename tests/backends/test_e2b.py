@@ -760,3 +760,103 @@ async def test_close_reports_every_failed_teardown_together(fake: FakeE2B) -> No
     assert len(info.value.errors) == 2
     assert s.state is sandbox.SessionState.CLOSED
     await fake.aclose()
+
+
+# ---- provider fidelity: what the SDK does that the backend must account for ------------
+
+
+async def test_background_commands_do_not_keep_their_output_in_the_sdk(fake: FakeE2B) -> None:
+    # The SDK keeps every character a command printed in its handle unless the command
+    # was started with `retain_output=False`; a long-running process would grow forever.
+    async with open_e2b(fake) as session:
+        update = await session.pty_exec_start(
+            "head -c 200000 /dev/zero | tr '\\0' a; echo done; exec sleep 30", until="done"
+        )
+        assert update.process_id is not None
+        assert "done" in update.output
+        assert fake.retained_output_chars() == 0
+        result = await session.exec("head -c 100000 /dev/zero | tr '\\0' b; echo e >&2")
+        assert len(result.stdout) == 100000 and result.stderr == b"e\n"
+        assert fake.retained_output_chars() == 0
+    await assert_clean(fake)
+
+
+async def test_fake_retains_output_like_the_sdk_unless_told_not_to(fake: FakeE2B) -> None:
+    sdk_sandbox = await fake.AsyncSandbox.create(api_key=KEY)
+    kept = await sdk_sandbox.commands.run("printf abc")
+    assert kept.stdout == "abc"
+    dropped = await sdk_sandbox.commands.run("printf abc", retain_output=False)
+    assert dropped.stdout is None and dropped.stderr is None and dropped.exit_code == 0
+    await sdk_sandbox.kill(api_key=KEY)
+
+
+async def test_a_create_retried_by_the_sdk_makes_one_sandbox(fake: FakeE2B) -> None:
+    # The SDK's transport retries a create answered by a gateway error; without an
+    # idempotency key the first sandbox would live on, owned by nobody.
+    fake.retry_creates(2)
+    async with open_e2b(fake) as session:
+        assert fake.live_sandbox_ids() == [session.sandbox_id]
+        assert (await session.exec("echo one")).stdout == b"one\n"
+    assert fake.live_sandbox_ids() == []
+    assert len(fake.created) == 1
+
+
+async def test_fake_duplicates_retried_creates_without_an_idempotency_key(fake: FakeE2B) -> None:
+    fake.retry_creates(1)
+    first = await fake.AsyncSandbox.create(api_key=KEY, metadata={"t": "1"})
+    assert len(fake.live_sandbox_ids()) == 2  # what the SDK's retry does to a bare create
+    await fake.AsyncSandbox.kill(fake.created[0], api_key=KEY)
+    await first.kill(api_key=KEY)
+    with pytest.raises(InvalidArgumentException):
+        await fake.AsyncSandbox.create(api_key=KEY, idempotency_key="Not Valid")
+
+
+def _transport_failure(code: Any, cause: BaseException | None) -> BaseException:
+    from connectrpc.errors import ConnectError
+
+    error = ConnectError(code, "the connection to the sandbox was reset")
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "retryable"),
+    [
+        ("read-error", sandbox.ConnectionLostError, True),
+        ("reset", sandbox.ConnectionLostError, True),
+        ("unavailable", sandbox.ConnectionLostError, True),
+        ("deadline", sandbox.ProviderError, True),
+        ("internal", sandbox.ProviderError, False),
+        ("httpx-read", sandbox.ConnectionLostError, True),
+    ],
+)
+@pytest.mark.parametrize("point", ["commands.run", "pty.send_stdin", "files.get_info"])
+async def test_envd_transport_failures_are_classified(
+    fake: FakeE2B, case: str, kind: type, retryable: bool, point: str
+) -> None:
+    import httpx
+    from connectrpc.code import Code
+    from pyqwest import ReadError
+
+    exc = {
+        "read-error": lambda: _transport_failure(Code.UNKNOWN, ReadError("stream closed")),
+        "reset": lambda: _transport_failure(Code.UNKNOWN, ConnectionResetError(104, "reset")),
+        "unavailable": lambda: _transport_failure(Code.UNAVAILABLE, None),
+        "deadline": lambda: _transport_failure(Code.DEADLINE_EXCEEDED, TimeoutError()),
+        "internal": lambda: _transport_failure(Code.INTERNAL, None),
+        "httpx-read": lambda: httpx.ReadError("connection reset"),
+    }[case]()
+    async with open_e2b(fake) as session:
+        update = await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+        assert update.process_id is not None
+        fake.fail(point, exc)
+        with pytest.raises(sandbox.SandboxError) as info:
+            if point == "commands.run":
+                await session.exec("true")
+            elif point == "pty.send_stdin":
+                await session.pty_write_stdin(update.process_id, "x\n")
+            else:
+                await session.read_file("anything")
+        assert type(info.value) is kind, info.value
+        assert info.value.retryable is retryable
+    await assert_clean(fake)

@@ -27,7 +27,17 @@ How the contract maps onto E2B:
   session owns; if the caller is cancelled meanwhile, the teardown waits for that task and
   deletes what it made. A create that failed in a way that leaves its outcome unknown (a
   timeout, a dropped connection) is followed by a search for the sandbox by a metadata
-  tag, and what is found is killed.
+  tag, and what is found is killed. Every create carries an idempotency key (the SDK's
+  `idempotency_key`, sent as the `Idempotency-Key` header): the SDK's transport retries
+  a create answered by a gateway error (502/503/504, `e2b.retry`), and without the key
+  such a retry makes a second sandbox that nobody holds.
+- Background commands run with `retain_output=False`: the SDK would otherwise keep every
+  character a command printed in its handle for as long as the handle lives (we get the
+  output through the callbacks and never read the handle's copy).
+- Failures of envd's transport (a `connectrpc` `ConnectError` whose cause is a
+  connection error, or an `UNAVAILABLE` answer; httpx transport errors on the file API)
+  are `ConnectionLostError` with `retryable=True`; deadline and resource errors are
+  retryable `ProviderError`s.
 
 Options: `api_key` (else `E2B_API_KEY`), `sandbox_id` (attach), `template`, `keep`,
 `sandbox_timeout_s` (the sandbox's lifetime on E2B), `request_timeout_s` (each API
@@ -50,6 +60,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import httpx
+from connectrpc.code import Code as RpcCode
+from connectrpc.errors import ConnectError
 from e2b import (
     AsyncSandbox,
     AuthenticationException,
@@ -117,6 +129,31 @@ _REFUSED = (
 )
 # Errors that mean the thing we wanted to stop is already gone.
 _GONE = (SandboxNotRunningException, NotFoundException)
+# envd RPC codes that say the connection (not the request) failed, and codes a retry of
+# the same request may get past.
+_RPC_LOST = frozenset({RpcCode.UNAVAILABLE})
+_RPC_RETRYABLE = frozenset(
+    {RpcCode.DEADLINE_EXCEEDED, RpcCode.RESOURCE_EXHAUSTED, RpcCode.ABORTED, RpcCode.CANCELED}
+)
+# What pyqwest (the SDK's HTTP client) raises when a connection breaks: a connectrpc
+# `ConnectError` carries one of these as its cause (`e2b.envd.rpc.is_transport_failure`).
+_TRANSPORT_CAUSES: tuple[type[BaseException], ...] = (OSError,)
+try:
+    from pyqwest import ReadError, StreamError, WriteError
+
+    _TRANSPORT_CAUSES = (OSError, ReadError, WriteError, StreamError)
+except ImportError:  # pragma: no cover - an SDK release without pyqwest
+    pass
+
+
+def rpc_failure(exc: ConnectError) -> tuple[type[ProviderError], bool]:
+    """Our error class and retryability for an envd RPC error the SDK passed on as is
+    (it does so for transport failures, which its code mapping does not cover)."""
+    if isinstance(exc.__cause__, _TRANSPORT_CAUSES) and exc.code is not RpcCode.DEADLINE_EXCEEDED:
+        return ConnectionLostError, True
+    if exc.code in _RPC_LOST:
+        return ConnectionLostError, True
+    return ProviderError, exc.code in _RPC_RETRYABLE
 
 
 def exit_status(code: int | None) -> int:
@@ -293,7 +330,13 @@ class E2BSession(BaseSandboxSession):
             retryable = True
         elif isinstance(exc, _REFUSED):
             retryable = False
-        elif isinstance(exc, httpx.TransportError | ConnectionError):
+        elif isinstance(exc, ConnectError):
+            cls, retryable = rpc_failure(exc)
+        elif isinstance(exc, httpx.TimeoutException):
+            retryable = True
+        elif isinstance(exc, httpx.TransportError | ConnectionError) or (
+            isinstance(exc, _TRANSPORT_CAUSES) and not isinstance(exc, TimeoutError)
+        ):
             cls, retryable = ConnectionLostError, True
         elif isinstance(exc, TimeoutError):
             retryable = True
@@ -354,6 +397,9 @@ class E2BSession(BaseSandboxSession):
             timeout=self._sandbox_timeout,
             metadata={**self._metadata, START_TAG: token},
             envs=self._envs or None,
+            # Lowercase letters, digits and hyphens, as the SDK requires: the SDK's own
+            # retries of this request then return the same sandbox, never a second one.
+            idempotency_key=f"agent-sandbox-pty-{token}",
             **self._api_params(),
         )
         # The create runs as our task: if this caller is cancelled, `_stop_backend` waits
@@ -466,6 +512,7 @@ class E2BSession(BaseSandboxSession):
                     on_stderr=lambda chunk: capture.add_stderr(text_to_bytes(chunk)),
                     stdin=False,
                     timeout=lifetime,
+                    retain_output=False,
                     **self._request(),
                 ),
                 lambda h: self._abort_pipe(sandbox, h, pgid_file),
@@ -518,6 +565,7 @@ class E2BSession(BaseSandboxSession):
                 script,
                 timeout=self._kill_timeout,
                 request_timeout=self._kill_timeout,
+                retain_output=False,
             ),
             self._kill_timeout,
         )
@@ -626,6 +674,7 @@ class E2BSession(BaseSandboxSession):
                 on_stderr=on_output,
                 stdin=False,
                 timeout=self._process_timeout,
+                retain_output=False,
                 **self._request(),
             )
         # Our task, shielded: a cancelled caller leaves it to `_terminate_pty_entry`,

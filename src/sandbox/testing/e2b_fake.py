@@ -41,6 +41,32 @@ Fault knobs, for tests of the code that uses the SDK (`point` names are in
   it started (the "reader that dies"); `FakeProcess.break_stream(exc)` does it to a running
   process.
 
+- `retry_creates(n)`: the next create is answered by a gateway error n times after the
+  sandbox was made and retried by the SDK's transport: without an `idempotency_key`
+  each retry makes another sandbox (what `e2b.retry.AsyncRetryableTransport` does to a
+  502/503/504); with one, the same sandbox comes back.
+
+Exceptions, as the SDK (2.63) raises them in each situation the fake models:
+
+- no API key, or a wrong one: `AuthenticationException` (any call that reaches the API);
+- `connect` to an unknown or killed sandbox: `SandboxNotFoundException`;
+- a call on a killed sandbox (`commands.*`, `pty.*`, `files.*`):
+  `SandboxNotRunningException` (envd's connection refused, the health probe says gone);
+- `commands.run` in a missing `cwd`: `SandboxException` ("failed to start process");
+  `stdin=True`: the fake raises `InvalidArgumentException` (not modelled);
+- `handle.wait()` on a non-zero exit: `CommandExitException` (its `stdout`/`stderr` are
+  None with `retain_output=False`); a stream that outlived its `timeout`:
+  `TimeoutException`; a stream cut by a dropped connection: whatever `fail("stream")`
+  armed (the SDK passes on a `connectrpc` `ConnectError` for a transport failure, or
+  `SandboxUnreachableException` when its health probe fails too);
+- `pty.send_stdin`/`pty.resize` to an ended process: `NotFoundException`;
+  `commands.kill`/`pty.kill` of an unknown pid: `False`, no exception;
+- `files.read` of a missing path: `FileNotFoundException`, of a directory:
+  `InvalidArgumentException`; `files.write` over a directory: `InvalidArgumentException`,
+  under a file: `SandboxException`; `files.get_info` of a missing path:
+  `FileNotFoundException`, under a file: `SandboxException`;
+- an invalid `idempotency_key`: `InvalidArgumentException` (the SDK's own check).
+
 `where` is a predicate on the `FakeProcess` the call concerns (for process calls), so a
 knob can target, say, only terminal processes. Leak checks: `leftover_pids()` lists
 local processes still alive in any session the fake started, `open_streams()` the
@@ -79,6 +105,7 @@ from e2b import (
     SandboxNotRunningException,
     TimeoutException,
 )
+from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
 from ..local_process import LocalProcess
@@ -404,6 +431,7 @@ class FakeCommandHandle:
         on_stdout: Callable[[str], Any] | None = None,
         on_stderr: Callable[[str], Any] | None = None,
         on_pty: Callable[[bytes], Any] | None = None,
+        retain_output: bool = True,
     ) -> None:
         self._service = service
         self._process = process
@@ -412,11 +440,12 @@ class FakeCommandHandle:
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
         self._on_pty = on_pty
-        self._stdout: list[str] = []
-        self._stderr: list[str] = []
+        # As the SDK: with `retain_output=False` nothing is accumulated (result: None).
+        self._stdout: list[str] | None = [] if retain_output else None
+        self._stderr: list[str] | None = [] if retain_output else None
         self._stdout_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stderr_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._result: CommandResult[str] | None = None
+        self._result: CommandResult[str | None] | None = None
         self._iteration_exception: Exception | None = None
         self._wait = asyncio.ensure_future(self._handle_events())
         service._handles.add(self)
@@ -437,14 +466,26 @@ class FakeCommandHandle:
             if inspect.isawaitable(result):
                 await result
 
+    @staticmethod
+    def _keep(chunks: list[str] | None, text: str) -> None:
+        if chunks is not None:
+            chunks.append(text)
+
+    @staticmethod
+    def _joined(chunks: list[str] | None) -> str | None:
+        return None if chunks is None else "".join(chunks)
+
+    def _retained_chars(self) -> int:
+        return sum(len(c) for chunks in (self._stdout, self._stderr) if chunks for c in chunks)
+
     async def _flush(self) -> None:
         out = self._stdout_decoder.decode(b"", final=True)
         if out:
-            self._stdout.append(out)
+            self._keep(self._stdout, out)
             await self._deliver(self._on_stdout, out)
         err = self._stderr_decoder.decode(b"", final=True)
         if err:
-            self._stderr.append(err)
+            self._keep(self._stderr, err)
             await self._deliver(self._on_stderr, err)
 
     async def _handle_events(self) -> None:
@@ -458,21 +499,21 @@ class FakeCommandHandle:
                     elif stream == "stdout":
                         text = self._stdout_decoder.decode(chunk)
                         if text:
-                            self._stdout.append(text)
+                            self._keep(self._stdout, text)
                             await self._deliver(self._on_stdout, text)
                     else:
                         text = self._stderr_decoder.decode(chunk)
                         if text:
-                            self._stderr.append(text)
+                            self._keep(self._stderr, text)
                             await self._deliver(self._on_stderr, text)
                 elif event[0] == "end":
+                    await self._flush()
                     self._result = CommandResult(
-                        stdout="".join(self._stdout),
-                        stderr="".join(self._stderr),
+                        stdout=self._joined(self._stdout),
+                        stderr=self._joined(self._stderr),
                         exit_code=event[1],
                         error=None,
                     )
-                    await self._flush()
                     return
                 else:
                     await self._flush()
@@ -480,7 +521,7 @@ class FakeCommandHandle:
         except Exception as exc:
             self._iteration_exception = exc
 
-    async def wait(self) -> CommandResult[str]:
+    async def wait(self) -> CommandResult[str | None]:
         """Wait for the end; `CommandExitException` on a non-zero exit code."""
         await self._service._knobs.checkpoint("wait", after=False, subject=self._process)
         await self._wait
@@ -490,8 +531,8 @@ class FakeCommandHandle:
             raise Exception("Command ended without an end event")
         if self._result.exit_code != 0:
             raise CommandExitException(
-                stdout="".join(self._stdout),
-                stderr="".join(self._stderr),
+                stdout=self._joined(self._stdout),
+                stderr=self._joined(self._stderr),
                 exit_code=self._result.exit_code,
                 error=self._result.error,
             )
@@ -651,6 +692,7 @@ class FakeCommands:
             lambda: self.kill(process.pid),
             on_stdout=on_stdout,
             on_stderr=on_stderr,
+            retain_output=retain_output,
         )
         try:
             await knobs.checkpoint("commands.run", after=True, subject=process)
@@ -1022,11 +1064,18 @@ class FakeAsyncSandbox:
         idempotency_key: str | None = None,
         **opts: Any,
     ) -> FakeAsyncSandbox:
-        """Create a sandbox (a fresh home directory)."""
+        """Create a sandbox (a fresh home directory). With `idempotency_key`, a key seen
+        before returns that sandbox (as the API does for the SDK's retries); see
+        `FakeE2B.retry_creates` for the retries that make a second sandbox without one."""
         service = cls._bound()
+        key = resolve_idempotency_key(idempotency_key)  # the SDK's own validation
         service._authorize(opts)
         await service._knobs.checkpoint("create", after=False, subject=None)
-        state = service._new_sandbox(template or "base", metadata or {}, envs or {})
+        state = service._create(template or "base", metadata or {}, envs or {}, key)
+        for _ in range(service._take_create_retries()):
+            # The answer was a gateway error: the SDK's transport sends the same request
+            # again (same Idempotency-Key header, if any).
+            state = service._create(template or "base", metadata or {}, envs or {}, key)
         await service._knobs.checkpoint("create", after=True, subject=None)
         return cls(state)
 
@@ -1123,6 +1172,9 @@ class FakeE2B:
         self._knobs = _Knobs()
         self._sandboxes: dict[str, _SandboxState] = {}
         self._handles: set[FakeCommandHandle] = set()
+        self._idempotent: dict[str, _SandboxState] = {}
+        self._create_retries = 0
+        self.created: list[str] = []
         self.processes: list[FakeProcess] = []
         self.AsyncSandbox: type[FakeAsyncSandbox] = type(
             "AsyncSandbox",
@@ -1168,6 +1220,17 @@ class FakeE2B:
         self._knobs.gates.append(gate)
         return gate
 
+    def retry_creates(self, retries: int = 1) -> None:
+        """The next create is answered with a gateway error (502) `retries` times after
+        the sandbox was made, and the SDK's transport (`e2b.retry`) sends it again each
+        time: without an `idempotency_key` every retry makes one more sandbox (with the
+        same metadata) and only the last one is returned."""
+        self._create_retries = retries
+
+    def _take_create_retries(self) -> int:
+        retries, self._create_retries = self._create_retries, 0
+        return retries
+
     def release_all(self) -> None:
         """Release every gate (e.g. at the end of a test)."""
         for gate in self._knobs.gates:
@@ -1201,6 +1264,11 @@ class FakeE2B:
         sids = {str(p.pid).encode() for p in self.processes}
         return _live_pids(lambda f: f[3] in sids)
 
+    def retained_output_chars(self) -> int:
+        """Characters of command output the SDK handles still hold (the SDK keeps all of
+        a command's output unless it was started with `retain_output=False`)."""
+        return sum(h._retained_chars() for h in self._handles)
+
     def open_streams(self) -> list[FakeCommandHandle]:
         """Handles whose event-reading task is still running."""
         return [h for h in self._handles if not h._wait.done()]
@@ -1218,6 +1286,16 @@ class FakeE2B:
         if self.api_key is not None and key != self.api_key:
             raise AuthenticationException("Unauthorized, please check your credentials.")
 
+    def _create(
+        self, template: str, metadata: dict[str, str], envs: dict[str, str], key: str | None
+    ) -> _SandboxState:
+        if key is not None and key in self._idempotent:
+            return self._idempotent[key]
+        state = self._new_sandbox(template, metadata, envs)
+        if key is not None:
+            self._idempotent[key] = state
+        return state
+
     def _new_sandbox(
         self, template: str, metadata: dict[str, str], envs: dict[str, str]
     ) -> _SandboxState:
@@ -1226,6 +1304,7 @@ class FakeE2B:
         os.makedirs(home)
         state = _SandboxState(sandbox_id, home, template, dict(metadata), dict(envs))
         self._sandboxes[sandbox_id] = state
+        self.created.append(sandbox_id)
         return state
 
     def _check_alive(self, state: _SandboxState) -> None:
