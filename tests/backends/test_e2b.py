@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import logging
 import importlib
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
