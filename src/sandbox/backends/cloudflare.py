@@ -2,19 +2,34 @@
 WebSocket with aiohttp.
 
 One `aiohttp.ClientSession` per sandbox session carries every request (created on start,
-closed on close). The protocol (see PROVIDERS.md):
+closed on close). The protocol is the bridge Worker of cloudflare/sandbox-sdk (see
+docs/providers.md, "Cloudflare", for each fact and its upstream source):
 
 - `POST {worker}/v1/sandbox` creates a sandbox, `DELETE .../{id}` deletes it (404 counts
-  as already gone), `GET .../{id}/running` checks one we attach to;
+  as already gone), `GET .../{id}/running` answers ``{"running": bool}`` (always 200);
+  ids match ``^[a-z2-7]{1,128}$``;
 - `POST .../{id}/exec` runs a one-shot command and answers a server-sent-event stream
-  (base64 `stdout`/`stderr`, then `exit` or `error`), decoded incrementally;
-- `GET|PUT .../{id}/file/<path>` reads and writes files as raw bytes;
-- `.../{id}/pty` is a WebSocket to an interactive shell: a `ready` text frame, then raw
-  bytes both ways in binary frames, `exit`/`error` text frames, `resize` frames from us.
+  (base64 `stdout`/`stderr`, then `exit` or `error`), decoded incrementally. The bridge
+  gives the command no abort signal and no timeout: every command carries a random tag
+  in its environment, and one that did not finish (cancelled, timed out, stream lost)
+  is killed by a second exec that finds the tag in /proc;
+- `GET|PUT .../{id}/file/<path>` reads and writes raw bytes at ``'/' + <path>`` under
+  /workspace: a relative path is sent as ``workspace/<path>``; what the path names is
+  asked first (a `stat` exec), since the bridge would open a FIFO and wait;
+- `POST .../{id}/session` / `DELETE .../{id}/session/{sid}`: a PTY belongs to a session
+  and a session has one PTY (shared by every socket, its buffer replayed to each), so
+  every process gets a session of its own, named by us before it is created (so a
+  cancelled spawn can still delete it);
+- `.../{id}/pty` with `Session-Id` is a WebSocket to that session's shell: a `ready`
+  text frame (buffered output may come before it), raw bytes both ways in binary
+  frames, `error` text frames, `resize` frames from us. No `exit` frame comes (older
+  bridges sent one; it is still accepted) and closing the socket leaves the shell
+  running.
 
-Because the PTY is a shell, each command is typed into it through `ShellTrap` in exec
-mode: the command replaces the shell, so the Worker's `exit` frame carries the command's
-own status, and the prompt and echo are filtered out.
+Because the PTY is a shell that never reports an exit, each command is typed into it
+through `ShellTrap` in report mode (isolated): its status comes back in-band as an end
+marker. The line first prints the shell's pid, so a terminate can kill the session's
+whole tree (a second exec) before it deletes the session.
 
 The API key travels only in the `Authorization` header. It is held in a `Secret` whose
 repr hides it, provider text is redacted before it reaches a message, and aiohttp
@@ -28,6 +43,9 @@ import binascii
 import contextlib
 import json
 import logging
+import posixpath
+import re
+import secrets
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +70,7 @@ from ..errors import (
 )
 from ..exec_output import ExecCapture
 from ..process_entry import CommandSpec, PtyEntry
+from ..remote_files import Entry, explain_write_failure, regular_file
 from ..session import BaseSandboxSession
 from ..shell_trap import ShellTrap
 from ..types import ExecResult
@@ -69,6 +88,33 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 # server-side limit is the backstop if the Worker keeps running it.
 SERVER_TIMEOUT_GRACE_MS = 1000
 MAX_DETAIL_CHARS = 300
+# routes.ts: the bridge refuses any other sandbox id with 400.
+SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
+WORKSPACE = "/workspace"
+# The environment variable that tags a one-shot command and its descendants.
+EXEC_TAG_VAR = "SANDBOX_CF_EXEC"
+# Output kept from a control exec (stat, kill): they print a line or nothing.
+MAX_CONTROL_OUTPUT = 64 * 1024
+# What prints the PTY shell's pid before the trap's line, and how we find it.
+_PID_MARKER = b"\x1eP%s:(\\d{1,10})\x1e"
+_MAX_PID_SCAN = 64 * 1024
+# Kills every process whose environment holds the tag given as $1.
+_KILL_TAGGED = (
+    'for d in /proc/[0-9]*; do tr "\\000" "\\n" < "$d/environ" 2>/dev/null '
+    '| grep -qxF "$1" && kill -KILL "${d#/proc/}" 2>/dev/null; done; true'
+)
+# Kills the session (and process group) led by pid $1: the PTY shell and whatever it
+# started, even in a group of its own.
+_KILL_SESSION = (
+    'kill -KILL -- "-$1" 2>/dev/null; for d in /proc/[0-9]*; do '
+    'st=$(cat "$d/stat" 2>/dev/null) || continue; st=${st##*) }; set -- "$1" $st; '
+    '[ "$5" = "$1" ] && kill -KILL "${d#/proc/}" 2>/dev/null; done; true'
+)
+# What a path names, relative to the exec's cwd (/workspace): "<%F>|<size>".
+_STAT = (
+    'if [ -e "$1" ]; then stat -L -c "%F|%s" -- "$1"; '
+    'elif [ -L "$1" ]; then echo "symlink|"; else echo "none|"; fi'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +239,23 @@ class _PtyHandle:
     """Our state for one process: its trap, socket and reader task."""
 
     trap: ShellTrap
+    session_id: str
+    session_confirmed: bool = False
     terminal: WorkerTerminal | None = None
     ws: aiohttp.ClientWebSocketResponse | None = None
     reader: asyncio.Task[None] | None = None
     errors: list[str] = field(default_factory=list)
     closing: bool = False
+    shell_pid: int | None = None
+    pid_scan: bytes = b""
+
+    def scan_for_pid(self, raw: bytes) -> None:
+        """Look for the shell's pid marker in the output before the trap's start."""
+        self.pid_scan = (self.pid_scan + raw)[-_MAX_PID_SCAN:]
+        match = re.search(_PID_MARKER % self.trap.token.encode(), self.pid_scan)
+        if match is not None:
+            self.shell_pid = int(match.group(1))
+            self.pid_scan = b""
 
 
 class CloudflareSession(BaseSandboxSession):
@@ -250,8 +308,14 @@ class CloudflareSession(BaseSandboxSession):
         if url.scheme not in ("http", "https") or not url.host:
             # The URL itself is not shown: it could carry a token of its own.
             raise InvalidArgumentError("worker_url must be an http:// or https:// URL")
-        if sandbox_id is not None and (not isinstance(sandbox_id, str) or not sandbox_id):
-            raise InvalidArgumentError("sandbox_id must be a non-empty str")
+        if sandbox_id is not None and (
+            not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id)
+        ):
+            # The bridge answers 400 for any other id (routes.ts): say so before asking.
+            raise InvalidArgumentError(
+                "sandbox_id must be 1 to 128 characters from a-z and 2-7 (the bridge's "
+                "sandbox id format)"
+            )
         for name, value in (
             ("request_timeout_s", request_timeout_s),
             ("connect_timeout_s", connect_timeout_s),
@@ -402,9 +466,17 @@ class CloudflareSession(BaseSandboxSession):
         if self._requested_id is not None:
             # The id is adopted only once the check succeeded: a failed attach must not
             # make the cleanup delete a sandbox we never held.
-            await self._call(
+            _, body = await self._call(
                 "GET", self._url(self._requested_id, "running"), "attach to the sandbox"
             )
+            # The bridge answers 200 either way; `running` says whether the sandbox's
+            # container answered a `true` exec.
+            if _json_object(body.decode("utf-8", "replace")).get("running") is not True:
+                raise ProviderError(
+                    f"could not attach to the sandbox {self._requested_id!r}: it is not "
+                    "running (stopped, or no such sandbox)",
+                    retryable=False,
+                )
             self._sandbox_id = self._requested_id
             return
         # The create runs as our own task: if this caller is cancelled after the Worker
@@ -448,9 +520,11 @@ class CloudflareSession(BaseSandboxSession):
         self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
     ) -> ExecResult:
         """One `exec` request; its SSE stream is decoded chunk by chunk straight into
-        the bounded capture. Closing the stream is how the Worker is told to stop."""
+        the bounded capture. The bridge does not stop a command whose client went away,
+        so one that did not finish is killed through its tag."""
         capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
-        body: dict[str, Any] = {"argv": _exec_argv(spec, capture.check)}
+        tag = f"{EXEC_TAG_VAR}={secrets.token_hex(12)}"
+        body: dict[str, Any] = {"argv": ["env", tag, *_exec_argv(spec, capture.check)]}
         if timeout is not None:
             body["timeout_ms"] = int(timeout * 1000) + SERVER_TIMEOUT_GRACE_MS
         http = self._client()
@@ -459,6 +533,7 @@ class CloudflareSession(BaseSandboxSession):
         failure: SandboxError | None = None
         code: int | None = None
         reusable = False
+        finished = False
         try:
             async with asyncio.timeout(timeout) as deadline:
                 try:
@@ -471,6 +546,7 @@ class CloudflareSession(BaseSandboxSession):
                         )
                     else:
                         code = await self._read_exec_stream(resp, capture)
+                        finished = True
                         reusable = resp.content.at_eof()
                 except _ExecFailed as exc:
                     failure = exc.as_error(timeout, spec, capture)
@@ -488,16 +564,72 @@ class CloudflareSession(BaseSandboxSession):
             failure = capture.timeout_error(spec.display, timeout)
         finally:
             if resp is not None:
-                # Closing the connection mid-stream is how a timed-out or cancelled
-                # command is stopped: the Worker kills it when its client goes away.
                 if reusable:
                     resp.release()
                 else:
                     resp.close()
+            if not finished and (resp is None or resp.status == 200):
+                # Cancelled, timed out or cut off: the command may still run.
+                await self._kill_exec(tag)
         if failure is not None:
             raise failure
         assert code is not None
         return capture.result(code)
+
+    async def _kill_exec(self, tag: str) -> None:
+        """Kill every process carrying `tag` (a one-shot command and what it started)."""
+        try:
+            await self._control(["sh", "-c", _KILL_TAGGED, "sh", tag], "stop the command")
+        except SandboxError as exc:
+            logger.debug("cloudflare: could not kill a command: %s", exc)
+
+    async def _control(self, argv: list[str], what: str) -> tuple[int, bytes]:
+        """Run a short command of our own (kill, stat) and return (status, stdout)."""
+        http = self._client()
+        out = bytearray()
+        failure: SandboxError | None = None
+        code: int | None = None
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                async with http.post(
+                    self._sandbox_url("exec"),
+                    headers=self._headers(),
+                    json={"argv": argv},
+                    allow_redirects=False,
+                ) as resp:
+                    if resp.status != 200:
+                        failure = self._status_error(
+                            resp.status, what, await resp.content.read(4096)
+                        )
+                    else:
+                        decoder = SseDecoder()
+                        async for chunk in resp.content.iter_any():
+                            for event in decoder.feed(chunk):
+                                if event.event == "stdout" and len(out) < MAX_CONTROL_OUTPUT:
+                                    out += binascii.a2b_base64(
+                                        event.data.encode("ascii"), strict_mode=False
+                                    )
+                                elif event.event == "exit":
+                                    payload = _json_object(event.data)
+                                    code = _exit_code(payload.get("exit_code"))
+                                elif event.event == "error":
+                                    failure = ProviderError(
+                                        f"could not {what}: the Worker reported an error",
+                                        retryable=False,
+                                    )
+        except TimeoutError:
+            failure = ProviderError(
+                f"could not {what}: the Worker did not answer within {self.request_timeout_s:g}s",
+                retryable=True,
+            )
+        except (aiohttp.ClientError, binascii.Error, UnicodeEncodeError) as exc:
+            failure = self._transport_error(what, exc)
+        if failure is None and code is None:
+            failure = ConnectionLostError(f"could not {what}: no exit status arrived")
+        if failure is not None:
+            raise failure
+        assert code is not None
+        return code, bytes(out)
 
     async def _read_exec_stream(self, resp: aiohttp.ClientResponse, capture: ExecCapture) -> int:
         decoder = SseDecoder()
@@ -544,8 +676,20 @@ class CloudflareSession(BaseSandboxSession):
 
     async def _spawn_process(self, entry: PtyEntry) -> None:
         spec = entry.spec
-        handle = _PtyHandle(trap=ShellTrap(report_exit=False))
+        # The session is named here, before it exists, and recorded at once: if this
+        # call is cancelled while the create is in flight, the teardown still knows
+        # which session to delete.
+        handle = _PtyHandle(
+            trap=ShellTrap(report_exit=True), session_id=f"sandbox-py-{secrets.token_hex(8)}"
+        )
         entry.handle = handle
+        await self._call(
+            "POST",
+            self._sandbox_url("session"),
+            "create a terminal session",
+            json_body={"id": handle.session_id},
+        )
+        handle.session_confirmed = True
         url = self._sandbox_url("pty").with_query(cols=str(spec.cols), rows=str(spec.rows))
         http = self._client()
         failure: SandboxError | None = None
@@ -554,7 +698,7 @@ class CloudflareSession(BaseSandboxSession):
                 try:
                     handle.ws = await http.ws_connect(
                         url,
-                        headers=self._headers(),
+                        headers={**self._headers(), "Session-Id": handle.session_id},
                         heartbeat=self.heartbeat_s,
                         max_msg_size=0,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
@@ -575,8 +719,14 @@ class CloudflareSession(BaseSandboxSession):
         handle.terminal = WorkerTerminal(handle.ws, early)
         handle.reader = asyncio.create_task(self._pump(entry, handle))
         check = CommandCheck.needed(spec.command, cwd=spec.command.cwd, token=handle.trap.token)
-        line = handle.trap.line(
-            _pty_command(spec.command, check), tty=spec.tty, announced=check is not None
+        # The shell's pid first (so a terminate can kill its whole session), then the
+        # trapped command, isolated: an interactive shell drops the rest of a line after
+        # Ctrl-C, which would lose the end marker.
+        line = f"printf '\\036P%s:%d\\036' {handle.trap.token} $$; " + handle.trap.line(
+            _pty_command(spec.command, check),
+            tty=spec.tty,
+            isolate=True,
+            announced=check is not None,
         )
         await self._send(handle, line.encode())
         if check is not None:
@@ -584,21 +734,32 @@ class CloudflareSession(BaseSandboxSession):
 
     async def _pump(self, entry: PtyEntry, handle: _PtyHandle) -> None:
         """The reader: moves terminal output through the trap into the entry until the
-        socket closes (after an `exit` frame it keeps reading, to answer the close)."""
+        trap's end marker (the command's status) or the socket's end. An `exit` frame
+        (older bridges) after the marker changes nothing; one before it means the
+        shell died without reporting."""
         terminal = handle.terminal
+        trap = handle.trap
         assert terminal is not None
         try:
             while True:
                 event = await terminal.next_event()
                 if event.kind == "output":
-                    entry.feed(handle.trap.feed(event.data))
-                elif event.kind == "exit":
-                    entry.feed(handle.trap.flush())
-                    if event.code is None:
-                        entry.report_lost("the Worker's exit frame had no exit code")
-                    else:
-                        entry.report_exit(event.code)
+                    if handle.shell_pid is None and not trap.started:
+                        handle.scan_for_pid(event.data)
+                    if trap.done:
+                        continue
+                    entry.feed(trap.feed(event.data))
+                    if trap.done:
+                        assert trap.exit_code is not None
+                        entry.report_exit(trap.exit_code)
                         entry.report_eof()
+                elif event.kind == "exit":
+                    if not trap.done and not handle.closing:
+                        entry.feed(trap.flush())
+                        entry.report_lost(
+                            "the Worker's terminal exited before the command's status arrived"
+                        )
+                    return
                 elif event.kind == "error":
                     message = self._key.redact(event.message)
                     handle.errors.append(message)
@@ -662,16 +823,39 @@ class CloudflareSession(BaseSandboxSession):
         await self._send(entry.handle, b"\x03")
 
     async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+        """Kill the session's tree, delete the session, then close the socket: closing
+        it alone would leave the shell and the command running (pty-ws-handler.ts
+        `onClose` only unsubscribes), and deleting the session only ends its shell."""
         handle: _PtyHandle | None = entry.handle
         if handle is None:
             return
         handle.closing = True
+        failure: SandboxError | None = None
+        if handle.shell_pid is not None and self._http is not None:
+            try:
+                await self._control(
+                    ["sh", "-c", _KILL_SESSION, "sh", str(handle.shell_pid)],
+                    "stop the terminal's processes",
+                )
+            except SandboxError as exc:
+                failure = exc
+        if self._http is not None and self._sandbox_id is not None:
+            try:
+                await self._call(
+                    "DELETE",
+                    self._sandbox_url("session", handle.session_id),
+                    "end the terminal session",
+                )
+            except SandboxError as exc:
+                # A session whose create never answered may not exist: that is no failure.
+                if handle.session_confirmed:
+                    failure = failure or exc
+                else:
+                    logger.debug("cloudflare: unconfirmed session not deleted: %s", exc)
         ws = handle.ws
         if ws is not None and not ws.closed:
-            # Close first, with the reader still waiting: aiohttp wakes its receive() and
-            # does the close handshake (bounded by ws_close). Cancelling the reader
-            # first would make aiohttp drop the connection without one. The Worker
-            # kills the terminal's processes when its socket closes.
+            # Close with the reader still waiting: aiohttp wakes its receive() and does
+            # the close handshake (bounded by ws_close).
             try:
                 await ws.close()
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -682,6 +866,8 @@ class CloudflareSession(BaseSandboxSession):
             await asyncio.wait([reader])
             if not reader.cancelled() and reader.exception() is not None:
                 logger.debug("cloudflare reader ended with %r", type(reader.exception()))
+        if failure is not None:
+            raise failure
 
     async def _final_drain(self, entry: PtyEntry) -> None:
         # Frames already received sit in aiohttp's queue: let the reader take them.
@@ -690,48 +876,82 @@ class CloudflareSession(BaseSandboxSession):
 
     # ---- files ---------------------------------------------------------------------
 
+    async def _stat(self, relative: str) -> Entry | None:
+        """What `relative` (to /workspace, the exec's cwd) names, by a `stat` exec."""
+        code, out = await self._control(
+            ["sh", "-c", _STAT, "sh", "./" + relative], f"look at {relative!r}"
+        )
+        kind, _, size = out.decode("utf-8", "replace").strip().partition("|")
+        if code != 0 or kind == "none":
+            return None
+        if kind == "symlink":
+            return Entry("symlink")
+        known = int(size) if size.isdigit() else None
+        if kind.startswith("regular"):
+            return Entry("file", known)
+        return Entry("dir" if kind == "directory" else "other")
+
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """GET the file; the Worker answers 409 for what is not a regular file (without
-        opening it) and 413 above `?max_bytes=` (before sending it)."""
-        url = self._file_url(path).update_query(max_bytes=str(max_bytes))
-        status, body = await self._call(
+        """Stat first (the bridge would open a FIFO and wait), then GET the file."""
+        relative = _workspace_relative(path)
+        size = await regular_file(self._stat, relative, write=False, shown=path)
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
+        _, body = await self._call(
             "GET",
-            url,
+            self._file_url(relative),
             f"read {path!r}",
             special={
                 404: SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}"),
-                403: WorkspacePathError(f"path {path!r} is outside the sandbox"),
+                403: WorkspacePathError(f"path {path!r} is outside the sandbox's /workspace"),
             },
-            accept=frozenset({409, 413}),
         )
-        if status == 409:
-            raise _not_a_file(path, body)
-        if status == 413:
-            size = _json_object(body.decode("utf-8", "replace")).get("size")
-            known = size if isinstance(size, int) and not isinstance(size, bool) else None
-            raise FileTooLargeError.over(path, known, max_bytes)
+        if len(body) > max_bytes:
+            raise FileTooLargeError.over(path, len(body), max_bytes)
         return body
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        """PUT the file; 409 when something other than a regular file is there, or a
-        parent on the path is a file."""
-        status, body = await self._call(
-            "PUT",
-            self._file_url(path),
-            f"write {path!r}",
-            data=data,
-            special={403: WorkspacePathError(f"path {path!r} is outside the sandbox")},
-            accept=frozenset({409}),
-        )
-        if status == 409:
-            raise _not_a_file(path, body)
+        """Stat first (refusing what is not a regular file), then PUT the bytes; a
+        failed PUT under a file is explained as such."""
+        relative = _workspace_relative(path)
+        await regular_file(self._stat, relative, write=True, shown=path)
+        try:
+            await self._call(
+                "PUT",
+                self._file_url(relative),
+                f"write {path!r}",
+                data=data,
+                special={
+                    403: WorkspacePathError(f"path {path!r} is outside the sandbox's /workspace")
+                },
+            )
+        except ProviderError as exc:
+            raise await explain_write_failure(self._stat, relative, exc) from None
 
-    def _file_url(self, path: str) -> URL:
+    def _file_url(self, relative: str) -> URL:
+        """The bridge resolves ``'/' + <path>``: a workspace path is sent as
+        ``workspace/<relative>``, each segment percent-encoded on its own."""
         url = self._sandbox_url("file")
-        # Each path segment is percent-encoded on its own (dot segments included, so
-        # the URL is not normalised on the way): the Worker decides what is outside.
-        encoded = "/".join(_quote_segment(s) for s in path.split("/"))
+        segments = ["workspace", *([] if relative == "." else relative.split("/"))]
+        encoded = "/".join(_quote_segment(s) for s in segments)
         return url.with_path(f"{url.raw_path}/{encoded}", encoded=True)
+
+
+def _workspace_relative(path: str) -> str:
+    """`path` relative to /workspace, resolved lexically as the bridge does
+    (helpers.ts `resolveWorkspacePath`); raises `WorkspacePathError` outside it."""
+    absolute = path if path.startswith("/") else f"{WORKSPACE}/{path}"
+    resolved = posixpath.normpath(absolute)
+    if resolved.startswith("//"):
+        resolved = resolved[1:]
+    if resolved == WORKSPACE:
+        return "."
+    if resolved.startswith(WORKSPACE + "/"):
+        return resolved[len(WORKSPACE) + 1 :]
+    raise WorkspacePathError(
+        f"path {path!r} is outside the sandbox's /workspace (the only place the "
+        "Cloudflare bridge reads and writes files)"
+    )
 
 
 class _ExecFailed(ProviderError):
