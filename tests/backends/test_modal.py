@@ -762,3 +762,44 @@ async def test_resize_is_unsupported(fake: FakeModal, tmp_path: Path) -> None:
 
 def test_exit_codes_are_normalised() -> None:
     assert [_exit_code(c) for c in (0, 3, 130, 137, -9, -15)] == [0, 3, 130, 137, 137, 143]
+
+
+# ---- provider fidelity: the terminal type ---------------------------------------------
+
+
+@pytest.mark.parametrize("client_term", [None, "dumb"])
+async def test_a_terminal_gets_term_whatever_the_client_has(
+    fake: FakeModal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client_term: str | None
+) -> None:
+    # With pty=True the SDK copies TERM from the client process (modal._output.pty
+    # .get_pty_info): a server without TERM would give the terminal none at all.
+    if client_term is None:
+        monkeypatch.delenv("TERM", raising=False)
+    else:
+        monkeypatch.setenv("TERM", client_term)
+    async with open_modal(fake, tmp_path) as s:
+        update = await s.pty_exec_start('echo "term=$TERM"', tty=True, yield_time_s=10)
+        assert "term=xterm-256color" in update.output
+        pipes = await s.exec('echo "term=${TERM-unset}"')
+        assert pipes.stdout == f"term={client_term or 'unset'}\n".encode()
+    async with open_modal(fake, tmp_path, term="vt100") as s:
+        update = await s.pty_exec_start('echo "term=$TERM"', tty=True, yield_time_s=10)
+        assert "term=vt100" in update.output
+        update = await s.pty_exec_start(
+            'echo "term=$TERM"', tty=True, yield_time_s=10, env={"TERM": "linux"}
+        )
+        assert "term=linux" in update.output
+    with pytest.raises(sandbox.InvalidArgumentError):
+        open_modal(fake, tmp_path, term="")
+
+
+async def test_fake_copies_the_client_term_like_the_sdk(
+    fake: FakeModal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TERM", "screen")
+    async with open_modal(fake, tmp_path, term="ignored-by-the-raw-sdk") as s:
+        box = fake.live_sandboxes()[0]
+        process = await box.exec.aio("sh", "-c", 'echo "t=$TERM"', pty=True, text=False)
+        out = b"".join([chunk async for chunk in process.stdout])
+        assert b"t=screen" in out
+        assert s.sandbox_id is not None

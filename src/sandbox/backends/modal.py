@@ -9,6 +9,14 @@ of a control script that signals every process carrying the token (the whole tre
 children that left the process group) and the groups they lead. A terminal is
 interrupted with `\\x03`; resizing raises `UnsupportedOperationError`.
 
+With `pty=True` the SDK describes the terminal from the *client* process
+(`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
+`modal.sandbox._common.default_pty_info`): `TERM`, `COLORTERM` and `TERM_PROGRAM` from
+`os.environ`, the window size from `sys.stdin`'s terminal. A server process has no TERM
+and no terminal, so every terminal command gets `TERM` explicitly in its environment
+(option `term`, default `xterm-256color`; a `TERM` in `env` or the command's own env
+wins) and the wrapper applies the requested size with `stty`.
+
 The wrapper and the control script also close the race with a start that is cancelled
 while its exec is in flight: the teardown of a command whose exec never answered leaves
 a marker file that the wrapper checks (and removes) before anything else, so a process
@@ -63,6 +71,7 @@ T = TypeVar("T")
 DEFAULT_APP_NAME = "agent-sandbox-pty"
 DEFAULT_WORKDIR = "/root"
 DEFAULT_SANDBOX_TIMEOUT_S = 3600
+DEFAULT_TERM = "xterm-256color"
 STATE_ROOT = "/tmp/.agent-sandbox-pty"
 TOKEN_ENV = "AGENT_SANDBOX_PTY_TOKEN"
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
@@ -227,6 +236,8 @@ class ModalSession(BaseSandboxSession):
       should a session never be closed; `create_options`: more `Sandbox.create` options
       (`cpu`, `memory`, `secrets`, ...);
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
+    - `term`: the `TERM` of terminal commands (default `xterm-256color`; the SDK would
+      otherwise copy the client process's own `TERM`, or none);
     - `state_dir`: where, in the sandbox, a start cancelled mid-flight leaves its marker
       (default `/tmp/.agent-sandbox-pty`; with the fake, that is this machine);
     - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
@@ -259,6 +270,7 @@ class ModalSession(BaseSandboxSession):
         create_options: Mapping[str, Any] | None = None,
         terminate_grace_s: float = 1.0,
         state_dir: str = STATE_ROOT,
+        term: str = DEFAULT_TERM,
         sdk: Any = None,
         **options: Any,
     ) -> None:
@@ -282,8 +294,11 @@ class ModalSession(BaseSandboxSession):
             ("token_id", token_id),
             ("token_secret", token_secret),
             ("state_dir", state_dir),
+            ("term", term),
         ):
             arguments.check_str(name, text)
+        if not term or "\0" in term:
+            raise InvalidArgumentError("term must be a non-empty terminal type, such as 'xterm'")
         env = arguments.check_env(env)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
@@ -300,6 +315,7 @@ class ModalSession(BaseSandboxSession):
         self._token_secret = token_secret
         self._client_option = client
         self._env = dict(env or {})
+        self._term = term
         self._create_options = dict(create_options or {})
         self._sdk: Any = sdk if sdk is not None else modal
         self._client: Any = None
@@ -508,7 +524,9 @@ class ModalSession(BaseSandboxSession):
             "sh", "-c", WRAPPER, "sandbox-pty", self._state_dir, handle.token,
             "tty" if tty else "pipes", str(rows), str(cols), *command,
         )  # fmt: skip
-        env = {**self._env, **(spec.env or {}), TOKEN_ENV: handle.token}
+        # The SDK sends the client's own TERM (or none) with a terminal: ours is explicit.
+        term = {"TERM": self._term} if tty else {}
+        env = {**term, **self._env, **(spec.env or {}), TOKEN_ENV: handle.token}
         handle.process = process = await self._call(
             "start a command",
             sandbox.exec.aio,

@@ -41,6 +41,21 @@ A `when=` predicate receives the argv of the process concerned (the path for
 fault to matching calls. `fake.calls` records every call as `(op, argv)`; each process
 records its `exec` options in `exec_options`.
 
+Exceptions, as the SDK (1.6.4) raises them in each situation the fake models:
+`Client.from_credentials` with an empty token: `modal.exception.AuthError`; a closed
+client or a detached sandbox: `ClientClosed`; `App.lookup` of a missing app without
+`create_if_missing`: `NotFoundError`; `Sandbox.create` with a name in use:
+`AlreadyExistsError`, without an app or with a relative `workdir`: `InvalidError`;
+`Sandbox.from_id` / `from_name` of an unknown sandbox: `NotFoundError`; `exec` with
+non-string arguments or a relative `workdir`: `InvalidError`; `exec`, a stdin write or a
+file call in a terminated sandbox: `ConflictError`; `filesystem.*` with a relative path:
+`InvalidError`, a missing path: `SandboxFilesystemNotFoundError`, a directory:
+`SandboxFilesystemIsADirectoryError`, a file as a parent:
+`SandboxFilesystemNotADirectoryError`; a lost connection: whatever a fault knob arms.
+
+With `pty=True` the fake, like the SDK (`modal._output.pty.get_pty_info`), gives the
+process the client's `TERM` (from `os.environ`) unless `env` names one.
+
 Known differences from the real service: a pipe process's stdin is /dev/null (only
 `write_eof()` is accepted: the backend closes it at start anyway); a finished process
 keeps its local fds until the sandbox is terminated; the sandbox lifetime `timeout` is
@@ -580,7 +595,12 @@ class FakeSandbox:
         environment.update({k: v for k, v in (env or {}).items() if v is not None})
         environment[FAKE_SANDBOX_ENV] = f"{self._fake.id}-{self._object_id}"
         if pty:
-            environment.setdefault("TERM", "xterm-256color")
+            # As the SDK's `get_pty_info`: the terminal type is the client's own `TERM`
+            # (none if it has none) unless the command's env names one.
+            environment.pop("TERM", None)
+            term = (env or {}).get("TERM") or os.environ.get("TERM")
+            if term:
+                environment["TERM"] = term
         process = FakeContainerProcess(self, argv, pty=pty, text=text)
         process.exec_options = {"timeout": timeout, "workdir": workdir, "env": env, "pty": pty}
         process._start(environment, workdir or self._workdir or "/", timeout)
