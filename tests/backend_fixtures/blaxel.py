@@ -12,8 +12,8 @@ import sandbox
 from tests.helpers import maybe_started
 
 NAME = "blaxel"
-# No "resize": the terminal protocol has no resize message.
-CAPABILITIES = {"signals"}
+# The terminal's `resize` message (sandbox-api/src/handler/terminal.go).
+CAPABILITIES = {"signals", "resize"}
 
 
 def skip_reason() -> str | None:
@@ -32,7 +32,10 @@ async def session(
     from sandbox.testing.blaxel_server import BlaxelServer
 
     workdir = tmp_path / "ws"
-    async with BlaxelServer(root=str(tmp_path)) as server:
+    # `go_utf8=False`: the real terminal turns a character split between two PTY reads
+    # into U+FFFDs (docs/providers.md, Blaxel), which the contract's split-character test
+    # cannot pass; tests/backends/test_blaxel.py covers the real conversion.
+    async with BlaxelServer(root=str(tmp_path), go_utf8=False) as server:
         async with maybe_started(
             sandbox.open_session(
                 "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()

@@ -691,3 +691,144 @@ async def test_a_directory_answered_as_a_listing_is_not_a_file(session: BlaxelSe
     shaped = b'{"name": "x", "path": "/x", "files": [], "subdirectories": []}'
     await session.write_file("shaped.json", shaped)
     assert await session.read_file("shaped.json") == shaped
+
+
+# ---- provider fidelity: what the real sandbox API does (see docs/providers.md) -------
+
+
+async def test_the_stand_in_answers_like_the_sandbox_api(tmp_path: Path) -> None:
+    """The stand-in itself, through the SDK: an unwrapped signal death is -1, the
+    server's timeout is a 422 that leaves the process running, a silent wait is cut
+    with a 504 while the command goes on."""
+    from blaxel.core.sandbox import SandboxInstance
+
+    async with BlaxelServer(root=str(tmp_path), edge_cut_s=0.5) as server:
+        server.configure_sdk()
+        box = await SandboxInstance.create_if_not_exists({"name": "fidelity"})
+        killed = await box.process.exec({"command": "kill -9 $$", "wait_for_completion": True})
+        assert (killed.status, killed.exit_code) == ("failed", -1)
+        marker = unique_seconds()
+        with pytest.raises(Exception) as info:
+            await box.process.exec(
+                {"command": f"exec sleep {marker}", "wait_for_completion": True, "timeout": 1}
+            )
+        assert info.value.response.status_code == 504  # type: ignore[attr-defined]
+        await box.process.exec(
+            {"name": "late", "command": "sleep 0.3; exit 4", "wait_for_completion": False}
+        )
+        assert host_pids_with_arg(marker), "the command outlived the edge's 504"
+        server.edge_cut_s = None
+        with pytest.raises(Exception) as info:
+            await box.process.exec(
+                {"command": "exec sleep 30", "wait_for_completion": True, "timeout": 1}
+            )
+        assert info.value.response.status_code == 422  # type: ignore[attr-defined]
+        assert "process timed out after 1 seconds" in str(info.value)
+        assert host_pids_with_arg(marker) and server.live_processes() >= 2, "nothing killed"
+        await SandboxInstance.delete("fidelity")
+
+
+async def test_a_long_silent_exec_outlives_the_edge_cut(tmp_path: Path) -> None:
+    async with BlaxelServer(root=str(tmp_path), edge_cut_s=0.5) as server:
+        async with make_session(server, tmp_path) as s:
+            result = await s.exec("sleep 1.5; echo done; echo e >&2; exit 3", timeout=90)
+    assert result == sandbox.ExecResult(stdout=b"done\n", stderr=b"e\n", exit_code=3)
+
+
+async def test_a_silent_exec_past_the_edge_cut_is_killed_at_our_deadline(
+    tmp_path: Path,
+) -> None:
+    marker = unique_seconds()
+    async with BlaxelServer(root=str(tmp_path), edge_cut_s=0.5) as server:
+        async with make_session(server, tmp_path) as s:
+            with pytest.raises(sandbox.ExecTimeoutError) as info:
+                await s.exec(f"echo started; exec sleep {marker}", timeout=2.5)
+            assert info.value.stdout == b"started\n"
+            assert await eventually(lambda: not host_pids_with_arg(marker))
+            assert (await s.exec("echo still-here")).stdout == b"still-here\n"
+
+
+@pytest.mark.parametrize(("command", "code"), [("kill -TERM $$", 143), ("kill -9 $$", 137)])
+async def test_one_shot_signal_deaths_are_128_plus_n(
+    session: BlaxelSession, command: str, code: int
+) -> None:
+    # The server reports -1 for both (Go's ExitCode()); the wrapper makes them exact.
+    result = await session.exec(f"echo before; {command}")
+    assert result == sandbox.ExecResult(stdout=b"before\n", stderr=b"", exit_code=code)
+
+
+async def test_the_servers_timeout_is_an_exec_timeout_and_kills(
+    server: BlaxelServer, session: BlaxelSession
+) -> None:
+    # The server's own timeout (422) answers while the process runs on: it is killed.
+    marker = unique_seconds()
+    server.fail("exec_wait", 422, message="process timed out after 1 seconds")
+    with pytest.raises(sandbox.ExecTimeoutError) as info:
+        await session.exec(f"exec sleep {marker}", timeout=30)
+    assert "timed out" in str(info.value)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    assert any(m == "DELETE" and p.endswith("/kill") for m, p in server.requests)
+    # Any other 422 is a plain, final provider error.
+    server.fail("exec_wait", 422, message="could not execute command")
+    with pytest.raises(BlaxelAPIError) as other:
+        await session.exec("true")
+    assert other.value.status == 422 and not other.value.retryable
+
+
+async def test_resize_is_seen_by_stty_size(server: BlaxelServer, session: BlaxelSession) -> None:
+    update = await session.pty_exec_start(
+        "echo ready; read x; stty size; exec cat", tty=True, until="ready"
+    )
+    assert update.process_id is not None
+    await session.pty_resize(update.process_id, rows=40, cols=120)
+    update = await session.pty_write_stdin(update.process_id, "\n", until="40 120")
+    assert "40 120" in update.output
+    assert server.resizes == [(40, 120)]
+
+
+async def test_a_shell_killed_without_the_end_marker_is_lost_in_bounded_time(
+    server: BlaxelServer, tmp_path: Path
+) -> None:
+    marker = unique_seconds()
+    async with make_session(server, tmp_path, probe_interval_s=0.5) as s:
+        update = await s.pty_exec_start(
+            f"echo shell=$PPID; exec sleep {marker}", tty=True, until=re.compile(r"shell=\d+\s")
+        )
+        pid = update.process_id
+        assert pid is not None
+        match = re.search(r"shell=(\d+)", update.output)
+        assert match is not None
+        os.kill(int(match.group(1)), 9)  # the terminal's shell: no end marker is printed
+        window = 30.0
+        started = asyncio.get_running_loop().time()
+        final = await s.pty_write_stdin(pid, "", yield_time_s=window)
+        # The socket stays open after the shell died: only a probe ends the wait.
+        assert asyncio.get_running_loop().time() - started < window / 2, "the window ran out"
+        assert (final.process_id, final.exit_code) == (None, None)
+        assert "process lost: the Blaxel terminal's shell ended" in final.output
+        assert server.inputs >= 2  # the typed line, then at least one probe
+        assert await eventually(lambda: not host_pids_with_arg(marker))
+        assert s.pty_processes() == [] and s._reserved == set()
+
+
+async def test_split_utf8_arrives_as_the_server_sends_it(
+    server: BlaxelServer, session: BlaxelSession
+) -> None:
+    # 20000 euro signs (3 bytes each) in one stream: the server's 4096-byte reads split
+    # characters, and Go's JSON encoder turns each byte of a split one into U+FFFD.
+    count = 20000
+    update = await session.pty_exec_start(
+        f"yes \"$(printf '\\342\\202\\254')\" | head -n {count} | tr -d '\\n'",
+        tty=True,
+        yield_time_s=20,
+        max_output_tokens=None,
+    )
+    assert (update.process_id, update.exit_code) == (None, 0)
+    sent = "".join(server.terminal_output()[-1])
+    between = re.search("\x1eS[0-9a-f]{16}\x1e(.*)\x1eE[0-9a-f]{16}:0\x1e", sent, re.S)
+    assert between is not None
+    assert update.output == between.group(1), "exactly what the server sent"
+    assert "\ufffd" in update.output, "no character was split (4096-byte reads)"
+    # One U+FFFD per byte, as Go's encoder makes them; never more than the server sent.
+    assert update.output.count("\u20ac") * 3 + update.output.count("\ufffd") == 3 * count
+    assert set(update.output) == {"\u20ac", "\ufffd"}

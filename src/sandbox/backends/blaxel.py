@@ -305,8 +305,10 @@ def exact_status_command(command: str) -> str:
     child, the script exiting with its status, so a death by signal N is 128+N where
     the server would report -1. The waiting shell's stderr is /dev/null, so its
     "Killed" notice never shows; the command keeps the real stderr (as fd 3 meanwhile).
+    The redirections sit inside a subshell: dash applies a simple command's redirections
+    in the parent and still has them in place when it reports the death.
     """
-    return f"exec 3>&2 2>/dev/null; {command} 2>&3 3>&-; exit $?"
+    return f"exec 3>&2 2>/dev/null; (exec {command} 2>&3 3>&-); exit $?"
 
 
 def exit_status(code: object) -> int:
