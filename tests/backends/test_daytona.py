@@ -918,3 +918,62 @@ async def test_cancel_during_close_still_deletes(fake: FakeDaytona) -> None:
     assert fake.live_sandbox_ids() == []
     assert await eventually(lambda: not host_pids_with_arg(marker))
     await nothing_left(fake)
+
+
+# ---- provider fidelity ------------------------------------------------------------------
+
+
+async def test_write_to_a_terminal_whose_process_exited_is_process_exited(
+    fake: FakeDaytona,
+) -> None:
+    # The SDK's handle stops being "connected" when the daemon reports the exit, and
+    # then raises DaytonaConnectionError("PTY is not connected"): not a lost connection.
+    async with open_daytona(fake) as session:
+        gate = fake.block("wait", after=True)  # the exit is not reported to us yet
+        update = await session.pty_exec_start("read x; exit 3", tty=True, yield_time_s=0.5)
+        pid = update.process_id
+        assert pid is not None
+        await session.pty_write_stdin(pid, "go\n")
+        assert await eventually(lambda: any(h.exit_code is not None for h in fake._handles))
+        with pytest.raises(sandbox.ProcessExitedError) as info:
+            await session.pty_write_stdin(pid, "more\n")
+        assert not info.value.retryable
+        gate.release()
+        final = await session.pty_write_stdin(pid, "", yield_time_s=5)
+        assert final.exit_code == 3
+    await nothing_left(fake)
+
+
+async def test_a_dropped_terminal_connection_is_still_connection_lost(fake: FakeDaytona) -> None:
+    async with open_daytona(fake) as session:
+        update = await session.pty_exec_start("echo r; exec cat", tty=True, until="r")
+        assert update.process_id is not None
+        fake.fail("send_input", DaytonaConnectionError("Failed to send input to PTY: reset"))
+        with pytest.raises(sandbox.ConnectionLostError):
+            await session.pty_write_stdin(update.process_id, "x\n")
+    await nothing_left(fake)
+
+
+async def test_download_failure_without_error_details_maps_by_what_is_there(
+    tmp_path: Path,
+) -> None:
+    # Without error details the SDK raises a plain DaytonaError (no status, no code):
+    # a file removed after the stat is still "not found", not an opaque provider error.
+    root = tmp_path / "legacy"
+    root.mkdir()
+    async with FakeDaytona(api_key=KEY, root=root, download_error_details=False) as fake:
+        async with open_daytona(fake) as session:
+            await session.write_file("gone.txt", b"x")
+            gate = fake.block("download_file")
+            read = asyncio.ensure_future(session.read_file("gone.txt"))
+            await gate.reached.wait()
+            await session.exec("rm gone.txt")
+            gate.release()
+            with pytest.raises(sandbox.SandboxFileNotFoundError):
+                await read
+            fake.fail("download_file", DaytonaError("Failed to download file: No data received"))
+            await session.write_file("here.txt", b"x")
+            with pytest.raises(sandbox.ProviderError) as info:
+                await session.read_file("here.txt")
+            assert not isinstance(info.value, sandbox.SandboxFileNotFoundError)
+        await nothing_left(fake)

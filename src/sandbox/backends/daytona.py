@@ -75,6 +75,7 @@ from ..errors import (
     ConnectionLostError,
     FileTooLargeError,
     InvalidArgumentError,
+    ProcessExitedError,
     ProviderError,
     SandboxFileNotFoundError,
 )
@@ -900,9 +901,20 @@ class DaytonaSession(BaseSandboxSession):
         entry.report_exit(code)
 
     async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
-        """Send bytes to the PTY."""
+        """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in
+        the SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
+        connected")` once the daemon said "exited"), which is not a lost connection: the
+        handle then has its exit code, and the write is a `ProcessExitedError`."""
         state: _PtyState = entry.handle
-        await self._call("writing to the terminal", state.handle.send_input(data))
+        try:
+            await state.handle.send_input(data)
+        except DaytonaError as exc:
+            if entry.exited or getattr(state.handle, "exit_code", None) is not None:
+                raise ProcessExitedError(
+                    "the process has exited; poll it with empty chars to collect its "
+                    "remaining output and exit code"
+                ) from None
+            raise self._error(exc, "writing to the terminal") from None
 
     async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
         """Resize through `process.resize_pty_session` (typed errors, unlike the handle's
@@ -1019,7 +1031,14 @@ class DaytonaSession(BaseSandboxSession):
             typed = _typed_cause(exc)
             if isinstance(typed, DaytonaNotFoundError) or getattr(typed, "status_code", 0) == 404:
                 raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
-            raise self._error(exc, f"reading {path!r}") from None
+            error = self._error(exc, f"reading {path!r}")
+            if type(typed) is DaytonaError and getattr(typed, "status_code", None) is None:
+                # No error details (a daemon that sends only text, or "No data received
+                # for this file"): the SDK raises a plain `DaytonaError`
+                # (`common.filesystem.create_file_download_error`). What is there now
+                # decides: gone is not-found, a directory or FIFO is not-a-file.
+                await remote_files.regular_file(self._stat, path, write=False)
+            raise error from None
         return bytes(data or b"")
 
     async def _write_file(self, path: str, data: bytes) -> None:

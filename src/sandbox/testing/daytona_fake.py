@@ -58,6 +58,21 @@ which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them):
   starts (the "reader that dies"); `drop_streams(reason)` does it to every open stream
   now. The processes behind a dead stream keep running, as on a real provider.
 
+Exceptions, as the SDK (0.226.1) raises them in each situation the fake models: a wrong
+API key: `DaytonaAuthenticationError` (401); `get` of an unknown sandbox and calls on a
+deleted one: `DaytonaNotFoundError` (404); `create` with a name in use:
+`DaytonaConflictError` (409); `send_input` to a PTY that is not connected (its process
+exited, or the connection dropped): `DaytonaConnectionError("PTY is not connected")`,
+a failed send: `DaytonaConnectionError("Failed to send input to PTY: ...")`; a PTY or log
+stream that drops: `DaytonaConnectionError` (recorded in the handle's `error` for a
+PTY); `kill_pty_session`/`resize_pty_session` of an unknown PTY: `DaytonaNotFoundError`;
+`download_file` of a missing path or a directory: `DaytonaFileNotFoundError` (404,
+code FILE_NOT_FOUND), or a plain `DaytonaError` without status with
+`download_error_details=False`; `upload_file` into a missing folder:
+`DaytonaNotFoundError`, over a directory: `DaytonaBadRequestError` (400);
+`get_file_info` of a missing path: `DaytonaNotFoundError`, under a file:
+`DaytonaBadRequestError`.
+
 Leak checks: `leftover_pids()` lists live local processes started in any sandbox of the
 fake, `open_streams()` the PTY handles and log streams still running,
 `live_sandbox_ids()` the sandboxes not deleted.
@@ -882,7 +897,11 @@ class FakeAsyncFileSystem:
 
         try:
             data = await asyncio.to_thread(read)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            if not self._service.download_error_details:
+                raise DaytonaError(
+                    f"Failed to download file: open {path}: {exc.strerror.lower()}"
+                ) from None
             raise DaytonaFileNotFoundError(
                 f"Failed to download file: file not found: {args[0]}",
                 status_code=404,
@@ -1138,6 +1157,9 @@ class FakeDaytona:
     signal is reported: "go" (exit code -1 and `signal: <name>`) or "shell" (128+N).
     `max_chunk` splits every output chunk into pieces of at most that many bytes before
     it reaches the SDK's callbacks (to exercise split characters).
+    `download_error_details=False` is a daemon that answers a failed download with text
+    only: the SDK then raises a plain `DaytonaError("Failed to download file: <text>")`
+    without status or code (`daytona.common.filesystem.create_file_download_error`).
     """
 
     def __init__(
@@ -1147,12 +1169,14 @@ class FakeDaytona:
         root: str | os.PathLike[str] | None = None,
         signal_exit: str = "go",
         max_chunk: int | None = None,
+        download_error_details: bool = True,
     ) -> None:
         if signal_exit not in ("go", "shell"):
             raise ValueError("signal_exit must be 'go' or 'shell'")
         self.api_key = api_key
         self.signal_exit = signal_exit
         self.max_chunk = max_chunk
+        self.download_error_details = download_error_details
         self.token = secrets.token_hex(6)
         self._own_root = root is None
         self.root = (
