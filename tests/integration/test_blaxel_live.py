@@ -48,8 +48,39 @@ live = live_session(REQUIRES, lambda: sandbox.open_session("blaxel", **_options(
 
 
 class TestBlaxel(LiveSuite):
-    can_resize = False  # the terminal protocol has no resize message
     timeout_kills_tree = False  # never checked on the real service (the loopback passes)
+
+    async def test_a_long_silent_exec_outlives_the_edge_cut(
+        self, live: sandbox.BaseSandboxSession
+    ) -> None:
+        # The edge answers 504 to a request silent for about 60 s (SDK docstring of
+        # `SandboxProcess.exec`); the session follows the process to its end.
+        result = await live.exec("sleep 75; echo done; exit 3", timeout=150)
+        assert result == sandbox.ExecResult(stdout=b"done\n", stderr=b"", exit_code=3)
+
+    @pytest.mark.parametrize(("kill", "status"), [("kill -TERM $$", 143), ("kill -9 $$", 137)])
+    async def test_one_shot_signal_exit_codes(
+        self, live: sandbox.BaseSandboxSession, kill: str, status: int
+    ) -> None:
+        # The server reports -1 (Go's ExitCode()); the wrapper makes it 128+N.
+        result = await live.exec(f"echo before; {kill}")
+        assert result == sandbox.ExecResult(stdout=b"before\n", stderr=b"", exit_code=status)
+
+    async def test_split_utf8_becomes_one_replacement_per_byte(
+        self, live: sandbox.BaseSandboxSession
+    ) -> None:
+        # The terminal sends each 4096-byte PTY read through Go's JSON encoder: the bytes
+        # of a character split between reads become U+FFFD, one each, never more.
+        count = 20000
+        update = await live.pty_exec_start(
+            f"yes \"$(printf '\\342\\202\\254')\" | head -n {count} | tr -d '\\n'",
+            tty=True,
+            yield_time_s=60,
+            max_output_tokens=None,
+        )
+        assert (update.process_id, update.exit_code) == (None, 0)
+        assert set(update.output) <= {"\u20ac", "\ufffd"}
+        assert update.output.count("\u20ac") * 3 + update.output.count("\ufffd") == 3 * count
 
     async def test_bad_key_is_refused_and_not_retryable(self) -> None:
         REQUIRES.skip_if_missing()
