@@ -860,3 +860,50 @@ async def test_envd_transport_failures_are_classified(
         assert type(info.value) is kind, info.value
         assert info.value.retryable is retryable
     await assert_clean(fake)
+
+
+def test_drift_check_catches_order_defaults_returns_and_overloads() -> None:
+    from e2b.sandbox_async.commands.pty import Pty
+    from e2b.sandbox_async.filesystem.filesystem import Filesystem
+
+    from sandbox.testing.e2b_fake import FakeFilesystem, FakePty
+
+    class WrongOrder(FakePty):
+        async def send_stdin(  # type: ignore[override]
+            self, data: bytes, pid: int, request_timeout: float | None = None
+        ) -> None: ...
+
+    class WrongDefault(FakePty):
+        async def kill(self, pid: int, request_timeout: float | None = 5) -> bool:  # type: ignore[override]
+            return True
+
+    class WrongReturn(FakePty):
+        async def kill(self, pid: int, request_timeout: float | None = None) -> int:  # type: ignore[override]
+            return 1
+
+    class RequiredHere(FakePty):
+        async def kill(self, pid: int, request_timeout: float | None) -> bool:  # type: ignore[override]
+            return True
+
+    class NoOverloads(FakeFilesystem):
+        async def read(self, path: str, format: str = "text") -> Any:  # type: ignore[override]
+            return ""
+
+    assert any(
+        "'data' is positional parameter 1 in the fake, 2 in the SDK" in p
+        for p in surface_problems(WrongOrder, Pty)
+    ), surface_problems(WrongOrder, Pty)
+    assert (
+        "WrongDefault.kill: parameter 'request_timeout' defaults to 5 in the fake, None in the SDK"
+        in surface_problems(WrongDefault, Pty)
+    )
+    assert "WrongReturn.kill: returns int in the fake, bool in the SDK" in surface_problems(
+        WrongReturn, Pty
+    )
+    assert (
+        "RequiredHere.kill: parameter 'request_timeout' is required only in the fake"
+        in surface_problems(RequiredHere, Pty)
+    )
+    assert "NoOverloads.read: 0 overloads in the fake, 3 in the SDK" in surface_problems(
+        NoOverloads, Filesystem
+    )
