@@ -3,16 +3,20 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+CONSTRAINTS := constraints.txt
+# A second venv with the newest SDK releases the extras allow (the main one stays pinned).
+LATEST_VENV := .venv-latest
+SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-integration lint format typecheck check bench bench-quick clean
+.PHONY: install system-deps demo test test-integration test-latest-sdks lint format typecheck check bench bench-quick clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
 	touch $(STAMP)
 
 system-deps:
@@ -26,6 +30,16 @@ test: install system-deps
 
 test-integration: install
 	$(BIN)/python -m pytest -q -m integration tests/integration $(PYTEST_ARGS)
+
+# The newest release of each SDK within the extras' ranges, in $(LATEST_VENV): the drift
+# checks and the SDK backends' tests (and their conformance runs) against it.
+test-latest-sdks:
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(LATEST_VENV)/bin/python -m pip list 2>/dev/null | grep -iE '^(e2b|modal|daytona|blaxel|docker|mcp) '
+	SANDBOX_CONFORMANCE_BACKENDS=e2b,modal,daytona $(LATEST_VENV)/bin/python -m pytest -q \
+		$(SDK_TESTS) tests/test_conformance.py $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests bench
@@ -47,4 +61,4 @@ bench-quick: install system-deps
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
+	rm -rf $(VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
