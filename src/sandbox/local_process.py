@@ -277,6 +277,16 @@ class LocalProcess:
             if on_progress is not None:
                 on_progress(written)
 
+    def write_some(self, data: bytes) -> int:
+        """Write what the terminal takes right now (never waits); returns the count."""
+        fd = self.master_fd
+        if fd is None or self._closed or self._write_waiter is not None:
+            return 0  # closed (the slow path says so), or a write already waits
+        try:
+            return os.write(fd, data)
+        except (BlockingIOError, OSError):
+            return 0  # full, or gone: the slow path waits or raises the clear error
+
     def write_now(self, data: bytes) -> bool:
         """Write `data` only if the terminal takes all of it at once; never waits."""
         fd = self.master_fd

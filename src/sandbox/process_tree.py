@@ -21,6 +21,7 @@ import signal
 import time
 
 GONE_WAIT_S = 2.0
+SHARED_SCAN_S = 0.005
 KILL_ROUNDS = 16  # a forking process is killed before it forks again, so this converges
 
 
@@ -30,23 +31,44 @@ def _read_table() -> dict[int, tuple[int, int]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        # Raw fd reads: this runs at every teardown, and io's file objects cost twice.
         try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                data = os.read(fd, 1024)
+            finally:
+                os.close(fd)
         except OSError:
             continue
-        if fields[0] in (b"Z", b"X"):
+        # After "pid (comm) ": state ppid pgrp session ...; comm may hold ")" itself.
+        fields = data[data.rfind(b")") + 2 :].split(b" ", 4)
+        if len(fields) < 4 or fields[0] in (b"Z", b"X"):
             continue
-        table[int(name)] = (int(fields[1]), int(fields[3]))  # ppid, session id
+        table[int(name)] = (int(fields[1]), int(fields[3]))
     return table
 
 
-def tree_members(leader: int) -> set[int]:
+_shared: tuple[float, dict[int, tuple[int, int]]] | None = None
+
+
+def _recent_table() -> dict[int, tuple[int, int]]:
+    """A table at most `SHARED_SCAN_S` old: the polite signals of a batch of teardowns
+    (64 at once in terminate-all) share one look at /proc instead of one each. Only
+    for best-effort signals; the SIGKILL sweep always looks afresh."""
+    global _shared
+    now = time.monotonic()
+    if _shared is None or now - _shared[0] > SHARED_SCAN_S:
+        _shared = (now, _read_table())
+    return _shared[1]
+
+
+def tree_members(leader: int, *, fresh: bool = True) -> set[int]:
     """The live processes of `leader`'s session and their descendants (leader included
-    if it is still alive), never this process itself."""
+    if it is still alive), never this process itself. `fresh=False` may reuse a look
+    taken a moment ago (see `_recent_table`)."""
     if not os.path.isdir("/proc"):
         return set()
-    table = _read_table()
+    table = _read_table() if fresh else _recent_table()
     members = {pid for pid, (_, sid) in table.items() if sid == leader}
     if leader in table:
         members.add(leader)
@@ -76,8 +98,9 @@ def signal_session(sid: int, *signals: int) -> None:
 
 
 def signal_tree(leader: int, *signals: int) -> None:
-    """Send each of `signals` to every member of `leader`'s tree (one look at /proc)."""
-    _send(tree_members(leader), signals)
+    """Send each of `signals` to every member of `leader`'s tree, as of a recent look at
+    /proc (best effort: for the polite signals before a sweep)."""
+    _send(tree_members(leader, fresh=False), signals)
 
 
 def kill_tree(leader: int) -> set[int]:

@@ -540,6 +540,11 @@ class BaseSandboxSession:
         take. The write is a task of the entry's, so a terminate, a close or an
         interrupt can end it at once instead of waiting behind a full terminal."""
         entry.input_accepted = 0
+        taken = self._write_stdin_nowait(entry, data)
+        if taken >= len(data):
+            return 0  # the common case: the terminal had room, no task needed
+        data = data[taken:]
+        entry.input_accepted = taken
         write = asyncio.ensure_future(self._write_stdin(entry, data))
         entry.write_task = write
         try:
@@ -556,7 +561,7 @@ class BaseSandboxSession:
             if entry.write_task is write:
                 entry.write_task = None
         if write.cancelled():
-            accepted = entry.input_accepted
+            accepted = entry.input_accepted - taken
         else:
             error = write.exception()
             if error is not None:
@@ -564,7 +569,7 @@ class BaseSandboxSession:
                     raise self._gone(entry) from error
                 raise error
             accepted = len(data)
-        return len(data) - min(accepted, len(data))
+        return len(data) - min(max(accepted, 0), len(data))
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
@@ -989,6 +994,12 @@ class BaseSandboxSession:
         For `tty=False`, stdin must be closed (EOF) for the process.
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
+
+    def _write_stdin_nowait(self, entry: PtyEntry, data: bytes) -> int:
+        """Optional fast path: write what the terminal takes right now, without waiting,
+        and return how many bytes that was (the rest goes through `_write_stdin`).
+        Default: 0, everything goes through `_write_stdin`."""
+        return 0
 
     async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
         """Write bytes to the terminal of a running tty process."""

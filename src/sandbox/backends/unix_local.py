@@ -210,6 +210,10 @@ class UnixLocalSession(BaseSandboxSession):
         argv = tuple(check.argv(spec.argv, announce=announce))
         return dataclasses.replace(spec, argv=argv, cwd=None), check
 
+    def _write_stdin_nowait(self, entry: PtyEntry, data: bytes) -> int:
+        proc: LocalProcess = entry.handle
+        return proc.write_some(data)
+
     async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
         proc: LocalProcess = entry.handle
         await proc.write(data, on_progress=entry.count_input)
