@@ -8,14 +8,20 @@ provider that hands over a shell, `ShellTrap` carries a command's exit status in
 and `CommandCheck` checks its `cwd` and program first. `LocalProcess` drives a real
 local child without threads (the unix_local backend and the stand-ins in
 `sandbox.testing` use it), and `Secret` holds a credential so that it never reaches a
-message, log or repr.
+message, log or repr. `_start_exec` returns a `OneShotProcess` (any object with
+`wait`, `kill` and `release`); `wait_for_verdict` ends a `_spawn_process` that runs its
+command behind a `CommandCheck`; `regular_file` asks a provider's stat (answering
+`RemoteEntry`) whether a path is a regular file before a file call.
+docs/architecture.md walks through a whole backend written with these names only.
 """
 
-from .command_check import CommandCheck
+from .command_check import CommandCheck, wait_for_verdict
 from .credentials import Secret, require_credential
-from .exec_output import ExecCapture
+from .exec_output import ExecCapture, OneShotProcess
 from .local_process import LocalProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
+from .remote_files import Entry as RemoteEntry
+from .remote_files import regular_file
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .shell_trap import ShellTrap
@@ -26,12 +32,16 @@ __all__ = [
     "CommandSpec",
     "ExecCapture",
     "LocalProcess",
+    "OneShotProcess",
     "ProcessSpec",
     "PtyEntry",
+    "RemoteEntry",
     "Secret",
     "SessionState",
     "ShellTrap",
+    "regular_file",
     "require_credential",
     "settle",
     "settle_each",
+    "wait_for_verdict",
 ]

@@ -1,8 +1,8 @@
 """Running one command through a provider's interactive shell without losing its exit.
 
 Several providers hand a PTY to an interactive shell rather than to our command (see
-"the shell trap" in PROVIDERS.md). `ShellTrap` builds the line to type into that shell
-and filters what comes back:
+docs/providers.md). `ShellTrap` builds the line to type into that shell and filters
+what comes back:
 
 - everything before a start marker (prompt, banner, the echo of the typed line) is
   dropped, so nothing we typed shows up in the output;
