@@ -900,7 +900,7 @@ class FakeAsyncFileSystem:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             if not self._service.download_error_details:
                 raise DaytonaError(
-                    f"Failed to download file: open {path}: {exc.strerror.lower()}"
+                    f"Failed to download file: open {path}: {(exc.strerror or str(exc)).lower()}"
                 ) from None
             raise DaytonaFileNotFoundError(
                 f"Failed to download file: file not found: {args[0]}",
