@@ -1,0 +1,330 @@
+"""The shell toolkit's scripts against the real shells a provider may hand us.
+
+Each case runs the wrapper (and the kill scripts) locally, as a session leader (as a
+Docker exec is), with the shell under test installed as `sh` first on PATH: dash, bash,
+busybox ash, zsh and mksh (busybox also provides grep, sleep, setsid and env there, as
+in a busybox image). Assertions: exit statuses, output without the waiting shell's
+"Killed"/"Terminated" notices, and that no tagged process is left (/proc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends.toolkit import shell
+from tests.conftest import skip_or_fail
+
+SHELLS = ("dash", "bash", "busybox", "zsh", "mksh")
+BUSYBOX_TOOLS = ("grep", "sleep", "setsid", "env", "stty")
+TIMEOUT_S = 10.0
+
+
+@pytest.fixture(params=SHELLS)
+def sh_path(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A PATH whose `sh` is the shell under test (skips, or fails in CI, when missing)."""
+    name: str = request.param
+    binary = shutil.which(name)
+    if binary is None:
+        skip_or_fail(f"{name} is not installed (scripts/system-deps.sh installs it)")
+    assert binary is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sh").symlink_to(binary)
+    if name == "busybox":
+        for tool in BUSYBOX_TOOLS:
+            (bin_dir / tool).symlink_to(binary)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+def environment(path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != shell.TAG_VARIABLE}
+    env["PATH"] = path
+    return env
+
+
+# A command that says it is ready once it runs as itself (a shell that prints `$$`
+# before `exec sleep` may get a signal while still the shell, and bash, zsh and busybox
+# ash ignore SIGQUIT in themselves), with every signal at its default.
+PAUSE = [
+    sys.executable,
+    "-c",
+    "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "print(os.getpid(), flush=True); signal.pause()",
+]
+
+
+def start(
+    path: str, tag: str, command: str | list[str], **kwargs: object
+) -> subprocess.Popen[bytes]:
+    """The wrapper running `command` (a list: as is; a str: `sh -c command`), as a
+    session leader, tagged with `tag`."""
+    argv = ["sh", "-c", command] if isinstance(command, str) else command
+    return subprocess.Popen(
+        shell.wrapper_argv(tag, argv),
+        env=environment(path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def run_script(path: str, argv: Sequence[str]) -> str:
+    """Run a kill/interrupt script in a session of its own; its report."""
+    done = subprocess.run(
+        argv,
+        env=environment(path),
+        capture_output=True,
+        start_new_session=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = shell.parse_kill_report(done.stdout.decode())
+    assert report is not None, done.stdout
+    return report
+
+
+def read_line(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().decode().strip()
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
+    out, err = proc.communicate(timeout=TIMEOUT_S)
+    return proc.returncode, out, err
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries `tag`."""
+    needle = f"{shell.TAG_VARIABLE}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0") and not zombie(
+                int(entry.name)
+            ):
+                found.append(int(entry.name))
+    return found
+
+
+def zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(") ", 1)[1].startswith("Z")
+
+
+def wait_gone(pid: int, timeout: float = TIMEOUT_S) -> bool:
+    """Wait (on a pidfd: an event, not a poll loop) until `pid` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def cleanup(*procs: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kill whatever a failed case leaves (the whole session of each wrapper)."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=TIMEOUT_S)
+
+
+# ---- the wrapper ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("exit 3", 3),
+        ("kill -TERM $$", 128 + signal.SIGTERM),
+        ("kill -9 $$", 128 + signal.SIGKILL),
+        ("kill -INT $$", 128 + signal.SIGINT),
+    ],
+    ids=["exit-3", "term-self", "kill-9-self", "int-self"],
+)
+def test_exit_status_and_no_notice(sh_path: str, command: str, expected: int) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, command)
+    with cleanup(proc):
+        code, out, err = finish(proc)
+    assert (code, out, err) == (expected, b"", b"")
+    assert tagged_pids(tag) == []
+
+
+def test_a_child_killed_by_sigint_is_the_commands_business(sh_path: str) -> None:
+    # Only the child got SIGINT: the command goes on and sees 130 for it.
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, "sh -c 'kill -INT $$'; echo after=$?; exit 4")
+    with cleanup(proc):
+        code, out, _ = finish(proc)
+    assert (code, out) == (4, b"after=130\n")
+
+
+def test_output_is_kept_apart(sh_path: str) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, "echo out; echo err >&2; printf 'no newline'; exit 5")
+    with cleanup(proc):
+        assert finish(proc) == (5, b"out\nno newline", b"err\n")
+
+
+# (No `kill -QUIT $$`: bash, zsh and busybox ash ignore SIGQUIT in themselves.)
+@pytest.mark.parametrize(
+    "signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGQUIT, signal.SIGINT]
+)
+def test_killed_from_outside_reports_128_plus_n_without_notice(
+    sh_path: str, signum: signal.Signals
+) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, PAUSE)
+    with cleanup(proc):
+        os.kill(int(read_line(proc)), signum)
+        code, out, err = finish(proc)
+    assert (code, out, err) == (128 + signum, b"", b"")
+
+
+def test_the_wrapper_sweeps_leftovers_when_the_command_exits(sh_path: str) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, "sleep 1000 & echo $!; setsid sleep 1000 & echo $!; exit 4")
+    with cleanup(proc):
+        background = int(read_line(proc))
+        escaped = int(read_line(proc))
+        assert proc.wait(timeout=TIMEOUT_S) == 4
+        assert wait_gone(background)
+        # The setsid child left the wrapper's session (it holds the output open): that
+        # one is the kill script's business.
+        assert tagged_pids(tag) == [escaped]
+        assert run_script(sh_path, shell.kill_script([tag], ticks=0)) == "done"
+        _, _, err = finish(proc)
+    assert err == b""
+    assert tagged_pids(tag) == []
+
+
+# ---- interrupt -----------------------------------------------------------------------
+
+
+def test_interrupt_kills_a_plain_command_with_sigint(sh_path: str) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, PAUSE)
+    with cleanup(proc):
+        read_line(proc)
+        assert run_script(sh_path, shell.interrupt_script([tag])) == str(proc.pid)
+        code, out, err = finish(proc)
+    assert (code, out, err) == (128 + signal.SIGINT, b"", b"")
+    assert tagged_pids(tag) == []
+
+
+def test_interrupt_reaches_the_commands_trap_and_its_foreground_child(sh_path: str) -> None:
+    tag = shell.new_tag()
+    command = 'trap "echo got-int; exit 7" INT; echo ready; while :; do sleep 1000; done'
+    proc = start(sh_path, tag, command)
+    with cleanup(proc):
+        assert read_line(proc) == "ready"
+        run_script(sh_path, shell.interrupt_script([tag]))
+        code, out, err = finish(proc)
+    assert (code, out, err) == (7, b"got-int\n", b"")
+    assert tagged_pids(tag) == []
+
+
+def test_interrupt_of_nothing_reports_none(sh_path: str) -> None:
+    assert run_script(sh_path, shell.interrupt_script([shell.new_tag()])) == "none"
+
+
+# ---- tree kill -----------------------------------------------------------------------
+
+TREE = (
+    "sleep 1000 & echo $!; "  # a background job
+    "setsid sleep 1000 & echo $!; "  # a child in a session of its own (still tagged)
+    "env -i setsid sleep 1000 & echo $!; "  # ... with its environment scrubbed too
+    "(sleep 1000 & echo $!); "  # a double fork: an orphan
+    "echo ready; wait"
+)
+
+
+def test_kill_finds_the_whole_tree(sh_path: str) -> None:
+    tag = shell.new_tag()
+    proc = start(sh_path, tag, TREE)
+    with cleanup(proc):
+        pids = [int(read_line(proc)) for _ in range(4)]
+        assert read_line(proc) == "ready"
+        assert run_script(sh_path, shell.kill_script([tag], ticks=shell.grace_ticks(1.0))) == (
+            "done"
+        )
+        finish(proc)
+    assert all(wait_gone(pid, 0) for pid in [proc.pid, *pids])
+    assert tagged_pids(tag) == []
+
+
+def test_kill_escalates_to_sigkill_after_the_grace(sh_path: str) -> None:
+    tag = shell.new_tag()
+    # Ignored dispositions survive exec: only SIGKILL ends this sleep.
+    proc = start(sh_path, tag, 'trap "" HUP TERM; echo $$; exec sleep 1000')
+    with cleanup(proc):
+        pid = int(read_line(proc))
+        assert run_script(sh_path, shell.kill_script([tag], ticks=2)) == "done"
+        code, _, err = finish(proc)
+    assert wait_gone(pid, 0)
+    assert tagged_pids(tag) == []
+    # The wrapper itself does not outlive the polite signals; only the command did.
+    assert (code, err) == (-signal.SIGHUP, b"")
+
+
+def test_kills_requested_together_are_one_script(sh_path: str) -> None:
+    tags = [shell.new_tag() for _ in range(3)]
+    procs = [start(sh_path, tag, "echo ready; sleep 1000 & wait") for tag in tags]
+    bystander = start(sh_path, shell.new_tag(), "echo ready; exec sleep 1000")
+    with cleanup(*procs, bystander):
+        for proc in [*procs, bystander]:
+            assert read_line(proc) == "ready"
+        assert run_script(sh_path, shell.kill_script(tags, ticks=20)) == "done"
+        for proc in procs:
+            finish(proc)
+        assert all(tagged_pids(tag) == [] for tag in tags)
+        assert bystander.poll() is None  # another tag: untouched
+
+
+def test_a_session_led_by_an_untagged_process_is_spared(sh_path: str) -> None:
+    # A provider's daemon that started the wrapper without a session of its own: the
+    # wrapper's tree goes, the daemon (its session's untagged leader) stays.
+    tag = shell.new_tag()
+    inner = shell.wrapper_argv(tag, ["sh", "-c", "echo ready; exec sleep 1000"])
+    daemon = subprocess.Popen(
+        ["sh", "-c", '"$@"; echo daemon-alive; exec sleep 1000', "daemon", *inner],
+        env=environment(sh_path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    with cleanup(daemon):
+        assert read_line(daemon) == "ready"
+        assert run_script(sh_path, shell.kill_script([tag], ticks=20)) == "done"
+        assert read_line(daemon) == "daemon-alive"
+        assert daemon.poll() is None
+    assert tagged_pids(tag) == []
