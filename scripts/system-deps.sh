@@ -15,6 +15,10 @@ command -v vim.tiny >/dev/null 2>&1 || missing+=(vim-tiny)
 command -v less >/dev/null 2>&1 || missing+=(less)
 command -v top >/dev/null 2>&1 || missing+=(procps)
 command -v nano >/dev/null 2>&1 || missing+=(nano)
+# Shells the shell-toolkit matrix runs its scripts under (dash, bash and busybox ash are
+# covered above or by the base system).
+command -v zsh >/dev/null 2>&1 || missing+=(zsh)
+command -v mksh >/dev/null 2>&1 || missing+=(mksh)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} with apt-get"
