@@ -169,22 +169,32 @@ async def test_exec_sends_timeout_ms_with_a_grace(server: CloudflareWorkerServer
     async with open_cf(server) as s:
         await s.exec("true", timeout=2)
         await s.exec("true")
-    assert server.exec_bodies[0] == {"argv": ["sh", "-c", "true"], "timeout_ms": 3000}
-    assert server.exec_bodies[1] == {"argv": ["sh", "-c", "true"]}
+    first, second = server.exec_bodies[0], server.exec_bodies[1]
+    assert isinstance(first, dict) and isinstance(second, dict)
+    assert first["timeout_ms"] == 3000 and "timeout_ms" not in second
+    # Every command carries its kill tag in its environment, then runs as given.
+    assert first["argv"][:2] == ["env", first["argv"][1]]
+    assert first["argv"][1].startswith("SANDBOX_CF_EXEC=") and first["argv"][2:] == [
+        "sh",
+        "-c",
+        "true",
+    ]
 
 
-async def test_server_side_timeout_kills_the_command(server: CloudflareWorkerServer) -> None:
-    """The Worker's own limit (the backstop behind the client's) kills the group."""
+async def test_the_bridge_applies_no_timeout_and_no_abort(server: CloudflareWorkerServer) -> None:
+    """execute-handler.ts: `timeout_ms` is not applied on the streaming path and a
+    client going away does not stop the command (the stand-in follows it)."""
     marker = unique_seconds()
     async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{server.url}/v1/sandbox") as resp:
             sandbox_id = (await resp.json())["id"]
-        body = {"argv": ["sh", "-c", f"echo a; sleep {marker}"], "timeout_ms": 300}
+        body = {"argv": ["sh", "-c", f"echo a; exec sleep {marker}"], "timeout_ms": 100}
         async with http.post(f"{server.url}/v1/sandbox/{sandbox_id}/exec", json=body) as resp:
-            decoder = SseDecoder()
-            events = [e for chunk in [await resp.read()] for e in decoder.feed(chunk)]
-    assert [e.event for e in events] == ["stdout", "error"]
-    assert "timed out" in events[-1].data
+            assert await resp.content.readany()
+        await idle(server)
+        assert host_pids_with_arg(marker), "the command outlived its client"
+        async with http.delete(f"{server.url}/v1/sandbox/{sandbox_id}") as resp:
+            assert resp.status == 204
     assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
 
@@ -353,8 +363,8 @@ async def test_keep_then_attach_then_delete(server: CloudflareWorkerServer) -> N
 
 
 async def test_attach_to_unknown_sandbox(server: CloudflareWorkerServer) -> None:
-    s = open_cf(server, sandbox_id="sbx-missing")
-    with pytest.raises(sandbox.ProviderError, match="not found") as info:
+    s = open_cf(server, sandbox_id="missing")
+    with pytest.raises(sandbox.ProviderError, match="not running") as info:
         await s.start()
     assert not info.value.retryable
     assert server.deleted == []
@@ -379,7 +389,7 @@ async def test_close_tolerates_an_already_deleted_sandbox(server: CloudflareWork
         await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
         async with aiohttp.ClientSession(headers=AUTH) as http:
             async with http.delete(f"{server.url}/v1/sandbox/{s.sandbox_id}") as resp:
-                assert resp.status == 200
+                assert resp.status == 204
     assert s.state is SessionState.CLOSED
 
 
@@ -422,10 +432,9 @@ def test_urls_keep_a_path_prefix_and_encode_paths() -> None:
     s._sandbox_id = "sbx 1"
     assert str(s._url()) == "https://w.example.com/base/v1/sandbox"
     assert str(s._sandbox_url("exec")) == "https://w.example.com/base/v1/sandbox/sbx%201/exec"
-    assert str(s._file_url("a b/../c?.txt")) == (
-        "https://w.example.com/base/v1/sandbox/sbx%201/file/a%20b/%2E%2E/c%3F.txt"
+    assert str(s._file_url("a b/c?.txt")) == (
+        "https://w.example.com/base/v1/sandbox/sbx%201/file/workspace/a%20b/c%3F.txt"
     )
-    assert str(s._file_url("/abs/x")).endswith("/file//abs/x")
 
 
 # ---- the terminal WebSocket ----------------------------------------------------------------
@@ -438,16 +447,13 @@ async def test_output_before_ready_is_not_lost(server: CloudflareWorkerServer) -
             sandbox_id = (await resp.json())["id"]
         ws = await http.ws_connect(f"{server.url}/v1/sandbox/{sandbox_id}/pty?cols=80&rows=24")
         early = await WorkerTerminal.wait_ready(ws)
-        assert early[0] == b"BANNER-early\r\n"
-        assert len(early) >= 2, "the shell's prompt also came before ready"
+        # pty-ws-handler.ts: the buffered output (banner and prompt) in one frame.
+        assert early[0].startswith(b"BANNER-early\r\n")
+        assert b"$ " in b"".join(early), "the shell's prompt also came before ready"
         expected = list(early)
         terminal = WorkerTerminal(ws, early)
         seen = [(await terminal.next_event()).data for _ in expected]
         assert seen == expected
-        await ws.send_bytes(b"exit 5\n")
-        while (event := await terminal.next_event()).kind == "output":
-            pass
-        assert (event.kind, event.code) == ("exit", 5)
         await ws.close()
     await idle(server)
 
@@ -456,7 +462,7 @@ async def test_nothing_added_shows_in_pty_output(server: CloudflareWorkerServer)
     server.pre_ready_output = b"BANNER-early\r\n"
     async with open_cf(server) as s:
         update = await s.pty_exec_start("echo $GREETING; pwd", tty=True, env={"GREETING": "hi"})
-        assert update.output == f"hi\r\n{server.sandboxes[s.sandbox_id or ''].root}\r\n"
+        assert update.output == f"hi\r\n{server.workspace(s.sandbox_id or '')}\r\n"
         update = await s.pty_exec_start("pwd; test -t 0 || echo no-stdin-tty", cwd="/")
         assert update.output == "/\nno-stdin-tty\n"
         assert update.exit_code == 0
@@ -571,8 +577,10 @@ async def test_cancel_start_during_the_handshake(
 @pytest.mark.parametrize("point", ["file_get", "file_put"])
 async def test_cancel_file_transfer(server: CloudflareWorkerServer, point: str) -> None:
     async with open_cf(server) as s:
+        if point == "file_get":
+            await s.write_file("g.txt", b"old")  # a read asks what the path is first
         stall = server.stall(point)
-        call = s.read_file("f.txt") if point == "file_get" else s.write_file("f.txt", b"data")
+        call = s.read_file("g.txt") if point == "file_get" else s.write_file("f.txt", b"data")
         task = await cancel_when_reached(call, stall.reached)
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -652,17 +660,17 @@ def awaiting(task: asyncio.Task[Any]) -> list[str]:
     return chain
 
 
-async def test_cancel_terminate_while_the_close_is_in_flight(
+async def test_cancel_terminate_while_the_session_delete_is_in_flight(
     server: CloudflareWorkerServer,
 ) -> None:
     marker = unique_seconds()
     async with open_cf(server) as s:
         update = await s.pty_exec_start(f"echo ready; exec sleep {marker}", tty=True, until="ready")
         assert update.process_id is not None
-        stall = server.stall("pty_close")
+        stall = server.stall("session_delete")
         task = await cancel_when_reached(s.pty_terminate(update.process_id), stall.reached)
         await asyncio.sleep(0)
-        assert not task.done(), "the teardown is settled: it waits for the close"
+        assert not task.done(), "the teardown is settled: it waits for the delete"
         stall.release()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -721,3 +729,114 @@ async def test_cli_run_against_the_server_never_prints_the_key(
     code, out, err = await run(dict(env, **{API_KEY_ENV: wrong}), "true")
     assert code == 1 and "rejected the API key" in err and "Traceback" not in err
     assert wrong not in out + err and KEY not in out + err
+
+
+# ---- provider fidelity: the real bridge's rules (docs/providers.md, "Cloudflare") ----------
+
+
+async def test_two_ptys_at_once_each_see_only_their_own_output(
+    server: CloudflareWorkerServer,
+) -> None:
+    """session-manager.ts `getPty`: one PTY per session, shared by every socket."""
+    async with open_cf(server) as s:
+        a = await s.pty_exec_start("echo AAA-one; exec cat", tty=True, until="AAA-one")
+        b = await s.pty_exec_start("echo BBB-two; exec cat", tty=True, until="BBB-two")
+        assert a.process_id is not None and b.process_id is not None
+        assert "AAA" not in b.output
+        more = await s.pty_write_stdin(
+            a.process_id, "only-a\n", until=re.compile("only-a.*only-a", re.S)
+        )
+        assert "BBB" not in more.output
+        other = await s.pty_write_stdin(b.process_id, "", yield_time_s=0.3)
+        assert "only-a" not in other.output and "AAA" not in other.output
+        sessions = {r.session for r in server.requests if r.endpoint == "pty"}
+        assert len(sessions) == 2 and None not in sessions
+
+
+async def test_exit_is_reported_without_an_exit_frame(server: CloudflareWorkerServer) -> None:
+    """pty-ws-handler.ts sends `ready` and `error` only: the status comes in-band."""
+    async with open_cf(server) as s:
+        update = await s.pty_exec_start("echo done; exit 7", tty=True, yield_time_s=10)
+        assert update.exit_code == 7 and "done" in update.output
+        update = await s.pty_exec_start("echo piped; exit 3", tty=False, yield_time_s=10)
+        assert (update.exit_code, update.output) == (3, "piped\n")
+
+
+async def test_the_legacy_exit_frame_still_works(tmp_path: Path) -> None:
+    async with CloudflareWorkerServer(
+        api_key=KEY, root=tmp_path / "w", legacy_exit_frame=True
+    ) as server:
+        async with open_cf(server) as s:
+            update = await s.pty_exec_start("echo old; exit 4", tty=True, yield_time_s=10)
+            assert update.exit_code == 4 and "old" in update.output
+            assert (await s.exec("echo after")).stdout == b"after\n"
+
+
+async def test_terminate_deletes_the_session_and_kills_the_process(
+    server: CloudflareWorkerServer,
+) -> None:
+    """Closing the socket leaves the PTY running (pty-ws-handler.ts `onClose`)."""
+    marker = unique_seconds()
+    async with open_cf(server) as s:
+        update = await s.pty_exec_start(
+            f"echo ready; sleep {marker} & exec sleep {marker}", tty=True, until="ready"
+        )
+        assert update.process_id is not None
+        sid = next(r.session for r in server.requests if r.endpoint == "pty")
+        assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2, timeout=5)
+        await s.pty_terminate(update.process_id)
+        assert sid in server.deleted_sessions
+        assert sid not in server.sandboxes[s.sandbox_id or ""].sessions
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
+
+
+async def test_relative_file_paths_are_in_the_workspace(server: CloudflareWorkerServer) -> None:
+    """routes.ts resolves `'/' + path` under /workspace: relative means the workspace."""
+    async with open_cf(server) as s:
+        workspace = Path(server.workspace(s.sandbox_id or ""))
+        await s.write_file("notes.txt", b"hello")
+        assert (workspace / "notes.txt").read_bytes() == b"hello"
+        assert await s.read_file("notes.txt") == b"hello"
+        assert await s.read_file("/workspace/notes.txt") == b"hello"
+        (workspace / "sub").mkdir()
+        await s.write_file("sub/x.txt", b"x")
+        assert (await s.exec("cat sub/x.txt")).stdout == b"x"
+        with pytest.raises(sandbox.WorkspacePathError):
+            await s.read_file("/etc/hostname")
+        with pytest.raises(sandbox.NotAFileError):
+            await s.read_file("sub")
+
+
+async def test_a_cancelled_exec_is_killed(server: CloudflareWorkerServer) -> None:
+    """The bridge passes no abort signal: the backend kills the command itself."""
+    marker = unique_seconds()
+    async with open_cf(server) as s:
+        task = asyncio.ensure_future(s.exec(f"echo go; sleep {marker} & exec sleep {marker}"))
+        assert await eventually(lambda: bool(host_pids_with_arg(marker)), timeout=5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
+        with pytest.raises(sandbox.ExecTimeoutError):
+            await s.exec(f"exec sleep {marker}", timeout=0.3)
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
+
+
+async def test_attach_to_a_stopped_sandbox_says_so(server: CloudflareWorkerServer) -> None:
+    """routes.ts `running`: 200 with `{"running": false}`, never an error status."""
+    async with open_cf(server, keep=True) as s:
+        sandbox_id = s.sandbox_id or ""
+    server.stop_sandbox(sandbox_id)
+    attach = open_cf(server, sandbox_id=sandbox_id)
+    with pytest.raises(sandbox.ProviderError, match="not running") as info:
+        await attach.start()
+    assert not info.value.retryable
+    assert sandbox_id not in server.deleted
+    await attach.aclose()
+
+
+@pytest.mark.parametrize("bad", ["sbx-1", "UPPER", "a" * 129, "with1digit"])
+def test_a_bad_sandbox_id_is_an_invalid_argument(bad: str) -> None:
+    """routes.ts: ids must match ^[a-z2-7]{1,128}$ (else 400)."""
+    with pytest.raises(sandbox.InvalidArgumentError, match="a-z and 2-7"):
+        CloudflareSession(worker_url="https://w.example.com", api_key="k", sandbox_id=bad)

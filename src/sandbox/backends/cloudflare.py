@@ -100,12 +100,14 @@ _PID_MARKER = b"\x1eP%s:(\\d{1,10})\x1e"
 _MAX_PID_SCAN = 64 * 1024
 # Kills every process whose environment holds the tag given as $1.
 _KILL_TAGGED = (
+    "exec 2>/dev/null; "  # before any redirection: a process gone mid-scan is no news
     'for d in /proc/[0-9]*; do tr "\\000" "\\n" < "$d/environ" 2>/dev/null '
     '| grep -qxF "$1" && kill -KILL "${d#/proc/}" 2>/dev/null; done; true'
 )
 # Kills the session (and process group) led by pid $1: the PTY shell and whatever it
 # started, even in a group of its own.
 _KILL_SESSION = (
+    "exec 2>/dev/null; "
     'kill -KILL -- "-$1" 2>/dev/null; for d in /proc/[0-9]*; do '
     'st=$(cat "$d/stat" 2>/dev/null) || continue; st=${st##*) }; set -- "$1" $st; '
     '[ "$5" = "$1" ] && kill -KILL "${d#/proc/}" 2>/dev/null; done; true'
@@ -838,7 +840,8 @@ class CloudflareSession(BaseSandboxSession):
                     "stop the terminal's processes",
                 )
             except SandboxError as exc:
-                failure = exc
+                # The session delete below still ends the shell.
+                logger.warning("cloudflare: could not kill a terminal's processes: %s", exc)
         if self._http is not None and self._sandbox_id is not None:
             try:
                 await self._call(
@@ -848,10 +851,12 @@ class CloudflareSession(BaseSandboxSession):
                 )
             except SandboxError as exc:
                 # A session whose create never answered may not exist: that is no failure.
-                if handle.session_confirmed:
-                    failure = failure or exc
+                if handle.session_confirmed and exc.retryable is False:
+                    failure = exc
                 else:
-                    logger.debug("cloudflare: unconfirmed session not deleted: %s", exc)
+                    # Unconfirmed (may not exist) or the Worker's busy/502 answer: the
+                    # sandbox delete at close ends the session anyway.
+                    logger.warning("cloudflare: terminal session not deleted: %s", exc)
         ws = handle.ws
         if ws is not None and not ws.closed:
             # Close with the reader still waiting: aiohttp wakes its receive() and does
