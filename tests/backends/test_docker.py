@@ -28,8 +28,8 @@ import pytest
 
 import sandbox
 from sandbox.backends.docker import DockerSession
-from sandbox.backends.docker_support.frames import FrameDecoder
-from sandbox.backends.docker_support.stream import RawStream
+from sandbox.backends.docker.frames import FrameDecoder
+from sandbox.backends.docker.stream import RawStream
 from tests.backend_fixtures import docker as fx
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds

@@ -1,9 +1,11 @@
-"""Mapping of the docker SDK's exceptions (and the transport's) onto ours.
+"""Mapping of the docker SDK's exceptions (and the transport's) onto ours, by the
+toolkit's policy (`sandbox.backends.toolkit.errors`).
 
-An unreachable engine, a dropped connection or a timeout is retryable; a missing image,
-container or file, and a conflict (the container is not running) are not. Messages name
-the action and carry the engine's own explanation, never a URL (a DOCKER_HOST may carry
-credentials) nor anything the caller passed as a secret.
+An unreachable engine, a dropped connection or a timeout is a retryable
+`ConnectionLostError`; an HTTP answer follows the toolkit's statuses (a missing image,
+container or file, and a conflict — the container is not running — are not retryable).
+Messages name the action and carry the engine's own explanation, never a URL (a
+DOCKER_HOST may carry credentials) nor anything the caller passed as a secret.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import docker.errors
 import requests.exceptions
 
 from ...errors import ProviderError, SandboxError
+from ..toolkit.errors import error_for_status, transport_error
 
-RETRYABLE_STATUS = frozenset({408, 425, 429, 502, 503, 504})
+ENGINE = "the Docker engine"
 
 
 def _innermost_os_error(exc: BaseException) -> OSError | None:
@@ -77,20 +80,11 @@ def engine_error(exc: BaseException, action: str) -> SandboxError:
     if isinstance(exc, docker.errors.NotFound):
         return ProviderError(f"could not {action}: {_explanation(exc)}", retryable=False)
     if isinstance(exc, docker.errors.APIError):
-        status = exc.status_code or 0
-        return ProviderError(
-            f"could not {action}: the Docker engine answered {status}: {_explanation(exc)}",
-            retryable=status in RETRYABLE_STATUS,
-        )
+        return error_for_status(exc.status_code or 0, action, _explanation(exc), service=ENGINE)
     if _caused_by_timeout(exc):
-        return ProviderError(
-            f"could not {action}: the Docker engine did not answer in time", retryable=True
-        )
+        return transport_error(exc, action, service=ENGINE, timed_out=True)
     if is_connection_problem(exc):
-        return ProviderError(
-            f"could not {action}: cannot reach the Docker engine ({_reason(exc)})",
-            retryable=True,
-        )
+        return transport_error(exc, action, service=ENGINE, reason=_reason(exc))
     return ProviderError(f"could not {action}: {type(exc).__name__}: {exc}", retryable=False)
 
 

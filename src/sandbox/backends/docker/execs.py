@@ -1,16 +1,16 @@
 """One process in the container: an exec, its stream, its exit, and how to kill it.
 
-Docker has no call that kills an exec. Every command therefore runs under a tiny `sh`
-wrapper (the exec's first process) that carries a random tag in its environment,
-survives Ctrl-C itself (`trap : INT QUIT`, which its child does not inherit), kills the
-rest of its session when the command exits, and exits with the command's status. The
-runtime makes each exec's first process a session leader, so "the command's tree" is:
-every process carrying the tag (children inherit it) plus every process in the session
-of a tagged process (that catches children that scrubbed their environment). A second,
-short exec runs `KILL_SCRIPT`, which finds that set through /proc and signals it: SIGINT
-to the wrapper's process group for an interrupt; for a teardown SIGHUP/SIGTERM/SIGCONT,
-a grace period, then SIGKILL until nothing is left. The wrapper stays the tagged parent
-even when the command replaces its own environment, so the tree can always be found.
+Docker has no call that kills an exec. Every command therefore runs under the
+toolkit's `sh` wrapper (`sandbox.backends.toolkit.shell`), the exec's first process,
+with a random tag in the exec's environment: it survives Ctrl-C itself, reports a
+signal death as 128+N without the shell's notice, kills the rest of its session when
+the command exits, and exits with the command's status. The runtime makes each exec's
+first process a session leader, as the wrapper needs. A second, short exec runs the
+toolkit's kill script, which finds the tree through /proc (tagged processes, the
+sessions they lead, their descendants) and signals it: SIGINT to the wrapper's process
+group for an interrupt; for a teardown SIGHUP/SIGTERM/SIGCONT, a grace period, then
+SIGKILL until nothing is left. The wrapper stays the tagged parent even when the
+command replaces its own environment, so the tree can always be found.
 
 Exits are detected by event, never by polling every process: the end of the exec's
 stream followed by one `exec_inspect` (the engine records the exit code before it closes
@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import secrets
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 import docker.errors
 
 from ...errors import ProviderError, UnsupportedOperationError
+from ..toolkit import shell
 from .engine import Engine
 from .errors import is_not_found
 from .frames import FrameDecoder
@@ -40,82 +39,16 @@ from .stream import RawStream
 
 logger = logging.getLogger("sandbox.docker")
 
-TAG_VARIABLE = "SANDBOX_PROCESS_TAG"
 # How long an exit reported by event waits for the end of the stream, so that output
 # still in flight inside the engine is not cut off (the engine itself waits at most ~2 s
 # for a stream held open by a background child).
 EXIT_WAITS_FOR_EOF_S = 0.25
-KILL_TICK_S = 0.05
 ENGINE_GAVE_UP_CODES = frozenset({126, 127})
 KILL_SCRIPT_TIMEOUT_S = 30.0
 # Bounds of the delay between two looks at a process whose output ended before its exit.
 INSPECT_FIRST_DELAY_S = 0.05
 INSPECT_MAX_DELAY_S = 2.0
 INSPECT_MAX_DELAY_WITH_EVENTS_S = 10.0
-
-# The command's wrapper: $1 $2 are the terminal size ("-" without a terminal), then argv.
-# It outlives Ctrl-C (its child does not inherit the trap), and when the command exits it
-# kills what is left of its session (background children), as the local backend does
-# when it collects an exited process: otherwise they would hold the output open and the
-# engine would report the exit only when it gives up waiting for them (about 2 s).
-# Its own stderr goes to /dev/null: a shell reports a child killed by a signal
-# ("Killed") on the stderr in force for that command, so the command gets the real
-# stderr (fd 3) only inside the subshell that execs it.
-WRAPPER_SCRIPT = (
-    "trap : INT QUIT; exec 3>&2 2>/dev/null; "
-    '[ "$1" = - ] || stty rows "$1" cols "$2"; shift 2; (exec "$@" 2>&3 3>&-); '
-    "s=$?; l=; for d in /proc/[0-9]*; do p=${d#/proc/}; [ $p = $$ ] && continue; "
-    '{ read -r t <$d/stat; } 2>/dev/null || continue; set -- ${t##*") "}; '
-    '[ "$4" = $$ ] && [ "$1" != Z ] && l="$l $p"; done; '
-    '[ -n "$l" ] && for g in HUP TERM CONT KILL; do kill -s $g $l 2>/dev/null; done; exit $s'
-)
-WRAPPER_NAME = "sandbox-exec"
-
-# Finds and signals tagged trees. Arguments: mode (int|term), grace ticks, then the tags.
-# Only POSIX sh builtins, `grep -z` (NUL-separated input, as /proc/PID/environ is), `kill`
-# and `sleep` (fractional sleep optional) are needed.
-KILL_SCRIPT = r"""
-mode=$1; ticks=$2; shift 2; pats=""; me=$$
-for t in "$@"; do pats="$pats -e TAG_VARIABLE=$t"; done
-scan() {
-  roots=""; sids=" "; targets=""
-  for f in $(grep -l -z -x -F $pats /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; p=${p%/environ}
-    { read -r st <"/proc/$p/stat"; } 2>/dev/null || continue
-    set -- ${st##*") "}
-    [ "$2" = 0 ] && roots="$roots $p"
-    case "$4" in 0|1|"$me") continue ;; esac
-    case "$sids" in *" $4 "*) ;; *) sids="$sids$4 " ;; esac
-  done
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    [ "$p" = "$me" ] && continue
-    { read -r st <"$d/stat"; } 2>/dev/null || continue
-    set -- ${st##*") "}
-    [ "$1" = Z ] && continue
-    case "$sids" in *" $4 "*) targets="$targets $p" ;; esac
-  done
-}
-nap() { sleep "$1" 2>/dev/null || sleep 1; }
-scan
-if [ "$mode" = int ]; then
-  for r in $roots; do kill -s INT "-$r" 2>/dev/null || kill -s INT "$r" 2>/dev/null; done
-  echo "sandbox-kill:${roots:-none}"
-  exit 0
-fi
-if [ -n "$targets" ] && [ "$ticks" -gt 0 ]; then
-  for s in HUP TERM CONT; do kill -s $s $targets 2>/dev/null; done
-  i=0
-  while [ "$i" -lt "$ticks" ]; do
-    nap 0.05; scan; [ -z "$targets" ] && break; i=$((i + 1))
-  done
-fi
-n=0
-while [ -n "$targets" ] && [ "$n" -lt 100 ]; do
-  kill -s KILL $targets 2>/dev/null; nap 0.01; scan; n=$((n + 1))
-done
-echo "sandbox-kill:${targets:-done}"
-""".replace("TAG_VARIABLE", TAG_VARIABLE)
 
 OutputCallback = Callable[[int, bytes], None]
 
@@ -169,14 +102,14 @@ class DockerExec:
         self._options = options
         self._killer = killer or KillBatcher(engine, options)
         self.tty = tty
-        self.tag = secrets.token_hex(16)
+        self.tag = shell.new_tag()
         environment = dict(options.env)
         if env:
             environment.update(env)
         if wrap:
-            environment[TAG_VARIABLE] = self.tag
-            size = (str(rows), str(cols)) if tty else ("-", "-")
-            self._argv = ["sh", "-c", WRAPPER_SCRIPT, WRAPPER_NAME, *size, *argv]
+            environment.update(shell.tag_environment(self.tag))
+            size: dict[str, int | None] = {"rows": rows, "cols": cols} if tty else {}
+            self._argv = shell.wrapper_argv(self.tag, argv, set_tag=False, **size)
         else:
             self._argv = list(argv)
         self._environment = environment
@@ -460,7 +393,7 @@ class DockerExec:
 
     async def kill_tree(self, grace_s: float) -> None:
         """Signal the whole tree now (see the module docstring); wait for the exit."""
-        ticks = max(0, math.ceil(grace_s / KILL_TICK_S))
+        ticks = shell.grace_ticks(grace_s)
         for attempt in range(3):
             await self._killer.run(self.tag, "term", ticks if attempt == 0 else 0)
             if self.ended or self.exec_id is None:
@@ -497,7 +430,7 @@ class DockerExec:
 
 class KillBatcher:
     """Merges the kill requests made at about the same moment (a terminate-all, a
-    session close) into one `KILL_SCRIPT` exec per kind of request, so tearing down 64
+    session close) into one kill-script exec per kind of request, so tearing down 64
     processes costs a few execs, not 64. Each batch is a task owned here; a requester
     that is cancelled does not cancel the batch it joined."""
 
@@ -508,7 +441,8 @@ class KillBatcher:
         self._running: set[asyncio.Task[str]] = set()
 
     async def run(self, tag: str, mode: str, ticks: int) -> None:
-        """Signal the tree tagged `tag` (see `KILL_SCRIPT`), with whoever else asks now."""
+        """Signal the tree tagged `tag` (mode `int` or `term`, see `run_kill_script`),
+        with whoever else asks now."""
         key = (mode, ticks)
         forming = self._forming.get(key)
         if forming is None:
@@ -545,18 +479,20 @@ def _mark_retrieved(task: asyncio.Task[str]) -> None:
 async def run_kill_script(
     engine: Engine, options: ExecOptions, tags: Sequence[str], mode: str, ticks: int
 ) -> str:
-    """Run `KILL_SCRIPT` in the container as the session's user; returns its report."""
+    """Run the toolkit's interrupt (`mode` "int") or kill script ("term", with `ticks`
+    rescans of grace) in the container as the session's user; returns its report."""
     output = bytearray()
+    argv = shell.interrupt_script(tags) if mode == "int" else shell.kill_script(tags, ticks=ticks)
     killer = DockerExec(
         engine,
         options,
-        ["sh", "-c", KILL_SCRIPT, "sandbox-kill", mode, str(ticks), *tags],
+        argv,
         tty=False,
         wrap=False,
         on_output=lambda stream, data: output.extend(data),
     )
     try:
-        async with asyncio.timeout(ticks * KILL_TICK_S + KILL_SCRIPT_TIMEOUT_S):
+        async with asyncio.timeout(ticks * shell.KILL_TICK_S + KILL_SCRIPT_TIMEOUT_S):
             await killer.start()
             await killer.wait_eof()
             await killer.wait_ended()
@@ -569,13 +505,14 @@ async def run_kill_script(
     finally:
         await killer.aclose()
     text = output.decode("utf-8", "replace").strip()
-    if killer.exit_code != 0 or "sandbox-kill:" not in text:
+    report = shell.parse_kill_report(text)
+    if killer.exit_code != 0 or report is None:
         raise ProviderError(
             f"could not signal a process in the container (exit {killer.exit_code}): "
             f"{text[-300:] or 'no output'}; the image needs sh, grep and kill",
             retryable=False,
         )
-    return text.rsplit("sandbox-kill:", 1)[1].strip()
+    return report
 
 
 def _start_attached(

@@ -1,0 +1,447 @@
+"""The `docker` backend: commands and PTYs in a Docker container, via the docker SDK.
+
+A session either creates a fresh container from an `image` (removed on close) or attaches
+to a running `container` (left running on close). Every process is an exec; its hijacked
+socket is read by the event loop (no thread per process), its exit comes from the
+container's event stream, and its tree is killed by a second exec (Docker has no
+kill-exec call). The parts live beside this module (see the package docstring).
+
+The image needs a POSIX `sh`, `grep` and `kill` (busybox is enough); `stty` sets the
+initial terminal size of tty processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import posixpath
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from ... import arguments
+from ...command_check import CommandCheck, wait_for_verdict
+from ...errors import (
+    ConnectionLostError,
+    InvalidArgumentError,
+    ProcessExitedError,
+    ProviderError,
+)
+from ...exec_output import ExecCapture
+from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
+from ...session import BaseSandboxSession
+from ...settle import settle
+from ...types import ExecResult
+from ..toolkit import ShellTrap
+from .container import DEFAULT_KEEPALIVE, container_spec, create_container, probe
+from .engine import DEFAULT_API_TIMEOUT_S, Engine
+from .errors import is_not_found
+from .execs import DockerExec, ExecOptions, KillBatcher
+from .files import ContainerFiles
+from .stream import StreamClosedError
+
+logger = logging.getLogger("sandbox.docker")
+
+DEFAULT_TERM = "xterm-256color"
+# Docker always has detach keys on a tty exec (a lone first key is held back until the
+# next keystroke): use a sequence nobody types by accident.
+DEFAULT_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@"
+TEARDOWN_CONCURRENCY = 64
+# After an exit, how long a stream held open by a background child may take to close
+# once that child was killed (the engine itself gives up after about 2 s).
+EOF_AFTER_KILL_S = 3.0
+
+
+class DockerSession(BaseSandboxSession):
+    """Runs commands in a Docker container.
+
+    Exactly one of:
+    - `image`: create and start a fresh container from this local image (removed on
+      close unless `keep_container=True`); `pull=True` pulls it when missing;
+    - `container`: attach to this running container (name or id), left running.
+
+    Options: `workdir` (default: the image's working directory, created if missing),
+    `user`, `env` (added to every command), `terminate_grace_s` (SIGTERM to SIGKILL,
+    default 1 s). For created containers only: `memory` (bytes or "512m"), `cpus`
+    (float), `pids_limit`, `network_mode` (default: the engine's default; "none" cuts
+    the network) or `network` (bool), `volumes` (the SDK's `binds` format: host paths
+    are mounted only when asked), `privileged` (default False), `init` (a tiny init
+    reaps orphans, default True), `keepalive_command`, `labels`, `name_prefix`.
+    Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
+    `api_timeout`, or a ready `client` (a `docker.APIClient`, not closed here).
+    Plus the base session's options.
+    """
+
+    backend_name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str | None = None,
+        container: str | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        memory: int | str | None = None,
+        cpus: float | None = None,
+        pids_limit: int | None = None,
+        network_mode: str | None = None,
+        network: bool | None = None,
+        volumes: Mapping[str, Any] | Sequence[str] | None = None,
+        privileged: bool = False,
+        init: bool = True,
+        pull: bool = False,
+        keepalive_command: Sequence[str] = DEFAULT_KEEPALIVE,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str = "sandbox",
+        keep_container: bool = False,
+        base_url: str | None = None,
+        api_version: str | None = None,
+        api_timeout: float = DEFAULT_API_TIMEOUT_S,
+        client: Any = None,
+        terminate_grace_s: float = 1.0,
+        detach_keys: str = DEFAULT_DETACH_KEYS,
+        **options: Any,
+    ) -> None:
+        # Kills that happen together are merged into one exec (see KillBatcher), so a
+        # terminate-all tears every process down at once instead of 8 at a time.
+        options.setdefault("teardown_concurrency", TEARDOWN_CONCURRENCY)
+        super().__init__(**options)
+        if (image is None) == (container is None):
+            raise InvalidArgumentError(
+                "the docker backend needs exactly one of image= (start a fresh container) "
+                "or container= (attach to a running one)"
+            )
+        for label, value in (("image", image), ("container", container)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidArgumentError(f"{label} must be a non-empty str")
+        self._spec = container_spec(
+            workdir=workdir,
+            user=user or "",
+            memory=memory,
+            cpus=cpus,
+            pids_limit=pids_limit,
+            network_mode=network_mode,
+            network=network,
+            volumes=volumes,
+            privileged=privileged,
+            init=init,
+            pull=pull,
+            keepalive_command=keepalive_command,
+            labels=labels,
+            name_prefix=name_prefix,
+        )
+        grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        timeout = arguments.check_seconds("api_timeout", api_timeout)
+        for name, text in (
+            ("user", user or None),  # "" is the image's user, as None
+            ("base_url", base_url),
+            ("api_version", api_version),
+            ("detach_keys", detach_keys),
+        ):
+            arguments.check_str(name, text)
+        env = arguments.check_env(env)
+        self.image = image
+        self.container_name = container
+        assert grace is not None and timeout is not None
+        self.terminate_grace_s = grace
+        self._user = user or ""
+        self._env = dict(env or {})
+        self._keep_container = bool(keep_container)
+        self._base_url = base_url
+        self._api_version = api_version
+        self._api_timeout = timeout
+        self._client = client
+        self._detach_keys = detach_keys
+        self._engine: Engine | None = None
+        self._created_name: str | None = None
+        self._container_id: str | None = None
+        self._workdir = "/"
+        self._file_owner = (0, 0)
+        self._exec_options: ExecOptions | None = None
+        self._killer: KillBatcher | None = None
+
+    @property
+    def container_id(self) -> str | None:
+        """The id of the session's container (after start)."""
+        return self._container_id
+
+    @property
+    def workdir(self) -> str:
+        """The working directory of commands (after start)."""
+        return self._workdir
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Connect, create or find the container, watch its events, probe it."""
+        self._created_name = None
+        self._killer = None
+        self._engine = engine = Engine(
+            base_url=self._base_url,
+            api_version=self._api_version,
+            api_timeout=self._api_timeout,
+            client=self._client,
+        )
+        await engine.connect()
+        if self.image is not None:
+            info = await create_container(engine, self.image, self._spec, self._claim)
+        else:
+            assert self.container_name is not None
+            info = await engine.call(
+                f"find the container {self.container_name!r}",
+                engine.api.inspect_container,
+                self.container_name,
+            )
+        state = info.get("State") or {}
+        if not state.get("Running"):
+            raise ProviderError(
+                f"the container {info.get('Name', '').lstrip('/') or self.container_name!r} "
+                f"is not running (status {state.get('Status', 'unknown')})",
+                retryable=False,
+            )
+        self._container_id = str(info["Id"])
+        config = info.get("Config") or {}
+        self._workdir = self._spec.workdir or config.get("WorkingDir") or "/"
+        self._exec_options = ExecOptions(
+            container_id=self._container_id,
+            user=self._user,
+            env=self._env,
+            workdir=self._workdir,
+            detach_keys=self._detach_keys,
+        )
+        self._killer = KillBatcher(engine, self._exec_options)
+        await engine.watch(self._container_id)
+        owner = await probe(engine, self._exec_options, self._workdir, self._api_timeout)
+        if owner is not None:
+            self._file_owner = owner
+
+    def _claim(self, name: str) -> None:
+        """The container `name` may exist from now on: `_stop_backend` removes it."""
+        self._created_name = name
+
+    async def _stop_backend(self) -> None:
+        """Wait for calls in flight, remove a created container (by name, so one whose
+        creation was cancelled goes too), close the engine connection."""
+        engine = self._engine
+        if engine is None:
+            return
+        try:
+            if self._killer is not None:
+                await self._killer.settle()
+            await engine.settle_calls()
+            engine.stop_events()
+            if self._created_name is not None and not self._keep_container:
+                try:
+                    await engine.call(
+                        "remove the container",
+                        engine.api.remove_container,
+                        self._created_name,
+                        force=True,
+                        v=True,
+                    )
+                except ProviderError as exc:
+                    if not is_not_found(exc):
+                        raise
+        finally:
+            await engine.close()
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _require_engine(self) -> tuple[Engine, ExecOptions]:
+        assert self._engine is not None and self._exec_options is not None
+        return self._engine, self._exec_options
+
+    def _new_exec(self, argv: Sequence[str], *, tty: bool, **kwargs: Any) -> DockerExec:
+        engine, options = self._require_engine()
+        return DockerExec(engine, options, argv, tty=tty, killer=self._killer, **kwargs)
+
+    def _cwd(self, cwd: str | None) -> str | None:
+        if cwd is None:
+            return None
+        return posixpath.normpath(posixpath.join(self._workdir, cwd))
+
+    def _path(self, path: str) -> str:
+        full = posixpath.normpath(posixpath.join(self._workdir, path))
+        return "/" + full.lstrip("/")
+
+    def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
+        env = dict(spec.env or {})
+        if tty and "TERM" not in env and "TERM" not in self._env:
+            env["TERM"] = DEFAULT_TERM
+        return env
+
+    # ---- commands ----------------------------------------------------------------------
+
+    async def _exec(
+        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
+    ) -> ExecResult:
+        """One exec on pipes, stdout and stderr kept apart (each chunk straight into the
+        bounded capture); on timeout or cancellation its whole tree is killed through
+        the kill script. A `cwd` or `shell=False` runs behind the command check."""
+        engine, _ = self._require_engine()
+        argv, cwd, capture.check = self._checked(spec, announce=False)
+
+        def collect(stream: int, data: bytes) -> None:
+            # Stream 3 (an engine error) is kept with stderr, where the user looks.
+            (capture.add_stdout if stream == 1 else capture.add_stderr)(data)
+
+        proc = self._new_exec(
+            argv,
+            tty=False,
+            env=self._environment(spec, tty=False),
+            cwd=cwd,
+            on_output=collect,
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                await proc.start()
+                await proc.wait_ended()
+            if not proc.eof and proc.lost_reason is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
+                        await proc.wait_eof()
+            if not proc.eof and proc.lost_reason is None:
+                # A background child holds the output open: kill the rest of the tree,
+                # then collect what the engine still had.
+                await settle(proc.kill_tree(0))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(EOF_AFTER_KILL_S):
+                        await proc.wait_eof()
+            proc.drain_now()
+        except TimeoutError:
+            await settle(proc.terminate(0))
+            raise capture.timeout_error(spec.display, timeout) from None
+        except BaseException:
+            await settle(proc.terminate(0))
+            raise
+        await settle(proc.terminate(0))
+        if proc.lost_reason is not None:
+            raise ConnectionLostError(
+                f"the command did not finish: {proc.lost_reason}",
+                retryable=engine.gone_reason is None,
+            )
+        assert proc.exit_code is not None
+        return capture.result(proc.exit_code)
+
+    def _checked(
+        self, spec: CommandSpec, *, announce: bool
+    ) -> tuple[Sequence[str], str | None, CommandCheck | None]:
+        """The argv and working directory of the exec, and the command check they run
+        (None when there is no `cwd` and a shell runs the command). With a check the
+        exec starts in the session's directory and the check changes to `cwd`: the
+        engine would otherwise fail the exec itself (exit 126/127, its error as output).
+        """
+        check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
+        if check is None:
+            return spec.argv, self._cwd(spec.cwd), None
+        return check.argv(spec.argv, announce=announce), None, check
+
+    async def _spawn_process(self, entry: PtyEntry) -> None:
+        """Start an attached exec whose socket feeds the entry (no thread); with a
+        command check, wait for its verdict."""
+        spec = entry.spec
+        argv, cwd, check = self._checked(spec.command, announce=True)
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+
+        def on_output(stream: int, data: bytes) -> None:
+            # The check's markers come on stdout (the terminal, for a tty): the trap strips
+            # them. Stderr never carries them: it goes straight through.
+            if trap is not None and stream == 1:
+                data = trap.feed(data)
+            entry.feed(data)
+
+        proc = self._new_exec(
+            argv,
+            tty=spec.tty,
+            env=self._environment(spec.command, tty=spec.tty),
+            cwd=cwd,
+            rows=spec.rows,
+            cols=spec.cols,
+            on_output=on_output,
+            on_eof=entry.report_eof,
+            on_exit=entry.report_exit,
+            on_lost=entry.report_lost,
+        )
+        entry.handle = proc
+        await proc.start()
+        if trap is not None and check is not None:
+            await wait_for_verdict(entry, trap, check)
+
+    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+        """Send keystrokes over the exec's socket."""
+        proc: DockerExec = entry.handle
+        try:
+            await proc.write(data)
+        except StreamClosedError as exc:
+            if proc.ended or proc.eof:
+                raise ProcessExitedError(
+                    f"process {entry.process_id} has exited; poll it with empty chars to "
+                    "collect its remaining output and exit code"
+                ) from None
+            raise ConnectionLostError(
+                f"lost the connection to process {entry.process_id}: {exc}"
+            ) from None
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        """`exec_resize` (the initial size was set by the wrapper with stty)."""
+        proc: DockerExec = entry.handle
+        await proc.resize(rows, cols)
+
+    async def _interrupt(self, entry: PtyEntry) -> None:
+        """Ctrl-C: `\\x03` on a terminal, else SIGINT to the command's process group."""
+        proc: DockerExec = entry.handle
+        if entry.tty:
+            await self._write_stdin(entry, b"\x03")
+        else:
+            await proc.interrupt()
+
+    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+        """Kill the tree (grace, then SIGKILL), close the socket."""
+        proc: DockerExec | None = entry.handle
+        if proc is not None:
+            await proc.terminate(self.terminate_grace_s)
+
+    async def _final_drain(self, entry: PtyEntry) -> None:
+        """Read what already arrived at the socket."""
+        proc: DockerExec | None = entry.handle
+        if proc is not None:
+            proc.drain_now()
+        await asyncio.sleep(0)
+
+    # ---- files -------------------------------------------------------------------------
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Through the archive endpoint (see `files`): symlinks followed, a non-regular
+        file or one above `max_bytes` refused by its stat before fetching."""
+        return await self._files().read(self._path(path), path, max_bytes)
+
+    def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """The archive stream's payload as it arrives, one pool call per chunk."""
+        return self._files().read_chunks(self._path(path), path, chunk_size)
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """A one-file tar, owned by the session's user (a missing parent is created)."""
+        await self._files().write(self._path(path), path, data)
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Spooled to a temporary file, then streamed as a tar (never held in memory)."""
+        await self._files().write_chunks(self._path(path), path, chunks)
+
+    def _files(self) -> ContainerFiles:
+        engine, options = self._require_engine()
+        return ContainerFiles(engine, options.container_id, self._file_owner, self._mkdir)
+
+    async def _mkdir(self, directory: str) -> tuple[int, bytes]:
+        """`mkdir -p` as the session's user: its exit code and stderr."""
+        made = await self._exec(
+            CommandSpec(
+                argv=("mkdir", "-p", "--", directory),
+                shell_command="",
+                display=f"mkdir -p {directory}",
+                shell=False,
+            ),
+            None,
+            ExecCapture(64 * 1024),
+        )
+        return made.exit_code, made.stderr
