@@ -11,6 +11,8 @@ The common flow is `LiveSuite` (tests/integration/live_flow.py).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import sandbox
@@ -47,3 +49,30 @@ class TestCloudflare(LiveSuite):
             await session.start()
         assert not info.value.retryable
         assert wrong not in str(info.value) and wrong not in repr(session)
+
+    async def test_two_ptys_at_once_keep_their_output_apart(
+        self, live: sandbox.BaseSandboxSession
+    ) -> None:
+        """Each process has its own bridge session (one PTY per session upstream)."""
+        a = await live.pty_exec_start("echo AAA-live; exec cat", tty=True, until="AAA-live")
+        b = await live.pty_exec_start("echo BBB-live; exec cat", tty=True, until="BBB-live")
+        assert a.process_id is not None and b.process_id is not None
+        assert "AAA" not in b.output
+        more = await live.pty_write_stdin(
+            a.process_id, "only-a\n", until=re.compile("only-a.*only-a", re.S)
+        )
+        assert "BBB" not in more.output
+        await live.pty_terminate(a.process_id)
+        await live.pty_terminate(b.process_id)
+        done = await live.pty_exec_start("exit 6", tty=True, yield_time_s=30)
+        assert done.exit_code == 6, "the status comes back without an exit frame"
+
+    async def test_relative_file_paths_mean_the_workspace(
+        self, live: sandbox.BaseSandboxSession
+    ) -> None:
+        await live.write_file("notes-live.txt", b"hello")
+        assert await live.read_file("notes-live.txt") == b"hello"
+        assert await live.read_file("/workspace/notes-live.txt") == b"hello"
+        assert (await live.exec("cat /workspace/notes-live.txt")).stdout == b"hello"
+        with pytest.raises(sandbox.WorkspacePathError):
+            await live.read_file("/etc/hostname")
