@@ -166,6 +166,44 @@ async def create_container(
     return info
 
 
+async def running_container(
+    engine: Engine,
+    image: str | None,
+    container: str | None,
+    spec: ContainerSpec,
+    claim: Callable[[str], None],
+) -> dict[str, Any]:
+    """The inspect answer of the session's container: a fresh one from `image` (see
+    `create_container`), else the existing `container`; it must be running."""
+    if image is not None:
+        info = await create_container(engine, image, spec, claim)
+    else:
+        assert container is not None
+        info = await engine.call(
+            f"find the container {container!r}", engine.api.inspect_container, container
+        )
+    state = info.get("State") or {}
+    if not state.get("Running"):
+        raise ProviderError(
+            f"the container {info.get('Name', '').lstrip('/') or container!r} "
+            f"is not running (status {state.get('Status', 'unknown')})",
+            retryable=False,
+        )
+    return info
+
+
+async def remove_container(engine: Engine, name: str) -> None:
+    """Remove the container `name` (and its anonymous volumes); one already gone is
+    fine."""
+    try:
+        await engine.call(
+            "remove the container", engine.api.remove_container, name, force=True, v=True
+        )
+    except ProviderError as exc:
+        if not is_not_found(exc):
+            raise
+
+
 async def probe(
     engine: Engine, options: ExecOptions, workdir: str, timeout: float
 ) -> tuple[int, int] | None:

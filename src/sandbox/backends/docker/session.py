@@ -25,7 +25,6 @@ from ...errors import (
     ConnectionLostError,
     InvalidArgumentError,
     ProcessExitedError,
-    ProviderError,
 )
 from ...exec_output import ExecCapture
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
@@ -33,9 +32,14 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...types import ExecResult
 from ..toolkit import ShellTrap
-from .container import DEFAULT_KEEPALIVE, container_spec, create_container, probe
+from .container import (
+    DEFAULT_KEEPALIVE,
+    container_spec,
+    probe,
+    remove_container,
+    running_container,
+)
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
-from .errors import is_not_found
 from .execs import DockerExec, ExecOptions, KillBatcher
 from .files import ContainerFiles
 from .stream import StreamClosedError
@@ -184,22 +188,9 @@ class DockerSession(BaseSandboxSession):
             client=self._client,
         )
         await engine.connect()
-        if self.image is not None:
-            info = await create_container(engine, self.image, self._spec, self._claim)
-        else:
-            assert self.container_name is not None
-            info = await engine.call(
-                f"find the container {self.container_name!r}",
-                engine.api.inspect_container,
-                self.container_name,
-            )
-        state = info.get("State") or {}
-        if not state.get("Running"):
-            raise ProviderError(
-                f"the container {info.get('Name', '').lstrip('/') or self.container_name!r} "
-                f"is not running (status {state.get('Status', 'unknown')})",
-                retryable=False,
-            )
+        info = await running_container(
+            engine, self.image, self.container_name, self._spec, self._claim
+        )
         self._container_id = str(info["Id"])
         config = info.get("Config") or {}
         self._workdir = self._spec.workdir or config.get("WorkingDir") or "/"
@@ -232,17 +223,7 @@ class DockerSession(BaseSandboxSession):
             await engine.settle_calls()
             engine.stop_events()
             if self._created_name is not None and not self._keep_container:
-                try:
-                    await engine.call(
-                        "remove the container",
-                        engine.api.remove_container,
-                        self._created_name,
-                        force=True,
-                        v=True,
-                    )
-                except ProviderError as exc:
-                    if not is_not_found(exc):
-                        raise
+                await remove_container(engine, self._created_name)
         finally:
             await engine.close()
 
