@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox import confine
+from sandbox.backends.unix_local import confine
 
 from .confine_start import _starts
 from .measure import Figure

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 import sandbox
-from sandbox import confine
+from sandbox.backends.unix_local import confine
 
 
 async def _starts(confined: bool, rounds: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox import confine, safe_open
+from sandbox.backends.unix_local import confine, safe_open
 
 INSIDE = b"inside the workspace\n"
 HOST_SECRET = b"HOST SECRET, never to be returned\n"

@@ -15,10 +15,10 @@ command behind a `CommandCheck`; `regular_file` asks a provider's stat (answerin
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
+from .backends.unix_local.local_process import LocalProcess
 from .command_check import CommandCheck, wait_for_verdict
 from .credentials import Secret, require_credential
 from .exec_output import ExecCapture, OneShotProcess
-from .local_process import LocalProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .remote_files import Entry as RemoteEntry
 from .remote_files import regular_file

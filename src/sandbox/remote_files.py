@@ -9,7 +9,7 @@ parent that is a file. Each backend turns its provider's stat into an `Entry`.
 
 The check and the provider's call are two requests: a process in the sandbox can still
 change the path in between. That is its own sandbox's business; the host's files are
-never at stake here (unlike `sandbox.safe_open`, which guards the host).
+never at stake here (unlike `backends.unix_local.safe_open`, which guards the host).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from sandbox import confine
+from sandbox.backends.unix_local import confine
 from tests.helpers import maybe_started
 
 NAME = "unix_local_confined"

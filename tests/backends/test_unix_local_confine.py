@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox import confine
-from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.backends.unix_local import UnixLocalSession, confine
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox import safe_open
-from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.backends.unix_local import UnixLocalSession, safe_open
 from tests.helpers import eventually, open_fds
 
 SPARSE_BYTES = 200 * 1024 * 1024

@@ -62,7 +62,6 @@ from ..errors import (
     ConnectionLostError,
     FileTooLargeError,
     InvalidArgumentError,
-    NotAFileError,
     ProviderError,
     SandboxError,
     SandboxFileNotFoundError,
@@ -974,14 +973,6 @@ class _ExecFailed(ProviderError):
         return ProviderError(
             f"the Worker could not run the command: {self.message}", retryable=False
         )
-
-
-def _not_a_file(path: str, body: bytes) -> NotAFileError:
-    """The Worker's 409: `path` is (or, for a write, is under) something that is not a
-    regular file; its `error` says what."""
-    detail = _json_object(body.decode("utf-8", "replace")).get("error")
-    reason = f" ({str(detail)[:200]})" if detail else ""
-    return NotAFileError(f"{path!r} is not a regular file{reason}")
 
 
 def _quote_segment(segment: str) -> str:

@@ -11,7 +11,7 @@ from ..backends import BACKENDS
 
 def _confinement_note() -> str:
     try:
-        confine = importlib.import_module("sandbox.confine")
+        confine = importlib.import_module("sandbox.backends.unix_local.confine")
     except ImportError:
         return ""
     ok, reason = confine.availability()

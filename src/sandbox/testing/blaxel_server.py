@@ -113,8 +113,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .. import process_tree
-from ..local_process import LocalProcess
+from ..backends.unix_local import process_tree
+from ..backends.unix_local.local_process import LocalProcess
 
 ENDPOINTS = (
     "create",

@@ -13,7 +13,7 @@
         ...
     await fake.aclose()  # terminates whatever a test left
 
-Every command runs as a REAL local process (`sandbox.local_process.LocalProcess`), on a
+Every command runs as a REAL local process (`backends.unix_local.local_process.LocalProcess`), on a
 real terminal when `pty=True`, so terminal behaviour, signals and exit codes are real,
 not scripted. The fake sandbox's file system is this machine's: give the session a
 temporary `workdir` and `state_dir`. Errors are the SDK's own exception classes (`modal.exception`).
@@ -81,7 +81,7 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
 
-from ..local_process import LocalProcess
+from ..backends.unix_local.local_process import LocalProcess
 
 # Every process a fake sandbox starts carries this variable, so that terminating the
 # sandbox can find processes that left their process group (like a container teardown).

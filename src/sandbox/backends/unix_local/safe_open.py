@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import (
+from ...errors import (
     FileTooLargeError,
     InvalidArgumentError,
     NotAFileError,

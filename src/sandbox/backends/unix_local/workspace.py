@@ -1,6 +1,6 @@
 """A workspace directory on the local file system.
 
-Files in it are opened through `sandbox.safe_open`, which resolves and opens a path in
+Files in it are opened through `backends.unix_local.safe_open`, which resolves and opens a path in
 one step beneath the workspace: checking a path first and opening it afterwards would be
 a race a process in the sandbox can win (by swapping a folder for a symlink meanwhile).
 """
@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 
-from .errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 
 class Workspace:

@@ -1,7 +1,7 @@
 """The `unix_local` backend: processes on this machine, PTYs from `openpty`.
 
 No thread per process or per read: output fds are read with event-loop readers and exits
-are seen through pidfds (see `sandbox.local_process`). A workspace directory (given, or
+are seen through pidfds (see `backends.unix_local.local_process`). A workspace directory (given, or
 a temporary one removed on close) is every command's cwd and HOME.
 """
 
@@ -16,16 +16,17 @@ import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from .. import arguments, local_files
-from .. import confine as jail
-from ..command_check import CommandCheck, wait_for_verdict
-from ..errors import InvalidArgumentError, SandboxError
-from ..exec_output import ExecCapture, OneShotProcess
-from ..local_process import LocalProcess
-from ..process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
-from ..session import BaseSandboxSession
-from ..shell_trap import ShellTrap
-from ..workspace import Workspace
+from ... import arguments
+from ...command_check import CommandCheck, wait_for_verdict
+from ...errors import InvalidArgumentError, SandboxError
+from ...exec_output import ExecCapture, OneShotProcess
+from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
+from ...session import BaseSandboxSession
+from ...shell_trap import ShellTrap
+from . import confine as jail
+from . import local_files
+from .local_process import LocalProcess
+from .workspace import Workspace
 
 DEFAULT_TERM = "xterm-256color"
 
@@ -39,7 +40,7 @@ class UnixLocalSession(BaseSandboxSession):
     between the polite signals and SIGKILL when terminating, default 1 s), plus the base
     session's options.
 
-    Confinement (Linux, needs bubblewrap; see `sandbox.confine`): `confine=True` runs
+    Confinement (Linux, needs bubblewrap; see `backends.unix_local.confine`): `confine=True` runs
     every process in a jail where the workspace (same path as on the host, and HOME) is
     the only writable host directory, the system is read-only and everything else is
     hidden; `network=True` keeps the host's network inside it (off by default);
@@ -249,7 +250,7 @@ class UnixLocalSession(BaseSandboxSession):
     # ---- files -------------------------------------------------------------------------
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Resolved and opened in one step beneath the workspace (`sandbox.safe_open`):
+        """Resolved and opened in one step beneath the workspace (`backends.unix_local.safe_open`):
         a process swapping a folder for a symlink cannot lead the read out of it."""
         return await local_files.read_whole(self._workspace.path, path, max_bytes)
 

@@ -22,8 +22,8 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from ...errors import ProcessExitedError
 from . import process_tree
-from .errors import ProcessExitedError
 
 READ_CHUNK = 256 * 1024
 READS_PER_WAKEUP = 8
@@ -384,7 +384,7 @@ class LocalProcess:
         `kill_group=False` (for an already exited leader) reaps it without signalling
         the group, the way a remote daemon reaps a process whose children it leaves be;
         the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
-        left the group (see `sandbox.process_tree`): teardowns do, a one-shot command
+        left the group (see `backends.unix_local.process_tree`): teardowns do, a one-shot command
         that ended by itself does not (its group kill is the fast path).
         """
         if self._closed:

@@ -42,7 +42,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 
-from .errors import BackendUnavailableError, InvalidArgumentError
+from ...errors import BackendUnavailableError, InvalidArgumentError
 
 BWRAP = "bwrap"
 INSTALL_HINT = (

@@ -1,6 +1,6 @@
 """Reading and writing files under a local root from the event loop, whole or streamed.
 
-Every open goes through `sandbox.safe_open` (race-free, regular files only). Each
+Every open goes through `backends.unix_local.safe_open` (race-free, regular files only). Each
 blocking step runs as one short call in the default executor: no thread is held by a
 stream between chunks. An fd is never closed while an executor call may still use it,
 nor leaked when the caller is cancelled during the open: whatever is still running
