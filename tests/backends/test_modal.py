@@ -24,7 +24,8 @@ from modal.sandbox.sandbox import SandboxFilesystem
 
 import sandbox
 from sandbox.arguments import build_command
-from sandbox.backends.modal import TOKEN_ENV, ModalSession, _exit_code, _Process
+from sandbox.backends.modal import ModalSession
+from sandbox.backends.modal.session import TOKEN_ENV, _exit_code, _Process
 from sandbox.testing import modal_fake
 from sandbox.testing.drift import surface_problems
 from sandbox.testing.modal_fake import FakeContainerProcess, FakeModal

@@ -44,9 +44,9 @@ import modal
 from modal import exception as modal_exception
 from modal.types import FileType
 
-from .. import arguments, remote_files
-from ..command_check import CommandCheck, wait_for_verdict
-from ..errors import (
+from ... import arguments, remote_files
+from ...command_check import CommandCheck, wait_for_verdict
+from ...errors import (
     ConnectionLostError,
     CredentialsMissingError,
     FileTooLargeError,
@@ -56,13 +56,13 @@ from ..errors import (
     SandboxError,
     SandboxFileNotFoundError,
 )
-from ..exec_output import ExecCapture
-from ..process_entry import CommandSpec, PtyEntry
-from ..remote_files import Entry
-from ..session import BaseSandboxSession, SessionState
-from ..settle import settle
-from ..shell_trap import ShellTrap
-from ..types import ExecResult
+from ...exec_output import ExecCapture
+from ...process_entry import CommandSpec, PtyEntry
+from ...remote_files import Entry
+from ...session import BaseSandboxSession, SessionState
+from ...settle import settle
+from ...shell_trap import ShellTrap
+from ...types import ExecResult
 
 logger = logging.getLogger("sandbox.modal")
 
