@@ -49,13 +49,10 @@ from daytona.handle.async_pty_handle import AsyncPtyHandle
 from daytona_toolbox_api_client_async import Command
 
 import sandbox
-from sandbox.backends.daytona import (
-    MAX_TYPED_LINE,
-    DaytonaSession,
-    is_retryable,
-    kill_script,
-    pty_exit_status,
-)
+from sandbox.backends.daytona import DaytonaSession
+from sandbox.backends.daytona.errors import is_retryable
+from sandbox.backends.daytona.scripts import kill_script
+from sandbox.backends.daytona.terminal import MAX_TYPED_LINE, pty_exit_status
 from sandbox.testing import daytona_fake
 from sandbox.testing.daytona_fake import (
     FakeAsyncDaytona,
@@ -544,7 +541,9 @@ def test_pty_exit_status_parsing() -> None:
     assert pty_exit_status(-1, "signal: interrupt") == 130
     assert pty_exit_status(None, "killed by SIGSEGV") == 139
     assert pty_exit_status(-1, "signal 15") == 143
-    assert pty_exit_status(-1, "no idea") == 255
+    # Go's -1 without a signal it names: the toolkit's rule (`normalize_exit`) reads it
+    # as SIGKILL, the one signal a wrapper that traps the others can die of.
+    assert pty_exit_status(-1, "no idea") == 137
     assert pty_exit_status(None, "Unexpected error: connection reset") is None
     assert pty_exit_status(None, None) is None
 

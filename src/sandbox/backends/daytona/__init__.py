@@ -1,0 +1,16 @@
+"""The `daytona` backend: Daytona sandboxes through the SDK's async surface (`daytona`).
+
+`session` holds `DaytonaSession` (the hooks only); beside it, one idea per module:
+`client` (the SDK client and the sandbox: create or attach, prepare, delete; bounded,
+mapped calls), `commands` (pipes and one-shot commands, one session command each),
+`terminal` (PTY sessions with `ShellTrap` in exec mode), `files` (`fs` with a stat
+first), `scripts` (the `sh` run beside a command: pid files, group kills) and `errors`
+(the SDK's exceptions by the toolkit's policy). Only the registry imports this package
+(lazily), so importing `sandbox` never imports the daytona SDK.
+"""
+
+from __future__ import annotations
+
+from .session import DaytonaSession
+
+__all__ = ["DaytonaSession"]

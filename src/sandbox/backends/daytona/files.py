@@ -1,0 +1,80 @@
+"""Files through the SDK's `fs` API: regular files only, asked of `get_file_info` first
+(the daemon's download of a FIFO waits forever; of a directory it says "not found").
+Relative paths are in the sandbox's working directory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+
+from daytona import DaytonaError
+
+from ... import remote_files
+from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
+from ...remote_files import Entry
+from .client import DaytonaClient
+from .errors import is_not_found, status_of, typed_cause
+
+
+async def stat(client: DaytonaClient, path: str) -> Entry | None:
+    """`fs.get_file_info` (Go's os.Stat: symlinks followed) as an `Entry`."""
+    try:
+        info = await client.fs.get_file_info(path)
+    except DaytonaError as exc:
+        if is_not_found(exc):
+            return None
+        raise client.error(exc, f"inspect {path!r}") from None
+    if info.is_dir:
+        return Entry("dir")
+    # Go's FileMode.String(): "-rw-r--r--" for a regular file, "prw-..." for a FIFO,
+    # "Srw-..." for a socket, "Dcrw-..." for a device.
+    mode = str(info.mode or "-")
+    return Entry("file" if mode.startswith("-") else "other", size=info.size)
+
+
+async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
+    """Download a regular file within `max_bytes`."""
+
+    async def look(p: str) -> Entry | None:
+        return await stat(client, p)
+
+    size = await remote_files.regular_file(look, path, write=False)
+    if size is not None and size > max_bytes:
+        raise FileTooLargeError.over(path, size, max_bytes)
+    try:
+        data = await client.fs.download_file(path)
+    except DaytonaError as exc:
+        if is_not_found(exc):
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
+        error = client.error(exc, f"read {path!r}")
+        if type(typed_cause(exc)) is DaytonaError and status_of(exc) is None:
+            # No error details (a daemon that sends only text, or "No data received
+            # for this file"): the SDK raises a plain `DaytonaError`
+            # (`common.filesystem.create_file_download_error`). What is there now
+            # decides: gone is not-found, a directory or FIFO is not-a-file.
+            await remote_files.regular_file(look, path, write=False)
+        raise error from None
+    return bytes(data or b"")
+
+
+async def write(client: DaytonaClient, path: str, data: bytes) -> None:
+    """Upload a regular file, creating its folder first (the SDK does not promise that
+    an upload creates missing folders)."""
+
+    async def look(p: str) -> Entry | None:
+        return await stat(client, p)
+
+    await remote_files.regular_file(look, path, write=True)
+    parent = posixpath.dirname(path)
+    if parent and parent != "/":
+        script = f"mkdir -p -- {shlex.quote(posixpath.join(client.workdir, parent))}"
+        response = await client.call(f"create the folder of {path!r}", client.process.exec(script))
+        if response.exit_code != 0:
+            detail = client.options.api_key.redact(response.result or "")[:300]
+            failure = ProviderError(f"could not create the folder of {path!r}: {detail}")
+            raise await remote_files.explain_write_failure(look, path, failure)
+    try:
+        await client.call(f"write {path!r}", client.fs.upload_file(data, path))
+    except ProviderError as failure:
+        raise await remote_files.explain_write_failure(look, path, failure) from None

@@ -1,0 +1,225 @@
+"""`DaytonaSession`: the hooks only. Beside it, one idea per module: `client` (the SDK
+client and sandbox: create or attach, prepare, delete, bounded calls), `commands`
+(pipes and one-shot commands: one session command each), `terminal` (PTY sessions with
+`ShellTrap`), `files`, `scripts` (the `sh` beside a command) and `errors` (the SDK's
+exceptions by the toolkit's policy).
+
+Checked against daytona==0.226.1. What the SDK makes impossible, and what is done
+instead, is in each module's docstring: session logs arrive as text (non-UTF-8 bytes on
+pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from daytona import AsyncDaytona, DaytonaError
+
+from ... import arguments
+from ...command_check import CommandCheck, wait_for_verdict
+from ...credentials import Secret, require_credential
+from ...errors import InvalidArgumentError
+from ...exec_output import ExecCapture, OneShotProcess
+from ...process_entry import CommandSpec, PtyEntry
+from ...session import BaseSandboxSession
+from ...settle import settle
+from ...shell_trap import ShellTrap
+from . import commands, files, terminal
+from .client import ClientOptions, DaytonaClient
+from .commands import PipeState
+from .errors import API_KEY_ENV
+from .scripts import PIDFILE_WAIT_S, interrupt_script
+
+
+class DaytonaSession(BaseSandboxSession):
+    """Runs commands in a Daytona sandbox through the async SDK.
+
+    Options:
+
+    - `api_key`: the API key (default: the `DAYTONA_API_KEY` environment variable);
+      `api_url`, `target`: passed to `DaytonaConfig` (the SDK falls back to
+      `DAYTONA_API_URL` / `DAYTONA_TARGET`);
+    - `sandbox_id`: attach to this existing sandbox (id or name) instead of creating one;
+    - `keep`: leave the sandbox alive on close (default False: closing deletes it, be it
+      created or attached, as the other cloud backends do). A start that fails or is
+      cancelled deletes what it created and never an attached sandbox;
+    - `snapshot`, `create_options` (extra `CreateSandboxFromSnapshotParams` fields, e.g.
+      `{"auto_stop_interval": 30}`), `create_timeout_s`: how to create the sandbox;
+    - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
+    - `teardown_timeout_s`: bound on each provider call made while tearing down, so a
+      provider that stops answering cannot hang `pty_terminate` or `aclose` (default 30 s);
+    - `daytona_class`: the client class, default the SDK's `AsyncDaytona`. Tests pass
+      `sandbox.testing.daytona_fake.FakeDaytona(...).AsyncDaytona`;
+    - plus the base session's options.
+    """
+
+    backend_name = "daytona"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        target: str | None = None,
+        sandbox_id: str | None = None,
+        keep: bool = False,
+        snapshot: str | None = None,
+        create_options: Mapping[str, Any] | None = None,
+        create_timeout_s: float = 120.0,
+        terminate_grace_s: float = 1.0,
+        teardown_timeout_s: float = 30.0,
+        daytona_class: Callable[..., Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        key = require_credential(
+            api_key, API_KEY_ENV, backend="daytona", what="an API key (api_key)"
+        )
+        for name, value in (
+            ("create_timeout_s", create_timeout_s),
+            ("teardown_timeout_s", teardown_timeout_s),
+        ):
+            arguments.check_seconds(name, value)
+        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        for name, text in (
+            ("api_url", api_url),
+            ("target", target),
+            ("sandbox_id", sandbox_id),
+            ("snapshot", snapshot),
+        ):
+            arguments.check_str(name, text)
+        if create_options is not None and not isinstance(create_options, Mapping):
+            raise InvalidArgumentError("create_options must be a mapping of option names")
+        self.keep = bool(keep)
+        self.create_timeout_s = create_timeout_s
+        self.terminate_grace_s = terminate_grace_s
+        self.teardown_timeout_s = teardown_timeout_s
+        self._client = DaytonaClient(
+            ClientOptions(
+                api_key=Secret(key),
+                api_url=api_url,
+                target=target,
+                attach_id=sandbox_id,
+                keep=self.keep,
+                snapshot=snapshot,
+                create_options=dict(create_options or {}),
+                create_timeout_s=create_timeout_s,
+                teardown_timeout_s=teardown_timeout_s,
+                daytona_class=daytona_class or AsyncDaytona,
+            )
+        )
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """The id of the sandbox (after start)."""
+        return getattr(self._client.sandbox, "id", None)
+
+    @property
+    def workdir(self) -> str:
+        """The sandbox's working directory: the default cwd and base of relative paths."""
+        return self._client.workdir
+
+    @property
+    def _state_dir(self) -> str:
+        """The private directory for pid files and long scripts (after start)."""
+        return self._client.state_dir
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Create the sandbox (or attach to one), then prepare it."""
+        await self._client.start()
+
+    async def _stop_backend(self) -> None:
+        """Delete the sandbox unless kept, then close the client (every call bounded)."""
+        await self._client.stop()
+
+    # ---- one-shot commands -------------------------------------------------------------
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """Start a one-shot command in its own session (see `commands.OneShotCommand`);
+        a start that fails or is cancelled deletes what it made."""
+        state = commands.new_pipe(self._client, "exec")
+        capture.check = CommandCheck.needed(spec, cwd=self._client.cwd(spec.cwd))
+        try:
+            await commands.start(self._client, state, spec, capture.check, announce=False)
+        except BaseException as exc:
+            # Nobody else knows this command yet: undo it before the error propagates.
+            await settle(self._teardown_pipe(state, sandbox_stopping=False))
+            if isinstance(exc, DaytonaError):
+                raise self._client.error(exc, "run the command") from None
+            raise
+        return commands.OneShotCommand(self._client, state, capture, self.terminate_grace_s)
+
+    # ---- processes ---------------------------------------------------------------------
+
+    async def _spawn_process(self, entry: PtyEntry) -> None:
+        """A PTY session for `tty=True`, a session command for pipes."""
+        if entry.tty:
+            await terminal.spawn(self._client, entry)
+            return
+        state = commands.new_pipe(self._client, f"p{entry.process_id}")
+        entry.handle = state
+        command = entry.spec.command
+        check = CommandCheck.needed(command, cwd=self._client.cwd(command.cwd))
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+        try:
+            await commands.start(self._client, state, command, check, announce=True)
+        except DaytonaError as exc:
+            raise self._client.error(exc, "start the process") from None
+        state.pump = asyncio.create_task(commands.pump(self._client, entry, state, trap))
+        if check is not None and trap is not None:
+            await wait_for_verdict(entry, trap, check)
+
+    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+        """Send bytes to the PTY (see `terminal.write`)."""
+        await terminal.write(self._client, entry, data)
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        """Resize the PTY (see `terminal.resize`)."""
+        await terminal.resize(self._client, entry, rows, cols)
+
+    async def _interrupt(self, entry: PtyEntry) -> None:
+        """Ctrl-C on a terminal; SIGINT to the process group of a pipe process."""
+        if entry.tty:
+            await self._write_stdin(entry, b"\x03")
+            return
+        state: PipeState = entry.handle
+        script = interrupt_script(state.pidfile, wait_s=PIDFILE_WAIT_S * 4)
+        await self._client.call("interrupt the process", self._client.process.exec(script))
+
+    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+        """Tear one process down (`terminal.teardown`, `commands.teardown`); when the
+        sandbox goes next (`entry.sandbox_stopping`) only our side is released."""
+        state = entry.handle
+        # A kept sandbox outlives the session: its processes are killed one by one.
+        stopping = entry.sandbox_stopping and self._client.deletes_sandbox()
+        if state is None:
+            return
+        if isinstance(state, PipeState):
+            await self._teardown_pipe(state, sandbox_stopping=stopping)
+        else:
+            await terminal.teardown(
+                self._client,
+                entry,
+                state,
+                grace_s=self.terminate_grace_s,
+                sandbox_stopping=stopping,
+            )
+
+    async def _teardown_pipe(self, state: PipeState, *, sandbox_stopping: bool) -> None:
+        await commands.teardown(
+            self._client, state, grace_s=self.terminate_grace_s, sandbox_stopping=sandbox_stopping
+        )
+
+    # ---- files -------------------------------------------------------------------------
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Download a regular file (see `files.read`)."""
+        return await files.read(self._client, path, max_bytes)
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """Upload a regular file, its folder created (see `files.write`)."""
+        await files.write(self._client, path, data)

@@ -1,0 +1,229 @@
+"""Commands with a terminal: one Daytona PTY session each.
+
+Daytona runs an interactive shell in a PTY session, so the command is typed into it
+with `ShellTrap` in exec mode: the shell is replaced by the command, whose own exit ends
+the PTY; everything before the trap's start marker (prompt, echo) is dropped. The PTY's
+output arrives as bytes. The command first writes its pid (the terminal's session and
+group id) and start time to a pid file, so terminating kills that group and session
+from a second exec (`scripts.kill_script`), even after the command exited: it may have
+left children. A line too long to type safely goes through a script file.
+
+The daemon reports a death by signal N as 128+N or as Go's -1 with a reason ("signal:
+killed"): `normalize_exit` reads both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from daytona import DaytonaError, PtySize
+
+from ...command_check import CommandCheck, wait_for_verdict
+from ...errors import ProcessExitedError
+from ...process_entry import PtyEntry
+from ...shell_trap import ShellTrap
+from ..toolkit.exits import normalize_exit
+from .client import DaytonaClient
+from .commands import signal_group
+from .errors import is_not_found
+from .scripts import PIDFILE_WAIT_S, pty_inner_command
+
+logger = logging.getLogger("sandbox.daytona")
+
+DEFAULT_TERM = "xterm-256color"
+# A trap line longer than this is not typed: the command goes to a script file first,
+# because a terminal in canonical mode silently truncates lines beyond 4095 bytes.
+MAX_TYPED_LINE = 1024
+
+
+@dataclass(eq=False)
+class PtyState:
+    """A tty process: its PTY session, the trap filtering its output, its waiter."""
+
+    pty_id: str
+    pidfile: str
+    trap: ShellTrap
+    handle: Any = None
+    connect_attempted: bool = False
+    line_sent: bool = False
+    waiter: asyncio.Task[None] | None = None
+    script: str | None = None
+
+
+def pty_exit_status(code: int | None, reason: str | None) -> int | None:
+    """A PTY's exit status as the contract reports it (128+N for signal N), from what
+    the daemon reported; None when it reported neither a code nor a signal (the
+    connection ended instead)."""
+    if code is None and normalize_exit(None, reason) == 255:
+        return None
+    return normalize_exit(code, reason)
+
+
+async def spawn(client: DaytonaClient, entry: PtyEntry) -> None:
+    """Open the PTY session, type the trapped command, start the waiter."""
+    spec = entry.spec
+    pty_id = client.new_id(f"t{entry.process_id}")
+    check = CommandCheck.needed(spec.command, cwd=client.cwd(spec.command.cwd))
+    state = PtyState(
+        pty_id=pty_id,
+        pidfile=posixpath.join(client.state_dir, f"{pty_id}.pid"),
+        trap=ShellTrap(report_exit=False, token=None if check is None else check.token),
+    )
+    # Behind a check the shell starts in the working directory, the check enters `cwd`
+    # and prints the trap's start marker (or a failure marker) itself.
+    if check is None:
+        shell_command, cwd = spec.command.shell_command, client.cwd(spec.command.cwd)
+    else:
+        shell_command, cwd = check.shell(spec.command.argv, announce=True), client.workdir
+    entry.handle = state
+
+    def on_data(data: bytes) -> None:
+        shown = state.trap.feed(data)
+        if shown:
+            entry.feed(shown)
+
+    envs = {"TERM": DEFAULT_TERM, **(spec.command.env or {})}
+    inner = pty_inner_command(shell_command, pidfile=state.pidfile, cwd=cwd)
+    announced = check is not None
+    line = state.trap.line(inner, tty=True, announced=announced)
+    try:
+        if len(line.encode()) > MAX_TYPED_LINE:
+            # Too long to type safely: the shell runs it from a file instead.
+            state.script = posixpath.join(client.state_dir, f"{pty_id}.sh")
+            inner = pty_inner_command(
+                shell_command, pidfile=state.pidfile, cwd=cwd, script=state.script
+            )
+            await client.fs.upload_file(inner.encode(), state.script)
+            line = state.trap.line(f". {shlex.quote(state.script)}", tty=True, announced=announced)
+        state.connect_attempted = True
+        state.handle = await client.process.create_pty_session(
+            id=pty_id,
+            on_data=on_data,
+            envs=envs,
+            pty_size=PtySize(rows=spec.rows, cols=spec.cols),
+        )
+        state.waiter = asyncio.create_task(_wait(client, entry, state))
+        state.line_sent = True
+        await state.handle.send_input(line)
+    except DaytonaError as exc:
+        raise client.error(exc, "start the terminal") from None
+    if check is not None:
+        await wait_for_verdict(entry, state.trap, check)
+
+
+async def _wait(client: DaytonaClient, entry: PtyEntry, state: PtyState) -> None:
+    """Wait for the PTY's end and report it (or the lost connection)."""
+    try:
+        result = await state.handle.wait()
+    except Exception as exc:
+        entry.report_lost(f"the daytona terminal failed: {client.describe(exc)}")
+        return
+    tail = state.trap.flush()
+    if tail:
+        entry.feed(tail)
+    code = pty_exit_status(result.exit_code, result.error)
+    if code is None:
+        reason = client.describe(Exception(result.error or "no exit status was reported"))
+        entry.report_lost(f"the daytona terminal connection ended: {reason}")
+        return
+    entry.report_eof()
+    entry.report_exit(code)
+
+
+async def write(client: DaytonaClient, entry: PtyEntry, data: bytes) -> None:
+    """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in the
+    SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
+    connected")` once the daemon said "exited"), which is not a lost connection: the
+    handle then has its exit code, and the write is a `ProcessExitedError`."""
+    state: PtyState = entry.handle
+    try:
+        await state.handle.send_input(data)
+    except DaytonaError as exc:
+        if entry.exited or getattr(state.handle, "exit_code", None) is not None:
+            raise ProcessExitedError(
+                "the process has exited; poll it with empty chars to collect its "
+                "remaining output and exit code"
+            ) from None
+        raise client.error(exc, "write to the terminal") from None
+
+
+async def resize(client: DaytonaClient, entry: PtyEntry, rows: int, cols: int) -> None:
+    """Resize through `process.resize_pty_session` (typed errors, unlike the handle's
+    `resize`, which re-wraps them in a plain `DaytonaError`)."""
+    state: PtyState = entry.handle
+    await client.call(
+        "resize the terminal",
+        client.process.resize_pty_session(state.pty_id, PtySize(rows=rows, cols=cols)),
+    )
+
+
+async def _kill_pty(client: DaytonaClient, pty_id: str) -> None:
+    """SIGKILL the PTY's shell; "no such PTY session" is taken at its word (gone)."""
+    try:
+        await client.process.kill_pty_session(pty_id)
+    except DaytonaError as exc:
+        if not is_not_found(exc):
+            raise
+
+
+async def teardown(
+    client: DaytonaClient,
+    entry: PtyEntry,
+    state: PtyState,
+    *,
+    grace_s: float,
+    sandbox_stopping: bool,
+) -> None:
+    """Stop our waiter and the SDK's reader; unless the sandbox goes next, kill the
+    terminal's group and session (even after the command exited: it may have left
+    children), and kill the PTY session itself when that did not already end it."""
+    errors: list[BaseException] = []
+    waiter = state.waiter
+    if waiter is not None and not waiter.done():
+        waiter.cancel()
+    if waiter is not None:
+        await asyncio.wait([waiter])
+    if state.handle is not None:
+        try:
+            await client.bounded(state.handle.disconnect())
+        except Exception as exc:
+            errors.append(exc)
+    if sandbox_stopping:  # deleting the sandbox kills everything in it
+        if errors:
+            raise client.teardown_error(errors[0], "stop the terminal")
+        return
+    clean_exit = entry.exited and entry.lost_reason is None
+    group_killed = False
+    if state.line_sent:
+        try:
+            group_killed = await client.bounded_retry(
+                lambda: signal_group(
+                    client,
+                    state.pidfile,
+                    wait_s=0 if clean_exit else PIDFILE_WAIT_S,
+                    grace_s=0 if clean_exit else grace_s,
+                )
+            )
+        except Exception as exc:
+            errors.append(exc)
+    if state.connect_attempted and not (group_killed or clean_exit):
+        try:
+            await client.bounded_retry(lambda: _kill_pty(client, state.pty_id))
+        except Exception as exc:
+            errors.append(exc)
+        else:
+            if errors:
+                # The shell is dead, but children that ignore SIGHUP may have survived.
+                logger.warning(
+                    "daytona: could not kill the process group of a terminal (%s); "
+                    "killed its shell only",
+                    client.describe(errors[0]),
+                )
+                errors.clear()
+    if errors:
+        raise client.teardown_error(errors[0], "stop the terminal")
