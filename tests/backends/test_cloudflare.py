@@ -598,10 +598,11 @@ async def test_cancel_exec_kills_the_command(server: CloudflareWorkerServer, poi
     async with open_cf(server) as s:
         stall = server.stall(point)
         task = await cancel_when_reached(s.exec(f"echo first; exec sleep {marker}"), stall.reached)
+        await stall.abandoned.wait()
+        # The cancelled exec kills its command through a second exec: let that through.
+        stall.release()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await stall.abandoned.wait()
-        stall.release()
         await idle(server)
         assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
         assert (await s.exec("echo next")).stdout == b"next\n"

@@ -92,6 +92,9 @@ SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
 WORKSPACE = "/workspace"
 # The environment variable that tags a one-shot command and its descendants.
 EXEC_TAG_VAR = "SANDBOX_CF_EXEC"
+# Bound on the kill of an unfinished command: it runs while its caller is being
+# cancelled, so a stuck Worker must not hold the cancel for a whole request timeout.
+KILL_TIMEOUT_S = 5.0
 # Output kept from a control exec (stat, kill): they print a line or nothing.
 MAX_CONTROL_OUTPUT = 64 * 1024
 # What prints the PTY shell's pid before the trap's line, and how we find it.
@@ -580,18 +583,26 @@ class CloudflareSession(BaseSandboxSession):
     async def _kill_exec(self, tag: str) -> None:
         """Kill every process carrying `tag` (a one-shot command and what it started)."""
         try:
-            await self._control(["sh", "-c", _KILL_TAGGED, "sh", tag], "stop the command")
+            await self._control(
+                ["sh", "-c", _KILL_TAGGED, "sh", tag],
+                "stop the command",
+                limit=min(KILL_TIMEOUT_S, self.request_timeout_s),
+            )
         except SandboxError as exc:
             logger.debug("cloudflare: could not kill a command: %s", exc)
 
-    async def _control(self, argv: list[str], what: str) -> tuple[int, bytes]:
-        """Run a short command of our own (kill, stat) and return (status, stdout)."""
+    async def _control(
+        self, argv: list[str], what: str, *, limit: float | None = None
+    ) -> tuple[int, bytes]:
+        """Run a short command of our own (kill, stat) and return (status, stdout),
+        within `limit` seconds (default: the request timeout)."""
+        limit = self.request_timeout_s if limit is None else limit
         http = self._client()
         out = bytearray()
         failure: SandboxError | None = None
         code: int | None = None
         try:
-            async with asyncio.timeout(self.request_timeout_s):
+            async with asyncio.timeout(limit):
                 async with http.post(
                     self._sandbox_url("exec"),
                     headers=self._headers(),
@@ -620,7 +631,7 @@ class CloudflareSession(BaseSandboxSession):
                                     )
         except TimeoutError:
             failure = ProviderError(
-                f"could not {what}: the Worker did not answer within {self.request_timeout_s:g}s",
+                f"could not {what}: the Worker did not answer within {limit:g}s",
                 retryable=True,
             )
         except (aiohttp.ClientError, binascii.Error, UnicodeEncodeError) as exc:
