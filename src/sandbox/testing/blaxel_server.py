@@ -431,7 +431,7 @@ class BlaxelServer:
     def configure_sdk(self) -> None:
         """Point the Blaxel SDK's process-wide client at this server (for tests that use
         the SDK directly)."""
-        from ..backends.blaxel import configure_sdk
+        from ..backends.blaxel.sdk import configure_sdk
 
         configure_sdk(api_key=self.api_key, workspace=self.workspace, api_url=self.api_url)
 

@@ -1,0 +1,25 @@
+"""The `blaxel` backend: a Blaxel sandbox, driven by the Blaxel SDK and its terminal.
+
+- `session`: `BlaxelSession`, the hooks only;
+- `client`: credentials (in `Secret`s), SDK calls, the sandbox instance, terminal URL;
+- `sdk`: the SDK imported without touching logging, its process-wide client;
+- `errors`: Blaxel's error codes over the toolkit's HTTP policy (`BlaxelAPIError`);
+- `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
+- `files`: files through the sandbox API, regular files only;
+- `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
+"""
+
+from __future__ import annotations
+
+from .errors import BlaxelAPIError, is_retryable
+from .sdk import configure_sdk
+from .session import BlaxelSession
+from .terminal import parse_terminal_frame
+
+__all__ = [
+    "BlaxelAPIError",
+    "BlaxelSession",
+    "configure_sdk",
+    "is_retryable",
+    "parse_terminal_frame",
+]

@@ -1,0 +1,146 @@
+"""One session's way to Blaxel: its credentials (each in a `Secret`), the SDK calls made
+with them, the sandbox's SDK instance and the aiohttp session the terminals use.
+
+The API key travels in headers and in the terminal URL (`?token=`): every provider text
+is redacted of it (in each form a URL may carry) and SDK exceptions are never chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import yarl
+
+from ...credentials import Secret
+from ...errors import SandboxError
+from ..toolkit import redact, transport_error
+from .errors import SERVICE, BlaxelAPIError, map_error
+from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop
+
+T = TypeVar("T")
+
+
+class BlaxelClient:
+    """The credentials and clients of one session (see the module docstring)."""
+
+    def __init__(
+        self, *, api_key: str, workspace: str, api_url: str | None, api_timeout_s: float
+    ) -> None:
+        self._api_key = Secret(api_key)
+        self._workspace = Secret(workspace)
+        self._api_url = api_url
+        self.api_timeout_s = api_timeout_s
+        self.http: aiohttp.ClientSession | None = None
+        self.instance: SandboxInstance | None = None
+        self.sandbox_url: str | None = None
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every form of the API key a provider text may echo (raw, percent-encoded)."""
+        key = self._api_key.reveal()
+        return (key, quote(key, safe=""), quote(key))
+
+    def redact(self, text: str) -> str:
+        """`text` with every form of the API key replaced by the toolkit's marker."""
+        return redact(text, self.secrets)
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers that authenticate a call to the sandbox."""
+        return {
+            "X-Blaxel-Authorization": f"Bearer {self._api_key.reveal()}",
+            "X-Blaxel-Workspace": self._workspace.reveal(),
+        }
+
+    def apply_sdk_config(self) -> None:
+        """Make the SDK's process-wide credentials this session's (see `sdk`)."""
+        configure_sdk(
+            api_key=self._api_key.reveal(),
+            workspace=self._workspace.reveal(),
+            api_url=self._api_url,
+        )
+
+    def sandbox(self) -> SandboxInstance:
+        """The SDK's instance for this sandbox (after `open`)."""
+        if self.instance is None:
+            raise SandboxError("the blaxel session is not started")
+        return self.instance
+
+    async def call(
+        self, what: str, fn: Callable[[], Awaitable[T]], *, timeout: float | None = None
+    ) -> T:
+        """Run one SDK call (trying to `what`) with this session's credentials applied,
+        bounded by `timeout` (default `api_timeout_s`), every failure mapped by
+        `errors.map_error` and raised outside the `except` block (not chained)."""
+        self.apply_sdk_config()
+        limit = self.api_timeout_s if timeout is None else timeout
+        error: SandboxError
+        try:
+            async with asyncio.timeout(None if math.isinf(limit) else limit):
+                return await fn()
+        except TimeoutError:
+            error = transport_error(None, what, service=SERVICE, timed_out=True)
+        except Exception as exc:
+            error = map_error(exc, what, self.secrets)
+        raise error
+
+    async def open(self, name: str, config: dict[str, Any], create_timeout: int | None) -> None:
+        """Create (or attach to) the sandbox `name` and bind an instance to its URL with
+        this session's headers. `close` undoes a half-done open."""
+        track_loop(self)
+        self.http = aiohttp.ClientSession()
+        created = await self.call(
+            f"create the Blaxel sandbox {name!r}",
+            lambda: SandboxInstance.create_if_not_exists(config, timeout=create_timeout),
+        )
+        # `process.url` honours the sandbox's own URL and BL_SANDBOXES_<NAME>_URL.
+        url: str = created.process.url
+        self.sandbox_url = url
+        self.instance = SandboxInstance(created.sandbox, force_url=url, headers=self.auth_headers())
+
+    async def delete(self, name: str) -> None:
+        """Delete the sandbox `name` (one already gone is fine)."""
+        try:
+            await self.call(
+                f"delete the Blaxel sandbox {name!r}", lambda: SandboxInstance.delete(name)
+            )
+        except BlaxelAPIError as exc:
+            if exc.status != 404:
+                raise
+
+    async def close(self) -> None:
+        """Release every client (the SDK's per-helper ones, ours, the shared one last)."""
+        instance, self.instance = self.instance, None
+        http, self.http = self.http, None
+        try:
+            if instance is not None:
+                # The SDK opens one httpx client per helper and never closes them.
+                for action in (instance.process, instance.fs):
+                    with contextlib.suppress(Exception):
+                        await action.get_client().aclose()
+        finally:
+            if http is not None:
+                await http.close()
+            await release_shared_client(self)
+
+    def terminal_url(self, session_id: str, rows: int, cols: int, cwd: str) -> yarl.URL:
+        """The terminal WebSocket URL. It holds the API key: never log or raise it."""
+        base = urlsplit(self.sandbox_url or "")
+        scheme = {"https": "wss", "http": "ws"}.get(base.scheme, base.scheme)
+        query = urlencode(
+            {
+                "token": self._api_key.reveal(),
+                "cols": cols,
+                "rows": rows,
+                "sessionId": session_id,
+                "workingDir": cwd,
+            },
+            quote_via=quote,
+        )
+        path = base.path.rstrip("/") + "/terminal/ws"
+        return yarl.URL(urlunsplit((scheme, base.netloc, path, query, "")), encoded=True)

@@ -1,0 +1,321 @@
+"""`BlaxelSession`: the hooks only. The sandbox is created, or attached to, by name
+through the SDK (`client`) and deleted on close unless `keep=True`; one-shot commands
+are `process.exec` calls (`execs`); files go through the sandbox API (`files`); PTYs
+use the sandbox's terminal WebSocket (`terminal`). Provider facts and their sources:
+docs/providers.md (Blaxel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import posixpath
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from ... import arguments
+from ...command_check import CommandCheck, wait_for_verdict
+from ...credentials import require_credential
+from ...errors import InvalidArgumentError, SandboxError
+from ...exec_output import ExecCapture, OneShotProcess
+from ...process_entry import CommandSpec, PtyEntry
+from ...session import BaseSandboxSession
+from ..toolkit import ShellTrap
+from . import terminal
+from .client import BlaxelClient
+from .execs import BlaxelOneShot, exec_request
+from .files import BlaxelFiles
+from .terminal import Terminal, TerminalOptions, TerminalReader
+
+logger = logging.getLogger("sandbox.blaxel")
+
+DEFAULT_WORKDIR = "/workspace"
+API_KEY_ENV = "BL_API_KEY"
+WORKSPACE_ENV = "BL_WORKSPACE"
+
+
+class BlaxelSession(BaseSandboxSession):
+    """A Blaxel sandbox.
+
+    Options:
+    - `name` (alias `sandbox_id`): the sandbox to create or attach to (default: a new
+      `sandbox-<random>`); it is deleted on close unless `keep=True`;
+    - `api_key` / `workspace`: credentials (default: `BL_API_KEY` / `BL_WORKSPACE`);
+    - `api_url`: the control-plane API (default: the SDK's; point it at a
+      `BlaxelServer` for provider-free tests);
+    - `image`, `memory` (MB), `region`, `ttl`, `labels`, `create_timeout_s` (1-50 s):
+      passed to the sandbox creation;
+    - `workdir`: the directory relative paths, `cwd`s and commands start in (created at
+      start; default `/workspace`);
+    - `api_timeout_s` (default 120): bound on each API call; `connect_timeout_s`
+      (default 30): bound on a terminal handshake; `close_timeout_s` (default 2): bound
+      on a WebSocket close; `heartbeat_s` (default 30): WebSocket ping interval, so a
+      silently dead connection is noticed; `terminate_grace_s` (default 1): time between
+      the polite signals and SIGKILL when a running process is terminated;
+      `probe_interval_s` (default 5): after that long without a frame from a running
+      process's terminal, it is probed, so a shell that died without reporting is
+      found lost within about twice that;
+    - plus the base session's options.
+    """
+
+    backend_name = "blaxel"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        sandbox_id: str | None = None,
+        keep: bool = False,
+        api_key: str | None = None,
+        workspace: str | None = None,
+        api_url: str | None = None,
+        image: str | None = None,
+        memory: int | None = None,
+        region: str | None = None,
+        ttl: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        create_timeout_s: int | None = None,
+        workdir: str = DEFAULT_WORKDIR,
+        api_timeout_s: float = 120.0,
+        connect_timeout_s: float = 30.0,
+        close_timeout_s: float = 2.0,
+        heartbeat_s: float | None = 30.0,
+        terminate_grace_s: float = 1.0,
+        probe_interval_s: float = 5.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        if name is not None and sandbox_id is not None and name != sandbox_id:
+            raise InvalidArgumentError("give the sandbox's name once (name= or sandbox_id=)")
+        key = require_credential(
+            api_key, API_KEY_ENV, backend="blaxel", what="an API key (api_key)"
+        )
+        space = require_credential(
+            workspace, WORKSPACE_ENV, backend="blaxel", what="a workspace (workspace)"
+        )
+        if not isinstance(workdir, str) or not workdir.startswith("/"):
+            raise InvalidArgumentError("workdir must be an absolute path in the sandbox")
+        # Every option is checked now, not when first used (a bad grace period would
+        # otherwise surface as a raw TypeError in a teardown).
+        for option, seconds in (
+            ("api_timeout_s", api_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("close_timeout_s", close_timeout_s),
+            ("probe_interval_s", probe_interval_s),
+        ):
+            arguments.check_seconds(option, seconds)
+        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
+        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        for option, text in (
+            ("name", name),
+            ("sandbox_id", sandbox_id),
+            ("image", image),
+            ("region", region),
+            ("ttl", ttl),
+        ):
+            arguments.check_str(option, text)
+        labels = arguments.check_env(labels, name="labels")
+        for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
+            if number is not None and (
+                isinstance(number, bool) or not isinstance(number, int) or number <= 0
+            ):
+                raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
+        self.sandbox_name = name or sandbox_id or f"sandbox-{secrets.token_hex(6)}"
+        self.keep = keep
+        self.workdir = posixpath.normpath(workdir)
+        self.terminate_grace_s = terminate_grace_s
+        self._terminal_options = TerminalOptions(
+            connect_timeout_s=connect_timeout_s,
+            close_timeout_s=close_timeout_s,
+            heartbeat_s=heartbeat_s,
+            probe_interval_s=probe_interval_s,
+            terminate_grace_s=terminate_grace_s,
+        )
+        self._client = BlaxelClient(
+            api_key=key, workspace=space, api_url=api_url, api_timeout_s=api_timeout_s
+        )
+        self._files = BlaxelFiles(self._client, self.workdir)
+        self._create_config: dict[str, Any] = {"name": self.sandbox_name}
+        for option, value in (
+            ("image", image),
+            ("memory", memory),
+            ("region", region),
+            ("ttl", ttl),
+            ("labels", dict(labels) if labels else None),
+        ):
+            if value is not None:
+                self._create_config[option] = value
+        self._create_timeout_s = create_timeout_s
+        self._create_attempted = False
+        self._deleted = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} sandbox={self.sandbox_name!r} "
+            f"state={self.state.value} processes={len(self.pty_processes())}>"
+        )
+
+    def _cwd(self, cwd: str | None) -> str:
+        return self.workdir if cwd is None else self._files.absolute(cwd)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Create (or attach to) the sandbox, then its working directory."""
+        self._create_attempted = True
+        self._deleted = False
+        await self._client.open(
+            self.sandbox_name, dict(self._create_config), self._create_timeout_s
+        )
+        await self._files.mkdir(self.workdir)
+
+    async def _stop_backend(self) -> None:
+        """Delete the sandbox (unless kept; tolerating one never made), release clients."""
+        try:
+            if self._create_attempted and not self.keep and not self._deleted:
+                await self._client.delete(self.sandbox_name)
+                self._deleted = True
+        finally:
+            await self._client.close()
+
+    # ---- one-shot commands -------------------------------------------------------------
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """One `process.exec` (see `execs`). A `cwd` (or `shell=False`) runs behind the
+        command check, started in `workdir`, so a bad one is reported as everywhere."""
+        check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
+        argv = spec.argv if check is None else check.argv(spec.argv, announce=False)
+        request = exec_request(argv, spec.env, self.workdir)
+        return BlaxelOneShot(self._client, request, spec.display, capture).start()
+
+    # ---- files ---------------------------------------------------------------------------
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """A regular file, through the parent's listing first (see `files`)."""
+        return await self._files.read(path, max_bytes)
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """A regular file, parents made, after the parent's listing (see `files`)."""
+        await self._files.write(path, data)
+
+    # ---- terminal processes ------------------------------------------------------------
+
+    async def _spawn_process(self, entry: PtyEntry) -> None:
+        """Type the command into a new terminal (see `terminal`)."""
+        spec = entry.spec
+        term = Terminal(trap=ShellTrap(report_exit=True))
+        entry.handle = term
+        cwd = self._cwd(spec.command.cwd)
+        check = CommandCheck.needed(spec.command, cwd=cwd, token=term.trap.token)
+        line = await self._typed_line(term, term.typed_line(spec.command, spec.tty, cwd, check))
+        # With a check the terminal starts in `workdir` (it exists) and the check enters
+        # `cwd`: a missing `workingDir` is not reported by the terminal.
+        start_dir = cwd if check is None else self.workdir
+        http = self._client.http
+        if http is None:
+            raise SandboxError("the blaxel session is not started")
+        term.ws = await terminal.connect(
+            http,
+            self._client.terminal_url(term.session_id, spec.rows, spec.cols, start_dir),
+            self._client.auth_headers(),
+            self._terminal_options,
+            f"open a terminal in the Blaxel sandbox {self.sandbox_name!r}",
+        )
+        reader = TerminalReader(entry, term, self._terminal_options, self._client.redact)
+        term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
+        await terminal.send_input(entry, line.encode())
+        term.line_sent = True
+        if check is not None:
+            await wait_for_verdict(entry, term.trap, check)
+
+    async def _typed_line(self, term: Terminal, line: str) -> str:
+        """`line` as typed, or, when too long to type, a file written through the API
+        (it removes itself) and sourced."""
+        if len(line.encode()) <= terminal.MAX_TYPED_LINE:
+            return line
+        script = f"/tmp/.sandbox-pty-{term.trap.token}"
+        body = f"rm -f {script}\n{line}".encode()
+        instance = self._client.sandbox()
+        await self._client.call(
+            "write the command to the sandbox", lambda: instance.fs.write_binary(script, body)
+        )
+        return f". {script}\n"
+
+    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+        """`input` frames on the terminal."""
+        await terminal.send_input(entry, data)
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        """The terminal's `resize` message (`handler/terminal.go`; the server ignores a
+        size of zero and answers nothing)."""
+        frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
+        await terminal.send_frames(entry, [frame])
+
+    async def _interrupt(self, entry: PtyEntry) -> None:
+        """The interrupt character, also for tty=False: the command runs in the
+        terminal's foreground process group, signal generation stays on."""
+        await terminal.send_input(entry, b"\x03")
+
+    async def _final_drain(self, entry: PtyEntry) -> None:
+        """Frames already received sit in aiohttp's queue: let the reader take them."""
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+        """Kill the terminal's tagged session (unless the sandbox's deletion follows),
+        then stop the reader and close the socket."""
+        term = entry.handle
+        if not isinstance(term, Terminal):
+            return
+        term.closing = True
+        error: SandboxError | None = None
+        try:
+            if self._must_kill_remotely(entry, term):
+                if not term.trap.started:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(terminal.START_WAIT_S):
+                            await term.started.wait()
+                # A lost terminal may mean Blaxel is unreachable: do not hold the
+                # window that reports the loss for long.
+                bound = terminal.LOST_KILL_TIMEOUT_S if entry.lost_reason is not None else None
+                try:
+                    await self._kill_terminal_session(term, bound)
+                except SandboxError as exc:
+                    if entry.lost_reason is None:
+                        error = exc
+                    else:  # its connection was already gone: best effort only
+                        logger.info("could not kill a lost Blaxel terminal: %s", exc)
+        finally:
+            await terminal.close(term, self._terminal_options.close_timeout_s)
+        if error is not None:
+            raise error
+
+    def _must_kill_remotely(self, entry: PtyEntry, term: Terminal) -> bool:
+        if term.trap.done or self._client.instance is None or not term.line_sent:
+            return False
+        # Closing deletes the sandbox right after, which stops everything in it.
+        return not (entry.sandbox_stopping and not self.keep)
+
+    async def _kill_terminal_session(self, term: Terminal, timeout: float | None) -> None:
+        """The toolkit's kill script for the terminal's tag, as a one-shot exec: polite
+        signals, up to `terminate_grace_s`, then SIGKILL."""
+        what = f"stop the terminal {term.session_id}"
+        grace = self.terminate_grace_s
+        instance = self._client.sandbox()
+        response = await self._client.call(
+            what,
+            lambda: instance.process.exec(
+                {
+                    "command": terminal.kill_command(term, grace),
+                    "name": f"kill-{secrets.token_hex(6)}",
+                    "wait_for_completion": True,
+                    "timeout": math.ceil(grace) + 10,
+                }
+            ),
+            timeout=timeout or min(self._client.api_timeout_s, grace + 30.0),
+        )
+        terminal.check_kill_report(response.stdout, what)
