@@ -25,7 +25,10 @@ from modal.sandbox.sandbox import SandboxFilesystem
 import sandbox
 from sandbox.arguments import build_command
 from sandbox.backends.modal import ModalSession
-from sandbox.backends.modal.session import TOKEN_ENV, _exit_code, _Process
+from sandbox.backends.modal.commands import Command
+from sandbox.backends.modal.session import TOKEN_ENV
+from sandbox.backends.toolkit import REDACTED, normalize_exit
+from sandbox.backends.toolkit.shell import KILL_NAME
 from sandbox.testing import modal_fake
 from sandbox.testing.drift import surface_problems
 from sandbox.testing.modal_fake import FakeContainerProcess, FakeModal
@@ -60,12 +63,13 @@ def other_tasks() -> set[asyncio.Task[Any]]:
 
 
 def running(marker: str) -> Callable[[tuple[str, ...]], bool]:
-    """A fault predicate: the process whose command mentions `marker`."""
-    return lambda argv: any(marker in part for part in argv[9:])
+    """A fault predicate: the process whose command mentions `marker` (not a control
+    exec, whose argv holds only scripts and tags)."""
+    return lambda argv: not is_control(argv) and any(marker in part for part in argv)
 
 
 def is_control(argv: tuple[str, ...]) -> bool:
-    return "sandbox-pty-control" in argv
+    return KILL_NAME in argv
 
 
 def fake_process(fake: FakeModal, marker: str) -> FakeContainerProcess:
@@ -233,7 +237,7 @@ async def test_secrets_never_in_errors_reprs_tracebacks_or_logs(
     with pytest.raises(sandbox.ProviderError) as info:
         await s.start()
     text = "".join(traceback.format_exception(info.value))
-    assert "***" in str(info.value)
+    assert REDACTED in str(info.value)
     for secret in (SECRET, TOKEN_ID):
         assert secret not in text and secret not in repr(s) and secret not in caplog.text
     assert not info.value.retryable
@@ -606,10 +610,10 @@ async def test_a_process_starting_after_its_teardown_exits_at_once(
     # teardown already ran. The teardown's marker makes the wrapper exit at once.
     marker = unique_seconds()
     async with open_modal(fake, tmp_path) as s:
-        handle = _Process(token="0123456789abcdef01234567", tty=False)
-        await s._control(handle.token, "kill", mark=True)
+        command = Command(tty=False, tag="0123456789abcdef01234567")
+        await s._commands.control(command, "kill")  # no process yet: the marker is left
         spec = build_command(("sleep", marker), shell=False, env=None, cwd=None)
-        process = await s._start_command(spec, handle)
+        process = await s._commands.start(spec, command, wrap=True)
         async with asyncio.timeout(10):
             assert await process.wait.aio() == 143
         assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
@@ -762,7 +766,7 @@ async def test_resize_is_unsupported(fake: FakeModal, tmp_path: Path) -> None:
 
 
 def test_exit_codes_are_normalised() -> None:
-    assert [_exit_code(c) for c in (0, 3, 130, 137, -9, -15)] == [0, 3, 130, 137, 137, 143]
+    assert [normalize_exit(c) for c in (0, 3, 130, 137, -9, -15)] == [0, 3, 130, 137, 137, 143]
 
 
 # ---- provider fidelity: the terminal type ---------------------------------------------

@@ -1,0 +1,82 @@
+"""Files in a Modal sandbox: `Sandbox.filesystem` (`stat`, `read_bytes`, `write_bytes`),
+regular files only, stat'ed first (a download of a FIFO never ends)."""
+
+from __future__ import annotations
+
+import posixpath
+import stat as stat_module
+from typing import Any
+
+from modal import exception as modal_exception
+from modal.types import FileType
+
+from ... import remote_files
+from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
+from ...remote_files import Entry
+from .errors import SDK_ERRORS, ModalErrors
+
+
+class ModalFiles:
+    """The file calls of one session (`sandbox` is the session's, looked up per call)."""
+
+    def __init__(self, errors: ModalErrors, workdir: str) -> None:
+        self._errors = errors
+        self._workdir = workdir
+
+    def path(self, path: str) -> str:
+        """`path` as an absolute path (relative ones are in `workdir`)."""
+        return path if path.startswith("/") else posixpath.join(self._workdir, path)
+
+    async def stat(self, sandbox: Any, path: str) -> Entry | None:
+        """`Sandbox.filesystem.stat` (the entry itself, not a symlink's target) as an
+        `Entry`; a FILE whose mode carries file-type bits must be a regular one."""
+        try:
+            info = await sandbox.filesystem.stat.aio(path)
+        except modal_exception.SandboxFilesystemNotFoundError:
+            return None
+        except ValueError:
+            return Entry("other")  # a type the SDK has no name for: not a regular file
+        except SDK_ERRORS as exc:
+            raise self._errors.map(f"inspect {path!r}", exc) from None
+        if info.type is FileType.DIRECTORY:
+            return Entry("dir")
+        if info.type is FileType.SYMLINK:
+            return Entry("symlink", target=info.symlink_target)
+        mode = int(info.mode or 0)
+        regular = mode <= 0o7777 or stat_module.S_ISREG(mode)
+        return Entry("file" if regular else "other", size=info.size)
+
+    async def read(self, sandbox: Any, path: str, max_bytes: int) -> bytes:
+        """`filesystem.read_bytes` after `stat` says it is a regular file within
+        `max_bytes`."""
+        full = self.path(path)
+        size = await remote_files.regular_file(
+            lambda p: self.stat(sandbox, p), full, write=False, shown=path
+        )
+        if size is not None and size > max_bytes:
+            raise FileTooLargeError.over(path, size, max_bytes)
+        try:
+            data: bytes = await sandbox.filesystem.read_bytes.aio(full)
+        except modal_exception.SandboxFilesystemNotFoundError:
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
+        except modal_exception.SandboxFilesystemIsADirectoryError:
+            raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+        except SDK_ERRORS as exc:
+            raise self._errors.map(f"read {path!r}", exc) from None
+        return bytes(data)
+
+    async def write(self, sandbox: Any, path: str, data: bytes) -> None:
+        """`filesystem.write_bytes`, which creates parent directories, after `stat`
+        says nothing or a regular file is there."""
+        full = self.path(path)
+        await remote_files.regular_file(
+            lambda p: self.stat(sandbox, p), full, write=True, shown=path
+        )
+        try:
+            await sandbox.filesystem.write_bytes.aio(data, full)
+        except modal_exception.SandboxFilesystemIsADirectoryError:
+            raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+        except modal_exception.SandboxFilesystemNotADirectoryError:
+            raise remote_files.under_a_file(path) from None
+        except SDK_ERRORS as exc:
+            raise self._errors.map(f"write {path!r}", exc) from None

@@ -1,0 +1,99 @@
+"""A one-shot command in a Modal sandbox: the `OneShotProcess` the base session drives.
+
+Output and exit status travel on different RPC streams: `wait()` waits for the exit
+while both readers append to the capture, gives the readers `exit_output_grace_s` to
+finish, and leaves a tree still holding the pipes (a background child) to `release()`,
+which kills it. The exec also gets a server-side timeout, a backstop only (1 s
+granularity, a little after the base session's own deadline, which is what really ends
+the command): if it fires first, Modal reports -1 and `wait()` raises the timeout error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...errors import ProviderError
+from ...exec_output import ExecCapture
+from ..toolkit import normalize_exit
+from .commands import Command, Commands, cancel_and_wait, first_failure, read_stream
+
+SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns when that backstop fired
+SERVER_TIMEOUT_MARGIN_S = 2
+
+
+class ModalOneShot:
+    """A started one-shot command (see the module docstring)."""
+
+    def __init__(
+        self,
+        commands: Commands,
+        command: Command,
+        capture: ExecCapture,
+        *,
+        display: str,
+        timeout: float | None,
+        exit_output_grace_s: float,
+    ) -> None:
+        self._commands = commands
+        self._command = command
+        self._capture = capture
+        self._display = display
+        self._timeout = timeout
+        self._grace_s = exit_output_grace_s
+        self._killed = False
+        process = command.process
+        command.readers = [
+            asyncio.create_task(self._collect(process.stdout, capture.add_stdout)),
+            asyncio.create_task(self._collect(process.stderr, capture.add_stderr)),
+        ]
+
+    async def _collect(self, stream: Any, sink: Any) -> None:
+        try:
+            await read_stream(stream, sink)
+        except Exception as exc:
+            raise self._commands.errors.map("read the command's output", exc) from None
+
+    async def wait(self) -> int:
+        """The exit status once known, with the output read (or the readers given the
+        grace); the first reader or wait that fails stops the others and raises."""
+        readers = self._command.readers
+        waiter = asyncio.ensure_future(
+            self._commands.errors.call("wait for the command", self._command.process.wait.aio)
+        )
+        await first_failure(readers, waiter)
+        code = waiter.result()
+        if code == SERVER_TIMEOUT_CODE:
+            if self._timeout is not None:
+                raise self._capture.timeout_error(self._display, self._timeout)
+            raise ProviderError("the command ended without an exit status (Modal said -1)")
+        # The exit status may overtake the last output: wait a little for the streams.
+        # `release()` kills whatever still holds them open.
+        grace = asyncio.ensure_future(asyncio.wait(readers, timeout=self._grace_s))
+        await first_failure(readers, grace)
+        return normalize_exit(code)
+
+    async def kill(self) -> None:
+        """Kill the tree by its tag, then stop the readers (idempotent)."""
+        try:
+            if not self._killed:
+                self._killed = True
+                await self._commands.control(self._command, "kill")
+        finally:
+            await cancel_and_wait(self._command.readers)
+
+    async def release(self) -> None:
+        """A tree still holding the output (a background child) is killed; the readers
+        are stopped."""
+        if all(reader.done() for reader in self._command.readers):
+            self._killed = True
+            await cancel_and_wait(self._command.readers)
+            return
+        await self.kill()
+
+
+def server_timeout(timeout: float | None) -> int | None:
+    """The exec's own timeout for a command the base session ends at `timeout`."""
+    if timeout is None:
+        return None
+    return int(-(-timeout // 1)) + SERVER_TIMEOUT_MARGIN_S

@@ -1,0 +1,112 @@
+"""The tasks behind one process (`pty_exec_start`): a reader per output stream, feeding
+the `PtyEntry`, and a watcher reporting the exit.
+
+Output and exit status travel on different RPC streams, so the watcher reports the exit
+once the output ended too (or `exit_output_grace_s` passed): reporting it first could
+end a window before the last output arrived. Output that ends without an exit status
+is followed by `exit_status_timeout_s` of waiting, then the process is lost. A branch
+that fails stops its siblings and awaits them before it reports the loss: a reader that
+fails cancels the other reader and the watcher; a wait that fails cancels the readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...process_entry import PtyEntry
+from ...shell_trap import ShellTrap
+from ..toolkit import normalize_exit
+from .commands import Command, cancel_and_wait, read_stream
+from .errors import ModalErrors
+
+SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a status
+
+
+def start_tasks(
+    entry: PtyEntry,
+    command: Command,
+    errors: ModalErrors,
+    trap: ShellTrap | None,
+    *,
+    exit_output_grace_s: float,
+    exit_status_timeout_s: float,
+) -> None:
+    """Start the readers (stdout only with a terminal: stderr is merged into it; the
+    command check's markers come on stdout, the stream `trap` filters) and the watcher."""
+    process = command.process
+    streams = [process.stdout] if command.tty else [process.stdout, process.stderr]
+    command.readers = [
+        asyncio.create_task(_pump(entry, command, errors, s, trap if s is process.stdout else None))
+        for s in streams
+    ]
+    command.watcher = asyncio.create_task(
+        _watch(entry, command, errors, exit_output_grace_s, exit_status_timeout_s)
+    )
+
+
+async def _pump(
+    entry: PtyEntry, command: Command, errors: ModalErrors, stream: Any, trap: ShellTrap | None
+) -> None:
+    """Feed one output stream into the entry (through `trap` behind a check); a stream
+    that fails loses the process, once its sibling tasks are stopped."""
+
+    def feed(data: bytes) -> None:
+        shown = data if trap is None else trap.feed(data)
+        if shown:
+            entry.feed(shown)
+
+    try:
+        await read_stream(stream, feed)
+    except Exception as exc:
+        me = asyncio.current_task()
+        await cancel_and_wait([task for task in command.tasks() if task is not me])
+        entry.report_lost(f"reading its output from Modal failed ({errors.describe(exc)})")
+
+
+async def _watch(
+    entry: PtyEntry, command: Command, errors: ModalErrors, grace_s: float, status_timeout_s: float
+) -> None:
+    """Report the exit once it is known and the output has ended (see the module
+    docstring)."""
+    waiter = asyncio.ensure_future(errors.call("wait for the process", command.process.wait.aio))
+    readers: set[asyncio.Task[Any]] = set(command.readers)
+    try:
+        while readers and not waiter.done():
+            done, _ = await asyncio.wait({waiter, *readers}, return_when=asyncio.FIRST_COMPLETED)
+            readers -= done
+        if waiter.done():
+            if not waiter.cancelled() and waiter.exception() is not None:
+                await cancel_and_wait(list(command.readers))  # the wait failed: stop reading
+            elif readers:
+                await asyncio.wait(readers, timeout=grace_s)
+            if all(reader.done() for reader in command.readers):
+                entry.report_eof()
+            _report_exit(entry, command, errors, waiter)
+            return
+        entry.report_eof()
+        await asyncio.wait({waiter}, timeout=status_timeout_s)
+        if waiter.done():
+            _report_exit(entry, command, errors, waiter)
+        else:
+            entry.report_lost(
+                f"Modal did not report its exit status within {status_timeout_s:g}s of "
+                "its output ending"
+            )
+    finally:
+        await cancel_and_wait([waiter])
+
+
+def _report_exit(
+    entry: PtyEntry, command: Command, errors: ModalErrors, waiter: asyncio.Future[int]
+) -> None:
+    exc = asyncio.CancelledError() if waiter.cancelled() else waiter.exception()
+    if exc is not None:
+        entry.report_lost(f"waiting for its exit failed ({errors.describe(exc)})")
+        return
+    command.exited = True
+    code = waiter.result()
+    if code == SERVER_TIMEOUT_CODE:
+        entry.report_lost("Modal reported no exit status")
+    else:
+        entry.report_exit(normalize_exit(code))
