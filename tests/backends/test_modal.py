@@ -808,3 +808,81 @@ async def test_fake_copies_the_client_term_like_the_sdk(
         out = b"".join([chunk async for chunk in process.stdout])
         assert b"t=screen" in out
         assert s.sandbox_id is not None
+
+
+# ---- side-by-side tasks: a branch that fails stops its siblings first ------------------
+
+
+async def test_one_shot_reader_fails_while_the_wait_is_parked(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path) as s:
+        before = other_tasks()
+        fake.block("wait", times=None, when=running(marker))  # never released
+        fake.fail("read", mx.ConnectionError("stream reset"), when=running(marker))
+        with pytest.raises(sandbox.ConnectionLostError, match="output"):
+            await s.exec(f"echo hi; exec sleep {marker}")
+        # The parked wait and the stderr reader were cancelled and awaited: nothing of
+        # this exec is still running, and its tree was killed.
+        assert other_tasks() <= before
+        await no_leftovers(fake, marker)
+
+
+async def test_one_shot_wait_fails_while_a_reader_is_parked(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path) as s:
+        before = other_tasks()
+        gate = fake.block("read", times=None, when=running(marker))  # never released
+        wait_gate = fake.block(
+            "wait", when=running(marker), then_raise=mx.ServiceError("stream reset")
+        )
+        task = asyncio.ensure_future(s.exec(f"echo hi; exec sleep {marker}"))
+        await gate.reached.wait()  # the stdout reader holds a chunk
+        await wait_gate.reached.wait()
+        wait_gate.release()  # now the wait fails, with the reader still parked
+        with pytest.raises(sandbox.ProviderError) as info:
+            await task
+        assert info.value.retryable and "wait" in str(info.value)
+        assert other_tasks() <= before
+        await no_leftovers(fake, marker)
+
+
+async def test_process_reader_fails_while_the_wait_and_other_reader_are_parked(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path) as s:
+        before = other_tasks()
+        gate = fake.block("wait", times=None, when=running(marker))  # never released
+        fake.fail("read", mx.ConnectionError("stream reset"), when=running(marker))
+        # Pipes: the stderr reader waits for output that never comes.
+        update = await s.pty_exec_start(f"echo hi; exec sleep {marker}", yield_time_s=10)
+        assert gate.reached.is_set()
+        assert update.process_id is None and update.exit_code is None
+        assert "reading its output from Modal failed" in update.output
+        assert other_tasks() <= before
+        await no_leftovers(fake, marker)
+
+
+async def test_process_wait_fails_while_a_reader_is_parked(fake: FakeModal, tmp_path: Path) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path) as s:
+        before = other_tasks()
+        gate = fake.block("read", times=None, when=running(marker))  # never released
+        wait_gate = fake.block(
+            "wait", when=running(marker), then_raise=mx.ServiceError("stream reset")
+        )
+        task = asyncio.ensure_future(
+            s.pty_exec_start(f"echo hi; exec sleep {marker}", yield_time_s=10)
+        )
+        await gate.reached.wait()  # the stdout reader holds a chunk
+        await wait_gate.reached.wait()
+        wait_gate.release()  # now the wait fails, with the reader still parked
+        update = await task
+        assert update.process_id is None and update.exit_code is None
+        assert "waiting for its exit failed" in update.output
+        assert other_tasks() <= before
+        await no_leftovers(fake, marker)

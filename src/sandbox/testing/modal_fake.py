@@ -26,7 +26,7 @@ The plain blocking forms (`Sandbox.create(...)` without `.aio`) raise `TypeError
 Fault knobs, for tests: `fake.fail(op, exc)` makes the next call of `op` raise `exc`
 (an SDK exception); `fake.block(op)` returns a `Gate` whose `reached` event is set when a
 call of `op` arrives, and which holds that call until `gate.release()` (never releasing
-it is "a call that never returns"). The ops and where they are checked:
+it is "a call that never returns"; with `then_raise=exc` the released call raises). The ops and where they are checked:
 
 - `client` (`Client.from_credentials`), `app_lookup` (`App.lookup`);
 - `create` before the sandbox exists, `create_response` after it exists (the provider
@@ -242,10 +242,18 @@ class FakeModal:
         """Make the next `times` calls of `op` (None: all) matching `when` raise `exc`."""
         self._add(_Fault(op, exc, None, times, when))
 
-    def block(self, op: str, *, times: int | None = 1, when: Predicate | None = None) -> Gate:
-        """Hold the next `times` calls of `op` matching `when` at a `Gate` (returned)."""
+    def block(
+        self,
+        op: str,
+        *,
+        times: int | None = 1,
+        when: Predicate | None = None,
+        then_raise: BaseException | None = None,
+    ) -> Gate:
+        """Hold the next `times` calls of `op` matching `when` at a `Gate` (returned);
+        once released, they raise `then_raise` if given (a call that fails late)."""
         gate = Gate()
-        self._add(_Fault(op, None, gate, times, when))
+        self._add(_Fault(op, then_raise, gate, times, when))
         return gate
 
     def clear_faults(self) -> None:
