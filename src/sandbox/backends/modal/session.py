@@ -25,7 +25,6 @@ the installed SDK.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import os
@@ -34,12 +33,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import modal
-from modal import exception as modal_exception
 
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
-from ...errors import CredentialsMissingError, InvalidArgumentError
+from ...credentials import Secret
+from ...errors import InvalidArgumentError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
@@ -48,8 +46,17 @@ from ...shell_trap import ShellTrap
 from ...types import ExecResult
 from ..toolkit import TAG_VARIABLE
 from .commands import Command, Commands, cancel_and_wait
-from .errors import SANDBOX_GONE, SDK_ERRORS, ModalErrors
+from .errors import ModalErrors
 from .files import ModalFiles
+from .lifecycle import (
+    TOKEN_ID_ENV,
+    TOKEN_SECRET_ENV,
+    credentials,
+    find_created_sandbox,
+    quietly,
+    remove_dir,
+    terminate,
+)
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
 
@@ -61,14 +68,11 @@ DEFAULT_SANDBOX_TIMEOUT_S = 3600
 DEFAULT_TERM = "xterm-256color"
 STATE_ROOT = "/tmp/.agent-sandbox-pty"
 TOKEN_ENV = TAG_VARIABLE  # the variable that tags a command's tree
-TOKEN_ID_ENV = "MODAL_TOKEN_ID"
-TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
 TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 # Output and exit status travel on different RPC streams: after one of them ends, how long
 # to wait for the other before giving up on it.
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 60.0  # each call made while stopping the sandbox
 WRITE_CHUNK = 1024 * 1024
 
 # The timeout of the one-shot command being started in this task (see `_exec`).
@@ -201,26 +205,6 @@ class ModalSession(BaseSandboxSession):
 
     # ---- lifecycle -----------------------------------------------------------------
 
-    def _credentials(self) -> tuple[Secret, Secret]:
-        """The token id and secret (options first, then the environment); one error
-        naming every variable that is missing."""
-        found: list[Secret] = []
-        missing: list[str] = []
-        for option, variable, what in (
-            (self._token_id, TOKEN_ID_ENV, "a Modal token id"),
-            (self._token_secret, TOKEN_SECRET_ENV, "a Modal token secret"),
-        ):
-            given = option.reveal() if option is not None else None
-            try:
-                found.append(
-                    Secret(require_credential(given, variable, backend="modal", what=what))
-                )
-            except CredentialsMissingError as exc:
-                missing.append(str(exc))
-        if missing:
-            raise CredentialsMissingError("; ".join(missing) + " (or pass client=)")
-        return found[0], found[1]
-
     async def _start_backend(self) -> None:
         """Connect with the token (or the given client), then attach to `sandbox_id` or
         look up the app and create a sandbox with a unique name."""
@@ -228,7 +212,7 @@ class ModalSession(BaseSandboxSession):
         if self._client_option is not None:
             self._client = self._client_option
         else:
-            token_id, token_secret = self._credentials()
+            token_id, token_secret = credentials(self._token_id, self._token_secret)
             self._owns_client = True
             self._client = await call(
                 "connect to Modal",
@@ -278,57 +262,24 @@ class ModalSession(BaseSandboxSession):
         try:
             if not self.keep:
                 if sandbox is None and self._create_name is not None:
-                    sandbox = await self._find_created_sandbox()
+                    sandbox = await find_created_sandbox(
+                        self._sdk, self._errors, self.app_name, self._create_name, self._client
+                    )
                 if sandbox is not None:
-                    await self._stop_call(sandbox.terminate.aio, "terminate the sandbox")
+                    await terminate(self._errors, sandbox)
             elif sandbox is not None and self._commands.marked:
-                await self._quietly(self._remove_state_dir(sandbox), "removing the markers")
+                await quietly(
+                    self._errors, remove_dir(sandbox, self._commands.state_dir), "removing markers"
+                )
             if sandbox is not None:
-                await self._quietly(sandbox.detach.aio(), "detaching from the sandbox")
+                await quietly(self._errors, sandbox.detach.aio(), "detaching from the sandbox")
         finally:
             self._sandbox = self._commands.sandbox = None
             self._create_name = None
             client, self._client = self._client, None
             if self._owns_client and client is not None:
                 self._owns_client = False
-                await self._quietly(client.close.aio(), "closing the Modal client")
-
-    async def _find_created_sandbox(self) -> Any:
-        """The sandbox a failed or cancelled create may have left, or None."""
-        assert self._create_name is not None
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                return await self._sdk.Sandbox.from_name.aio(
-                    self.app_name, self._create_name, client=self._client
-                )
-        except modal_exception.NotFoundError:
-            return None
-        except SDK_ERRORS as exc:
-            raise self._errors.map("find the sandbox of a failed start", exc) from None
-
-    async def _stop_call(self, call: Any, what: str) -> None:
-        """One call while stopping: a sandbox already gone is fine."""
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                await call()
-        except SANDBOX_GONE:
-            return
-        except SDK_ERRORS as exc:
-            raise self._errors.map(what, exc) from None
-
-    async def _quietly(self, call: Any, what: str) -> None:
-        """A call whose failure changes nothing for the caller (the sandbox is
-        terminated or kept either way): logged, never raised."""
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                await call
-        except Exception as exc:
-            logger.debug("%s failed: %s", what, self._errors.describe(exc))
-
-    async def _remove_state_dir(self, sandbox: Any) -> None:
-        """A kept sandbox keeps running: remove the markers we left in it."""
-        process = await sandbox.exec.aio("rm", "-rf", self._commands.state_dir, text=False)
-        await process.wait.aio()
+                await quietly(self._errors, client.close.aio(), "closing the Modal client")
 
     # ---- one-shot commands -------------------------------------------------------------
 
