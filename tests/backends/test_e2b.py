@@ -5,7 +5,6 @@ sandboxes)."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import importlib
 import logging
 import os
@@ -32,13 +31,10 @@ from e2b import (
 )
 
 import sandbox
-from sandbox.backends.e2b import (
-    E2BSession,
-    exit_status,
-    pipe_wrapper,
-    text_to_bytes,
-    tty_wrapper,
-)
+from sandbox.backends.e2b import E2BSession
+from sandbox.backends.e2b.processes import text_to_bytes
+from sandbox.backends.e2b.scripts import interrupt_line, kill_line, pipe_line, tty_command
+from sandbox.backends.toolkit import REDACTED, TAG_VARIABLE, normalize_exit
 from sandbox.testing.drift import surface_problems
 from sandbox.testing.e2b_fake import FakeE2B, FakeProcess, fake_classes
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
@@ -162,7 +158,7 @@ async def test_secret_never_in_messages_reprs_or_causes(fake: FakeE2B) -> None:
     session = open_e2b(fake)
     with pytest.raises(sandbox.ProviderError) as info:
         await session.start()
-    assert KEY not in str(info.value) and "[redacted]" in str(info.value)
+    assert KEY not in str(info.value) and REDACTED in str(info.value)
     assert info.value.__cause__ is None
     assert KEY not in repr(session)
     async with session:
@@ -277,16 +273,26 @@ async def test_pipes_keep_split_utf8_and_lose_only_invalid_bytes(fake: FakeE2B) 
         assert result.stdout == "a\ufffdb".encode()  # documented: not byte-exact on pipes
 
 
-async def test_pgid_file_is_removed(fake: FakeE2B) -> None:
-    pattern = "/tmp/.agent-sandbox-pty-*.pgid"
-    before = set(glob.glob(pattern))
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "tty"])
+async def test_terminate_reaches_a_child_that_left_the_group(fake: FakeE2B, tty: bool) -> None:
+    # The kill script finds the tree by the tag in its environment (no pid file), so a
+    # child in a session of its own (out of the job's group) is killed too.
+    marker = unique_seconds()
     async with open_e2b(fake) as session:
-        await session.exec("true")
-        update = await session.pty_exec_start("echo r; exec sleep 30", until="r")
+        update = await session.pty_exec_start(
+            f"setsid sleep {marker} & echo r; exec sleep {marker}", tty=tty, until="r"
+        )
         assert update.process_id is not None
-        assert set(glob.glob(pattern)) - before
+        assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2)
+        tagged = [
+            pid
+            for pid in host_pids_with_arg(marker)
+            if TAG_VARIABLE.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        ]
+        assert len(tagged) == 2
         await session.pty_terminate(update.process_id)
-        assert set(glob.glob(pattern)) == before
+        assert await eventually(lambda: not host_pids_with_arg(marker))
+    await assert_clean(fake)
 
 
 async def test_pipe_interrupt_reaches_the_whole_group(fake: FakeE2B) -> None:
@@ -305,15 +311,22 @@ async def test_pipe_interrupt_reaches_the_whole_group(fake: FakeE2B) -> None:
 
 
 def test_pure_helpers() -> None:
-    assert exit_status(-1) == 137 and exit_status(None) == 137 and exit_status(3) == 3
+    # envd's -1 (killed, signal unnamed), its error text when it names one, a status.
+    assert normalize_exit(-1) == 137 and normalize_exit(3) == 3
+    assert normalize_exit(-1, "signal: terminated") == 143
     assert text_to_bytes("\u00e9") == b"\xc3\xa9"
     assert text_to_bytes(b"\xff".decode("utf-8", "surrogateescape")) == b"\xff"
     assert text_to_bytes("\ud800") == b"?"
     assert text_to_bytes(bytearray(b"x")) == b"x"
-    assert "set -m" in pipe_wrapper("echo a b", "/f") and "'echo a b'" in pipe_wrapper(
-        "echo a b", "/f"
+    tag = "a1b2c3d4e5f6a7b8"
+    line = pipe_line(tag, "echo a b")
+    assert "set -m" in line and "'echo a b'" in line and f"{TAG_VARIABLE}={tag}" in line
+    # The terminal's environment carries the tag; the wrapper replaces the login shell.
+    assert tty_command(tag, "true").startswith("exec sh -c ") and TAG_VARIABLE not in (
+        tty_command(tag, "true")
     )
-    assert "trap : INT QUIT TERM HUP" in tty_wrapper("true")
+    assert kill_line([tag, "b" * 16]).endswith(f" term 0 {tag} {'b' * 16}")
+    assert tag in interrupt_line(tag) and " int 0 " in interrupt_line(tag)
 
 
 # ---- SDK exceptions and their retryable mapping ------------------------------------------------

@@ -1,0 +1,65 @@
+"""Files in an E2B sandbox: envd's `files.get_info/read/write`, regular files only.
+
+envd's download of a FIFO would wait forever, so every read and write asks
+`files.get_info` first (`sandbox.remote_files.regular_file`). Relative paths are in the
+sandbox user's home; E2B creates the parent directories of a write.
+"""
+
+from __future__ import annotations
+
+from e2b import FileNotFoundException, FileType
+
+from ...errors import FileTooLargeError, SandboxFileNotFoundError
+from ...remote_files import Entry, Kind, explain_write_failure, regular_file
+from .client import E2BClient
+
+# envd reports no type (None here) for a FIFO, socket or device: "other".
+_KINDS: dict[object, Kind] = {
+    FileType.FILE: "file",
+    FileType.DIR: "dir",
+    FileType.SYMLINK: "symlink",
+}
+
+
+async def stat(client: E2BClient, path: str) -> Entry | None:
+    """`files.get_info` as an `Entry` (None when nothing is there)."""
+    try:
+        info = await client.sandbox.files.get_info(path, **client.request())
+    except FileNotFoundException:
+        return None
+    except Exception as exc:
+        client.errors.fail(exc, f"inspect {path!r}")
+    return Entry(_KINDS.get(info.type, "other"), size=info.size, target=info.symlink_target)
+
+
+async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
+    """`files.read` as bytes, after `files.get_info` says it is a regular file within
+    `max_bytes`."""
+
+    async def stat_path(where: str) -> Entry | None:
+        return await stat(client, where)
+
+    size = await regular_file(stat_path, path, write=False)
+    if size is not None and size > max_bytes:
+        raise FileTooLargeError.over(path, size, max_bytes)
+    try:
+        data = await client.sandbox.files.read(path, format="bytes", **client.request())
+    except FileNotFoundException:
+        raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
+    except Exception as exc:
+        client.errors.fail(exc, f"read {path!r}")
+    return bytes(data)
+
+
+async def write_file(client: E2BClient, path: str, data: bytes) -> None:
+    """`files.write`, after `files.get_info` says nothing or a regular file is there."""
+
+    async def stat_path(where: str) -> Entry | None:
+        return await stat(client, where)
+
+    await regular_file(stat_path, path, write=True)
+    try:
+        await client.sandbox.files.write(path, data, **client.request())
+    except Exception as exc:
+        failure = client.errors.error(exc, f"write {path!r}")
+        raise await explain_write_failure(stat_path, path, failure) from None

@@ -1,0 +1,61 @@
+"""The shell lines the e2b backend hands to envd, built on the toolkit's wrapper and kill
+scripts (`sandbox.backends.toolkit.shell`).
+
+E2B's `kill` only SIGKILLs the process it started, and reports a death by signal as -1
+without the signal, so every command runs under the toolkit's `sh` wrapper (128+N for a
+death by signal N, a random tag in its environment) and interrupt/terminate run the
+toolkit's kill script as a second command, which finds the tagged tree through /proc.
+
+- A terminal (`pty.create`) is a login bash that envd starts as a session leader (Go's
+  `pty.Start` sets `Setsid`); the shell trap's exec mode replaces it with the wrapper,
+  which so leads the session the toolkit's wrapper expects. The terminal's own
+  environment carries the tag too, so what the login shell started before that is found.
+- A pipe command (`commands.run`) is `bash -l -c LINE`, which envd starts in its own
+  session and process group (no `Setsid`/`Setpgid`): the wrapper cannot lead a session
+  there (`setsid` would fork when the process already leads a group, and a kill of the
+  forked parent would then miss the wrapper). So the line runs the wrapper as a `set -m`
+  job, which gives it a process group of its own: the interrupt script's SIGINT goes to
+  that group, and the line kills what is left of it once the command ended (the sweep
+  the wrapper does itself only as a session leader). The bash carries a tag of its own
+  (its environment, from envd), the wrapper gets the command's tag from its `env`: the
+  interrupt script, given the command's tag only, finds the wrapper as the tree's root
+  and signals the job's group (not the bash, which is in envd's group), while the kill
+  script, given both, also finds the bash and a job it forked but has not yet exec'd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..toolkit.shell import command_line, interrupt_script, kill_script, wrapper_argv
+
+
+def pipe_line(tag: str, command: str) -> str:
+    """The bash line (run by envd as `bash -l -c`) that runs `command` on pipes under the
+    tagged wrapper, as a job in its own process group, and exits with its status.
+
+    The bash's own stderr is /dev/null (a job killed by a signal is reported there);
+    the job gets the real stderr."""
+    wrapped = command_line(wrapper_argv(tag, ["sh", "-c", command]))
+    return (
+        f"exec 3>&2 2>/dev/null; set -m; {wrapped} </dev/null 2>&3 3>&- & "
+        "wait $!; s=$?; kill -KILL -- -$! 2>/dev/null; exit $s"
+    )
+
+
+def tty_command(tag: str, command: str) -> str:
+    """The `sh` script the shell trap's exec mode runs in place of E2B's login shell:
+    the wrapper (which then leads the terminal's session) running `command`. The tag
+    comes from the terminal's environment (`tag_environment`)."""
+    return "exec " + command_line(wrapper_argv(tag, ["sh", "-c", command], set_tag=False))
+
+
+def kill_line(tags: Sequence[str]) -> str:
+    """The command that SIGKILLs every tree tagged with one of `tags` (no grace: E2B's
+    own `kill` gives none either, and a terminate must not wait on the command)."""
+    return command_line(kill_script(tags, ticks=0))
+
+
+def interrupt_line(tag: str) -> str:
+    """The command that sends SIGINT to the process group of the tree tagged `tag`."""
+    return command_line(interrupt_script([tag]))
