@@ -833,3 +833,42 @@ async def test_split_utf8_arrives_as_the_server_sends_it(
     # One U+FFFD per byte, as Go's encoder makes them; never more than the server sent.
     assert update.output.count("\u20ac") * 3 + update.output.count("\ufffd") == 3 * count
     assert set(update.output) == {"\u20ac", "\ufffd"}
+
+
+# ---- the stand-in's side-by-side branches (terminal input and output) ---------------
+
+
+async def test_a_failing_terminal_input_cancels_the_parked_output_pump(
+    server: BlaxelServer, session: BlaxelSession
+) -> None:
+    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    parked = server.stall("terminal_output")
+    await session.pty_write_stdin(pid, "x\n")  # its echo wakes the pump, which parks
+    await parked.wait()
+    server.break_terminals("input")
+    final = await session.pty_write_stdin(pid, "y\n", yield_time_s=20)  # read: it fails
+    assert (final.process_id, final.exit_code) == (None, None)
+    assert "process lost" in final.output
+    assert await eventually(lambda: server.terminal_tasks() == 0), "a branch kept running"
+    assert await eventually(lambda: server.live_processes() == 0)
+    server.release()
+
+
+async def test_a_failing_terminal_output_cancels_the_parked_input_reader(
+    server: BlaxelServer, session: BlaxelSession
+) -> None:
+    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    pid = update.process_id
+    assert pid is not None
+    parked = server.stall("terminal_input")
+    await session.pty_write_stdin(pid, "a\n")  # the reader parks on this message
+    await parked.wait()
+    server.break_terminals("output")  # wakes the pump, which fails
+    final = await session.pty_write_stdin(pid, "", yield_time_s=20)
+    assert (final.process_id, final.exit_code) == (None, None)
+    assert "process lost" in final.output
+    assert await eventually(lambda: server.terminal_tasks() == 0), "a branch kept running"
+    assert await eventually(lambda: server.live_processes() == 0)
+    server.release()

@@ -88,6 +88,9 @@ Fault injection (each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is 
   `drop_terminals_after(frames)`: new terminals are aborted after that many output
   frames.
 - `send_terminal_error(text)`: send an `error` frame on every live terminal.
+- `break_terminals("input" | "output")`: the next client message read, or the next
+  output turn, fails (`TerminalFault`); the other branch is cancelled and awaited,
+  the terminal ends. `terminal_tasks()` counts the handlers and pumps still running.
 
 Inspection: `requests` (method and path of every call), `terminals` (the query of every
 terminal handshake), `sandboxes`, `live_processes()` (local processes still running).
@@ -197,6 +200,10 @@ def _kill_session(sid: int) -> None:
     """SIGKILL every member of session `sid` (its leader is a child of this process,
     unreaped, so the id cannot have been reused)."""
     process_tree.signal_session(sid, signal.SIGKILL)
+
+
+class TerminalFault(RuntimeError):
+    """A failure injected into one direction of a terminal with `break_terminals`."""
 
 
 @dataclass
@@ -360,6 +367,11 @@ class BlaxelServer:
         self._failures: dict[str, _Failure] = {}
         self._stalls: dict[str, _Stall] = {}
         self._drop_after: int | None = None
+        # Directions ("input", "output") whose next step fails (`break_terminals`).
+        self._broken: set[str] = set()
+        # What serves terminals now: handlers, and the output pumps beside them.
+        self._serving = 0
+        self._pumps: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._port = 0
         self._counter = 0
@@ -495,6 +507,27 @@ class BlaxelServer:
     def drop_terminals_after(self, frames: int | None) -> None:
         """Abort each NEW terminal connection after it sent `frames` output frames."""
         self._drop_after = frames
+
+    def break_terminals(self, direction: str) -> None:
+        """Make the next step of one terminal branch fail with `TerminalFault`:
+        `"input"` the next client message read, `"output"` the next output turn (every
+        live pump is woken for it). The terminal then ends as on a server bug."""
+        if direction not in ("input", "output"):
+            raise ValueError("direction is 'input' or 'output'")
+        self._broken.add(direction)
+        if direction == "output":
+            for box in self.sandboxes.values():
+                for term in box.terminals:
+                    term.wake.set()
+
+    def terminal_tasks(self) -> int:
+        """How many terminal handlers and output pumps are still running."""
+        return self._serving + sum(not task.done() for task in self._pumps)
+
+    def _fault(self, direction: str) -> None:
+        if direction in self._broken:
+            self._broken.discard(direction)
+            raise TerminalFault(f"injected failure of the terminal's {direction}")
 
     async def send_terminal_error(self, text: str) -> None:
         """Send an `error` frame on every live terminal."""
@@ -1004,16 +1037,28 @@ class BlaxelServer:
             await ws.close()
             return ws
         box.terminals.add(term)
-        sender = asyncio.create_task(self._pump_output(term))
+        self._serving += 1
         try:
-            await self._read_input(term)
+            await self._serve(term)
+        except* (TerminalFault, ConnectionError):
+            pass  # an injected fault, or the client went away: the terminal just ends
         finally:
+            self._serving -= 1
             box.terminals.discard(term)
             await self._end_terminal(term)
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await sender
         return ws
+
+    async def _serve(self, term: _Terminal) -> None:
+        """Both directions of one terminal, side by side: client messages are read until
+        the socket closes while the output is pumped. A branch that fails cancels the
+        other, and both are awaited before the error propagates (a TaskGroup); the end
+        of the input ends the pump."""
+        async with asyncio.TaskGroup() as group:
+            pump = group.create_task(self._pump_output(term), name="blaxel-server-pump")
+            self._pumps.add(pump)
+            pump.add_done_callback(self._pumps.discard)
+            await self._read_input(term)
+            pump.cancel()
 
     def _on_shell_output(self, term: _Terminal, data: bytes) -> None:
         if term.dead:
@@ -1058,6 +1103,7 @@ class BlaxelServer:
         while True:
             await term.wake.wait()
             term.wake.clear()
+            self._fault("output")
             stall = self._stalls.get("terminal_output")
             if stall is not None:
                 stall.blocked.set()
@@ -1107,17 +1153,20 @@ class BlaxelServer:
         async for msg in term.ws:
             if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
+            self._fault("input")
             stall = self._stalls.get("terminal_input")
             if stall is not None:
                 # Stop reading the socket itself, so the client's writes back up.
                 if term.transport is not None:
                     with contextlib.suppress(AttributeError, RuntimeError):
                         term.transport.pause_reading()
-                stall.blocked.set()
-                await stall.released.wait()
-                if term.transport is not None:
-                    with contextlib.suppress(AttributeError, RuntimeError):
-                        term.transport.resume_reading()
+                try:
+                    stall.blocked.set()
+                    await stall.released.wait()
+                finally:  # released, or cancelled because the pump failed
+                    if term.transport is not None:
+                        with contextlib.suppress(AttributeError, RuntimeError):
+                            term.transport.resume_reading()
             await self._on_input(term, msg.data)
             if term.dead and not self.close_terminal_on_exit:
                 # handler/terminal.go checks whether the session ended only between
