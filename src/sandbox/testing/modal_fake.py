@@ -26,7 +26,8 @@ The plain blocking forms (`Sandbox.create(...)` without `.aio`) raise `TypeError
 Fault knobs, for tests: `fake.fail(op, exc)` makes the next call of `op` raise `exc`
 (an SDK exception); `fake.block(op)` returns a `Gate` whose `reached` event is set when a
 call of `op` arrives, and which holds that call until `gate.release()` (never releasing
-it is "a call that never returns"; with `then_raise=exc` the released call raises). The ops and where they are checked:
+it is "a call that never returns"; with `then_raise=exc` the released call
+raises). The ops and where they are checked:
 
 - `client` (`Client.from_credentials`), `app_lookup` (`App.lookup`);
 - `create` before the sandbox exists, `create_response` after it exists (the provider
