@@ -417,6 +417,27 @@ async def test_errors_at_every_call_map_with_retryable(
     await assert_clean(fake)
 
 
+async def test_a_failed_spawn_stops_its_waiter(fake: FakeE2B) -> None:
+    # A terminal's spawn runs two branches: the waiter (parked in `wait`) and the typing
+    # of the line (failing): the failure must cancel and await the waiter.
+    async with open_e2b(fake) as session:
+        parked = fake.block("wait", where=lambda p: p is not None and p.tty)
+        typing = fake.block("pty.send_stdin")
+        fake.fail("pty.send_stdin", RateLimitException("slow down"))
+        spawn = asyncio.ensure_future(session.pty_exec_start("exec sleep 30", tty=True))
+        await parked.reached.wait()
+        await typing.reached.wait()
+        typing.release()
+        with pytest.raises(sandbox.ProviderError) as info:
+            await spawn
+        assert info.value.retryable
+        assert parked.waiting == 0  # the waiter left the gate: cancelled, not parked
+        assert session.pty_processes() == []
+        assert fake.open_streams() == []
+        assert await eventually(lambda: fake.leftover_pids() == [])
+    await assert_clean(fake)
+
+
 @pytest.mark.parametrize(("exc", "kind", "retryable"), ERRORS, ids=lambda v: type(v).__name__)
 async def test_every_error_kind_at_wait(
     fake: FakeE2B, exc: BaseException, kind: type, retryable: bool

@@ -1373,7 +1373,14 @@ class FakeE2B:
                     "reached its timeout."
                 )
             )
-        await asyncio.gather(*(p.destroy() for p in state.processes.values()))
+        # Every process is destroyed whatever another's destroy does (as the VM's end
+        # takes them all); the first failure is raised once all are done.
+        results = await asyncio.gather(
+            *(p.destroy() for p in state.processes.values()), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         await asyncio.to_thread(shutil.rmtree, os.path.dirname(state.home), True)
         return True
 
