@@ -61,11 +61,16 @@ class ExecCapture:
     (`WorkdirError`, `CommandNotFoundError`) instead of returning its exit status.
     """
 
-    def __init__(self, limit: int = DEFAULT_EXEC_OUTPUT_LIMIT) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_EXEC_OUTPUT_LIMIT, *, timeout: float | None = None
+    ) -> None:
         self.limit = limit
         self.stdout = BoundedBytes(limit)
         self.stderr = BoundedBytes(limit)
         self.check: CommandCheck | None = None
+        # The caller's timeout (None: none). The base session enforces it; a backend may
+        # read it to give the provider a backstop just after it.
+        self.timeout = timeout
 
     def add_stdout(self, data: bytes | bytearray | memoryview) -> None:
         """Append a stdout chunk."""

@@ -320,7 +320,7 @@ class BaseSandboxSession:
             if max_output_bytes is None
             else arguments.check_output_limit("max_output_bytes", max_output_bytes)
         )
-        capture = ExecCapture(limit)
+        capture = ExecCapture(limit, timeout=checked_timeout)
         # The session owns the command: close cancels it (its hook kills the tree).
         return await self._run_owned(self._exec(spec, checked_timeout, capture), self._execs)
 

@@ -25,7 +25,6 @@ the installed SDK.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import secrets
@@ -43,7 +42,6 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
-from ...types import ExecResult
 from ..toolkit import TAG_VARIABLE
 from .commands import Command, Commands, cancel_and_wait
 from .errors import ModalErrors
@@ -74,11 +72,6 @@ TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1024 * 1024
-
-# The timeout of the one-shot command being started in this task (see `_exec`).
-_EXEC_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "modal_exec_timeout", default=None
-)
 
 
 class ModalSession(BaseSandboxSession):
@@ -283,22 +276,12 @@ class ModalSession(BaseSandboxSession):
 
     # ---- one-shot commands -------------------------------------------------------------
 
-    async def _exec(
-        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
-    ) -> ExecResult:
-        """The base session's skeleton, unchanged; only the timeout is noted for
-        `_start_exec`, which gives the exec a server-side backstop just after it (the
-        `_start_exec` hook is not told the timeout). This task's context is the call's
-        own (the base runs each exec as a task), so nothing leaks to other calls."""
-        _EXEC_TIMEOUT.set(timeout)
-        return await super()._exec(spec, timeout, capture)
-
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One exec (without the wrapper: see `scripts`), stdin closed, both streams read
         chunk by chunk into the bounded capture (see `ModalOneShot`). If this is
         cancelled while the exec is in flight, the tree is killed by its tag (a marker
         stops it should the exec still start)."""
-        timeout = _EXEC_TIMEOUT.get()
+        timeout = capture.timeout  # for the server-side backstop just after it
         command = Command(tty=False)
         check = capture.check = CommandCheck.needed(spec, cwd=self._commands.cwd(spec.cwd))
         try:
