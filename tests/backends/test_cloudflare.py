@@ -27,9 +27,10 @@ from sandbox.backends.cloudflare import (
     WORKER_URL_ENV,
     CloudflareSession,
     WorkerTerminal,
-    _exit_code,
+    exit_status,
 )
-from sandbox.backends.cloudflare_support.sse import SseDecoder, SseEvent
+from sandbox.backends.cloudflare.sse import SseDecoder, SseEvent
+from sandbox.backends.toolkit import TAG_VARIABLE, wrapper_argv
 from sandbox.session import SessionState
 from sandbox.testing.cloudflare_server import CloudflareWorkerServer
 from tests.helpers import children_of_me, eventually, host_pids_with_arg, open_fds, unique_seconds
@@ -145,10 +146,10 @@ def test_sse_finish_keeps_an_unterminated_last_event() -> None:
 
 
 def test_negative_exit_codes_mean_signals() -> None:
-    assert _exit_code(-9) == 137
-    assert _exit_code(3) == 3
-    assert _exit_code(None) is None
-    assert _exit_code(True) is None
+    assert exit_status(-9) == 137
+    assert exit_status(3) == 3
+    assert exit_status(None) is None
+    assert exit_status(True) is None
 
 
 # ---- one-shot exec over the event stream -------------------------------------------------
@@ -165,20 +166,22 @@ async def test_exec_binary_output_through_split_events(server: CloudflareWorkerS
         assert (await s.exec("kill -9 $$")).exit_code == 137
 
 
-async def test_exec_sends_timeout_ms_with_a_grace(server: CloudflareWorkerServer) -> None:
+async def test_exec_runs_under_the_tagged_wrapper_without_timeout_ms(
+    server: CloudflareWorkerServer,
+) -> None:
+    """The bridge ignores `timeout_ms` on the streaming path (execute-handler.ts), and
+    the base session owns the timeout: none is sent. Every command runs under the
+    toolkit's wrapper, its kill tag in the environment, then as given."""
     async with open_cf(server) as s:
         await s.exec("true", timeout=2)
         await s.exec("true")
     first, second = server.exec_bodies[0], server.exec_bodies[1]
     assert isinstance(first, dict) and isinstance(second, dict)
-    assert first["timeout_ms"] == 3000 and "timeout_ms" not in second
-    # Every command carries its kill tag in its environment, then runs as given.
-    assert first["argv"][:2] == ["env", first["argv"][1]]
-    assert first["argv"][1].startswith("SANDBOX_CF_EXEC=") and first["argv"][2:] == [
-        "sh",
-        "-c",
-        "true",
-    ]
+    assert "timeout_ms" not in first and "timeout_ms" not in second
+    assert first["argv"][0] == "env" and first["argv"][1].startswith(f"{TAG_VARIABLE}=")
+    tag = first["argv"][1].split("=", 1)[1]
+    assert first["argv"] == wrapper_argv(tag, ["sh", "-c", "true"])
+    assert second["argv"][1] != first["argv"][1], "a fresh tag per command"
 
 
 async def test_the_bridge_applies_no_timeout_and_no_abort(server: CloudflareWorkerServer) -> None:
@@ -268,7 +271,7 @@ async def test_create_statuses_leave_the_session_restartable(
     with pytest.raises(sandbox.ProviderError) as info:
         await s.start()
     assert info.value.retryable is retryable
-    assert s.state is SessionState.NEW and s._http is None
+    assert s.state is SessionState.NEW and s._client.http is None
     assert_no_secret(info.value, s)
     async with s:
         assert (await s.exec("echo hi")).stdout == b"hi\n"
@@ -278,7 +281,7 @@ async def test_create_statuses_leave_the_session_restartable(
 async def test_wrong_key_is_a_clear_auth_error(server: CloudflareWorkerServer) -> None:
     wrong = "wrong-key-also-SECRET-77"
     s = sandbox.open_session("cloudflare", worker_url=server.url, api_key=wrong)
-    with pytest.raises(sandbox.ProviderError, match="rejected the API key") as info:
+    with pytest.raises(sandbox.ProviderError, match="rejected the credentials") as info:
         await s.start()
     assert API_KEY_ENV in str(info.value)
     assert not info.value.retryable
@@ -336,14 +339,14 @@ async def test_one_shared_client_session_reuses_connections(
     server: CloudflareWorkerServer,
 ) -> None:
     async with open_cf(server) as s:
-        http = s._http
+        http = s._client.http
         assert http is not None
         for i in range(5):
             await s.write_file(f"f{i}", b"x")
             await s.read_file(f"f{i}")
             await s.exec("true")
-        assert s._http is http
-    assert http.closed and s._http is None
+        assert s._client.http is http
+    assert http.closed and s._client.http is None
     file_ports = {r.client_port for r in server.requests if r.endpoint.startswith("file")}
     assert len(file_ports) == 1, "sequential requests should share one pooled connection"
 
@@ -398,7 +401,7 @@ async def test_failed_delete_is_reported_and_still_closes_the_client(
 ) -> None:
     s = open_cf(server)
     await s.start()
-    http = s._http
+    http = s._client.http
     assert http is not None
     server.fail("delete", 503)
     with pytest.raises(sandbox.ProviderError) as info:
@@ -429,10 +432,10 @@ async def test_credentials_from_options_or_environment(
 
 def test_urls_keep_a_path_prefix_and_encode_paths() -> None:
     s = CloudflareSession(worker_url="https://w.example.com/base/?x=1", api_key="k")
-    s._sandbox_id = "sbx 1"
-    assert str(s._url()) == "https://w.example.com/base/v1/sandbox"
-    assert str(s._sandbox_url("exec")) == "https://w.example.com/base/v1/sandbox/sbx%201/exec"
-    assert str(s._file_url("a b/c?.txt")) == (
+    s._client.sandbox_id = "sbx 1"
+    assert str(s._client.url()) == "https://w.example.com/base/v1/sandbox"
+    assert str(s._client.sandbox_url("exec")) == "https://w.example.com/base/v1/sandbox/sbx%201/exec"
+    assert str(s._client.file_url("a b/c?.txt")) == (
         "https://w.example.com/base/v1/sandbox/sbx%201/file/workspace/a%20b/c%3F.txt"
     )
 
@@ -551,7 +554,7 @@ async def test_cancel_start_during_create(server: CloudflareWorkerServer) -> Non
     stall.release()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert s.state is SessionState.NEW and s._http is None
+    assert s.state is SessionState.NEW and s._client.http is None
     assert server.sandboxes == {}
     async with s:
         assert (await s.exec("echo up")).ok
@@ -643,7 +646,7 @@ async def test_cancel_write_in_flight_keeps_the_stream_intact(
             await asyncio.sleep(0)
         write = s._registry[pid].write_task
         assert write is not None
-        assert "CloudflareSession._send" in awaiting(write), "the write itself is in flight"
+        assert "send_frame" in awaiting(write), "the write itself is in flight"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -684,7 +687,7 @@ async def test_cancel_close_while_the_delete_is_in_flight(server: CloudflareWork
     marker = unique_seconds()
     s = open_cf(server)
     await s.start()
-    http = s._http
+    http = s._client.http
     assert http is not None
     await s.pty_exec_start(f"echo ready; exec sleep {marker}", tty=True, until="ready")
     stall = server.stall("delete")
@@ -707,7 +710,7 @@ async def test_key_not_in_reprs(server: CloudflareWorkerServer) -> None:
         update = await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
         assert update.process_id is not None
         entry_handle = s._registry[update.process_id].handle
-        assert_no_secret(s, vars(s), entry_handle, s._http, server)
+        assert_no_secret(s, vars(s), entry_handle, s._client.http, server)
 
 
 async def test_cli_run_against_the_server_never_prints_the_key(
@@ -728,7 +731,7 @@ async def test_cli_run_against_the_server_never_prints_the_key(
     assert (code, out) == (4, "from-cli\n")
     wrong = "wrong-cli-key-SECRET-31"
     code, out, err = await run(dict(env, **{API_KEY_ENV: wrong}), "true")
-    assert code == 1 and "rejected the API key" in err and "Traceback" not in err
+    assert code == 1 and "rejected the credentials" in err and "Traceback" not in err
     assert wrong not in out + err and KEY not in out + err
 
 

@@ -1,0 +1,327 @@
+"""`CloudflareSession`: the hooks of the `cloudflare` backend, a user-deployed Cloudflare
+Sandbox Worker (the bridge of cloudflare/sandbox-sdk) over HTTP and WebSocket.
+
+The protocol lives beside this module: `client` (requests, control execs), `execs`
+(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`.
+Every fact and its upstream source is in docs/providers.md, "Cloudflare".
+
+- A one-shot command is a `WorkerExec` (`execs`): the base session times it out and
+  kills it; the kill is a second exec of the toolkit's kill script, by tag.
+- A PTY belongs to a bridge *session* and a session has one PTY (shared by every
+  socket, its buffer replayed to each), so every process gets a session of its own,
+  named by us before it is created (so a cancelled spawn can still delete it). The
+  line typed into its shell first prints the shell's pid, so a terminate can kill the
+  session's whole tree before it deletes the session.
+
+The API key is held in a `Secret` whose repr hides it, provider text is redacted before
+it reaches a message, and aiohttp exceptions (which carry request headers) are never
+chained to the errors we raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from typing import Any
+
+from ... import arguments
+from ...command_check import CommandCheck, wait_for_verdict
+from ...credentials import Secret, require_credential
+from ...errors import InvalidArgumentError, ProviderError, SandboxError
+from ...exec_output import ExecCapture, OneShotProcess
+from ...process_entry import CommandSpec, PtyEntry
+from ...session import BaseSandboxSession
+from ..toolkit import ShellTrap
+from .client import SANDBOX_ID_RE, WorkerClient
+from .errors import API_KEY_ENV, json_object, worker_text
+from .execs import WorkerExec, exec_argv, pty_command
+from .files import WorkerFiles
+from .scripts import PID_PRINTF, kill_session_argv
+from .terminal import PtyHandle, WorkerTerminal, close_socket, connect, pump, send_frame
+
+logger = logging.getLogger("sandbox.cloudflare")
+
+WORKER_URL_ENV = "CLOUDFLARE_SANDBOX_WORKER_URL"
+
+
+def _created_id(body: bytes) -> str:
+    """The new sandbox's id from the Worker's answer to a create."""
+    sandbox_id = json_object(body.decode("utf-8", "replace")).get("id")
+    if not isinstance(sandbox_id, str) or not sandbox_id:
+        raise ProviderError(
+            "could not create a sandbox: the Worker's answer has no id", retryable=False
+        )
+    return sandbox_id
+
+
+class CloudflareSession(BaseSandboxSession):
+    """Runs commands in a sandbox of a user-deployed Cloudflare Sandbox Worker.
+
+    Options:
+
+    - `worker_url`: the Worker's base URL (else `$CLOUDFLARE_SANDBOX_WORKER_URL`);
+    - `api_key`: the Worker's bearer key (else `$CLOUDFLARE_SANDBOX_API_KEY`);
+    - `sandbox_id`: attach to this existing sandbox instead of creating one;
+    - `keep`: do not delete the sandbox on close (by default it is deleted, whether it
+      was created or attached to);
+    - `request_timeout_s` (default 60): limit for each plain HTTP request;
+    - `connect_timeout_s` (default 15): limit for opening a connection;
+    - `ready_timeout_s` (default 30): limit for a terminal's WebSocket handshake and
+      `ready` frame;
+    - `heartbeat_s` (default 30): WebSocket ping interval, so a silently dead connection
+      ends its process instead of hanging (None disables it);
+
+    plus the base session's options.
+    """
+
+    backend_name = "cloudflare"
+
+    def __init__(
+        self,
+        *,
+        worker_url: str | None = None,
+        api_key: str | None = None,
+        sandbox_id: str | None = None,
+        keep: bool = False,
+        request_timeout_s: float = 60.0,
+        connect_timeout_s: float = 15.0,
+        ready_timeout_s: float = 30.0,
+        heartbeat_s: float | None = 30.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        url_text = require_credential(
+            worker_url, WORKER_URL_ENV, backend="cloudflare", what="the Worker's URL (worker_url)"
+        )
+        key = Secret(
+            require_credential(
+                api_key, API_KEY_ENV, backend="cloudflare", what="the Worker's API key (api_key)"
+            )
+        )
+        if sandbox_id is not None and (
+            not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id)
+        ):
+            # The bridge answers 400 for any other id (routes.ts): say so before asking.
+            raise InvalidArgumentError(
+                "sandbox_id must be 1 to 128 characters from a-z and 2-7 (the bridge's "
+                "sandbox id format)"
+            )
+        for name, value in (
+            ("request_timeout_s", request_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("ready_timeout_s", ready_timeout_s),
+        ):
+            arguments.check_seconds(name, value)
+        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
+        self._client = WorkerClient(
+            url_text,
+            key,
+            request_timeout_s=float(request_timeout_s),
+            connect_timeout_s=float(connect_timeout_s),
+        )
+        self._files = WorkerFiles(self._client)
+        self._requested_id = sandbox_id
+        self.keep = bool(keep)
+        self.request_timeout_s = float(request_timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.ready_timeout_s = float(ready_timeout_s)
+        self.heartbeat_s = heartbeat_s
+        self._create_task: asyncio.Future[tuple[int, bytes]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} backend={self.backend_name!r} state={self.state.value} "
+            f"worker={self._client.origin!r} sandbox={self._client.sandbox_id!r} "
+            f"processes={len(self.pty_processes())}>"
+        )
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """The id of the sandbox in use (after start)."""
+        return self._client.sandbox_id
+
+    def _redact(self, text: str) -> str:
+        return worker_text(text, self._client.key)
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Attach (`GET .../running`) or create (`POST /v1/sandbox`, as our own task)."""
+        client = self._client
+        client.sandbox_id = None
+        client.open()
+        if self._requested_id is not None:
+            # The id is adopted only once the check succeeded: a failed attach must not
+            # make the cleanup delete a sandbox we never held.
+            _, body = await client.call(
+                "GET", client.url(self._requested_id, "running"), "attach to the sandbox"
+            )
+            # The bridge answers 200 either way; `running` says whether the sandbox's
+            # container answered a `true` exec.
+            if json_object(body.decode("utf-8", "replace")).get("running") is not True:
+                raise ProviderError(
+                    f"could not attach to the sandbox {self._requested_id!r}: it is not "
+                    "running (stopped, or no such sandbox)",
+                    retryable=False,
+                )
+            client.sandbox_id = self._requested_id
+            return
+        # The create runs as our own task: if this caller is cancelled after the Worker
+        # made the sandbox, `_stop_backend` waits for the answer and deletes it.
+        create = asyncio.ensure_future(
+            client.call("POST", client.url(), "create a sandbox", json_body={})
+        )
+        self._create_task = create
+        _, body = await asyncio.shield(create)
+        self._create_task = None
+        client.sandbox_id = _created_id(body)
+        logger.debug("created cloudflare sandbox %s", client.sandbox_id)
+
+    async def _stop_backend(self) -> None:
+        """Delete the sandbox (unless kept; 404 is already gone), close the client."""
+        client = self._client
+        create, self._create_task = self._create_task, None
+        if create is not None and client.sandbox_id is None:
+            await asyncio.wait({create})
+            if not create.cancelled() and create.exception() is None:
+                with contextlib.suppress(ProviderError):
+                    client.sandbox_id = _created_id(create.result()[1])
+        sandbox_id = client.sandbox_id
+        try:
+            if client.http is not None and sandbox_id is not None and not self.keep:
+                # Idempotence: forget the id first, so the delete is attempted only once.
+                client.sandbox_id = None
+                status, _ = await client.call(
+                    "DELETE", client.url(sandbox_id), "delete the sandbox", accept=frozenset({404})
+                )
+                logger.debug("deleted cloudflare sandbox %s (HTTP %d)", sandbox_id, status)
+        finally:
+            await client.close()
+
+    # ---- one-shot commands ---------------------------------------------------------
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """One `exec` request under the toolkit's wrapper (see `execs`); started as a
+        task the process owns, so nothing here can be cancelled half-way."""
+        capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
+        self._client.session()  # closed: fail here, before a task exists
+        return WorkerExec(self._client, exec_argv(spec, capture.check), capture).start()
+
+    # ---- processes -----------------------------------------------------------------
+
+    async def _spawn_process(self, entry: PtyEntry) -> None:
+        """A session of its own, its PTY socket, then the trapped command typed in."""
+        spec = entry.spec
+        client = self._client
+        # The session is named here, before it exists, and recorded at once: if this
+        # call is cancelled while the create is in flight, the teardown still knows
+        # which session to delete.
+        handle = PtyHandle(
+            trap=ShellTrap(report_exit=True), session_id=f"sandbox-py-{secrets.token_hex(8)}"
+        )
+        entry.handle = handle
+        await client.call(
+            "POST",
+            client.sandbox_url("session"),
+            "create a terminal session",
+            json_body={"id": handle.session_id},
+        )
+        handle.session_confirmed = True
+        early = await connect(
+            client,
+            handle,
+            rows=spec.rows,
+            cols=spec.cols,
+            ready_timeout_s=self.ready_timeout_s,
+            heartbeat_s=self.heartbeat_s,
+        )
+        assert handle.ws is not None
+        handle.terminal = WorkerTerminal(handle.ws, early)
+        handle.reader = asyncio.create_task(pump(entry, handle, self._redact))
+        check = CommandCheck.needed(spec.command, cwd=spec.command.cwd, token=handle.trap.token)
+        # The shell's pid first (so a terminate can kill its whole session), then the
+        # trapped command, isolated: an interactive shell drops the rest of a line after
+        # Ctrl-C, which would lose the end marker.
+        line = PID_PRINTF.format(token=handle.trap.token) + handle.trap.line(
+            pty_command(spec.command, check),
+            tty=spec.tty,
+            isolate=True,
+            announced=check is not None,
+        )
+        await send_frame(handle, line.encode(), "write to the terminal")
+        if check is not None:
+            await wait_for_verdict(entry, handle.trap, check)
+
+    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+        """Bytes to the terminal, one binary frame."""
+        await send_frame(entry.handle, data, "write to the terminal")
+
+    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+        """A `resize` control frame."""
+        frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
+        await send_frame(entry.handle, frame, "resize the terminal")
+
+    async def _interrupt(self, entry: PtyEntry) -> None:
+        """^C on the terminal, also for tty=False: the command still runs on the
+        Worker's terminal (with echo and output processing off but signals on), as the
+        foreground process group after the shell exec'd it, so the line discipline
+        turns ^C into SIGINT."""
+        await send_frame(entry.handle, b"\x03", "write to the terminal")
+
+    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+        """Kill the session's tree, delete the session, then close the socket: closing
+        it alone would leave the shell and the command running (pty-ws-handler.ts
+        `onClose` only unsubscribes), and deleting the session only ends its shell.
+        When the sandbox is deleted next (`entry.sandbox_stopping`, not kept), that
+        ends everything in it: only our side (socket, reader) is released."""
+        handle: PtyHandle | None = entry.handle
+        if handle is None:
+            return
+        handle.closing = True
+        client = self._client
+        failure: SandboxError | None = None
+        sandbox_goes = entry.sandbox_stopping and not self.keep
+        if not sandbox_goes and handle.shell_pid is not None and client.http is not None:
+            try:
+                await client.control(
+                    kill_session_argv(handle.shell_pid), "stop the terminal's processes"
+                )
+            except SandboxError as exc:
+                # The session delete below still ends the shell.
+                logger.warning("cloudflare: could not kill a terminal's processes: %s", exc)
+        if not sandbox_goes and client.http is not None and client.sandbox_id is not None:
+            try:
+                await client.call(
+                    "DELETE",
+                    client.sandbox_url("session", handle.session_id),
+                    "end the terminal session",
+                )
+            except SandboxError as exc:
+                # A session whose create never answered may not exist: that is no failure.
+                if handle.session_confirmed and exc.retryable is False:
+                    failure = exc
+                else:
+                    # Unconfirmed (may not exist) or the Worker's busy/502 answer: the
+                    # sandbox delete at close ends the session anyway.
+                    logger.warning("cloudflare: terminal session not deleted: %s", exc)
+        await close_socket(handle)
+        if failure is not None:
+            raise failure
+
+    async def _final_drain(self, entry: PtyEntry) -> None:
+        """Frames already received sit in aiohttp's queue: let the reader take them."""
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    # ---- files ---------------------------------------------------------------------
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """A regular file under /workspace, stat'ed first (see `files`)."""
+        return await self._files.read(path, max_bytes)
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """A regular file under /workspace, stat'ed first (see `files`)."""
+        await self._files.write(path, data)

@@ -1,0 +1,291 @@
+"""Processes on the Worker's terminals: one bridge *session* per process, its PTY
+WebSocket, and the reader that moves its output through a `ShellTrap` into the entry.
+
+`.../{id}/pty` with `Session-Id` is a WebSocket to that session's shell (pty-ws-handler.ts):
+a `ready` text frame (buffered output may come before it), raw bytes both ways in binary
+frames, `error` text frames, `resize` frames from us. No `exit` frame comes (older
+bridges sent one; it is still accepted) and closing the socket leaves the shell running.
+So each command is typed into the shell through `ShellTrap` in report mode (isolated),
+and its status comes back in-band as the end marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ...errors import ConnectionLostError, ProviderError, SandboxError
+from ...process_entry import PtyEntry
+from ..toolkit import ShellTrap
+from .client import WorkerClient
+from .errors import exit_status, status_error, transport_failure, worker_text
+from .scripts import MAX_PID_SCAN, PID_MARKER
+
+logger = logging.getLogger("sandbox.cloudflare")
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalEvent:
+    """One thing that happened on a PTY WebSocket.
+
+    `kind` is "output" (`data`), "exit" (`code`, None if the frame had no usable code),
+    "error" (`message`) or "closed" (`message` says how).
+    """
+
+    kind: str
+    data: bytes = b""
+    code: int | None = None
+    message: str = ""
+
+
+class WorkerTerminal:
+    """The client side of one PTY WebSocket: the `ready` handshake, then events.
+
+    Binary frames that arrive before `ready` are kept and handed out first by
+    `next_event()`, so nothing the shell printed early is lost.
+    """
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, early: list[bytes]) -> None:
+        self.ws = ws
+        self._early = early
+
+    @staticmethod
+    async def wait_ready(
+        ws: aiohttp.ClientWebSocketResponse, redact: Callable[[str], str] = str
+    ) -> list[bytes]:
+        """Read frames until `ready`; return the output that came before it.
+
+        Raises `ProviderError` for an `error` frame (its message passed through
+        `redact`), `ConnectionLostError` when the socket closes first.
+        """
+        early: list[bytes] = []
+        while True:
+            msg = await ws.receive()
+            if msg.type is aiohttp.WSMsgType.BINARY:
+                early.append(msg.data)
+                continue
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                control = _control_frame(msg.data)
+                if control is None:
+                    early.append(msg.data.encode())
+                    continue
+                kind = control.get("type")
+                if kind == "ready":
+                    return early
+                if kind == "error":
+                    raise ProviderError(
+                        "the Worker could not open a terminal: "
+                        + redact(_text(control.get("message"))),
+                        retryable=False,
+                    )
+                if kind == "exit":
+                    raise ProviderError(
+                        "the Worker's terminal exited before it was ready "
+                        f"(code {control.get('code')!r})",
+                        retryable=True,
+                    )
+                continue  # an unknown control frame: not ours to act on
+            raise ConnectionLostError(
+                f"the terminal WebSocket closed before it was ready ({_close_reason(ws, msg)})"
+            )
+
+    async def next_event(self) -> TerminalEvent:
+        """The next output, exit, error or close."""
+        if self._early:
+            return TerminalEvent("output", data=self._early.pop(0))
+        while True:
+            msg = await self.ws.receive()
+            if msg.type is aiohttp.WSMsgType.BINARY:
+                return TerminalEvent("output", data=msg.data)
+            if msg.type is aiohttp.WSMsgType.TEXT:
+                control = _control_frame(msg.data)
+                if control is None:
+                    return TerminalEvent("output", data=msg.data.encode())
+                kind = control.get("type")
+                if kind == "exit":
+                    return TerminalEvent("exit", code=exit_status(control.get("code")))
+                if kind == "error":
+                    return TerminalEvent("error", message=_text(control.get("message")))
+                continue  # `ready` again, or a control frame we do not know
+            if msg.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
+                continue
+            return TerminalEvent("closed", message=_close_reason(self.ws, msg))
+
+
+def _control_frame(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("type"), str):
+        return value
+    return None
+
+
+def _text(value: object) -> str:
+    # Unredacted here: the callers redact (they hold the key).
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _close_reason(ws: aiohttp.ClientWebSocketResponse, msg: aiohttp.WSMessage) -> str:
+    if msg.type is aiohttp.WSMsgType.ERROR:
+        return f"connection error: {type(msg.data).__name__}"
+    code = ws.close_code
+    return f"closed by the Worker, code {code}" if code is not None else "connection dropped"
+
+
+@dataclass(eq=False)
+class PtyHandle:
+    """Our state for one process: its session, trap, socket and reader task."""
+
+    trap: ShellTrap
+    session_id: str
+    session_confirmed: bool = False
+    terminal: WorkerTerminal | None = None
+    ws: aiohttp.ClientWebSocketResponse | None = None
+    reader: asyncio.Task[None] | None = None
+    errors: list[str] = field(default_factory=list)
+    closing: bool = False
+    shell_pid: int | None = None
+    pid_scan: bytes = b""
+
+    def scan_for_pid(self, raw: bytes) -> None:
+        """Look for the shell's pid marker in the output before the trap's start."""
+        self.pid_scan = (self.pid_scan + raw)[-MAX_PID_SCAN:]
+        match = re.search(PID_MARKER % self.trap.token.encode(), self.pid_scan)
+        if match is not None:
+            self.shell_pid = int(match.group(1))
+            self.pid_scan = b""
+
+
+async def connect(
+    client: WorkerClient,
+    handle: PtyHandle,
+    *,
+    rows: int,
+    cols: int,
+    ready_timeout_s: float,
+    heartbeat_s: float | None,
+) -> list[bytes]:
+    """Open the session's PTY WebSocket (kept in `handle.ws` at once, for the teardown)
+    and wait for `ready`; return the output that came before it."""
+    url = client.sandbox_url("pty").with_query(cols=str(cols), rows=str(rows))
+    http = client.session()
+    failure: SandboxError | None = None
+    early: list[bytes] = []
+    try:
+        async with asyncio.timeout(ready_timeout_s):
+            try:
+                handle.ws = await http.ws_connect(
+                    url,
+                    headers={**client.headers(), "Session-Id": handle.session_id},
+                    heartbeat=heartbeat_s,
+                    max_msg_size=0,
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                )
+                early = await WorkerTerminal.wait_ready(
+                    handle.ws, lambda text: worker_text(text, client.key)
+                )
+            except aiohttp.WSServerHandshakeError as exc:
+                failure = status_error(exc.status, "open a terminal", b"", client.key)
+            except aiohttp.ClientError as exc:
+                failure = transport_failure(exc, "open a terminal")
+    except TimeoutError:
+        failure = transport_failure(
+            None, "open a terminal", reason=f"not ready within {ready_timeout_s:g}s"
+        )
+    if failure is not None:
+        raise failure  # outside the except block: the aiohttp error is not chained
+    return early
+
+
+async def pump(entry: PtyEntry, handle: PtyHandle, redact: Callable[[str], str]) -> None:
+    """The reader: moves terminal output through the trap into the entry until the
+    trap's end marker (the command's status) or the socket's end. An `exit` frame
+    (older bridges) after the marker changes nothing; one before it means the shell
+    died without reporting."""
+    terminal = handle.terminal
+    trap = handle.trap
+    assert terminal is not None
+    try:
+        while True:
+            event = await terminal.next_event()
+            if event.kind == "output":
+                if handle.shell_pid is None and not trap.started:
+                    handle.scan_for_pid(event.data)
+                if trap.done:
+                    continue
+                entry.feed(trap.feed(event.data))
+                if trap.done:
+                    assert trap.exit_code is not None
+                    entry.report_exit(trap.exit_code)
+                    entry.report_eof()
+            elif event.kind == "exit":
+                if not trap.done and not handle.closing:
+                    entry.feed(trap.flush())
+                    entry.report_lost(
+                        "the Worker's terminal exited before the command's status arrived"
+                    )
+                return
+            elif event.kind == "error":
+                message = redact(event.message)
+                handle.errors.append(message)
+                logger.warning("cloudflare terminal error: %s", message)
+                eol = "\r\n" if entry.tty else "\n"
+                entry.feed(f"{eol}[sandbox: the Worker reported an error: {message}]{eol}".encode())
+            else:
+                if not entry.exited and not handle.closing:
+                    last = f"; last error: {handle.errors[-1]}" if handle.errors else ""
+                    entry.report_lost(
+                        "the terminal WebSocket to the Cloudflare Worker closed before "
+                        f"the process exited ({event.message}{last})"
+                    )
+                return
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a reader must end its process, never die silently
+        entry.report_lost(
+            f"the terminal connection to the Cloudflare Worker failed ({type(exc).__name__})"
+        )
+
+
+async def send_frame(handle: PtyHandle | None, data: bytes | str, what: str) -> None:
+    """Send bytes (a binary frame) or a control frame (text) on the terminal socket."""
+    ws = None if handle is None else handle.ws
+    failure: SandboxError | None = None
+    if ws is None or ws.closed:
+        failure = ConnectionLostError("the terminal connection to the Worker is closed")
+    else:
+        try:
+            if isinstance(data, bytes):
+                await ws.send_bytes(data)
+            else:
+                await ws.send_str(data)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            failure = ConnectionLostError(f"could not {what}: {type(exc).__name__}")
+    if failure is not None:
+        raise failure
+
+
+async def close_socket(handle: PtyHandle) -> None:
+    """Close the socket with the reader still waiting (aiohttp wakes its receive() and
+    does the close handshake, bounded by ws_close), then cancel and await the reader."""
+    ws = handle.ws
+    if ws is not None and not ws.closed:
+        try:
+            await ws.close()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.debug("closing a cloudflare terminal failed: %s", type(exc).__name__)
+    reader, handle.reader = handle.reader, None
+    if reader is not None:
+        reader.cancel()
+        await asyncio.wait([reader])
+        if not reader.cancelled() and reader.exception() is not None:
+            logger.debug("cloudflare reader ended with %r", type(reader.exception()))

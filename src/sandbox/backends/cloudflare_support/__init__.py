@@ -1,1 +1,0 @@
-"""Protocol pieces of the `cloudflare` backend that are worth testing on their own."""
