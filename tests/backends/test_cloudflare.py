@@ -434,7 +434,9 @@ def test_urls_keep_a_path_prefix_and_encode_paths() -> None:
     s = CloudflareSession(worker_url="https://w.example.com/base/?x=1", api_key="k")
     s._client.sandbox_id = "sbx 1"
     assert str(s._client.url()) == "https://w.example.com/base/v1/sandbox"
-    assert str(s._client.sandbox_url("exec")) == "https://w.example.com/base/v1/sandbox/sbx%201/exec"
+    assert (
+        str(s._client.sandbox_url("exec")) == "https://w.example.com/base/v1/sandbox/sbx%201/exec"
+    )
     assert str(s._client.file_url("a b/c?.txt")) == (
         "https://w.example.com/base/v1/sandbox/sbx%201/file/workspace/a%20b/c%3F.txt"
     )
@@ -844,3 +846,22 @@ def test_a_bad_sandbox_id_is_an_invalid_argument(bad: str) -> None:
     """routes.ts: ids must match ^[a-z2-7]{1,128}$ (else 400)."""
     with pytest.raises(sandbox.InvalidArgumentError, match="a-z and 2-7"):
         CloudflareSession(worker_url="https://w.example.com", api_key="k", sandbox_id=bad)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["deleted", "kept"])
+async def test_close_leaves_terminals_to_the_sandbox_delete_unless_kept(
+    server: CloudflareWorkerServer, keep: bool
+) -> None:
+    """`entry.sandbox_stopping`: when the close deletes the sandbox next, that ends every
+    terminal, so no kill exec and no session delete are sent; a kept sandbox still gets
+    both, so nothing of ours keeps running in it."""
+    marker = unique_seconds()
+    async with open_cf(server, keep=keep) as s:
+        await s.pty_exec_start(f"echo ready; exec sleep {marker}", tty=True, until="ready")
+        sandbox_id = s.sandbox_id
+        execs_before = len(server.exec_bodies)
+    endpoints = [r.endpoint for r in server.requests]
+    assert endpoints.count("session_delete") == (1 if keep else 0)
+    assert len(server.exec_bodies) - execs_before == (1 if keep else 0)
+    assert (sandbox_id in server.sandboxes) is keep
+    assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
