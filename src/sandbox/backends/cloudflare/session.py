@@ -132,11 +132,9 @@ class CloudflareSession(BaseSandboxSession):
         self._create_task: asyncio.Future[tuple[int, bytes]] | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"<{type(self).__name__} backend={self.backend_name!r} state={self.state.value} "
-            f"worker={self._client.origin!r} sandbox={self._client.sandbox_id!r} "
-            f"processes={len(self.pty_processes())}>"
-        )
+        # The base's repr (backend, state, processes) plus where: never the key.
+        client = self._client
+        return f"{super().__repr__()[:-1]} worker={client.origin!r} sandbox={client.sandbox_id!r}>"
 
     @property
     def sandbox_id(self) -> str | None:
