@@ -41,3 +41,14 @@ def test_old_spellings_still_work_with_a_warning(name: str) -> None:
         value = getattr(sandbox, name)
     assert value is getattr(sandbox.backend, name)
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+def test_an_entry_without_its_handle_says_so() -> None:
+    from sandbox.backend import CommandSpec, ProcessSpec, PtyEntry
+
+    command = CommandSpec(argv=("true",), shell_command="true", display="true", shell=False)
+    entry: PtyEntry[int] = PtyEntry(1234, ProcessSpec(command=command, tty=False, rows=24, cols=80))
+    with pytest.raises(RuntimeError, match="1234"):
+        entry.require_handle()
+    entry.handle = 7
+    assert entry.require_handle() == 7

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
+
+from typing_extensions import TypeVar
 
 from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
@@ -73,8 +75,13 @@ SCREEN_FLOOD_PENDING = 64 * 1024
 SCREEN_FLOOD_PAUSE_S = 0.015
 
 
+# The type of a backend's own per-process state (`PtyEntry.handle`); Any for a backend
+# that does not say (a TypeVar default keeps a bare `PtyEntry` valid under mypy strict).
+H = TypeVar("H", default=Any)
+
+
 @dataclass(eq=False)
-class PtyEntry:
+class PtyEntry(Generic[H]):
     """A process in the registry (or being started, or being torn down).
 
     `handle` is the backend's own state for the process; the base session never looks
@@ -85,7 +92,7 @@ class PtyEntry:
     process_id: int
     spec: ProcessSpec
     output_limit: int = DEFAULT_OUTPUT_LIMIT
-    handle: Any = None
+    handle: H | None = None
     started_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     last_used_mono: float = field(default_factory=time.monotonic)
@@ -125,6 +132,14 @@ class PtyEntry:
         self._terminal_closed = False
 
     # ---- what a backend calls -------------------------------------------------------
+
+    def require_handle(self) -> H:
+        """The backend's handle, for a hook that runs only after the spawn stored it
+        (write, resize, interrupt, drain); a teardown must cope with None instead."""
+        handle = self.handle
+        if handle is None:
+            raise RuntimeError(f"process {self.process_id} has no backend handle yet")
+        return handle
 
     @property
     def tty(self) -> bool:

@@ -20,7 +20,7 @@ import secrets
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from . import arguments
 from . import file_arguments as files
@@ -39,7 +39,7 @@ from .errors import (
 )
 from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
-from .process_entry import CommandSpec, ProcessSpec, PtyEntry
+from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
@@ -84,7 +84,7 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-class BaseSandboxSession:
+class BaseSandboxSession(Generic[H]):
     """A sandbox session: start it, run commands and PTYs in it, close it.
 
     Use it as `async with session:` (or call `start()` and `aclose()`). Closing tears
@@ -133,8 +133,8 @@ class BaseSandboxSession:
         # Ownership: a process entry belongs to whoever holds it in one of these (the
         # registry: the session; `_starting`: the `pty_exec_start` call spawning it) and
         # passes to a teardown by being popped from it, in one step on the loop thread.
-        self._registry: dict[int, PtyEntry] = {}
-        self._starting: dict[int, PtyEntry] = {}
+        self._registry: dict[int, PtyEntry[H]] = {}
+        self._starting: dict[int, PtyEntry[H]] = {}
         self._retiring: set[int] = set()  # ids being torn down: not reusable, no slot
         self._pruned: dict[int, str] = {}  # recent prune victims, for clear errors
         self._lock = asyncio.Lock()
@@ -535,7 +535,7 @@ class BaseSandboxSession:
                 update = dataclasses.replace(update, unwritten_bytes=unwritten)
             return update
 
-    async def _write_within(self, entry: PtyEntry, data: bytes, window_end: float) -> int:
+    async def _write_within(self, entry: PtyEntry[H], data: bytes, window_end: float) -> int:
         """Write `data` within the window; return how many bytes the terminal did not
         take. The write is a task of the entry's, so a terminate, a close or an
         interrupt can end it at once instead of waiting behind a full terminal."""
@@ -668,7 +668,7 @@ class BaseSandboxSession:
         return pattern
 
     def _open_recording(
-        self, entry: PtyEntry, record: str | os.PathLike[str] | None, record_input: bool
+        self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
     ) -> None:
         """Open the entry's recording (its own file, else one in `record_dir`)."""
         if record is None and self.record_dir is None:
@@ -703,7 +703,7 @@ class BaseSandboxSession:
             "terminated, or never existed); pty_processes() lists the live ones"
         )
 
-    def _gone(self, entry: PtyEntry) -> SandboxError:
+    def _gone(self, entry: PtyEntry[H]) -> SandboxError:
         """The error for a call that finds its process removed while it waited."""
         if self._state in (SessionState.CLOSING, SessionState.CLOSED):
             return self._closed_error()
@@ -712,7 +712,7 @@ class BaseSandboxSession:
             return PtyProcessNotFoundError(f"process {entry.process_id} {pruned}")
         return PtyProcessNotFoundError(f"process {entry.process_id} was terminated")
 
-    def _lookup(self, process_id: int) -> PtyEntry:
+    def _lookup(self, process_id: int) -> PtyEntry[H]:
         self._require_running()
         if isinstance(process_id, bool) or not isinstance(process_id, int):
             raise InvalidArgumentError(f"process_id must be an int, not {process_id!r}")
@@ -721,7 +721,7 @@ class BaseSandboxSession:
             raise self._not_found(process_id)
         return entry
 
-    async def _reserve(self, spec: ProcessSpec) -> tuple[PtyEntry, PtyEntry | None]:
+    async def _reserve(self, spec: ProcessSpec) -> tuple[PtyEntry[H], PtyEntry[H] | None]:
         """Take a slot for a new process (pruning one when full): the new entry waits in
         `_starting`, owned by the caller; the victim, if any, is the caller's to tear down."""
         async with self._lock:
@@ -752,7 +752,7 @@ class BaseSandboxSession:
                 process_id = low + secrets.randbelow(high - low)
                 if process_id not in in_use:
                     break
-            entry = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
+            entry: PtyEntry[H] = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
             self._starting[process_id] = entry
             return entry, victim
 
@@ -761,7 +761,7 @@ class BaseSandboxSession:
         while len(self._pruned) > PRUNED_MEMORY:
             del self._pruned[next(iter(self._pruned))]
 
-    def _prune_victim(self) -> PtyEntry | None:
+    def _prune_victim(self) -> PtyEntry[H] | None:
         by_recency = sorted(self._registry.values(), key=lambda e: e.last_used_mono)
         candidates = by_recency[: max(0, len(by_recency) - PROTECTED_RECENT)]
         for entry in candidates:
@@ -769,7 +769,7 @@ class BaseSandboxSession:
                 return entry
         return candidates[0] if candidates else None
 
-    async def _settle_batch(self, entries: list[PtyEntry], *, log_errors: bool = False) -> None:
+    async def _settle_batch(self, entries: list[PtyEntry[H]], *, log_errors: bool = False) -> None:
         """THE place where teardowns are handed over, attempted and awaited.
 
         The caller has already taken `entries` out of the registry (or `_starting`), so
@@ -796,7 +796,7 @@ class BaseSandboxSession:
                 raise
             logger.warning("%s session: a teardown failed: %s", self.backend_name, exc)
 
-    async def _teardown_entry(self, entry: PtyEntry) -> None:
+    async def _teardown_entry(self, entry: PtyEntry[H]) -> None:
         """End a pending write, run the backend's teardown, then release the id.
         Only called through `_settle_batch`."""
         try:
@@ -813,7 +813,7 @@ class BaseSandboxSession:
             # now, even if the backend could not report an exit status.
             entry.report_torn_down()
 
-    async def _discard(self, entry: PtyEntry) -> None:
+    async def _discard(self, entry: PtyEntry[H]) -> None:
         """Remove `entry` from the registry if it is still there, and tear it down."""
         if self._registry.get(entry.process_id) is not entry:
             return
@@ -868,7 +868,7 @@ class BaseSandboxSession:
 
     async def _collect(
         self,
-        entry: PtyEntry,
+        entry: PtyEntry[H],
         window_s: float,
         until: UntilPattern | None,
         max_tokens: int | None,
@@ -925,7 +925,7 @@ class BaseSandboxSession:
         )
 
     @staticmethod
-    async def _render_by(entry: PtyEntry, deadline: float) -> ScreenSnapshot | None:
+    async def _render_by(entry: PtyEntry[H], deadline: float) -> ScreenSnapshot | None:
         """Emulate the entry's queued output a slice at a time (yielding between slices)
         until caught up or the loop time `deadline`; then the snapshot."""
         screen = entry.screen
@@ -985,7 +985,7 @@ class BaseSandboxSession:
         natively."""
         raise UnsupportedOperationError(f"{self.backend_name} cannot run one-shot commands")
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[H]) -> None:
         """Start `entry.spec` and arrange for its output to flow into `entry.feed()` and
         its end into `entry.report_exit()` / `report_eof()` / `report_lost()`.
 
@@ -995,21 +995,21 @@ class BaseSandboxSession:
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
 
-    def _write_stdin_nowait(self, entry: PtyEntry, data: bytes) -> int:
+    def _write_stdin_nowait(self, entry: PtyEntry[H], data: bytes) -> int:
         """Optional fast path: write what the terminal takes right now, without waiting,
         and return how many bytes that was (the rest goes through `_write_stdin`).
         Default: 0, everything goes through `_write_stdin`."""
         return 0
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[H], data: bytes) -> None:
         """Write bytes to the terminal of a running tty process."""
         raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+    async def _resize(self, entry: PtyEntry[H], rows: int, cols: int) -> None:
         """Resize the process's terminal; default: unsupported."""
         raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resize a terminal")
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[H]) -> None:
         """Ctrl-C. Default: the interrupt character for a tty; backends must override
         for tty=False processes (SIGINT to the process group)."""
         if entry.tty:
@@ -1019,7 +1019,7 @@ class BaseSandboxSession:
             f"the {self.backend_name} backend cannot interrupt a process without a terminal"
         )
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[H]) -> None:
         """Tear down one process: kill its whole tree, stop and await its reader tasks,
         close its sockets and fds. Called exactly once per entry, always through the
         settled cleanup, after the entry left the registry. Must cope with an entry whose
@@ -1028,12 +1028,12 @@ class BaseSandboxSession:
         session's close): a backend whose sandbox deletion kills every process may skip
         the per-process kill then; it never reads the session's state itself."""
 
-    def _abandon(self, entries: list[PtyEntry]) -> None:
+    def _abandon(self, entries: list[PtyEntry[H]]) -> None:
         """Called (synchronously, best effort) when a session that was never closed is
         garbage-collected, with its processes: kill what can be killed without awaiting
         (no event loop may be running). Default: nothing."""
 
-    async def _final_drain(self, entry: PtyEntry) -> None:
+    async def _final_drain(self, entry: PtyEntry[H]) -> None:
         """At a window's deadline, move output that already arrived at the transport into
         the entry. Default: let pending callbacks run once."""
         await asyncio.sleep(0)

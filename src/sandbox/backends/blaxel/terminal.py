@@ -213,9 +213,9 @@ async def connect(
     raise error
 
 
-async def send_frames(entry: PtyEntry, frames: Iterable[str]) -> None:
+async def send_frames(entry: PtyEntry[Terminal], frames: Iterable[str]) -> None:
     """Send `frames` on the entry's terminal, one writer at a time."""
-    term: Terminal = entry.handle
+    term = entry.require_handle()
     ws = term.ws
     if ws is None or ws.closed:
         raise ConnectionLostError(
@@ -236,7 +236,7 @@ async def send_frames(entry: PtyEntry, frames: Iterable[str]) -> None:
         raise error
 
 
-async def send_input(entry: PtyEntry, data: bytes) -> None:
+async def send_input(entry: PtyEntry[Terminal], data: bytes) -> None:
     """Type `data` into the entry's terminal (in frames of `INPUT_FRAME_CHARS`)."""
     text = data.decode("utf-8", "replace")
     await send_frames(
@@ -254,7 +254,7 @@ class TerminalReader:
 
     def __init__(
         self,
-        entry: PtyEntry,
+        entry: PtyEntry[Terminal],
         term: Terminal,
         options: TerminalOptions,
         redact: Callable[[str], str],

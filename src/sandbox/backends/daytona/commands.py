@@ -19,6 +19,7 @@ import logging
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from daytona import DaytonaError, SessionExecuteRequest
 
@@ -26,6 +27,9 @@ from ...command_check import CommandCheck
 from ...errors import ProviderError
 from ...exec_output import ExecCapture
 from ...process_entry import CommandSpec, PtyEntry
+
+if TYPE_CHECKING:
+    from .terminal import DaytonaHandle
 from ...shell_trap import ShellTrap
 from ..toolkit.exits import normalize_exit
 from .client import DaytonaClient
@@ -125,7 +129,7 @@ async def exit_code_if_known(client: DaytonaClient, state: PipeState) -> int | N
 
 
 async def pump(
-    client: DaytonaClient, entry: PtyEntry, state: PipeState, trap: ShellTrap | None
+    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: PipeState, trap: ShellTrap | None
 ) -> None:
     """Stream a pipe process's output into the entry, then report its exit. Stdout goes
     through `trap` when the command runs behind a check (it strips the markers)."""

@@ -31,9 +31,10 @@ from .client import ClientOptions, DaytonaClient
 from .commands import PipeState
 from .errors import API_KEY_ENV
 from .scripts import PIDFILE_WAIT_S, interrupt_script
+from .terminal import DaytonaHandle
 
 
-class DaytonaSession(BaseSandboxSession):
+class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     """Runs commands in a Daytona sandbox through the async SDK.
 
     Options:
@@ -155,7 +156,7 @@ class DaytonaSession(BaseSandboxSession):
 
     # ---- processes ---------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[DaytonaHandle]) -> None:
         """A PTY session for `tty=True`, a session command for pipes."""
         if entry.tty:
             await terminal.spawn(self._client, entry)
@@ -173,24 +174,25 @@ class DaytonaSession(BaseSandboxSession):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[DaytonaHandle], data: bytes) -> None:
         """Send bytes to the PTY (see `terminal.write`)."""
         await terminal.write(self._client, entry, data)
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+    async def _resize(self, entry: PtyEntry[DaytonaHandle], rows: int, cols: int) -> None:
         """Resize the PTY (see `terminal.resize`)."""
         await terminal.resize(self._client, entry, rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[DaytonaHandle]) -> None:
         """Ctrl-C on a terminal; SIGINT to the process group of a pipe process."""
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
             return
-        state: PipeState = entry.handle
+        state = entry.require_handle()
+        assert isinstance(state, PipeState)
         script = interrupt_script(state.pidfile, wait_s=PIDFILE_WAIT_S * 4)
         await self._client.call("interrupt the process", self._client.process.exec(script))
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[DaytonaHandle]) -> None:
         """Tear one process down (`terminal.teardown`, `commands.teardown`); when the
         sandbox goes next (`entry.sandbox_stopping`) only our side is released."""
         state = entry.handle

@@ -29,7 +29,7 @@ from ...process_entry import PtyEntry
 from ...shell_trap import ShellTrap
 from ..toolkit.exits import normalize_exit
 from .client import DaytonaClient
-from .commands import signal_group
+from .commands import PipeState, signal_group
 from .errors import is_not_found
 from .scripts import PIDFILE_WAIT_S, pty_inner_command
 
@@ -55,6 +55,10 @@ class PtyState:
     script: str | None = None
 
 
+# What a daytona entry holds: a terminal session, or a pipe command.
+DaytonaHandle = PtyState | PipeState
+
+
 def pty_exit_status(code: int | None, reason: str | None) -> int | None:
     """A PTY's exit status as the contract reports it (128+N for signal N), from what
     the daemon reported; None when it reported neither a code nor a signal (the
@@ -64,7 +68,7 @@ def pty_exit_status(code: int | None, reason: str | None) -> int | None:
     return normalize_exit(code, reason)
 
 
-async def spawn(client: DaytonaClient, entry: PtyEntry) -> None:
+async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
     """Open the PTY session, type the trapped command, start the waiter."""
     spec = entry.spec
     pty_id = client.new_id(f"t{entry.process_id}")
@@ -116,7 +120,7 @@ async def spawn(client: DaytonaClient, entry: PtyEntry) -> None:
         await wait_for_verdict(entry, state.trap, check)
 
 
-async def _wait(client: DaytonaClient, entry: PtyEntry, state: PtyState) -> None:
+async def _wait(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: PtyState) -> None:
     """Wait for the PTY's end and report it (or the lost connection)."""
     try:
         result = await state.handle.wait()
@@ -135,12 +139,13 @@ async def _wait(client: DaytonaClient, entry: PtyEntry, state: PtyState) -> None
     entry.report_exit(code)
 
 
-async def write(client: DaytonaClient, entry: PtyEntry, data: bytes) -> None:
+async def write(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], data: bytes) -> None:
     """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in the
     SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
     connected")` once the daemon said "exited"), which is not a lost connection: the
     handle then has its exit code, and the write is a `ProcessExitedError`."""
-    state: PtyState = entry.handle
+    state = entry.require_handle()
+    assert isinstance(state, PtyState)
     try:
         await state.handle.send_input(data)
     except DaytonaError as exc:
@@ -152,10 +157,13 @@ async def write(client: DaytonaClient, entry: PtyEntry, data: bytes) -> None:
         raise client.error(exc, "write to the terminal") from None
 
 
-async def resize(client: DaytonaClient, entry: PtyEntry, rows: int, cols: int) -> None:
+async def resize(
+    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], rows: int, cols: int
+) -> None:
     """Resize through `process.resize_pty_session` (typed errors, unlike the handle's
     `resize`, which re-wraps them in a plain `DaytonaError`)."""
-    state: PtyState = entry.handle
+    state = entry.require_handle()
+    assert isinstance(state, PtyState)
     await client.call(
         "resize the terminal",
         client.process.resize_pty_session(state.pty_id, PtySize(rows=rows, cols=cols)),
@@ -173,7 +181,7 @@ async def _kill_pty(client: DaytonaClient, pty_id: str) -> None:
 
 async def teardown(
     client: DaytonaClient,
-    entry: PtyEntry,
+    entry: PtyEntry[DaytonaHandle],
     state: PtyState,
     *,
     grace_s: float,

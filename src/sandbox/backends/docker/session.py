@@ -56,7 +56,7 @@ TEARDOWN_CONCURRENCY = 64
 EOF_AFTER_KILL_S = 3.0
 
 
-class DockerSession(BaseSandboxSession):
+class DockerSession(BaseSandboxSession[DockerExec]):
     """Runs commands in a Docker container.
 
     Exactly one of:
@@ -318,7 +318,7 @@ class DockerSession(BaseSandboxSession):
             return spec.argv, self._cwd(spec.cwd), None
         return check.argv(spec.argv, announce=announce), None, check
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[DockerExec]) -> None:
         """Start an attached exec whose socket feeds the entry (no thread); with a
         command check, wait for its verdict."""
         spec = entry.spec
@@ -349,9 +349,9 @@ class DockerSession(BaseSandboxSession):
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[DockerExec], data: bytes) -> None:
         """Send keystrokes over the exec's socket."""
-        proc: DockerExec = entry.handle
+        proc = entry.require_handle()
         try:
             await proc.write(data)
         except StreamClosedError as exc:
@@ -364,26 +364,26 @@ class DockerSession(BaseSandboxSession):
                 f"lost the connection to process {entry.process_id}: {exc}"
             ) from None
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+    async def _resize(self, entry: PtyEntry[DockerExec], rows: int, cols: int) -> None:
         """`exec_resize` (the initial size was set by the wrapper with stty)."""
-        proc: DockerExec = entry.handle
+        proc = entry.require_handle()
         await proc.resize(rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[DockerExec]) -> None:
         """Ctrl-C: `\\x03` on a terminal, else SIGINT to the command's process group."""
-        proc: DockerExec = entry.handle
+        proc = entry.require_handle()
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
         else:
             await proc.interrupt()
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[DockerExec]) -> None:
         """Kill the tree (grace, then SIGKILL), close the socket."""
         proc: DockerExec | None = entry.handle
         if proc is not None:
             await proc.terminate(self.terminate_grace_s)
 
-    async def _final_drain(self, entry: PtyEntry) -> None:
+    async def _final_drain(self, entry: PtyEntry[DockerExec]) -> None:
         """Read what already arrived at the socket."""
         proc: DockerExec | None = entry.handle
         if proc is not None:

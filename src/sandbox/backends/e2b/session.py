@@ -59,7 +59,7 @@ from .scripts import pipe_line, tty_command
 API_KEY_ENV = "E2B_API_KEY"
 
 
-class E2BSession(BaseSandboxSession):
+class E2BSession(BaseSandboxSession[E2BProcess]):
     """Runs commands in an E2B sandbox (see the module docstring for the options)."""
 
     backend_name = "e2b"
@@ -238,7 +238,7 @@ class E2BSession(BaseSandboxSession):
 
     # ---- processes --------------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[E2BProcess]) -> None:
         """tty: an E2B PTY (a login bash) with the shell-trap line typed in; pipes: a
         background command with stdin closed. Output flows into `entry.feed`."""
         client = self._client
@@ -312,14 +312,14 @@ class E2BSession(BaseSandboxSession):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[E2BProcess], data: bytes) -> None:
         """Send keystrokes to the PTY (in pieces of at most `STDIN_CHUNK`)."""
-        proc: E2BProcess = entry.handle
+        proc = entry.require_handle()
         await self._client.send(proc.handle.pid, data)
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+    async def _resize(self, entry: PtyEntry[E2BProcess], rows: int, cols: int) -> None:
         """Resize the PTY (`pty.resize`); a process that just exited is left alone."""
-        proc: E2BProcess = entry.handle
+        proc = entry.require_handle()
         client = self._client
         try:
             await client.sandbox.pty.resize(
@@ -330,16 +330,16 @@ class E2BSession(BaseSandboxSession):
         except Exception as exc:
             self._errors.fail(exc, "resize the terminal")
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[E2BProcess]) -> None:
         """tty: the interrupt character; pipes: SIGINT to the command's process group,
         sent by the toolkit's interrupt script."""
-        proc: E2BProcess = entry.handle
+        proc = entry.require_handle()
         if entry.tty:
             await self._client.send(proc.handle.pid, b"\x03")
             return
         await self._client.interrupt(proc.tag)
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[E2BProcess]) -> None:
         """Wait for an unfinished start, kill the tagged tree and the process (unless the
         sandbox is killed right after), stop and await the waiter task, and disconnect
         the SDK handle (its reader task)."""

@@ -74,7 +74,7 @@ EXIT_STATUS_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1024 * 1024
 
 
-class ModalSession(BaseSandboxSession):
+class ModalSession(BaseSandboxSession[Command]):
     """Runs commands in a Modal sandbox.
 
     Options:
@@ -304,7 +304,7 @@ class ModalSession(BaseSandboxSession):
 
     # ---- processes -------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[Command]) -> None:
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
         one reader task per stream and a watcher task for the exit."""
         spec = entry.spec
@@ -332,9 +332,9 @@ class ModalSession(BaseSandboxSession):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[Command], data: bytes) -> None:
         """Write to the terminal through the SDK's stdin writer, in bounded chunks."""
-        command: Command = entry.handle
+        command = entry.require_handle()
         # One writer at a time: the SDK's writer keeps one buffer and one stream offset,
         # and an interrupt (`\x03`) may arrive while a write is draining.
         async with command.write_lock:
@@ -342,15 +342,15 @@ class ModalSession(BaseSandboxSession):
                 chunk = data[start : start + WRITE_CHUNK]
                 await self._errors.call("write to the process", _send, command.process, chunk)
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[Command]) -> None:
         """`\\x03` on a terminal; SIGINT to a pipe process's group by the toolkit's
         interrupt script."""
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
             return
-        await self._commands.control(entry.handle, "int")
+        await self._commands.control(entry.require_handle(), "int")
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[Command]) -> None:
         """Kill the process tree by tag (polite signals, grace, SIGKILL), then stop and
         await the reader and watcher tasks, whatever happened before."""
         command: Command | None = entry.handle

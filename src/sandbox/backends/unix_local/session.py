@@ -31,7 +31,7 @@ from .workspace import Workspace
 DEFAULT_TERM = "xterm-256color"
 
 
-class UnixLocalSession(BaseSandboxSession):
+class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     """Runs commands as local processes.
 
     Options: `workspace` (a directory; default a temporary one removed on close), `env`
@@ -162,7 +162,7 @@ class UnixLocalSession(BaseSandboxSession):
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         return _LocalOneShot(proc)
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[LocalProcess]) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
         shell) first runs the command check inside the jail and is waited for."""
         spec = entry.spec
@@ -211,38 +211,38 @@ class UnixLocalSession(BaseSandboxSession):
         argv = tuple(check.argv(spec.argv, announce=announce))
         return dataclasses.replace(spec, argv=argv, cwd=None), check
 
-    def _write_stdin_nowait(self, entry: PtyEntry, data: bytes) -> int:
-        proc: LocalProcess = entry.handle
+    def _write_stdin_nowait(self, entry: PtyEntry[LocalProcess], data: bytes) -> int:
+        proc = entry.require_handle()
         return proc.write_some(data)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
-        proc: LocalProcess = entry.handle
+    async def _write_stdin(self, entry: PtyEntry[LocalProcess], data: bytes) -> None:
+        proc = entry.require_handle()
         await proc.write(data, on_progress=entry.count_input)
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
-        proc: LocalProcess = entry.handle
+    async def _resize(self, entry: PtyEntry[LocalProcess], rows: int, cols: int) -> None:
+        proc = entry.require_handle()
         proc.resize(rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
-        proc: LocalProcess = entry.handle
+    async def _interrupt(self, entry: PtyEntry[LocalProcess]) -> None:
+        proc = entry.require_handle()
         if entry.tty:
             proc.interrupt_terminal()
         else:
             proc.signal_group(signal.SIGINT)
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle
         if proc is not None:
             await proc.terminate(self.terminate_grace_s)
 
-    def _abandon(self, entries: list[PtyEntry]) -> None:
+    def _abandon(self, entries: list[PtyEntry[LocalProcess]]) -> None:
         """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays)."""
         for entry in entries:
             proc: LocalProcess | None = entry.handle
             if proc is not None:
                 proc.kill_now()
 
-    async def _final_drain(self, entry: PtyEntry) -> None:
+    async def _final_drain(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle
         if proc is not None:
             proc.drain_now()
