@@ -25,6 +25,7 @@ from .remote_files import regular_file
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .shell_trap import ShellTrap
+from .tasks import cancel_and_wait, first_failure
 
 __all__ = [
     "BaseSandboxSession",
@@ -39,6 +40,8 @@ __all__ = [
     "Secret",
     "SessionState",
     "ShellTrap",
+    "cancel_and_wait",
+    "first_failure",
     "regular_file",
     "require_credential",
     "settle",

@@ -164,36 +164,3 @@ async def read_stream(stream: Any, sink: Callable[[bytes], object]) -> None:
                 await aclose()
             except Exception as exc:  # closing a broken stream: the first error is what counts
                 logger.debug("closing a Modal output stream failed: %s", type(exc).__name__)
-
-
-async def cancel_and_wait(tasks: list[asyncio.Task[Any]] | list[asyncio.Future[Any]]) -> None:
-    """Cancel the tasks and wait until every one has finished (results are consumed)."""
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        try:
-            await task
-        except asyncio.CancelledError:
-            if not task.cancelled():  # our own cancellation, not the task's
-                raise
-        except Exception as exc:
-            logger.debug("a Modal background task failed: %s", type(exc).__name__)
-
-
-async def first_failure(tasks: list[asyncio.Task[Any]], until: asyncio.Future[Any]) -> None:
-    """Wait until `until` is done, or raise as soon as it or one of `tasks` fails: then
-    (and when this is cancelled) `until` and every task are cancelled and awaited first,
-    so nothing keeps running while the error propagates."""
-    try:
-        while True:
-            for task in (until, *tasks):
-                error = task.exception() if task.done() and not task.cancelled() else None
-                if error is not None:
-                    raise error
-            if until.done():
-                return
-            running = [until, *(task for task in tasks if not task.done())]
-            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        await cancel_and_wait([until, *tasks])
-        raise

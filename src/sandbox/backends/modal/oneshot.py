@@ -15,8 +15,9 @@ from typing import Any
 
 from ...errors import ProviderError
 from ...exec_output import ExecCapture
+from ...tasks import cancel_and_wait, first_failure
 from ..toolkit import normalize_exit
-from .commands import Command, Commands, cancel_and_wait, first_failure, read_stream
+from .commands import Command, Commands, read_stream
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns when that backstop fired
 SERVER_TIMEOUT_MARGIN_S = 2

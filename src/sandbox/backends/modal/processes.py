@@ -16,8 +16,9 @@ from typing import Any
 
 from ...process_entry import PtyEntry
 from ...shell_trap import ShellTrap
+from ...tasks import cancel_and_wait
 from ..toolkit import normalize_exit
-from .commands import Command, cancel_and_wait, read_stream
+from .commands import Command, read_stream
 from .errors import ModalErrors
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a status

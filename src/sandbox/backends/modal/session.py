@@ -42,8 +42,9 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ...tasks import cancel_and_wait
 from ..toolkit import TAG_VARIABLE
-from .commands import Command, Commands, cancel_and_wait
+from .commands import Command, Commands
 from .errors import ModalErrors
 from .files import ModalFiles
 from .lifecycle import (

@@ -1,0 +1,52 @@
+"""The one rule for side-by-side tasks: nothing keeps running after a call unwound.
+
+Wherever the library runs tasks concurrently (readers, pumps, watchers, stream
+collectors), a branch that fails cancels its siblings and waits for them to finish
+before the error propagates, and a caller that is cancelled does the same. Concurrent
+teardowns are the one exception (`sandbox.settle.attempt_all` attempts every item).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger("sandbox")
+
+
+async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel `tasks` and wait until every one has finished; their results and errors
+    are consumed (an error is only logged: the caller is already handling one, or is
+    tearing down). Re-raises the caller's own cancellation."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():  # our own cancellation, not the task's
+                raise
+        except Exception as exc:
+            logger.debug("a background task failed while stopped: %s", type(exc).__name__)
+
+
+async def first_failure(tasks: Sequence[asyncio.Future[Any]], until: asyncio.Future[Any]) -> None:
+    """Wait until `until` is done, or raise as soon as it or one of `tasks` fails: then
+    (and when this is cancelled) `until` and every task are cancelled and awaited first,
+    so nothing keeps running while the error propagates. `tasks` that finish cleanly
+    before `until` are fine (a reader that reached its end)."""
+    try:
+        while True:
+            for task in (until, *tasks):
+                error = task.exception() if task.done() and not task.cancelled() else None
+                if error is not None:
+                    raise error
+            if until.done():
+                return
+            running = [until, *(task for task in tasks if not task.done())]
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        await cancel_and_wait([until, *tasks])
+        raise
