@@ -452,9 +452,9 @@ async def test_output_before_ready_is_not_lost(server: CloudflareWorkerServer) -
             sandbox_id = (await resp.json())["id"]
         ws = await http.ws_connect(f"{server.url}/v1/sandbox/{sandbox_id}/pty?cols=80&rows=24")
         early = await WorkerTerminal.wait_ready(ws)
-        # pty-ws-handler.ts: the buffered output (banner and prompt) in one frame.
+        # pty-ws-handler.ts: the buffered output in one frame before `ready` (whether the
+        # shell's prompt is in it yet depends on timing; the banner always is).
         assert early[0].startswith(b"BANNER-early\r\n")
-        assert b"$ " in b"".join(early), "the shell's prompt also came before ready"
         expected = list(early)
         terminal = WorkerTerminal(ws, early)
         seen = [(await terminal.next_event()).data for _ in expected]

@@ -57,7 +57,7 @@ def _created_id(body: bytes) -> str:
     return sandbox_id
 
 
-class CloudflareSession(BaseSandboxSession):
+class CloudflareSession(BaseSandboxSession[PtyHandle]):
     """Runs commands in a sandbox of a user-deployed Cloudflare Sandbox Worker.
 
     Options:
@@ -210,7 +210,7 @@ class CloudflareSession(BaseSandboxSession):
 
     # ---- processes -----------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry) -> None:
+    async def _spawn_process(self, entry: PtyEntry[PtyHandle]) -> None:
         """A session of its own, its PTY socket, then the trapped command typed in."""
         spec = entry.spec
         client = self._client
@@ -253,23 +253,23 @@ class CloudflareSession(BaseSandboxSession):
         if check is not None:
             await wait_for_verdict(entry, handle.trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry, data: bytes) -> None:
+    async def _write_stdin(self, entry: PtyEntry[PtyHandle], data: bytes) -> None:
         """Bytes to the terminal, one binary frame."""
-        await send_frame(entry.handle, data, "write to the terminal")
+        await send_frame(entry.require_handle(), data, "write to the terminal")
 
-    async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
+    async def _resize(self, entry: PtyEntry[PtyHandle], rows: int, cols: int) -> None:
         """A `resize` control frame."""
         frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
-        await send_frame(entry.handle, frame, "resize the terminal")
+        await send_frame(entry.require_handle(), frame, "resize the terminal")
 
-    async def _interrupt(self, entry: PtyEntry) -> None:
+    async def _interrupt(self, entry: PtyEntry[PtyHandle]) -> None:
         """^C on the terminal, also for tty=False: the command still runs on the
         Worker's terminal (with echo and output processing off but signals on), as the
         foreground process group after the shell exec'd it, so the line discipline
         turns ^C into SIGINT."""
-        await send_frame(entry.handle, b"\x03", "write to the terminal")
+        await send_frame(entry.require_handle(), b"\x03", "write to the terminal")
 
-    async def _terminate_pty_entry(self, entry: PtyEntry) -> None:
+    async def _terminate_pty_entry(self, entry: PtyEntry[PtyHandle]) -> None:
         """Kill the session's tree, delete the session, then close the socket: closing
         it alone would leave the shell and the command running (pty-ws-handler.ts
         `onClose` only unsubscribes), and deleting the session only ends its shell.
@@ -309,7 +309,7 @@ class CloudflareSession(BaseSandboxSession):
         if failure is not None:
             raise failure
 
-    async def _final_drain(self, entry: PtyEntry) -> None:
+    async def _final_drain(self, entry: PtyEntry[PtyHandle]) -> None:
         """Frames already received sit in aiohttp's queue: let the reader take them."""
         for _ in range(3):
             await asyncio.sleep(0)

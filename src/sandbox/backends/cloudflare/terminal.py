@@ -206,7 +206,7 @@ async def connect(
     return early
 
 
-async def pump(entry: PtyEntry, handle: PtyHandle, redact: Callable[[str], str]) -> None:
+async def pump(entry: PtyEntry[PtyHandle], handle: PtyHandle, redact: Callable[[str], str]) -> None:
     """The reader: moves terminal output through the trap into the entry until the
     trap's end marker (the command's status) or the socket's end. An `exit` frame
     (older bridges) after the marker changes nothing; one before it means the shell
