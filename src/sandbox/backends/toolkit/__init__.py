@@ -9,7 +9,8 @@
 - `ShellTrap`, re-exported from `sandbox.shell_trap` (where it stays for now), for a
   command typed into a provider's interactive shell.
 
-Used by: docker. Nothing here imports a provider SDK.
+Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
+provider SDK.
 """
 
 from __future__ import annotations
