@@ -72,7 +72,7 @@ SCREEN_PUMP_BUDGET_S = 0.005
 # the oldest bytes anyway): the pump then pauses between turns, so that the emulator
 # takes about a quarter of the loop and the reader keeps its throughput.
 SCREEN_FLOOD_PENDING = 64 * 1024
-SCREEN_FLOOD_PAUSE_S = 0.015
+SCREEN_FLOOD_PAUSE_S = 0.1
 
 
 # The type of a backend's own per-process state (`PtyEntry.handle`); Any for a backend

@@ -161,6 +161,7 @@ class TerminalScreen:
         self._consumed = 0  # processed + dropped: `_fed - _consumed == _pending`
         self._skipped = 0
         self._step = 1024
+        self._resync_due = False  # bytes were dropped: restart the parser before emulating
 
     @property
     def pending_bytes(self) -> int:
@@ -201,6 +202,7 @@ class TerminalScreen:
         most the budget plus one slice of about 1 ms). Returns True when nothing is left
         to process."""
         deadline = time.perf_counter() + budget_s
+        self._resync()
         while self._queue:
             item = self._queue[0]
             if isinstance(item, tuple):
@@ -301,9 +303,18 @@ class TerminalScreen:
             self._consumed += take
             self._skipped += take
         self._replay_dropped(dropped)
-        self._decoder.reset()
-        self._stream.restart()
-        self._skip_to_sync_point()
+        # The parser restarts once, when emulation resumes (`_resync`): in a flood a drop
+        # happens at every read, and a parser restart each time would cost more than
+        # the reader itself.
+        self._resync_due = True
+
+    def _resync(self) -> None:
+        """Restart the decoder and parser after drops, at a sync point of what is kept."""
+        if self._resync_due:
+            self._resync_due = False
+            self._decoder.reset()
+            self._stream.restart()
+            self._skip_to_sync_point()
 
     def _skip_to_sync_point(self) -> None:
         # What is kept may start inside an escape sequence or a UTF-8 character: start
@@ -341,6 +352,8 @@ class TerminalScreen:
         switch: tuple[int, int, bool, int] | None = None  # (part, pos, enter, mode)
         title: str | None = None
         for index, (data, start, end) in enumerate(dropped):
+            if data.find(b"\x1b", start, end) < 0:
+                continue  # plain text (the usual flood): nothing to look for
             for mode in _ALTERNATE_MODES:
                 for enter, final in ((True, b"h"), (False, b"l")):
                     pos = data.rfind(b"\x1b[?%d" % mode + final, start, end)
