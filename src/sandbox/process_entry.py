@@ -70,7 +70,8 @@ EXIT_DRAIN_GRACE_S = 0.05
 SCREEN_PUMP_BUDGET_S = 0.005
 # With more than this queued the emulator cannot catch up with a flood (the screen drops
 # the oldest bytes anyway): the pump then pauses between turns, so that the emulator
-# takes about a quarter of the loop and the reader keeps its throughput.
+# takes about 5% of the loop and the reader keeps its throughput; a view of the screen
+# (`pty_screen`, `until_screen`) renders what is queued at once.
 SCREEN_FLOOD_PENDING = 64 * 1024
 SCREEN_FLOOD_PAUSE_S = 0.1
 
