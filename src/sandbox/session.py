@@ -62,6 +62,15 @@ PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
 T = TypeVar("T")
 
 
+async def _kill_noting(process: OneShotProcess, error: BaseException) -> None:
+    """Kill a one-shot command (settled) on the way out with `error`: a kill that fails
+    is noted on `error`, which stays the one raised (it says what happened first)."""
+    try:
+        await settle(process.kill())
+    except Exception as kill_error:
+        error.add_note(f"killing the command's tree also failed: {kill_error}")
+
+
 async def _finished(task: asyncio.Future[Any]) -> None:
     """Wait until `task` is done, without taking over its result or exception."""
     await asyncio.wait({task})
@@ -962,13 +971,14 @@ class BaseSandboxSession(Generic[H]):
         try:
             async with asyncio.timeout(timeout) as scope:
                 code = await process.wait()
-        except TimeoutError:
-            await settle(process.kill())
-            if not scope.expired():
-                raise  # the backend's own timeout, not ours
-            raise capture.timeout_error(spec.display, timeout) from None
-        except BaseException:
-            await settle(process.kill())
+        except TimeoutError as exc:
+            error: BaseException = exc
+            if scope.expired():  # ours, not the backend's own timeout
+                error = capture.timeout_error(spec.display, timeout)
+            await _kill_noting(process, error)
+            raise error from None
+        except BaseException as exc:
+            await _kill_noting(process, exc)
             raise
         await settle(process.release())
         return capture.result(code)

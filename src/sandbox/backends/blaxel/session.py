@@ -154,10 +154,8 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         self._deleted = False
 
     def __repr__(self) -> str:
-        return (
-            f"<{type(self).__name__} sandbox={self.sandbox_name!r} "
-            f"state={self.state.value} processes={len(self.pty_processes())}>"
-        )
+        # The base's repr (backend, state, processes) plus the sandbox: never the key.
+        return f"{super().__repr__()[:-1]} sandbox={self.sandbox_name!r}>"
 
     def _cwd(self, cwd: str | None) -> str:
         return self.workdir if cwd is None else self._files.absolute(cwd)

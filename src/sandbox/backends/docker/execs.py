@@ -30,7 +30,9 @@ from typing import Any
 
 import docker.errors
 
-from ...errors import ProviderError, UnsupportedOperationError
+from ...errors import ConnectionLostError, ProviderError, UnsupportedOperationError
+from ...process_entry import EXIT_DRAIN_GRACE_S
+from ...settle import settle
 from ..toolkit import shell
 from .engine import Engine
 from .errors import is_not_found
@@ -70,6 +72,13 @@ class ExecOptions:
         self.env = dict(env)
         self.workdir = workdir
         self.detach_keys = detach_keys
+
+
+# After killing a tree whose background child held the output open: how long the
+# engine may take to deliver the rest and close the stream.
+EOF_AFTER_KILL_S = 3.0
+# What runc prints, as the exec's output with exit 126, for an exec in a stopped container.
+RUNTIME_STOPPED = b"cannot exec in a stopped state"
 
 
 class DockerExec:
@@ -506,6 +515,10 @@ async def run_kill_script(
         await killer.aclose()
     text = output.decode("utf-8", "replace").strip()
     report = shell.parse_kill_report(text)
+    if report is None and (engine.gone_reason is not None or RUNTIME_STOPPED.decode() in text):
+        # The container stopped (the runtime refuses the exec): nothing in it is left
+        # to signal, which is what the kill was for.
+        return "gone"
     if killer.exit_code != 0 or report is None:
         raise ProviderError(
             f"could not signal a process in the container (exit {killer.exit_code}): "
@@ -547,3 +560,48 @@ def _close_quietly(sock: socket.socket | None, keep: tuple[Any, ...]) -> None:
     for obj in keep:
         with contextlib.suppress(Exception):
             obj.close()
+
+
+class DockerOneShot:
+    """A one-shot exec (`OneShotProcess`): its exit, then what the engine still had."""
+
+    def __init__(self, proc: DockerExec, engine: Engine, first_output: bytearray) -> None:
+        self._proc = proc
+        self._engine = engine
+        self._first_output = first_output  # where the runtime's own refusal would show
+
+    async def wait(self) -> int:
+        proc = self._proc
+        await proc.wait_ended()
+        if not proc.eof and proc.lost_reason is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
+                    await proc.wait_eof()
+        if not proc.eof and proc.lost_reason is None:
+            # A background child holds the output open: kill the rest of the tree, then
+            # collect what the engine still had.
+            await settle(proc.kill_tree(0))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(EOF_AFTER_KILL_S):
+                    await proc.wait_eof()
+        proc.drain_now()
+        if proc.lost_reason is not None:
+            raise ConnectionLostError(
+                f"the command did not finish: {proc.lost_reason}",
+                retryable=self._engine.gone_reason is None,
+            )
+        assert proc.exit_code is not None
+        if proc.exit_code == 126 and RUNTIME_STOPPED in self._first_output:
+            # The runtime refused to start the exec (the container stopped before the
+            # engine's event said so) and printed its error as the output.
+            raise ProviderError(
+                "the container is not running (it stopped); start a new session",
+                retryable=False,
+            )
+        return proc.exit_code
+
+    async def kill(self) -> None:
+        await self._proc.terminate(0)
+
+    async def release(self) -> None:
+        await self._proc.terminate(0)

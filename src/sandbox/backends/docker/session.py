@@ -13,7 +13,6 @@ initial terminal size of tty processes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -26,11 +25,10 @@ from ...errors import (
     InvalidArgumentError,
     ProcessExitedError,
 )
-from ...exec_output import ExecCapture
-from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
+from ...exec_output import ExecCapture, OneShotProcess
+from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
-from ...types import ExecResult
 from ..toolkit import ShellTrap
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -40,7 +38,7 @@ from .container import (
     running_container,
 )
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
-from .execs import DockerExec, ExecOptions, KillBatcher
+from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 from .files import ContainerFiles
 from .stream import StreamClosedError
 
@@ -53,7 +51,6 @@ DEFAULT_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@"
 TEARDOWN_CONCURRENCY = 64
 # After an exit, how long a stream held open by a background child may take to close
 # once that child was killed (the engine itself gives up after about 2 s).
-EOF_AFTER_KILL_S = 3.0
 
 
 class DockerSession(BaseSandboxSession[DockerExec]):
@@ -254,16 +251,19 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     # ---- commands ----------------------------------------------------------------------
 
-    async def _exec(
-        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
-    ) -> ExecResult:
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One exec on pipes, stdout and stderr kept apart (each chunk straight into the
-        bounded capture); on timeout or cancellation its whole tree is killed through
-        the kill script. A `cwd` or `shell=False` runs behind the command check."""
+        bounded capture); the base session waits, times out and kills the tree through
+        the kill script (see `DockerOneShot`). A `cwd` or `shell=False` runs behind the
+        command check."""
         engine, _ = self._require_engine()
         argv, cwd, capture.check = self._checked(spec, announce=False)
 
+        first = bytearray()  # the first bytes, whatever the stream (see DockerOneShot)
+
         def collect(stream: int, data: bytes) -> None:
+            if len(first) < 256:
+                first.extend(data[: 256 - len(first)])
             # Stream 3 (an engine error) is kept with stderr, where the user looks.
             (capture.add_stdout if stream == 1 else capture.add_stderr)(data)
 
@@ -275,35 +275,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             on_output=collect,
         )
         try:
-            async with asyncio.timeout(timeout):
-                await proc.start()
-                await proc.wait_ended()
-            if not proc.eof and proc.lost_reason is None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
-                        await proc.wait_eof()
-            if not proc.eof and proc.lost_reason is None:
-                # A background child holds the output open: kill the rest of the tree,
-                # then collect what the engine still had.
-                await settle(proc.kill_tree(0))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(EOF_AFTER_KILL_S):
-                        await proc.wait_eof()
-            proc.drain_now()
-        except TimeoutError:
-            await settle(proc.terminate(0))
-            raise capture.timeout_error(spec.display, timeout) from None
-        except BaseException:
-            await settle(proc.terminate(0))
+            await proc.start()
+        except BaseException as exc:
+            try:
+                await settle(proc.terminate(0))  # nobody else knows it
+            except Exception as cleanup_exc:
+                exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
             raise
-        await settle(proc.terminate(0))
-        if proc.lost_reason is not None:
-            raise ConnectionLostError(
-                f"the command did not finish: {proc.lost_reason}",
-                retryable=engine.gone_reason is None,
-            )
-        assert proc.exit_code is not None
-        return capture.result(proc.exit_code)
+        return DockerOneShot(proc, engine, first)
 
     def _checked(
         self, spec: CommandSpec, *, announce: bool
