@@ -211,7 +211,15 @@ def test_killed_from_outside_reports_128_plus_n_without_notice(
 
 def test_the_wrapper_sweeps_leftovers_when_the_command_exits(sh_path: str) -> None:
     tag = shell.new_tag()
-    proc = start(sh_path, tag, "sleep 1000 & echo $!; setsid sleep 1000 & echo $!; exit 4")
+    # The escaped child reports its pid only once it runs in its own session: the
+    # command must not exit (and the wrapper sweep) before its setsid() happened.
+    proc = start(
+        sh_path,
+        tag,
+        "sleep 1000 & echo $!; f=$(mktemp -u); "
+        'setsid sh -c \'echo $$ >"$0"; exec sleep 1000\' "$f" & '
+        'while [ ! -s "$f" ]; do sleep 0.01; done; cat "$f"; rm -f "$f"; exit 4',
+    )
     with cleanup(proc):
         background = int(read_line(proc))
         escaped = int(read_line(proc))

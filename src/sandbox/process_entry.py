@@ -21,8 +21,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic
 
-from typing_extensions import TypeVar
-
 from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
 if TYPE_CHECKING:
@@ -78,7 +76,16 @@ SCREEN_FLOOD_PAUSE_S = 0.1
 
 # The type of a backend's own per-process state (`PtyEntry.handle`); Any for a backend
 # that does not say (a TypeVar default keeps a bare `PtyEntry` valid under mypy strict).
-H = TypeVar("H", default=Any)
+if TYPE_CHECKING:
+    # A default (PEP 696) for the type checker only: `import sandbox` needs nothing
+    # beyond the standard library at run time.
+    from typing_extensions import TypeVar
+
+    H = TypeVar("H", default=Any)
+else:
+    from typing import TypeVar
+
+    H = TypeVar("H")
 
 
 @dataclass(eq=False)
