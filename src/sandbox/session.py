@@ -62,13 +62,18 @@ PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
 T = TypeVar("T")
 
 
-async def _kill_noting(process: OneShotProcess, error: BaseException) -> None:
+async def _kill_noting(process: OneShotProcess, error: BaseException | list[str]) -> None:
     """Kill a one-shot command (settled) on the way out with `error`: a kill that fails
-    is noted on `error`, which stays the one raised (it says what happened first)."""
+    is noted on `error` (or appended to a list of notes), which stays the one raised
+    (it says what happened first)."""
     try:
         await settle(process.kill())
     except Exception as kill_error:
-        error.add_note(f"killing the command's tree also failed: {kill_error}")
+        note = f"killing the command's tree also failed: {kill_error}"
+        if isinstance(error, list):
+            error.append(note)
+        else:
+            error.add_note(note)
 
 
 async def _finished(task: asyncio.Future[Any]) -> None:
@@ -972,10 +977,15 @@ class BaseSandboxSession(Generic[H]):
             async with asyncio.timeout(timeout) as scope:
                 code = await process.wait()
         except TimeoutError as exc:
-            error: BaseException = exc
-            if scope.expired():  # ours, not the backend's own timeout
-                error = capture.timeout_error(spec.display, timeout)
-            await _kill_noting(process, error)
+            if not scope.expired():  # the backend's own timeout, not ours
+                await _kill_noting(process, exc)
+                raise
+            notes: list[str] = []
+            await _kill_noting(process, notes)
+            # Built after the kill: a backend may collect the last output while killing.
+            error = capture.timeout_error(spec.display, timeout)
+            for note in notes:
+                error.add_note(note)
             raise error from None
         except BaseException as exc:
             await _kill_noting(process, exc)
