@@ -118,6 +118,7 @@ from aiohttp import WSMsgType, web
 
 from ..backends.unix_local import process_tree
 from ..backends.unix_local.local_process import LocalProcess
+from .special_files import wait_forever_on_special_file
 
 ENDPOINTS = (
     "create",
@@ -899,7 +900,7 @@ class BlaxelServer:
             return web.json_response({"error": f"stat {path}: {exc.strerror}"}, status=500)
         if listing is not None:
             return web.json_response(listing)
-        await _wait_forever_on_special_file(path)
+        await wait_forever_on_special_file(path)
         try:
             data = await asyncio.to_thread(_read_bytes, path)
         except FileNotFoundError:
@@ -932,7 +933,7 @@ class BlaxelServer:
                 data = str(body.get("content", "")).encode()
             else:
                 data = await self._multipart_file(request)
-            await _wait_forever_on_special_file(path)  # the API's open would block
+            await wait_forever_on_special_file(path)  # the API's open would block
             await asyncio.to_thread(_write_bytes, path, data)
         except PermissionError:
             return web.json_response({"error": f"permission denied: {path}"}, status=403)
@@ -1288,15 +1289,6 @@ def _go_file_mode(mode: int) -> int:
     elif stat_module.S_ISBLK(mode):
         bits |= 1 << 26
     return bits
-
-
-async def _wait_forever_on_special_file(path: str) -> None:
-    try:
-        mode = (await asyncio.to_thread(os.stat, path)).st_mode
-    except OSError:
-        return
-    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
-        await asyncio.Event().wait()
 
 
 def _write_bytes(path: str, data: bytes) -> None:

@@ -112,6 +112,7 @@ from daytona.common.pty import PtyResult, PtySize
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
 from ..backends.unix_local.local_process import LocalProcess
+from .special_files import wait_forever_on_special_file
 
 FAULT_POINTS = (
     "create",
@@ -889,7 +890,7 @@ class FakeAsyncFileSystem:
         await self._service._knobs.checkpoint("download_file")
         self._sandbox.require_alive()
         path = self._sandbox.resolve(args[0])
-        await _wait_forever_on_special_file(path)
+        await wait_forever_on_special_file(path)
 
         def read() -> bytes:
             with open(path, "rb") as handle:
@@ -1002,18 +1003,6 @@ def _go_mode_string(mode: int) -> str:
     else:
         kind = "-"
     return kind + stat_module.filemode(mode)[1:]
-
-
-async def _wait_forever_on_special_file(path: str) -> None:
-    """The daemon opens a FIFO (or a device) and waits for the other end forever: so
-    does the fake, without holding a thread (the caller's timeout or cancellation ends
-    it)."""
-    try:
-        mode = (await asyncio.to_thread(os.stat, path)).st_mode
-    except OSError:
-        return
-    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
-        await asyncio.Event().wait()
 
 
 class FakeAsyncSandbox:

@@ -109,6 +109,7 @@ from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
 from ..backends.unix_local.local_process import LocalProcess
+from .special_files import wait_forever_on_special_file
 
 if TYPE_CHECKING:
     from e2b.sandbox.filesystem.filesystem import AsyncFileStreamReader
@@ -840,7 +841,7 @@ class FakeFilesystem:
         if format not in ("text", "bytes"):
             raise InvalidArgumentException(f"the fake E2B does not support format={format!r}")
         real = self._state.resolve(path)
-        await _wait_forever_on_special_file(real)
+        await wait_forever_on_special_file(real)
 
         def read() -> bytes:
             """Read the file (in a thread)."""
@@ -878,7 +879,7 @@ class FakeFilesystem:
         else:
             raise InvalidArgumentException("the fake E2B writes str, bytes or file objects")
         real = self._state.resolve(path)
-        await _wait_forever_on_special_file(real)
+        await wait_forever_on_special_file(real)
 
         def write() -> None:
             """Write the file (in a thread), answering as envd does: 400 over a
@@ -934,17 +935,6 @@ class FakeFilesystem:
             )
 
         return await asyncio.to_thread(stat)
-
-
-async def _wait_forever_on_special_file(real: str) -> None:
-    """envd opens a FIFO (or a device) and waits for the other end forever: so does the
-    fake, without holding a thread (the caller's timeout or cancellation ends it)."""
-    try:
-        mode = (await asyncio.to_thread(os.stat, real)).st_mode
-    except OSError:
-        return
-    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
-        await asyncio.Event().wait()
 
 
 @dataclass

@@ -83,6 +83,7 @@ from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
 
 from ..backends.unix_local.local_process import LocalProcess
+from .special_files import wait_forever_on_special_file
 
 # Every process a fake sandbox starts carries this variable, so that terminating the
 # sandbox can find processes that left their process group (like a container teardown).
@@ -674,7 +675,7 @@ class FakeSandboxFilesystem:
         await self._sandbox._fake._check("read_file", (remote_path,))
         if self._sandbox._terminated:
             raise modal_exception.ConflictError("Sandbox already finished")
-        await _wait_forever_on_special_file(remote_path)
+        await wait_forever_on_special_file(remote_path)
 
         def read() -> bytes:
             with _filesystem_errors(remote_path), open(remote_path, "rb") as handle:
@@ -692,7 +693,7 @@ class FakeSandboxFilesystem:
         await self._sandbox._fake._check("write_file", (remote_path,))
         if self._sandbox._terminated:
             raise modal_exception.ConflictError("Sandbox already finished")
-        await _wait_forever_on_special_file(remote_path)
+        await wait_forever_on_special_file(remote_path)
 
         def write() -> None:
             with _filesystem_errors(remote_path):
@@ -736,15 +737,6 @@ class FakeSandboxFilesystem:
             )
 
         return await asyncio.to_thread(stat)
-
-
-async def _wait_forever_on_special_file(path: str) -> None:
-    try:
-        mode = (await asyncio.to_thread(os.stat, path)).st_mode
-    except OSError:
-        return
-    if not (stat_module.S_ISREG(mode) or stat_module.S_ISDIR(mode)):
-        await asyncio.Event().wait()
 
 
 def _check_absolute(path: str, operation: str) -> None:
