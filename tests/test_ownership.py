@@ -33,6 +33,13 @@ async def session(tmp_path: Path) -> AsyncIterator[UnixLocalSession]:
         yield s
 
 
+async def _blocked_write(session: UnixLocalSession, pid: int) -> asyncio.Future[sandbox.PtyUpdate]:
+    """A 10 MB write to `pid`, waiting (as a task) for room the terminal never makes."""
+    writing = asyncio.ensure_future(session.pty_write_stdin(pid, TEN_MB, yield_time_s=30))
+    assert await _write_is_pending(session, pid)
+    return writing
+
+
 async def _write_is_pending(session: UnixLocalSession, pid: int) -> bool:
     entry = session._registry[pid]
     return await eventually(lambda: entry.write_task is not None and not entry.write_task.done())
@@ -41,13 +48,18 @@ async def _write_is_pending(session: UnixLocalSession, pid: int) -> bool:
 # ---- a write blocked on a full terminal ---------------------------------------------
 
 
-async def test_write_to_a_full_terminal_ends_at_its_window(session: UnixLocalSession) -> None:
+async def _sleeping_on_a_tty(session: UnixLocalSession) -> tuple[int, str]:
+    """A `sleep` on a terminal it never reads: (its process id, its unique argument)."""
     marker = unique_seconds()
     update = await session.pty_exec_start(
         f"echo ready; exec sleep {marker}", tty=True, until="ready"
     )
-    pid = update.process_id
-    assert pid is not None
+    assert update.process_id is not None
+    return update.process_id, marker
+
+
+async def test_write_to_a_full_terminal_ends_at_its_window(session: UnixLocalSession) -> None:
+    pid, marker = await _sleeping_on_a_tty(session)
     started = time.monotonic()
     update = await session.pty_write_stdin(pid, TEN_MB, yield_time_s=1)
     assert time.monotonic() - started < 10, "the write outlived its window"
@@ -57,17 +69,12 @@ async def test_write_to_a_full_terminal_ends_at_its_window(session: UnixLocalSes
     # The process is still usable: polls work, the call lock was released.
     again = await session.pty_write_stdin(pid, "", yield_time_s=0.25)
     assert again.process_id == pid
+    assert len(host_pids_with_arg(marker)) == 1, "the dropped input did not kill the process"
 
 
 async def test_terminate_wakes_a_blocked_write_and_frees_its_fd(session: UnixLocalSession) -> None:
-    marker = unique_seconds()
-    update = await session.pty_exec_start(
-        f"echo ready; exec sleep {marker}", tty=True, until="ready"
-    )
-    pid = update.process_id
-    assert pid is not None
-    writing = asyncio.ensure_future(session.pty_write_stdin(pid, TEN_MB, yield_time_s=30))
-    assert await _write_is_pending(session, pid)
+    pid, marker = await _sleeping_on_a_tty(session)
+    writing = await _blocked_write(session, pid)
     started = time.monotonic()
     await session.pty_terminate(pid)
     result = await asyncio.wait_for(writing, 10)
@@ -82,14 +89,8 @@ async def test_terminate_wakes_a_blocked_write_and_frees_its_fd(session: UnixLoc
 
 
 async def test_interrupt_is_not_queued_behind_a_blocked_write(session: UnixLocalSession) -> None:
-    marker = unique_seconds()
-    update = await session.pty_exec_start(
-        f"echo ready; exec sleep {marker}", tty=True, until="ready"
-    )
-    pid = update.process_id
-    assert pid is not None
-    writing = asyncio.ensure_future(session.pty_write_stdin(pid, TEN_MB, yield_time_s=30))
-    assert await _write_is_pending(session, pid)
+    pid, marker = await _sleeping_on_a_tty(session)
+    writing = await _blocked_write(session, pid)
     await asyncio.wait_for(session.pty_interrupt(pid), 5)
     written = await asyncio.wait_for(writing, 10)
     assert written.unwritten_bytes > 0
