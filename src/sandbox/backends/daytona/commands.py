@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from daytona import DaytonaError, SessionExecuteRequest
 
 from ...command_check import CommandCheck
-from ...errors import ProviderError
+from ...errors import ProviderError, SandboxError
 from ...exec_output import ExecCapture
 from ...process_entry import CommandSpec, PtyEntry
 
@@ -250,5 +250,9 @@ class OneShotCommand:
         is in hand, and a leftover session is minor)."""
         try:
             await teardown(self._client, self._state, grace_s=self._grace_s, sandbox_stopping=False)
-        except Exception as exc:
+        except SandboxError as exc:  # ours: mapped and redacted
             logger.warning("daytona: deleting a finished command's session failed: %s", exc)
+        except Exception as exc:  # an SDK error's text may hold a URL or a token
+            logger.warning(
+                "daytona: deleting a finished command's session failed: %s", type(exc).__name__
+            )
