@@ -116,7 +116,10 @@ class OneShotProcess(Protocol):
 
     async def wait(self) -> int:
         """Wait until the command exited and its output was appended to the capture;
-        return its exit status (128+N for a death by signal N)."""
+        return its exit status (128+N for a death by signal N). If the provider's own
+        timeout ended the wait, raise `capture.timeout_error(...)`: the base session
+        then kills the command (never this method) and rebuilds the error after the
+        kill, with whatever output the kill collected."""
         ...
 
     async def kill(self) -> None:

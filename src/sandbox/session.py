@@ -26,6 +26,7 @@ from . import arguments
 from . import file_arguments as files
 from .errors import (
     CleanupError,
+    ExecTimeoutError,
     FileTooLargeError,
     InvalidArgumentError,
     ProcessExitedError,
@@ -74,6 +75,19 @@ async def _kill_noting(process: OneShotProcess, error: BaseException | list[str]
             error.append(note)
         else:
             error.add_note(note)
+
+
+async def _killed_at_timeout(
+    process: OneShotProcess, capture: ExecCapture, display: str, timeout: float | None
+) -> ExecTimeoutError:
+    """Kill a timed-out one-shot command (settled), then the `ExecTimeoutError` with what
+    it printed, the kill's own output collection included, and a note if the kill failed."""
+    notes: list[str] = []
+    await _kill_noting(process, notes)
+    error = capture.timeout_error(display, timeout)
+    for note in notes:
+        error.add_note(note)
+    return error
 
 
 async def _finished(task: asyncio.Future[Any]) -> None:
@@ -980,13 +994,12 @@ class BaseSandboxSession(Generic[H]):
             if not scope.expired():  # the backend's own timeout, not ours
                 await _kill_noting(process, exc)
                 raise
-            notes: list[str] = []
-            await _kill_noting(process, notes)
             # Built after the kill: a backend may collect the last output while killing.
-            error = capture.timeout_error(spec.display, timeout)
-            for note in notes:
-                error.add_note(note)
-            raise error from None
+            raise await _killed_at_timeout(process, capture, spec.display, timeout) from None
+        except ExecTimeoutError:
+            # The provider's own timeout, which the backend reports the same way: the kill
+            # is ours too, and the error is rebuilt after it with whatever it collected.
+            raise await _killed_at_timeout(process, capture, spec.display, timeout) from None
         except BaseException as exc:
             await _kill_noting(process, exc)
             raise

@@ -107,8 +107,8 @@ class BlaxelOneShot:
         except BlaxelAPIError as error:
             if not is_server_timeout(error):
                 raise
-            # The server's own timeout left the command running: ours, and we kill.
-            await self.kill()
+            # The server's own timeout left the command running: the base session kills
+            # it (reading back what it printed) and reports the timeout.
             raise self._capture.timeout_error(self._display, None) from None
         stdout = response.stdout or ""
         stderr = response.stderr or ""
