@@ -361,19 +361,29 @@ async def test_bad_workdir_is_a_clear_tool_error(tmp_path: Path) -> None:
     assert "unexpectedly" not in (tmp_path / "server.log").read_text()
 
 
-async def test_view_screen_shows_a_full_screen_program(tmp_path: Path) -> None:
+def _numbered_file(tmp_path: Path) -> Path:
+    """A workspace holding f.txt: 200 numbered lines, more than a screen."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "f.txt").write_text("".join(f"line {i:03d}\n" for i in range(200)))
-    async with stdio_session(workspace, tmp_path / "server.log") as client:
-        out = await ok(
-            client,
-            "exec_command",
-            cmd="LESSHISTFILE=- less f.txt",
-            tty=True,
-            until_screen="line 022",
-            yield_time_ms=20000,
-        )
+    return workspace
+
+
+async def _open_in_less(client: Client) -> str:
+    """`less f.txt` on a terminal, the call ending when its first page is on the screen."""
+    return await ok(
+        client,
+        "exec_command",
+        cmd="LESSHISTFILE=- less f.txt",
+        tty=True,
+        until_screen="line 022",
+        yield_time_ms=20000,
+    )
+
+
+async def test_view_screen_shows_a_full_screen_program(tmp_path: Path) -> None:
+    async with stdio_session(_numbered_file(tmp_path), tmp_path / "server.log") as client:
+        out = await _open_in_less(client)
         pager = session_id(out)
         out = await ok(client, "view_screen", session_id=pager)
         lines = out.splitlines()
@@ -391,18 +401,8 @@ async def test_view_screen_shows_a_full_screen_program(tmp_path: Path) -> None:
 
 
 async def test_write_stdin_until_screen_returns_the_screen(tmp_path: Path) -> None:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "f.txt").write_text("".join(f"line {i:03d}\n" for i in range(200)))
-    async with stdio_session(workspace, tmp_path / "server.log") as client:
-        out = await ok(
-            client,
-            "exec_command",
-            cmd="LESSHISTFILE=- less f.txt",
-            tty=True,
-            until_screen="line 022",
-            yield_time_ms=20000,
-        )
+    async with stdio_session(_numbered_file(tmp_path), tmp_path / "server.log") as client:
+        out = await _open_in_less(client)
         pager = session_id(out)
         assert "alternate screen: yes" in out  # until_screen: the screen comes along
         started = time.monotonic()
