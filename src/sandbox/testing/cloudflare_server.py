@@ -784,14 +784,18 @@ class CloudflareWorkerServer:
         except ConnectionError:
             pass  # the client went away: the command goes on (below)
         finally:
-            proc, conn.proc = conn.proc, None
-            if proc is not None:
-                if proc.exited:
-                    await settle(self._end_process(proc, 0))
-                else:
-                    sandbox.orphans.add(proc)
-                    self._background(self._reap_orphan(sandbox, proc))
-            self._close_connection(sandbox, conn)
+            # The handler is cancelled when the client goes away (handler_cancellation),
+            # and an await below then re-raises it: the connection is closed regardless.
+            try:
+                proc, conn.proc = conn.proc, None
+                if proc is not None:
+                    if proc.exited:
+                        await settle(self._end_process(proc, 0))
+                    else:
+                        sandbox.orphans.add(proc)
+                        self._background(self._reap_orphan(sandbox, proc))
+            finally:
+                self._close_connection(sandbox, conn)
         return resp
 
     async def _reap_orphan(self, sandbox: FakeSandbox, proc: LocalProcess) -> None:
@@ -911,11 +915,13 @@ class CloudflareWorkerServer:
         finally:
             if pty is not None:
                 pty.listeners.discard(ws)
-            if not ws.closed:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(2):
-                        await ws.close()
-            self._close_connection(sandbox, conn)
+            try:
+                if not ws.closed:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(2):
+                            await ws.close()
+            finally:
+                self._close_connection(sandbox, conn)  # even when cancelled (see `_exec`)
         return ws
 
     def _new_pty(self, sandbox: FakeSandbox, rows: int, cols: int) -> FakePty:
