@@ -14,7 +14,7 @@ import pytest
 
 import sandbox
 from sandbox.text_decoding import StreamDecoder
-from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher
+from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, SLICE_S, UntilMatcher
 
 # The reproduction of the hardening issue: `.*` backtracks over the whole line from every
 # start position, so a search costs the square of its string.
@@ -125,29 +125,48 @@ async def test_feed_async_matches_like_feed_and_stops_at_its_deadline() -> None:
 
 
 async def test_feed_async_lets_the_loop_run_during_a_flood() -> None:
+    """Between two turns of the loop, searches start within one slice: checked on the
+    loop's own clock (what the slices are cut by), not on how long the host took, so a
+    busy machine cannot fail it and a matcher that never yields cannot pass it."""
     loop = asyncio.get_running_loop()
     window = 1.0
-    longest_stall = 0.0
-    done = asyncio.Event()
+    searches: list[float] = []
+    turns: list[float] = []
+    done = False
 
-    async def ticker() -> None:
-        nonlocal longest_stall
-        last = loop.time()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            longest_stall = max(longest_stall, loop.time() - last)
-            last = loop.time()
+    class TimedPattern(RecordingPattern):
+        def search(self, text: str, pos: int = 0) -> re.Match[str] | None:
+            searches.append(loop.time())
+            return super().search(text, pos)
 
-    ticking = asyncio.create_task(ticker())
-    await asyncio.sleep(0.02)
+    async def other_task() -> None:
+        while not done:
+            turns.append(loop.time())
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
     begin = loop.time()
     # 1 MB at once (a poll of a full output buffer): about 250 pathological searches.
-    assert not await matcher(PATHOLOGICAL).feed_async([b"x" * 1_000_000], begin + window)
-    elapsed = loop.time() - begin
-    done.set()
+    m = matcher(TimedPattern(PATHOLOGICAL))
+    assert not await m.feed_async([b"x" * 1_000_000], begin + window)
+    done = True
     await ticking
-    assert elapsed < 2 * window, f"a {window}s deadline took {elapsed:.2f}s"
-    assert longest_stall < window / 4, f"the event loop stalled for {longest_stall:.2f}s"
+    assert len(searches) >= 2
+    assert searches[-1] < begin + window + SLICE_S, "it searched on past its deadline"
+    assert len(searches) < 1_000_000 // REGEX_PIECE, "the deadline did not stop the searches"
+    # Cut the searches by the other task's turns: each run between two turns is a slice.
+    slices: list[list[float]] = [[]]
+    turn_index = 0
+    for at in searches:
+        while turn_index < len(turns) and turns[turn_index] <= at:
+            turn_index += 1
+            slices.append([])
+        slices[-1].append(at)
+    runs = [run for run in slices if run]
+    assert len(runs) >= 2, "the other task never ran during the flood"
+    longest = max(run[-1] - run[0] for run in runs)
+    assert longest < 2 * SLICE_S, f"searches went on for {longest:.3f}s without a turn"
 
 
 async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) -> None:

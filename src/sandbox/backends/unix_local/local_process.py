@@ -85,6 +85,7 @@ class LocalProcess:
         self._closed = False
         self._write_waiter: asyncio.Future[None] | None = None
         self._swept: set[int] = set()
+        self.tag: str | None = None
 
     @classmethod
     def spawn(
@@ -100,11 +101,17 @@ class LocalProcess:
         on_stderr: OutputCallback | None = None,
         on_exit: Callable[[int], None] | None = None,
         on_eof: Callable[[], None] | None = None,
+        tag: str | None = None,
     ) -> LocalProcess:
         """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
-        stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`)."""
+        stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`).
+        With `tag` (see `process_tree.new_tag`), the process and everything it starts
+        carry it in their environment, so a teardown also finds what escaped the tree."""
         self = cls()
         self.tty = tty
+        self.tag = tag
+        if tag is not None:
+            env = {**env, process_tree.TAG_VARIABLE: tag}
         self._on_exit = on_exit
         self._on_eof = on_eof
         parent_ends: list[int] = []
@@ -356,7 +363,7 @@ class LocalProcess:
                 for sig in polite:
                     self.signal_group(sig)
                 if not self._reaped:
-                    process_tree.signal_tree(self.pid, *polite)
+                    process_tree.signal_tree(self.pid, *polite, tag=self.tag)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace_s):
                         await self._exited.wait()
@@ -376,7 +383,7 @@ class LocalProcess:
         if self._closed or self._reaped:
             return
         self.signal_group(signal.SIGKILL)
-        process_tree.kill_tree(self.pid)
+        process_tree.kill_tree(self.pid, tag=self.tag)
 
     def close(self, *, kill_group: bool = True, sweep_tree: bool = False) -> None:
         """Kill what is left of the group, reap the leader and close every fd.
@@ -395,7 +402,7 @@ class LocalProcess:
             if kill_group and sweep_tree and not self._reaped:
                 # Background jobs of an interactive shell have groups of their own, and
                 # nohup'd or setsid'd children leave the group: kill the whole tree.
-                self._swept = process_tree.kill_tree(self.pid)
+                self._swept = process_tree.kill_tree(self.pid, tag=self.tag)
         waiter = self._write_waiter
         if waiter is not None and self.master_fd is not None:
             # A write waiting for room must not keep a writer on an fd number that is

@@ -7,9 +7,16 @@ their parent dies and they are re-parented). So a tree is taken as: every proces
 session id is the leader's (the leader started a new session: its pid is the sid), plus
 every descendant of those by parent link. The leader's pid stays reserved while it is an
 unreaped zombie (`local_process` waits with WNOWAIT), so the session id is never another
-process's. A process that both left the session and lost its parent before we looked is
-out of reach without cgroups; confined sessions do not have that gap (the jail's PID
-namespace dies with it).
+process's.
+
+A process that both left the session and lost its parent (a double fork with `setsid`,
+a daemon) has neither link. What it usually keeps is its environment: every process we
+start carries `SANDBOX_PROCESS_TAG=<session>.<process>` (see `LocalProcess.spawn`), so a
+process that sits at a session boundary (its parent is in another session, or gone)
+and carries the tag is taken back, with its descendants. Only such boundary processes
+have their environment read, which keeps the look cheap on a busy host. What clears its
+environment as well as leaving the session and its parent is out of reach without
+cgroups; confined sessions do not have that gap (the jail's PID namespace dies with it).
 """
 
 from __future__ import annotations
@@ -17,17 +24,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import time
+from collections.abc import Callable
 
+TAG_VARIABLE = "SANDBOX_PROCESS_TAG"
 GONE_WAIT_S = 2.0
 SHARED_SCAN_S = 0.005
 KILL_ROUNDS = 16  # a forking process is killed before it forks again, so this converges
+ENVIRON_READ_LIMIT = 1 << 20  # an environment larger than this is not searched further
+KERNEL_THREADS_PARENT = 2  # kthreadd: its children have no environment to read
 
 
-def _read_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, sid) for every live (non-zombie) process on this host."""
-    table: dict[int, tuple[int, int]] = {}
+Table = dict[int, tuple[int, int, bytes]]
+
+
+def _read_table() -> Table:
+    """pid -> (ppid, sid, start time) for every live (non-zombie) process on this host
+    (the start time tells a reused pid from the process it replaced)."""
+    table: Table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -40,18 +56,22 @@ def _read_table() -> dict[int, tuple[int, int]]:
                 os.close(fd)
         except OSError:
             continue
-        # After "pid (comm) ": state ppid pgrp session ...; comm may hold ")" itself.
-        fields = data[data.rfind(b")") + 2 :].split(b" ", 4)
-        if len(fields) < 4 or fields[0] in (b"Z", b"X"):
+        # After "pid (comm) ": state ppid pgrp session ... starttime (the 20th); comm
+        # may hold ")" itself.
+        fields = data[data.rfind(b")") + 2 :].split(b" ", 20)
+        if len(fields) < 20 or fields[0] in (b"Z", b"X"):
             continue
-        table[int(name)] = (int(fields[1]), int(fields[3]))
+        table[int(name)] = (int(fields[1]), int(fields[3]), fields[19])
     return table
 
 
-_shared: tuple[float, dict[int, tuple[int, int]]] | None = None
+_shared: tuple[float, Table] | None = None
+# pid -> (start time, tag): a process's environment block is fixed at exec, so each is
+# read once (a terminate-all of 64 processes would otherwise read 64 x 64 of them).
+_tags: dict[int, tuple[bytes, bytes | None]] = {}
 
 
-def _recent_table() -> dict[int, tuple[int, int]]:
+def _recent_table() -> Table:
     """A table at most `SHARED_SCAN_S` old: the polite signals of a batch of teardowns
     (64 at once in terminate-all) share one look at /proc instead of one each. Only
     for best-effort signals; the SIGKILL sweep always looks afresh."""
@@ -62,20 +82,74 @@ def _recent_table() -> dict[int, tuple[int, int]]:
     return _shared[1]
 
 
-def tree_members(leader: int, *, fresh: bool = True) -> set[int]:
-    """The live processes of `leader`'s session and their descendants (leader included
-    if it is still alive), never this process itself. `fresh=False` may reuse a look
-    taken a moment ago (see `_recent_table`)."""
-    if not os.path.isdir("/proc"):
-        return set()
-    table = _read_table() if fresh else _recent_table()
-    members = {pid for pid, (_, sid) in table.items() if sid == leader}
-    if leader in table:
-        members.add(leader)
+def new_tag(session_tag: str) -> str:
+    """A fresh process tag within `session_tag` (the value of `TAG_VARIABLE`)."""
+    return f"{session_tag}.{secrets.token_hex(6)}"
+
+
+def new_session_tag() -> str:
+    """A fresh tag for one session's processes (the part before the dot)."""
+    return secrets.token_hex(6)
+
+
+def _environ_tag(pid: int) -> bytes | None:
+    """The value of `TAG_VARIABLE` in `pid`'s environment (None: absent, unreadable)."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = b""
+        while len(data) < ENVIRON_READ_LIMIT:
+            piece = os.read(fd, 65536)
+            if not piece:
+                break
+            data += piece
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    key = TAG_VARIABLE.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key) :]
+    return None
+
+
+def _cached_tag(pid: int, start: bytes) -> bytes | None:
+    known = _tags.get(pid)
+    if known is not None and known[0] == start:
+        return known[1]
+    tag = _environ_tag(pid)
+    _tags[pid] = (start, tag)
+    return tag
+
+
+def _escaped_roots(table: Table, matches: Callable[[bytes], bool], known: set[int]) -> set[int]:
+    """Processes not in `known`, at a session boundary (parent gone or in another
+    session), whose tag `matches`: where a `setsid` child that lost its parent ends up."""
+    roots: set[int] = set()
+    for pid, (ppid, sid, start) in table.items():
+        if pid in known or ppid == KERNEL_THREADS_PARENT or pid == KERNEL_THREADS_PARENT:
+            continue
+        parent = table.get(ppid)
+        if parent is not None and parent[1] == sid:
+            continue
+        tag = _cached_tag(pid, start)
+        if tag is not None and matches(tag):
+            roots.add(pid)
+    if len(_tags) > 2 * len(table) + 64:
+        for pid in [pid for pid in _tags if pid not in table]:
+            del _tags[pid]
+    return roots
+
+
+def _with_descendants(table: Table, roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    todo = list(members)
+    members = set(roots)
+    todo = list(roots)
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in members:
@@ -83,6 +157,32 @@ def tree_members(leader: int, *, fresh: bool = True) -> set[int]:
                 todo.append(child)
     members.discard(os.getpid())
     return members
+
+
+def tree_members(leader: int, *, tag: str | None = None, fresh: bool = True) -> set[int]:
+    """The live processes of `leader`'s session and their descendants (leader included
+    if it is still alive), plus, with `tag`, the escaped processes carrying it and their
+    descendants; never this process itself. `fresh=False` may reuse a look taken a
+    moment ago (see `_recent_table`)."""
+    if not os.path.isdir("/proc"):
+        return set()
+    table = _read_table() if fresh else _recent_table()
+    roots = {pid for pid, (_, sid, _) in table.items() if sid == leader}
+    if leader in table:
+        roots.add(leader)
+    if tag is not None:
+        roots |= _escaped_roots(table, tag.encode().__eq__, roots)
+    return _with_descendants(table, roots)
+
+
+def session_members(session_tag: str) -> set[int]:
+    """Every live process tagged within `session_tag` that escaped its own tree, with
+    its descendants (what a session sweeps when it stops)."""
+    if not os.path.isdir("/proc"):
+        return set()
+    table = _read_table()
+    prefix = session_tag.encode() + b"."
+    return _with_descendants(table, _escaped_roots(table, lambda t: t.startswith(prefix), set()))
 
 
 def _send(pids: set[int], signals: tuple[int, ...]) -> None:
@@ -94,23 +194,34 @@ def _send(pids: set[int], signals: tuple[int, ...]) -> None:
 
 def signal_session(sid: int, *signals: int) -> None:
     """Send each of `signals` to every live process whose session id is `sid`."""
-    _send({pid for pid, (_, s) in _read_table().items() if s == sid}, signals)
+    _send({pid for pid, (_, s, _) in _read_table().items() if s == sid}, signals)
 
 
-def signal_tree(leader: int, *signals: int) -> None:
+def signal_tree(leader: int, *signals: int, tag: str | None = None) -> None:
     """Send each of `signals` to every member of `leader`'s tree, as of a recent look at
     /proc (best effort: for the polite signals before a sweep)."""
-    _send(tree_members(leader, fresh=False), signals)
+    _send(tree_members(leader, tag=tag, fresh=False), signals)
 
 
-def kill_tree(leader: int) -> set[int]:
-    """SIGKILL `leader`'s whole tree, looking again until a look finds nobody new: a
-    killed process cannot fork, so only a fork that raced the previous look can appear
-    (bounded: a fork bomb in the sandbox must not hang the host). Returns the pids
-    killed (they may take a moment to die: see `wait_gone`)."""
+def kill_tree(leader: int, *, tag: str | None = None) -> set[int]:
+    """SIGKILL `leader`'s whole tree (with `tag`: and its escaped processes), looking
+    again until a look finds nobody new: a killed process cannot fork, so only a fork
+    that raced the previous look can appear (bounded: a fork bomb in the sandbox must
+    not hang the host). Returns the pids killed (they may take a moment to die: see
+    `wait_gone`)."""
+    return _kill_until_none(lambda: tree_members(leader, tag=tag))
+
+
+def kill_session(session_tag: str) -> set[int]:
+    """SIGKILL every escaped process of the session `session_tag` and its descendants
+    (as `kill_tree` does for one tree). Returns the pids killed."""
+    return _kill_until_none(lambda: session_members(session_tag))
+
+
+def _kill_until_none(look: Callable[[], set[int]]) -> set[int]:
     killed: set[int] = set()
     for _ in range(KILL_ROUNDS):
-        fresh = tree_members(leader) - killed
+        fresh = look() - killed
         if not fresh:
             break
         _send(fresh, (signal.SIGKILL,))

@@ -24,7 +24,7 @@ from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
 from . import confine as jail
-from . import local_files
+from . import local_files, process_tree
 from .local_process import LocalProcess
 from .workspace import Workspace
 
@@ -80,6 +80,9 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         ):
             raise InvalidArgumentError("readonly_paths must be a list of paths")
         self._workspace = Workspace(workspace)
+        # Every process of this session carries a tag within this one (see
+        # `process_tree`): what escaped its own tree is still found when the session stops.
+        self._session_tag = process_tree.new_session_tag()
         self._env = arguments.check_env(env) or {}
         # A jail that hides ~/.aws but hands over AWS_SECRET_ACCESS_KEY would be theatre:
         # confined sessions start from a small allow-list unless told otherwise.
@@ -109,6 +112,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             jail.check_workspace(self._workspace.path)
 
     async def _stop_backend(self) -> None:
+        # Last, what escaped every tree: a one-shot command's daemon (a one-shot command
+        # that ended by itself only had its group killed), a double fork with setsid.
+        escaped = await asyncio.to_thread(process_tree.kill_session, self._session_tag)
+        await process_tree.wait_gone(escaped)
         await asyncio.to_thread(self._workspace.cleanup)
 
     # ---- commands ------------------------------------------------------------------
@@ -157,6 +164,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 cwd=self._workspace.cwd_for(command.cwd),
                 on_stdout=capture.add_stdout,
                 on_stderr=capture.add_stderr,
+                tag=process_tree.new_tag(self._session_tag),
             )
         except OSError as exc:
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
@@ -186,6 +194,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 on_stdout=entry.feed if trap is None else on_stdout,
                 on_exit=entry.report_exit,
                 on_eof=entry.report_eof,
+                tag=process_tree.new_tag(self._session_tag),
             )
         except OSError as exc:
             raise _start_error(
@@ -241,6 +250,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             proc: LocalProcess | None = entry.handle
             if proc is not None:
                 proc.kill_now()
+        process_tree.kill_session(self._session_tag)
 
     async def _final_drain(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle
