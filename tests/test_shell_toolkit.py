@@ -299,8 +299,10 @@ def test_kill_escalates_to_sigkill_after_the_grace(sh_path: str) -> None:
         code, _, err = finish(proc)
     assert wait_gone(pid, 0)
     assert tagged_pids(tag) == []
-    # The wrapper died of one of the signals (which one depends on the shell).
-    assert code < 0 and err == b""
+    # The wrapper did not report success. How it ended is the shell's own, and under
+    # load it varies: dying of a signal, 128+N for its child (mksh), or zsh's HUP handler
+    # exiting with the signal's number.
+    assert code != 0 and err == b"", (code, err)
 
 
 def test_kills_requested_together_are_one_script(sh_path: str) -> None:
