@@ -136,8 +136,13 @@ async def test_background_jobs_of_a_shell_die_with_it(
 
 
 # A child that leaves the session with setsid and loses its parent at once: no session
-# and no parent link lead back to the tree; the environment tag does.
-ESCAPE = "(setsid sleep {m} </dev/null >/dev/null 2>&1 &)"
+# and no parent link lead back to the tree; the environment tag does. The command waits
+# until the child is in its own session: a one-shot command's group is killed when it
+# ends, which would otherwise race the child's setsid.
+ESCAPE = (
+    "(setsid sh -c 'echo > {m}.up; exec sleep {m}' </dev/null >/dev/null 2>&1 &); "
+    "until [ -e {m}.up ]; do sleep 0.01; done"
+)
 
 
 def _escaped(marker: str) -> bool:
