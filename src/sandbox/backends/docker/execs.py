@@ -36,7 +36,7 @@ from ...settle import settle
 from ..toolkit import shell
 from .engine import Engine
 from .errors import is_not_found
-from .frames import FrameDecoder
+from .frames import FrameDecoder, PayloadCallback
 from .stream import RawStream
 
 logger = logging.getLogger("sandbox.docker")
@@ -52,7 +52,7 @@ INSPECT_FIRST_DELAY_S = 0.05
 INSPECT_MAX_DELAY_S = 2.0
 INSPECT_MAX_DELAY_WITH_EVENTS_S = 10.0
 
-OutputCallback = Callable[[int, bytes], None]
+OutputCallback = PayloadCallback  # (stream, data), as the frame decoder gives them
 
 
 class ExecOptions:

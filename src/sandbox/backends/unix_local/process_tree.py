@@ -29,7 +29,9 @@ import signal
 import time
 from collections.abc import Callable
 
-TAG_VARIABLE = "SANDBOX_PROCESS_TAG"
+# One name for the tag on every backend: the remote wrappers set the same variable.
+from ..toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
+
 GONE_WAIT_S = 2.0
 SHARED_SCAN_S = 0.005
 KILL_ROUNDS = 16  # a forking process is killed before it forks again, so this converges
