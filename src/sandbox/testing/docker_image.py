@@ -20,6 +20,8 @@ from typing import Any
 from ..errors import BackendUnavailableError, ProviderError
 
 DEFAULT_TAG = "sandbox-test-busybox:latest"
+MINIMAL_TAG = "sandbox-test-minimal:latest"
+MINIMAL_PROGRAMS = ("sh", "cat", "sleep")
 HASH_LABEL = "sandbox.test-image.hash"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 INSTALL_HINT = "install it with: apt-get install -y busybox-static"
@@ -38,6 +40,16 @@ PASSWD = (
     b"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
 )
 GROUP = b"root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
+
+# Only three programs (copies of busybox, which picks the applet by its name): no
+# `mkdir`, `id`, `stat` or `grep` file, not even /tmp. `RUN` cannot work without a
+# shell build step, so the folders come from WORKDIR.
+MINIMAL_DOCKERFILE = b"""FROM scratch
+COPY sh cat sleep /bin/
+ENV PATH=/bin
+WORKDIR /work
+CMD ["sh"]
+"""
 
 
 def find_busybox() -> str:
@@ -77,25 +89,25 @@ def is_static_elf(path: str) -> bool:
     return True
 
 
-def _context(busybox: bytes) -> tuple[bytes, str]:
+def _context(dockerfile: bytes, files: list[tuple[str, bytes, int]]) -> tuple[bytes, str]:
     digest = hashlib.sha256()
-    for part in (DOCKERFILE, PASSWD, GROUP, busybox):
+    for part in (dockerfile, *(data for _, data, _ in files)):
         digest.update(hashlib.sha256(part).digest())
     content_hash = digest.hexdigest()[:32]
-    dockerfile = DOCKERFILE.replace(b"CMD", f"LABEL {HASH_LABEL}={content_hash}\nCMD".encode(), 1)
+    dockerfile = dockerfile.replace(b"CMD", f"LABEL {HASH_LABEL}={content_hash}\nCMD".encode(), 1)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data, mode in (
-            ("Dockerfile", dockerfile, 0o644),
-            ("busybox", busybox, 0o755),
-            ("passwd", PASSWD, 0o644),
-            ("group", GROUP, 0o644),
-        ):
+        for name, data, mode in [("Dockerfile", dockerfile, 0o644), *files]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             info.mode = mode
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue(), content_hash
+
+
+def _read_busybox() -> bytes:
+    with open(find_busybox(), "rb") as handle:
+        return handle.read()
 
 
 def ensure_busybox_image(tag: str = DEFAULT_TAG, client: Any = None) -> str:
@@ -105,13 +117,25 @@ def ensure_busybox_image(tag: str = DEFAULT_TAG, client: Any = None) -> str:
     environment). Raises `BackendUnavailableError` when busybox is missing, and
     `ProviderError` when the engine cannot be reached or the build fails.
     """
+    busybox = _read_busybox()
+    # This order keeps the content hash (the label) of images built before.
+    files = [("passwd", PASSWD, 0o644), ("group", GROUP, 0o644), ("busybox", busybox, 0o755)]
+    return _ensure_image(tag, client, *_context(DOCKERFILE, files))
+
+
+def ensure_minimal_image(tag: str = MINIMAL_TAG, client: Any = None) -> str:
+    """Build (unless already there) an image holding only `sh`, `cat` and `sleep` (see
+    `MINIMAL_DOCKERFILE`): what the docker backend's file API must work on. Returns the
+    tag; errors as `ensure_busybox_image`."""
+    busybox = _read_busybox()
+    files = [(name, busybox, 0o755) for name in MINIMAL_PROGRAMS]
+    return _ensure_image(tag, client, *_context(MINIMAL_DOCKERFILE, files))
+
+
+def _ensure_image(tag: str, client: Any, context: bytes, content_hash: str) -> str:
     import docker
     import docker.errors
 
-    busybox_path = find_busybox()
-    with open(busybox_path, "rb") as handle:
-        busybox = handle.read()
-    context, content_hash = _context(busybox)
     own_client = client is None
     try:
         if client is None:

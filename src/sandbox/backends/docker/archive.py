@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import docker.utils
@@ -27,27 +27,44 @@ WRITE_CHUNK = 1024 * 1024
 # Go's os.FileMode bits as the engine reports them in the archive stat header.
 MODE_DIR = 1 << 31
 MODE_SYMLINK = 1 << 27
+# The mode of folders the archive creates: what `mkdir -p` gives under umask 022.
+DIR_MODE = 0o755
 MODE_NOT_REGULAR = (
     MODE_DIR | MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
 )
 
 
-def _header(name: str, size: int, uid: int, gid: int, mode: int) -> bytes:
+def _header(name: str, size: int, uid: int, gid: int, mode: int, kind: bytes) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
     info.uid = uid
     info.gid = gid
     info.mode = mode
     info.mtime = int(time.time())
-    info.type = tarfile.REGTYPE
+    info.type = kind
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
 
 
+def _folders(parents: Sequence[str], uid: int, gid: int) -> Iterator[bytes]:
+    """The directory members that create `parents` (each inside the one before), owned
+    and permitted as `mkdir -p` under the usual umask would make them."""
+    for depth in range(1, len(parents) + 1):
+        yield _header("/".join(parents[:depth]) + "/", 0, uid, gid, DIR_MODE, tarfile.DIRTYPE)
+
+
 def tar_one_file(
-    name: str, data: bytes, *, uid: int = 0, gid: int = 0, mode: int = 0o644
+    name: str,
+    data: bytes,
+    *,
+    uid: int = 0,
+    gid: int = 0,
+    mode: int = 0o644,
+    parents: Sequence[str] = (),
 ) -> Iterator[bytes | memoryview]:
-    """Yield a tar archive holding `data` as the file `name`, without copying `data`."""
-    yield _header(name, len(data), uid, gid, mode)
+    """Yield a tar archive holding `data` as the file `name`, without copying `data`;
+    inside the folders `parents` (created by the archive, in order) when given."""
+    yield from _folders(parents, uid, gid)
+    yield _header("/".join([*parents, name]), len(data), uid, gid, mode, tarfile.REGTYPE)
     view = memoryview(data)
     for start in range(0, len(view), WRITE_CHUNK):
         yield view[start : start + WRITE_CHUNK]
@@ -56,11 +73,20 @@ def tar_one_file(
 
 
 def tar_spooled_file(
-    name: str, spool: IO[bytes], size: int, *, uid: int = 0, gid: int = 0, mode: int = 0o644
+    name: str,
+    spool: IO[bytes],
+    size: int,
+    *,
+    uid: int = 0,
+    gid: int = 0,
+    mode: int = 0o644,
+    parents: Sequence[str] = (),
 ) -> Iterator[bytes]:
-    """Yield a tar archive holding the first `size` bytes of `spool` as the file `name`,
-    read a chunk at a time (the engine's request thread iterates it)."""
-    yield _header(name, size, uid, gid, mode)
+    """Yield a tar archive holding the first `size` bytes of `spool` as the file `name`
+    (inside the folders `parents`, as `tar_one_file`), read a chunk at a time (the
+    engine's request thread iterates it)."""
+    yield from _folders(parents, uid, gid)
+    yield _header("/".join([*parents, name]), size, uid, gid, mode, tarfile.REGTYPE)
     spool.seek(0)
     left = size
     while left:
@@ -70,6 +96,30 @@ def tar_spooled_file(
         left -= len(piece)
         yield piece
     yield b"\0" * (-size % BLOCK + 2 * BLOCK)
+
+
+def tar_folders(parents: Sequence[str], *, uid: int = 0, gid: int = 0) -> Iterator[bytes]:
+    """Yield a tar archive holding only the folders `parents` (each inside the one
+    before)."""
+    yield from _folders(parents, uid, gid)
+    yield b"\0" * (2 * BLOCK)
+
+
+def put_tar(
+    api: Any, container_id: str, directory: str, data: Iterable[bytes | memoryview]
+) -> None:
+    """Extract the tar `data` into the existing folder `directory` of the container.
+
+    `noOverwriteDirNonDir` makes the engine fail rather than replace a directory with a
+    file (or a file with a directory) that appeared after our stat. The SDK's
+    `put_archive` cannot pass it, so this is its request with that one parameter more.
+    """
+    response = api._put(
+        api._url("/containers/{0}/archive", container_id),
+        params={"path": directory, "noOverwriteDirNonDir": "true"},
+        data=data,
+    )
+    api._raise_for_status(response)
 
 
 def stat_path(api: Any, container_id: str, path: str) -> dict[str, Any] | None:

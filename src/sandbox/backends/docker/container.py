@@ -4,8 +4,9 @@ A created container runs a keepalive command (`sleep` for ever by default) under
 init, labelled with the backend and a session name; the session removes it by that
 name on close, so one whose creation was cut short goes too. The probe is one exec as
 the session's user, before any command: it proves the event subscription is live (its
-`exec_create` event must arrive), that the image has a shell, creates the working
-directory and learns the uid/gid files written through the archive endpoint get.
+`exec_create` event must arrive), that the image has a shell, and learns the uid/gid
+that files and folders written through the archive endpoint get (the session then
+creates its working directory through that endpoint: no `mkdir` in the image).
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ LABEL_BACKEND = "sandbox.backend"
 LABEL_SESSION = "sandbox.session"
 EVENT_SYNC_TIMEOUT_S = 5.0
 
-# Run once at start as the session's user: make the working directory, and learn the
-# uid/gid that files written through the archive endpoint should belong to.
+# Run once at start as the session's user: learn the uid/gid that files and folders
+# written through the archive endpoint should belong to. Shell builtins only (the
+# effective ids from /proc, which the kill script needs anyway), then `id` if that fails:
+# the image may hold nothing but `sh`.
 PROBE_SCRIPT = (
-    'if [ -n "$1" ]; then mkdir -p -- "$1" || exit 3; fi; '
-    "u=$(id -u 2>/dev/null) || u=-; g=$(id -g 2>/dev/null) || g=-; "
+    "u=-; g=-; { while read -r k r e x; do case $k in Uid:) u=$e ;; Gid:) g=$e ;; esac; "
+    "done </proc/self/status; } 2>/dev/null; "
+    '[ "$u" = - ] && { u=$(id -u 2>/dev/null) || u=-; }; '
+    '[ "$g" = - ] && { g=$(id -g 2>/dev/null) || g=-; }; '
     'echo "sandbox-probe:$u:$g"'
 )
 
@@ -204,16 +209,14 @@ async def remove_container(engine: Engine, name: str) -> None:
             raise
 
 
-async def probe(
-    engine: Engine, options: ExecOptions, workdir: str, timeout: float
-) -> tuple[int, int] | None:
+async def probe(engine: Engine, options: ExecOptions, timeout: float) -> tuple[int, int] | None:
     """Run the probe (see the module docstring); the uid/gid of the session's user
     (None when `id` could not tell)."""
     output = bytearray()
     first = DockerExec(
         engine,
         options,
-        ["sh", "-c", PROBE_SCRIPT, "sandbox-probe", workdir],
+        ["sh", "-c", PROBE_SCRIPT, "sandbox-probe"],
         tty=False,
         wrap=False,
         cwd="/",
@@ -246,8 +249,7 @@ async def probe(
         raise ProviderError(
             f"the container cannot run commands for this session (exit "
             f"{first.exit_code}): {text.strip()[-300:] or 'no output'}; the docker "
-            "backend needs a POSIX sh in the image, and a working directory it can "
-            "create",
+            "backend needs a POSIX sh in the image",
             retryable=False,
         )
     uid, _, gid = text.rsplit("sandbox-probe:", 1)[1].strip().partition(":")

@@ -1,11 +1,24 @@
-"""Files in the container, through the engine's archive endpoint (tar in, tar out).
+"""Files in the container, through the engine's archive endpoint (tar in, tar out), with
+no program run in the container: an image holding nothing but `sh` will do.
 
-Reads follow symlinks by the engine's stat and refuse what is not a regular file (or is
-above the limit) before fetching anything; writes check what is at the path first,
-since the archive endpoint would replace a directory (and all it holds), a FIFO or a
-device with the file. Blocking SDK calls run on the engine's pool; a streamed read
-costs one pool call per chunk, and a streamed write is spooled to a temporary file
-(the tar header needs the size), never held in memory.
+Every path is checked against the workspace (the session's working directory) before
+any call: `..` above it or an absolute path elsewhere is a `WorkspacePathError`. It is
+then walked one component at a time by the engine's stat (HEAD on the archive
+endpoint, which runs nothing): a symlink is followed by the target the engine resolved
+for it, and one that leads out of the workspace is a `WorkspacePathError` too; what is
+not a regular file is refused before anything is transferred (a FIFO is never opened,
+a directory never replaced). Missing parents of a written file travel in the tar as
+directory members owned by the session's user, extracted into the deepest folder that
+exists, so the engine never follows a path the container could have planted below it
+(it replaces a symlink found where a directory member goes instead of following it),
+and `noOverwriteDirNonDir` makes it fail rather than replace a directory that appeared
+after the walk. A process in the container that swaps an existing folder of the path
+for a symlink between the walk and the transfer can still redirect that one call
+elsewhere in its own container: only its own container is at stake.
+
+Blocking SDK calls run on the engine's pool; a streamed read costs one pool call per
+chunk, and a streamed write is spooled to a temporary file (the tar header needs the
+size), never held in memory.
 """
 
 from __future__ import annotations
@@ -13,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import (
@@ -21,14 +35,17 @@ from ...errors import (
     NotAFileError,
     ProviderError,
     SandboxFileNotFoundError,
+    WorkspacePathError,
 )
 from .archive import (
     MODE_DIR,
     MODE_NOT_REGULAR,
     MODE_SYMLINK,
     iter_first_file,
+    put_tar,
     read_first_file,
     stat_path,
+    tar_folders,
     tar_one_file,
     tar_spooled_file,
 )
@@ -38,39 +55,79 @@ from .errors import is_not_found
 READ_CHUNK = 1024 * 1024
 MAX_SYMLINK_HOPS = 16
 
-# Creates a missing parent directory as the session's user: (exit code, stderr).
-MakeDirectory = Callable[[str], Awaitable[tuple[int, bytes]]]
+# Builds the tar of one write: (file name, missing parents, uid, gid) -> its pieces.
+MakeTar = Callable[[str, Sequence[str], int, int], Iterable[bytes | memoryview]]
+
+
+def workspace_parts(workspace: str, path: str) -> list[str]:
+    """The components of `path` below `workspace` (relative paths are in it), resolved
+    lexically; `WorkspacePathError` for `..` above it or an absolute path elsewhere."""
+    full = posixpath.normpath(posixpath.join(workspace, path))
+    if full.startswith("//"):
+        full = "/" + full.lstrip("/")  # POSIX lets normpath keep a leading "//"
+    relative = _below(workspace, full)
+    if relative is None:
+        raise WorkspacePathError(f"path {path!r} is outside the workspace ({workspace})")
+    return relative
+
+
+def _below(workspace: str, full: str) -> list[str] | None:
+    """The components of the absolute, normalized `full` below `workspace`; None when it
+    is not the workspace or inside it."""
+    if workspace == "/":
+        return [part for part in full.split("/") if part]
+    if full == workspace:
+        return []
+    if not full.startswith(workspace + "/"):
+        return None
+    return full[len(workspace) + 1 :].split("/")
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where a path leads: the deepest existing folder on its way (`folder`), the
+    folders still missing below it (`missing`), the file's name, and its size when a
+    regular file is already there (None: no file yet)."""
+
+    folder: str
+    missing: tuple[str, ...]
+    name: str
+    size: int | None
+
+    @property
+    def target(self) -> str:
+        """The file's absolute path in the container."""
+        return posixpath.join(self.folder, *self.missing, self.name)
 
 
 class ContainerFiles:
-    """The session's file calls. `owner` is the uid/gid written files get (the
-    session's user, learned at start); `make_directory` runs `mkdir -p` as that user.
-    Paths come resolved (`full`, absolute in the container) beside the caller's
-    spelling (`path`, for messages)."""
+    """The session's file calls, through the archive endpoint only. `workspace` is the
+    session's working directory (absolute, normalized); `owner` is the uid/gid written
+    files and created folders get (the session's user, learned at start). Paths come as
+    the caller spelled them, checked with `workspace_parts` first."""
 
     def __init__(
-        self,
-        engine: Engine,
-        container_id: str,
-        owner: tuple[int, int],
-        make_directory: MakeDirectory,
+        self, engine: Engine, container_id: str, workspace: str, owner: tuple[int, int]
     ) -> None:
         self._engine = engine
         self._container_id = container_id
+        self._workspace = workspace
         self._owner = owner
-        self._make_directory = make_directory
 
-    async def read(self, full: str, path: str, max_bytes: int) -> bytes:
-        """Stream the file out of the archive endpoint (symlinks followed); what is not a
-        regular file, or is above `max_bytes`, is refused by its stat before fetching."""
-        engine, container_id = self._engine, self._container_id
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """Stream the file out of the archive endpoint (symlinks followed within the
+        workspace); what is not a regular file, or is above `max_bytes`, is refused by
+        its stat before fetching."""
+        parts = workspace_parts(self._workspace, path)
+        engine, container_id, workspace = self._engine, self._container_id, self._workspace
         api = engine.api
 
         def read() -> bytes:
-            target, size = _locate(api, container_id, full, path, write=False)
-            if size is not None and size > max_bytes:
+            found = locate(api, container_id, workspace, parts, path, write=False)
+            size = found.size or 0
+            if size > max_bytes:
                 raise FileTooLargeError.over(path, size, max_bytes)
-            chunks = _fetch(api, container_id, target, path)
+            chunks = _fetch(api, container_id, found.target, path)
             try:
                 return read_first_file(chunks, path, max_bytes)
             finally:
@@ -78,14 +135,15 @@ class ContainerFiles:
 
         return await engine.call(f"read {path!r}", read)
 
-    async def read_chunks(self, full: str, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+    async def read_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
         """The archive stream's payload as it arrives, one pool call per chunk."""
-        engine, container_id = self._engine, self._container_id
+        parts = workspace_parts(self._workspace, path)
+        engine, container_id, workspace = self._engine, self._container_id, self._workspace
         api = engine.api
 
         def start() -> tuple[Any, Iterator[bytes]]:
-            target, _ = _locate(api, container_id, full, path, write=False)
-            chunks = _fetch(api, container_id, target, path)
+            found = locate(api, container_id, workspace, parts, path, write=False)
+            chunks = _fetch(api, container_id, found.target, path)
             return chunks, iter_first_file(chunks, path, chunk_size)
 
         chunks, pieces = await engine.call(f"read {path!r}", start)
@@ -106,15 +164,20 @@ class ContainerFiles:
             else:
                 call.add_done_callback(lambda _: _close_stream(chunks, pieces))
 
-    async def write(self, full: str, path: str, data: bytes) -> None:
-        """Stream a one-file tar in, owned by the session's user."""
+    async def write(self, path: str, data: bytes) -> None:
+        """Stream a one-file tar in (with its missing parents), owned by the session's
+        user."""
         await self._put(
-            full, path, lambda name, uid, gid: tar_one_file(name, data, uid=uid, gid=gid)
+            path,
+            lambda name, parents, uid, gid: tar_one_file(
+                name, data, uid=uid, gid=gid, parents=parents
+            ),
         )
 
-    async def write_chunks(self, full: str, path: str, chunks: AsyncIterator[bytes]) -> None:
+    async def write_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
         """Spool the chunks to a temporary file (the tar header needs the size), then
         stream the tar from it: the file is never held in memory."""
+        parts = workspace_parts(self._workspace, path)  # before the chunks are read
         spool = await asyncio.to_thread(tempfile.TemporaryFile)
         size = 0
         try:
@@ -122,9 +185,11 @@ class ContainerFiles:
                 await asyncio.to_thread(spool.write, chunk)
                 size += len(chunk)
             await self._put(
-                full,
                 path,
-                lambda name, uid, gid: tar_spooled_file(name, spool, size, uid=uid, gid=gid),
+                lambda name, parents, uid, gid: tar_spooled_file(
+                    name, spool, size, uid=uid, gid=gid, parents=parents
+                ),
+                parts,
             )
         except asyncio.CancelledError:
             raise  # a pool call may still use the spool: it closes once nothing holds it
@@ -133,104 +198,153 @@ class ContainerFiles:
             raise
         spool.close()
 
-    async def _put(
-        self,
-        full: str,
-        path: str,
-        make_tar: Callable[[str, int, int], Iterable[bytes | memoryview]],
-    ) -> None:
-        """Put a one-file tar at `path` after checking what is there: the archive
-        endpoint would replace a directory (and all it holds), a FIFO or a device with
-        the file. A final symlink is followed (bounded). A missing parent directory is
-        created (as the session's user) and the write retried. A process in the
-        container that swaps the path between the check and the put can still have it
-        replaced: only its own container is at stake."""
-        engine, container_id = self._engine, self._container_id
-        if path.endswith("/") or full == "/":
+    async def _put(self, path: str, make_tar: MakeTar, parts: list[str] | None = None) -> None:
+        """Put the tar of one file where `path` leads, after walking it (see the module
+        docstring). A failed put is explained by a second walk (something on the way
+        changed: the caller's error, not the provider's) and retried once when the walk
+        finds the way clear again (a folder removed in between)."""
+        if parts is None:
+            parts = workspace_parts(self._workspace, path)
+        if path.endswith("/") or not parts:
             raise NotAFileError(f"cannot write {path!r}: it names a folder, not a file")
+        engine, container_id, workspace = self._engine, self._container_id, self._workspace
         api = engine.api
-        target, _ = await engine.call(
-            f"write {path!r}", _locate, api, container_id, full, path, write=True
-        )
-        directory, name = posixpath.split(target)
         uid, gid = self._owner
+        action = f"write {path!r}"
 
-        async def put() -> None:
-            await engine.call(
-                f"write {path!r}",
-                api.put_archive,
-                container_id,
-                directory,
-                make_tar(name, uid, gid),
-            )
-
-        async def explain(exc: ProviderError) -> None:
-            """A file on the way is the caller's mistake, not the provider's."""
-            blocker = await engine.call(
-                f"write {path!r}", _file_on_the_way, api, container_id, target
-            )
-            if blocker is not None:
-                raise NotAFileError(
-                    f"cannot write {path!r}: a parent on its path is not a folder"
-                ) from None
-            raise exc
+        def put() -> None:
+            found = locate(api, container_id, workspace, parts, path, write=True)
+            tar = make_tar(found.name, found.missing, uid, gid)
+            try:
+                put_tar(api, container_id, found.folder, tar)
+                return
+            except Exception as exc:
+                failure = exc
+            again = locate(api, container_id, workspace, parts, path, write=True)
+            if again != found:  # the way changed under us: once more, on the new way
+                put_tar(
+                    api, container_id, again.folder, make_tar(again.name, again.missing, uid, gid)
+                )
+                return
+            raise failure
 
         try:
-            await put()
-            return
+            await engine.call(action, put)
         except ProviderError as exc:
-            if engine.gone_reason is not None:
-                raise
-            if not is_not_found(exc):
-                await explain(exc)
-        # The parent directory is missing: create it as the session's user, then retry.
-        code, stderr = await self._make_directory(directory)
-        if code != 0:
-            await explain(
-                ProviderError(
-                    f"could not create the directory of {path!r}: "
-                    f"{stderr.decode('utf-8', 'replace').strip()[-300:]}",
-                    retryable=False,
-                )
-            )
-        await put()
+            if is_not_found(exc) and engine.gone_reason is None:
+                raise SandboxFileNotFoundError(
+                    f"cannot write {path!r}: a folder on its path disappeared while writing"
+                ) from None
+            raise
+
+    async def make_folder(self, folder: str) -> None:
+        """Create the absolute `folder` and its missing parents (owned by the session's
+        user); nothing is sent when it exists. Used for the working directory, which
+        defines the workspace: symlinks on its way are followed wherever they lead."""
+        engine, container_id = self._engine, self._container_id
+        api = engine.api
+        uid, gid = self._owner
+
+        def make() -> None:
+            existing, missing = _existing_folder(api, container_id, folder)
+            if missing:
+                put_tar(api, container_id, existing, tar_folders(missing, uid=uid, gid=gid))
+
+        await engine.call(f"create the folder {folder!r}", make)
 
 
 # ---- blocking helpers run on the engine's pool -----------------------------------------
 
 
-def _locate(
-    api: Any, container_id: str, full: str, path: str, *, write: bool
-) -> tuple[str, int | None]:
-    """Follow symlinks from `full` by the engine's stat: the path of the regular file
-    there and its size, or (for a write) where a new file goes and None. A directory,
-    FIFO, socket or device raises `NotAFileError`; for a read, nothing there raises
-    `SandboxFileNotFoundError`."""
-    current = full
-    for _ in range(MAX_SYMLINK_HOPS):
-        try:
-            stat = stat_path(api, container_id, current)
-        except ProviderError:
-            if _file_on_the_way(api, container_id, current) is None:
-                raise
+def locate(
+    api: Any,
+    container_id: str,
+    workspace: str,
+    parts: Sequence[str],
+    path: str,
+    *,
+    write: bool,
+) -> Located:
+    """Walk `parts` from `workspace` by the engine's stat (see the module docstring).
+
+    A read needs a regular file there (else `SandboxFileNotFoundError` or
+    `NotAFileError`); a write accepts a missing file and missing folders, and refuses a
+    directory, FIFO, socket or device there or a file on the way (`NotAFileError`). A
+    symlink out of the workspace is a `WorkspacePathError`.
+    """
+    current = workspace
+    queue = list(parts)
+    hops = 0
+    while queue:
+        part = queue.pop(0)
+        candidate = posixpath.join(current, part)
+        stat = stat_path(api, container_id, candidate)
+        if stat is None:
+            if not write:
+                raise SandboxFileNotFoundError(f"no such file in the container: {path!r}")
+            rest = [part, *queue]
+            return Located(current, tuple(rest[:-1]), rest[-1], None)
+        mode = int(stat.get("mode", 0))
+        if mode & MODE_SYMLINK:
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS:
+                raise NotAFileError(f"{path!r}: too many levels of symbolic links")
+            # The engine resolved the whole chain (in the container's root): walk on
+            # from what it leads to, which must still be in the workspace.
+            target = str(stat.get("linkTarget") or "")
+            if not target.startswith("/"):
+                raise NotAFileError(f"{path!r} is a symbolic link the engine did not resolve")
+            below = _below(workspace, posixpath.normpath(target))
+            if below is None:
+                raise WorkspacePathError(
+                    f"path {path!r} leads out of the workspace ({workspace}) "
+                    "through a symbolic link"
+                )
+            current, queue = workspace, [*below, *queue]
+            if not queue:
+                raise NotAFileError(f"{path!r} is a directory, not a regular file")
+            continue
+        if mode & MODE_DIR:
+            if not queue:
+                raise NotAFileError(f"{path!r} is a directory, not a regular file")
+            current = candidate
+            continue
+        if queue:
             if write:
-                raise NotAFileError(
-                    f"cannot write {path!r}: a parent on its path is not a folder"
-                ) from None
+                raise NotAFileError(f"cannot write {path!r}: a parent on its path is not a folder")
             raise SandboxFileNotFoundError(
                 f"no such file in the container: {path!r} (a parent on its path is not a folder)"
-            ) from None
-        if stat is None:
-            if write:
-                return current, None
-            raise SandboxFileNotFoundError(f"no such file in the container: {path!r}")
-        mode = int(stat.get("mode", 0))
-        if mode & MODE_SYMLINK and stat.get("linkTarget"):
-            current = str(stat["linkTarget"])
-            continue
+            )
         _check_regular(mode, path)
-        return current, int(stat.get("size", 0))
-    raise NotAFileError(f"{path!r}: too many levels of symbolic links")
+        return Located(current, (), part, int(stat.get("size", 0)))
+    raise NotAFileError(f"{path!r} is a directory, not a regular file")
+
+
+def _existing_folder(api: Any, container_id: str, folder: str) -> tuple[str, list[str]]:
+    """The deepest existing folder on the way to the absolute `folder`, and the names of
+    the folders missing below it; a non-folder on the way is a `ProviderError` (the
+    session cannot start there)."""
+    current = "/"
+    queue = _below("/", posixpath.normpath(folder)) or []
+    for _ in range(len(queue) + MAX_SYMLINK_HOPS):
+        if not queue:
+            return current, []
+        candidate = posixpath.join(current, queue[0])
+        stat = stat_path(api, container_id, candidate)
+        if stat is None:
+            return current, queue
+        mode = int(stat.get("mode", 0))
+        target = str(stat.get("linkTarget") or "")
+        if mode & MODE_SYMLINK and target.startswith("/"):
+            current, queue = "/", [*(_below("/", posixpath.normpath(target)) or []), *queue[1:]]
+        elif mode & MODE_DIR:
+            current, queue = candidate, queue[1:]
+        else:
+            break
+    raise ProviderError(
+        f"the working directory {folder!r} cannot be created: {candidate!r} is not a folder",
+        retryable=False,
+    )
 
 
 def _check_regular(mode: int, path: str) -> None:
@@ -242,7 +356,7 @@ def _check_regular(mode: int, path: str) -> None:
 
 def _fetch(api: Any, container_id: str, target: str, path: str) -> Any:
     """The archive stream of the regular file at `target` (checked again: it may have
-    changed since `_locate`)."""
+    changed since `locate`)."""
     try:
         chunks, stat = api.get_archive(container_id, target, chunk_size=READ_CHUNK)
     except Exception as exc:
@@ -255,22 +369,6 @@ def _fetch(api: Any, container_id: str, target: str, path: str) -> Any:
         chunks.close()
         raise
     return chunks
-
-
-def _file_on_the_way(api: Any, container_id: str, full: str) -> str | None:
-    """The nearest existing ancestor of `full` when it is not a directory (what makes a
-    write under it fail), else None."""
-    current = posixpath.dirname(full)
-    while current not in ("/", ""):
-        try:
-            stat = stat_path(api, container_id, current)
-        except ProviderError:
-            stat = None  # itself under a file: look further up
-        if stat is not None:
-            mode = int(stat.get("mode", 0))
-            return None if mode & (MODE_DIR | MODE_SYMLINK) else current
-        current = posixpath.dirname(current)
-    return None
 
 
 def _close_stream(chunks: Any, pieces: Iterator[bytes]) -> None:

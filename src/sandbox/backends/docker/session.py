@@ -190,7 +190,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         )
         self._container_id = str(info["Id"])
         config = info.get("Config") or {}
-        self._workdir = self._spec.workdir or config.get("WorkingDir") or "/"
+        self._workdir = posixpath.normpath(self._spec.workdir or config.get("WorkingDir") or "/")
         self._exec_options = ExecOptions(
             container_id=self._container_id,
             user=self._user,
@@ -200,9 +200,11 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         )
         self._killer = KillBatcher(engine, self._exec_options)
         await engine.watch(self._container_id)
-        owner = await probe(engine, self._exec_options, self._workdir, self._api_timeout)
+        owner = await probe(engine, self._exec_options, self._api_timeout)
         if owner is not None:
             self._file_owner = owner
+        # Through the archive endpoint, as the session's user: no `mkdir` needed.
+        await self._files().make_folder(self._workdir)
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""
@@ -238,10 +240,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if cwd is None:
             return None
         return posixpath.normpath(posixpath.join(self._workdir, cwd))
-
-    def _path(self, path: str) -> str:
-        full = posixpath.normpath(posixpath.join(self._workdir, path))
-        return "/" + full.lstrip("/")
 
     def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
         env = dict(spec.env or {})
@@ -372,36 +370,23 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     # ---- files -------------------------------------------------------------------------
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Through the archive endpoint (see `files`): symlinks followed, a non-regular
-        file or one above `max_bytes` refused by its stat before fetching."""
-        return await self._files().read(self._path(path), path, max_bytes)
+        """Through the archive endpoint (see `files`): the path checked against the
+        workspace first, symlinks followed within it, a non-regular file or one above
+        `max_bytes` refused by its stat before fetching."""
+        return await self._files().read(path, max_bytes)
 
     def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
         """The archive stream's payload as it arrives, one pool call per chunk."""
-        return self._files().read_chunks(self._path(path), path, chunk_size)
+        return self._files().read_chunks(path, chunk_size)
 
     async def _write_file(self, path: str, data: bytes) -> None:
-        """A one-file tar, owned by the session's user (a missing parent is created)."""
-        await self._files().write(self._path(path), path, data)
+        """A one-file tar owned by the session's user; missing parents travel in it."""
+        await self._files().write(path, data)
 
     async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
         """Spooled to a temporary file, then streamed as a tar (never held in memory)."""
-        await self._files().write_chunks(self._path(path), path, chunks)
+        await self._files().write_chunks(path, chunks)
 
     def _files(self) -> ContainerFiles:
         engine, options = self._require_engine()
-        return ContainerFiles(engine, options.container_id, self._file_owner, self._mkdir)
-
-    async def _mkdir(self, directory: str) -> tuple[int, bytes]:
-        """`mkdir -p` as the session's user: its exit code and stderr."""
-        made = await self._exec(
-            CommandSpec(
-                argv=("mkdir", "-p", "--", directory),
-                shell_command="",
-                display=f"mkdir -p {directory}",
-                shell=False,
-            ),
-            None,
-            ExecCapture(64 * 1024),
-        )
-        return made.exit_code, made.stderr
+        return ContainerFiles(engine, options.container_id, self._workdir, self._file_owner)
