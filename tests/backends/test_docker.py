@@ -116,7 +116,7 @@ class GatedClient(docker.APIClient):  # type: ignore[misc]
     mentions `command` (any call, when `command` is None) signals `blocked` on the test's
     loop and waits for `release`; `finished` is set once that call has returned."""
 
-    def __init__(self, method: str, command: str | None = None) -> None:
+    def __init__(self, method: str, command: str | None = None, *, armed: bool = True) -> None:
         super().__init__(version="auto")
         self.method = method
         self.command = command
@@ -124,8 +124,12 @@ class GatedClient(docker.APIClient):  # type: ignore[misc]
         self.blocked = asyncio.Event()
         self.finished = asyncio.Event()
         self.release = threading.Event()
-        self.fired = False
+        self.fired = not armed  # `arm()` later gates a call made after the session's start
         self.matching_execs: set[str] = set()
+
+    def arm(self) -> None:
+        """Gate the next matching call from now on."""
+        self.fired = False
 
     def _matches(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         if self.command is None:
@@ -172,8 +176,8 @@ class GatedClient(docker.APIClient):  # type: ignore[misc]
     def exec_resize(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("exec_resize", args, kwargs)
 
-    def put_archive(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("put_archive", args, kwargs)
+    def _put(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("_put", args, kwargs)  # the archive upload (see archive.put_tar)
 
     def remove_container(self, *args: Any, **kwargs: Any) -> Any:
         return self._call("remove_container", args, kwargs)
@@ -743,9 +747,10 @@ async def test_cancel_write_blocked_on_a_full_socket() -> None:
 
 
 async def test_cancel_write_file_then_session_still_works() -> None:
-    client = GatedClient("put_archive")
+    client = GatedClient("_put", armed=False)  # the start makes the workdir with a put
     try:
         async with shared_session(client=client) as s:
+            client.arm()
             outcome = await cancel_when_blocked(client, s.write_file("f.txt", b"data"))
             assert isinstance(outcome, asyncio.CancelledError)
             await s.write_file("g.txt", b"more")
