@@ -281,16 +281,20 @@ async def test_options_are_validated() -> None:
         sandbox.open_session("docker", image="x", container="y")
     with pytest.raises(sandbox.InvalidArgumentError, match="workdir"):
         sandbox.open_session("docker", image="x", workdir="relative")
-    with pytest.raises(sandbox.InvalidArgumentError, match="cpus"):
-        sandbox.open_session("docker", image="x", cpus=0)
+    with pytest.raises(sandbox.InvalidArgumentError, match="cpu_limit"):
+        sandbox.open_session("docker", image="x", cpu_limit=0)
 
 
 async def test_created_container_is_confined_and_removed(api: Any, case: str) -> None:
     async with image_session(
-        case, memory="256m", cpus=0.5, pids_limit=200, env={"GREETING": "hi"}
+        case,
+        memory_limit_bytes=256 * 1024 * 1024,
+        cpu_limit=0.5,
+        process_limit=200,
+        env={"GREETING": "hi"},
     ) as s:
         host = api.inspect_container(s.container_id)["HostConfig"]
-        assert host["Memory"] == 256 * 1024 * 1024
+        assert host["Memory"] == host["MemorySwap"] == 256 * 1024 * 1024
         assert host["NanoCpus"] == 500_000_000
         assert host["PidsLimit"] == 200
         assert host["NetworkMode"] == "none"

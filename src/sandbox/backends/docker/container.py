@@ -32,6 +32,8 @@ DEFAULT_KEEPALIVE = ("sleep", "2147483647")
 LABEL_BACKEND = "sandbox.backend"
 LABEL_SESSION = "sandbox.session"
 EVENT_SYNC_TIMEOUT_S = 5.0
+# The engine's smallest CPU quota is 0.01 of a core (NanoCpus 10^7).
+MIN_CPU_LIMIT = 0.01
 
 # Run once at start as the session's user: learn the uid/gid that files and folders
 # written through the archive endpoint should belong to. Shell builtins only (the
@@ -52,9 +54,9 @@ class ContainerSpec:
 
     workdir: str | None
     user: str
-    memory: int | str | None
-    cpus: float | None
-    pids_limit: int | None
+    memory_limit_bytes: int | None
+    cpu_limit: float | None
+    process_limit: int | None
     network_mode: str | None
     volumes: Mapping[str, Any] | Sequence[str] | None
     privileged: bool
@@ -69,9 +71,9 @@ def container_spec(
     *,
     workdir: str | None,
     user: str,
-    memory: int | str | None,
-    cpus: float | None,
-    pids_limit: int | None,
+    memory_limit_bytes: int | None,
+    cpu_limit: float | None,
+    process_limit: int | None,
     network_mode: str | None,
     network: bool | None,
     volumes: Mapping[str, Any] | Sequence[str] | None,
@@ -85,33 +87,35 @@ def container_spec(
     """The checked options (`InvalidArgumentError` naming the bad one)."""
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
         raise InvalidArgumentError("workdir must be an absolute path in the container")
-    if cpus is not None and (
-        isinstance(cpus, bool) or not isinstance(cpus, int | float) or not 0 < cpus < math.inf
+    for name, count in (
+        ("memory_limit_bytes", memory_limit_bytes),
+        ("process_limit", process_limit),
     ):
-        raise InvalidArgumentError(f"cpus must be a positive number, got {cpus!r}")
-    if pids_limit is not None and (
-        isinstance(pids_limit, bool) or not isinstance(pids_limit, int) or pids_limit < 1
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
+            raise InvalidArgumentError(f"{name} must be a positive int, got {count!r}")
+    if cpu_limit is not None and (
+        isinstance(cpu_limit, bool)
+        or not isinstance(cpu_limit, int | float)
+        or not MIN_CPU_LIMIT <= cpu_limit < math.inf
     ):
-        raise InvalidArgumentError(f"pids_limit must be a positive int, got {pids_limit!r}")
+        raise InvalidArgumentError(
+            f"cpu_limit must be a number of cores >= {MIN_CPU_LIMIT}, got {cpu_limit!r}"
+        )
     if not keepalive_command or not all(isinstance(a, str) for a in keepalive_command):
         raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
     arguments.check_str("network_mode", network_mode)
     arguments.check_str("name_prefix", name_prefix)
     labels = arguments.check_env(labels, name="labels")
-    if memory is not None and (
-        isinstance(memory, bool) or not isinstance(memory, int | str) or not memory
-    ):
-        raise InvalidArgumentError(
-            f"memory must be bytes (int) or a str like '512m', got {memory!r}"
-        )
     if network_mode is None and network is not None:
         network_mode = None if network else "none"
     return ContainerSpec(
         workdir=workdir,
         user=user,
-        memory=memory,
-        cpus=cpus,
-        pids_limit=pids_limit,
+        memory_limit_bytes=memory_limit_bytes,
+        cpu_limit=cpu_limit,
+        process_limit=process_limit,
         network_mode=network_mode,
         volumes=volumes,
         privileged=bool(privileged),
@@ -135,9 +139,11 @@ async def create_container(
     host_config = api.create_host_config(
         init=spec.init or None,
         network_mode=spec.network_mode,
-        mem_limit=spec.memory,
-        nano_cpus=int(spec.cpus * 1e9) if spec.cpus else None,
-        pids_limit=spec.pids_limit,
+        # Swap as large as the memory: the limit is on memory plus swap, so it is real.
+        mem_limit=spec.memory_limit_bytes,
+        memswap_limit=spec.memory_limit_bytes,
+        nano_cpus=round(spec.cpu_limit * 1e9) if spec.cpu_limit else None,
+        pids_limit=spec.process_limit,
         privileged=spec.privileged,
         binds=spec.volumes,
     )

@@ -49,6 +49,10 @@ class ExecListener(Protocol):
     def container_gone(self, reason: str) -> None:
         """The container stopped or was removed: the exec cannot be running any more."""
 
+    def container_oom(self) -> None:
+        """The kernel's OOM killer hit the container's memory limit (some process in it
+        was killed: the engine does not say which)."""
+
 
 class Engine:
     """The session's link to the Docker engine (see the module docstring).
@@ -87,6 +91,9 @@ class Engine:
         self._closed = False
         self.events_alive = False
         self.gone_reason: str | None = None
+        # `oom` events seen for the container: an exec that dies of SIGKILL after this
+        # grew since its start was (most likely) killed by the memory limit.
+        self.oom_kills = 0
 
     @property
     def api(self) -> Any:
@@ -214,6 +221,10 @@ class Engine:
             waiter = self._created_waiters.pop(exec_id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+        elif action == "oom":
+            self.oom_kills += 1
+            for oom_listener in list(self._listeners.values()):
+                oom_listener.container_oom()
         elif action == "die":
             code = attributes.get("exitCode", "?")
             self._container_gone(f"the container stopped (exit code {code})")

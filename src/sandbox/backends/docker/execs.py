@@ -51,6 +51,11 @@ KILL_SCRIPT_TIMEOUT_S = 30.0
 INSPECT_FIRST_DELAY_S = 0.05
 INSPECT_MAX_DELAY_S = 2.0
 INSPECT_MAX_DELAY_WITH_EVENTS_S = 10.0
+# A SIGKILL exit (137) under a memory limit waits this long at most for the container's
+# `oom` event (it precedes the `exec_die` event, which ends the wait too) so the exit
+# can say whether the limit killed it; the exit's stream may end before either arrives.
+OOM_EVENT_WAIT_S = 0.5
+SIGKILL_EXIT = 137
 
 OutputCallback = PayloadCallback  # (stream, data), as the frame decoder gives them
 
@@ -66,12 +71,14 @@ class ExecOptions:
         env: Mapping[str, str],
         workdir: str,
         detach_keys: str,
+        memory_limited: bool = False,
     ) -> None:
         self.container_id = container_id
         self.user = user
         self.env = dict(env)
         self.workdir = workdir
         self.detach_keys = detach_keys
+        self.memory_limited = memory_limited  # the session set the container's memory
 
 
 # After killing a tree whose background child held the output open: how long the
@@ -79,6 +86,13 @@ class ExecOptions:
 EOF_AFTER_KILL_S = 3.0
 # What runc prints, as the exec's output with exit 126, for an exec in a stopped container.
 RUNTIME_STOPPED = b"cannot exec in a stopped state"
+# What the engine prints, as the exec's output with exit 126, when runc could not start
+# the exec's process at all (e.g. a container at its pids limit: runc's own init
+# cannot fork). No process of ours exists then.
+RUNTIME_FAILED = b"OCI runtime exec failed"
+HEAD_BYTES = 256
+# What a shell prints when fork() fails (EAGAIN: the container's pids limit).
+FORK_FAILED = "can't fork"
 
 
 class DockerExec:
@@ -144,6 +158,10 @@ class DockerExec:
         self._exit_timer: asyncio.TimerHandle | None = None
         self._inspector: asyncio.Task[None] | None = None
         self._closed = False
+        self._head = bytearray()  # the first output bytes: where the runtime's refusal shows
+        self._oom_mark = engine.oom_kills
+        self._oom_hold: asyncio.TimerHandle | None = None  # a 137 waiting for `oom`
+        self._held_code = SIGKILL_EXIT
 
     def __repr__(self) -> str:
         return f"<DockerExec exec_id={(self.exec_id or '')[:12]!r} tty={self.tty}>"
@@ -152,6 +170,22 @@ class DockerExec:
     def ended(self) -> bool:
         """True once the exit (or the loss) of the process is known."""
         return self._ended.is_set()
+
+    @property
+    def runtime_refused(self) -> str | None:
+        """The runtime's error when it could not start the process at all (exit 126 and
+        its "OCI runtime exec failed" message as the output), else None."""
+        if self.exit_code != 126 or RUNTIME_FAILED not in self._head:
+            return None
+        text = self._head.decode("utf-8", "replace")
+        return text[text.index(RUNTIME_FAILED.decode()) :].strip().splitlines()[0]
+
+    @property
+    def memory_killed(self) -> bool:
+        """True when the process died of SIGKILL after the engine reported an OOM kill
+        in the container since it started: the memory limit killed it (or, if several
+        processes died at once, one beside it; the engine names no process)."""
+        return self.exit_code == SIGKILL_EXIT and self._engine.oom_kills > self._oom_mark
 
     # ---- start -------------------------------------------------------------------------
 
@@ -219,6 +253,8 @@ class DockerExec:
             self._output(1, data)
 
     def _output(self, stream: int, data: bytes) -> None:
+        if len(self._head) < HEAD_BYTES:
+            self._head.extend(data[: HEAD_BYTES - len(self._head)])
         if self._on_output is not None:
             self._on_output(stream, data)
 
@@ -236,6 +272,8 @@ class DockerExec:
 
     def exec_died(self, exit_code: int | None) -> None:
         """The engine's `exec_die` event for this exec."""
+        if self._oom_hold is not None:
+            self._finish_exit(self._held_code)  # any `oom` event came before this one
         if self.ended or self._closed:
             return
         if exit_code is None:
@@ -255,8 +293,15 @@ class DockerExec:
         loop = asyncio.get_running_loop()
         self._exit_timer = loop.call_later(EXIT_WAITS_FOR_EOF_S, self._report_exit, exit_code)
 
+    def container_oom(self) -> None:
+        """The engine's `oom` event for the container: a held 137 exit is reported."""
+        if self._oom_hold is not None:
+            self._finish_exit(self._held_code)
+
     def container_gone(self, reason: str) -> None:
         """The container stopped or was removed under the process."""
+        if self._oom_hold is not None:
+            self._finish_exit(self._held_code)
         if self._pending_exit is not None:
             self._report_exit(self._pending_exit)
         else:
@@ -267,6 +312,24 @@ class DockerExec:
             self._exit_timer.cancel()
             self._exit_timer = None
         self._pending_exit = None
+        if self.ended or self._oom_hold is not None:
+            return
+        if (
+            code == SIGKILL_EXIT
+            and self._options.memory_limited
+            and self._engine.oom_kills == self._oom_mark
+            and self._engine.events_alive
+        ):
+            self._held_code = code
+            loop = asyncio.get_running_loop()
+            self._oom_hold = loop.call_later(OOM_EVENT_WAIT_S, self._finish_exit, code)
+            return
+        self._finish_exit(code)
+
+    def _finish_exit(self, code: int) -> None:
+        if self._oom_hold is not None:
+            self._oom_hold.cancel()
+            self._oom_hold = None
         if self.ended:
             return
         self.exit_code = code
@@ -376,6 +439,8 @@ class DockerExec:
             return False  # nothing can run in a stopped or removed container
         if self.lost_reason is not None and self._start_state == "yes":
             return True  # try: the engine may be back; failures are tolerated then
+        if self.runtime_refused is not None:
+            return False  # runc started nothing
         if self.exit_code in ENGINE_GAVE_UP_CODES:
             # The engine ends an exec it could not keep attached (the detach keys were
             # typed, an attach error) with 126 or 127 while its process may still run.
@@ -423,9 +488,10 @@ class DockerExec:
         if self._closed:
             return
         self._closed = True
-        if self._exit_timer is not None:
-            self._exit_timer.cancel()
-            self._exit_timer = None
+        for timer in (self._exit_timer, self._oom_hold):
+            if timer is not None:
+                timer.cancel()
+        self._exit_timer = self._oom_hold = None
         if self._stream is not None:
             self._stream.close()
         if self.exec_id is not None:
@@ -519,6 +585,14 @@ async def run_kill_script(
         # The container stopped (the runtime refuses the exec): nothing in it is left
         # to signal, which is what the kill was for.
         return "gone"
+    refused = killer.runtime_refused or (FORK_FAILED if FORK_FAILED in text else None)
+    if refused is not None:
+        # Said apart from a missing program: here the container is full, not the image.
+        raise ProviderError(
+            f"could not signal a process in the container: the kill could not start "
+            f"({refused[:200]}); a container at its process_limit cannot start one",
+            retryable=True,
+        )
     if killer.exit_code != 0 or report is None:
         raise ProviderError(
             f"could not signal a process in the container (exit {killer.exit_code}): "
@@ -565,10 +639,17 @@ def _close_quietly(sock: socket.socket | None, keep: tuple[Any, ...]) -> None:
 class DockerOneShot:
     """A one-shot exec (`OneShotProcess`): its exit, then what the engine still had."""
 
-    def __init__(self, proc: DockerExec, engine: Engine, first_output: bytearray) -> None:
+    def __init__(
+        self,
+        proc: DockerExec,
+        engine: Engine,
+        first_output: bytearray,
+        on_memory_kill: Callable[[], None] | None = None,
+    ) -> None:
         self._proc = proc
         self._engine = engine
         self._first_output = first_output  # where the runtime's own refusal would show
+        self._on_memory_kill = on_memory_kill  # adds the note that the limit killed it
 
     async def wait(self) -> int:
         proc = self._proc
@@ -598,6 +679,15 @@ class DockerOneShot:
                 "the container is not running (it stopped); start a new session",
                 retryable=False,
             )
+        refused = proc.runtime_refused
+        if refused is not None:
+            raise ProviderError(
+                f"the container runtime could not start the command ({refused[:200]}); a "
+                "container at its process_limit cannot start one",
+                retryable=True,
+            )
+        if proc.memory_killed and self._on_memory_kill is not None:
+            self._on_memory_kill()
         return proc.exit_code
 
     async def kill(self) -> None:

@@ -24,6 +24,7 @@ from ...errors import (
     ConnectionLostError,
     InvalidArgumentError,
     ProcessExitedError,
+    UnsupportedOperationError,
 )
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
@@ -49,6 +50,9 @@ DEFAULT_TERM = "xterm-256color"
 # next keystroke): use a sequence nobody types by accident.
 DEFAULT_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@"
 TEARDOWN_CONCURRENCY = 64
+# Appended to the output (a one-shot's stderr) of a process the memory limit killed, as
+# on unix_local.
+MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
 # After an exit, how long a stream held open by a background child may take to close
 # once that child was killed (the engine itself gives up after about 2 s).
 
@@ -63,9 +67,13 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     Options: `workdir` (default: the image's working directory, created if missing),
     `user`, `env` (added to every command), `terminate_grace_s` (SIGTERM to SIGKILL,
-    default 1 s). For created containers only: `memory` (bytes or "512m"), `cpus`
-    (float), `pids_limit`, `network_mode` (default: the engine's default; "none" cuts
-    the network) or `network` (bool), `volumes` (the SDK's `binds` format: host paths
+    default 1 s). For created containers only (with `container=` they raise
+    `UnsupportedOperationError`: a container we do not own keeps its own limits):
+    `memory_limit_bytes` (memory and swap together; a process the limit kills exits
+    137 with a note on its output), `process_limit` (the container's pids limit, which
+    counts its init, keepalive and our wrapper shells too), `cpu_limit` (cores, a
+    float). Also `network_mode` (default: the engine's default; "none" cuts the
+    network) or `network` (bool), `volumes` (the SDK's `binds` format: host paths
     are mounted only when asked), `privileged` (default False), `init` (a tiny init
     reaps orphans, default True), `keepalive_command`, `labels`, `name_prefix`.
     Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
@@ -83,9 +91,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         workdir: str | None = None,
         user: str | None = None,
         env: Mapping[str, str] | None = None,
-        memory: int | str | None = None,
-        cpus: float | None = None,
-        pids_limit: int | None = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         network_mode: str | None = None,
         network: bool | None = None,
         volumes: Mapping[str, Any] | Sequence[str] | None = None,
@@ -119,9 +127,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._spec = container_spec(
             workdir=workdir,
             user=user or "",
-            memory=memory,
-            cpus=cpus,
-            pids_limit=pids_limit,
+            memory_limit_bytes=memory_limit_bytes,
+            cpu_limit=cpu_limit,
+            process_limit=process_limit,
             network_mode=network_mode,
             network=network,
             volumes=volumes,
@@ -132,6 +140,16 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             labels=labels,
             name_prefix=name_prefix,
         )
+        limits = {
+            "memory_limit_bytes": memory_limit_bytes,
+            "process_limit": process_limit,
+            "cpu_limit": cpu_limit,
+        }
+        if container is not None and (given := [k for k, v in limits.items() if v is not None]):
+            raise UnsupportedOperationError(
+                f"{', '.join(given)}: limits apply only to a container the session creates "
+                "(image=), not to an attached one (container=)"
+            )
         grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         timeout = arguments.check_seconds("api_timeout", api_timeout)
         for name, text in (
@@ -197,6 +215,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             env=self._env,
             workdir=self._workdir,
             detach_keys=self._detach_keys,
+            memory_limited=self._spec.memory_limit_bytes is not None,
         )
         self._killer = KillBatcher(engine, self._exec_options)
         await engine.watch(self._container_id)
@@ -280,7 +299,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             except Exception as cleanup_exc:
                 exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
             raise
-        return DockerOneShot(proc, engine, first)
+        return DockerOneShot(proc, engine, first, lambda: capture.add_stderr(MEMORY_NOTE))
 
     def _checked(
         self, spec: CommandSpec, *, announce: bool
@@ -309,6 +328,11 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 data = trap.feed(data)
             entry.feed(data)
 
+        def on_exit(code: int) -> None:
+            if proc.memory_killed:
+                entry.feed(MEMORY_NOTE)
+            entry.report_exit(code)
+
         proc = self._new_exec(
             argv,
             tty=spec.tty,
@@ -318,7 +342,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             cols=spec.cols,
             on_output=on_output,
             on_eof=entry.report_eof,
-            on_exit=entry.report_exit,
+            on_exit=on_exit,
             on_lost=entry.report_lost,
         )
         entry.handle = proc

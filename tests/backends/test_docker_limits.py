@@ -1,0 +1,134 @@
+"""docker's resource limits (`memory_limit_bytes`, `process_limit`, `cpu_limit`) on a
+container the session creates, against this machine's real engine: a memory hog is
+killed with 137 and says why, a fork bomb stops at the process limit and the close
+still finishes, the CPU limit is the container's; an attached container refuses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox.backends.docker import DockerSession
+from tests.backend_fixtures import docker as fx
+from tests.conftest import skip_or_fail
+
+TEST_LABEL = "sandbox.test.case"
+NOTE = "killed by the session's memory limit (memory_limit_bytes)"
+MIB = 1024 * 1024
+# Doubles a string in the shell until the memory limit kills it.
+HOG = 'x=a; while :; do x="$x$x"; done'
+
+
+@pytest.fixture(autouse=True)
+def _engine() -> None:
+    reason = fx.skip_reason()
+    if reason:
+        skip_or_fail(f"docker: {reason}")
+
+
+def containers_of(case: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = fx._client().containers(
+        all=True, filters={"label": f"{TEST_LABEL}={case}"}
+    )
+    return found
+
+
+@asynccontextmanager
+async def limited_session(case: str, **options: Any) -> AsyncIterator[DockerSession]:
+    session = sandbox.open_session(
+        "docker",
+        image=fx.image(),
+        network_mode="none",
+        labels={TEST_LABEL: case},
+        terminate_grace_s=0.3,
+        **options,
+    )
+    assert isinstance(session, DockerSession)
+    try:
+        async with session:
+            yield session
+    finally:
+        for info in containers_of(case):
+            with suppress(Exception):
+                fx._client().remove_container(info["Id"], force=True, v=True)
+
+
+async def wait_exit(s: DockerSession, update: sandbox.PtyUpdate) -> tuple[str, int | None]:
+    output = update.output
+    while update.process_id is not None:
+        update = await s.pty_write_stdin(update.process_id, "", yield_time_s=5)
+        output += update.output
+    return output, update.exit_code
+
+
+def test_limits_on_an_attached_container_are_unsupported() -> None:
+    for option, value in (
+        ("memory_limit_bytes", 64 * MIB),
+        ("process_limit", 10),
+        ("cpu_limit", 0.5),
+    ):
+        with pytest.raises(sandbox.UnsupportedOperationError, match=option):
+            sandbox.open_session("docker", container="c0ffee", **{option: value})
+
+
+async def test_memory_hog_is_killed_with_137_and_says_why() -> None:
+    case = secrets.token_hex(6)
+    async with limited_session(case, memory_limit_bytes=32 * MIB) as s:
+        host = fx._client().inspect_container(s.container_id)["HostConfig"]
+        assert host["Memory"] == host["MemorySwap"] == 32 * MIB
+        result = await s.exec(HOG)
+        assert result.exit_code == 137
+        assert NOTE in result.stderr.decode() and result.stdout == b""
+        output, code = await wait_exit(s, await s.pty_exec_start(HOG, tty=False))
+        assert code == 137 and NOTE in output
+        output, code = await wait_exit(s, await s.pty_exec_start(HOG, tty=True))
+        assert code == 137 and NOTE in output
+        # A SIGKILL that is not the limit's says nothing of it; the session goes on.
+        killed = await s.exec("kill -9 $$")
+        assert killed.exit_code == 137 and NOTE not in killed.stderr.decode()
+        assert (await s.exec("echo fine")).stdout == b"fine\n"
+    assert containers_of(case) == []
+
+
+async def test_without_a_memory_limit_a_sigkill_has_no_note() -> None:
+    case = secrets.token_hex(6)
+    async with limited_session(case) as s:
+        killed = await s.exec("kill -9 $$")
+        assert killed.exit_code == 137 and killed.stderr == b""
+
+
+async def test_fork_loop_stops_at_the_process_limit_and_close_finishes() -> None:
+    """An interactive shell forks sleepers until fork fails; it survives the failure, so
+    the container stays full: the kill cannot run, and the close still ends, removing
+    the container."""
+    case = secrets.token_hex(6)
+    async with asyncio.timeout(120):  # a bound against a hang, not a timing check
+        async with limited_session(case, process_limit=40, cpu_limit=0.5) as s:
+            host = fx._client().inspect_container(s.container_id)["HostConfig"]
+            assert host["PidsLimit"] == 40 and host["NanoCpus"] == 500_000_000
+            update = await s.pty_exec_start("exec sh -i", tty=True, until="# ")
+            assert update.process_id is not None
+            update = await s.pty_write_stdin(
+                update.process_id,
+                "while :; do sleep 600 & done\n",
+                until="can't fork",
+                yield_time_s=60,
+            )
+            assert "can't fork" in update.output
+            # A builtin (no fork) answers once the loop is over.
+            update = await s.pty_write_stdin(
+                update.process_id, "echo loop-$((6*7))\n", until="loop-42", yield_time_s=60
+            )
+            assert "loop-42" in update.output and update.process_id is not None
+            stats = fx._client().stats(s.container_id, stream=False)
+            assert stats["pids_stats"]["current"] == 40
+            with pytest.raises(sandbox.ProviderError, match="process_limit"):
+                await s.pty_terminate(update.process_id)
+    assert containers_of(case) == []
