@@ -1,8 +1,9 @@
 """Files in and out of a container through the engine's tar archive endpoints, streamed.
 
-`write_file` sends a one-member tar built on the fly: the header, then the caller's bytes
-as memoryview slices (never copied), then the padding; `write_file_chunks` spools the
-chunks to a temporary file first (the header needs the size) and streams from it.
+`write_file` sends a tar built on the fly: a directory member per missing parent (see
+`files`), the file's header, then the caller's bytes as memoryview slices (never
+copied), then the padding; `write_file_chunks` spools the chunks to a temporary file
+first (the header needs the size) and streams from it. `put_tar` uploads it.
 `read_file` parses the tar stream as it arrives and writes the member's payload into one
 buffer, so the file is held in memory once, plus one chunk; `read_file_chunks` yields
 the payload as it arrives. `stat_path` asks the engine what a path is (HEAD on the

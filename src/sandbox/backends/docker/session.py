@@ -6,8 +6,9 @@ socket is read by the event loop (no thread per process), its exit comes from th
 container's event stream, and its tree is killed by a second exec (Docker has no
 kill-exec call). The parts live beside this module (see the package docstring).
 
-The image needs a POSIX `sh`, `grep` and `kill` (busybox is enough); `stty` sets the
-initial terminal size of tty processes.
+Commands need a POSIX `sh` in the image; interrupt and terminate (the kill script)
+also `grep`, `kill` and `sleep` (busybox is enough); `stty` sets the initial terminal
+size of tty processes when there is one. The file API runs nothing in the container.
 """
 
 from __future__ import annotations
