@@ -9,10 +9,10 @@ for it, and one that leads out of the workspace is a `WorkspacePathError` too; w
 not a regular file is refused before anything is transferred (a FIFO is never opened,
 a directory never replaced). Missing parents of a written file travel in the tar as
 directory members owned by the session's user, extracted into the deepest folder that
-exists, so the engine never follows a path the container could have planted below it
-(it replaces a symlink found where a directory member goes instead of following it),
-and `noOverwriteDirNonDir` makes it fail rather than replace a directory that appeared
-after the walk. A process in the container that swaps an existing folder of the path
+exists, so the engine never follows a path the container could have planted below it:
+with `noOverwriteDirNonDir` it fails, writing nothing, when a directory member meets a
+symlink or file planted after the walk (or the file meets a new directory), and it
+replaces a symlink at the file's own name rather than follow it. A process in the container that swaps an existing folder of the path
 for a symlink between the walk and the transfer can still redirect that one call
 elsewhere in its own container: only its own container is at stake.
 
