@@ -213,3 +213,47 @@ async def test_planted_symlinks_cannot_lead_out(minimal_image: str) -> None:
         assert await s.read_file("inner/file") == b"through an absolute link"
         with pytest.raises(sandbox.NotAFileError):
             await s.write_file("in", b"x")  # a link to a folder names a folder
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file", "folder"])
+async def test_what_is_planted_between_the_walk_and_the_put_is_not_overwritten(
+    minimal_image: str, planted: str
+) -> None:
+    """The upload is held at the SDK boundary after the walk while the test plants
+    something on the way: the engine must not follow or replace it."""
+    from tests.backends.test_docker import GatedClient
+
+    client = GatedClient("_put", armed=False)
+    try:
+        async with minimal_session(minimal_image, client=client) as s:
+            container = s.container_id
+            assert container is not None
+            plant(container, "/", member("outside", tarfile.DIRTYPE))
+            client.arm()
+            path = "new/deep/file.txt" if planted != "folder" else "target.txt"
+            task = asyncio.ensure_future(s.write_file(path, b"written"))
+            await client.blocked.wait()
+            if planted == "symlink":
+                plant(container, WORKSPACE, member("new", tarfile.SYMTYPE, target="/outside"))
+            elif planted == "file":
+                plant(container, WORKSPACE, member("new", tarfile.REGTYPE, size=4))
+            else:
+                plant(
+                    container,
+                    WORKSPACE,
+                    member("target.txt", tarfile.DIRTYPE),
+                    member("target.txt/kept", tarfile.REGTYPE, size=4),
+                )
+            client.release.set()
+            expected = sandbox.WorkspacePathError if planted == "symlink" else sandbox.NotAFileError
+            with pytest.raises(expected):
+                await task
+            assert sorted(archive_members(container, "/outside")) == ["outside"]
+            if planted == "file":
+                assert archive_members(container, f"{WORKSPACE}/new")["new"].size == 4
+            if planted == "folder":
+                kept = archive_members(container, f"{WORKSPACE}/target.txt")
+                assert kept["target.txt/kept"].size == 4
+    finally:
+        client.release.set()
+        client.close()
