@@ -257,3 +257,32 @@ async def test_what_is_planted_between_the_walk_and_the_put_is_not_overwritten(
     finally:
         client.release.set()
         client.close()
+
+
+async def test_working_directory_is_made_through_the_archive_when_mkdir_cannot(
+    minimal_image: str,
+) -> None:
+    """User 1000 cannot `mkdir` under the root-owned /work of an attached container (a
+    created one gets its working directory from the engine): the session makes it
+    through the archive endpoint, owned by that user."""
+    api = fx._client()
+    container = api.create_container(
+        minimal_image,
+        command=["sleep", "2147483647"],
+        labels={TEST_LABEL: secrets.token_hex(6)},
+        host_config=api.create_host_config(init=True, network_mode="none"),
+    )["Id"]
+    try:
+        api.start(container)
+        session = sandbox.open_session(
+            "docker", container=container, user="1000:1000", workdir="/work/a/ws"
+        )
+        async with session as s:
+            made = archive_members(container, "/work/a")
+            assert (made["a"].uid, made["a/ws"].uid, made["a/ws"].gid) == (1000, 1000, 1000)
+            assert made["a/ws"].isdir() and made["a/ws"].mode & 0o777 == 0o755
+            assert (await s.exec("echo $PWD")).stdout == b"/work/a/ws\n"
+            await s.write_file("here.txt", b"in the new workspace")
+            assert await s.read_file("/work/a/ws/here.txt") == b"in the new workspace"
+    finally:
+        api.remove_container(container, force=True, v=True)

@@ -4,9 +4,9 @@ A created container runs a keepalive command (`sleep` for ever by default) under
 init, labelled with the backend and a session name; the session removes it by that
 name on close, so one whose creation was cut short goes too. The probe is one exec as
 the session's user, before any command: it proves the event subscription is live (its
-`exec_create` event must arrive), that the image has a shell, and learns the uid/gid
-that files and folders written through the archive endpoint get (the session then
-creates its working directory through that endpoint: no `mkdir` in the image).
+`exec_create` event must arrive), that the image has a shell, learns the uid/gid that
+files and folders written through the archive endpoint get, and makes the working
+directory (through that endpoint when the image has no `mkdir`).
 """
 
 from __future__ import annotations
@@ -36,16 +36,28 @@ EVENT_SYNC_TIMEOUT_S = 5.0
 MIN_CPU_LIMIT = 0.01
 
 # Run once at start as the session's user: learn the uid/gid that files and folders
-# written through the archive endpoint should belong to. Shell builtins only (the
-# effective ids from /proc, which the kill script needs anyway), then `id` if that fails:
-# the image may hold nothing but `sh`.
+# written through the archive endpoint should belong to, and make the working directory
+# with `mkdir -p` where the image has one ("no" otherwise: the session then makes it
+# through the archive endpoint). Shell builtins apart from `mkdir` (the effective ids
+# from /proc, which the kill script needs anyway; `id` only if that fails): the image
+# may hold nothing but `sh`.
 PROBE_SCRIPT = (
+    'd=ok; { [ -d "$1" ] || mkdir -p -- "$1"; } 2>/dev/null || d=no; '
     "u=-; g=-; { while read -r k r e x; do case $k in Uid:) u=$e ;; Gid:) g=$e ;; esac; "
     "done </proc/self/status; } 2>/dev/null; "
     '[ "$u" = - ] && { u=$(id -u 2>/dev/null) || u=-; }; '
     '[ "$g" = - ] && { g=$(id -g 2>/dev/null) || g=-; }; '
-    'echo "sandbox-probe:$u:$g"'
+    'echo "sandbox-probe:$u:$g:$d"'
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """What the probe learned: the session user's uid/gid (None when it could not
+    tell) and whether the working directory exists now."""
+
+    owner: tuple[int, int] | None
+    workdir_made: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +227,13 @@ async def remove_container(engine: Engine, name: str) -> None:
             raise
 
 
-async def probe(engine: Engine, options: ExecOptions, timeout: float) -> tuple[int, int] | None:
-    """Run the probe (see the module docstring); the uid/gid of the session's user
-    (None when `id` could not tell)."""
+async def probe(engine: Engine, options: ExecOptions, workdir: str, timeout: float) -> Probed:
+    """Run the probe (see the module docstring and `PROBE_SCRIPT`)."""
     output = bytearray()
     first = DockerExec(
         engine,
         options,
-        ["sh", "-c", PROBE_SCRIPT, "sandbox-probe"],
+        ["sh", "-c", PROBE_SCRIPT, "sandbox-probe", workdir],
         tty=False,
         wrap=False,
         cwd="/",
@@ -258,5 +269,6 @@ async def probe(engine: Engine, options: ExecOptions, timeout: float) -> tuple[i
             "backend needs a POSIX sh in the image",
             retryable=False,
         )
-    uid, _, gid = text.rsplit("sandbox-probe:", 1)[1].strip().partition(":")
-    return (int(uid), int(gid)) if uid.isdigit() and gid.isdigit() else None
+    uid, gid, made = [*text.rsplit("sandbox-probe:", 1)[1].strip().split(":"), "", ""][:3]
+    owner = (int(uid), int(gid)) if uid.isdigit() and gid.isdigit() else None
+    return Probed(owner, made == "ok")

@@ -12,9 +12,10 @@ directory members owned by the session's user, extracted into the deepest folder
 exists, so the engine never follows a path the container could have planted below it:
 with `noOverwriteDirNonDir` it fails, writing nothing, when a directory member meets a
 symlink or file planted after the walk (or the file meets a new directory), and it
-replaces a symlink at the file's own name rather than follow it. A process in the container that swaps an existing folder of the path
-for a symlink between the walk and the transfer can still redirect that one call
-elsewhere in its own container: only its own container is at stake.
+replaces a symlink at the file's own name rather than follow it. A process in the
+container that swaps an existing folder of the path for a symlink between the walk and
+the transfer can still redirect that one call elsewhere in its own container: only its
+own container is at stake.
 
 Blocking SDK calls run on the engine's pool; a streamed read costs one pool call per
 chunk, and a streamed write is spooled to a temporary file (the tar header needs the
@@ -231,7 +232,9 @@ class ContainerFiles:
         try:
             await engine.call(action, put)
         except ProviderError as exc:
-            if is_not_found(exc) and engine.gone_reason is None:
+            # The engine's words for a missing folder (a missing container is 404 too).
+            missing = "could not find the file" in str(exc).lower()
+            if is_not_found(exc) and missing and engine.gone_reason is None:
                 raise SandboxFileNotFoundError(
                     f"cannot write {path!r}: a folder on its path disappeared while writing"
                 ) from None

@@ -220,11 +220,12 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         )
         self._killer = KillBatcher(engine, self._exec_options)
         await engine.watch(self._container_id)
-        owner = await probe(engine, self._exec_options, self._api_timeout)
-        if owner is not None:
-            self._file_owner = owner
-        # Through the archive endpoint, as the session's user: no `mkdir` needed.
-        await self._files().make_folder(self._workdir)
+        probed = await probe(engine, self._exec_options, self._workdir, self._api_timeout)
+        if probed.owner is not None:
+            self._file_owner = probed.owner
+        if not probed.workdir_made:
+            # No `mkdir` in the image (or it failed): through the archive endpoint.
+            await self._files().make_folder(self._workdir)
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""
