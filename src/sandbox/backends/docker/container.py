@@ -92,7 +92,7 @@ def container_spec(
         raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
     arguments.check_str("network_mode", network_mode)
     arguments.check_str("name_prefix", name_prefix)
-    labels = arguments.check_env(labels, name="labels")
+    labels = arguments.check_env(labels, name="labels", variables=False)
     if memory is not None and (
         isinstance(memory, bool) or not isinstance(memory, int | str) or not memory
     ):
