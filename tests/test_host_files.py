@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -290,7 +291,7 @@ def test_relative_paths_and_dotdot_are_walked_without_symlinks(
     monkeypatch.chdir(tmp_path / "c")
     os.close(create_new_file("../a/b/../x.cast"))
     assert (tmp_path / "a" / "x.cast").is_file()
-    with pytest.raises(HostPathError, match="'../link' is a symlink"):
+    with pytest.raises(HostPathError, match=re.escape("'../link' is a symlink")):
         create_new_file("../link/y.cast")
     assert not (tmp_path / "a" / "y.cast").exists()
     (tmp_path / "a" / "f").write_text("x")
