@@ -210,6 +210,22 @@ async def test_earlier_recordings_in_record_dir_are_kept(ws: Path) -> None:
 
 
 async def test_record_dir_that_is_missing_or_a_file_fails_the_start(tmp_path: Path) -> None:
+    casts = tmp_path / "casts"
+    casts.mkdir()
+    before = open_fds()
+    # The folder's fd lives from the start to the close, and a failed start closes it.
+    failing = sandbox.open_session(
+        "unix_local", workspace=tmp_path / "not-a-folder", record_dir=casts
+    )
+    (tmp_path / "not-a-folder").write_text("x")  # the backend's start fails now
+    with pytest.raises(sandbox.InvalidArgumentError, match="workspace"):
+        await failing.start()
+    assert open_fds() == before
+    async with sandbox.open_session(
+        "unix_local", workspace=tmp_path / "ws", record_dir=casts
+    ) as session:
+        assert len(open_fds() - before) >= 1
+    assert session.state is sandbox.SessionState.CLOSED and open_fds() == before
     for bad, reason in (
         (tmp_path / "missing", "does not exist"),
         (tmp_path / "file", "not a folder"),

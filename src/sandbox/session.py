@@ -721,8 +721,10 @@ class BaseSandboxSession(Generic[H]):
     ) -> None:
         """Open the entry's recording (its own file, else one in `record_dir`), always a
         new file (`sandbox.host_files`): what is at its name already is refused."""
-        if record is None and self._record_directory is None:
+        if record is None and self.record_dir is None:
             return
+        if record is None and self._record_directory is None:
+            raise self._closed_error()  # the close released the folder: never unrecorded
         env = entry.spec.command.env or {}
         options: dict[str, Any] = {
             "rows": entry.spec.rows,
