@@ -332,3 +332,16 @@ def test_host_directory_refuses_names_that_are_not_one_component(tmp_path: Path)
         assert not folder.contains("free.cast")
     assert folder.closed and "closed" in repr(folder)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_walked_folder_follows_no_symlink_and_keeps_its_fd(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(HostPathError, match="is a symlink"):
+        HostDirectory.walk(tmp_path / "link")
+    with HostDirectory.walk(tmp_path / "real") as folder:
+        (tmp_path / "real").rename(tmp_path / "moved")
+        (tmp_path / "real").symlink_to(tmp_path / "link")
+        os.close(folder.create_file("kept.cast"))
+    assert (tmp_path / "moved" / "kept.cast").is_file()
+    assert not (tmp_path / "link" / "kept.cast").exists()
