@@ -461,7 +461,9 @@ class BaseSandboxSession(Generic[H]):
 
         A tty process keeps a rendered screen (`pty_screen()`) unless `screen=False`;
         pipes never have one. `record` (or the session's `record_dir`) writes an
-        asciicast v2 recording of a tty process, with the keystrokes if `record_input`.
+        asciicast v2 recording of a tty process, with the keystrokes if `record_input`,
+        always to a new file: anything at its name, or a symlink on the way of a
+        `record` path, fails the start with `HostPathError` (`sandbox.host_files`).
         """
         self._require_running()
         if record is not None and not isinstance(record, str | os.PathLike):
