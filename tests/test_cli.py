@@ -245,6 +245,24 @@ def test_run_tty_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
     assert out.returncode == 2 and "--record needs --tty" in out.stderr
 
 
+def test_run_record_never_overwrites_and_resolves_its_folder_first(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)  # the user's own symlink, named before the start
+    cast = tmp_path / "link" / "run.cast"
+    args = ["run", "--tty", "--record", str(cast), "--workspace", str(tmp_path / "ws")]
+    out = run_cli(*args, "--", "echo first")
+    assert out.returncode == 0, out.stderr
+    before = (real / "run.cast").read_bytes()
+    assert b"first" in before
+    # A second run to the same FILE is refused before it runs, the recording kept.
+    out = run_cli(*args, "--", "echo second > ran")
+    assert out.returncode == 2
+    assert "cannot record to" in out.stderr and "already exists there" in out.stderr
+    assert (real / "run.cast").read_bytes() == before
+    assert not (tmp_path / "ws" / "ran").exists()
+
+
 def test_shell_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
     cast = tmp_path / "shell.cast"
     term = Terminal(["shell", "--record", str(cast), "--workspace", str(tmp_path / "ws")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import time
 from types import ModuleType
 from typing import Any
@@ -623,6 +624,90 @@ async def test_bad_env_is_an_invalid_argument(session: BaseSandboxSession, how: 
     with pytest.raises(sandbox.InvalidArgumentError, match="cwd"):
         await _start(session, how, "true", cwd="a\0b")
     assert session.pty_processes() == []
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+async def test_invalid_names_and_lone_surrogates_are_invalid_arguments(
+    session: BaseSandboxSession, how: str
+) -> None:
+    # A name no shell can export, and text with no UTF-8 form (a JSON "\ud800" from an
+    # MCP client): refused before anything runs, the same on every backend.
+    for env in ({"1A": "x"}, {"A-B": "x"}, {"A B": "x"}, {"": "x"}, {"\u00e9": "x"}):
+        with pytest.raises(sandbox.InvalidArgumentError, match="invalid variable name"):
+            await _start(session, how, "touch made", env=env)
+    for options in (
+        {"env": {"A": "\ud800"}},
+        {"cwd": "\udfff"},
+    ):
+        with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+            await _start(session, how, "touch made", **options)
+    with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+        await _start(session, how, "touch made; echo \ud800")
+    with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+        await _start(session, how, "touch", "made\ud800", shell=False)
+    with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+        await session.read_file("made\ud800")
+    with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+        await session.write_file("made\ud800", b"x")
+    assert session.pty_processes() == []
+    assert (await session.exec("ls")).stdout.split().count(b"made") == 0
+
+
+async def test_lone_surrogate_keystrokes_are_invalid_arguments(session: BaseSandboxSession) -> None:
+    update = await session.pty_exec_start("cat", tty=True, yield_time_s=0.3)
+    assert update.process_id is not None
+    with pytest.raises(sandbox.InvalidArgumentError, match="surrogate"):
+        await session.pty_write_stdin(update.process_id, "a\ud800b\n")
+    reply = await session.pty_write_stdin(update.process_id, "still here\n", until="still here\r\n")
+    assert "still here" in reply.output
+    await session.pty_terminate(update.process_id)
+
+
+# Every C0 control character and DEL, plus what would run a command if a line editor
+# acted on it (Ctrl-U erases the line so far, CR submits it, Ctrl-C abandons it).
+CONTROL_TEXT = (
+    "".join(chr(code) for code in range(1, 32))
+    + "\x7f"
+    + " \x15touch pwned-u #"
+    + " \rtouch pwned-r #"
+    + " \x03touch pwned-c #"
+    + " \x17\x16\x7f;touch pwned-w;"
+    + " \u00e9\u20ac"
+)
+# A directory name holds no '/' (nor NUL); the rest of the text is kept.
+CONTROL_DIR = "d" + CONTROL_TEXT.replace("/", "")
+
+
+@pytest.mark.parametrize("how", START_WAYS)
+@pytest.mark.parametrize("shell", [True, False], ids=["shell", "argv"])
+async def test_control_characters_are_data(
+    session: BaseSandboxSession, how: str, shell: bool
+) -> None:
+    await session.exec("mkdir", CONTROL_DIR, shell=False)
+    # What the process sees is written to files (a terminal would echo and translate it).
+    script = 'printf %s "$V" > ../env.out; printf %s "$1" > ../arg.out; pwd > ../cwd.out'
+    if shell:
+        # The caller's own script holds the controls too (in a quoted word).
+        command: tuple[str, ...] = (f"set -- {shlex.quote(CONTROL_TEXT)}; {script}",)
+    else:
+        command = ("sh", "-c", script, "sh", CONTROL_TEXT)
+    options: dict[str, Any] = {"env": {"V": CONTROL_TEXT}, "cwd": CONTROL_DIR, "shell": shell}
+    if how == "exec":
+        result = await session.exec(*command, **options)
+        assert result.exit_code == 0, result
+    else:
+        update = await session.pty_exec_start(
+            *command, tty=how == "tty", yield_time_s=20, **options
+        )
+        assert update.exit_code == 0, update
+    expected = CONTROL_TEXT.encode()
+    assert await session.read_file("env.out") == expected
+    assert await session.read_file("arg.out") == expected
+    assert (await session.read_file("cwd.out")).endswith(b"/" + CONTROL_DIR.encode() + b"\n")
+    # Nothing else ran: no line editor turned a part of the data into a command.
+    listing = await session.exec("sh", "-c", 'ls -a; ls -a "$1"', "sh", CONTROL_DIR, shell=False)
+    names = listing.stdout.split(b"\n")
+    assert [name for name in names if name.startswith(b"pwned")] == [], listing
 
 
 # ---- rendered screens ---------------------------------------------------------------

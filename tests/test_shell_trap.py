@@ -3,6 +3,11 @@ command check's verdict found."""
 
 from __future__ import annotations
 
+import os
+import re
+import select
+import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,7 +16,7 @@ import pytest
 from sandbox.arguments import build_command
 from sandbox.command_check import CHECK_FAILED_EXIT, CommandCheck
 from sandbox.errors import CommandNotFoundError, WorkdirError
-from sandbox.shell_trap import ShellTrap
+from sandbox.shell_trap import ShellTrap, keystroke_safe
 
 
 def run_line(trap: ShellTrap, line: str, shell: str = "sh") -> tuple[bytes, int]:
@@ -97,3 +102,67 @@ def test_failure_marker_split_anywhere_is_found() -> None:
         trap = ShellTrap(report_exit=False, token="abc")
         out = b"".join(trap.feed(stream[i : i + size]) for i in range(0, len(stream), size))
         assert out == b"" and trap.failure == "nocwd" and trap.done
+
+
+# Typed into a real interactive shell on a real terminal: the line editor (or the tty's
+# canonical mode) acts on Ctrl-U, Ctrl-W, Ctrl-C, Ctrl-V, CR and DEL even inside quotes.
+INTERACTIVE_SHELLS = (
+    ["bash", "--norc", "--noprofile", "-i"],
+    ["dash", "-i"],
+    ["zsh", "-f", "-i"],
+    ["mksh", "-i"],
+    ["busybox", "sh", "-i"],
+)
+HOSTILE_TEXT = (
+    "".join(chr(code) for code in range(1, 32))
+    + "\x7f \x15touch pwned-u # \rtouch pwned-r # \x03touch pwned-c # \x17;touch pwned-w;"
+    + " !! $HOME `id` \"'\\% \u00e9\u20ac"
+)
+
+
+def _type_into_interactive_shell(argv: list[str], line: str, cwd: Path) -> None:
+    parent, child = os.openpty()
+    proc = subprocess.Popen(
+        argv,
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        cwd=cwd,
+        start_new_session=True,
+        env={"PATH": os.environ["PATH"], "TERM": "dumb", "HOME": str(cwd), "PS1": "$ "},
+    )
+    os.close(child)
+    try:
+        os.write(parent, line.encode())
+        # The shell reads until it exits; drain the terminal so it never blocks.
+        while True:
+            ready, _, _ = select.select([parent], [], [], 30)
+            assert ready, f"{argv[0]} did not finish the typed line"
+            try:
+                if not os.read(parent, 65536):
+                    break
+            except OSError:  # EIO: the last holder of the terminal's other end is gone
+                break
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(parent)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("argv", INTERACTIVE_SHELLS, ids=lambda argv: argv[0])
+def test_keystroke_safe_lines_type_exact_bytes(argv: list[str], tmp_path: Path) -> None:
+    if shutil.which(argv[0]) is None:
+        pytest.skip(f"{argv[0]} is not installed")
+    typed = keystroke_safe(f"printf %s {shlex.quote(HOSTILE_TEXT)} > out; exit 0\n")
+    assert re.fullmatch(r"[ -~]*\n", typed), "only printable ASCII keys are typed"
+    _type_into_interactive_shell(argv, typed, tmp_path)
+    assert (tmp_path / "out").read_bytes() == HOSTILE_TEXT.encode()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pwned")) == []
+
+
+def test_keystroke_safe_keeps_printable_lines() -> None:
+    assert keystroke_safe("echo 'a b' | cat\n") == "echo 'a b' | cat\n"
+    assert keystroke_safe("x\x15y").startswith('eval "$(printf ')
+    assert not keystroke_safe("x\x15y").endswith("\n")

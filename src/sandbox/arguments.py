@@ -6,11 +6,15 @@ Bad input gets a clear `InvalidArgumentError` before anything is started.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 
 from .errors import InvalidArgumentError
 from .process_entry import CommandSpec
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 START_YIELD_S = 10.0
 WRITE_YIELD_S = 0.25
@@ -95,18 +99,37 @@ def check_output_limit(name: str, value: object) -> int:
     return value
 
 
-def check_str(name: str, value: object, *, allow_none: bool = True) -> str | None:
-    """A non-empty str without NUL bytes (or None where allowed)."""
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str) or not value or "\x00" in value:
-        raise InvalidArgumentError(f"{name} must be a non-empty str, not {value!r}")
+def check_text(name: str, value: str) -> str:
+    """`value` (a str) as data: no NUL byte and no lone surrogate, since neither can cross
+    to a process (a C string ends at NUL; a surrogate has no UTF-8 form). The value is
+    never quoted: it may be a secret."""
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{name} must not contain NUL bytes")
+    if _SURROGATE.search(value):
+        raise InvalidArgumentError(
+            f"{name} must be valid Unicode text (it holds a lone surrogate, which has no"
+            " UTF-8 form)"
+        )
     return value
 
 
-def check_env(env: object, *, name: str = "env") -> dict[str, str] | None:
-    """An environment mapping: str names (non-empty, without '=' or NUL) to str values
-    without NUL. Values are never quoted in errors: they may be secrets."""
+def check_str(name: str, value: object, *, allow_none: bool = True) -> str | None:
+    """A non-empty str without NUL bytes or lone surrogates (or None where allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"{name} must be a non-empty str, not {value!r}")
+    return check_text(name, value)
+
+
+def check_env(env: object, *, name: str = "env", variables: bool = True) -> dict[str, str] | None:
+    """An environment mapping of str names to str values (no NUL, no lone surrogate).
+
+    With `variables` (environment variables) a name is a portable shell name
+    (`[A-Za-z_][A-Za-z0-9_]*`): anything else cannot be exported by a shell, and a
+    remote backend could not pass it on. Otherwise (labels, metadata) a name is any
+    non-empty str without '=' or NUL. Values are never quoted in errors: they may be
+    secrets."""
     if env is None:
         return None
     if not isinstance(env, Mapping):
@@ -115,22 +138,40 @@ def check_env(env: object, *, name: str = "env") -> dict[str, str] | None:
         )
     checked: dict[str, str] = {}
     for key, value in env.items():
-        if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
+        if variables:
+            if not isinstance(key, str) or not _VARIABLE_NAME.fullmatch(key):
+                raise InvalidArgumentError(
+                    f"{name} has an invalid variable name {key!r} (letters, digits and '_',"
+                    " not starting with a digit)"
+                )
+        elif (
+            not isinstance(key, str)
+            or not key
+            or "=" in key
+            or "\x00" in key
+            or _SURROGATE.search(key)
+        ):
             raise InvalidArgumentError(
-                f"{name} has an invalid variable name {key!r} (a non-empty str without '=')"
+                f"{name} has an invalid name {key!r} (a non-empty str without '=')"
             )
         if not isinstance(value, str):
             raise InvalidArgumentError(f"{name}[{key!r}] must be a str, not {type(value).__name__}")
-        if "\x00" in value:
-            raise InvalidArgumentError(f"{name}[{key!r}] must not contain NUL bytes")
-        checked[key] = value
+        checked[key] = check_text(f"{name}[{key!r}]", value)
     return checked
 
 
 def to_input_bytes(chars: str | bytes) -> bytes:
-    """Keystrokes as bytes: str is UTF-8 encoded, bytes pass through."""
+    """Keystrokes as bytes: str is UTF-8 encoded, bytes pass through. The surrogates
+    `surrogateescape` makes of undecodable bytes (U+DC80..U+DCFF) stand for those bytes;
+    any other lone surrogate has no byte form and is refused."""
     if isinstance(chars, str):
-        return chars.encode("utf-8", "surrogateescape")
+        try:
+            return chars.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                "chars must be valid Unicode text (it holds a lone surrogate, which has no"
+                " UTF-8 form)"
+            ) from None
     if isinstance(chars, bytes | bytearray):
         return bytes(chars)
     raise InvalidArgumentError(f"chars must be str or bytes, not {type(chars).__name__}")
@@ -154,14 +195,12 @@ def build_command(
     for part in parts:
         if not isinstance(part, str):
             raise InvalidArgumentError(f"command parts must be str, not {type(part).__name__}")
-        if "\x00" in part:
-            raise InvalidArgumentError("command parts must not contain NUL bytes")
+        check_text("a command part", part)
     checked_env = check_env(env)
     if cwd is not None:
         if not isinstance(cwd, str):
             raise InvalidArgumentError(f"cwd must be a str, not {type(cwd).__name__}")
-        if "\x00" in cwd:
-            raise InvalidArgumentError("cwd must not contain NUL bytes")
+        check_text("cwd", cwd)
         cwd = cwd or None  # "" is the default directory, as if not given
     if shell:
         script = parts[0] if len(parts) == 1 else shlex.join(parts)

@@ -159,6 +159,17 @@ class NotAFileError(InvalidArgumentError):
     """
 
 
+class HostPathError(InvalidArgumentError):
+    """A path the host opens on the sandbox's behalf (a recording) was refused: something
+    already exists at the file's name (a file, symlink, FIFO...: never written over), a
+    symlink or a non-folder is on the way, or it cannot be created. Nothing was changed
+    at the path. `path` is the path as given (see `sandbox.host_files`)."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message, retryable=False)
+        self.path = path
+
+
 class FileTooLargeError(SandboxError):
     """`read_file` refused a file larger than its limit (`max_bytes`, or the session's
     `read_limit_bytes`). `size` is the file's size when known (else None: it grew past the

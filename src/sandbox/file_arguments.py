@@ -13,11 +13,18 @@ DEFAULT_CHUNK_SIZE = 1024 * 1024
 
 def check_path(path: object) -> str:
     """A non-empty str without NUL bytes (no backend can name such a file: some would cut
-    the path at the NUL and touch another file)."""
+    the path at the NUL and touch another file) and without lone surrogates (remote
+    backends send paths as UTF-8)."""
     if not isinstance(path, str) or not path:
         raise InvalidArgumentError(f"path must be a non-empty str, not {path!r}")
     if "\0" in path:
         raise InvalidArgumentError(f"path {path!r} contains a NUL byte")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"path {path!r} holds a lone surrogate (it has no UTF-8 form)"
+        ) from None
     return path
 
 

@@ -4,7 +4,7 @@ Interface::
 
     recorder = AsciicastRecorder.open(
         path, rows=24, cols=80, term="xterm-256color", command="bash", record_input=False
-    )
+    )                            # or AsciicastRecorder.open_in(host_directory, "name.cast", ...)
     recorder.output(data)        # raw output bytes, exactly as read from the terminal
     recorder.input(data)         # keystrokes sent to it (recorded only if record_input)
     recorder.resize(rows, cols)  # the terminal was resized
@@ -29,8 +29,12 @@ file is valid up to the line before. No fsync: a power loss can lose recent even
 Cost: each call writes synchronously. A write of a line to a local file is a copy into
 the page cache (microseconds), acceptable on the event loop; do not record to a network
 or FUSE filesystem. Nothing is bounded: the recording of a flood is as big as the flood
-(JSON escaping makes control-heavy output up to six times bigger). The file is created
-with mode 0600 (typed input can hold secrets) and replaces any file at `path`.
+(JSON escaping makes control-heavy output up to six times bigger).
+
+The file is always new, created by `sandbox.host_files` (the sandbox may be able to
+write where it goes): exclusively, mode 0600 (typed input can hold secrets), its folder
+reached through no symlink (`open`) or held as an fd (`open_in`). Anything already at
+its name is refused with `HostPathError` and left untouched, never replaced.
 
 Errors: if a write fails (disk full...), the file is cut back to its last complete line,
 the recorder closes itself, `error` keeps the exception and later calls do nothing: the
@@ -48,6 +52,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .arguments import check_terminal_size
+from .host_files import HostDirectory, create_new_file
 
 logger = logging.getLogger("sandbox")
 
@@ -83,13 +88,53 @@ class AsciicastRecorder:
         title: str | None = None,
         shell: str | None = None,
     ) -> AsciicastRecorder:
-        """Create (or replace) the file at `path` and write the header; times start now.
+        """Create the file at `path` (new: `host_files.create_new_file`, no symlink
+        followed) and write the header; times start now.
 
         `term` and `shell` go to the header's env (TERM, SHELL), `command` and `title` to
         its fields of those names; each is left out when None. Input events are written
-        only if `record_input`.
+        only if `record_input`. A path that cannot be created new is a `HostPathError`;
+        a failed header write raises its `OSError`.
         """
         check_terminal_size(rows, cols)
+        fd = create_new_file(path, what="record to")
+        name = os.fspath(path)
+        return cls._begin(fd, name, rows, cols, term, command, record_input, title, shell)
+
+    @classmethod
+    def open_in(
+        cls,
+        directory: HostDirectory,
+        name: str,
+        *,
+        rows: int,
+        cols: int,
+        term: str | None = None,
+        command: str | None = None,
+        record_input: bool = False,
+        title: str | None = None,
+        shell: str | None = None,
+    ) -> AsciicastRecorder:
+        """Like `open`, for a new file `name` created relative to `directory`'s fd."""
+        check_terminal_size(rows, cols)
+        fd = directory.create_file(name, what="record to")
+        shown = os.path.join(directory.path, name)
+        return cls._begin(fd, shown, rows, cols, term, command, record_input, title, shell)
+
+    @classmethod
+    def _begin(
+        cls,
+        fd: int,
+        path: str,
+        rows: int,
+        cols: int,
+        term: str | None,
+        command: str | None,
+        record_input: bool,
+        title: str | None,
+        shell: str | None,
+    ) -> AsciicastRecorder:
+        """A recorder owning `fd`, its header written (the fd is closed if that fails)."""
         header: dict[str, Any] = {
             "version": 2,
             "width": cols,
@@ -101,10 +146,7 @@ class AsciicastRecorder:
             header["command"] = command
         if title is not None:
             header["title"] = title
-        name = os.fspath(path)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o600)
-        recorder = cls(fd, name, record_input=bool(record_input))
+        recorder = cls(fd, path, record_input=bool(record_input))
         recorder._write_line(header)
         if recorder.error is not None:
             raise recorder.error

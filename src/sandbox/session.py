@@ -28,6 +28,7 @@ from .errors import (
     CleanupError,
     ExecTimeoutError,
     FileTooLargeError,
+    HostPathError,
     InvalidArgumentError,
     ProcessExitedError,
     PtyProcessNotFoundError,
@@ -39,6 +40,7 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
+from .host_files import HostDirectory
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
@@ -58,9 +60,17 @@ WARN_PROCESSES = 60
 SCREEN_CHECK_SLICE_S = 0.005
 PROTECTED_RECENT = 8
 ID_RANGE = (1000, 100_000)
+# Ids tried for a free `<id>.cast` name in `record_dir` before one is taken anyway (its
+# recording is then refused): a folder full of old recordings must not hang a start.
+RECORD_NAME_TRIES = 256
 PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
 
 T = TypeVar("T")
+
+
+def _record_name(process_id: int) -> str:
+    """The name of a process's recording in `record_dir`."""
+    return f"{process_id}.cast"
 
 
 async def _kill_noting(process: OneShotProcess, error: BaseException | list[str]) -> None:
@@ -120,7 +130,10 @@ class BaseSandboxSession(Generic[H]):
     also when the closing task is cancelled.
 
     `record_dir`: record every tty process to `<record_dir>/<process_id>.cast`
-    (asciicast v2) unless its `pty_exec_start` names its own `record` file.
+    (asciicast v2) unless its `pty_exec_start` names its own `record` file. The folder
+    is opened once, by `start()` (before the sandbox runs anything), and each recording
+    is created new relative to it (`sandbox.host_files`); ids are picked so that their
+    name is free in it, and one that is taken anyway fails the start (`HostPathError`).
     """
 
     backend_name: ClassVar[str] = "base"
@@ -170,6 +183,8 @@ class BaseSandboxSession(Generic[H]):
         self._execs: set[asyncio.Task[Any]] = set()
         self._teardowns: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Future[None] | None = None
+        # `record_dir`'s fd: opened by `start()`, closed by a failed start or the close.
+        self._record_directory: HostDirectory | None = None
 
     def __repr__(self) -> str:
         return (
@@ -198,6 +213,10 @@ class BaseSandboxSession(Generic[H]):
             raise SessionClosedError(f"the {self.backend_name} session is closed")
         if self._state is SessionState.STARTING:
             raise SessionStateError("start() is already in progress")
+        if self.record_dir is not None and self._record_directory is None:
+            # Opened now, its symlinks followed as the caller named them: no sandboxed
+            # process has run yet, and later swaps of the path cannot redirect the fd.
+            self._record_directory = HostDirectory.open(self.record_dir, what="record to")
         self._state = SessionState.STARTING
         task = asyncio.ensure_future(self._run_start())
         self._lifecycle_start = task
@@ -212,6 +231,7 @@ class BaseSandboxSession(Generic[H]):
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
+                self._close_record_directory()
             raise
         finally:
             if self._lifecycle_start is task:
@@ -285,6 +305,7 @@ class BaseSandboxSession(Generic[H]):
                 await self._stop_backend()
             except Exception as exc:
                 errors.append(exc)
+        self._close_record_directory()
         if len(errors) == 1:
             raise errors[0]
         if errors:
@@ -440,7 +461,9 @@ class BaseSandboxSession(Generic[H]):
 
         A tty process keeps a rendered screen (`pty_screen()`) unless `screen=False`;
         pipes never have one. `record` (or the session's `record_dir`) writes an
-        asciicast v2 recording of a tty process, with the keystrokes if `record_input`.
+        asciicast v2 recording of a tty process, with the keystrokes if `record_input`,
+        always to a new file: anything at its name, or a symlink on the way of a
+        `record` path, fails the start with `HostPathError` (`sandbox.host_files`).
         """
         self._require_running()
         if record is not None and not isinstance(record, str | os.PathLike):
@@ -458,7 +481,7 @@ class BaseSandboxSession(Generic[H]):
         pattern = check_until(until)
         screen_pattern = self._check_until_screen(until_screen, spec.screen)
 
-        entry, victim = await self._reserve(spec)
+        entry, victim = await self._reserve(spec, in_record_dir=spec.tty and record is None)
         try:
             if victim is not None:
                 # A victim's failed teardown is not this start's failure: logged only.
@@ -698,26 +721,36 @@ class BaseSandboxSession(Generic[H]):
     def _open_recording(
         self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
     ) -> None:
-        """Open the entry's recording (its own file, else one in `record_dir`)."""
+        """Open the entry's recording (its own file, else one in `record_dir`), always a
+        new file (`sandbox.host_files`): what is at its name already is refused."""
         if record is None and self.record_dir is None:
             return
-        path = (
-            os.fspath(record)
-            if record is not None
-            else os.path.join(self.record_dir or "", f"{entry.process_id}.cast")
-        )
+        if record is None and self._record_directory is None:
+            raise self._closed_error()  # the close released the folder: never unrecorded
         env = entry.spec.command.env or {}
+        options: dict[str, Any] = {
+            "rows": entry.spec.rows,
+            "cols": entry.spec.cols,
+            "term": env.get("TERM", "xterm-256color"),
+            "command": entry.spec.command.display,
+            "record_input": bool(record_input),
+        }
         try:
-            entry.recorder = AsciicastRecorder.open(
-                path,
-                rows=entry.spec.rows,
-                cols=entry.spec.cols,
-                term=env.get("TERM", "xterm-256color"),
-                command=entry.spec.command.display,
-                record_input=bool(record_input),
-            )
-        except OSError as exc:
-            raise InvalidArgumentError(f"cannot record to {path!r}: {exc.strerror}") from None
+            if record is not None:
+                entry.recorder = AsciicastRecorder.open(record, **options)
+            elif self._record_directory is not None:
+                name = _record_name(entry.process_id)
+                entry.recorder = AsciicastRecorder.open_in(self._record_directory, name, **options)
+        except OSError as exc:  # the header's write failed (the file was made)
+            shown = os.fspath(record) if record is not None else self.record_dir or ""
+            raise HostPathError(
+                f"cannot record to {shown!r}: {exc.strerror or exc}", path=str(shown)
+            ) from None
+
+    def _close_record_directory(self) -> None:
+        folder, self._record_directory = self._record_directory, None
+        if folder is not None:
+            folder.close()
 
     def _closed_error(self) -> SessionClosedError:
         return SessionClosedError(f"the {self.backend_name} session was closed")
@@ -749,9 +782,13 @@ class BaseSandboxSession(Generic[H]):
             raise self._not_found(process_id)
         return entry
 
-    async def _reserve(self, spec: ProcessSpec) -> tuple[PtyEntry[H], PtyEntry[H] | None]:
+    async def _reserve(
+        self, spec: ProcessSpec, *, in_record_dir: bool = False
+    ) -> tuple[PtyEntry[H], PtyEntry[H] | None]:
         """Take a slot for a new process (pruning one when full): the new entry waits in
-        `_starting`, owned by the caller; the victim, if any, is the caller's to tear down."""
+        `_starting`, owned by the caller; the victim, if any, is the caller's to tear down.
+        `in_record_dir`: it will be recorded in `record_dir`, so prefer an id whose
+        recording's name is free there (an earlier session's recording is kept)."""
         async with self._lock:
             self._require_running()
             victim = None
@@ -776,9 +813,16 @@ class BaseSandboxSession(Generic[H]):
                 )
             low, high = ID_RANGE
             in_use = self._reserved
+            folder = self._record_directory if in_record_dir else None
+            tries = 0
             while True:
                 process_id = low + secrets.randbelow(high - low)
-                if process_id not in in_use:
+                if process_id in in_use:
+                    continue
+                if folder is None or tries >= RECORD_NAME_TRIES:
+                    break
+                tries += 1
+                if not folder.contains(_record_name(process_id)):
                     break
             entry: PtyEntry[H] = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
             self._starting[process_id] = entry

@@ -14,6 +14,13 @@ what comes back:
 The markers are written by `printf` from octal escapes, so the echo of the typed line
 never contains them literally. Markers split across chunks are handled.
 
+Whatever the caller passed (env values, `cwd`, argv) is data, and a line editor or a
+terminal's line discipline acts even inside quotes (Ctrl-U erases, Ctrl-C interrupts,
+Ctrl-V quotes the next key, CR ends the line, and bytes past ASCII become meta keys in
+a C locale). So a line holding anything but printable ASCII is never typed as it is:
+`keystroke_safe` types `eval "$(printf '...')"` instead, every such byte an octal
+escape that the shell's `printf` turns back into the exact bytes.
+
 A command run behind the shared `CommandCheck` (`sandbox.command_check`, in its announce
 mode, with this trap's token) prints the start marker itself once its working directory
 and program check out (`line(..., announced=True)`), or a failure marker instead: the
@@ -32,6 +39,26 @@ import shlex
 from .command_check import CHECK_FAILED_EXIT
 
 _RS = b"\x1e"
+# Typed as they are: printable ASCII. Inside the printf format only these stay literal
+# (no quote, `%`, backslash, `!` for bash's history expansion, or `$`); the rest become
+# three-digit octal escapes, which every POSIX printf reads the same way.
+_PRINTABLE = re.compile(r"[ -~]*")
+_LITERAL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 ,._+:@/=")
+
+
+def keystroke_safe(line: str) -> str:
+    """`line` (one shell line, optionally ending in the newline that submits it) in a
+    form that only printable ASCII keys type: itself when it is already so, else an
+    `eval` of the exact bytes rebuilt by `printf` inside the shell."""
+    body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+    if _PRINTABLE.fullmatch(body):
+        return line
+    escaped = "".join(
+        chr(byte) if byte in _LITERAL else f"\\{byte:03o}" for byte in body.encode("utf-8")
+    )
+    return f"eval \"$(printf '{escaped}')\"{end}"
+
+
 _MAX_KIND = 16
 
 
@@ -105,7 +132,7 @@ class ShellTrap:
             parts.append("exit")
         else:
             parts.append(f"exec {body}")
-        return "; ".join(parts) + "\n"
+        return keystroke_safe("; ".join(parts) + "\n")
 
     def _isolated_line(self, command: str, *, tty: bool, cwd: str | None, announced: bool) -> str:
         start = ":" if announced else f"printf '\\036S%s\\036' {self.token}"
@@ -130,7 +157,7 @@ class ShellTrap:
         if cwd:
             parts.append(f"cd {shlex.quote(cwd)} || exit 1")
         parts.append(f"exec sh -c {shlex.quote(inner)}")
-        return "; ".join(parts) + "\n"
+        return keystroke_safe("; ".join(parts) + "\n")
 
     def feed(self, data: bytes) -> bytes:
         """Filter a chunk of terminal output; returns the bytes the user should see."""

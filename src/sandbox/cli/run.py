@@ -18,7 +18,7 @@ from ..session import BaseSandboxSession
 from ..types import PtyUpdate
 from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
-from .session import ANY_OUTPUT, open_cli_session
+from .session import ANY_OUTPUT, open_cli_session, record_path
 
 STREAM_WINDOW_S = 30.0
 
@@ -36,9 +36,10 @@ async def run_command(args: argparse.Namespace) -> int:
     if args.record is not None and not args.tty:
         raise InvalidArgumentError("--record needs --tty: only a terminal is recorded")
     backend, options = cli_options.options_from_args(args)
+    record = record_path(args.record)
     async with open_cli_session(backend, options) as session:
         if args.tty:
-            return await _run_tty(session, command, args.timeout, args.record)
+            return await _run_tty(session, command, args.timeout, record)
         try:
             result = await session.exec(*command, timeout=args.timeout)
         except ExecTimeoutError as exc:

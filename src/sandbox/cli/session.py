@@ -1,12 +1,13 @@
 """What `sandbox run` and `sandbox shell` share once they have a backend and options:
-opening the session with its start errors turned into one clear line, and the `until`
-that turns polls into a stream.
+opening the session with its start errors turned into one clear line, the `--record`
+path resolved before the session starts, and the `until` that turns polls into a stream.
 
 Kept apart from `run.py` and `terminal.py` so that neither imports the other.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,19 @@ from ..session import BaseSandboxSession
 # Matches any character: a window with this `until` returns as soon as output arrives,
 # which turns polls into a stream.
 ANY_OUTPUT = re.compile(r"[\s\S]")
+
+
+def record_path(path: str | None) -> str | None:
+    """`--record FILE` with its folder resolved (symlinks followed) now, before the
+    session starts: the user names it while no sandboxed process runs, and the library
+    follows no symlink in a `record=` path (one could have been planted since). The
+    file's own name is kept as given: a symlink there is refused, never followed."""
+    if path is None:
+        return None
+    folder, name = os.path.split(os.path.abspath(path))
+    if not name or path.endswith("/"):
+        return path  # names a folder: the library refuses it with its own message
+    return os.path.join(os.path.realpath(folder), name)
 
 
 @asynccontextmanager

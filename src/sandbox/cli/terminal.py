@@ -22,7 +22,7 @@ from ..errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOpe
 from ..session import BaseSandboxSession
 from ..types import PtyUpdate
 from . import options as cli_options
-from .session import ANY_OUTPUT, open_cli_session
+from .session import ANY_OUTPUT, open_cli_session, record_path
 
 ANY_OUTPUT_WINDOW_S = 30.0
 # bash where there is one (job control works in a confined jail; dash's does not), else sh.
@@ -133,6 +133,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
     """Run `command` (default `sh`) on a sandbox PTY attached to this terminal; return
     its exit code."""
     backend, options = cli_options.options_from_args(args)
+    record = record_path(args.record)
     rows, cols = _terminal_size()
     stdin_fd = sys.stdin.fileno()
     loop = asyncio.get_running_loop()
@@ -146,7 +147,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
                 cols=cols,
                 yield_time_s=0.25,
                 screen=False,
-                record=args.record,
+                record=record,
             )
             if first.process_id is None:
                 sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))

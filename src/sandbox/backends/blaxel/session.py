@@ -118,7 +118,7 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             ("ttl", ttl),
         ):
             arguments.check_str(option, text)
-        labels = arguments.check_env(labels, name="labels")
+        labels = arguments.check_env(labels, name="labels", variables=False)
         for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
             if number is not None and (
                 isinstance(number, bool) or not isinstance(number, int) or number <= 0

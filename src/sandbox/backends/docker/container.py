@@ -119,7 +119,7 @@ def container_spec(
         raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
     arguments.check_str("network_mode", network_mode)
     arguments.check_str("name_prefix", name_prefix)
-    labels = arguments.check_env(labels, name="labels")
+    labels = arguments.check_env(labels, name="labels", variables=False)
     if network_mode is None and network is not None:
         network_mode = None if network else "none"
     return ContainerSpec(

@@ -97,7 +97,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("template", template)):
             arguments.check_str(name, text)
-        metadata = arguments.check_env(metadata, name="metadata")
+        metadata = arguments.check_env(metadata, name="metadata", variables=False)
         envs = arguments.check_env(envs, name="envs")
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)

@@ -44,16 +44,16 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
+from ...host_files import DIRECTORY_FLAGS, file_kind
 
 SYS_OPENAT2 = 437  # the same number on every architecture Linux added it to
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
 MAX_SYMLINKS = 40  # the kernel's own limit
 RETRIES = 16  # EAGAIN from openat2, or a folder changing under a walk
-O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-DIR_FLAGS = (O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+DIR_FLAGS = DIRECTORY_FLAGS
 READ_STEP = 1024 * 1024
 
 
@@ -176,23 +176,11 @@ def open_regular(root: str, path: str, *, write: bool, resolver: str = "auto") -
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotAFileError(f"{path!r} is {_kind(info.st_mode)}, not a regular file")
+            raise NotAFileError(f"{path!r} is {file_kind(info.st_mode)}, not a regular file")
     except BaseException:
         os.close(fd)
         raise
     return OpenedFile(fd=fd, size=info.st_size)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
 
 
 # ---- openat2 ------------------------------------------------------------------------
