@@ -78,6 +78,29 @@ def test_limits_on_an_attached_container_are_unsupported() -> None:
             sandbox.open_session("docker", container="c0ffee", **{option: value})
 
 
+async def test_earlier_option_names_still_work_and_warn() -> None:
+    case = secrets.token_hex(6)
+    with pytest.warns(DeprecationWarning) as warned:
+        session = limited_session(case, memory="48m", pids_limit=20, cpus=0.5)
+        entered = await session.__aenter__()
+    try:
+        assert {str(w.message) for w in warned} >= {
+            "the docker option memory= is now memory_limit_bytes=",
+            "the docker option pids_limit= is now process_limit=",
+            "the docker option cpus= is now cpu_limit=",
+        }
+        host = fx._client().inspect_container(entered.container_id)["HostConfig"]
+        assert host["Memory"] == 48 * MIB and host["PidsLimit"] == 20
+        assert host["NanoCpus"] == 500_000_000
+    finally:
+        await session.__aexit__(None, None, None)
+    with (
+        pytest.raises(sandbox.InvalidArgumentError, match="512x"),
+        pytest.warns(DeprecationWarning),
+    ):
+        sandbox.open_session("docker", image=fx.image(), memory="512x")
+
+
 async def test_memory_hog_is_killed_with_137_and_says_why() -> None:
     case = secrets.token_hex(6)
     async with limited_session(case, memory_limit_bytes=32 * MIB) as s:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -113,6 +114,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         detach_keys: str = DEFAULT_DETACH_KEYS,
         **options: Any,
     ) -> None:
+        memory_limit_bytes, process_limit, cpu_limit = _old_limit_spellings(
+            options, memory_limit_bytes, process_limit, cpu_limit
+        )
         # Kills that happen together are merged into one exec (see KillBatcher), so a
         # terminate-all tears every process down at once instead of 8 at a time.
         options.setdefault("teardown_concurrency", TEARDOWN_CONCURRENCY)
@@ -416,3 +420,41 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     def _files(self) -> ContainerFiles:
         engine, options = self._require_engine()
         return ContainerFiles(engine, options.container_id, self._workdir, self._file_owner)
+
+
+_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def _old_limit_spellings(
+    options: dict[str, Any],
+    memory_limit_bytes: int | None,
+    process_limit: int | None,
+    cpu_limit: float | None,
+) -> tuple[int | None, int | None, float | None]:
+    """The limits under their earlier names (`memory`, which took Docker's "512m" form
+    too, `pids_limit`, `cpus`): still accepted, with a DeprecationWarning, so code
+    written for the earlier options keeps working."""
+    renames = (
+        ("memory", "memory_limit_bytes"),
+        ("pids_limit", "process_limit"),
+        ("cpus", "cpu_limit"),
+    )
+    given = {old: options.pop(old) for old, _ in renames if old in options}
+    for old, new in renames:
+        if old in given:
+            warnings.warn(
+                f"the docker option {old}= is now {new}=", DeprecationWarning, stacklevel=4
+            )
+    memory = given.get("memory")
+    if isinstance(memory, str):
+        text = memory.strip().lower()
+        unit = _UNITS.get(text[-1:], 0) if text else 0
+        digits = text[:-1] if unit else text
+        if not digits.isdigit():
+            raise InvalidArgumentError(f"memory must be a byte count such as 512m, not {memory!r}")
+        memory = int(digits) * (unit or 1)
+    return (
+        memory if memory_limit_bytes is None and memory is not None else memory_limit_bytes,
+        given.get("pids_limit", process_limit) if process_limit is None else process_limit,
+        given.get("cpus", cpu_limit) if cpu_limit is None else cpu_limit,
+    )
