@@ -103,6 +103,7 @@ import codecs
 import contextlib
 import json
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -880,8 +881,20 @@ class BlaxelServer:
     # ---- files ----------------------------------------------------------------------------
 
     def _path(self, request: web.Request) -> str:
+        """The file a filesystem call names, resolved as the sandbox API does: gin's
+        `*path` keeps its leading "/", which is stripped (a relative path) unless the raw
+        URL holds "%2F" (`handler/filesystem.go` `extractPathFromRequest`); then a
+        relative path is joined to the working directory and the result cleaned
+        lexically, `..` climbing anywhere (`filesystem.go` `GetAbsolutePath`: only
+        "outside the root" is refused, and the root is "/")."""
         path = request.match_info["path"]
-        return path if path.startswith("/") else os.path.join(self.root, path)
+        if "%2F" in request.raw_path:
+            path = "/" + path
+        elif not path:
+            path = "."
+        if not path.startswith("/"):
+            path = posixpath.join(self.root, path)
+        return "/" + posixpath.normpath(path).lstrip("/")
 
     async def _read(self, request: web.Request) -> web.StreamResponse:
         """As the sandbox API: a directory (symlinks followed) answers its JSON listing
