@@ -31,7 +31,7 @@ from ...errors import (
 )
 from ...remote_files import Entry
 from .client import BlaxelClient
-from .errors import BlaxelAPIError
+from .errors import AnswerTooLargeError, BlaxelAPIError
 
 # A listing larger than this is not worth parsing to tell it from a file.
 _MAX_LISTING_BYTES = 64 * 1024 * 1024
@@ -118,7 +118,7 @@ class BlaxelFiles:
 
     async def read(self, path: str, max_bytes: int) -> bytes:
         """`fs.read_binary`, after the listing says `path` is a regular file within
-        `max_bytes`."""
+        `max_bytes`; the answer itself is bounded by `max_bytes` too."""
         target = self.workspace_path(path)
         instance = self._client.sandbox()
         size = await remote_files.regular_file(self.stat, target, write=False, shown=path)
@@ -126,8 +126,15 @@ class BlaxelFiles:
             raise FileTooLargeError.over(path, size, max_bytes)
         try:
             data: bytes = await self._client.call(
-                f"read {target!r}", lambda: instance.fs.read_binary(url_path(target))
+                f"read {target!r}",
+                lambda: instance.fs.read_binary(url_path(target)),
+                max_bytes=max_bytes,
             )
+        except AnswerTooLargeError:
+            # It grew past the limit since the listing (or is a directory's big listing).
+            if await self.is_directory(target):
+                raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+            raise FileTooLargeError.over(path, None, max_bytes) from None
         except BlaxelAPIError as exc:
             if exc.status == 404:
                 raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
