@@ -93,6 +93,16 @@ async def test_a_listing_answer_is_bounded_too(
     assert peak < BOUND + SLACK
 
 
+async def test_a_compressed_answer_is_refused_unread(
+    server: BlaxelServer, bounded: BlaxelSession
+) -> None:
+    """Answers are asked uncompressed: decoding one could grow past any bound."""
+    peer = server.flood("exec", limit=FLOOD, content_encoding="gzip")
+    with pytest.raises(sandbox.ProviderError, match="compressed answer"):
+        await bounded.exec("true")
+    assert peer.sent < FLOOD
+
+
 async def test_a_peer_that_never_answers_fails_at_the_deadline(
     server: BlaxelServer, tmp_path: Path
 ) -> None:

@@ -322,11 +322,16 @@ class FloodingPeer:
 
     limit: int
     skip: int = 0
+    # A `Content-Encoding` to claim (the body is sent as it is).
+    encoding: str | None = None
     sent: int = 0
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
         """Stream the endless body (see `BlaxelServer.flood`)."""
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.encoding:
+            headers["Content-Encoding"] = self.encoding
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         with contextlib.suppress(ConnectionError, RuntimeError):
             await response.write(b'{"stdout": "')
@@ -541,12 +546,21 @@ class BlaxelServer:
         self._stalls[endpoint] = stall
         return stall.blocked
 
-    def flood(self, endpoint: str, *, skip: int = 0, limit: int = FLOOD_LIMIT) -> FloodingPeer:
+    def flood(
+        self,
+        endpoint: str,
+        *,
+        skip: int = 0,
+        limit: int = FLOOD_LIMIT,
+        content_encoding: str | None = None,
+    ) -> FloodingPeer:
         """Answer the next call of `endpoint` (after `skip` more) with a 200 whose body
         never ends: a JSON string that is never closed, sent as fast as the client
-        reads, until it goes away or `limit` bytes were sent."""
+        reads, until it goes away or `limit` bytes were sent (claiming
+        `content_encoding` if given)."""
         self._check_endpoint(endpoint)
-        peer = self._peers[endpoint] = FloodingPeer(limit=limit, skip=skip)
+        peer = FloodingPeer(limit=limit, skip=skip, encoding=content_encoding)
+        self._peers[endpoint] = peer
         return peer
 
     def trickle(
