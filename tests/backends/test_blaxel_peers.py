@@ -148,3 +148,16 @@ async def test_terminal_output_is_unbounded_in_total(server: BlaxelServer, tmp_p
         )
         assert update.exit_code == 0
         assert update.output.strip().endswith(str(total))
+
+
+async def test_a_terminal_handshake_never_answered_fails_at_its_deadline(
+    server: BlaxelServer, tmp_path: Path
+) -> None:
+    async with make_session(server, tmp_path, connect_timeout_s=2) as s:
+        blocked = server.stall("terminal")
+        with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
+            await s.pty_exec_start("echo never", tty=True)
+        assert blocked.is_set()
+        assert s.pty_processes() == []
+        server.release()
+    assert await eventually(lambda: server.live_processes() == 0)
