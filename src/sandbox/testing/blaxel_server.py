@@ -84,6 +84,9 @@ Fault injection (each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is 
   is blocked, so a test can cancel its client deterministically. `release()` (or
   closing the server) unblocks it. `"terminal_output"` stops sending output frames
   and `"terminal_input"` stops reading the socket (so a big client write blocks).
+- `flood(endpoint)`: the next call is answered 200 with a body that never ends (up
+  to `FLOOD_LIMIT`); `trickle(endpoint)`: one byte every `interval_s`;
+  `send_terminal_frame(size)`: one huge `output` frame on every live terminal.
 - `drop_terminals()`: abort every live terminal connection now (no close frame);
   `drop_terminals_after(frames)`: new terminals are aborted after that many output
   frames.
@@ -103,6 +106,7 @@ import codecs
 import contextlib
 import json
 import os
+import posixpath
 import secrets
 import shutil
 import signal
@@ -306,6 +310,58 @@ class _Terminal:
     sent: list[str] = field(default_factory=list)
 
 
+# A flood stops by itself after this many bytes (the client is expected to give up
+# long before).
+FLOOD_LIMIT = 1024 * 1024 * 1024
+_FLOOD_CHUNK = b"x" * (64 * 1024)
+
+
+@dataclass
+class FloodingPeer:
+    """A peer that answers 200 and then sends a body that never ends (see `flood`)."""
+
+    limit: int
+    skip: int = 0
+    # A `Content-Encoding` to claim (the body is sent as it is).
+    encoding: str | None = None
+    sent: int = 0
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        """Stream the endless body (see `BlaxelServer.flood`)."""
+        headers = {"Content-Type": "application/json"}
+        if self.encoding:
+            headers["Content-Encoding"] = self.encoding
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write(b'{"stdout": "')
+            while self.sent < self.limit:
+                await response.write(_FLOOD_CHUNK)
+                self.sent += len(_FLOOD_CHUNK)
+        return response
+
+
+@dataclass
+class TricklingPeer:
+    """A peer that answers 200 and then one byte every `interval_s` (see `trickle`)."""
+
+    interval_s: float
+    limit: int
+    skip: int = 0
+    sent: int = 0
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        """Send the body a byte at a time (see `BlaxelServer.trickle`)."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            while self.sent < self.limit:
+                await response.write(b" ")
+                self.sent += 1
+                await asyncio.sleep(self.interval_s)
+        return response
+
+
 @dataclass(eq=False)
 class FakeSandbox:
     """A sandbox of the server: its record and what runs in it."""
@@ -367,6 +423,7 @@ class BlaxelServer:
         self.root = ""
         self._failures: dict[str, _Failure] = {}
         self._stalls: dict[str, _Stall] = {}
+        self._peers: dict[str, FloodingPeer | TricklingPeer] = {}
         self._drop_after: int | None = None
         # Directions ("input", "output") whose next step fails (`break_terminals`).
         self._broken: set[str] = set()
@@ -489,6 +546,47 @@ class BlaxelServer:
         self._stalls[endpoint] = stall
         return stall.blocked
 
+    def flood(
+        self,
+        endpoint: str,
+        *,
+        skip: int = 0,
+        limit: int = FLOOD_LIMIT,
+        content_encoding: str | None = None,
+    ) -> FloodingPeer:
+        """Answer the next call of `endpoint` (after `skip` more) with a 200 whose body
+        never ends: a JSON string that is never closed, sent as fast as the client
+        reads, until it goes away or `limit` bytes were sent (claiming
+        `content_encoding` if given)."""
+        self._check_endpoint(endpoint)
+        peer = FloodingPeer(limit=limit, skip=skip, encoding=content_encoding)
+        self._peers[endpoint] = peer
+        return peer
+
+    def trickle(
+        self, endpoint: str, *, skip: int = 0, interval_s: float = 0.05, limit: int = 10_000
+    ) -> TricklingPeer:
+        """Answer the next call of `endpoint` (after `skip` more) with a 200 whose body
+        comes one byte every `interval_s` (no single read waits long), at most `limit`
+        bytes."""
+        self._check_endpoint(endpoint)
+        peer = self._peers[endpoint] = TricklingPeer(interval_s=interval_s, limit=limit, skip=skip)
+        return peer
+
+    async def send_terminal_frame(self, size: int) -> int:
+        """Send one `output` frame of about `size` bytes on every live terminal (the
+        real server's are at most ~600 KiB); returns to how many it was sent."""
+        frame = json.dumps({"type": "output", "data": "x" * size})
+        count = 0
+        for box in self.sandboxes.values():
+            for term in list(box.terminals):
+                if not term.closed and not term.ws.closed:
+                    count += 1
+                    # A client that refuses the frame may drop the connection mid-send.
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await term.ws.send_str(frame)
+        return count
+
     def release(self) -> None:
         """Unblock every stalled call (and stop stalling)."""
         for stall in self._stalls.values():
@@ -541,8 +639,16 @@ class BlaxelServer:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
 
-    async def _gate(self, endpoint: str) -> web.StreamResponse | None:
-        """Apply the faults set for `endpoint`: a failure response, or a stall."""
+    async def _gate(self, endpoint: str, request: web.Request) -> web.StreamResponse | None:
+        """Apply the faults set for `endpoint`: a failure response, a stall, a flood or
+        a trickle."""
+        peer = self._peers.get(endpoint)
+        if peer is not None:
+            if peer.skip > 0:
+                peer.skip -= 1
+            else:
+                del self._peers[endpoint]
+                return await peer.answer(request)
         failure = self._failures.get(endpoint)
         if failure is not None:
             if failure.remaining is not None:
@@ -641,7 +747,7 @@ class BlaxelServer:
             return None, self._unauthorized(endpoint)
         if request.content_type == "application/json":
             await request.read()  # read first (kept by aiohttp): a stalled call was received
-        early = await self._gate(endpoint)
+        early = await self._gate(endpoint, request)
         if early is not None:
             return None, early
         if self.sandboxes.get(box.name) is not box:  # deleted while stalled
@@ -655,7 +761,7 @@ class BlaxelServer:
         if not self._authorized(request, control=True):
             return self._unauthorized("create")
         body = await request.json()  # read first: a stalled request was still received
-        early = await self._gate("create")
+        early = await self._gate("create", request)
         if early is not None:
             return early
         metadata = dict(body.get("metadata") or {})
@@ -679,7 +785,7 @@ class BlaxelServer:
         self._record(request)
         if not self._authorized(request, control=True):
             return self._unauthorized("get")
-        early = await self._gate("get")
+        early = await self._gate("get", request)
         if early is not None:
             return early
         box = self.sandboxes.get(request.match_info["name"])
@@ -691,7 +797,7 @@ class BlaxelServer:
         self._record(request)
         if not self._authorized(request, control=True):
             return self._unauthorized("delete")
-        early = await self._gate("delete")
+        early = await self._gate("delete", request)
         if early is not None:
             return early
         box = self.sandboxes.pop(request.match_info["name"], None)
@@ -751,7 +857,7 @@ class BlaxelServer:
             return web.json_response(record.to_json())
         # Faults of "exec_wait" hit a started process (e.g. the edge's 504 on a silent
         # wait, while the command keeps running).
-        early = await self._gate("exec_wait")
+        early = await self._gate("exec_wait", request)
         if early is not None:
             return early
         timeout = body.get("timeout")
@@ -880,8 +986,20 @@ class BlaxelServer:
     # ---- files ----------------------------------------------------------------------------
 
     def _path(self, request: web.Request) -> str:
+        """The file a filesystem call names, resolved as the sandbox API does: gin's
+        `*path` keeps its leading "/", which is stripped (a relative path) unless the raw
+        URL holds "%2F" (`handler/filesystem.go` `extractPathFromRequest`); then a
+        relative path is joined to the working directory and the result cleaned
+        lexically, `..` climbing anywhere (`filesystem.go` `GetAbsolutePath`: only
+        "outside the root" is refused, and the root is "/")."""
         path = request.match_info["path"]
-        return path if path.startswith("/") else os.path.join(self.root, path)
+        if "%2F" in request.raw_path:
+            path = "/" + path
+        elif not path:
+            path = "."
+        if not path.startswith("/"):
+            path = posixpath.join(self.root, path)
+        return "/" + posixpath.normpath(path).lstrip("/")
 
     async def _read(self, request: web.Request) -> web.StreamResponse:
         """As the sandbox API: a directory (symlinks followed) answers its JSON listing
@@ -1005,7 +1123,7 @@ class BlaxelServer:
             return self._not_found("terminal")
         if query.get("token") != self.api_key:
             return self._unauthorized("terminal")
-        early = await self._gate("terminal")
+        early = await self._gate("terminal", request)
         if early is not None:
             return early
         try:
@@ -1299,4 +1417,12 @@ def _write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-__all__ = ["ENDPOINTS", "GARBAGE_FRAMES", "BlaxelServer", "FakeSandbox"]
+__all__ = [
+    "ENDPOINTS",
+    "FLOOD_LIMIT",
+    "GARBAGE_FRAMES",
+    "BlaxelServer",
+    "FakeSandbox",
+    "FloodingPeer",
+    "TricklingPeer",
+]

@@ -3,7 +3,10 @@
 - `session`: `BlaxelSession`, the hooks only;
 - `client`: credentials (in `Secret`s), SDK calls, the sandbox instance, terminal URL;
 - `sdk`: the SDK imported without touching logging, its process-wide client;
-- `errors`: Blaxel's error codes over the toolkit's HTTP policy (`BlaxelAPIError`);
+- `errors`: Blaxel's error codes over the toolkit's HTTP policy (`BlaxelAPIError`,
+  `AnswerTooLargeError`);
+- `bounds`: the bounds on what the peer sends (API answers, terminal messages);
+- `limits`: the portable resource limits as Blaxel's create takes them;
 - `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
 - `files`: files through the sandbox API, regular files only;
 - `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
@@ -11,12 +14,13 @@
 
 from __future__ import annotations
 
-from .errors import BlaxelAPIError, is_retryable
+from .errors import AnswerTooLargeError, BlaxelAPIError, is_retryable
 from .sdk import configure_sdk
 from .session import BlaxelSession
 from .terminal import parse_terminal_frame
 
 __all__ = [
+    "AnswerTooLargeError",
     "BlaxelAPIError",
     "BlaxelSession",
     "configure_sdk",

@@ -20,6 +20,7 @@ import yarl
 from ...credentials import Secret
 from ...errors import SandboxError
 from ..toolkit import redact, transport_error
+from .bounds import answer_limit, bound_client
 from .errors import SERVICE, BlaxelAPIError, map_error
 from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop
 
@@ -30,12 +31,19 @@ class BlaxelClient:
     """The credentials and clients of one session (see the module docstring)."""
 
     def __init__(
-        self, *, api_key: str, workspace: str, api_url: str | None, api_timeout_s: float
+        self,
+        *,
+        api_key: str,
+        workspace: str,
+        api_url: str | None,
+        api_timeout_s: float,
+        max_response_bytes: int,
     ) -> None:
         self._api_key = Secret(api_key)
         self._workspace = Secret(workspace)
         self._api_url = api_url
         self.api_timeout_s = api_timeout_s
+        self.max_response_bytes = max_response_bytes
         self.http: aiohttp.ClientSession | None = None
         self.instance: SandboxInstance | None = None
         self.sandbox_url: str | None = None
@@ -72,17 +80,24 @@ class BlaxelClient:
         return self.instance
 
     async def call(
-        self, what: str, fn: Callable[[], Awaitable[T]], *, timeout: float | None = None
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> T:
         """Run one SDK call (trying to `what`) with this session's credentials applied,
-        bounded by `timeout` (default `api_timeout_s`), every failure mapped by
-        `errors.map_error` and raised outside the `except` block (not chained)."""
+        bounded by `timeout` (default `api_timeout_s`) as a whole, each answer by
+        `max_bytes` (default `max_response_bytes`; see `bounds`), every failure mapped
+        by `errors.map_error` and raised outside the `except` block (not chained)."""
         self.apply_sdk_config()
         limit = self.api_timeout_s if timeout is None else timeout
         error: SandboxError
         try:
-            async with asyncio.timeout(None if math.isinf(limit) else limit):
-                return await fn()
+            with answer_limit(self.max_response_bytes if max_bytes is None else max_bytes):
+                async with asyncio.timeout(None if math.isinf(limit) else limit):
+                    return await fn()
         except TimeoutError:
             error = transport_error(None, what, service=SERVICE, timed_out=True)
         except Exception as exc:
@@ -101,7 +116,10 @@ class BlaxelClient:
         # `process.url` honours the sandbox's own URL and BL_SANDBOXES_<NAME>_URL.
         url: str = created.process.url
         self.sandbox_url = url
-        self.instance = SandboxInstance(created.sandbox, force_url=url, headers=self.auth_headers())
+        instance = SandboxInstance(created.sandbox, force_url=url, headers=self.auth_headers())
+        for action in (instance.process, instance.fs):
+            bound_client(action.get_client())
+        self.instance = instance
 
     async def delete(self, name: str) -> None:
         """Delete the sandbox `name` (one already gone is fine)."""

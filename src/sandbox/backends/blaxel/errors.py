@@ -20,6 +20,7 @@ import httpx
 from ...credentials import Secret
 from ...errors import CredentialsMissingError, ProviderError, SandboxError
 from ..toolkit import clean_detail, error_for_status, is_retryable_status, transport_error
+from .bounds import ResponseTooLarge
 from .sdk import CredentialsError
 
 SERVICE = "Blaxel"
@@ -91,6 +92,14 @@ class BlaxelAPIError(ProviderError):
         self.code = code
 
 
+class AnswerTooLargeError(ProviderError):
+    """A Blaxel answer was larger than its bound (`limit` bytes; see `bounds`)."""
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message, retryable=False)
+        self.limit = limit
+
+
 def is_retryable(status: int | None, code: str | None, hint: object = None) -> bool:
     """Whether a failed Blaxel call may succeed if tried again: the provider's code
     first (see the module docstring), then the SDK's own hint, then the toolkit's
@@ -142,6 +151,13 @@ def map_error(
 ) -> SandboxError:
     """Our error for an SDK or transport failure while trying to `what` (raise it
     `from None`)."""
+    if isinstance(exc, ResponseTooLarge):
+        why = (
+            "a compressed answer, though an uncompressed one was asked for"
+            if exc.compressed
+            else f"an answer over the bound of {exc.limit} bytes"
+        )
+        return AnswerTooLargeError(f"could not {what}: {SERVICE} sent {why}", limit=exc.limit)
     if isinstance(exc, CredentialsError):
         return CredentialsMissingError(f"could not {what}: Blaxel credentials are incomplete")
     if isinstance(exc, httpx.TimeoutException):

@@ -27,6 +27,7 @@ from typing import Any
 from ...errors import ConnectionLostError, SandboxError
 from ...exec_output import ExecCapture
 from ..toolkit import command_line, new_tag, normalize_exit, tag_environment, wrapper_argv
+from .bounds import answer_limit
 from .client import BlaxelClient
 from .errors import BlaxelAPIError, is_server_timeout, map_error
 from .terminal import append_text, text_to_bytes
@@ -75,7 +76,10 @@ class BlaxelOneShot:
         instance = self._client.sandbox()
         self._client.apply_sdk_config()
         try:
-            return await instance.process.exec(self._request)
+            # No deadline of its own: the command may run long (the base session's
+            # timeout applies); its answer is bounded like any other.
+            with answer_limit(self._client.max_response_bytes):
+                return await instance.process.exec(self._request)
         except Exception as exc:
             error = map_error(exc, self._what, self._client.secrets)
         if isinstance(error, BlaxelAPIError) and error.status == 504:

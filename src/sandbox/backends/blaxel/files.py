@@ -6,6 +6,13 @@ of its parent's listing first (each entry's Go FileMode in octal, type bits incl
 The API answers a GET of a directory with its JSON listing as if it were the file's
 bytes: such an answer is checked, and refused. The SDK pastes paths into URLs
 unescaped, so every path is percent-encoded first.
+
+The server confines nothing: it cleans a path lexically (`filepath.Clean`, so `..`
+climbs), takes an absolute one as it is and a relative one from its own working
+directory (`handler/filesystem/filesystem.go` `GetAbsolutePath`). So the workspace
+(`workdir`) is enforced here, lexically and before any call: a path that resolves
+outside it is a `WorkspacePathError`. Symlinks are the server's to follow (its listing
+gives no target), which puts only the sandbox itself at stake.
 """
 
 from __future__ import annotations
@@ -15,10 +22,16 @@ import posixpath
 from urllib.parse import quote
 
 from ... import remote_files
-from ...errors import FileTooLargeError, NotAFileError, SandboxError, SandboxFileNotFoundError
+from ...errors import (
+    FileTooLargeError,
+    NotAFileError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    WorkspacePathError,
+)
 from ...remote_files import Entry
 from .client import BlaxelClient
-from .errors import BlaxelAPIError
+from .errors import AnswerTooLargeError, BlaxelAPIError
 
 # A listing larger than this is not worth parsing to tell it from a file.
 _MAX_LISTING_BYTES = 64 * 1024 * 1024
@@ -56,7 +69,20 @@ class BlaxelFiles:
 
     def absolute(self, path: str) -> str:
         """A sandbox path: relative ones are in `workdir`."""
-        return posixpath.normpath(posixpath.join(self.workdir, path))
+        resolved = posixpath.normpath(posixpath.join(self.workdir, path))
+        # POSIX keeps a leading "//"; the server's Clean does not.
+        return "/" + resolved.lstrip("/")
+
+    def workspace_path(self, path: str) -> str:
+        """`path` resolved as the server resolves it (lexically, `..` included), which
+        must be `workdir` or beneath it: else `WorkspacePathError`, before any call."""
+        target = self.absolute(path)
+        root = self.workdir.rstrip("/")
+        if target != self.workdir and not target.startswith(root + "/"):
+            raise WorkspacePathError(
+                f"path {path!r} is outside the workspace; use a path inside {self.workdir}"
+            )
+        return target
 
     async def mkdir(self, path: str) -> None:
         """Create the directory `path` (and its parents)."""
@@ -92,16 +118,23 @@ class BlaxelFiles:
 
     async def read(self, path: str, max_bytes: int) -> bytes:
         """`fs.read_binary`, after the listing says `path` is a regular file within
-        `max_bytes`."""
+        `max_bytes`; the answer itself is bounded by `max_bytes` too."""
+        target = self.workspace_path(path)
         instance = self._client.sandbox()
-        target = self.absolute(path)
         size = await remote_files.regular_file(self.stat, target, write=False, shown=path)
         if size is not None and size > max_bytes:
             raise FileTooLargeError.over(path, size, max_bytes)
         try:
             data: bytes = await self._client.call(
-                f"read {target!r}", lambda: instance.fs.read_binary(url_path(target))
+                f"read {target!r}",
+                lambda: instance.fs.read_binary(url_path(target)),
+                max_bytes=max_bytes,
             )
+        except AnswerTooLargeError:
+            # It grew past the limit since the listing (or is a directory's big listing).
+            if await self.is_directory(target):
+                raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+            raise FileTooLargeError.over(path, None, max_bytes) from None
         except BlaxelAPIError as exc:
             if exc.status == 404:
                 raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
@@ -124,8 +157,8 @@ class BlaxelFiles:
         """`fs.write_binary` (its parent made first), after the listing says nothing or
         a regular file is there (the API's upload over a FIFO would wait forever, over a
         directory it fails with a 422)."""
+        target = self.workspace_path(path)
         instance = self._client.sandbox()
-        target = self.absolute(path)
         await remote_files.regular_file(self.stat, target, write=True, shown=path)
         parent = posixpath.dirname(target)
         try:

@@ -18,6 +18,8 @@ import logging
 import weakref
 from collections.abc import Iterator
 
+from .bounds import with_hooks
+
 
 @contextlib.contextmanager
 def _logging_untouched() -> Iterator[None]:
@@ -69,6 +71,9 @@ def configure_sdk(*, api_key: str, workspace: str, api_url: str | None = None) -
     sdk_settings.auth = auth
     sdk_client.with_auth(auth)
     sdk_client.with_base_url(url)
+    # The bounds of `bounds` on the control plane too (they act only inside our calls).
+    present = getattr(sdk_client, "_async_event_hooks", None) or {}
+    sdk_client.with_event_hooks(async_hooks=with_hooks(dict(present)))
 
 
 def track_loop(owner: object) -> None:

@@ -25,7 +25,7 @@ from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ..toolkit import ShellTrap
-from . import terminal
+from . import bounds, limits, terminal
 from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request
 from .files import BlaxelFiles
@@ -49,6 +49,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
       `BlaxelServer` for provider-free tests);
     - `image`, `memory` (MB), `region`, `ttl`, `labels`, `create_timeout_s` (1-50 s):
       passed to the sandbox creation;
+    - `memory_limit_bytes`: the portable form of `memory` (a whole number of MiB);
+      `cpu_limit` and `process_limit` raise `UnsupportedOperationError` (see `limits`);
+    - `max_response_bytes` (default 32 MiB): bound on one API answer;
+      `max_terminal_frame_bytes` (default 1 MiB): bound on one terminal message (see
+      `bounds`; past either the call fails with a `ProviderError`);
     - `workdir`: the directory relative paths, `cwd`s and commands start in (created at
       start; default `/workspace`);
     - `api_timeout_s` (default 120): bound on each API call; `connect_timeout_s`
@@ -86,6 +91,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         heartbeat_s: float | None = 30.0,
         terminate_grace_s: float = 1.0,
         probe_interval_s: float = 5.0,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
+        max_response_bytes: int = bounds.MAX_RESPONSE_BYTES,
+        max_terminal_frame_bytes: int = bounds.MAX_TERMINAL_FRAME_BYTES,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -124,6 +134,15 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
                 isinstance(number, bool) or not isinstance(number, int) or number <= 0
             ):
                 raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
+        for option, number in (
+            ("max_response_bytes", max_response_bytes),
+            ("max_terminal_frame_bytes", max_terminal_frame_bytes),
+        ):
+            if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+                raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
+        memory = limits.memory_mib(
+            memory_limit_bytes, memory, process_limit=process_limit, cpu_limit=cpu_limit
+        )
         self.sandbox_name = name or sandbox_id or f"sandbox-{secrets.token_hex(6)}"
         self.keep = keep
         self.workdir = posixpath.normpath(workdir)
@@ -134,9 +153,14 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             heartbeat_s=heartbeat_s,
             probe_interval_s=probe_interval_s,
             terminate_grace_s=terminate_grace_s,
+            max_frame_bytes=max_terminal_frame_bytes,
         )
         self._client = BlaxelClient(
-            api_key=key, workspace=space, api_url=api_url, api_timeout_s=api_timeout_s
+            api_key=key,
+            workspace=space,
+            api_url=api_url,
+            api_timeout_s=api_timeout_s,
+            max_response_bytes=max_response_bytes,
         )
         self._files = BlaxelFiles(self._client, self.workdir)
         self._create_config: dict[str, Any] = {"name": self.sandbox_name}

@@ -142,6 +142,8 @@ class TerminalOptions:
     heartbeat_s: float | None
     probe_interval_s: float
     terminate_grace_s: float
+    # Bound on one message from the server (`bounds.MAX_TERMINAL_FRAME_BYTES`).
+    max_frame_bytes: int
 
 
 @dataclass(eq=False)
@@ -202,7 +204,7 @@ async def connect(
                 headers=headers,
                 heartbeat=options.heartbeat_s,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=options.close_timeout_s),
-                max_msg_size=0,
+                max_msg_size=options.max_frame_bytes,
             )
     except TimeoutError:
         error = transport_error(None, what, service=SERVICE, timed_out=True)
@@ -306,6 +308,14 @@ class TerminalReader:
                 self._term.probed = False
                 self._on_frame(msg.data)
             elif msg.type is aiohttp.WSMsgType.ERROR:
+                if (
+                    isinstance(msg.data, aiohttp.WebSocketError)
+                    and msg.data.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+                ):
+                    return (
+                        f"the Blaxel terminal sent a message over the bound of "
+                        f"{self._options.max_frame_bytes} bytes"
+                    )
                 return f"the terminal connection failed ({type(msg.data).__name__})"
             elif msg.type in (
                 aiohttp.WSMsgType.CLOSE,
