@@ -24,9 +24,16 @@ import aiohttp
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ...process_entry import PtyEntry
 from ..toolkit import ShellTrap
+from .bounds import (
+    MAX_PRE_READY,
+    MAX_TYPED_LINE,
+    MAX_WS_MESSAGE,
+    SCRIPT_ARG_BYTES,
+    SCRIPT_ARGS_PER_EXEC,
+)
 from .client import WorkerClient
 from .errors import exit_status, status_error, transport_failure, worker_text
-from .scripts import MAX_PID_SCAN, PID_MARKER
+from .scripts import MAX_PID_SCAN, PID_MARKER, script_path, write_script_argv
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -58,24 +65,40 @@ class WorkerTerminal:
 
     @staticmethod
     async def wait_ready(
-        ws: aiohttp.ClientWebSocketResponse, redact: Callable[[str], str] = str
+        ws: aiohttp.ClientWebSocketResponse,
+        redact: Callable[[str], str] = str,
+        *,
+        max_early: int = MAX_PRE_READY,
     ) -> list[bytes]:
         """Read frames until `ready`; return the output that came before it.
 
         Raises `ProviderError` for an `error` frame (its message passed through
-        `redact`), `ConnectionLostError` when the socket closes first.
+        `redact`) or more than `max_early` bytes of output before `ready`,
+        `ConnectionLostError` when the socket closes first.
         """
         early: list[bytes] = []
+        kept = 0
         while True:
             msg = await ws.receive()
+            data: bytes | None = None
+            control: dict[str, Any] | None = None
             if msg.type is aiohttp.WSMsgType.BINARY:
-                early.append(msg.data)
-                continue
-            if msg.type is aiohttp.WSMsgType.TEXT:
+                data = msg.data
+            elif msg.type is aiohttp.WSMsgType.TEXT:
                 control = _control_frame(msg.data)
                 if control is None:
-                    early.append(msg.data.encode())
-                    continue
+                    data = msg.data.encode()
+            if data is not None:
+                kept += len(data)
+                if kept > max_early:
+                    raise ProviderError(
+                        f"the Worker sent more than {max_early} bytes before the terminal "
+                        "was ready",
+                        retryable=False,
+                    )
+                early.append(data)
+                continue
+            if control is not None:
                 kind = control.get("type")
                 if kind == "ready":
                     return early
@@ -92,6 +115,11 @@ class WorkerTerminal:
                         retryable=True,
                     )
                 continue  # an unknown control frame: not ours to act on
+            if _too_big(msg):
+                raise ProviderError(
+                    f"the terminal WebSocket closed before it was ready ({_close_reason(ws, msg)})",
+                    retryable=False,
+                )
             raise ConnectionLostError(
                 f"the terminal WebSocket closed before it was ready ({_close_reason(ws, msg)})"
             )
@@ -134,7 +162,18 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _too_big(msg: aiohttp.WSMessage) -> bool:
+    """Whether the socket ended because a message went past `max_msg_size`."""
+    return (
+        msg.type is aiohttp.WSMsgType.ERROR
+        and isinstance(msg.data, aiohttp.WebSocketError)
+        and msg.data.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    )
+
+
 def _close_reason(ws: aiohttp.ClientWebSocketResponse, msg: aiohttp.WSMessage) -> str:
+    if _too_big(msg):
+        return f"the Worker sent a message larger than {MAX_WS_MESSAGE} bytes"
     if msg.type is aiohttp.WSMsgType.ERROR:
         return f"connection error: {type(msg.data).__name__}"
     code = ws.close_code
@@ -165,6 +204,28 @@ class PtyHandle:
             self.pid_scan = b""
 
 
+async def typed_line(client: WorkerClient, token: str, line: str) -> str:
+    """What to type for `line` (one keystroke-safe shell line ending in a newline): the
+    line itself when short enough to type (`MAX_TYPED_LINE`), else `. <file>` after the
+    line was written to a file in /tmp that removes itself when sourced."""
+    if len(line.encode()) <= MAX_TYPED_LINE:
+        return line
+    path = script_path(token)
+    text = f"rm -f {path}\n{line}"
+    parts = [text[at : at + SCRIPT_ARG_BYTES] for at in range(0, len(text), SCRIPT_ARG_BYTES)]
+    for first in range(0, len(parts), SCRIPT_ARGS_PER_EXEC):
+        batch = parts[first : first + SCRIPT_ARGS_PER_EXEC]
+        code, _ = await client.control(
+            write_script_argv(path, batch, append=first > 0), "write the command to the sandbox"
+        )
+        if code != 0:
+            raise ProviderError(
+                f"could not write the command to the sandbox (exit status {code})",
+                retryable=False,
+            )
+    return f". {path}\n"
+
+
 async def connect(
     client: WorkerClient,
     handle: PtyHandle,
@@ -187,7 +248,7 @@ async def connect(
                     url,
                     headers={**client.headers(), "Session-Id": handle.session_id},
                     heartbeat=heartbeat_s,
-                    max_msg_size=0,
+                    max_msg_size=MAX_WS_MESSAGE,
                     timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
                 )
                 early = await WorkerTerminal.wait_ready(
