@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import traceback
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ from sandbox.backends.cloudflare import (
     CloudflareSession,
     WorkerTerminal,
     exit_status,
+)
+from sandbox.backends.cloudflare.bounds import (
+    MAX_JSON_BODY,
+    MAX_PRE_READY,
+    MAX_SSE_EVENT,
+    MAX_WS_MESSAGE,
 )
 from sandbox.backends.cloudflare.sse import SseDecoder, SseEvent
 from sandbox.backends.toolkit import TAG_VARIABLE, wrapper_argv
@@ -866,3 +873,148 @@ async def test_close_leaves_terminals_to_the_sandbox_delete_unless_kept(
     assert len(server.exec_bodies) - execs_before == (1 if keep else 0)
     assert (sandbox_id in server.sandboxes) is keep
     assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
+
+
+# ---- bounds and deadlines on what the Worker sends -----------------------------------------
+
+# 3000 controls (every C0 but NUL, and DEL): each is typed as a 4-byte octal escape, so
+# the typed line is far above the 4095 bytes a canonical-mode tty keeps of a line.
+LONG_CONTROLS = ("".join(chr(c) for c in (*range(1, 32), 127)) * 100)[:3000]
+# What the client may keep above a bound while a peer floods it (buffers of one read).
+SLACK = 3 * 1024 * 1024
+FLOOD = 64 * 1024 * 1024
+
+
+class PeakMemory:
+    """The peak of Python allocations (client and stand-in alike) inside the block."""
+
+    def __enter__(self) -> PeakMemory:
+        tracemalloc.start()
+        self.peak = 0
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("tty", [True, False])
+async def test_a_long_env_value_of_control_characters_reaches_the_command_whole(
+    server: CloudflareWorkerServer, tty: bool
+) -> None:
+    """The keystroke-safe line grows 4x; the real container sends `ready` at once, so
+    the line may meet a tty still in canonical mode (4095 bytes a line): it goes
+    through a file that removes itself."""
+    marker = f"m{unique_seconds()}"
+    async with open_cf(server) as s:
+        update = await s.pty_exec_start(
+            f'printf %s "$V" > v.out; echo {marker}',
+            tty=tty,
+            env={"V": LONG_CONTROLS},
+            yield_time_s=20,
+        )
+        assert update.exit_code == 0, update
+        assert await s.read_file("v.out") == LONG_CONTROLS.encode()
+    left = [p for p in Path("/tmp").glob(".sandbox-pty-*") if marker.encode() in p.read_bytes()]
+    assert left == []
+
+
+@pytest.mark.parametrize("kind", ["line", "event"])
+async def test_an_endless_event_fails_with_bounded_memory(
+    server: CloudflareWorkerServer, kind: str
+) -> None:
+    marker = unique_seconds()
+    server.exec_flood = kind
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with (
+            PeakMemory() as memory,
+            pytest.raises(sandbox.ProviderError, match=r"(long|larg)er than"),
+        ):
+            await s.exec(f"echo go; exec sleep {marker}")
+        assert memory.peak < MAX_SSE_EVENT + SLACK, memory.peak
+        assert server.flooded < FLOOD
+        # The command it was running is killed like any unfinished one.
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=5)
+        assert (await s.exec("echo still")).stdout == b"still\n"
+
+
+async def test_a_huge_json_answer_fails_with_bounded_memory(
+    server: CloudflareWorkerServer,
+) -> None:
+    server.oversize("create", FLOOD)
+    session = open_cf(server)
+    with PeakMemory() as memory, pytest.raises(sandbox.ProviderError, match="larger than"):
+        await session.start()
+    await session.aclose()
+    assert memory.peak < MAX_JSON_BODY + SLACK, memory.peak
+    assert server.flooded < FLOOD
+
+
+async def test_a_huge_file_answer_is_cut_at_max_bytes(server: CloudflareWorkerServer) -> None:
+    """The stat said small; the body grew: never more than max_bytes is kept."""
+    async with open_cf(server) as s:
+        await s.write_file("small.txt", b"x")
+        server.oversize("file_get", FLOOD)
+        with PeakMemory() as memory, pytest.raises(sandbox.FileTooLargeError) as info:
+            await s.read_file("small.txt", max_bytes=1024 * 1024)
+        assert info.value.limit == 1024 * 1024
+        assert memory.peak < 1024 * 1024 + SLACK, memory.peak
+        assert await s.read_file("small.txt") == b"x"
+
+
+async def test_a_huge_terminal_frame_ends_the_process_with_bounded_memory(
+    server: CloudflareWorkerServer,
+) -> None:
+    server.pty_flood = "frame"
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with PeakMemory() as memory:
+            update = await s.pty_exec_start("exec cat", tty=True, yield_time_s=20)
+        assert update.exit_code is None and update.process_id is None, update
+        assert f"larger than {MAX_WS_MESSAGE} bytes" in update.output
+        assert memory.peak < MAX_WS_MESSAGE + SLACK, memory.peak
+        assert server.flooded < FLOOD
+
+
+async def test_output_before_ready_is_bounded(server: CloudflareWorkerServer) -> None:
+    server.pty_flood = "early"
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with PeakMemory() as memory, pytest.raises(sandbox.ProviderError, match="before the"):
+            await s.pty_exec_start("echo hi", tty=True)
+        assert memory.peak < MAX_PRE_READY + SLACK, memory.peak
+        assert server.flooded < FLOOD
+        update = await s.pty_exec_start("echo hi", tty=True, yield_time_s=20)
+        assert update.output == "hi\r\n"
+
+
+async def test_a_worker_that_never_answers_or_trickles_fails_in_time(
+    server: CloudflareWorkerServer,
+) -> None:
+    """Every request has a deadline: the exec's answer (its headers) too, and a body
+    trickling a byte at a time is bounded by the whole request's time."""
+    async with open_cf(server, request_timeout_s=0.5) as s:
+        stall = server.stall("exec")
+        async with asyncio.timeout(20):  # a hang fails the test instead of blocking it
+            with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
+                await s.exec("true")
+        stall.release()
+        server.trickle("session_create")
+        async with asyncio.timeout(20):
+            with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
+                await s.pty_exec_start("echo hi", tty=True)
+        assert (await s.exec("echo ok")).stdout == b"ok\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("memory_limit_bytes", 512 * 1024 * 1024), ("process_limit", 64), ("cpu_limit", 1.5)],
+)
+async def test_resource_limits_are_unsupported(
+    server: CloudflareWorkerServer, name: str, value: object
+) -> None:
+    """routes.ts `POST /sandbox` reads no body: nothing to map a limit to."""
+    with pytest.raises(sandbox.UnsupportedOperationError, match=name):
+        open_cf(server, **{name: value})
+    assert server.requests == []

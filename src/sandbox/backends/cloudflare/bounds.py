@@ -34,3 +34,6 @@ MAX_TYPED_LINE = 1024
 # refuses one argv string above 128 KiB), this many per exec (ARG_MAX is 2 MiB at least).
 SCRIPT_ARG_BYTES = 64 * 1024
 SCRIPT_ARGS_PER_EXEC = 16
+# The whole close of a terminal socket (its handshake reads until the Worker's close
+# frame; a Worker that keeps sending is dropped then).
+WS_CLOSE_TIMEOUT_S = 5.0

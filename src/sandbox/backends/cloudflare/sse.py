@@ -73,6 +73,7 @@ class SseDecoder:
                 self._after_cr = True
         del buffer[:start]
         if len(buffer) > self.max_line:
+            buffer.clear()  # released now, not when the traceback goes
             raise ProviderError(
                 f"the Worker's event stream sent a line longer than {self.max_line} bytes",
                 retryable=False,
@@ -108,6 +109,7 @@ class SseDecoder:
         elif name == "data":
             self._data_bytes += len(raw)
             if self._data_bytes > self.max_event:
+                self._data = []  # released now, not when the traceback goes
                 raise ProviderError(
                     f"the Worker's event stream sent an event larger than {self.max_event} bytes",
                     retryable=False,

@@ -30,6 +30,7 @@ from .bounds import (
     MAX_WS_MESSAGE,
     SCRIPT_ARG_BYTES,
     SCRIPT_ARGS_PER_EXEC,
+    WS_CLOSE_TIMEOUT_S,
 )
 from .client import WorkerClient
 from .errors import exit_status, status_error, transport_failure, worker_text
@@ -192,6 +193,7 @@ class PtyHandle:
     reader: asyncio.Task[None] | None = None
     errors: list[str] = field(default_factory=list)
     closing: bool = False
+    drop: bool = False
     shell_pid: int | None = None
     pid_scan: bytes = b""
 
@@ -249,11 +251,14 @@ async def connect(
                     headers={**client.headers(), "Session-Id": handle.session_id},
                     heartbeat=heartbeat_s,
                     max_msg_size=MAX_WS_MESSAGE,
-                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=WS_CLOSE_TIMEOUT_S),
                 )
                 early = await WorkerTerminal.wait_ready(
                     handle.ws, lambda text: worker_text(text, client.key)
                 )
+            except ProviderError:
+                handle.drop = True  # it broke the protocol: no handshake with it
+                raise
             except aiohttp.WSServerHandshakeError as exc:
                 failure = status_error(exc.status, "open a terminal", b"", client.key)
             except aiohttp.ClientError as exc:
@@ -263,6 +268,7 @@ async def connect(
             None, "open a terminal", reason=f"not ready within {ready_timeout_s:g}s"
         )
     if failure is not None:
+        handle.drop = True
         raise failure  # outside the except block: the aiohttp error is not chained
     return early
 
@@ -337,11 +343,17 @@ async def send_frame(handle: PtyHandle | None, data: bytes | str, what: str) -> 
 
 async def close_socket(handle: PtyHandle) -> None:
     """Close the socket with the reader still waiting (aiohttp wakes its receive() and
-    does the close handshake, bounded by ws_close), then cancel and await the reader."""
+    does the close handshake), then cancel and await the reader.
+
+    The handshake reads what the Worker still sends until its close frame, each read
+    bounded by ws_close: a Worker that keeps sending would hold it forever, so the whole
+    close is bounded by `WS_CLOSE_TIMEOUT_S` (aiohttp drops the connection when it is
+    cancelled), and a socket whose Worker broke the protocol is dropped at once."""
     ws = handle.ws
     if ws is not None and not ws.closed:
         try:
-            await ws.close()
+            async with asyncio.timeout(0 if handle.drop else WS_CLOSE_TIMEOUT_S):
+                await ws.close()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             logger.debug("closing a cloudflare terminal failed: %s", type(exc).__name__)
     reader, handle.reader = handle.reader, None
