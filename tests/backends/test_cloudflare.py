@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 import tracemalloc
@@ -900,11 +901,18 @@ class PeakMemory:
 
 @pytest.mark.parametrize("tty", [True, False])
 async def test_a_long_env_value_of_control_characters_reaches_the_command_whole(
-    server: CloudflareWorkerServer, tty: bool
+    server: CloudflareWorkerServer, tmp_path: Path, tty: bool
 ) -> None:
-    """The keystroke-safe line grows 4x; the real container sends `ready` at once, so
-    the line may meet a tty still in canonical mode (4095 bytes a line): it goes
-    through a file that removes itself."""
+    """The keystroke-safe line grows 4x. The container sends `ready` at once and its
+    bash reads the user's ~/.bashrc before readline takes the tty, so the line may
+    meet a tty in canonical mode, which keeps 4095 bytes of a line: it goes through a
+    file that removes itself. Here the shell's rc file waits until a whole typed line
+    is in the tty's queue, so the line always arrives in canonical mode."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    rc = tmp_path / "bashrc"
+    rc.write_text("until read -t 0; do sleep 0.01; done\n")
+    server.shell = [bash, "--noprofile", "--rcfile", str(rc), "-i"]
     marker = f"m{unique_seconds()}"
     async with open_cf(server) as s:
         update = await s.pty_exec_start(
