@@ -329,11 +329,13 @@ async def test_file_errors_and_quoting(server: CloudflareWorkerServer) -> None:
         with pytest.raises(sandbox.SandboxFileNotFoundError) as missing:
             await s.read_file("nope.txt")
         assert isinstance(missing.value, FileNotFoundError)
-        for path in ("../outside.txt", "a/../../outside.txt", "/etc/hostname"):
+        asked = len(server.requests)
+        for path in ("../outside.txt", "a/../../outside.txt", "/etc/hostname", "/workspace2/x"):
             with pytest.raises(sandbox.WorkspacePathError):
                 await s.read_file(path)
             with pytest.raises(sandbox.WorkspacePathError):
                 await s.write_file(path, b"x")
+        assert len(server.requests) == asked  # refused before any request (stat included)
         name = "dir with space/ü?#%.txt"
         await s.write_file(name, "hé")
         assert await s.read_file(name) == "hé".encode()
