@@ -655,11 +655,14 @@ async def test_cancel_write_in_flight_keeps_the_stream_intact(
         await s.pty_write_stdin(pid, "x")  # held by the server: what follows backs up
         await stall.reached.wait()
         task = asyncio.ensure_future(s.pty_write_stdin(pid, b"y" * size))
-        for _ in range(20):  # let it fill the socket and block in the drain
-            await asyncio.sleep(0)
-        write = s._registry[pid].write_task
-        assert write is not None
-        assert "send_frame" in awaiting(write), "the write itself is in flight"
+
+        def in_flight() -> bool:
+            # Filled the socket and blocked in the drain (on a loaded machine the write
+            # task may take a while to get there).
+            write = s._registry[pid].write_task
+            return write is not None and "send_frame" in awaiting(write)
+
+        assert await eventually(in_flight, timeout=10), "the write itself is in flight"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
