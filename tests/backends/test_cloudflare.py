@@ -12,8 +12,10 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,12 @@ from sandbox.backends.cloudflare import (
     CloudflareSession,
     WorkerTerminal,
     exit_status,
+)
+from sandbox.backends.cloudflare.bounds import (
+    MAX_JSON_BODY,
+    MAX_PRE_READY,
+    MAX_SSE_EVENT,
+    MAX_WS_MESSAGE,
 )
 from sandbox.backends.cloudflare.sse import SseDecoder, SseEvent
 from sandbox.backends.toolkit import TAG_VARIABLE, wrapper_argv
@@ -321,11 +329,13 @@ async def test_file_errors_and_quoting(server: CloudflareWorkerServer) -> None:
         with pytest.raises(sandbox.SandboxFileNotFoundError) as missing:
             await s.read_file("nope.txt")
         assert isinstance(missing.value, FileNotFoundError)
-        for path in ("../outside.txt", "a/../../outside.txt", "/etc/hostname"):
+        asked = len(server.requests)
+        for path in ("../outside.txt", "a/../../outside.txt", "/etc/hostname", "/workspace2/x"):
             with pytest.raises(sandbox.WorkspacePathError):
                 await s.read_file(path)
             with pytest.raises(sandbox.WorkspacePathError):
                 await s.write_file(path, b"x")
+        assert len(server.requests) == asked  # refused before any request (stat included)
         name = "dir with space/ü?#%.txt"
         await s.write_file(name, "hé")
         assert await s.read_file(name) == "hé".encode()
@@ -645,11 +655,14 @@ async def test_cancel_write_in_flight_keeps_the_stream_intact(
         await s.pty_write_stdin(pid, "x")  # held by the server: what follows backs up
         await stall.reached.wait()
         task = asyncio.ensure_future(s.pty_write_stdin(pid, b"y" * size))
-        for _ in range(20):  # let it fill the socket and block in the drain
-            await asyncio.sleep(0)
-        write = s._registry[pid].write_task
-        assert write is not None
-        assert "send_frame" in awaiting(write), "the write itself is in flight"
+
+        def in_flight() -> bool:
+            # Filled the socket and blocked in the drain (on a loaded machine the write
+            # task may take a while to get there).
+            write = s._registry[pid].write_task
+            return write is not None and "send_frame" in awaiting(write)
+
+        assert await eventually(in_flight, timeout=10), "the write itself is in flight"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -866,3 +879,155 @@ async def test_close_leaves_terminals_to_the_sandbox_delete_unless_kept(
     assert len(server.exec_bodies) - execs_before == (1 if keep else 0)
     assert (sandbox_id in server.sandboxes) is keep
     assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
+
+
+# ---- bounds and deadlines on what the Worker sends -----------------------------------------
+
+# 3000 controls (every C0 but NUL, and DEL): each is typed as a 4-byte octal escape, so
+# the typed line is far above the 4095 bytes a canonical-mode tty keeps of a line.
+LONG_CONTROLS = ("".join(chr(c) for c in (*range(1, 32), 127)) * 100)[:3000]
+# What the client may keep above a bound while a peer floods it (buffers of one read).
+SLACK = 3 * 1024 * 1024
+FLOOD = 64 * 1024 * 1024
+
+
+class PeakMemory:
+    """The peak of Python allocations (client and stand-in alike) inside the block."""
+
+    def __enter__(self) -> PeakMemory:
+        tracemalloc.start()
+        self.peak = 0
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("tty", [True, False])
+async def test_a_long_env_value_of_control_characters_reaches_the_command_whole(
+    server: CloudflareWorkerServer, tmp_path: Path, tty: bool
+) -> None:
+    """The keystroke-safe line grows 4x. The container sends `ready` at once and its
+    bash reads the user's ~/.bashrc before readline takes the tty, so the line may
+    meet a tty in canonical mode, which keeps 4095 bytes of a line: it goes through a
+    file that removes itself. Here the shell's rc file waits until a whole typed line
+    is in the tty's queue, so the line always arrives in canonical mode."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    rc = tmp_path / "bashrc"
+    rc.write_text("until read -t 0; do sleep 0.01; done\n")
+    server.shell = [bash, "--noprofile", "--rcfile", str(rc), "-i"]
+    marker = f"m{unique_seconds()}"
+    async with open_cf(server) as s:
+        update = await s.pty_exec_start(
+            f'printf %s "$V" > v.out; echo {marker}',
+            tty=tty,
+            env={"V": LONG_CONTROLS},
+            yield_time_s=20,
+        )
+        assert update.exit_code == 0, update
+        assert await s.read_file("v.out") == LONG_CONTROLS.encode()
+    left = [p for p in Path("/tmp").glob(".sandbox-pty-*") if marker.encode() in p.read_bytes()]
+    assert left == []
+
+
+@pytest.mark.parametrize("kind", ["line", "event"])
+async def test_an_endless_event_fails_with_bounded_memory(
+    server: CloudflareWorkerServer, kind: str
+) -> None:
+    marker = unique_seconds()
+    server.exec_flood = kind
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with (
+            PeakMemory() as memory,
+            pytest.raises(sandbox.ProviderError, match=r"(long|larg)er than"),
+        ):
+            await s.exec(f"echo go; exec sleep {marker}")
+        assert memory.peak < MAX_SSE_EVENT + SLACK, memory.peak
+        assert server.flooded < FLOOD
+        # The command it was running is killed like any unfinished one.
+        assert await eventually(lambda: not host_pids_with_arg(marker), timeout=5)
+        assert (await s.exec("echo still")).stdout == b"still\n"
+
+
+async def test_a_huge_json_answer_fails_with_bounded_memory(
+    server: CloudflareWorkerServer,
+) -> None:
+    server.oversize("create", FLOOD)
+    session = open_cf(server)
+    with PeakMemory() as memory, pytest.raises(sandbox.ProviderError, match="larger than"):
+        await session.start()
+    await session.aclose()
+    assert memory.peak < MAX_JSON_BODY + SLACK, memory.peak
+    assert server.flooded < FLOOD
+
+
+async def test_a_huge_file_answer_is_cut_at_max_bytes(server: CloudflareWorkerServer) -> None:
+    """The stat said small; the body grew: never more than max_bytes is kept."""
+    async with open_cf(server) as s:
+        await s.write_file("small.txt", b"x")
+        server.oversize("file_get", FLOOD)
+        with PeakMemory() as memory, pytest.raises(sandbox.FileTooLargeError) as info:
+            await s.read_file("small.txt", max_bytes=1024 * 1024)
+        assert info.value.limit == 1024 * 1024
+        assert memory.peak < 1024 * 1024 + SLACK, memory.peak
+        assert await s.read_file("small.txt") == b"x"
+
+
+async def test_a_huge_terminal_frame_ends_the_process_with_bounded_memory(
+    server: CloudflareWorkerServer,
+) -> None:
+    server.pty_flood = "frame"
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with PeakMemory() as memory:
+            update = await s.pty_exec_start("exec cat", tty=True, yield_time_s=20)
+        assert update.exit_code is None and update.process_id is None, update
+        assert f"larger than {MAX_WS_MESSAGE} bytes" in update.output
+        assert memory.peak < MAX_WS_MESSAGE + SLACK, memory.peak
+        assert server.flooded < FLOOD
+
+
+async def test_output_before_ready_is_bounded(server: CloudflareWorkerServer) -> None:
+    server.pty_flood = "early"
+    server.flood_bytes = FLOOD
+    async with open_cf(server) as s:
+        with PeakMemory() as memory, pytest.raises(sandbox.ProviderError, match="before the"):
+            await s.pty_exec_start("echo hi", tty=True)
+        assert memory.peak < MAX_PRE_READY + SLACK, memory.peak
+        assert server.flooded < FLOOD
+        update = await s.pty_exec_start("echo hi", tty=True, yield_time_s=20)
+        assert update.output == "hi\r\n"
+
+
+async def test_a_worker_that_never_answers_or_trickles_fails_in_time(
+    server: CloudflareWorkerServer,
+) -> None:
+    """Every request has a deadline: the exec's answer (its headers) too, and a body
+    trickling a byte at a time is bounded by the whole request's time."""
+    async with open_cf(server, request_timeout_s=0.5) as s:
+        stall = server.stall("exec")
+        async with asyncio.timeout(20):  # a hang fails the test instead of blocking it
+            with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
+                await s.exec("true")
+        stall.release()
+        server.trickle("session_create")
+        async with asyncio.timeout(20):
+            with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
+                await s.pty_exec_start("echo hi", tty=True)
+        assert (await s.exec("echo ok")).stdout == b"ok\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("memory_limit_bytes", 512 * 1024 * 1024), ("process_limit", 64), ("cpu_limit", 1.5)],
+)
+async def test_resource_limits_are_unsupported(
+    server: CloudflareWorkerServer, name: str, value: object
+) -> None:
+    """routes.ts `POST /sandbox` reads no body: nothing to map a limit to."""
+    with pytest.raises(sandbox.UnsupportedOperationError, match=name):
+        open_cf(server, **{name: value})
+    assert server.requests == []

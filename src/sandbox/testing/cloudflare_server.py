@@ -54,8 +54,12 @@ Like the real container, and unlike older bridges:
 
 The awkward parts of the real service are reproduced on purpose, always:
 
-- a new PTY's buffer holds a banner (`pre_ready_output`) and the shell's first prompt, so
-  output arrives BEFORE ``ready``;
+- a new PTY's buffer holds a banner (`pre_ready_output`), so output arrives BEFORE
+  ``ready``; ``ready`` follows at once (pty-ws-handler.ts `onOpen` waits for nothing),
+  so the first keys may reach the shell before it reads with readline, while its tty
+  is still in canonical mode (which keeps at most 4095 bytes of a line, as on Linux);
+- the shell is an interactive bash on a real PTY with ``PROMPT_COMMAND`` set to clear
+  the screen once (pty.ts), so a line editor acts on control keys as it does there;
 - event streams mix CR, LF and CRLF line ends, include comments and ``id:`` lines, and
   are written in pieces cut at random places, so a client sees events split across
   network chunks. `seed` makes the cuts reproducible.
@@ -81,6 +85,23 @@ Fault injection (all of it can be changed while the server runs):
 - ``await server.send_pty_error("message")``: an ``error`` frame to every terminal.
 - ``server.stop_sandbox(id)``: its ``running`` answers false from now on.
 - ``server.legacy_exit_frame = True``: the older bridge's ``exit`` frame.
+
+Peers that send too much or too little (each sends at most `flood_bytes`, default
+1 GiB, and stops as soon as the client goes away; writes wait for the socket to drain,
+so the server's own memory stays small):
+
+- ``server.exec_flood = "line" | "event"``: after the first output event, the next exec
+  stream sends one ``data:`` line that never ends, or ``data:`` lines of 64 KiB that never
+  end their event.
+- ``server.oversize(endpoint, size, times=1)``: answer the next requests of a plain
+  endpoint with 200 and a body of `size` bytes (chunked, no ``Content-Length``).
+- ``server.trickle(endpoint, times=1)``: answer with 200 and a body announced as
+  1 KiB that arrives one byte every `trickle_interval_s` (default 0.05 s).
+- ``server.pty_flood = "frame" | "early"``: on the next terminal socket, after
+  ``ready``, one binary frame that
+  announces `flood_bytes` and streams them; or, before ``ready``, `flood_bytes` of
+  output in 64 KiB binary frames.
+- A peer that accepts and never answers: ``server.stall(endpoint)``.
 
 What a test can look at: `sandboxes` (live ones, with their `root` directory, the
 ``/workspace``, and their `sessions`), `deleted` (ids), `deleted_sessions`,
@@ -136,8 +157,12 @@ STALL_POINTS = (*ENDPOINTS, "exec_stream", "pty_ready", "pty_input", "pty_close"
 DEFAULT_PRE_READY_OUTPUT = b"Cloudflare Sandbox terminal\r\n"
 # After a process exits, how long its last output may take to arrive.
 EXIT_DRAIN_S = 0.05
-# How long a new PTY waits for the shell's first prompt before the first `ready`.
-FIRST_PROMPT_WAIT_S = 2.0
+# The most a flooding knob sends, and the size of each of its writes.
+DEFAULT_FLOOD_BYTES = 1 << 30
+FLOOD_CHUNK = 64 * 1024
+# What `trickle` announces, and the pause between its bytes.
+TRICKLE_BYTES = 1024
+DEFAULT_TRICKLE_INTERVAL_S = 0.05
 # pty.ts: DEFAULT_BUFFER_SIZE, the ring of output replayed to each new connection.
 PTY_BUFFER_BYTES = 256 * 1024
 # routes.ts: MAX_WRITE_BYTES.
@@ -222,7 +247,6 @@ class FakePty:
     buffer: bytearray = field(default_factory=bytearray)
     listeners: set[web.WebSocketResponse] = field(default_factory=set)
     exit_code: int | None = None
-    first_output: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -285,6 +309,21 @@ class _SseWriter:
         blob += self._line(b"")
         await self._write(blob)
 
+    async def flood(
+        self, kind: str, send: Callable[[Callable[[bytes], Awaitable[None]], int], Awaitable[None]]
+    ) -> None:
+        """A ``stdout`` event that never ends: one endless ``data:`` line ("line"), or
+        endless 64 KiB ``data:`` lines with no blank line after them ("event")."""
+        await self._resp.write(b"event: stdout\ndata: ")
+        if kind == "line":
+            await send(self._resp.write, sys.maxsize)
+            return
+
+        async def lines(data: bytes) -> None:
+            await self._resp.write(data + b"\ndata: ")
+
+        await send(lines, sys.maxsize)
+
     async def comment(self, text: str) -> None:
         """Write a comment line (clients ignore it)."""
         await self._write(self._line(f": {text}".encode()))
@@ -340,6 +379,11 @@ class CloudflareWorkerServer:
         self.exec_omit_exit = False
         self.exec_error: str | None = None
         self.pty_error_instead_of_ready: str | None = None
+        self.exec_flood: str | None = None
+        self.pty_flood: str | None = None
+        self.flood_bytes = DEFAULT_FLOOD_BYTES
+        self.trickle_interval_s = DEFAULT_TRICKLE_INTERVAL_S
+        self.flooded = 0
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
         self.deleted_sessions: list[str] = []
@@ -347,6 +391,7 @@ class CloudflareWorkerServer:
         self.exec_bodies: list[object] = []
         self._rng = random.Random(seed)
         self._failures: dict[str, list[_Failure]] = {}
+        self._answers: dict[str, list[tuple[str, int]]] = {}
         self._stalls: dict[str, Stall] = {}
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
@@ -439,6 +484,21 @@ class CloudflareWorkerServer:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
         self._failures.setdefault(endpoint, []).append(_Failure(status, times, body))
+
+    def oversize(self, endpoint: str, size: int, *, times: int = 1) -> None:
+        """Answer the next `times` requests to a plain `endpoint` with 200 and `size`
+        bytes of body, chunked (no ``Content-Length`` says how much is coming)."""
+        self._answer(endpoint, "oversize", size, times)
+
+    def trickle(self, endpoint: str, *, times: int = 1) -> None:
+        """Answer the next `times` requests to a plain `endpoint` with 200 and a body
+        announced as `TRICKLE_BYTES` that arrives a byte every `trickle_interval_s`."""
+        self._answer(endpoint, "trickle", TRICKLE_BYTES, times)
+
+    def _answer(self, endpoint: str, kind: str, size: int, times: int) -> None:
+        if endpoint not in ENDPOINTS or endpoint in ("exec", "pty"):
+            raise ValueError(f"{kind} needs a plain endpoint, not {endpoint!r}")
+        self._answers.setdefault(endpoint, []).extend([(kind, size)] * times)
 
     def stall(self, point: str) -> Stall:
         """Make requests wait at `point` until the returned stall is released."""
@@ -536,10 +596,43 @@ class CloudflareWorkerServer:
                 return web.Response(
                     status=failure.status, text=body, content_type="application/json"
                 )
+            answers = self._answers.get(endpoint)
+            if answers:
+                kind, size = answers.pop(0)
+                return await self._odd_answer(request, kind, size)
             await self._maybe_stall(endpoint)
             return await handler(request)
 
         return wrapped
+
+    async def _odd_answer(self, request: web.Request, kind: str, size: int) -> web.StreamResponse:
+        """A 200 whose body is too large (`oversize`) or too slow (`trickle`)."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if kind == "trickle":
+            resp.content_length = size
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            if kind == "trickle":
+                for _ in range(size):
+                    await resp.write(b" ")
+                    await asyncio.sleep(self.trickle_interval_s)
+            else:
+                await resp.write(b'{"id": "')
+                await self._flood(resp.write, size)
+            await resp.write_eof()
+        return resp
+
+    async def _flood(self, write: Callable[[bytes], Awaitable[None]], size: int) -> None:
+        """`size` bytes (at most `flood_bytes`) in chunks, each write waiting for the
+        socket to drain; `flooded` counts what went out. Ends with ConnectionError when
+        the client goes away."""
+        chunk = b"A" * FLOOD_CHUNK
+        left = min(size, self.flood_bytes)
+        while left > 0:
+            piece = chunk[:left]
+            await write(piece)
+            self.flooded += len(piece)
+            left -= len(piece)
 
     async def _maybe_stall(self, point: str) -> None:
         stall = self._stalls.get(point)
@@ -567,7 +660,14 @@ class CloudflareWorkerServer:
             "HISTFILE": "/dev/null",
         }
         if tty:
-            env.update({"TERM": "xterm-256color", "PS1": "$ "})
+            # pty.ts: the shell's first prompt clears the screen once.
+            env.update(
+                {
+                    "TERM": "xterm-256color",
+                    "PS1": "$ ",
+                    "PROMPT_COMMAND": "clear; unset PROMPT_COMMAND",
+                }
+            )
         return env
 
     def _open_connection(self, sandbox: FakeSandbox, request: web.Request) -> _Connection:
@@ -855,6 +955,10 @@ class CloudflareWorkerServer:
                     return
                 if events == 1:
                     await self._maybe_stall("exec_stream")
+                    flood, self.exec_flood = self.exec_flood, None
+                    if flood is not None:
+                        await writer.flood(flood, self._flood)
+                        return
         proc.drain_now()
         while not queue.empty():
             kind, data = queue.get_nowait()
@@ -893,10 +997,10 @@ class CloudflareWorkerServer:
             pty = session.pty
             if pty is None:
                 pty = session.pty = self._new_pty(sandbox, rows, cols)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(FIRST_PROMPT_WAIT_S):
-                        await pty.first_output.wait()
             await self._maybe_stall("pty_ready")
+            flood, self.pty_flood = self.pty_flood, None
+            if flood == "early":
+                await self._flood(ws.send_bytes, sys.maxsize)
             if self.pty_error_instead_of_ready is not None:
                 await ws.send_str(
                     json.dumps({"type": "error", "message": self.pty_error_instead_of_ready})
@@ -907,6 +1011,8 @@ class CloudflareWorkerServer:
                 await ws.send_bytes(bytes(pty.buffer))
             pty.listeners.add(ws)
             await ws.send_str(json.dumps({"type": "ready"}))
+            if flood == "frame":
+                await self._huge_frame(request)
             if self.legacy_exit_frame and pty.exit_code is not None:
                 await self._send_exit(ws, pty.exit_code)
             await self._pty_receiver(conn, pty)
@@ -924,6 +1030,22 @@ class CloudflareWorkerServer:
                 self._close_connection(sandbox, conn)  # even when cancelled (see `_exec`)
         return ws
 
+    async def _huge_frame(self, request: web.Request) -> None:
+        """One unmasked binary frame (RFC 6455: FIN + opcode 2, 64-bit length) that
+        announces `flood_bytes` and streams them, never held whole."""
+        transport = request.transport
+        assert transport is not None
+        size = self.flood_bytes
+        transport.write(b"\x82\x7f" + size.to_bytes(8, "big"))
+
+        async def write(data: bytes) -> None:
+            if transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            transport.write(data)
+            await request.protocol._drain_helper()
+
+        await self._flood(write, size)
+
     def _new_pty(self, sandbox: FakeSandbox, rows: int, cols: int) -> FakePty:
         """pty.ts `initialize`: an interactive shell on a terminal; every output chunk
         goes into the ring and to each listening socket."""
@@ -933,14 +1055,12 @@ class CloudflareWorkerServer:
             pty = holder[0]
             pty.buffer += data
             del pty.buffer[: max(0, len(pty.buffer) - PTY_BUFFER_BYTES)]
-            pty.first_output.set()
             for ws in list(pty.listeners):
                 self._background(self._send_data(ws, data))
 
         def on_exit(code: int) -> None:
             pty = holder[0]
             pty.exit_code = code
-            pty.first_output.set()
             if self.legacy_exit_frame:
                 for ws in list(pty.listeners):
                     self._background(self._send_exit(ws, code))

@@ -8,7 +8,8 @@ cloudflare/sandbox-sdk), over HTTP and WebSocket with aiohttp.
 - `terminal`: PTY sessions, their WebSocket and reader;
 - `files`: files under /workspace, stat'ed first;
 - `scripts`: the terminal's session kill and the stat, beside the toolkit's scripts;
-- `sse`: the incremental server-sent-event decoder of the exec stream.
+- `sse`: the incremental server-sent-event decoder of the exec stream;
+- `bounds`: every byte count and deadline applied to what the Worker sends.
 """
 
 from __future__ import annotations

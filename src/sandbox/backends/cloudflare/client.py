@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -24,13 +24,58 @@ from yarl import URL
 
 from ...credentials import Secret
 from ...errors import ConnectionLostError, InvalidArgumentError, ProviderError, SandboxError
+from .bounds import MAX_CONTROL_OUTPUT, MAX_ERROR_BODY, MAX_JSON_BODY
 from .errors import exit_status, json_object, status_error, transport_failure
 from .sse import SseDecoder, SseEvent
 
 # routes.ts: the bridge refuses any other sandbox id with 400.
 SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
-# Output kept from a control exec (stat, kill): they print a line or nothing.
-MAX_CONTROL_OUTPUT = 64 * 1024
+# Bytes asked of the connection at a time while a body is read.
+READ_CHUNK = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    """A response body went past its bound (`read_bounded`); `size` is the announced
+    length when the Worker sent one, else None."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, never holding more than `limit` bytes of it (plus one chunk's
+    worth being read): `BodyTooLarge` past it, announced or not."""
+    announced = resp.content_length
+    if announced is not None and announced > limit:
+        raise BodyTooLarge(announced)
+    body = bytearray()
+    while True:
+        chunk = await resp.content.read(min(READ_CHUNK, limit + 1 - len(body)))
+        if not chunk:
+            return bytes(body)
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(None)
+
+
+async def read_prefix(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most the first `limit` bytes of the body (an error's explanation): the rest
+    is left unread."""
+    body = bytearray()
+    while len(body) < limit:
+        chunk = await resp.content.read(limit - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)
+
+
+def too_large_error(what: str, limit: int) -> ProviderError:
+    """Our error for an answer past its bound: not something the Worker sends."""
+    return ProviderError(
+        f"could not {what}: the Worker's answer is larger than {limit} bytes", retryable=False
+    )
 
 
 def quote_segment(segment: str) -> str:
@@ -146,9 +191,16 @@ class WorkerClient:
         data: bytes | None = None,
         special: dict[int, SandboxError] | None = None,
         accept: frozenset[int] = frozenset(),
+        max_body: int = MAX_JSON_BODY,
+        too_large: Callable[[int | None], SandboxError] | None = None,
     ) -> tuple[int, bytes]:
         """One plain request: returns (status, body) for a 2xx or an `accept`ed status;
-        raises the `special` error for its status, else the mapped provider error."""
+        raises the `special` error for its status, else the mapped provider error.
+
+        The whole call, body included, is bounded by the request timeout (a peer
+        trickling a byte at a time fails too), and the body by `max_body` bytes (an
+        error's by `MAX_ERROR_BODY`): past it, `too_large(announced size)` or a
+        `ProviderError`."""
         http = self.session()
         failure: SandboxError | None = None
         status, body = 0, b""
@@ -163,7 +215,12 @@ class WorkerClient:
                     allow_redirects=False,
                 ) as resp:
                     status = resp.status
-                    body = await resp.read()
+                    if 200 <= status < 300 or status in accept:
+                        body = await read_bounded(resp, max_body)
+                    else:
+                        body = await read_prefix(resp, MAX_ERROR_BODY)
+        except BodyTooLarge as exc:
+            failure = too_large_error(what, max_body) if too_large is None else too_large(exc.size)
         except TimeoutError:
             failure = transport_failure(None, what, timed_out=True)
         except aiohttp.ClientError as exc:
@@ -195,7 +252,7 @@ class WorkerClient:
                     allow_redirects=False,
                 ) as resp:
                     if resp.status != 200:
-                        body = await resp.content.read(4096)
+                        body = await read_prefix(resp, MAX_ERROR_BODY)
                         failure = status_error(resp.status, what, body, self.key)
                     else:
                         async for event in stream_events(resp):

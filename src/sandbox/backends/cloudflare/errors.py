@@ -18,11 +18,10 @@ from typing import Any
 from ...credentials import Secret
 from ...errors import ConnectionLostError, ProviderError
 from ..toolkit import clean_detail, error_for_status, normalize_exit, transport_error
+from .bounds import MAX_ERROR_BODY
 
 SERVICE = "the Worker"
 API_KEY_ENV = "CLOUDFLARE_SANDBOX_API_KEY"
-# Bytes of an error body worth reading for its explanation.
-MAX_ERROR_BODY = 4096
 
 
 def body_detail(body: bytes) -> str:

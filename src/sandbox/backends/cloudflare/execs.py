@@ -29,7 +29,8 @@ from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ...exec_output import ExecCapture
 from ...process_entry import CommandSpec
 from ..toolkit import kill_script, new_tag, parse_kill_report, wrapper_argv
-from .client import WorkerClient, decode_base64, stream_events
+from .bounds import MAX_ERROR_BODY
+from .client import WorkerClient, decode_base64, read_prefix, stream_events
 from .errors import exit_status, json_object, status_error, transport_failure, worker_text
 from .sse import SseEvent
 
@@ -106,17 +107,26 @@ class WorkerExec:
         reusable = False
         try:
             try:
-                resp = await http.post(
-                    url, headers=self._client.headers(), json=self.body, allow_redirects=False
-                )
-                if resp.status != 200:
-                    self._maybe_running = False  # refused: nothing started
-                    body = await resp.content.read(4096)
-                    failure = status_error(resp.status, "run the command", body, self._client.key)
-                else:
+                # The answer's headers (and an error's body) within the request timeout:
+                # a Worker that accepts and never answers must not hang the command. The
+                # stream itself has no deadline (a running command may be silent).
+                async with asyncio.timeout(self._client.request_timeout_s) as deadline:
+                    resp = await http.post(
+                        url, headers=self._client.headers(), json=self.body, allow_redirects=False
+                    )
+                    if resp.status != 200:
+                        self._maybe_running = False  # refused: nothing started
+                        body = await read_prefix(resp, MAX_ERROR_BODY)
+                        failure = status_error(
+                            resp.status, "run the command", body, self._client.key
+                        )
+                    deadline.reschedule(None)
+                if failure is None:
                     code = await self._read(resp)
                     self._maybe_running = False
                     reusable = resp.content.at_eof()
+            except TimeoutError:
+                failure = transport_failure(None, "run the command", timed_out=True)
             except aiohttp.ClientError as exc:
                 if resp is not None and resp.status == 200:
                     failure = ConnectionLostError(

@@ -76,9 +76,10 @@ class WorkerFiles:
                 404: SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}"),
                 403: _outside(path),
             },
+            # Never more than the limit is kept, whatever the file grew to since the stat.
+            max_body=max_bytes,
+            too_large=lambda size: FileTooLargeError.over(path, size, max_bytes),
         )
-        if len(body) > max_bytes:
-            raise FileTooLargeError.over(path, len(body), max_bytes)
         return body
 
     async def write(self, path: str, data: bytes) -> None:

@@ -41,3 +41,19 @@ def kill_session_argv(shell_pid: int) -> list[str]:
 def stat_argv(relative: str) -> list[str]:
     """The control exec that says what `relative` (to /workspace) names."""
     return ["sh", "-c", STAT, "sh", "./" + relative]
+
+
+# Writes (or, as "append", adds to) the file $1 from the strings after it, private to
+# the user: a typed line too long for a terminal goes there (`terminal.typed_line`).
+WRITE_SCRIPT = 'f=$1; shift; umask 077; printf %s "$@" > "$f"'
+APPEND_SCRIPT = 'f=$1; shift; printf %s "$@" >> "$f"'
+
+
+def script_path(token: str) -> str:
+    """Where the line of the trap with `token` is written when it is too long to type."""
+    return f"/tmp/.sandbox-pty-{token}"
+
+
+def write_script_argv(path: str, parts: list[str], *, append: bool) -> list[str]:
+    """The control exec that writes `parts` (joined) to `path`, or appends them."""
+    return ["sh", "-c", APPEND_SCRIPT if append else WRITE_SCRIPT, "sh", path, *parts]

@@ -30,7 +30,12 @@ from typing import Any
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
 from ...credentials import Secret, require_credential
-from ...errors import InvalidArgumentError, ProviderError, SandboxError
+from ...errors import (
+    InvalidArgumentError,
+    ProviderError,
+    SandboxError,
+    UnsupportedOperationError,
+)
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
@@ -40,7 +45,15 @@ from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command
 from .files import WorkerFiles
 from .scripts import PID_PRINTF, kill_session_argv
-from .terminal import PtyHandle, WorkerTerminal, close_socket, connect, pump, send_frame
+from .terminal import (
+    PtyHandle,
+    WorkerTerminal,
+    close_socket,
+    connect,
+    pump,
+    send_frame,
+    typed_line,
+)
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -73,6 +86,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
       `ready` frame;
     - `heartbeat_s` (default 30): WebSocket ping interval, so a silently dead connection
       ends its process instead of hanging (None disables it);
+    - `memory_limit_bytes`, `process_limit`, `cpu_limit`: not supported (the bridge's
+      create takes no options): any value raises `UnsupportedOperationError`;
 
     plus the base session's options.
     """
@@ -90,8 +105,23 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         connect_timeout_s: float = 15.0,
         ready_timeout_s: float = 30.0,
         heartbeat_s: float | None = 30.0,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        for name, value in (
+            ("memory_limit_bytes", memory_limit_bytes),
+            ("process_limit", process_limit),
+            ("cpu_limit", cpu_limit),
+        ):
+            if value is not None:
+                # routes.ts `POST /sandbox` reads no body: a sandbox's size is the
+                # Worker's container `instance_type` (wrangler config), not per sandbox.
+                raise UnsupportedOperationError(
+                    f"the cloudflare backend cannot set {name}: the bridge's create takes "
+                    "no options (the container's size is the Worker's instance_type)"
+                )
         super().__init__(**options)
         url_text = require_credential(
             worker_url, WORKER_URL_ENV, backend="cloudflare", what="the Worker's URL (worker_url)"
@@ -249,6 +279,7 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             isolate=True,
             announced=check is not None,
         )
+        line = await typed_line(client, handle.trap.token, line)
         await send_frame(handle, line.encode(), "write to the terminal")
         if check is not None:
             await wait_for_verdict(entry, handle.trap, check)

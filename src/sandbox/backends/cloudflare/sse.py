@@ -13,12 +13,9 @@ import re
 from dataclasses import dataclass
 
 from ...errors import ProviderError
+from .bounds import MAX_SSE_EVENT, MAX_SSE_LINE
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-
-# A single line longer than this is not something the Worker sends: refuse it rather
-# than buffer without bound.
-MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +30,22 @@ class SseEvent:
 
 class SseDecoder:
     """Turns chunks of an event stream into `SseEvent`s, keeping partial lines and
-    partial events between calls."""
+    partial events between calls.
 
-    def __init__(self) -> None:
+    A line longer than `max_line` bytes, or an event whose `data` lines add up to more
+    than `max_event` bytes, is not something the Worker sends: `ProviderError`, rather
+    than a buffer without bound.
+    """
+
+    def __init__(self, *, max_line: int = MAX_SSE_LINE, max_event: int = MAX_SSE_EVENT) -> None:
         self._buffer = bytearray()
         self._after_cr = False
         self._event: str | None = None
         self._data: list[str] = []
+        self._data_bytes = 0
         self._id: str | None = None
+        self.max_line = max_line
+        self.max_event = max_event
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Add one network chunk; return the events it completed."""
@@ -49,22 +54,28 @@ class SseDecoder:
             self._after_cr = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
+        # What is held holds no line end: the search starts at the new bytes, so a long
+        # line arriving in many chunks is scanned once, not once per chunk.
+        scan = len(self._buffer)
         self._buffer += chunk
         events: list[SseEvent] = []
         start = 0
         buffer = self._buffer
         while True:
-            match = _LINE_END.search(buffer, start)
+            match = _LINE_END.search(buffer, max(start, scan))
             if match is None:
                 break
+            if match.start() - start > self.max_line:
+                break  # refused below, before it is copied
             self._line(bytes(buffer[start : match.start()]), events)
             start = match.end()
             if match.group() == b"\r" and start == len(buffer):
                 self._after_cr = True
         del buffer[:start]
-        if len(buffer) > MAX_LINE_BYTES:
+        if len(buffer) > self.max_line:
+            buffer.clear()  # released now, not when the traceback goes
             raise ProviderError(
-                f"the event stream sent a line longer than {MAX_LINE_BYTES} bytes",
+                f"the Worker's event stream sent a line longer than {self.max_line} bytes",
                 retryable=False,
             )
         return events
@@ -85,6 +96,7 @@ class SseDecoder:
                 events.append(SseEvent(self._event or "message", "\n".join(self._data), self._id))
             self._event = None
             self._data = []
+            self._data_bytes = 0
             return
         line = raw.decode("utf-8", "replace")
         if line.startswith(":"):
@@ -95,6 +107,13 @@ class SseDecoder:
         if name == "event":
             self._event = value
         elif name == "data":
+            self._data_bytes += len(raw)
+            if self._data_bytes > self.max_event:
+                self._data = []  # released now, not when the traceback goes
+                raise ProviderError(
+                    f"the Worker's event stream sent an event larger than {self.max_event} bytes",
+                    retryable=False,
+                )
             self._data.append(value)
         elif name == "id":
             self._id = value

@@ -24,9 +24,17 @@ import aiohttp
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ...process_entry import PtyEntry
 from ..toolkit import ShellTrap
+from .bounds import (
+    MAX_PRE_READY,
+    MAX_TYPED_LINE,
+    MAX_WS_MESSAGE,
+    SCRIPT_ARG_BYTES,
+    SCRIPT_ARGS_PER_EXEC,
+    WS_CLOSE_TIMEOUT_S,
+)
 from .client import WorkerClient
 from .errors import exit_status, status_error, transport_failure, worker_text
-from .scripts import MAX_PID_SCAN, PID_MARKER
+from .scripts import MAX_PID_SCAN, PID_MARKER, script_path, write_script_argv
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -58,24 +66,40 @@ class WorkerTerminal:
 
     @staticmethod
     async def wait_ready(
-        ws: aiohttp.ClientWebSocketResponse, redact: Callable[[str], str] = str
+        ws: aiohttp.ClientWebSocketResponse,
+        redact: Callable[[str], str] = str,
+        *,
+        max_early: int = MAX_PRE_READY,
     ) -> list[bytes]:
         """Read frames until `ready`; return the output that came before it.
 
         Raises `ProviderError` for an `error` frame (its message passed through
-        `redact`), `ConnectionLostError` when the socket closes first.
+        `redact`) or more than `max_early` bytes of output before `ready`,
+        `ConnectionLostError` when the socket closes first.
         """
         early: list[bytes] = []
+        kept = 0
         while True:
             msg = await ws.receive()
+            data: bytes | None = None
+            control: dict[str, Any] | None = None
             if msg.type is aiohttp.WSMsgType.BINARY:
-                early.append(msg.data)
-                continue
-            if msg.type is aiohttp.WSMsgType.TEXT:
+                data = msg.data
+            elif msg.type is aiohttp.WSMsgType.TEXT:
                 control = _control_frame(msg.data)
                 if control is None:
-                    early.append(msg.data.encode())
-                    continue
+                    data = msg.data.encode()
+            if data is not None:
+                kept += len(data)
+                if kept > max_early:
+                    raise ProviderError(
+                        f"the Worker sent more than {max_early} bytes before the terminal "
+                        "was ready",
+                        retryable=False,
+                    )
+                early.append(data)
+                continue
+            if control is not None:
                 kind = control.get("type")
                 if kind == "ready":
                     return early
@@ -92,6 +116,11 @@ class WorkerTerminal:
                         retryable=True,
                     )
                 continue  # an unknown control frame: not ours to act on
+            if _too_big(msg):
+                raise ProviderError(
+                    f"the terminal WebSocket closed before it was ready ({_close_reason(ws, msg)})",
+                    retryable=False,
+                )
             raise ConnectionLostError(
                 f"the terminal WebSocket closed before it was ready ({_close_reason(ws, msg)})"
             )
@@ -134,7 +163,18 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _too_big(msg: aiohttp.WSMessage) -> bool:
+    """Whether the socket ended because a message went past `max_msg_size`."""
+    return (
+        msg.type is aiohttp.WSMsgType.ERROR
+        and isinstance(msg.data, aiohttp.WebSocketError)
+        and msg.data.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    )
+
+
 def _close_reason(ws: aiohttp.ClientWebSocketResponse, msg: aiohttp.WSMessage) -> str:
+    if _too_big(msg):
+        return f"the Worker sent a message larger than {MAX_WS_MESSAGE} bytes"
     if msg.type is aiohttp.WSMsgType.ERROR:
         return f"connection error: {type(msg.data).__name__}"
     code = ws.close_code
@@ -153,6 +193,7 @@ class PtyHandle:
     reader: asyncio.Task[None] | None = None
     errors: list[str] = field(default_factory=list)
     closing: bool = False
+    drop: bool = False
     shell_pid: int | None = None
     pid_scan: bytes = b""
 
@@ -163,6 +204,28 @@ class PtyHandle:
         if match is not None:
             self.shell_pid = int(match.group(1))
             self.pid_scan = b""
+
+
+async def typed_line(client: WorkerClient, token: str, line: str) -> str:
+    """What to type for `line` (one keystroke-safe shell line ending in a newline): the
+    line itself when short enough to type (`MAX_TYPED_LINE`), else `. <file>` after the
+    line was written to a file in /tmp that removes itself when sourced."""
+    if len(line.encode()) <= MAX_TYPED_LINE:
+        return line
+    path = script_path(token)
+    text = f"rm -f {path}\n{line}"
+    parts = [text[at : at + SCRIPT_ARG_BYTES] for at in range(0, len(text), SCRIPT_ARG_BYTES)]
+    for first in range(0, len(parts), SCRIPT_ARGS_PER_EXEC):
+        batch = parts[first : first + SCRIPT_ARGS_PER_EXEC]
+        code, _ = await client.control(
+            write_script_argv(path, batch, append=first > 0), "write the command to the sandbox"
+        )
+        if code != 0:
+            raise ProviderError(
+                f"could not write the command to the sandbox (exit status {code})",
+                retryable=False,
+            )
+    return f". {path}\n"
 
 
 async def connect(
@@ -187,12 +250,15 @@ async def connect(
                     url,
                     headers={**client.headers(), "Session-Id": handle.session_id},
                     heartbeat=heartbeat_s,
-                    max_msg_size=0,
-                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                    max_msg_size=MAX_WS_MESSAGE,
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=WS_CLOSE_TIMEOUT_S),
                 )
                 early = await WorkerTerminal.wait_ready(
                     handle.ws, lambda text: worker_text(text, client.key)
                 )
+            except ProviderError:
+                handle.drop = True  # it broke the protocol: no handshake with it
+                raise
             except aiohttp.WSServerHandshakeError as exc:
                 failure = status_error(exc.status, "open a terminal", b"", client.key)
             except aiohttp.ClientError as exc:
@@ -202,6 +268,7 @@ async def connect(
             None, "open a terminal", reason=f"not ready within {ready_timeout_s:g}s"
         )
     if failure is not None:
+        handle.drop = True
         raise failure  # outside the except block: the aiohttp error is not chained
     return early
 
@@ -276,11 +343,17 @@ async def send_frame(handle: PtyHandle | None, data: bytes | str, what: str) -> 
 
 async def close_socket(handle: PtyHandle) -> None:
     """Close the socket with the reader still waiting (aiohttp wakes its receive() and
-    does the close handshake, bounded by ws_close), then cancel and await the reader."""
+    does the close handshake), then cancel and await the reader.
+
+    The handshake reads what the Worker still sends until its close frame, each read
+    bounded by ws_close: a Worker that keeps sending would hold it forever, so the whole
+    close is bounded by `WS_CLOSE_TIMEOUT_S` (aiohttp drops the connection when it is
+    cancelled), and a socket whose Worker broke the protocol is dropped at once."""
     ws = handle.ws
     if ws is not None and not ws.closed:
         try:
-            await ws.close()
+            async with asyncio.timeout(0 if handle.drop else WS_CLOSE_TIMEOUT_S):
+                await ws.close()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             logger.debug("closing a cloudflare terminal failed: %s", type(exc).__name__)
     reader, handle.reader = handle.reader, None
