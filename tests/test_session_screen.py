@@ -51,10 +51,10 @@ async def start_bash(session: BaseSandboxSession, **options: Any) -> int:
     return update.process_id
 
 
-def pump_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
-    """Live (not cancelled) loop callbacks of the process's screen pump."""
+def entry_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
+    """Live (not cancelled) loop callbacks bound to the process's entry."""
     loop = asyncio.get_running_loop()
-    # asyncio's own queues: ready callbacks, and timers (the pump pauses in a flood).
+    # asyncio's own queues: ready callbacks, and timers.
     queued = [*getattr(loop, "_ready", ()), *getattr(loop, "_scheduled", ())]
     return [
         h
@@ -185,18 +185,18 @@ async def test_pipes_and_screen_false_have_no_screen(session: BaseSandboxSession
     assert infos == {pipe.process_id: False, plain.process_id: False}
 
 
-async def test_recording_of_a_killed_process_and_the_pump_stops(
+async def test_recording_of_a_killed_process_and_nothing_left_on_the_loop(
     session: BaseSandboxSession, tmp_path: Path
 ) -> None:
     path = tmp_path / "killed.cast"
     pid = await start_bash(session, record=path, record_input=True)
     await session.pty_write_stdin(pid, "echo hi\r", until_screen="\nhi\n", yield_time_s=LONG)
     await session.pty_resize(pid, rows=30, cols=100)
-    # A flood keeps the pump busy, so the terminate finds one scheduled.
+    # A flood is under way when the terminate comes.
     await session.pty_write_stdin(pid, "yes\r", until="y\r\ny", yield_time_s=LONG)
     entry = session._registry[pid]
     await session.pty_terminate(pid)
-    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    assert entry_handles(session, pid) == []
     assert entry.recorder is not None and entry.recorder.closed
     header, events = read_cast(path)
     assert (header["width"], header["height"]) == (80, 24)
@@ -226,7 +226,7 @@ async def test_recording_survives_a_cancelled_close(tmp_path: Path) -> None:
         await closing
     assert session.state is sandbox.SessionState.CLOSED
     assert entry.recorder is not None and entry.recorder.closed
-    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    assert entry_handles(session, pid) == []
     header, events = read_cast(record_dir / f"{pid}.cast")
     assert (header["width"], header["height"]) == (80, 24)
     assert [e[2] for e in events if e[1] == "r"] == ["100x30"]
