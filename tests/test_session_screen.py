@@ -129,6 +129,43 @@ async def test_resize_then_the_screen_follows(session: BaseSandboxSession) -> No
     assert update.screen.lines[:3] == ("prompt$ stty size", "30 100", "prompt$")
 
 
+async def test_terminal_sizes_are_bounded_on_start_and_resize(
+    session: BaseSandboxSession,
+) -> None:
+    pid = await start_bash(session)
+    for rows, cols in ((1001, 80), (24, 1001), (10_000, 10_000)):
+        with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
+            await session.pty_resize(pid, rows=rows, cols=cols)
+        with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
+            await session.pty_exec_start("true", tty=True, rows=rows, cols=cols)
+    await session.pty_resize(pid, rows=1000, cols=1000)  # the largest accepted
+    update = await session.pty_write_stdin(
+        pid, "stty size\r", until_screen="1000 1000", yield_time_s=LONG
+    )
+    assert update.screen is not None and (update.screen.rows, update.screen.cols) == (1000, 1000)
+    assert len(session.pty_processes()) == 1
+
+
+async def test_a_flood_is_not_emulated_until_the_screen_is_asked_for(
+    session: BaseSandboxSession,
+) -> None:
+    last = 1_000_000
+    update = await session.pty_exec_start(
+        f"seq 1 {last}; echo done; exec sleep 600", tty=True, until="done", yield_time_s=LONG
+    )
+    assert update.process_id is not None and "done" in update.output
+    screen = session._registry[update.process_id].screen
+    assert screen is not None
+    # Nothing was emulated while the output streamed: the screen is as it started.
+    assert screen.snapshot().lines == ("",) * 24
+    snap = await session.pty_screen(update.process_id)
+    assert snap.lines == (*(str(n) for n in range(last - 21, last + 1)), "done", "")
+    assert (snap.cursor_row, snap.cursor_col, snap.pending_bytes) == (23, 0, 0)
+    # Rebuilt from the last screenful of lines: the rest of the flood was skipped.
+    fed = len("".join(f"{n}\r\n" for n in range(1, last + 1))) + len("done\r\n")
+    assert snap.skipped_bytes >= fed - 1024
+
+
 async def test_ctrl_c_shows_on_the_screen_and_the_prompt_returns(
     session: BaseSandboxSession,
 ) -> None:
