@@ -247,6 +247,24 @@ def test_an_overflowed_tail_of_lines_is_rebuilt_from_its_last_screenful() -> Non
     assert snap.pending_bytes == 0
 
 
+@pytest.mark.parametrize("cols", [80, 7])
+def test_an_overflowed_line_without_breaks_wraps_where_the_terminal_wrapped_it(
+    cols: int,
+) -> None:
+    screen = TerminalScreen(24, cols)
+    screen.feed(b"prompt$ cat payload\r\n")
+    drain(screen)
+    alphabet = bytes(range(33, 127))  # 94 characters: rows do not repeat at 80 columns
+    payload = alphabet * 20_000
+    for start in range(0, len(payload), 4096):
+        screen.feed(payload[start : start + 4096])
+    snap = drain(screen)
+    # What a terminal shows: the line's last rows, cut every `cols` from its start.
+    rows = [payload[i : i + cols].decode() for i in range(0, len(payload), cols)]
+    assert snap.lines == (*rows[-24:],)
+    assert snap.skipped_bytes >= len(payload) - 24 * cols
+
+
 def test_an_overflowed_tail_is_rebuilt_from_its_last_clear() -> None:
     screen = TerminalScreen(10, 40)
     frames = [

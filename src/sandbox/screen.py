@@ -86,6 +86,7 @@ _RESYNC_WINDOW = 256  # after a drop, look this far for a sequence or line start
 _MAX_SEQUENCE_CHARS = 4096  # an escape sequence longer than this is abandoned
 _MAX_CELL_CHARS = 16  # combining characters kept on one cell
 _MAX_REPEAT = 2048  # characters one REP draws (a 24x80 screenful is 1920)
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 _ALTERNATE_MODES = frozenset({47, 1047, 1049})
 _SAVE_CURSOR_MODE = 1048
 # DECCOLM (80/132 columns): xterm ignores it unless allowColumnMode is set (it is not by
@@ -163,6 +164,9 @@ class TerminalScreen:
         self._skipped = 0
         self._step = 1024
         self._overflowed = False  # bytes were dropped: rebuild before emulating
+        # Printable ASCII bytes consumed since the last CR or LF (None: something else
+        # came since): where a line too long for the tail wraps (see `_rebuild`).
+        self._line_run: int | None = 0
         # The rendered rows, kept between snapshots: only rows the emulator marked dirty
         # are rendered again.
         self._rendered: list[str] = [""] * rows
@@ -224,6 +228,7 @@ class TerminalScreen:
             self._pending -= len(chunk)
             self._consumed += len(chunk)
             started = time.perf_counter()
+            self._track(chunk, 0, len(chunk))
             self._emulate(chunk)
             now = time.perf_counter()
             self._adapt(len(chunk), now - started)
@@ -334,6 +339,7 @@ class TerminalScreen:
                 break
             queue.popleft()
             self._replay_dropped(item, self._head, len(item))
+            self._track(item, self._head, len(item))
             self._head = 0
             self._skip(size)
             self._overflowed = True
@@ -342,6 +348,7 @@ class TerminalScreen:
         if excess > 0 and isinstance(item, bytes):
             # One chunk bigger than the bound: keep its newest part (an offset, no copy).
             self._replay_dropped(item, self._head, self._head + excess)
+            self._track(item, self._head, self._head + excess)
             self._head += excess
             self._skip(excess)
             self._overflowed = True
@@ -376,20 +383,50 @@ class TerminalScreen:
                 self._screen.resize(*item)
             else:
                 self._replay_dropped(item, head if index == 0 else 0, len(item))
+                self._track(item, head if index == 0 else 0, len(item))
         start, cleared = _rebuild_point(data, rows)
         if start < 0:
-            # Nothing to rebuild from (a redraw by diffs, a line longer than the tail):
-            # keep the picture and emulate the newest bytes from a sequence or line
+            start = self._wrapped_line_start(data, rows, self._screen.columns)
+            cleared = start < 0
+        if start < 0:
+            # Nothing to rebuild from (a redraw by diffs, text with escapes and no line
+            # breaks): keep the picture and emulate the newest bytes from a sequence or line
             # start (best effort).
             start = _resync_point(data, max(0, len(data) - self._max_pending), last_resize < 0)
             cleared = True
         self._replay_dropped(data, 0, start)
+        self._track(data, 0, start)
         if not cleared:
-            # Line-oriented output: its newest `rows` lines are drawn on a blank screen.
+            # Line-oriented output (or one long line): its newest rows are drawn on a
+            # blank screen.
             self._screen.erase_in_display(2)
             self._screen.cursor_position()
         self._skip(self._pending - (len(data) - start))
         self._queue = deque([data[start:]] if start < len(data) else [])
+
+    def _track(self, data: bytes, start: int, end: int) -> None:
+        """Follow `_line_run` over data[start:end] (byte searches only)."""
+        newline = max(data.rfind(b"\r", start, end), data.rfind(b"\n", start, end))
+        run = self._line_run if newline < 0 else 0
+        if newline >= 0:
+            start = newline + 1
+        if run is not None and not data[start:end].translate(None, _PRINTABLE_ASCII):
+            self._line_run = run + end - start
+        else:
+            self._line_run = None
+
+    def _wrapped_line_start(self, data: bytes, rows: int, cols: int) -> int:
+        """Where to start drawing `data` on a blank screen when all of it is the end of
+        one long line of printable ASCII whose start is known (`_line_run`): the screen
+        then shows its last rows exactly, wrapped where the terminal wrapped them. -1 if
+        that is not the case."""
+        before = self._line_run  # everything consumed so far; `data` is still queued
+        if before is None or data.translate(None, _PRINTABLE_ASCII):
+            return -1
+        length = before + len(data)
+        last_row = length % cols or cols
+        visible = (rows - 1) * cols + last_row
+        return len(data) - visible if visible <= len(data) else -1
 
     def _replay_dropped(self, data: bytes, start: int, end: int) -> None:
         """Apply the last alternate-screen switch and the last title found in dropped
