@@ -87,6 +87,9 @@ _MAX_SEQUENCE_CHARS = 4096  # an escape sequence longer than this is abandoned
 _MAX_CELL_CHARS = 16  # combining characters kept on one cell
 _MAX_REPEAT = 2048  # characters one REP draws (a 24x80 screenful is 1920)
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+# After an overflow with nothing to rebuild the screen from, the newest this many bytes
+# are emulated over the picture kept (best effort: a full-screen program's recent diffs).
+_FALLBACK_WINDOW = 64 * 1024
 _ALTERNATE_MODES = frozenset({47, 1047, 1049})
 _SAVE_CURSOR_MODE = 1048
 # DECCOLM (80/132 columns): xterm ignores it unless allowColumnMode is set (it is not by
@@ -193,7 +196,7 @@ class TerminalScreen:
         self._queue.append(chunk)
         self._pending += len(chunk)
         self._fed += len(chunk)
-        if self._pending > self._max_pending:
+        if self._pending > 2 * self._max_pending:
             self._trim()
 
     def resize(self, rows: int, cols: int) -> None:
@@ -325,12 +328,15 @@ class TerminalScreen:
         self._step = min(_MAX_STEP, max(_MIN_STEP, step))
 
     def _trim(self) -> None:
-        """Drop whole chunks from the front while the rest still holds `max_pending`
-        bytes (the hot path: a pop and a byte search per dropped chunk)."""
+        """Drop bytes from the front down to `max_pending` (the hot path, run once the
+        queue holds twice that: whole chunks popped, then one join and a few byte
+        searches over what was dropped)."""
         queue = self._queue
+        dropped: list[bytes] = []
         while len(queue) > 1:
             item = queue[0]
             if isinstance(item, tuple):
+                self._account_dropped(dropped)
                 queue.popleft()
                 self._screen.resize(*item)
                 continue
@@ -338,19 +344,25 @@ class TerminalScreen:
             if self._pending - size < self._max_pending:
                 break
             queue.popleft()
-            self._replay_dropped(item, self._head, len(item))
-            self._track(item, self._head, len(item))
+            dropped.append(item[self._head :] if self._head else item)
             self._head = 0
             self._skip(size)
-            self._overflowed = True
         item = queue[0]
         excess = self._pending - self._max_pending
         if excess > 0 and isinstance(item, bytes):
             # One chunk bigger than the bound: keep its newest part (an offset, no copy).
-            self._replay_dropped(item, self._head, self._head + excess)
-            self._track(item, self._head, self._head + excess)
+            dropped.append(item[self._head : self._head + excess])
             self._head += excess
             self._skip(excess)
+        self._account_dropped(dropped)
+
+    def _account_dropped(self, dropped: list[bytes]) -> None:
+        """What dropped bytes still change: switches, titles, the line run."""
+        if dropped:
+            data = dropped[0] if len(dropped) == 1 else b"".join(dropped)
+            dropped.clear()
+            self._replay_dropped(data, 0, len(data))
+            self._track(data, 0, len(data))
             self._overflowed = True
 
     def _skip(self, count: int) -> None:
@@ -384,15 +396,13 @@ class TerminalScreen:
             else:
                 self._replay_dropped(item, head if index == 0 else 0, len(item))
                 self._track(item, head if index == 0 else 0, len(item))
-        start, cleared = _rebuild_point(data, rows)
-        if start < 0:
-            start = self._wrapped_line_start(data, rows, self._screen.columns)
-            cleared = start < 0
+        start, cleared = _rebuild_point(data, rows, self._screen.columns, self._line_run)
         if start < 0:
             # Nothing to rebuild from (a redraw by diffs, text with escapes and no line
             # breaks): keep the picture and emulate the newest bytes from a sequence or line
             # start (best effort).
-            start = _resync_point(data, max(0, len(data) - self._max_pending), last_resize < 0)
+            window = min(self._max_pending, _FALLBACK_WINDOW)
+            start = _resync_point(data, max(0, len(data) - window), last_resize < 0)
             cleared = True
         self._replay_dropped(data, 0, start)
         self._track(data, 0, start)
@@ -414,19 +424,6 @@ class TerminalScreen:
             self._line_run = run + end - start
         else:
             self._line_run = None
-
-    def _wrapped_line_start(self, data: bytes, rows: int, cols: int) -> int:
-        """Where to start drawing `data` on a blank screen when all of it is the end of
-        one long line of printable ASCII whose start is known (`_line_run`): the screen
-        then shows its last rows exactly, wrapped where the terminal wrapped them. -1 if
-        that is not the case."""
-        before = self._line_run  # everything consumed so far; `data` is still queued
-        if before is None or data.translate(None, _PRINTABLE_ASCII):
-            return -1
-        length = before + len(data)
-        last_row = length % cols or cols
-        visible = (rows - 1) * cols + last_row
-        return len(data) - visible if visible <= len(data) else -1
 
     def _replay_dropped(self, data: bytes, start: int, end: int) -> None:
         """Apply the last alternate-screen switch and the last title found in dropped
@@ -450,27 +447,53 @@ class TerminalScreen:
             self._screen.set_title(title)
 
 
-def _rebuild_point(data: bytes, rows: int) -> tuple[int, bool]:
+def _rebuild_point(data: bytes, rows: int, cols: int, run: int | None) -> tuple[int, bool]:
     """Where in `data` the screen can be rebuilt from: (-1, False) if nowhere; else the
-    offset and whether it is a clear of the screen (else a line start with `rows` lines
-    after it, which are drawn on a blank screen)."""
+    offset and whether it is a clear of the screen (else the start of the text that
+    fills the last `rows` rows, to be drawn on a blank screen). `run` is how many
+    printable ASCII bytes of the line `data` starts in came before it (None: unknown)."""
     clear = data.rfind(b"\x1b[2J")
     if clear >= 0:
         for home in (b"\x1b[H", b"\x1b[1;1H", b"\x1b[;H"):
             if data.endswith(home, 0, clear):
                 clear -= len(home)
                 break
-    line = len(data)
-    for _ in range(rows):
-        line = data.rfind(b"\n", 0, line)
-        if line < 0:
-            break
-    line_start = line + 1 if line >= 0 else -1
-    if clear < 0 and line_start < 0:
+    text = _rows_start(data, rows, cols, run)
+    if clear < 0 and text < 0:
         return -1, False
-    if clear >= line_start:
+    if clear >= text:
         return clear, True
-    return line_start, False
+    return text, False
+
+
+def _rows_start(data: bytes, rows: int, cols: int, run: int | None) -> int:
+    """Walk back over the lines at the end of `data` until they fill `rows` rows; the
+    offset to draw from (-1 if the lines run out first, or a partly shown line is not
+    plain text, so where it wraps is unknown). A line of printable ASCII takes a row per
+    `cols` characters; any other line is counted as one row."""
+    need = rows
+    end = len(data)
+    while True:
+        newline = data.rfind(b"\n", 0, end)
+        start = newline + 1
+        body = data[start:end]
+        if body.endswith(b"\r"):
+            body = body[:-1]
+        plain = not body.translate(None, _PRINTABLE_ASCII)
+        width = len(body)
+        if newline < 0:
+            if run is None or not plain:
+                return -1
+            width += run
+        used = max(1, -(-width // cols)) if plain else 1
+        if used >= need:
+            # Start where the shown rows of this line begin.
+            offset = (used - need) * cols - (width - len(body))
+            return start + offset if offset >= 0 else -1
+        need -= used
+        if newline < 0:
+            return -1
+        end = newline
 
 
 def _resync_point(data: bytes, start: int, after_drop: bool) -> int:
