@@ -11,28 +11,40 @@ Interface (everything else in this module is private)::
                                    # loop between slices), then snapshot
     snap.text(cursor_marker="█")   # the lines for a model, with the cursor marked
 
-How a session wires it: the reader calls `feed()` with every chunk it reads and, unless a
-pump is already scheduled, schedules one with `loop.call_soon`; the pump calls
-`process()` and reschedules itself (again with `call_soon`) while it returns False. A
-"show me the screen" call awaits `render()`. `resize()` goes with the PTY resize.
+How a session wires it: the reader calls `feed()` with every chunk it reads; nothing
+else happens until a screen is asked for: `pty_screen()` awaits `render()`, and an
+`until_screen` window renders after every change. `resize()` goes with the PTY resize.
 
-Cost. `feed()` only queues the bytes. The emulator (pyte, pure Python) is slow: about
-0.4 MB/s on `yes`-like output and 1-1.5 MB/s on curses redraws on one core, so a flood
-can outrun it. `process()` works in slices whose size adapts to the measured cost (a
-slice aims at 1 ms, at most 1 KiB of input) and stops once its budget is spent, so the
-event loop is held for the budget plus at most one slice (plus what the garbage
-collector or a busy machine adds, as with any Python code). The queue is bounded by
-`max_pending` bytes: when a flood overfills it, the oldest queued bytes are dropped
-(`skipped_bytes` counts them), the parser and the UTF-8 decoder restart at the next
-escape sequence or line break of what is kept, and the emulator goes on with the most
-recent output. The screen content is not cleared at a drop: full-screen programs redraw
-by diffs, so the previous picture plus the newest diffs is closer to the truth than the
-diffs alone; line-oriented floods scroll the stale lines away at once. Alternate-screen
-switches and window titles inside the dropped bytes are still applied (found with a
-byte search, not emulated), so `alternate_screen` and `title` stay right. Memory is
-bounded by `max_pending` plus the screen cells (rows x cols); the emulator's cost per
-operation grows with the screen size, so the slice bound assumes ordinary sizes (up to a
-few hundred rows and columns).
+Cost. `feed()` only appends to a tail of raw bytes, so a flood nobody looks at costs the
+reader a list append per read. The tail is bounded by `max_pending` (or two bytes per
+cell, if more: a big terminal's screenful of text must fit): once it holds twice that,
+whole chunks are dropped from its front down to the bound (one join and a few byte
+searches over what was dropped, `skipped_bytes` counts it). The emulator (pyte,
+pure Python) is slow: about 0.4 MB/s on `yes`-like output and 1-1.5 MB/s on curses
+redraws on one core. `process()` works in slices whose size adapts to the measured cost
+(a slice aims at 1 ms, at most 1 KiB of input) and stops once its budget is spent, so
+the event loop is held for the budget plus at most one slice (plus what the garbage
+collector or a busy machine adds). A snapshot renders only the rows the emulator marked
+changed since the last one (`render()` in slices that yield, too). Terminals are at
+most 1000 x 1000 (`check_terminal_size`), which bounds the cost of one operation (a
+scroll, an erase: O(rows) or O(cols)) and of a snapshot (a million cells).
+
+Rebuilding after an overflow. When bytes were dropped, the next `process()` does not
+emulate the whole tail: it walks back over the tail's lines until they fill the screen
+(a line of printable ASCII takes a row per `cols` characters, any other line one row;
+the line the tail starts in counts the printable bytes of it that came before, tracked
+with byte searches) and draws from there on a blank screen, or from the last clear of
+the screen (`ESC [ 2 J`, with the `ESC [ H` before it) if that comes later; the bytes
+before that point are skipped. Exact: line-oriented output (a flood of lines, wrapped
+lines, one long line of printable ASCII), and anything after a clear (full-screen
+programs redraw after one). Alternate-screen switches and window titles inside the
+skipped bytes are still applied (found with a byte search, not emulated), so
+`alternate_screen` and `title` stay right. Best effort: with neither (a full-screen
+program's diffs, or lines with escapes that wrap), the newest 64 KiB are emulated over
+the picture kept (the previous picture plus the newest diffs is closer to the truth
+than the diffs alone), from the next escape sequence or line break; the main screen
+brought back when a program leaves the alternate screen is the one emulated last.
+Memory is bounded by twice the tail's bound plus the screen cells (rows x cols).
 
 Order. Bytes fed before a `resize()` are emulated at the old size and bytes after it at
 the new size, as on a real terminal (the program only redraws after its SIGWINCH). A
@@ -154,6 +166,7 @@ class TerminalScreen:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, not {max_pending!r}")
         self._max_pending = max_pending
+        self._bound = _tail_bound(max_pending, rows, cols)
         self._screen = _Screen(cols, rows)
         self._stream = _Stream(self._screen)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -196,13 +209,15 @@ class TerminalScreen:
         self._queue.append(chunk)
         self._pending += len(chunk)
         self._fed += len(chunk)
-        if self._pending > 2 * self._max_pending:
+        if self._pending > 2 * self._bound:
             self._trim()
 
     def resize(self, rows: int, cols: int) -> None:
         """Resize the screen, after the bytes fed so far (they were written for the old
         size). Takes effect when `process()` reaches it."""
         check_terminal_size(rows, cols)
+        # Never below what the sizes still queued need: their bytes are in the tail.
+        self._bound = max(self._bound, _tail_bound(self._max_pending, rows, cols))
         if self._queue:
             self._queue.append((rows, cols))
         else:
@@ -341,14 +356,14 @@ class TerminalScreen:
                 self._screen.resize(*item)
                 continue
             size = len(item) - self._head
-            if self._pending - size < self._max_pending:
+            if self._pending - size < self._bound:
                 break
             queue.popleft()
             dropped.append(item[self._head :] if self._head else item)
             self._head = 0
             self._skip(size)
         item = queue[0]
-        excess = self._pending - self._max_pending
+        excess = self._pending - self._bound
         if excess > 0 and isinstance(item, bytes):
             # One chunk bigger than the bound: keep its newest part (an offset, no copy).
             dropped.append(item[self._head : self._head + excess])
@@ -445,6 +460,12 @@ class TerminalScreen:
         title = _last_title(data, start, end)
         if title is not None:
             self._screen.set_title(title)
+
+
+def _tail_bound(max_pending: int, rows: int, cols: int) -> int:
+    """The tail kept for a screen: `max_pending`, or two bytes per cell if more (a big
+    terminal's screenful of text must fit, for the rebuild to be exact)."""
+    return max(max_pending, 2 * rows * cols)
 
 
 def _rebuild_point(data: bytes, rows: int, cols: int, run: int | None) -> tuple[int, bool]:
