@@ -435,10 +435,11 @@ class TerminalScreen:
         run = self._line_run if newline < 0 else 0
         if newline >= 0:
             start = newline + 1
-        if run is not None and not data[start:end].translate(None, _PRINTABLE_ASCII):
-            self._line_run = run + end - start
-        else:
-            self._line_run = None
+        if run is None:
+            return  # stays unknown until the next line break
+        part = data if start == 0 and end == len(data) else data[start:end]  # no copy: a flood
+        plain = not part.translate(None, _PRINTABLE_ASCII)
+        self._line_run = run + end - start if plain else None
 
     def _replay_dropped(self, data: bytes, start: int, end: int) -> None:
         """Apply the last alternate-screen switch and the last title found in dropped
