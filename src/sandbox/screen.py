@@ -98,7 +98,6 @@ _RESYNC_WINDOW = 256  # after a drop, look this far for a sequence or line start
 _MAX_SEQUENCE_CHARS = 4096  # an escape sequence longer than this is abandoned
 _MAX_CELL_CHARS = 16  # combining characters kept on one cell
 _MAX_REPEAT = 2048  # characters one REP draws (a 24x80 screenful is 1920)
-_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 # After an overflow with nothing to rebuild the screen from, the newest this many bytes
 # are emulated over the picture kept (best effort: a full-screen program's recent diffs).
 _FALLBACK_WINDOW = 64 * 1024
@@ -374,10 +373,12 @@ class TerminalScreen:
     def _account_dropped(self, dropped: list[bytes]) -> None:
         """What dropped bytes still change: switches, titles, the line run."""
         if dropped:
-            data = dropped[0] if len(dropped) == 1 else b"".join(dropped)
+            for piece in dropped:
+                self._track(piece, 0, len(piece))
+            if any(piece.find(b"\x1b") >= 0 for piece in dropped):  # plain text: no join
+                data = dropped[0] if len(dropped) == 1 else b"".join(dropped)
+                self._replay_dropped(data, 0, len(data))
             dropped.clear()
-            self._replay_dropped(data, 0, len(data))
-            self._track(data, 0, len(data))
             self._overflowed = True
 
     def _skip(self, count: int) -> None:
@@ -438,8 +439,7 @@ class TerminalScreen:
         if run is None:
             return  # stays unknown until the next line break
         part = data if start == 0 and end == len(data) else data[start:end]  # no copy: a flood
-        plain = not part.translate(None, _PRINTABLE_ASCII)
-        self._line_run = run + end - start if plain else None
+        self._line_run = run + end - start if _plain(part) else None
 
     def _replay_dropped(self, data: bytes, start: int, end: int) -> None:
         """Apply the last alternate-screen switch and the last title found in dropped
@@ -461,6 +461,23 @@ class TerminalScreen:
         title = _last_title(data, start, end)
         if title is not None:
             self._screen.set_title(title)
+
+
+def _plain(data: bytes) -> bool:
+    """Whether every byte takes one cell: ASCII without escape sequences, the controls
+    that move the cursor within a line (BS, HT, VT, FF) or DEL. A few byte searches, no
+    copy; the other controls (BEL, NUL) count as cells here, where a terminal ignores
+    them: a best-effort case."""
+    # Unrolled: this runs for every chunk a flood drops.
+    return (
+        data.isascii()
+        and data.find(b"\x1b") < 0
+        and data.find(b"\x08") < 0
+        and data.find(b"\t") < 0
+        and data.find(b"\x0b") < 0
+        and data.find(b"\x0c") < 0
+        and data.find(b"\x7f") < 0
+    )
 
 
 def _tail_bound(max_pending: int, rows: int, cols: int) -> int:
@@ -501,7 +518,7 @@ def _rows_start(data: bytes, rows: int, cols: int, run: int | None) -> int:
         body = data[start:end]
         if body.endswith(b"\r"):
             body = body[:-1]
-        plain = not body.translate(None, _PRINTABLE_ASCII)
+        plain = _plain(body) and body.find(b"\r") < 0  # a CR inside redraws the row
         width = len(body)
         if newline < 0:
             if run is None or not plain:
