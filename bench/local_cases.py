@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sandbox
+from sandbox.arguments import MAX_TERMINAL_SIDE
 from sandbox.backends.unix_local import UnixLocalSession
 
 from .measure import Figure, StallMeter, cpu_seconds, rss_bytes
@@ -331,6 +332,9 @@ async def screens(cfg: Config) -> list[Figure]:
     stall = Figure(
         "screens", f"longest loop stall, {cfg.drain_mb} MB pty flood (vs screens off)", "ms", False
     )
+    on_vs_off = Figure(
+        "screens", f"drain {cfg.drain_mb} MB, pty, screens on (vs off)", "MB/s", True
+    )
     for screen in (False, True):
         label = "screens on" if screen else "screens off"
         rate = Figure("screens", f"drain {cfg.drain_mb} MB, pty, {label}", "MB/s", True)
@@ -351,6 +355,7 @@ async def screens(cfg: Config) -> list[Figure]:
             rate.ours.append(size / 1e6 / elapsed)
             cpu.ours.append(used)
             (stall.ours if screen else stall.baseline).append(meter.longest * 1000)
+            (on_vs_off.ours if screen else on_vs_off.baseline).append(size / 1e6 / elapsed)
             c0, t0 = cpu_seconds(), time.perf_counter()
             raw = RawChild(["cat", str(path)], tty=True)
             await raw.finish()
@@ -361,7 +366,104 @@ async def screens(cfg: Config) -> list[Figure]:
             raw.kill()
         figures += [rate, cpu]
     stall.note = "ticker task every 1 ms; baseline: the same flood with screen=False"
-    return [*figures, stall]
+    on_vs_off.note = "same run: ratio = screens on / screens off (target >= 0.9)"
+    return [*figures, on_vs_off, stall]
 
 
-CASES = [throughput, round_trip, start_cost, scale, memory, churn, screens]
+def lines_file(cfg: Config) -> tuple[Path, int]:
+    """`seq 1 N` output of about `drain_mb` MB, and N."""
+    last = cfg.drain_mb * 1_000_000 // 8
+    path = cfg.workdir / f"lines-{last}.txt"
+    if not path.exists():
+        with open(path, "w") as handle:
+            handle.writelines(f"{n}\n" for n in range(1, last + 1))
+    return path, last
+
+
+async def first_screen(cfg: Config) -> list[Figure]:
+    """The first `pty_screen()` after a flood nobody looked at (lines, and one line
+    without breaks), with the screen checked: how long it takes and how long it holds
+    the event loop. No raw baseline (raw has no screen): the target is 50 ms."""
+    lines, last = lines_file(cfg)
+    payload, _, _ = payload_file(cfg)
+    floods = {
+        f"{cfg.drain_mb} MB of lines (seq)": (lines, [*map(str, range(last - 20, last + 1)), ""]),
+        f"{cfg.drain_mb} MB, one line": (payload, None),
+    }
+    figures = []
+    for label, (path, want) in floods.items():
+        took = Figure("first screen", f"first pty_screen() after {label}", "ms", False)
+        stall = Figure("first screen", f"longest loop stall in it, {label}", "ms", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg) as s:
+                update = await s.pty_exec_start(
+                    f"cat {path}; echo; echo FLOOD-END; exec sleep 600",
+                    tty=True,
+                    until="FLOOD-END",
+                    yield_time_s=30,
+                )
+                assert update.process_id is not None and "FLOOD-END" in update.output
+                with StallMeter() as meter:
+                    await asyncio.sleep(0)  # the ticker starts: a call that never yields shows
+                    t0 = time.perf_counter()
+                    snap = await s.pty_screen(update.process_id)
+                    took.ours.append((time.perf_counter() - t0) * 1000)
+                    await asyncio.sleep(0.005)  # the ticker wakes: a stall is recorded
+                stall.ours.append(meter.longest * 1000)
+                assert snap.lines[-2:] == ("FLOOD-END", ""), snap.lines[-3:]
+                if want is not None:
+                    assert list(snap.lines[:22]) == want, snap.lines[:3]
+                else:
+                    row = bytes(range(33, 127)) * 1000
+                    assert all(line and line in row.decode() for line in snap.lines[:21])
+        took.note = "target: 50 ms; the screen is checked (the last lines of seq, the wrapped line)"
+        figures += [took, stall]
+    return figures
+
+
+async def largest_screen(cfg: Config) -> list[Figure]:
+    """`pty_screen()` on the largest accepted terminal (1000 x 1000): filled with E by
+    DECALN (ESC # 8, three bytes), and full of text (1000 lines of 999 characters)."""
+    # The largest accepted side; trees that accepted 10000 are compared at 1000.
+    side = min(MAX_TERMINAL_SIDE, 1000)
+    text = cfg.workdir / "screenful.txt"
+    text.write_text("".join(f"{n:03d}" + "x" * 996 + "\n" for n in range(side)))
+    fills = {"ESC # 8": "printf '\\033#8'", "text": f"cat {text}"}
+    figures = []
+    for label, command in fills.items():
+        took = Figure("largest screen", f"pty_screen() {side}x{side}, {label}", "ms", False)
+        stall = Figure("largest screen", f"longest loop stall in it, {label}", "ms", False)
+        for _ in range(cfg.rounds):
+            async with session(cfg) as s:
+                update = await s.pty_exec_start(
+                    f"read x; {command}; echo; echo FILL-END; exec sleep 600", tty=True
+                )
+                pid = update.process_id
+                assert pid is not None
+                await s.pty_resize(pid, rows=side, cols=side)
+                update = await s.pty_write_stdin(pid, "\n", until="FILL-END", yield_time_s=30)
+                with StallMeter() as meter:
+                    await asyncio.sleep(0)  # the ticker starts: a call that never yields shows
+                    t0 = time.perf_counter()
+                    snap = await s.pty_screen(pid)
+                    took.ours.append((time.perf_counter() - t0) * 1000)
+                    await asyncio.sleep(0.005)  # the ticker wakes: a stall is recorded
+                stall.ours.append(meter.longest * 1000)
+                assert (snap.rows, snap.cols) == (side, side)
+                assert any(line.startswith("FILL-END") for line in snap.lines)
+        stall.note = "ticker task every 1 ms; the issue measured 71 s at 10000x10000"
+        figures += [took, stall]
+    return figures
+
+
+CASES = [
+    throughput,
+    round_trip,
+    start_cost,
+    scale,
+    memory,
+    churn,
+    screens,
+    first_screen,
+    largest_screen,
+]

@@ -218,6 +218,21 @@ def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
     assert code == 5
 
 
+def test_shell_on_a_window_bigger_than_a_terminal_may_be(tmp_path: Path) -> None:
+    term = Terminal(["shell", "--workspace", str(tmp_path)], rows=1200, cols=2000)
+    try:
+        term.type("stty size\n")
+        term.read_until(b"1000 1000")  # the largest accepted, not an error
+        term.set_size(40, 1500)
+        term.proc.send_signal(signal.SIGWINCH)
+        term.type("stty size\n")
+        term.read_until(b"40 1000")
+        term.type("exit 3\n")
+    finally:
+        code = term.close()
+    assert code == 3
+
+
 def test_shell_with_a_command(tmp_path: Path) -> None:
     term = Terminal(["shell", "--workspace", str(tmp_path), "--", "cat"])
     try:

@@ -39,6 +39,9 @@ from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 # runs it; the module itself where the package is not installed with its scripts.
 _SCRIPT = Path(sys.executable).with_name("sandbox")
 SERVER_ARGV = [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp"]
+# The SDK's client passes the server only a few variables: a PYTHONPATH that puts a
+# source tree first must reach it too, or the server would run another tree's code.
+SERVER_ENV = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else None
 TOOLS = {
     "exec_command",
     "write_stdin",
@@ -110,6 +113,7 @@ async def stdio_session(workspace: Path, log: Path, *extra: str) -> AsyncIterato
     params = StdioServerParameters(
         command=SERVER_ARGV[0],
         args=[*SERVER_ARGV[1:], "--workspace", str(workspace), *extra],
+        env=SERVER_ENV,
     )
     with log.open("a") as errlog:
         async with Client(stdio_client(params, errlog=errlog)) as client:
@@ -422,6 +426,40 @@ async def test_write_stdin_until_screen_returns_the_screen(tmp_path: Path) -> No
             client, "write_stdin", session_id=pager, chars="q", until="x", yield_time_ms=2000
         )
         assert "Screen (" not in out
+
+
+async def test_the_largest_screen_is_cut_for_the_model(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with stdio_session(workspace, tmp_path / "server.log") as client:
+        out = await ok(
+            client,
+            "exec_command",
+            cmd="read x; printf '\\033#8'; exec sleep 600",
+            tty=True,
+            yield_time_ms=250,
+        )
+        tty = session_id(out)
+        await ok(client, "resize", session_id=tty, rows=1000, cols=1000)
+        message = await error(client, "resize", session_id=tty, rows=1001, cols=1000)
+        assert "rows must be between 1 and 1000" in message
+        out = await ok(
+            client,
+            "write_stdin",
+            session_id=tty,
+            chars="\n",
+            until_screen="E" * 1000,
+            yield_time_ms=20000,
+        )
+        for text in (out, await ok(client, "view_screen", session_id=tty)):
+            screen = text.split("(marked █)):\n", 1)[1]
+            rows = screen.splitlines()
+            # Whole rows of the 1000 x 1000 screen (1 million characters), up to the cap.
+            # The cursor stayed where the echoed newline left it.
+            assert rows[:2] == ["E" * 1000, "█" + "E" * 1000]  # the marker is inserted
+            assert rows[2:-1] == ["E" * 1000] * (len(rows) - 3)
+            assert len(screen) - len(rows[-1]) <= 65_536
+            assert rows[-1] == f"(screen text cut at 65536 characters, in row {len(rows)} of 1000)"
 
 
 async def test_list_processes_says_which_have_a_screen(tmp_path: Path) -> None:

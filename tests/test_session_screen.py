@@ -51,10 +51,10 @@ async def start_bash(session: BaseSandboxSession, **options: Any) -> int:
     return update.process_id
 
 
-def pump_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
-    """Live (not cancelled) loop callbacks of the process's screen pump."""
+def entry_handles(session: BaseSandboxSession, process_id: int) -> list[asyncio.Handle]:
+    """Live (not cancelled) loop callbacks bound to the process's entry."""
     loop = asyncio.get_running_loop()
-    # asyncio's own queues: ready callbacks, and timers (the pump pauses in a flood).
+    # asyncio's own queues: ready callbacks, and timers.
     queued = [*getattr(loop, "_ready", ()), *getattr(loop, "_scheduled", ())]
     return [
         h
@@ -129,6 +129,43 @@ async def test_resize_then_the_screen_follows(session: BaseSandboxSession) -> No
     assert update.screen.lines[:3] == ("prompt$ stty size", "30 100", "prompt$")
 
 
+async def test_terminal_sizes_are_bounded_on_start_and_resize(
+    session: BaseSandboxSession,
+) -> None:
+    pid = await start_bash(session)
+    for rows, cols in ((1001, 80), (24, 1001), (10_000, 10_000)):
+        with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
+            await session.pty_resize(pid, rows=rows, cols=cols)
+        with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
+            await session.pty_exec_start("true", tty=True, rows=rows, cols=cols)
+    await session.pty_resize(pid, rows=1000, cols=1000)  # the largest accepted
+    update = await session.pty_write_stdin(
+        pid, "stty size\r", until_screen="1000 1000", yield_time_s=LONG
+    )
+    assert update.screen is not None and (update.screen.rows, update.screen.cols) == (1000, 1000)
+    assert len(session.pty_processes()) == 1
+
+
+async def test_a_flood_is_not_emulated_until_the_screen_is_asked_for(
+    session: BaseSandboxSession,
+) -> None:
+    last = 1_000_000
+    update = await session.pty_exec_start(
+        f"seq 1 {last}; echo done; exec sleep 600", tty=True, until="done", yield_time_s=LONG
+    )
+    assert update.process_id is not None and "done" in update.output
+    screen = session._registry[update.process_id].screen
+    assert screen is not None
+    # Nothing was emulated while the output streamed: the screen is as it started.
+    assert screen.snapshot().lines == ("",) * 24
+    snap = await session.pty_screen(update.process_id)
+    assert snap.lines == (*(str(n) for n in range(last - 21, last + 1)), "done", "")
+    assert (snap.cursor_row, snap.cursor_col, snap.pending_bytes) == (23, 0, 0)
+    # Rebuilt from the last screenful of lines: the rest of the flood was skipped.
+    fed = len("".join(f"{n}\r\n" for n in range(1, last + 1))) + len("done\r\n")
+    assert snap.skipped_bytes >= fed - 1024
+
+
 async def test_ctrl_c_shows_on_the_screen_and_the_prompt_returns(
     session: BaseSandboxSession,
 ) -> None:
@@ -185,18 +222,18 @@ async def test_pipes_and_screen_false_have_no_screen(session: BaseSandboxSession
     assert infos == {pipe.process_id: False, plain.process_id: False}
 
 
-async def test_recording_of_a_killed_process_and_the_pump_stops(
+async def test_recording_of_a_killed_process_and_nothing_left_on_the_loop(
     session: BaseSandboxSession, tmp_path: Path
 ) -> None:
     path = tmp_path / "killed.cast"
     pid = await start_bash(session, record=path, record_input=True)
     await session.pty_write_stdin(pid, "echo hi\r", until_screen="\nhi\n", yield_time_s=LONG)
     await session.pty_resize(pid, rows=30, cols=100)
-    # A flood keeps the pump busy, so the terminate finds one scheduled.
+    # A flood is under way when the terminate comes.
     await session.pty_write_stdin(pid, "yes\r", until="y\r\ny", yield_time_s=LONG)
     entry = session._registry[pid]
     await session.pty_terminate(pid)
-    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    assert entry_handles(session, pid) == []
     assert entry.recorder is not None and entry.recorder.closed
     header, events = read_cast(path)
     assert (header["width"], header["height"]) == (80, 24)
@@ -226,7 +263,7 @@ async def test_recording_survives_a_cancelled_close(tmp_path: Path) -> None:
         await closing
     assert session.state is sandbox.SessionState.CLOSED
     assert entry.recorder is not None and entry.recorder.closed
-    assert not entry.pump_scheduled and pump_handles(session, pid) == []
+    assert entry_handles(session, pid) == []
     header, events = read_cast(record_dir / f"{pid}.cast")
     assert (header["width"], header["height"]) == (80, 24)
     assert [e[2] for e in events if e[1] == "r"] == ["100x30"]

@@ -21,7 +21,11 @@ WRITE_YIELD_S = 0.25
 MIN_YIELD_S = 0.25
 MAX_YIELD_S = 30.0
 EMPTY_POLL_MIN_YIELD_S = 5.0
-MAX_TERMINAL_SIDE = 10_000
+# Rows and columns accepted for a terminal, on every backend: more than any real display
+# shows (a 4K monitor at a 6-pixel font is 640 columns by 270 rows), while a screen's
+# cost (memory, emulation per line, a snapshot's text) stays bounded at 1000 x 1000
+# cells (docs/contract.md, "Screens").
+MAX_TERMINAL_SIDE = 1000
 
 
 def yield_window(value: float | None, default: float, *, floor: float = MIN_YIELD_S) -> float:

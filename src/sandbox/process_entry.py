@@ -7,11 +7,10 @@ what it asked for, so a reader that streams megabytes does not wake a window tha
 waits for the deadline or the exit.
 
 A tty entry started with a screen (the default) also feeds every chunk to its
-`TerminalScreen` (a cheap queue) and, if recorded, to its `AsciicastRecorder`; the
-emulation runs in a pump scheduled with `loop.call_soon` that works for at most
-`SCREEN_PUMP_BUDGET_S` per turn and reschedules itself until caught up, so a reader is
-never held up by the emulator. `close_terminal()` (from the teardown) stops the pump and
-closes the recording.
+`TerminalScreen` (a bounded tail of raw bytes: nothing is emulated on the reader's path)
+and, if recorded, to its `AsciicastRecorder`. The emulator runs only when a screen is
+asked for (`pty_screen`, an `until_screen` window), so a flood nobody looks at costs a
+list append per read. `close_terminal()` (from the teardown) closes the recording.
 """
 
 from __future__ import annotations
@@ -63,15 +62,6 @@ class ProcessSpec:
 
 # How long a window waits, after a process's exit is known, for the end of its output.
 EXIT_DRAIN_GRACE_S = 0.05
-# How long one turn of the screen pump may emulate (the loop is held at most this plus
-# one slice of about 1 ms, see `sandbox.screen`): short enough for other tasks' latency.
-SCREEN_PUMP_BUDGET_S = 0.005
-# With more than this queued the emulator cannot catch up with a flood (the screen drops
-# the oldest bytes anyway): the pump then pauses between turns, so that the emulator
-# takes about 5% of the loop and the reader keeps its throughput; a view of the screen
-# (`pty_screen`, `until_screen`) renders what is queued at once.
-SCREEN_FLOOD_PENDING = 64 * 1024
-SCREEN_FLOOD_PAUSE_S = 0.1
 
 
 # The type of a backend's own per-process state (`PtyEntry.handle`); Any for a backend
@@ -136,8 +126,6 @@ class PtyEntry(Generic[H]):
             from .screen import TerminalScreen
 
             self.screen = TerminalScreen(self.spec.rows, self.spec.cols)
-        self._pump: asyncio.Handle | None = None
-        self._terminal_closed = False
 
     # ---- what a backend calls -------------------------------------------------------
 
@@ -165,7 +153,6 @@ class PtyEntry(Generic[H]):
             self.output.append(data)
             if self.screen is not None:
                 self.screen.feed(data)
-                self._schedule_pump()
             if self.recorder is not None:
                 self.recorder.output(data)
             if self._waiter_wants_data:
@@ -230,25 +217,14 @@ class PtyEntry(Generic[H]):
         """Follow a resize of the terminal in the screen and the recording."""
         if self.screen is not None:
             self.screen.resize(rows, cols)
-            self._schedule_pump()
         if self.recorder is not None:
             self.recorder.resize(rows, cols)
 
     def close_terminal(self) -> None:
-        """Stop the screen pump and close the recording (the teardown calls it once the
-        backend's readers are stopped). The screen stays readable; later feeds only
-        queue (a render still processes them)."""
-        self._terminal_closed = True
-        if self._pump is not None:
-            self._pump.cancel()
-            self._pump = None
+        """Close the recording (the teardown calls it once the backend's readers are
+        stopped). The screen stays readable."""
         if self.recorder is not None:
             self.recorder.close()
-
-    @property
-    def pump_scheduled(self) -> bool:
-        """Whether a turn of the screen pump is waiting on the event loop."""
-        return self._pump is not None
 
     def touch(self) -> None:
         """Mark the entry as used now (for the prune rule and `pty_processes()`)."""
@@ -286,29 +262,6 @@ class PtyEntry(Generic[H]):
     def _exit_grace_loop_deadline(self, loop: asyncio.AbstractEventLoop) -> float:
         assert self.exited_at is not None
         return loop.time() + max(0.0, self.exited_at + EXIT_DRAIN_GRACE_S - time.monotonic())
-
-    def _schedule_pump(self, pause: float = 0.0) -> None:
-        if self._pump is not None or self._terminal_closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a finalizer): a render processes the queue
-            return
-        if pause:
-            self._pump = loop.call_later(pause, self._run_pump)
-        else:
-            self._pump = loop.call_soon(self._run_pump)
-
-    def _run_pump(self) -> None:
-        self._pump = None
-        screen = self.screen
-        if screen is None or self._terminal_closed:
-            return
-        if not screen.process(SCREEN_PUMP_BUDGET_S):
-            # Not caught up: go on at the next turn, after the callbacks ready meanwhile
-            # (a little later in a flood, see SCREEN_FLOOD_PENDING).
-            flooded = screen.pending_bytes > SCREEN_FLOOD_PENDING
-            self._schedule_pump(SCREEN_FLOOD_PAUSE_S if flooded else 0.0)
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -11,28 +11,40 @@ Interface (everything else in this module is private)::
                                    # loop between slices), then snapshot
     snap.text(cursor_marker="█")   # the lines for a model, with the cursor marked
 
-How a session wires it: the reader calls `feed()` with every chunk it reads and, unless a
-pump is already scheduled, schedules one with `loop.call_soon`; the pump calls
-`process()` and reschedules itself (again with `call_soon`) while it returns False. A
-"show me the screen" call awaits `render()`. `resize()` goes with the PTY resize.
+How a session wires it: the reader calls `feed()` with every chunk it reads; nothing
+else happens until a screen is asked for: `pty_screen()` awaits `render()`, and an
+`until_screen` window renders after every change. `resize()` goes with the PTY resize.
 
-Cost. `feed()` only queues the bytes. The emulator (pyte, pure Python) is slow: about
-0.4 MB/s on `yes`-like output and 1-1.5 MB/s on curses redraws on one core, so a flood
-can outrun it. `process()` works in slices whose size adapts to the measured cost (a
-slice aims at 1 ms, at most 1 KiB of input) and stops once its budget is spent, so the
-event loop is held for the budget plus at most one slice (plus what the garbage
-collector or a busy machine adds, as with any Python code). The queue is bounded by
-`max_pending` bytes: when a flood overfills it, the oldest queued bytes are dropped
-(`skipped_bytes` counts them), the parser and the UTF-8 decoder restart at the next
-escape sequence or line break of what is kept, and the emulator goes on with the most
-recent output. The screen content is not cleared at a drop: full-screen programs redraw
-by diffs, so the previous picture plus the newest diffs is closer to the truth than the
-diffs alone; line-oriented floods scroll the stale lines away at once. Alternate-screen
-switches and window titles inside the dropped bytes are still applied (found with a
-byte search, not emulated), so `alternate_screen` and `title` stay right. Memory is
-bounded by `max_pending` plus the screen cells (rows x cols); the emulator's cost per
-operation grows with the screen size, so the slice bound assumes ordinary sizes (up to a
-few hundred rows and columns).
+Cost. `feed()` only appends to a tail of raw bytes, so a flood nobody looks at costs the
+reader a list append per read. The tail is bounded by `max_pending` (or two bytes per
+cell, if more: a big terminal's screenful of text must fit): once it holds twice that,
+whole chunks are dropped from its front down to the bound (one join and a few byte
+searches over what was dropped, `skipped_bytes` counts it). The emulator (pyte,
+pure Python) is slow: about 0.4 MB/s on `yes`-like output and 1-1.5 MB/s on curses
+redraws on one core. `process()` works in slices whose size adapts to the measured cost
+(a slice aims at 1 ms, at most 1 KiB of input) and stops once its budget is spent, so
+the event loop is held for the budget plus at most one slice (plus what the garbage
+collector or a busy machine adds). A snapshot renders only the rows the emulator marked
+changed since the last one (`render()` in slices that yield, too). Terminals are at
+most 1000 x 1000 (`check_terminal_size`), which bounds the cost of one operation (a
+scroll, an erase: O(rows) or O(cols)) and of a snapshot (a million cells).
+
+Rebuilding after an overflow. When bytes were dropped, the next `process()` does not
+emulate the whole tail: it walks back over the tail's lines until they fill the screen
+(a line of printable ASCII takes a row per `cols` characters, any other line one row;
+the line the tail starts in counts the printable bytes of it that came before, tracked
+with byte searches) and draws from there on a blank screen, or from the last clear of
+the screen (`ESC [ 2 J`, with the `ESC [ H` before it) if that comes later; the bytes
+before that point are skipped. Exact: line-oriented output (a flood of lines, wrapped
+lines, one long line of printable ASCII), and anything after a clear (full-screen
+programs redraw after one). Alternate-screen switches and window titles inside the
+skipped bytes are still applied (found with a byte search, not emulated), so
+`alternate_screen` and `title` stay right. Best effort: with neither (a full-screen
+program's diffs, or lines with escapes that wrap), the newest 64 KiB are emulated over
+the picture kept (the previous picture plus the newest diffs is closer to the truth
+than the diffs alone), from the next escape sequence or line break; the main screen
+brought back when a program leaves the alternate screen is the one emulated last.
+Memory is bounded by twice the tail's bound plus the screen cells (rows x cols).
 
 Order. Bytes fed before a `resize()` are emulated at the old size and bytes after it at
 the new size, as on a real terminal (the program only redraws after its SIGWINCH). A
@@ -85,6 +97,10 @@ _MAX_STEP = 1024
 _RESYNC_WINDOW = 256  # after a drop, look this far for a sequence or line start
 _MAX_SEQUENCE_CHARS = 4096  # an escape sequence longer than this is abandoned
 _MAX_CELL_CHARS = 16  # combining characters kept on one cell
+_MAX_REPEAT = 2048  # characters one REP draws (a 24x80 screenful is 1920)
+# After an overflow with nothing to rebuild the screen from, the newest this many bytes
+# are emulated over the picture kept (best effort: a full-screen program's recent diffs).
+_FALLBACK_WINDOW = 64 * 1024
 _ALTERNATE_MODES = frozenset({47, 1047, 1049})
 _SAVE_CURSOR_MODE = 1048
 # DECCOLM (80/132 columns): xterm ignores it unless allowColumnMode is set (it is not by
@@ -149,6 +165,7 @@ class TerminalScreen:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, not {max_pending!r}")
         self._max_pending = max_pending
+        self._bound = _tail_bound(max_pending, rows, cols)
         self._screen = _Screen(cols, rows)
         self._stream = _Stream(self._screen)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -161,7 +178,13 @@ class TerminalScreen:
         self._consumed = 0  # processed + dropped: `_fed - _consumed == _pending`
         self._skipped = 0
         self._step = 1024
-        self._resync_due = False  # bytes were dropped: restart the parser before emulating
+        self._overflowed = False  # bytes were dropped: rebuild before emulating
+        # Printable ASCII bytes consumed since the last CR or LF (None: something else
+        # came since): where a line too long for the tail wraps (see `_rebuild`).
+        self._line_run: int | None = 0
+        # The rendered rows, kept between snapshots: only rows the emulator marked dirty
+        # are rendered again.
+        self._rendered: list[str] = [""] * rows
 
     @property
     def pending_bytes(self) -> int:
@@ -170,14 +193,14 @@ class TerminalScreen:
 
     @property
     def skipped_bytes(self) -> int:
-        """Bytes dropped unrendered so far because the emulator fell behind."""
+        """Bytes dropped or skipped unrendered so far (the tail overflowed)."""
         return self._skipped
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Queue raw output bytes (any split of characters and escape sequences is fine).
 
         Cheap: no emulation happens here. If the queue then holds more than
-        `max_pending` bytes, the oldest are dropped (see the module docstring).
+        `max_pending` bytes, the oldest chunks are dropped (see the module docstring).
         """
         if not data:
             return
@@ -185,13 +208,15 @@ class TerminalScreen:
         self._queue.append(chunk)
         self._pending += len(chunk)
         self._fed += len(chunk)
-        if self._pending > self._max_pending:
-            self._drop(self._pending - self._max_pending)
+        if self._pending > 2 * self._bound:
+            self._trim()
 
     def resize(self, rows: int, cols: int) -> None:
         """Resize the screen, after the bytes fed so far (they were written for the old
         size). Takes effect when `process()` reaches it."""
         check_terminal_size(rows, cols)
+        # Never below what the sizes still queued need: their bytes are in the tail.
+        self._bound = max(self._bound, _tail_bound(self._max_pending, rows, cols))
         if self._queue:
             self._queue.append((rows, cols))
         else:
@@ -202,7 +227,8 @@ class TerminalScreen:
         most the budget plus one slice of about 1 ms). Returns True when nothing is left
         to process."""
         deadline = time.perf_counter() + budget_s
-        self._resync()
+        if self._overflowed:
+            self._rebuild()
         while self._queue:
             item = self._queue[0]
             if isinstance(item, tuple):
@@ -219,6 +245,7 @@ class TerminalScreen:
             self._pending -= len(chunk)
             self._consumed += len(chunk)
             started = time.perf_counter()
+            self._track(chunk, 0, len(chunk))
             self._emulate(chunk)
             now = time.perf_counter()
             self._adapt(len(chunk), now - started)
@@ -226,25 +253,40 @@ class TerminalScreen:
                 break
         return not self._queue
 
-    async def render(self, budget_s: float = 0.01) -> ScreenSnapshot:
+    async def render(
+        self, budget_s: float = 0.01, *, deadline: float | None = None
+    ) -> ScreenSnapshot:
         """Process everything fed before this call, `budget_s` at a time, yielding to the
-        event loop between slices; then return the snapshot. Output fed meanwhile may be
+        event loop between slices; then render the rows that changed (also in slices)
+        and return the snapshot. With `deadline` (loop time), emulation stops there and
+        the snapshot shows what was processed by then. Output fed meanwhile may be
         processed too; the wait is bounded because the queue is."""
+        loop = asyncio.get_running_loop()
         target = self._fed
         while self._consumed < target:
             if self.process(budget_s):
                 break
+            if deadline is not None and loop.time() >= deadline:
+                break
             await asyncio.sleep(0)  # one slice per turn: the reader and others run between
-        return self.snapshot()
+        while True:
+            if self._render_dirty(budget_s):
+                return self._snapshot()
+            await asyncio.sleep(0)  # a big screen renders a slice of rows per turn
 
     def snapshot(self) -> ScreenSnapshot:
-        """The screen as emulated so far (costs one pass over the cells, no emulation)."""
+        """The screen as emulated so far (renders the rows changed since the last
+        snapshot, in one go; no emulation)."""
+        self._render_dirty(None)
+        return self._snapshot()
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _snapshot(self) -> ScreenSnapshot:
         screen = self._screen
         rows, cols = screen.lines, screen.columns
-        buffer = screen.buffer
-        lines = tuple(_render_line(buffer.get(y), cols) for y in range(rows))
         return ScreenSnapshot(
-            lines=lines,
+            lines=tuple(self._rendered),
             cursor_row=min(max(screen.cursor.y, 0), rows - 1),
             cursor_col=min(max(screen.cursor.x, 0), cols - 1),
             cursor_visible=not screen.cursor.hidden,
@@ -256,7 +298,25 @@ class TerminalScreen:
             pending_bytes=self._pending,
         )
 
-    # ---- internals ------------------------------------------------------------------
+    def _render_dirty(self, budget_s: float | None) -> bool:
+        """Render the rows the emulator changed since the last call, for about
+        `budget_s` (None: all of them). True when every row is up to date."""
+        screen = self._screen
+        rows, cols = screen.lines, screen.columns
+        if len(self._rendered) != rows:
+            self._rendered = [""] * rows
+            screen.dirty.update(range(rows))
+        dirty = screen.dirty
+        buffer = screen.buffer
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
+        while dirty:
+            y = dirty.pop()
+            if y < rows:
+                self._rendered[y] = _render_line(buffer.get(y), cols)
+                # A row costs at most `cols` cells: check the clock per row.
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+        return not dirty
 
     def _emulate(self, chunk: bytes) -> None:
         text = self._decoder.decode(chunk)
@@ -281,95 +341,215 @@ class TerminalScreen:
         step = int(self._step * min(2.0, max(0.125, ratio)))
         self._step = min(_MAX_STEP, max(_MIN_STEP, step))
 
-    def _drop(self, excess: int) -> None:
-        """Drop `excess` queued bytes from the front and resynchronise on what is kept."""
-        dropped: list[tuple[bytes, int, int]] = []
-        while excess > 0 and self._queue:
-            item = self._queue[0]
+    def _trim(self) -> None:
+        """Drop bytes from the front down to `max_pending` (the hot path, run once the
+        queue holds twice that: whole chunks popped, then one join and a few byte
+        searches over what was dropped)."""
+        queue = self._queue
+        dropped: list[bytes] = []
+        while len(queue) > 1:
+            item = queue[0]
             if isinstance(item, tuple):
-                self._queue.popleft()
+                self._account_dropped(dropped)
+                queue.popleft()
                 self._screen.resize(*item)
                 continue
-            available = len(item) - self._head
-            take = min(available, excess)
-            dropped.append((item, self._head, self._head + take))
-            if take == available:
-                self._queue.popleft()
-                self._head = 0
-            else:
-                self._head += take
-            excess -= take
-            self._pending -= take
-            self._consumed += take
-            self._skipped += take
-        self._replay_dropped(dropped)
-        # The parser restarts once, when emulation resumes (`_resync`): in a flood a drop
-        # happens at every read, and a parser restart each time would cost more than
-        # the reader itself.
-        self._resync_due = True
-
-    def _resync(self) -> None:
-        """Restart the decoder and parser after drops, at a sync point of what is kept."""
-        if self._resync_due:
-            self._resync_due = False
-            self._decoder.reset()
-            self._stream.restart()
-            self._skip_to_sync_point()
-
-    def _skip_to_sync_point(self) -> None:
-        # What is kept may start inside an escape sequence or a UTF-8 character: start
-        # at the next ESC, CR or LF when one is near, so a cut sequence's tail is not
-        # drawn as text; else at least on a character boundary.
-        if not self._queue or isinstance(self._queue[0], tuple):
-            return
-        item, start = self._queue[0], self._head
-        window_end = min(len(item), start + _RESYNC_WINDOW)
-        found = [
-            pos
-            for pos in (item.find(b, start, window_end) for b in (b"\x1b", b"\r", b"\n"))
-            if pos >= 0
-        ]
-        if found:
-            skip = min(found) - start
-        else:
-            skip = 0
-            while skip < 3 and start + skip < len(item) and 0x80 <= item[start + skip] < 0xC0:
-                skip += 1
-        if not skip:
-            return
-        if start + skip == len(item):
-            self._queue.popleft()
+            size = len(item) - self._head
+            if self._pending - size < self._bound:
+                break
+            queue.popleft()
+            dropped.append(item[self._head :] if self._head else item)
             self._head = 0
-        else:
-            self._head = start + skip
-        self._pending -= skip
-        self._consumed += skip
-        self._skipped += skip
+            self._skip(size)
+        item = queue[0]
+        excess = self._pending - self._bound
+        if excess > 0 and isinstance(item, bytes):
+            # One chunk bigger than the bound: keep its newest part (an offset, no copy).
+            dropped.append(item[self._head : self._head + excess])
+            self._head += excess
+            self._skip(excess)
+        self._account_dropped(dropped)
 
-    def _replay_dropped(self, dropped: list[tuple[bytes, int, int]]) -> None:
+    def _account_dropped(self, dropped: list[bytes]) -> None:
+        """What dropped bytes still change: switches, titles, the line run."""
+        if dropped:
+            for piece in dropped:
+                self._track(piece, 0, len(piece))
+            if any(piece.find(b"\x1b") >= 0 for piece in dropped):  # plain text: no join
+                data = dropped[0] if len(dropped) == 1 else b"".join(dropped)
+                self._replay_dropped(data, 0, len(data))
+            dropped.clear()
+            self._overflowed = True
+
+    def _skip(self, count: int) -> None:
+        self._pending -= count
+        self._consumed += count
+        self._skipped += count
+
+    def _rebuild(self) -> None:
+        """After an overflow: restart the parser at a point of the kept bytes from which
+        the screen can be rebuilt, and skip what comes before it (see the module
+        docstring for what is exact and what is best effort)."""
+        self._overflowed = False
+        self._decoder.reset()
+        self._stream.restart()
+        items = list(self._queue)
+        head, self._head = self._head, 0
+        # The bytes after the last queued resize were written for the final size; those
+        # before it are skipped (the program redraws after its SIGWINCH), their resizes,
+        # switches and titles still applied.
+        rows = self._screen.lines
+        last_resize = -1
+        for index, item in enumerate(items):
+            if isinstance(item, tuple):
+                last_resize, rows = index, item[0]
+        data = b"".join(it for it in items[last_resize + 1 :] if isinstance(it, bytes))
+        if last_resize < 0:
+            data = data[head:]
+        for index, item in enumerate(items[: last_resize + 1]):
+            if isinstance(item, tuple):
+                self._screen.resize(*item)
+            else:
+                self._replay_dropped(item, head if index == 0 else 0, len(item))
+                self._track(item, head if index == 0 else 0, len(item))
+        start, cleared = _rebuild_point(data, rows, self._screen.columns, self._line_run)
+        if start < 0:
+            # Nothing to rebuild from (a redraw by diffs, text with escapes and no line
+            # breaks): keep the picture and emulate the newest bytes from a sequence or line
+            # start (best effort).
+            window = min(self._max_pending, _FALLBACK_WINDOW)
+            start = _resync_point(data, max(0, len(data) - window), last_resize < 0)
+            cleared = True
+        self._replay_dropped(data, 0, start)
+        self._track(data, 0, start)
+        if not cleared:
+            # Line-oriented output (or one long line): its newest rows are drawn on a
+            # blank screen.
+            self._screen.erase_in_display(2)
+            self._screen.cursor_position()
+        self._skip(self._pending - (len(data) - start))
+        self._queue = deque([data[start:]] if start < len(data) else [])
+
+    def _track(self, data: bytes, start: int, end: int) -> None:
+        """Follow `_line_run` over data[start:end] (byte searches only)."""
+        newline = max(data.rfind(b"\r", start, end), data.rfind(b"\n", start, end))
+        run = self._line_run if newline < 0 else 0
+        if newline >= 0:
+            start = newline + 1
+        if run is None:
+            return  # stays unknown until the next line break
+        part = data if start == 0 and end == len(data) else data[start:end]  # no copy: a flood
+        self._line_run = run + end - start if _plain(part) else None
+
+    def _replay_dropped(self, data: bytes, start: int, end: int) -> None:
         """Apply the last alternate-screen switch and the last title found in dropped
         bytes (a byte search: sequences split between chunks are missed)."""
-        switch: tuple[int, int, bool, int] | None = None  # (part, pos, enter, mode)
-        title: str | None = None
-        for index, (data, start, end) in enumerate(dropped):
-            if data.find(b"\x1b", start, end) < 0:
-                continue  # plain text (the usual flood): nothing to look for
-            for mode in _ALTERNATE_MODES:
-                for enter, final in ((True, b"h"), (False, b"l")):
-                    pos = data.rfind(b"\x1b[?%d" % mode + final, start, end)
-                    if pos >= 0 and (switch is None or (index, pos) > switch[:2]):
-                        switch = (index, pos, enter, mode)
-            found = _last_title(data, start, end)
-            if found is not None:
-                title = found
+        if data.find(b"\x1b", start, end) < 0:
+            return  # plain text (the usual flood): nothing to look for
+        switch: tuple[int, bool, int] | None = None  # (pos, enter, mode)
+        for mode in _ALTERNATE_MODES:
+            for enter, final in ((True, b"h"), (False, b"l")):
+                pos = data.rfind(b"\x1b[?%d" % mode + final, start, end)
+                if pos >= 0 and (switch is None or pos > switch[0]):
+                    switch = (pos, enter, mode)
         if switch is not None:
-            _, _, enter, mode = switch
+            _, enter, mode = switch
             if enter:
                 self._screen.enter_alternate(save_cursor=mode == 1049)
             else:
                 self._screen.leave_alternate(restore_cursor=mode == 1049)
+        title = _last_title(data, start, end)
         if title is not None:
             self._screen.set_title(title)
+
+
+def _plain(data: bytes) -> bool:
+    """Whether every byte takes one cell: ASCII without escape sequences, the controls
+    that move the cursor within a line (BS, HT, VT, FF) or DEL. A few byte searches, no
+    copy; the other controls (BEL, NUL) count as cells here, where a terminal ignores
+    them: a best-effort case."""
+    # Unrolled: this runs for every chunk a flood drops.
+    return (
+        data.isascii()
+        and data.find(b"\x1b") < 0
+        and data.find(b"\x08") < 0
+        and data.find(b"\t") < 0
+        and data.find(b"\x0b") < 0
+        and data.find(b"\x0c") < 0
+        and data.find(b"\x7f") < 0
+    )
+
+
+def _tail_bound(max_pending: int, rows: int, cols: int) -> int:
+    """The tail kept for a screen: `max_pending`, or two bytes per cell if more (a big
+    terminal's screenful of text must fit, for the rebuild to be exact)."""
+    return max(max_pending, 2 * rows * cols)
+
+
+def _rebuild_point(data: bytes, rows: int, cols: int, run: int | None) -> tuple[int, bool]:
+    """Where in `data` the screen can be rebuilt from: (-1, False) if nowhere; else the
+    offset and whether it is a clear of the screen (else the start of the text that
+    fills the last `rows` rows, to be drawn on a blank screen). `run` is how many
+    printable ASCII bytes of the line `data` starts in came before it (None: unknown)."""
+    clear = data.rfind(b"\x1b[2J")
+    if clear >= 0:
+        for home in (b"\x1b[H", b"\x1b[1;1H", b"\x1b[;H"):
+            if data.endswith(home, 0, clear):
+                clear -= len(home)
+                break
+    text = _rows_start(data, rows, cols, run)
+    if clear < 0 and text < 0:
+        return -1, False
+    if clear >= text:
+        return clear, True
+    return text, False
+
+
+def _rows_start(data: bytes, rows: int, cols: int, run: int | None) -> int:
+    """Walk back over the lines at the end of `data` until they fill `rows` rows; the
+    offset to draw from (-1 if the lines run out first, or a partly shown line is not
+    plain text, so where it wraps is unknown). A line of printable ASCII takes a row per
+    `cols` characters; any other line is counted as one row."""
+    need = rows
+    end = len(data)
+    while True:
+        newline = data.rfind(b"\n", 0, end)
+        start = newline + 1
+        body = data[start:end]
+        if body.endswith(b"\r"):
+            body = body[:-1]
+        plain = _plain(body) and body.find(b"\r") < 0  # a CR inside redraws the row
+        width = len(body)
+        if newline < 0:
+            if run is None or not plain:
+                return -1
+            width += run
+        used = max(1, -(-width // cols)) if plain else 1
+        if used >= need:
+            # Start where the shown rows of this line begin.
+            offset = (used - need) * cols - (width - len(body))
+            return start + offset if offset >= 0 else -1
+        need -= used
+        if newline < 0:
+            return -1
+        end = newline
+
+
+def _resync_point(data: bytes, start: int, after_drop: bool) -> int:
+    """The first offset at or after `start` where parsing can restart: the next ESC, CR
+    or LF when one is near, else a UTF-8 character boundary (0 if nothing was cut)."""
+    if start == 0 and not after_drop:
+        return 0
+    window_end = min(len(data), start + _RESYNC_WINDOW)
+    found = [
+        p for p in (data.find(b, start, window_end) for b in (b"\x1b", b"\r", b"\n")) if p >= 0
+    ]
+    if found:
+        return min(found)
+    for _ in range(3):
+        if start < len(data) and 0x80 <= data[start] < 0xC0:
+            start += 1
+    return start
 
 
 def _last_title(data: bytes, start: int, end: int) -> str | None:
@@ -409,12 +589,19 @@ def _render_line(line: StaticDefaultDict[int, Char] | None, cols: int) -> str:
     """One screen row as text, trailing blanks removed."""
     if line is None:
         return ""
-    blank_default = line.default.data == " "
-    if blank_default:
-        if not line:
-            return ""
-        # Cells past the last stored one are blank: no need to look at them.
-        cols = min(cols, max(line) + 1)
+    # Cells past the last stored one all show the line's default (blank, or the E of
+    # DECALN): only the stored ones are looked at.
+    stored = min(cols, max(line) + 1) if line else 0
+    fill = line.default.data
+    tail = fill * (cols - stored) if fill != " " else ""
+    text = "".join([line[x].data for x in range(stored)])
+    if len(text) == stored and text.isascii():
+        return (text + tail).rstrip(" ")  # one character per cell: nothing wide, joined
+    return (_render_cells(line, stored) + tail).rstrip(" ")
+
+
+def _render_cells(line: StaticDefaultDict[int, Char], cols: int) -> str:
+    """The first `cols` cells of a row with wide and combining characters."""
     out: list[str] = []
     after_wide = False
     for x in range(cols):
@@ -434,7 +621,7 @@ def _render_line(line: StaticDefaultDict[int, Char] | None, cols: int) -> str:
             continue
         out.append(char)
         after_wide = wide
-    return "".join(out).rstrip(" ")
+    return "".join(out)
 
 
 class _Screen(pyte.Screen):
@@ -582,11 +769,15 @@ class _Screen(pyte.Screen):
         cell = line[x]
         if cell.data and len(cell.data) < _MAX_CELL_CHARS:
             line[x] = cell._replace(data=unicodedata.normalize("NFC", cell.data + char))
+            self.dirty.add(y)
 
     def repeat_last(self, count: int | None = None, *args: Any, **kwargs: Any) -> None:
-        """REP: draw the last drawn character `count` more times (at most a screenful)."""
+        """REP: draw the last drawn character `count` more times (at most a screenful,
+        and at most `_MAX_REPEAT`: the cost of one sequence stays bounded on a big
+        screen; ncurses repeats only within a line)."""
         if self._last_char and not args and not kwargs:
-            self.draw(self._last_char * min(count or 1, self.lines * self.columns))
+            count = min(count or 1, self.lines * self.columns, _MAX_REPEAT)
+            self.draw(self._last_char * count)
 
     # -- sequences pyte does not map --
 
@@ -679,8 +870,9 @@ class _Screen(pyte.Screen):
         fitted = self._blank_buffer()
         for y, line in buffer.items():
             if 0 <= y - shift < lines:
-                for x in [x for x in line if x >= columns]:
-                    del line[x]
+                if line and max(line) >= columns:  # only rows that reach past the edge
+                    for x in [x for x in line if x >= columns]:
+                        del line[x]
                 fitted[y - shift] = line
         return fitted
 

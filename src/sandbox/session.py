@@ -56,7 +56,8 @@ logger = logging.getLogger("sandbox")
 
 MAX_PROCESSES = 64
 WARN_PROCESSES = 60
-# One turn of an `until_screen` check emulates at most this long before yielding.
+# One turn of a screen's emulation or rendering (`pty_screen`, an `until_screen` check)
+# works at most about this long before yielding to the event loop.
 SCREEN_CHECK_SLICE_S = 0.005
 PROTECTED_RECENT = 8
 ID_RANGE = (1000, 100_000)
@@ -999,16 +1000,12 @@ class BaseSandboxSession(Generic[H]):
     @staticmethod
     async def _render_by(entry: PtyEntry[H], deadline: float) -> ScreenSnapshot | None:
         """Emulate the entry's queued output a slice at a time (yielding between slices)
-        until caught up or the loop time `deadline`; then the snapshot."""
+        until caught up or the loop time `deadline`; then the snapshot (its changed rows
+        rendered in slices too)."""
         screen = entry.screen
         if screen is None:
             return None
-        loop = asyncio.get_running_loop()
-        while not screen.process(SCREEN_CHECK_SLICE_S):
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(0)
-        return screen.snapshot()
+        return await screen.render(SCREEN_CHECK_SLICE_S, deadline=deadline)
 
     # ---- backend hooks ---------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import termios
 import tty
 from collections.abc import Iterator
 
+from ..arguments import MAX_TERMINAL_SIDE
 from ..errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
 from ..session import BaseSandboxSession
 from ..types import PtyUpdate
@@ -30,6 +31,13 @@ DEFAULT_SHELL = "if command -v bash >/dev/null 2>&1; then exec bash -i; else exe
 
 
 def _terminal_size() -> tuple[int, int]:
+    """The user's terminal size, at most the largest a process's terminal may have (a
+    bigger window gets a terminal of that size in its top left corner, not an error)."""
+    rows, cols = _local_terminal_size()
+    return min(rows, MAX_TERMINAL_SIDE), min(cols, MAX_TERMINAL_SIDE)
+
+
+def _local_terminal_size() -> tuple[int, int]:
     # Ask the terminal itself: COLUMNS/LINES in the environment go stale on resize.
     for stream in (sys.stdin, sys.stdout):
         try:

@@ -82,6 +82,8 @@ _UNTIL_SCREEN = (
 )
 CURSOR_MARKER = "█"
 """Where the cursor is, in the screen text a model reads (`view_screen`, `until_screen`)."""
+MAX_SCREEN_TEXT_CHARS = 65_536
+"""The most screen text `view_screen` (or an `until_screen` result) hands a model."""
 _SESSION_ID = "The session ID reported by exec_command ('Process running with session ID N')."
 
 
@@ -193,7 +195,20 @@ def format_screen(snapshot: ScreenSnapshot) -> str:
             f"({snapshot.skipped_bytes} bytes of fast output were not rendered; the screen "
             "shows the most recent output)"
         )
-    lines.append(snapshot.text(cursor_marker=CURSOR_MARKER) or "(blank)")
+    text = snapshot.text(cursor_marker=CURSOR_MARKER) or "(blank)"
+    if len(text) > MAX_SCREEN_TEXT_CHARS:
+        # A big terminal's screen (up to 1000 x 1000 cells) would flood the model's
+        # context: keep its top rows, cut at a row's end.
+        cut = text.rfind("\n", 0, MAX_SCREEN_TEXT_CHARS + 1)
+        kept = text[: cut if cut > 0 else MAX_SCREEN_TEXT_CHARS]
+        row = kept.count("\n") + 1 + (cut > 0)  # the row the cut falls in
+        lines.append(kept)
+        lines.append(
+            f"(screen text cut at {MAX_SCREEN_TEXT_CHARS} characters, in row {row} "
+            f"of {snapshot.rows})"
+        )
+    else:
+        lines.append(text)
     return "\n".join(lines)
 
 
