@@ -311,9 +311,12 @@ class Leaf:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        # Opened by the parent, written by the child (or the parent's hop) before exec:
-        # an fd needs no path lookup in the child, and the jail cannot hide it.
-        self.join_fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    def open_join(self) -> int:
+        """An fd of its `cgroup.procs`, opened by the parent and written by the child
+        (or the parent's hop) before exec: no path lookup in the child, and a jail
+        cannot hide it. The caller closes it once the process started."""
+        return os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
 
     def pids(self) -> list[int]:
         """The processes in it now."""
@@ -339,12 +342,6 @@ class Leaf:
         """Wait (bounded) until nothing in it is alive."""
         return await wait_unpopulated(self.path, timeout)
 
-    def close(self) -> None:
-        """Close its fd (at the session's end)."""
-        if self.join_fd >= 0:
-            os.close(self.join_fd)
-            self.join_fd = -1
-
 
 class SessionCgroup:
     """A session's cgroup: its leaves, a pool of empty ones, and its removal."""
@@ -355,7 +352,6 @@ class SessionCgroup:
         self._home_fd = os.open(os.path.join(home, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
         self._count = 0
         self._idle: list[Leaf] = []
-        self._leaves: list[Leaf] = []
         self._closed = False
 
     @classmethod
@@ -388,14 +384,7 @@ class SessionCgroup:
         self._count += 1
         path = os.path.join(self.path, f"p{self._count}")
         os.mkdir(path)
-        try:
-            leaf = Leaf(path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-            raise
-        self._leaves.append(leaf)
-        return leaf
+        return Leaf(path)
 
     def release(self, leaf: Leaf) -> None:
         """Give back a leaf whose process is gone: reused if empty, else kept (what is
@@ -403,10 +392,10 @@ class SessionCgroup:
         if not self._closed and not leaf.populated():
             self._idle.append(leaf)
 
-    def hop_in(self, leaf: Leaf) -> None:
-        """Move this process into `leaf` (hold `HOP_LOCK`; `hop_out` right after the
-        vfork): a child started meanwhile is born in the leaf, with no preexec."""
-        os.write(leaf.join_fd, b"0")
+    def hop_in(self, join_fd: int) -> None:
+        """Move this process into the leaf `join_fd` opens (hold `HOP_LOCK`; `hop_out`
+        right after the vfork): a child started meanwhile is born in it, no preexec."""
+        os.write(join_fd, b"0")
 
     def hop_out(self) -> None:
         """Move this process back to its own cgroup."""
@@ -422,13 +411,10 @@ class SessionCgroup:
         return await wait_unpopulated(self.path, timeout)
 
     def remove(self) -> bool:
-        """Close the leaves' fds and remove every directory; False if one stayed (its
+        """Remove every directory; False if one stayed (its
         processes did not die in time: the next session cleans it up when empty)."""
         self._closed = True
         self._idle.clear()
-        for leaf in self._leaves:
-            leaf.close()
-        self._leaves.clear()
         if self._home_fd >= 0:
             os.close(self._home_fd)
             self._home_fd = -1

@@ -139,6 +139,7 @@ class LocalProcess:
         parent_ends: list[int] = []
         child_ends: list[int] = []
         joins = list(join_fds)
+        leaf_fd = -1
         try:
             if tty:
                 master, slave = os.openpty()
@@ -167,8 +168,10 @@ class LocalProcess:
             # more); pipes keep Popen's vfork when only the leaf is to join: this
             # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
             hop = self.leaf is not None and not tty and not reset and not joins
-            if self.leaf is not None and not hop:
-                joins.insert(0, self.leaf.join_fd)
+            if self.leaf is not None:
+                leaf_fd = self.leaf.open_join()
+                if not hop:
+                    joins.insert(0, leaf_fd)
             setup = _child_setup(tty=tty, reset_signals=reset, join_fds=joins)
 
             def start() -> subprocess.Popen[bytes]:
@@ -185,7 +188,7 @@ class LocalProcess:
                 )
 
             try:
-                self._popen = self._popen_in_leaf(start) if hop else start()
+                self._popen = self._popen_in_leaf(start, leaf_fd) if hop else start()
             except subprocess.SubprocessError as exc:
                 # Only our preexec raises this: it could not join a cgroup.
                 raise SandboxError(f"could not place the process in its cgroup: {exc}") from None
@@ -197,6 +200,8 @@ class LocalProcess:
         finally:
             for fd in child_ends:
                 os.close(fd)
+            if leaf_fd >= 0:
+                os.close(leaf_fd)
         self.pid = self._popen.pid
         for fd in self._out_fds:
             os.set_blocking(fd, False)
@@ -205,13 +210,13 @@ class LocalProcess:
         return self
 
     def _popen_in_leaf(
-        self, start: Callable[[], subprocess.Popen[bytes]]
+        self, start: Callable[[], subprocess.Popen[bytes]], join_fd: int
     ) -> subprocess.Popen[bytes]:
         """Run `start` with this process inside the leaf: the vforked child is born in
         it (no window before exec), and we move back right after."""
         assert self._cgroup is not None and self.leaf is not None
         with cgroups.HOP_LOCK:
-            self._cgroup.hop_in(self.leaf)
+            self._cgroup.hop_in(join_fd)
             try:
                 return start()
             finally:
