@@ -161,13 +161,72 @@ def _with_descendants(table: Table, roots: set[int]) -> set[int]:
     return members
 
 
+def _children(pid: int) -> list[int] | None:
+    """`pid`'s children from /proc/<pid>/task/*/children (None: the kernel has no such
+    file); [] when it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+        try:
+            data = b""
+            while piece := os.read(fd, 65536):
+                data += piece
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        kids.extend(int(p) for p in data.split())
+    return kids
+
+
+def _walk(roots: set[int]) -> set[int] | None:
+    """`roots` and all their descendants by parent link, reading only their own
+    /proc entries (a cost that follows the tree, not the host); None without the
+    kernel's children files."""
+    members = set(roots)
+    todo = list(roots)
+    while todo:
+        kids = _children(todo.pop())
+        if kids is None:
+            return None
+        for kid in kids:
+            if kid not in members:
+                members.add(kid)
+                todo.append(kid)
+    members.discard(os.getpid())
+    return members
+
+
 def tree_members(leader: int, *, tag: str | None = None, fresh: bool = True) -> set[int]:
-    """The live processes of `leader`'s session and their descendants (leader included
-    if it is still alive), plus, with `tag`, the escaped processes carrying it and their
-    descendants; never this process itself. `fresh=False` may reuse a look taken a
-    moment ago (see `_recent_table`)."""
+    """`leader` (if alive) and its descendants, plus, with `tag`, the escaped processes
+    carrying it and their descendants; never this process itself.
+
+    The descendants are walked from the leader through its children files, so a
+    teardown's cost follows its tree; only the search for escapees (with `tag`) looks
+    at the whole host, through a table at most `SHARED_SCAN_S` old that a batch of
+    teardowns shares. Without children files (an old kernel), the whole table is read,
+    as is then the leader's session (`fresh=False` reuses a recent one).
+    """
     if not os.path.isdir("/proc"):
         return set()
+    walked = _walk({leader})
+    if walked is not None:
+        if tag is None:
+            return walked
+        escaped = _escaped_roots(_recent_table(), tag.encode().__eq__, walked)
+        more = _walk(escaped) if escaped else set()
+        return walked | (more or set())
     table = _read_table() if fresh else _recent_table()
     roots = {pid for pid, (_, sid, _) in table.items() if sid == leader}
     if leader in table:
