@@ -233,3 +233,11 @@ async def test_cpu_and_process_limits_are_in_force_for_the_process(tmp_path: Pat
         assert cpu.split()[0] == "50000", cpu
         pids = _limit_file_of(proc_pid, "pids", "pids.max", "pids.max")
         assert pids == "100"
+
+
+def test_sandbox_backends_says_which_containment_and_limits() -> None:
+    from sandbox.cli.backends_report import backend_rows
+
+    notes = next(row[3] for row in backend_rows() if row[0] == "unix_local")
+    assert "containment: cgroup" in notes
+    assert "memory_limit_bytes (cgroup v" in notes

@@ -220,3 +220,27 @@ def check_limit_options(
             )
         cpus = float(cpu_limit)
     return Limits(memory_bytes=counts[0], processes=counts[1], cpus=cpus)
+
+
+def support() -> dict[str, str | None]:
+    """For each limit option, how this host would enforce it ("cgroup v2", "cgroup v1")
+    or None; v2 counts when our cgroup offers the controller (whether it may delegate
+    it is only known when a session tries)."""
+    found: dict[str, str | None] = {}
+    own = cgroups.own_cgroups()
+    try:
+        home = cgroups.own_v2_directory()
+        offered = cgroups.read_file(os.path.join(home, "cgroup.controllers")).split()
+    except cgroups.CgroupUnavailable:
+        offered = []
+    mounts = cgroups.cgroup_mounts()
+    for controller, option in Limits(1, 1, 1.0).wanted():
+        if controller in offered:
+            found[option] = "cgroup v2"
+        elif controller in own and any(
+            m.fstype == "cgroup" and controller in m.options for m in mounts
+        ):
+            found[option] = "cgroup v1"
+        else:
+            found[option] = None
+    return found

@@ -419,3 +419,14 @@ class SessionCgroup:
             os.close(self._home_fd)
             self._home_fd = -1
         return remove_tree(self.path)
+
+
+def availability() -> tuple[bool, str]:
+    """Whether a session here gets cgroup containment (by making and removing one),
+    and a short reason when not (for `sandbox backends`)."""
+    try:
+        session = SessionCgroup.create()
+    except (CgroupUnavailable, OSError) as exc:
+        return False, str(exc)
+    session.remove()
+    return True, ""
