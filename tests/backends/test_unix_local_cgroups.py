@@ -6,6 +6,8 @@ These run where this process may create cgroups (root, or a delegated subtree); 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.backends.unix_local import cgroups as cg
-from tests.helpers import eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
 
 
 def _cgroup_reason() -> str | None:
@@ -241,3 +243,41 @@ def test_sandbox_backends_says_which_containment_and_limits() -> None:
     notes = next(row[3] for row in backend_rows() if row[0] == "unix_local")
     assert "containment: cgroup" in notes
     assert "memory_limit_bytes (cgroup v" in notes
+
+
+async def test_a_cancelled_start_removes_its_cgroup(tmp_path: Path) -> None:
+    s = UnixLocalSession(workspace=tmp_path)
+    gate = HookGate(s, "_start_backend", after=True)
+    start = asyncio.create_task(s.start())
+    await gate.reached.wait()
+    directory = _session_directory(s)
+    assert os.path.isdir(directory)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert not os.path.exists(directory)
+    await s.aclose()
+
+
+async def test_a_cancelled_close_still_kills_everything_and_removes_the_cgroup(
+    tmp_path: Path,
+) -> None:
+    marker = unique_seconds()
+    s = UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.2)
+    await s.start()
+    directory = _session_directory(s)
+    update = await s.pty_exec_start(
+        f"{FULL_ESCAPE.format(m=marker)}; echo ready; exec sleep {marker}0", until="ready"
+    )
+    assert update.process_id is not None
+    assert await eventually(lambda: _escaped_untagged(marker))
+    gate = HookGate(s, "_terminate_pty_entry")
+    close = asyncio.create_task(s.aclose())
+    await gate.reached.wait()
+    close.cancel()
+    gate.release()
+    with contextlib.suppress(asyncio.CancelledError):
+        await close
+    await s.aclose()
+    assert host_pids_with_arg(marker) == []
+    assert not os.path.exists(directory)
