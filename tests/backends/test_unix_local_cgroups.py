@@ -231,6 +231,7 @@ async def test_cpu_and_process_limits_are_in_force_for_the_process(tmp_path: Pat
         pid = next(p.process_id for p in s.pty_processes())
         entry = s._registry[pid]
         proc_pid = entry.handle.pid  # type: ignore[union-attr]
+        assert set(s.limits_enforced) == {"cpu_limit", "process_limit"}
         cpu = _limit_file_of(proc_pid, "cpu", "cpu.cfs_quota_us", "cpu.max")
         assert cpu.split()[0] == "50000", cpu
         pids = _limit_file_of(proc_pid, "pids", "pids.max", "pids.max")

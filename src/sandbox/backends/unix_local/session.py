@@ -117,6 +117,11 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         """The workspace directory (after start)."""
         return self._workspace.path
 
+    @property
+    def limits_enforced(self) -> dict[str, str]:
+        """After start: each limit option in force and how ("cgroup v2" or "cgroup v1")."""
+        return {} if self._applied is None else dict(self._applied.enforced)
+
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
