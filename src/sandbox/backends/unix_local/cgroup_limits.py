@@ -110,6 +110,7 @@ def apply(limits: Limits, session: cgroups.SessionCgroup | None) -> AppliedLimit
     try:
         for controller, option in limits.wanted():
             if session is not None and _try_v2(limits, controller, session):
+                session.limited = True
                 applied.enforced[option] = "cgroup v2"
                 if controller == "memory":
                     applied._oom_file = os.path.join(session.path, "memory.events")

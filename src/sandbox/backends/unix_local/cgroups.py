@@ -353,6 +353,9 @@ class SessionCgroup:
         self._count = 0
         self._idle: list[Leaf] = []
         self._closed = False
+        # Set when a v2 limit sits on this cgroup: this process must then never hop in
+        # (at the memory limit, the OOM killer could pick this process itself).
+        self.limited = False
 
     @classmethod
     def create(cls) -> SessionCgroup:

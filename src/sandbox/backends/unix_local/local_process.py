@@ -167,7 +167,11 @@ class LocalProcess:
             # A terminal needs a preexec anyway (its fork costs the same with a write
             # more); pipes keep Popen's vfork when only the leaf is to join: this
             # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
-            hop = self.leaf is not None and not tty and not reset and not joins
+            hop = (
+                self.leaf is not None
+                and cgroup is not None
+                and not (tty or reset or joins or cgroup.limited)
+            )
             if self.leaf is not None:
                 leaf_fd = self.leaf.open_join()
                 if not hop:
