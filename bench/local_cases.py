@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -456,6 +457,54 @@ async def largest_screen(cfg: Config) -> list[Figure]:
     return figures
 
 
+async def close_beside_idle(cfg: Config) -> list[Figure]:
+    """The close of many PTYs beside many unrelated idle host processes: the teardown
+    must cost what the session holds, not what the host runs (each containment)."""
+    count, idle = (128, 250) if cfg.quick else (512, 1000)
+    bystanders = [
+        subprocess.Popen(
+            ["sleep", "100000"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(idle)
+    ]
+    figures = []
+    try:
+        for containment in ("auto", "tag"):
+            fig = Figure(
+                "close", f"close {count} PTYs beside {idle} idle, {containment}", "ms", False
+            )
+            for _ in range(1 if cfg.quick else 2):
+                s = session(cfg, max_processes=count, containment=containment)
+                async with s:
+                    for first in range(0, count, 64):
+                        await asyncio.gather(
+                            *(
+                                s.pty_exec_start("echo r; exec cat", tty=True, until="r")
+                                for _ in range(first, min(count, first + 64))
+                            )
+                        )
+                    t0 = time.perf_counter()
+                fig.ours.append((time.perf_counter() - t0) * 1000)
+                raws = [RawChild(["sh", "-c", "echo r; exec cat"], tty=True) for _ in range(count)]
+                await asyncio.gather(*(r.read_until(b"r") for r in raws))
+                t0 = time.perf_counter()
+                for r in raws:
+                    r.kill()
+                fig.baseline.append((time.perf_counter() - t0) * 1000)
+            assert isinstance(s, UnixLocalSession)
+            fig.note = f"containment in force: {s.containment}; raw: SIGKILL+reap each group"
+            figures.append(fig)
+    finally:
+        for proc in bystanders:
+            proc.kill()
+        for proc in bystanders:
+            proc.wait()
+    return figures
+
+
 CASES = [
     throughput,
     round_trip,
@@ -466,4 +515,5 @@ CASES = [
     screens,
     first_screen,
     largest_screen,
+    close_beside_idle,
 ]

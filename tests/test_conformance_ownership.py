@@ -19,7 +19,7 @@ import sandbox
 from sandbox import SessionClosedError, SessionState
 from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
 
-LOCAL = ("unix_local", "unix_local_confined")
+LOCAL = ("unix_local", "unix_local_confined", "unix_local_tag")
 
 
 async def _nothing_left(backend: ModuleType, marker: str) -> None:

@@ -28,9 +28,14 @@ from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 TEN_MB = "x" * (10 * 1024 * 1024)
 
 
-@pytest.fixture
-async def session(tmp_path: Path) -> AsyncIterator[UnixLocalSession]:
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+@pytest.fixture(params=["auto", "tag"])
+async def session(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[UnixLocalSession]:
+    # "auto" is a cgroup wherever the host lets us make one; "tag" is the fallback.
+    async with UnixLocalSession(
+        workspace=tmp_path, terminate_grace_s=0.3, containment=request.param
+    ) as s:
         yield s
 
 

@@ -18,6 +18,19 @@ def _confinement_note() -> str:
     return "; confinement available" if ok else f"; confinement unavailable: {reason}"
 
 
+def _containment_note() -> str:
+    try:
+        cgroups = importlib.import_module("sandbox.backends.unix_local.cgroups")
+        limits = importlib.import_module("sandbox.backends.unix_local.cgroup_limits")
+    except ImportError:
+        return ""
+    ok, reason = cgroups.availability()
+    note = "; containment: cgroup" if ok else f"; containment: tag (no cgroup: {reason})"
+    support = limits.support()
+    enforced = [f"{name} ({how})" for name, how in support.items() if how is not None]
+    return note + ("; limits: " + ", ".join(enforced) if enforced else "; no limits")
+
+
 def backend_rows() -> list[tuple[str, str, str, str]]:
     """(name, installed, credentials, notes) for every registered backend."""
     rows = []
@@ -32,7 +45,7 @@ def backend_rows() -> list[tuple[str, str, str, str]]:
             creds = f"found ({names})" if found else f"missing ({names})"
         notes = info.description
         if info.name == "unix_local":
-            notes += _confinement_note()
+            notes += _confinement_note() + _containment_note()
         rows.append((info.name, installed, creds, notes))
     return rows
 

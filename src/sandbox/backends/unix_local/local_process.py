@@ -22,8 +22,8 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from ...errors import ProcessExitedError
-from . import process_tree
+from ...errors import ProcessExitedError, SandboxError
+from . import cgroups, process_tree
 
 READ_CHUNK = 256 * 1024
 READS_PER_WAKEUP = 8
@@ -39,17 +39,27 @@ def exit_code_from_wait(si_code: int, si_status: int) -> int:
     return 128 + si_status
 
 
-def _terminal_child_setup() -> None:  # pragma: no cover - runs in the child
-    # We are a new session leader (start_new_session): the terminal on fd 0 becomes our
-    # controlling terminal, so Ctrl-C in the line discipline signals our process group.
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+def _child_setup(
+    *, tty: bool, reset_signals: bool, join_fds: Sequence[int]
+) -> Callable[[], None] | None:
+    """What the child runs between fork and exec (None: nothing, so Popen may vfork)."""
+    if not (tty or reset_signals or join_fds):
+        return None
+    fds = tuple(join_fds)
 
+    def setup() -> None:  # pragma: no cover - runs in the child
+        # Into its cgroups first, before it can fork: nothing it starts escapes them.
+        for fd in fds:
+            os.write(fd, b"0")
+        if tty:
+            # We are a new session leader (start_new_session): the terminal on fd 0
+            # becomes our controlling terminal, so Ctrl-C in the line discipline signals
+            # our process group.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
-def _pipe_child_setup() -> None:  # pragma: no cover - runs in the child
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    return setup
 
 
 def _parent_ignores_interrupts() -> bool:
@@ -86,6 +96,8 @@ class LocalProcess:
         self._write_waiter: asyncio.Future[None] | None = None
         self._swept: set[int] = set()
         self.tag: str | None = None
+        self.leaf: cgroups.Leaf | None = None
+        self._cgroup: cgroups.SessionCgroup | None = None
 
     @classmethod
     def spawn(
@@ -102,20 +114,32 @@ class LocalProcess:
         on_exit: Callable[[int], None] | None = None,
         on_eof: Callable[[], None] | None = None,
         tag: str | None = None,
+        cgroup: cgroups.SessionCgroup | None = None,
+        join_fds: Sequence[int] = (),
     ) -> LocalProcess:
         """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
         stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`).
         With `tag` (see `process_tree.new_tag`), the process and everything it starts
-        carry it in their environment, so a teardown also finds what escaped the tree."""
+        carry it in their environment, so a teardown also finds what escaped the tree.
+
+        With `cgroup`, the process starts in a leaf of that session cgroup (see
+        `backends.unix_local.cgroups`) and its teardowns kill the leaf, never reading
+        /proc; `join_fds` are more `cgroup.procs` fds (v1 limits) it joins before exec.
+        """
         self = cls()
         self.tty = tty
         self.tag = tag
+        self._cgroup = cgroup
+        if cgroup is not None:
+            self.leaf = cgroup.new_leaf()
         if tag is not None:
             env = {**env, process_tree.TAG_VARIABLE: tag}
         self._on_exit = on_exit
         self._on_eof = on_eof
         parent_ends: list[int] = []
         child_ends: list[int] = []
+        joins = list(join_fds)
+        leaf_fd = -1
         try:
             if tty:
                 master, slave = os.openpty()
@@ -125,7 +149,6 @@ class LocalProcess:
                 stdin: int = slave
                 stdout: int = slave
                 stderr: int = slave
-                setup: Callable[[], None] | None = _terminal_child_setup
                 self._out_fds[master] = on_stdout
                 self.master_fd = master
             else:
@@ -140,31 +163,75 @@ class LocalProcess:
                     child_ends.append(err_w)
                     self._out_fds[err_r] = on_stderr
                     stderr = err_w
-                setup = _pipe_child_setup if _parent_ignores_interrupts() else None
-            self._popen = subprocess.Popen(
-                list(argv),
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=setup,
-                close_fds=True,
+            reset = not tty and _parent_ignores_interrupts()
+            # A terminal needs a preexec anyway (its fork costs the same with a write
+            # more); pipes keep Popen's vfork when only the leaf is to join: this
+            # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
+            hop = (
+                self.leaf is not None
+                and cgroup is not None
+                and not (tty or reset or joins or cgroup.limited)
             )
+            if self.leaf is not None:
+                leaf_fd = self.leaf.open_join()
+                if not hop:
+                    joins.insert(0, leaf_fd)
+            setup = _child_setup(tty=tty, reset_signals=reset, join_fds=joins)
+
+            def start() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    list(argv),
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    env=dict(env),
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=setup,
+                    close_fds=True,
+                )
+
+            try:
+                self._popen = self._popen_in_leaf(start, leaf_fd) if hop else start()
+            except subprocess.SubprocessError as exc:
+                # Only our preexec raises this: it could not join a cgroup.
+                raise SandboxError(f"could not place the process in its cgroup: {exc}") from None
         except BaseException:
             for fd in parent_ends:
                 os.close(fd)
+            self._give_back_leaf()
             raise
         finally:
             for fd in child_ends:
                 os.close(fd)
+            if leaf_fd >= 0:
+                os.close(leaf_fd)
         self.pid = self._popen.pid
         for fd in self._out_fds:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._on_readable, fd)
         self._watch_exit()
         return self
+
+    def _popen_in_leaf(
+        self, start: Callable[[], subprocess.Popen[bytes]], join_fd: int
+    ) -> subprocess.Popen[bytes]:
+        """Run `start` with this process inside the leaf: the vforked child is born in
+        it (no window before exec), and we move back right after."""
+        assert self._cgroup is not None and self.leaf is not None
+        with cgroups.HOP_LOCK:
+            self._cgroup.hop_in(join_fd)
+            try:
+                return start()
+            finally:
+                self._cgroup.hop_out()
+
+    def _give_back_leaf(self) -> None:
+        """Hand the leaf back to the session once nothing in it is alive (else it stays
+        the session's, and dies with it)."""
+        if self.leaf is not None and self._cgroup is not None and not self.leaf.populated():
+            self._cgroup.release(self.leaf)
+            self.leaf = None
 
     # ---- exit watching ---------------------------------------------------------------
 
@@ -352,9 +419,14 @@ class LocalProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
-    async def terminate(self, grace_s: float) -> None:
-        """Stop the whole process group: polite signals, up to `grace_s` for the leader
-        to go, then SIGKILL to the group; then reap and close every fd. Idempotent."""
+    async def terminate(self, grace_s: float, *, escapees: bool = True) -> None:
+        """Stop the whole tree: polite signals, up to `grace_s` for the leader to go,
+        then SIGKILL to all of it (its cgroup leaf, or its group and tree); then reap,
+        close every fd, and wait until all of it is gone. Idempotent.
+
+        `escapees=False` skips the search for tagged processes that left the tree
+        (tag containment only): the session's own sweep follows at its close.
+        """
         if self._closed:
             return
         try:
@@ -362,18 +434,26 @@ class LocalProcess:
                 polite = (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT)
                 for sig in polite:
                     self.signal_group(sig)
-                if not self._reaped:
-                    process_tree.signal_tree(self.pid, *polite, tag=self.tag)
+                if self.leaf is not None:
+                    self.leaf.signal(*polite)
+                elif not self._reaped:
+                    tag = self.tag if escapees else None
+                    process_tree.signal_tree(self.pid, *polite, tag=tag)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace_s):
                         await self._exited.wait()
             self.signal_group(signal.SIGKILL)
+            if self.leaf is not None:
+                self.leaf.kill()
             if not self.exited:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(KILL_WAIT_S):
                         await self._exited.wait()
         finally:
-            self.close(sweep_tree=True)
+            self.close(sweep_tree=True, escapees=escapees)
+        if self.leaf is not None:
+            await self.leaf.wait_empty()
+            self._give_back_leaf()
         if self._swept:
             await process_tree.wait_gone(self._swept)
 
@@ -383,16 +463,23 @@ class LocalProcess:
         if self._closed or self._reaped:
             return
         self.signal_group(signal.SIGKILL)
-        process_tree.kill_tree(self.pid, tag=self.tag)
+        if self.leaf is not None:
+            self.leaf.kill()
+        else:
+            process_tree.kill_tree(self.pid, tag=self.tag)
 
-    def close(self, *, kill_group: bool = True, sweep_tree: bool = False) -> None:
+    def close(
+        self, *, kill_group: bool = True, sweep_tree: bool = False, escapees: bool = True
+    ) -> None:
         """Kill what is left of the group, reap the leader and close every fd.
 
         `kill_group=False` (for an already exited leader) reaps it without signalling
         the group, the way a remote daemon reaps a process whose children it leaves be;
         the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
         left the group (see `backends.unix_local.process_tree`): teardowns do, a one-shot command
-        that ended by itself does not (its group kill is the fast path).
+        that ended by itself does not (its group kill is the fast path; what it left
+        running dies at the session's close). In a cgroup leaf, the sweep is one write
+        to the leaf's `cgroup.kill`. `escapees`: see `terminate`.
         """
         if self._closed:
             return
@@ -402,7 +489,11 @@ class LocalProcess:
             if kill_group and sweep_tree and not self._reaped:
                 # Background jobs of an interactive shell have groups of their own, and
                 # nohup'd or setsid'd children leave the group: kill the whole tree.
-                self._swept = process_tree.kill_tree(self.pid, tag=self.tag)
+                if self.leaf is not None:
+                    self.leaf.kill()
+                else:
+                    tag = self.tag if escapees else None
+                    self._swept = process_tree.kill_tree(self.pid, tag=tag)
         waiter = self._write_waiter
         if waiter is not None and self.master_fd is not None:
             # A write waiting for room must not keep a writer on an fd number that is
@@ -423,6 +514,7 @@ class LocalProcess:
             os.close(self._pidfd)
             self._pidfd = None
         self._reap()
+        self._give_back_leaf()
 
     def _reap(self) -> None:
         if self._reaped or self._popen is None:

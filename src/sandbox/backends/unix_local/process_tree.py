@@ -1,22 +1,23 @@
-"""Finding and killing everything a local process started, not just its process group.
+"""The tag containment: everything a local process started, found through /proc.
 
-A process group is not a tree: an interactive shell gives each background job a group
-of its own, and `nohup`/`setsid` children leave the group too. What they keep is either
-the session (job-control groups stay in the shell's session) or the parent link (until
-their parent dies and they are re-parented). So a tree is taken as: every process whose
-session id is the leader's (the leader started a new session: its pid is the sid), plus
-every descendant of those by parent link. The leader's pid stays reserved while it is an
-unreaped zombie (`local_process` waits with WNOWAIT), so the session id is never another
-process's.
+Used where no cgroup can be made (`containment="tag"`, see `backends.unix_local.cgroups`
+for the exact way). A process group is not a tree: an interactive shell gives each
+background job a group of its own, and `nohup`/`setsid` children leave the group too.
+What they keep is the parent link, until their parent dies. So a tree is the leader
+and its descendants, walked through the kernel's children files from the leader down
+(a cost that follows the tree, not the host; without those files, the whole process
+table is read and the leader's session taken from it). The leader's pid stays reserved
+while it is an unreaped zombie (`local_process` waits with WNOWAIT).
 
-A process that both left the session and lost its parent (a double fork with `setsid`,
-a daemon) has neither link. What it usually keeps is its environment: every process we
-start carries `SANDBOX_PROCESS_TAG=<session>.<process>` (see `LocalProcess.spawn`), so a
-process that sits at a session boundary (its parent is in another session, or gone)
-and carries the tag is taken back, with its descendants. Only such boundary processes
-have their environment read, which keeps the look cheap on a busy host. What clears its
-environment as well as leaving the session and its parent is out of reach without
-cgroups; confined sessions do not have that gap (the jail's PID namespace dies with it).
+A process that lost its parent (a double fork with `setsid`, a daemon, a background job
+of a shell that exited) has no link left. What it usually keeps is its environment:
+every process we start carries `SANDBOX_PROCESS_TAG=<session>.<process>` (see
+`LocalProcess.spawn`). An orphan is re-parented to the nearest subreaper above its dead
+parent: one of our ancestors (pid 1 at the latest) or inside a tree we walk anyway. So
+the children of our ancestors that sit at a session boundary and carry the tag are
+taken back, with their descendants; only those have their environment read. What also
+clears its environment is out of reach without cgroups; confined sessions do not have
+that gap (the jail's PID namespace dies with it).
 """
 
 from __future__ import annotations
@@ -42,28 +43,55 @@ KERNEL_THREADS_PARENT = 2  # kthreadd: its children have no environment to read
 Table = dict[int, tuple[int, int, bytes]]
 
 
+def _stat(pid: int | str) -> tuple[int, int, bytes] | None:
+    """(ppid, sid, start time) of a live (non-zombie) process (the start time tells a
+    reused pid from the process it replaced); None if it is gone or a zombie."""
+    # Raw fd reads: this runs at every teardown, and io's file objects cost twice.
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            data = os.read(fd, 1024)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    # After "pid (comm) ": state ppid pgrp session ... starttime (the 20th); comm may
+    # hold ")" itself.
+    fields = data[data.rfind(b")") + 2 :].split(b" ", 20)
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[1]), int(fields[3]), fields[19]
+
+
 def _read_table() -> Table:
-    """pid -> (ppid, sid, start time) for every live (non-zombie) process on this host
-    (the start time tells a reused pid from the process it replaced)."""
+    """pid -> `_stat` for every live process on this host."""
     table: Table = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        # Raw fd reads: this runs at every teardown, and io's file objects cost twice.
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                data = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        # After "pid (comm) ": state ppid pgrp session ... starttime (the 20th); comm
-        # may hold ")" itself.
-        fields = data[data.rfind(b")") + 2 :].split(b" ", 20)
-        if len(fields) < 20 or fields[0] in (b"Z", b"X"):
-            continue
-        table[int(name)] = (int(fields[1]), int(fields[3]), fields[19])
+        if name.isdigit() and (row := _stat(name)) is not None:
+            table[int(name)] = row
+    return table
+
+
+def _orphan_table() -> Table | None:
+    """`_stat` of where an escapee can be: an orphan is re-parented to the nearest
+    subreaper above its dead parent, which is one of our ancestors (up to pid 1), or
+    inside a tree we walk anyway. So: our ancestors and their children, a cost that
+    follows our ancestry, not the host. None without the kernel's children files."""
+    table: Table = {}
+    pid = os.getppid()
+    while pid > 0 and pid not in table:
+        row = _stat(pid)
+        if row is None:
+            break
+        table[pid] = row
+        pid = row[0]
+    for ancestor in list(table):
+        kids = _children(ancestor)
+        if kids is None:
+            return None
+        for kid in kids:
+            if kid not in table and (row := _stat(kid)) is not None:
+                table[kid] = row
     return table
 
 
@@ -161,13 +189,73 @@ def _with_descendants(table: Table, roots: set[int]) -> set[int]:
     return members
 
 
+def _children(pid: int) -> list[int] | None:
+    """`pid`'s children from /proc/<pid>/task/*/children (None: the kernel has no such
+    file); [] when it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+        try:
+            data = b""
+            while piece := os.read(fd, 65536):
+                data += piece
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        kids.extend(int(p) for p in data.split())
+    return kids
+
+
+def _walk(roots: set[int]) -> set[int] | None:
+    """`roots` and all their descendants by parent link, reading only their own
+    /proc entries (a cost that follows the tree, not the host); None without the
+    kernel's children files."""
+    members = set(roots)
+    todo = list(roots)
+    while todo:
+        kids = _children(todo.pop())
+        if kids is None:
+            return None
+        for kid in kids:
+            if kid not in members:
+                members.add(kid)
+                todo.append(kid)
+    members.discard(os.getpid())
+    return members
+
+
 def tree_members(leader: int, *, tag: str | None = None, fresh: bool = True) -> set[int]:
-    """The live processes of `leader`'s session and their descendants (leader included
-    if it is still alive), plus, with `tag`, the escaped processes carrying it and their
-    descendants; never this process itself. `fresh=False` may reuse a look taken a
-    moment ago (see `_recent_table`)."""
+    """`leader` (if alive) and its descendants, plus, with `tag`, the escaped processes
+    carrying it and their descendants; never this process itself.
+
+    The descendants are walked from the leader through its children files and the
+    escapees (with `tag`) looked for among the orphans (`_orphan_table`), so a
+    teardown's cost follows its tree and our ancestry, not the host. Without children
+    files (an old kernel), the whole table is read, and the leader's session taken from
+    it (`fresh=False` reuses a recent one).
+    """
     if not os.path.isdir("/proc"):
         return set()
+    walked = _walk({leader})
+    orphans = None if walked is None or tag is None else _orphan_table()
+    if walked is not None and (tag is None or orphans is not None):
+        if tag is None or orphans is None:
+            return walked
+        escaped = _escaped_roots(orphans, tag.encode().__eq__, walked)
+        more = _walk(escaped) if escaped else set()
+        return walked | (more or set())
     table = _read_table() if fresh else _recent_table()
     roots = {pid for pid, (_, sid, _) in table.items() if sid == leader}
     if leader in table:
@@ -182,8 +270,14 @@ def session_members(session_tag: str) -> set[int]:
     its descendants (what a session sweeps when it stops)."""
     if not os.path.isdir("/proc"):
         return set()
-    table = _read_table()
     prefix = session_tag.encode() + b"."
+    orphans = _orphan_table()
+    if orphans is not None:
+        escaped = _escaped_roots(orphans, lambda t: t.startswith(prefix), set())
+        walked = _walk(escaped) if escaped else set()
+        if walked is not None:
+            return walked
+    table = _read_table()
     return _with_descendants(table, _escaped_roots(table, lambda t: t.startswith(prefix), set()))
 
 

@@ -13,22 +13,24 @@ import dataclasses
 import errno
 import os
 import signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
-from ...errors import InvalidArgumentError, SandboxError
+from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
+from . import cgroup_limits, cgroups, local_files, process_tree
 from . import confine as jail
-from . import local_files, process_tree
 from .local_process import LocalProcess
 from .workspace import Workspace
 
 DEFAULT_TERM = "xterm-256color"
+CONTAINMENTS = ("auto", "cgroup", "tag")
+MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
 
 
 class UnixLocalSession(BaseSandboxSession[LocalProcess]):
@@ -61,6 +63,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         confine: bool = False,
         network: bool = False,
         readonly_paths: Sequence[str | os.PathLike[str]] = (),
+        containment: str = "auto",
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -95,11 +101,26 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._readonly_request = [os.fspath(p) for p in readonly_paths]
         self._readonly_paths: list[str] = []
         self._bwrap: str | None = None
+        if containment not in CONTAINMENTS:
+            raise InvalidArgumentError(
+                f"containment must be one of {', '.join(CONTAINMENTS)}, not {containment!r}"
+            )
+        self.containment = containment
+        self._limits = cgroup_limits.check_limit_options(
+            memory_limit_bytes, process_limit, cpu_limit
+        )
+        self._cgroup: cgroups.SessionCgroup | None = None
+        self._applied: cgroup_limits.AppliedLimits | None = None
 
     @property
     def workspace(self) -> str:
         """The workspace directory (after start)."""
         return self._workspace.path
+
+    @property
+    def limits_enforced(self) -> dict[str, str]:
+        """After start: each limit option in force and how ("cgroup v2" or "cgroup v1")."""
+        return {} if self._applied is None else dict(self._applied.enforced)
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -110,13 +131,52 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._workspace.create()
         if self.confine:
             jail.check_workspace(self._workspace.path)
+        self._make_cgroups()
+
+    def _make_cgroups(self) -> None:
+        """The session's cgroup (per `containment`) and its limits, in one synchronous
+        step: a cancelled start leaves nothing half made for `_stop_backend`."""
+        if self.containment != "tag":
+            try:
+                self._cgroup = cgroups.SessionCgroup.create()
+            except (cgroups.CgroupUnavailable, OSError) as exc:
+                if self.containment == "cgroup":
+                    raise BackendUnavailableError(
+                        f"containment='cgroup' but no cgroup can be made here: {exc}"
+                    ) from None
+        self.containment = "tag" if self._cgroup is None else "cgroup"
+        if self._limits.wanted():
+            self._applied = cgroup_limits.apply(self._limits, self._cgroup)
 
     async def _stop_backend(self) -> None:
-        # Last, what escaped every tree: a one-shot command's daemon (a one-shot command
-        # that ended by itself only had its group killed), a double fork with setsid.
-        escaped = await asyncio.to_thread(process_tree.kill_session, self._session_tag)
-        await process_tree.wait_gone(escaped)
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            # Everything the session started is in its cgroup: one write kills it all.
+            cgroup.kill()
+            await cgroup.wait_empty()
+            cgroup.remove()
+        else:
+            # Last, what escaped every tree: a one-shot command's daemon (a one-shot
+            # command that ended by itself only had its group killed), a setsid child.
+            escaped = await asyncio.to_thread(process_tree.kill_session, self._session_tag)
+            await process_tree.wait_gone(escaped)
+        applied, self._applied = self._applied, None
+        if applied is not None:
+            applied.remove()
         await asyncio.to_thread(self._workspace.cleanup)
+
+    def _placement(self) -> dict[str, Any]:
+        """Where a new process goes: the session's cgroup, and the v1 limit groups."""
+        return {
+            "cgroup": self._cgroup,
+            "join_fds": () if self._applied is None else self._applied.join_fds,
+        }
+
+    def _memory_note(self, code: int) -> bytes:
+        """The note a process killed by the memory limit gets (b"" otherwise)."""
+        if code == 137 and self._applied is not None and self._applied.memory_killed():
+            return MEMORY_NOTE
+        return b""
 
     # ---- commands ------------------------------------------------------------------
 
@@ -165,10 +225,11 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 on_stdout=capture.add_stdout,
                 on_stderr=capture.add_stderr,
                 tag=process_tree.new_tag(self._session_tag),
+                **self._placement(),
             )
         except OSError as exc:
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
-        return _LocalOneShot(proc)
+        return _LocalOneShot(proc, capture, self._memory_note)
 
     async def _spawn_process(self, entry: PtyEntry[LocalProcess]) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
@@ -183,6 +244,12 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             if shown:
                 entry.feed(shown)
 
+        def on_exit(code: int) -> None:
+            note = self._memory_note(code)
+            if note:
+                entry.feed(note)
+            entry.report_exit(code)
+
         try:
             entry.handle = LocalProcess.spawn(
                 self._argv(command),
@@ -192,9 +259,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 rows=spec.rows,
                 cols=spec.cols,
                 on_stdout=entry.feed if trap is None else on_stdout,
-                on_exit=entry.report_exit,
+                on_exit=entry.report_exit if self._applied is None else on_exit,
                 on_eof=entry.report_eof,
                 tag=process_tree.new_tag(self._session_tag),
+                **self._placement(),
             )
         except OSError as exc:
             raise _start_error(
@@ -242,7 +310,9 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _terminate_pty_entry(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle
         if proc is not None:
-            await proc.terminate(self.terminate_grace_s)
+            # When the session stops right after, its own sweep finds the escapees once
+            # instead of every teardown looking through /proc for them.
+            await proc.terminate(self.terminate_grace_s, escapees=not entry.sandbox_stopping)
 
     def _abandon(self, entries: list[PtyEntry[LocalProcess]]) -> None:
         """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays)."""
@@ -250,7 +320,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             proc: LocalProcess | None = entry.handle
             if proc is not None:
                 proc.kill_now()
-        process_tree.kill_session(self._session_tag)
+        if self._cgroup is not None:
+            self._cgroup.kill()  # its directories stay until a later session cleans them
+        else:
+            process_tree.kill_session(self._session_tag)
 
     async def _final_drain(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle
@@ -318,11 +391,18 @@ def _is_locale_or_identity(name: str) -> bool:
 class _LocalOneShot:
     """A one-shot local command (`OneShotProcess`)."""
 
-    def __init__(self, proc: LocalProcess) -> None:
+    def __init__(
+        self, proc: LocalProcess, capture: ExecCapture, memory_note: Callable[[int], bytes]
+    ) -> None:
         self._proc = proc
+        self._capture = capture
+        self._memory_note = memory_note
 
     async def wait(self) -> int:
         code = await self._proc.wait()
+        note = self._memory_note(code)
+        if note:
+            self._capture.add_stderr(note)
         # A background child may hold the pipes open: give it the same short grace a
         # PTY window gives, then `release` kills the whole group.
         with contextlib.suppress(TimeoutError):
