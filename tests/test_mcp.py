@@ -1010,8 +1010,13 @@ async def _refused_start(*args: str, env: dict[str, str] | None = None) -> tuple
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
-    async with asyncio.timeout(30):
-        stdout, stderr = await proc.communicate()
+    try:
+        async with asyncio.timeout(30):
+            stdout, stderr = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # it did not refuse: it serves, so end it
+            proc.kill()
+            await proc.wait()
     assert stdout == b""
     assert proc.returncode is not None
     return proc.returncode, stderr.decode()

@@ -19,6 +19,7 @@ from ..types import PtyUpdate
 from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
 from .session import ANY_OUTPUT, open_cli_session
+from .std_streams import say
 
 STREAM_WINDOW_S = 30.0
 
@@ -122,5 +123,6 @@ def _exit_code(update: PtyUpdate) -> int:
 
 def _timed_out(timeout: float) -> int:
     sys.stdout.flush()
-    print(f"sandbox: command timed out after {timeout:g}s and was killed", file=sys.stderr)
+    # Our own notice: a stderr that cannot take it leaves the exit code to tell.
+    say(f"sandbox: command timed out after {timeout:g}s and was killed")
     return EXIT_TIMEOUT

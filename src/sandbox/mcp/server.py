@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..backends import open_session
 from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from ..cli.options import add_backend_arguments, options_from_args
-from ..cli.std_streams import error_line, say
+from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
 from ..errors import InvalidArgumentError, SandboxError
 from ..session import BaseSandboxSession
 from ..types import PtyProcessInfo, PtyUpdate
@@ -686,6 +686,12 @@ def _transport(args: argparse.Namespace) -> Transport:
     if not args.http:
         if args.token_file is not None or args.allow_origin or args.allow_host:
             raise InvalidArgumentError("--token-file, --allow-origin and --allow-host need --http")
+        if not is_writable(1):
+            # Checked before the session starts: the protocol's replies go there.
+            raise OSError(
+                "standard output is not open for writing, and the stdio transport answers "
+                "on it (serve --http instead?)"
+            )
         return StdioTransport()
     host, port = args.http
     return HttpTransport(
@@ -699,6 +705,7 @@ def _transport(args: argparse.Namespace) -> Transport:
 
 def main(argv: list[str]) -> int:
     """Entry point of `sandbox mcp ARGS...`; returns the process exit status."""
+    plug_closed_fds()  # `python -m sandbox.mcp` does not come through the CLI's main
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
