@@ -99,21 +99,38 @@ class _Attachment:
             if not data:
                 loop.remove_reader(fd)
 
-        loop.add_reader(fd, readable)
+        try:
+            loop.add_reader(fd, readable)
+        except PermissionError:
+            # A regular file or /dev/null (a closed stdin is plugged with it): epoll
+            # refuses those, and they are always readable, so read them straight.
+            await self._send_file(fd)
+            return
         try:
             while not self.done.is_set():
                 data = await queue.get()
-                if not data:
+                if not data or not await self._send(data):
                     return  # local stdin closed: keep showing output until the exit
-                try:
-                    update = await self.session.pty_write_stdin(
-                        self.process_id, data, until=ANY_OUTPUT
-                    )
-                except (PtyProcessNotFoundError, ProcessExitedError):
-                    return
-                self.show(update)
         finally:
             loop.remove_reader(fd)
+
+    async def _send_file(self, fd: int) -> None:
+        while not self.done.is_set():
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                return
+            if not data or not await self._send(data):
+                return
+
+    async def _send(self, data: bytes) -> bool:
+        """Type `data`; False once the process is gone."""
+        try:
+            update = await self.session.pty_write_stdin(self.process_id, data, until=ANY_OUTPUT)
+        except (PtyProcessNotFoundError, ProcessExitedError):
+            return False
+        self.show(update)
+        return True
 
     def resize_soon(self) -> None:
         rows, cols = _terminal_size()
