@@ -610,8 +610,10 @@ async def test_start_failure_is_reported(tmp_path: Path) -> None:
     )
     async with asyncio.timeout(30):
         stdout, stderr = await proc.communicate()
-    assert proc.returncode == 1
+    # A rejected option is bad usage, as for `sandbox run`: exit 2, one line.
+    assert proc.returncode == 2
     assert stdout == b""
+    assert stderr.startswith(b"sandbox: error:") and stderr.count(b"\n") == 1
     assert b"no_such_option" in stderr and b"Traceback" not in stderr
 
 
