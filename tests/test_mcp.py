@@ -1077,3 +1077,31 @@ async def test_token_options_need_http(tmp_path: Path) -> None:
     assert code == 2 and stderr.startswith("sandbox: error:") and "need --http" in stderr
     code, stderr = await _refused_start("--http", "127.0.0.1:0", "--token-file", str(tmp_path))
     assert code == 2 and stderr.startswith("sandbox: error: --token-file")
+
+
+def test_access_policy_compares_hosts_and_origins_exactly() -> None:
+    """The rules behind the 403s, without a server: IP literals in any spelling, names
+    in any case, the port always (80 when absent); loopback names only for a loopback or
+    wildcard bind; the token never in a repr."""
+    from sandbox.credentials import Secret
+    from sandbox.mcp.http_guard import AccessPolicy
+    from sandbox.mcp.transports import HttpTransport
+
+    v6 = AccessPolicy.for_bind("::1", 8765)
+    assert v6.host_allowed("[0:0:0:0:0:0:0:1]:8765") and v6.host_allowed("LocalHost:8765")
+    assert v6.host_allowed("127.0.0.1:8765") and v6.origin_allowed("http://[::1]:8765")
+    for bad in ["[::1]", "::1:8765", "[::1]8765", "localhost.:8765", "localhost:08765x", ""]:
+        assert not v6.host_allowed(bad), bad
+    on_80 = AccessPolicy.for_bind("127.0.0.2", 80)
+    assert on_80.host_allowed("127.0.0.2") and on_80.origin_allowed("http://127.0.0.2")
+    assert not on_80.host_allowed("127.0.0.3")
+    wildcard = AccessPolicy.for_bind("0.0.0.0", 9000, names=["box.internal"])
+    assert wildcard.host_allowed("127.0.0.1:9000") and wildcard.host_allowed("box.internal:9000")
+    remote = AccessPolicy.for_bind("192.0.2.7", 9000, allow_origins=["HTTPS://UI.example/"])
+    assert remote.host_allowed("192.0.2.7:9000") and not remote.host_allowed("localhost:9000")
+    assert remote.origin_allowed("https://ui.example") and not remote.origin_allowed("null")
+    secret = AccessPolicy.for_bind("127.0.0.1", 1, token=Secret(TOKEN))
+    assert secret.token_matches(f"Bearer {TOKEN}".encode())
+    assert not secret.token_matches(None) and not secret.token_matches(TOKEN.encode())
+    transport = HttpTransport("127.0.0.1", 0, token=Secret(TOKEN))
+    assert TOKEN not in repr(secret) + str(secret) + repr(transport) + str(vars(transport))
