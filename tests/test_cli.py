@@ -382,13 +382,19 @@ def test_reader_gone_ends_quietly(tmp_path: Path, index: int) -> None:
     assert out.returncode == 141
 
 
-def test_pipe_to_head_ends_quietly_and_stops_the_command(tmp_path: Path) -> None:
-    """`sandbox run --tty -- yes MARK | head -1`: the first line, then a quiet end with
-    141 and the endless command torn down."""
+@pytest.mark.parametrize("tty", [False, True], ids=["exec", "tty"])
+def test_pipe_to_head_ends_quietly_and_stops_the_command(tmp_path: Path, tty: bool) -> None:
+    """`sandbox run -- seq 1 1000000 | head -1` (the output written at once, which the
+    pipe takes in part before the reader leaves) and `sandbox run --tty -- yes MARK |
+    head -1` (streamed, endless): the first line, then a quiet end with 141, and the
+    endless command torn down."""
     marker = unique_seconds()
     script = '{ "$@" 2>"$ERR"; echo $? >"$RC"; } | head -1'
     env = {**os.environ, "ERR": str(tmp_path / "err"), "RC": str(tmp_path / "rc")}
-    command = ["run", "--tty", "--workspace", str(tmp_path / "ws"), "--", f"yes {marker}"]
+    ws = ["--workspace", str(tmp_path / "ws")]
+    command = ["run", "--tty", *ws, "--", f"yes {marker}"] if tty else ["run", *ws, "--"]
+    if not tty:
+        command.append(f"seq {marker} 1999999")
     out = subprocess.run(
         ["sh", "-c", script, "sh", *CONSOLE, *command],
         capture_output=True,

@@ -19,7 +19,7 @@ from ..types import PtyUpdate
 from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
 from .session import ANY_OUTPUT, open_cli_session
-from .std_streams import say
+from .std_streams import say, write_all
 
 STREAM_WINDOW_S = 30.0
 
@@ -113,8 +113,7 @@ def _show(update: PtyUpdate) -> None:
 
 def _write(stream: BinaryIO, data: bytes) -> None:
     if data:
-        stream.write(data)
-        stream.flush()
+        write_all(stream, data)
 
 
 def _exit_code(update: PtyUpdate) -> int:

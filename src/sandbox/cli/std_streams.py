@@ -26,6 +26,7 @@ import fcntl
 import io
 import os
 import sys
+from typing import BinaryIO
 
 from .exit_codes import EXIT_BROKEN_PIPE, EXIT_ERROR
 
@@ -74,6 +75,19 @@ def plug_closed_fds() -> frozenset[int]:
     if 2 in closed and sys.stderr is None:
         sys.stderr = _text_stream(2, write=True)
     return closed
+
+
+def write_all(stream: BinaryIO, data: bytes) -> None:
+    """Write all of `data` to `stream` and flush it. A buffered stream whose reader
+    leaves mid-write reports a short count instead of raising (CPython returns what the
+    pipe took), so the rest is written again until the error shows (EPIPE)."""
+    view = memoryview(data)
+    while view:
+        written = stream.write(view)
+        if not written:  # took nothing and raised nothing: do not spin
+            raise OSError(errno.EIO, "the output stream took nothing")
+        view = view[written:]
+    stream.flush()
 
 
 def error_line(exc: BaseException | str) -> str:

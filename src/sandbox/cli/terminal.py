@@ -23,6 +23,7 @@ from ..session import BaseSandboxSession
 from ..types import PtyUpdate
 from . import options as cli_options
 from .session import ANY_OUTPUT, open_cli_session
+from .std_streams import write_all
 
 ANY_OUTPUT_WINDOW_S = 30.0
 # bash where there is one (job control works in a confined jail; dash's does not), else sh.
@@ -68,8 +69,7 @@ class _Attachment:
 
     def show(self, update: PtyUpdate) -> None:
         if update.output:
-            self._out.write(update.output.encode("utf-8", "surrogateescape"))
-            self._out.flush()
+            write_all(self._out, update.output.encode("utf-8", "surrogateescape"))
         if update.process_id is None:
             self.exit_code = update.exit_code
             self.done.set()
@@ -166,8 +166,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
                 record=args.record,
             )
             if first.process_id is None:
-                sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))
-                sys.stdout.flush()
+                write_all(sys.stdout.buffer, first.output.encode("utf-8", "surrogateescape"))
                 return first.exit_code if first.exit_code is not None else 1
             attachment = _Attachment(session, first.process_id)
             attachment.show(first)
