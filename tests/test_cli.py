@@ -320,3 +320,143 @@ def test_shell_on_docker_works_like_docker_exec_it() -> None:
     after = {c.id for c in engine.containers.list(all=True, filters={"ancestor": image})}
     engine.close()
     assert after <= before, "the container the shell created is removed"
+
+
+# ---- closed standard streams and readers that go away --------------------------------------
+
+# The console script itself, as a user runs it (the module where scripts are not installed).
+_SCRIPT = Path(sys.executable).with_name("sandbox")
+CONSOLE = [str(_SCRIPT)] if _SCRIPT.exists() else SANDBOX
+CLOSED_STDOUT = "sandbox: error: cannot write the output: standard output is not open for writing\n"
+
+
+def run_closed(redirect: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the console script with a shell redirection such as `>&-` (the descriptor is
+    really closed, not /dev/null) applied to it alone."""
+    return subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", *CONSOLE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _printing_commands(workspace: Path) -> list[list[str]]:
+    ws = ["--workspace", str(workspace)]
+    return [
+        ["run", *ws, "--", "echo hi"],
+        ["run", "--tty", *ws, "--", "echo hi"],
+        ["shell", *ws, "--", "echo hi"],
+        ["backends"],
+        ["demo"],
+    ]
+
+
+@pytest.mark.parametrize("index", range(5), ids=["run", "run-tty", "shell", "backends", "demo"])
+def test_closed_stdout_is_one_error_line(tmp_path: Path, index: int) -> None:
+    """`sandbox ... >&-`: one `sandbox: error:` line on stderr and exit 1, whatever the
+    subcommand; no traceback, nothing complaining at interpreter exit."""
+    out = run_closed(">&-", *_printing_commands(tmp_path)[index])
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == CLOSED_STDOUT
+    assert out.stdout == ""
+
+
+def test_closed_stdout_without_output_is_not_an_error(tmp_path: Path) -> None:
+    """As with any Unix tool, a closed stdout matters only when something is written."""
+    out = run_closed(">&-", "run", "--workspace", str(tmp_path), "--", "touch made; exit 3")
+    assert out.returncode == 3 and out.stderr == ""
+    assert (tmp_path / "made").exists()
+
+
+def test_mcp_stdio_refuses_a_closed_stdout_before_starting(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    out = run_closed(">&-", "mcp", "--workspace", str(workspace))
+    assert out.returncode == 1
+    assert out.stderr.startswith("sandbox: error: standard output is not open for writing")
+    assert out.stderr.count("\n") == 1
+    assert not workspace.exists()  # no session was started
+
+
+def test_closed_stderr_sends_nothing_to_stdout(tmp_path: Path) -> None:
+    """`2>&-`: our own messages never land on stdout (print(file=None) would put them
+    there) and there is no traceback; the exit code says what happened."""
+    ws = ["--workspace", str(tmp_path)]
+    out = run_closed("2>&-", "run", *ws, "--opt", "bogus_option=1", "--", "true")
+    assert (out.returncode, out.stdout) == (2, "")
+    out = run_closed("2>&-", "run", "--timeout", "0.5", *ws, "--", "echo partial; exec sleep 30")
+    assert (out.returncode, out.stdout) == (124, "partial\n")
+    # The command's own stderr cannot be written: its output is lost, so that is an error.
+    out = run_closed("2>&-", "run", *ws, "--", "echo out; echo err >&2; exit 0")
+    assert (out.returncode, out.stdout) == (1, "out\n")
+    out = run_closed(">&- 2>&-", "run", *ws, "--", "echo out")
+    assert (out.returncode, out.stdout) == (1, "")
+
+
+@pytest.mark.parametrize("index", range(5), ids=["run", "run-tty", "shell", "backends", "demo"])
+def test_reader_gone_ends_quietly(tmp_path: Path, index: int) -> None:
+    """A reader that has gone away (the pipe's read end is closed before we write):
+    no output on stderr, no "Exception ignored", exit 141 (128 + SIGPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run(
+            [*CONSOLE, *_printing_commands(tmp_path)[index]],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert out.stderr == ""
+    assert out.returncode == 141
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["exec", "tty"])
+def test_pipe_to_head_ends_quietly_and_stops_the_command(tmp_path: Path, tty: bool) -> None:
+    """`sandbox run -- seq 1 1000000 | head -1` (the output written at once, which the
+    pipe takes in part before the reader leaves) and `sandbox run --tty -- yes MARK |
+    head -1` (streamed, endless): the first line, then a quiet end with 141, and the
+    endless command torn down."""
+    marker = unique_seconds()
+    script = '{ "$@" 2>"$ERR"; echo $? >"$RC"; } | head -1'
+    env = {**os.environ, "ERR": str(tmp_path / "err"), "RC": str(tmp_path / "rc")}
+    ws = ["--workspace", str(tmp_path / "ws")]
+    command = ["run", "--tty", *ws, "--", f"yes {marker}"] if tty else ["run", *ws, "--"]
+    if not tty:
+        command.append(f"seq {marker} 1999999")
+    out = subprocess.run(
+        ["sh", "-c", script, "sh", *CONSOLE, *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.stdout.replace("\r", "") == f"{marker}\n"
+    assert (tmp_path / "err").read_text() == ""
+    assert (tmp_path / "rc").read_text() == "141\n"
+    assert gone(marker), describe_pids(host_pids_with_arg(marker))
+
+
+def test_shell_reads_a_file_on_stdin(tmp_path: Path) -> None:
+    """stdin from a file (or /dev/null, or closed): epoll refuses such a descriptor, so
+    it is read straight and typed into the terminal."""
+    script = tmp_path / "input.sh"
+    script.write_text("echo from-$((40 + 2))\nexit 3\n")
+    with script.open() as stdin:
+        out = subprocess.run(
+            [*CONSOLE, "shell", "--workspace", str(tmp_path / "ws"), "--", "sh"],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 3, out.stderr
+    assert "from-42" in out.stdout and out.stderr == ""
+    out = run_closed("<&-", "shell", "--workspace", str(tmp_path / "ws"), "--", "sleep 1; echo hi")
+    assert out.returncode == 0, out.stderr
+    assert "hi" in out.stdout and out.stderr == ""

@@ -121,7 +121,7 @@ async def stdio_session(workspace: Path, log: Path, *extra: str) -> AsyncIterato
 
 
 class HttpServer:
-    """A `sandbox mcp --http 127.0.0.1:0` subprocess and the URL it announced."""
+    """A `sandbox mcp --http HOST:0` subprocess and the URL it announced."""
 
     def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
         self.proc = proc
@@ -145,23 +145,34 @@ class HttpServer:
 
 
 @contextlib.asynccontextmanager
-async def http_server(workspace: Path) -> AsyncIterator[HttpServer]:
+async def http_server(
+    workspace: Path, host: str = "127.0.0.1", *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[HttpServer]:
+    shown = f"[{host}]" if ":" in host else host
     proc = await asyncio.create_subprocess_exec(
         *SERVER_ARGV,
         "--workspace",
         str(workspace),
         "--http",
-        "127.0.0.1:0",
+        f"{shown}:0",
+        *extra,
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     try:
         assert proc.stderr is not None
+        before: list[str] = []  # what a --log-level DEBUG server logs before it listens
         async with asyncio.timeout(30):
-            line = (await proc.stderr.readline()).decode()
-        match = re.search(r"at (http://127\.0\.0\.1:\d+/mcp)$", line.strip())
-        assert match, line
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                match = re.search(rf"at (http://{re.escape(shown)}:\d+/mcp)$", line.strip())
+                if match or not line:
+                    break
+                before.append(line)
+        assert match, before
         server = HttpServer(proc, match.group(1))
+        server.stderr[:0] = before
         yield server
     finally:
         # On a failed test: stop it the clean way first, so its processes go too.
@@ -637,8 +648,10 @@ async def test_start_failure_is_reported(tmp_path: Path) -> None:
     )
     async with asyncio.timeout(30):
         stdout, stderr = await proc.communicate()
-    assert proc.returncode == 1
+    # A rejected option is bad usage, as for `sandbox run`: exit 2, one line.
+    assert proc.returncode == 2
     assert stdout == b""
+    assert stderr.startswith(b"sandbox: error:") and stderr.count(b"\n") == 1
     assert b"no_such_option" in stderr and b"Traceback" not in stderr
 
 
@@ -807,3 +820,332 @@ async def test_shut_down_answers_calls_in_flight(tmp_path: Path) -> None:
         assert session.pty_processes() == []
         late = await tools.call("list_processes", {})
         assert late.is_error and "shutting down" in text(late)
+
+
+# ---- who may talk to the HTTP server: Host, Origin, bearer token --------------------------
+
+TOKEN = "s3cret-Token_for.tests~0123456789"
+MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-03-26",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-http-test", "version": "1"},
+    },
+}
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+_IPV6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+
+
+def _touch_call(name: str) -> dict[str, Any]:
+    """A tools/call that would leave `name` in the workspace if it ran."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "exec_command", "arguments": {"cmd": f"touch {name}"}},
+    }
+
+
+class RawHttp:
+    """Plain HTTP requests to a server, with the headers a test chooses (a forged Host
+    included: httpx sends the Host header it is given)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        self.url = url
+        self.authority = url.split("/")[2]  # HOST:PORT as the server announced it
+        self.port = int(self.authority.rsplit(":", 1)[1])
+        self.token = token
+        self.client = httpx.AsyncClient(timeout=30)
+
+    def headers(self, **extra: str | None) -> dict[str, str]:
+        """The MCP headers, a good Host and the token; `extra` overrides (None drops)."""
+        headers = {**MCP_HEADERS, "Host": self.authority}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        for name, value in extra.items():
+            key = name.replace("_", "-")
+            headers = {k: v for k, v in headers.items() if k.lower() != key.lower()}
+            if value is not None:
+                headers[key] = value
+        return headers
+
+    async def post(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        return await self.client.post(self.url, json=body, headers=headers)
+
+
+async def _open_session(raw: RawHttp) -> str:
+    """Initialize an MCP session with good headers; its id."""
+    response = await raw.post(INITIALIZE, raw.headers())
+    assert response.status_code == 200, response.text
+    sid = response.headers["mcp-session-id"]
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    response = await raw.post(note, raw.headers(mcp_session_id=sid))
+    assert response.status_code == 202, response.text
+    return str(sid)
+
+
+# Every loopback address kind, with and without a token (each case starts a server, so
+# not every pairing: the token is checked after Host and Origin, whatever the address).
+@pytest.mark.parametrize(
+    ("host", "with_token"),
+    [
+        pytest.param("127.0.0.1", False, id="127.0.0.1-no-token"),
+        pytest.param("127.0.0.2", False, id="127.0.0.2-no-token"),
+        pytest.param("127.0.0.2", True, id="127.0.0.2-token"),
+        pytest.param("::1", True, id="::1-token", marks=_IPV6),
+    ],
+)
+async def test_http_refuses_foreign_host_and_origin(
+    tmp_path: Path, host: str, with_token: bool
+) -> None:
+    """On every loopback address (not only the three names the SDK protects), a request
+    naming another Host or coming from another Origin is refused with 403 before the
+    SDK sees it: no MCP session, no command run, whether or not a token is set."""
+    workspace = tmp_path / "ws"
+    extra: list[str] = []
+    if with_token:
+        token_file = tmp_path / "token"
+        token_file.write_text(f"  {TOKEN}\n")
+        extra = ["--token-file", str(token_file)]
+    async with http_server(workspace, host, *extra) as server:
+        raw = RawHttp(server.url, TOKEN if with_token else None)
+        async with raw.client:
+            sid = await _open_session(raw)
+            other_port = str(raw.port + 1 if raw.port < 65535 else raw.port - 1)
+            bound = raw.authority.rsplit(":", 1)[0]
+            forged = [
+                {"Host": f"evil.example:{raw.port}"},
+                {"Host": "evil.example"},
+                {"Host": f"{bound}:{other_port}"},
+                {"Host": f"localhost.evil.example:{raw.port}"},
+                {"Origin": "http://evil.example"},
+                {"Origin": f"http://evil.example:{raw.port}"},
+                {"Origin": "null"},
+                {"Origin": f"http://{bound}:{other_port}"},
+                {"Origin": f"https://{raw.authority}"},
+                {"Host": f"evil.example:{raw.port}", "Origin": "http://evil.example"},
+            ]
+            for number, overrides in enumerate(forged):
+                init = await raw.post(INITIALIZE, raw.headers(**overrides))
+                assert init.status_code == 403, (overrides, init.status_code, init.text)
+                assert "mcp-session-id" not in init.headers
+                assert init.text.startswith("forbidden:")
+                call = await raw.post(
+                    _touch_call(f"forged-{number}"), raw.headers(mcp_session_id=sid, **overrides)
+                )
+                assert call.status_code == 403, (overrides, call.status_code, call.text)
+            # The server's own names, as a browser on them would send them, are served.
+            good = [
+                {},
+                {"Host": f"localhost:{raw.port}", "Origin": f"http://localhost:{raw.port}"},
+                {"Host": f"127.0.0.1:{raw.port}", "Origin": f"http://127.0.0.1:{raw.port}"},
+                {"Host": f"[::1]:{raw.port}", "Origin": f"http://[::1]:{raw.port}"},
+                {"Origin": f"http://{raw.authority}"},
+            ]
+            for number, overrides in enumerate(good):
+                call = await raw.post(
+                    _touch_call(f"good-{number}"), raw.headers(mcp_session_id=sid, **overrides)
+                )
+                assert call.status_code == 200, (overrides, call.status_code, call.text)
+                assert "Process exited with code 0" in call.text, call.text
+        assert await server.stop() == 0
+    made = sorted(path.name for path in workspace.iterdir())
+    assert made == [f"good-{number}" for number in range(len(good))]
+    assert not any(TOKEN in line for line in server.stderr)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2"])
+async def test_http_token_is_required_on_every_request(tmp_path: Path, host: str) -> None:
+    """With SANDBOX_MCP_TOKEN set, a request without `Authorization: Bearer TOKEN`
+    (missing, wrong, another scheme, the token as a prefix) is refused with 401: it
+    opens no session and runs nothing. The token never reaches the server's stderr."""
+    workspace = tmp_path / "ws"
+    env = {**os.environ, "SANDBOX_MCP_TOKEN": TOKEN}
+    async with http_server(workspace, host, "--log-level", "DEBUG", env=env) as server:
+        raw = RawHttp(server.url, TOKEN)
+        async with raw.client:
+            sid = await _open_session(raw)
+            refused: list[str | None] = [
+                None,
+                "Bearer",
+                "Bearer wrong-token",
+                f"Bearer {TOKEN}x",
+                f"Bearer {TOKEN[:-1]}",
+                f"Basic {TOKEN}",
+                TOKEN,
+            ]
+            for number, authorization in enumerate(refused):
+                init = await raw.post(INITIALIZE, raw.headers(authorization=authorization))
+                assert init.status_code == 401, (authorization, init.status_code, init.text)
+                assert "mcp-session-id" not in init.headers
+                assert init.headers["www-authenticate"].startswith("Bearer")
+                call = await raw.post(
+                    _touch_call(f"refused-{number}"),
+                    raw.headers(mcp_session_id=sid, authorization=authorization),
+                )
+                assert call.status_code == 401, (authorization, call.status_code)
+            call = await raw.post(
+                _touch_call("allowed"),
+                raw.headers(mcp_session_id=sid, authorization=f"bearer {TOKEN}"),
+            )
+            assert call.status_code == 200, call.text
+        # The SDK's own client, given the header, works end to end.
+        import httpx
+
+        http = httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        from mcp.client.streamable_http import streamable_http_client
+
+        async with http, Client(streamable_http_client(server.url, http_client=http)) as client:
+            assert "hello" in await ok(client, "exec_command", cmd="echo hello")
+        assert await server.stop() == 0
+    assert sorted(path.name for path in workspace.iterdir()) == ["allowed"]
+    assert server.stderr, "DEBUG logging wrote nothing: the check below would prove nothing"
+    assert not any(TOKEN in line for line in server.stderr)
+
+
+async def test_http_allow_origin_and_allow_host(tmp_path: Path) -> None:
+    """`--allow-origin` (repeatable) admits a browser origin of the user's choosing and
+    `--allow-host` a name the server is reached by; other origins stay refused."""
+    workspace = tmp_path / "ws"
+    extra = [
+        "--allow-origin",
+        "http://localhost:3000",
+        "--allow-origin",
+        "https://App.Example/",
+        "--allow-host",
+        "sandbox.internal",
+    ]
+    async with http_server(workspace, "127.0.0.1", *extra) as server:
+        raw = RawHttp(server.url, None)
+        async with raw.client:
+            for origin in ["http://localhost:3000", "https://app.example"]:
+                init = await raw.post(INITIALIZE, raw.headers(origin=origin))
+                assert init.status_code == 200, (origin, init.text)
+            init = await raw.post(INITIALIZE, raw.headers(origin="http://localhost:3001"))
+            assert init.status_code == 403
+            init = await raw.post(INITIALIZE, raw.headers(host=f"sandbox.internal:{raw.port}"))
+            assert init.status_code == 200, init.text
+            init = await raw.post(INITIALIZE, raw.headers(host="sandbox.internal:1"))
+            assert init.status_code == 403
+        assert await server.stop() == 0
+
+
+async def _refused_start(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *SERVER_ARGV,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(30):
+            stdout, stderr = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # it did not refuse: it serves, so end it
+            proc.kill()
+            await proc.wait()
+    assert stdout == b""
+    assert proc.returncode is not None
+    return proc.returncode, stderr.decode()
+
+
+async def test_http_non_loopback_needs_a_token(tmp_path: Path) -> None:
+    """A non-loopback bind without a token refuses to start: one `sandbox: error:` line,
+    exit 2, no session started. With the token it serves, and requires it."""
+    workspace = tmp_path / "ws"
+    env = {key: value for key, value in os.environ.items() if key != "SANDBOX_MCP_TOKEN"}
+    code, stderr = await _refused_start(
+        "--workspace", str(workspace), "--http", "0.0.0.0:0", env=env
+    )
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("sandbox: error: refusing to serve")
+    assert "SANDBOX_MCP_TOKEN" in stderr and "--token-file" in stderr
+    assert not workspace.exists()
+    env["SANDBOX_MCP_TOKEN"] = TOKEN
+    async with http_server(workspace, "0.0.0.0", env=env) as server:
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        raw = RawHttp(f"http://127.0.0.1:{port}/mcp", None)
+        async with raw.client:
+            assert (await raw.post(INITIALIZE, raw.headers())).status_code == 401
+            raw.token = TOKEN
+            assert (await raw.post(INITIALIZE, raw.headers())).status_code == 200
+        assert await server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", "is empty"),
+        (b"  \n", "is empty"),
+        (b"two words\n", "printable ASCII without spaces"),
+        ("t\u00f6ken".encode(), "printable ASCII"),
+        (b"x" * 5000, "more than 4096 bytes"),
+    ],
+    ids=["empty", "blank", "spaces", "non-ascii", "too-long"],
+)
+async def test_bad_token_file_refuses_to_start(
+    tmp_path: Path, content: bytes, expected: str
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_bytes(content)
+    code, stderr = await _refused_start(
+        "--http", "127.0.0.1:0", "--token-file", str(token_file), "--workspace", str(tmp_path / "w")
+    )
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("sandbox: error: --token-file")
+    assert expected in stderr
+    assert "words" not in stderr and "xxxx" not in stderr  # the token is never shown
+    assert not (tmp_path / "w").exists()
+
+
+async def test_token_options_need_http(tmp_path: Path) -> None:
+    code, stderr = await _refused_start("--token-file", str(tmp_path / "none"))
+    assert code == 2 and stderr.startswith("sandbox: error:") and "need --http" in stderr
+    code, stderr = await _refused_start("--http", "127.0.0.1:0", "--token-file", str(tmp_path))
+    assert code == 2 and stderr.startswith("sandbox: error: --token-file")
+
+
+def test_access_policy_compares_hosts_and_origins_exactly() -> None:
+    """The rules behind the 403s, without a server: IP literals in any spelling, names
+    in any case, the port always (80 when absent); loopback names only for a loopback or
+    wildcard bind; the token never in a repr."""
+    from sandbox.credentials import Secret
+    from sandbox.mcp.http_guard import AccessPolicy
+    from sandbox.mcp.transports import HttpTransport
+
+    v6 = AccessPolicy.for_bind("::1", 8765)
+    assert v6.host_allowed("[0:0:0:0:0:0:0:1]:8765") and v6.host_allowed("LocalHost:8765")
+    assert v6.host_allowed("127.0.0.1:8765") and v6.origin_allowed("http://[::1]:8765")
+    for bad in ["[::1]", "::1:8765", "[::1]8765", "localhost.:8765", "localhost:08765x", ""]:
+        assert not v6.host_allowed(bad), bad
+    on_80 = AccessPolicy.for_bind("127.0.0.2", 80)
+    assert on_80.host_allowed("127.0.0.2") and on_80.origin_allowed("http://127.0.0.2")
+    assert not on_80.host_allowed("127.0.0.3")
+    wildcard = AccessPolicy.for_bind("0.0.0.0", 9000, names=["box.internal"])
+    assert wildcard.host_allowed("127.0.0.1:9000") and wildcard.host_allowed("box.internal:9000")
+    remote = AccessPolicy.for_bind("192.0.2.7", 9000, allow_origins=["HTTPS://UI.example/"])
+    assert remote.host_allowed("192.0.2.7:9000") and not remote.host_allowed("localhost:9000")
+    assert remote.origin_allowed("https://ui.example") and not remote.origin_allowed("null")
+    secret = AccessPolicy.for_bind("127.0.0.1", 1, token=Secret(TOKEN))
+    assert secret.token_matches(f"Bearer {TOKEN}".encode())
+    assert not secret.token_matches(None) and not secret.token_matches(TOKEN.encode())
+    transport = HttpTransport("127.0.0.1", 0, token=Secret(TOKEN))
+    assert TOKEN not in repr(secret) + str(secret) + repr(transport) + str(vars(transport))

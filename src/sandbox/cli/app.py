@@ -5,7 +5,9 @@ Exit codes: the command's own when it ran to its end; `EXIT_TIMEOUT` (124, as ti
 when `--timeout` killed it; `EXIT_USAGE` (2) for bad usage (an unknown flag, a malformed
 or rejected option value); `EXIT_ERROR` (1) for any other error (a backend that is not
 installed, missing credentials, a workspace that cannot be used, a provider failure);
-`EXIT_INTERRUPTED` (130) on Ctrl-C.
+`EXIT_INTERRUPTED` (130) on Ctrl-C; `EXIT_BROKEN_PIPE` (141, quietly) when the reader of
+the output went away. A closed stdout is one error line and `EXIT_ERROR`, a closed stderr
+`EXIT_ERROR` alone (`std_streams`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
 from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .run import command_words, run_command
+from .std_streams import error_line, flush_outputs, output_failure, plug_closed_fds, say
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,23 +75,30 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _error_line(exc: BaseException) -> str:
-    # One line, whatever the message holds (a provider's multi-line answer).
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    return f"sandbox: error: {message}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `sandbox` console script."""
-    words = list(sys.argv[1:] if argv is None else argv)
+    plug_closed_fds()
+    try:
+        try:
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            # Buffered output fails here, while it can still be reported, not at exit.
+            flush_outputs()
+    except OSError as exc:
+        status = output_failure(exc)
+        if status is None:
+            raise
+        return status
+
+
+def _dispatch(words: list[str]) -> int:
     if words[:1] == ["mcp"]:
         try:
             from ..mcp import server as mcp_server
         except ImportError as exc:
-            print(
+            say(
                 f"sandbox: error: `sandbox mcp` needs the MCP SDK ({exc.name}): "
-                "pip install 'agent-sandbox-pty[mcp]'",
-                file=sys.stderr,
+                "pip install 'agent-sandbox-pty[mcp]'"
             )
             return EXIT_ERROR
         return mcp_server.main(words[1:])
@@ -113,13 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     except (InvalidArgumentError, UnknownBackendError) as exc:
-        print(_error_line(exc), file=sys.stderr)
+        say(error_line(exc))
         return EXIT_USAGE
     except SandboxError as exc:
-        print(_error_line(exc), file=sys.stderr)
+        say(error_line(exc))
         return EXIT_ERROR
     except ValueError as exc:  # a malformed option (`--opt` without `=`)
-        print(_error_line(exc), file=sys.stderr)
+        say(error_line(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -18,3 +18,7 @@ EXIT_TIMEOUT = 124
 
 EXIT_INTERRUPTED = 130
 """Interrupted by Ctrl-C."""
+
+EXIT_BROKEN_PIPE = 141
+"""The reader of our output went away (EPIPE, `sandbox run ... | head -1`): 128 + SIGPIPE,
+the status a shell reports for a tool that SIGPIPE killed; nothing is printed."""

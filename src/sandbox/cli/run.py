@@ -19,6 +19,7 @@ from ..types import PtyUpdate
 from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
 from .session import ANY_OUTPUT, open_cli_session, record_path
+from .std_streams import say, write_all
 
 STREAM_WINDOW_S = 30.0
 
@@ -113,8 +114,7 @@ def _show(update: PtyUpdate) -> None:
 
 def _write(stream: BinaryIO, data: bytes) -> None:
     if data:
-        stream.write(data)
-        stream.flush()
+        write_all(stream, data)
 
 
 def _exit_code(update: PtyUpdate) -> int:
@@ -123,5 +123,6 @@ def _exit_code(update: PtyUpdate) -> int:
 
 def _timed_out(timeout: float) -> int:
     sys.stdout.flush()
-    print(f"sandbox: command timed out after {timeout:g}s and was killed", file=sys.stderr)
+    # Our own notice: a stderr that cannot take it leaves the exit code to tell.
+    say(f"sandbox: command timed out after {timeout:g}s and was killed")
     return EXIT_TIMEOUT

@@ -24,6 +24,7 @@ from ..session import BaseSandboxSession
 from ..types import PtyUpdate
 from . import options as cli_options
 from .session import ANY_OUTPUT, open_cli_session, record_path
+from .std_streams import write_all
 
 ANY_OUTPUT_WINDOW_S = 30.0
 # bash where there is one (job control works in a confined jail; dash's does not), else sh.
@@ -76,8 +77,7 @@ class _Attachment:
 
     def show(self, update: PtyUpdate) -> None:
         if update.output:
-            self._out.write(update.output.encode("utf-8", "surrogateescape"))
-            self._out.flush()
+            write_all(self._out, update.output.encode("utf-8", "surrogateescape"))
         if update.process_id is None:
             self.exit_code = update.exit_code
             self.done.set()
@@ -107,21 +107,38 @@ class _Attachment:
             if not data:
                 loop.remove_reader(fd)
 
-        loop.add_reader(fd, readable)
+        try:
+            loop.add_reader(fd, readable)
+        except PermissionError:
+            # A regular file or /dev/null (a closed stdin is plugged with it): epoll
+            # refuses those, and they are always readable, so read them straight.
+            await self._send_file(fd)
+            return
         try:
             while not self.done.is_set():
                 data = await queue.get()
-                if not data:
+                if not data or not await self._send(data):
                     return  # local stdin closed: keep showing output until the exit
-                try:
-                    update = await self.session.pty_write_stdin(
-                        self.process_id, data, until=ANY_OUTPUT
-                    )
-                except (PtyProcessNotFoundError, ProcessExitedError):
-                    return
-                self.show(update)
         finally:
             loop.remove_reader(fd)
+
+    async def _send_file(self, fd: int) -> None:
+        while not self.done.is_set():
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                return
+            if not data or not await self._send(data):
+                return
+
+    async def _send(self, data: bytes) -> bool:
+        """Type `data`; False once the process is gone."""
+        try:
+            update = await self.session.pty_write_stdin(self.process_id, data, until=ANY_OUTPUT)
+        except (PtyProcessNotFoundError, ProcessExitedError):
+            return False
+        self.show(update)
+        return True
 
     def resize_soon(self) -> None:
         rows, cols = _terminal_size()
@@ -158,8 +175,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
                 record=record,
             )
             if first.process_id is None:
-                sys.stdout.buffer.write(first.output.encode("utf-8", "surrogateescape"))
-                sys.stdout.flush()
+                write_all(sys.stdout.buffer, first.output.encode("utf-8", "surrogateescape"))
                 return first.exit_code if first.exit_code is not None else 1
             attachment = _Attachment(session, first.process_id)
             attachment.show(first)

@@ -32,10 +32,13 @@ from mcp.server.lowlevel import Server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..backends import open_session
+from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from ..cli.options import add_backend_arguments, options_from_args
-from ..errors import SandboxError
+from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
+from ..errors import InvalidArgumentError, SandboxError
 from ..session import BaseSandboxSession
 from ..types import PtyProcessInfo, PtyUpdate
+from .http_guard import TOKEN_ENV, read_token
 from .transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 
 if TYPE_CHECKING:
@@ -610,12 +613,12 @@ async def serve(
                     server = build_server(tools, instructions=_instructions(backend, session))
                     await transport.serve(server)
             except SandboxError as exc:
-                print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
-                status = 1
+                say(error_line(exc))
+                status = EXIT_ERROR
             except OSError as exc:
                 # Typically: the HTTP address could not be bound.
-                print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
-                status = 1
+                say(error_line(exc))
+                status = EXIT_ERROR
             except Exception:
                 logger.exception("the MCP transport failed")
                 status = 1
@@ -624,12 +627,8 @@ async def serve(
                     try:
                         await session.aclose()
                     except Exception as exc:
-                        print(
-                            f"sandbox mcp: closing the session failed: {exc}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        status = 1
+                        say(error_line(f"closing the session failed: {exc}"))
+                        status = EXIT_ERROR
             watchers.cancel_scope.cancel()
     return status
 
@@ -659,6 +658,29 @@ def build_parser(prog: str = "sandbox mcp") -> argparse.ArgumentParser:
         "(port 0 picks a free port; the address is printed on stderr)",
     )
     parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="with --http: require `Authorization: Bearer TOKEN` on every request, TOKEN "
+        f"being PATH's content (default: the {TOKEN_ENV} environment variable; one of them "
+        "is needed to serve a non-loopback address)",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="with --http: also accept requests from this browser Origin, e.g. "
+        "http://localhost:3000 (repeatable; by default only the server's own address)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --http: also accept the Host NAME:PORT (a name the server is reached "
+        "by, e.g. on 0.0.0.0; repeatable)",
+    )
+    parser.add_argument(
         "--log-level",
         default="WARNING",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -667,8 +689,38 @@ def build_parser(prog: str = "sandbox mcp") -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(exc: BaseException, status: int) -> int:
+    say(error_line(exc))
+    return status
+
+
+def _transport(args: argparse.Namespace) -> Transport:
+    """The transport `args` ask for; `InvalidArgumentError` for HTTP-only options without
+    `--http` and for a refused address or token, `OSError` for a name that does not
+    resolve."""
+    if not args.http:
+        if args.token_file is not None or args.allow_origin or args.allow_host:
+            raise InvalidArgumentError("--token-file, --allow-origin and --allow-host need --http")
+        if not is_writable(1):
+            # Checked before the session starts: the protocol's replies go there.
+            raise OSError(
+                "standard output is not open for writing, and the stdio transport answers "
+                "on it (serve --http instead?)"
+            )
+        return StdioTransport()
+    host, port = args.http
+    return HttpTransport(
+        host,
+        port,
+        token=read_token(args.token_file),
+        allow_hosts=tuple(args.allow_host),
+        allow_origins=tuple(args.allow_origin),
+    )
+
+
 def main(argv: list[str]) -> int:
     """Entry point of `sandbox mcp ARGS...`; returns the process exit status."""
+    plug_closed_fds()  # `python -m sandbox.mcp` does not come through the CLI's main
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -677,12 +729,13 @@ def main(argv: list[str]) -> int:
         format="sandbox mcp: %(levelname)s %(name)s: %(message)s",
     )
     try:
+        transport = _transport(args)
         backend, options = options_from_args(args)
         session = open_session(backend, **options)
-    except (SandboxError, ValueError, TypeError) as exc:
-        print(f"sandbox mcp: {exc}", file=sys.stderr, flush=True)
-        return 1
-    transport: Transport = HttpTransport(*args.http) if args.http else StdioTransport()
+    except InvalidArgumentError as exc:
+        return _fail(exc, EXIT_USAGE)
+    except (SandboxError, ValueError, TypeError, OSError) as exc:
+        return _fail(exc, EXIT_ERROR)
     return asyncio.run(serve(session, transport, backend=backend))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import queue
@@ -23,7 +22,11 @@ import anyio
 import uvicorn
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from sse_starlette.sse import AppStatus
+
+from ..credentials import Secret
+from .http_guard import AccessPolicy, RequestGuard, require_token_for
 
 logger = logging.getLogger("sandbox.mcp")
 
@@ -232,19 +235,44 @@ class _CutStreamFilter(logging.Filter):
 class HttpTransport(Transport):
     """Streamable HTTP at `http://HOST:PORT/mcp` (uvicorn), for any number of clients,
     until stopped. Port 0 binds a free port; the address is announced on stderr once
-    the socket listens (the readiness line)."""
+    the socket listens (the readiness line).
 
-    def __init__(self, host: str, port: int) -> None:
+    Every request passes `http_guard.RequestGuard` first (Host, Origin, the bearer
+    `token`); `allow_hosts` and `allow_origins` widen what it accepts. The address is
+    resolved here, and a non-loopback one without a token is refused here
+    (`InvalidArgumentError`), before anything is started; a name that does not resolve
+    raises `OSError`.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token: Secret | None = None,
+        allow_hosts: tuple[str, ...] = (),
+        allow_origins: tuple[str, ...] = (),
+    ) -> None:
         self.host = host
         self.port = port
+        self._token = token
+        self._allow_hosts = allow_hosts
+        self._allow_origins = allow_origins
+        self._address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        require_token_for(str(self._address[4][0]), token)
         self._uvicorn: _QuietUvicorn | None = None
         self._stopped = False
         self._cut_streams = _CutStreamFilter()
 
+    def __repr__(self) -> str:
+        return (
+            f"HttpTransport({self.host!r}, {self.port}, token={'set' if self._token else 'none'})"
+        )
+
     def _bind(self) -> socket.socket:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        family, kind, proto, _, address = self._address
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -257,10 +285,31 @@ class HttpTransport(Transport):
         return sock
 
     async def serve(self, server: Server[Any]) -> None:
-        app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=self.host)
         sock = self._bind()
+        try:
+            await self._serve_on(server, sock)
+        finally:
+            sock.close()
+
+    async def _serve_on(self, server: Server[Any], sock: socket.socket) -> None:
+        host, port = sock.getsockname()[:2]
+        policy = AccessPolicy.for_bind(
+            host,
+            port,
+            names=(self.host, *self._allow_hosts),
+            allow_origins=self._allow_origins,
+            token=self._token,
+        )
+        # The SDK's own Host/Origin check is off: ours runs first, for every address, and
+        # the SDK's (on only for three bind names, any port) would refuse what
+        # --allow-origin admits.
+        app = server.streamable_http_app(
+            streamable_http_path=HTTP_PATH,
+            host=self.host,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
         config = uvicorn.Config(
-            app,
+            RequestGuard(app, policy),
             log_level="warning",
             lifespan="on",
             log_config=None,  # our logging setup (stderr, one format) applies
@@ -268,13 +317,6 @@ class HttpTransport(Transport):
         )
         self._uvicorn = _QuietUvicorn(config)
         self._uvicorn.should_exit = self._stopped
-        host, port = sock.getsockname()[:2]
-        if not ipaddress.ip_address(host).is_loopback:
-            logger.warning(
-                "serving on %s, which is not a loopback address, without authentication: "
-                "anyone who can reach it can run commands in the sandbox",
-                host,
-            )
         shown = f"[{host}]" if ":" in host else host
         # The readiness line: the socket is listening, connections queue from now on.
         print(
@@ -288,7 +330,6 @@ class HttpTransport(Transport):
             await self._uvicorn.serve(sockets=[sock])
         finally:
             uvicorn_log.removeFilter(self._cut_streams)
-            sock.close()
 
     def stop(self) -> None:
         self._stopped = True
