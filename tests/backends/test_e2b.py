@@ -227,6 +227,29 @@ async def test_nothing_added_shows_in_terminal_output(fake: FakeE2B) -> None:
         assert pids_of(fake, tty=True)[0].argv == ["/bin/bash", "-i", "-l"]
 
 
+# 3000 control characters: each is typed as a 4-byte octal escape, so a typed line would
+# be far beyond the 4095 bytes a terminal in canonical mode keeps of one line.
+LONG_CONTROLS = "".join(chr(1 + i % 31) for i in range(3000))
+
+
+async def test_a_long_line_of_control_characters_reaches_the_terminal_command(
+    fake: FakeE2B,
+) -> None:
+    async with open_e2b(fake) as session:
+        await session.exec("mkdir", "work", shell=False)
+        script = 'printf %s "$1" > ../arg.out; printf %s "$V" > ../env.out; env > ../all.env'
+        update = await session.pty_exec_start(
+            "sh", "-c", script, "sh", LONG_CONTROLS,
+            shell=False, tty=True, env={"V": LONG_CONTROLS}, cwd="work", yield_time_s=20,
+        )  # fmt: skip
+        assert update.exit_code == 0, update
+        assert await session.read_file("arg.out") == LONG_CONTROLS.encode()
+        assert await session.read_file("env.out") == LONG_CONTROLS.encode()
+        # The line handed over in the terminal's environment is not the command's.
+        assert b"SANDBOX_TRAP_LINE" not in await session.read_file("all.env")
+    await assert_clean(fake)
+
+
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
 async def test_signal_deaths_report_128_plus_n(fake: FakeE2B, tty: bool) -> None:
     async with open_e2b(fake) as session:

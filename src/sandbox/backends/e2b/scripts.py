@@ -50,6 +50,25 @@ def tty_command(tag: str, command: str) -> str:
     return "exec " + command_line(wrapper_argv(tag, ["sh", "-c", command], set_tag=False))
 
 
+# The terminal's environment variable that carries the shell trap's line (`line_environment`).
+LINE_VARIABLE = "SANDBOX_TRAP_LINE"
+# What is typed into the terminal: the same short printable line whatever the command.
+# It copies the trap's line into a shell variable of the login bash (not exported) and
+# removes it from the environment before running it, so the command never inherits it.
+TYPED_LINE = f'l=${LINE_VARIABLE}; unset {LINE_VARIABLE}; eval "$l"\n'
+
+
+def line_environment(line: str) -> dict[str, str]:
+    """The terminal environment that hands the shell trap's `line` to the login bash.
+
+    The line is not typed: a terminal in canonical mode (the login bash reads its
+    profile before its line editor takes the terminal) keeps at most 4095 bytes of a
+    line and drops the rest, and a long command, or data that grew fourfold as octal
+    escapes, would be cut. An environment string may hold 128 KiB (Linux's
+    `MAX_ARG_STRLEN`), what a pipe command's `bash -c` argument may hold too."""
+    return {LINE_VARIABLE: line.removesuffix("\n")}
+
+
 def kill_line(tags: Sequence[str]) -> str:
     """The command that SIGKILLs every tree tagged with one of `tags` (no grace: E2B's
     own `kill` gives none either, and a terminate must not wait on the command)."""

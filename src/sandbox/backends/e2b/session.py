@@ -6,7 +6,8 @@ How the contract maps onto E2B:
 - The session creates a sandbox (`AsyncSandbox.create`) or attaches to one by id
   (`AsyncSandbox.connect`), and kills it on close unless `keep=True`.
 - `tty=True` processes use `sandbox.pty.create()`, which starts an interactive login
-  bash, not our command. A `ShellTrap` line is typed into it in exec mode: the shell is
+  bash, not our command. A `ShellTrap` line in exec mode is handed to it in its
+  environment and run by a short typed line (`scripts.line_environment`): the shell is
   replaced by the toolkit's `sh` wrapper, which runs the command and exits with its
   status (128+N for a death by signal N, which E2B reports as -1), so the PTY's own end
   reports the command's exit code.
@@ -54,7 +55,7 @@ from . import files, sandboxes
 from .client import E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
-from .scripts import pipe_line, tty_command
+from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 
 API_KEY_ENV = "E2B_API_KEY"
 
@@ -239,7 +240,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     # ---- processes --------------------------------------------------------------------------
 
     async def _spawn_process(self, entry: PtyEntry[E2BProcess]) -> None:
-        """tty: an E2B PTY (a login bash) with the shell-trap line typed in; pipes: a
+        """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
         background command with stdin closed. Output flows into `entry.feed`."""
         client = self._client
         spec = entry.spec
@@ -256,20 +257,23 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         if check is not None or spec.tty:
             proc.trap = ShellTrap(report_exit=False, token=None if check is None else check.token)
         trap = proc.trap
-        if spec.tty:
+        if trap is not None and spec.tty:
+            shell_trap = trap
 
             def on_data(data: bytes) -> None:
                 """Terminal output, minus what the shell trap added."""
-                assert trap is not None
-                shown = trap.feed(bytes(data))
+                shown = shell_trap.feed(bytes(data))
                 if shown:
                     entry.feed(shown)
 
+            # The trap's line reaches the login bash through its environment; only a
+            # short fixed line is typed (see `scripts.line_environment`).
+            line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
             start: Coroutine[Any, Any, Any] = client.sandbox.pty.create(
                 size=PtySize(rows=spec.rows, cols=spec.cols),
                 on_data=on_data,
                 cwd=cwd,
-                envs={**(command.env or {}), **tag_environment(proc.tag)},
+                envs={**(command.env or {}), **tag_environment(proc.tag), **line_environment(line)},
                 timeout=client.process_timeout,
                 **client.request(),
             )
@@ -306,9 +310,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         except Exception as exc:
             self._errors.fail(exc, "start a process")
         proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
-        if spec.tty and trap is not None:
-            line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
-            await client.send(proc.handle.pid, line.encode())
+        if spec.tty:
+            await client.send(proc.handle.pid, TYPED_LINE.encode())
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
