@@ -218,6 +218,45 @@ async def test_options_are_validated(fake: FakeDaytona) -> None:
         open_daytona(fake, terminate_grace_s=-1)
 
 
+async def test_resource_limits_reach_the_create_from_an_image(fake: FakeDaytona) -> None:
+    from daytona import CreateSandboxFromImageParams
+
+    options = {"image": "debian:12", "memory_limit_bytes": 4 << 30, "cpu_limit": 2}
+    async with open_daytona(fake, **options) as session:
+        params = fake.sandboxes[session.sandbox_id or ""].params
+        assert isinstance(params, CreateSandboxFromImageParams)
+        assert params.image == "debian:12"
+        assert params.resources is not None
+        assert (params.resources.cpu, params.resources.memory) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"image": "debian:12", "process_limit": 8}, "UnsupportedOperationError", "process_limit"),
+        ({"memory_limit_bytes": 1 << 30}, "UnsupportedOperationError", "memory_limit_bytes"),
+        (
+            {"image": "debian:12", "cpu_limit": 1, "sandbox_id": "x"},
+            "UnsupportedOperationError",
+            "cpu_limit",
+        ),
+        (
+            {"image": "debian:12", "memory_limit_bytes": 3 << 29},
+            "InvalidArgumentError",
+            "memory_limit_bytes",
+        ),
+        ({"image": "debian:12", "cpu_limit": 1.5}, "InvalidArgumentError", "cpu_limit"),
+        ({"image": "debian:12", "snapshot": "s"}, "InvalidArgumentError", "snapshot"),
+    ],
+)
+def test_limits_daytona_cannot_apply_are_refused_when_opened(
+    fake: FakeDaytona, options: dict[str, Any], error: str, named: str
+) -> None:
+    with pytest.raises(getattr(sandbox, error), match=named):
+        open_daytona(fake, **options)
+    assert fake.live_sandbox_ids() == []
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 

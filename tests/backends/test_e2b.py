@@ -187,6 +187,18 @@ async def test_options_are_validated(fake: FakeE2B) -> None:
         open_e2b(fake, no_such_option=1)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("memory_limit_bytes", 1 << 30), ("process_limit", 64), ("cpu_limit", 2.0)],
+)
+def test_resource_limits_are_unsupported_and_named(fake: FakeE2B, option: str, value: Any) -> None:
+    with pytest.raises(sandbox.UnsupportedOperationError, match=option):
+        open_e2b(fake, **{option: value})
+    with pytest.raises(sandbox.InvalidArgumentError, match=option):
+        open_e2b(fake, **{option: -1})
+    assert fake.live_sandbox_ids() == []
+
+
 async def test_keep_then_attach_then_delete(fake: FakeE2B) -> None:
     async with open_e2b(fake, keep=True) as first:
         await first.write_file("note.txt", b"kept")

@@ -181,6 +181,48 @@ async def test_create_options_are_checked_against_the_sdk(fake: FakeModal, tmp_p
     assert fake.open_clients() == []
 
 
+async def test_resource_limits_reach_the_create_as_request_and_limit(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    s = open_modal(fake, tmp_path, memory_limit_bytes=768 * 1024 * 1024, cpu_limit=0.029)
+    async with s:
+        (box,) = fake.live_sandboxes()
+        assert box.options["memory"] == (768, 768)
+        # The SDK sends int(1000 * cpu) millicores: 29, not the 28 that 0.029 gives.
+        request, limit = box.options["cpu"]
+        assert request == limit and int(1000 * limit) == 29
+    from modal._resources import convert_fn_config_to_resources_config
+
+    sent = convert_fn_config_to_resources_config(cpu=(request, limit), memory=(768, 768), gpu=None)
+    assert (sent.milli_cpu, sent.milli_cpu_max, sent.memory_mb, sent.memory_mb_max) == (
+        29, 29, 768, 768,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"process_limit": 64}, sandbox.UnsupportedOperationError, "process_limit"),
+        ({"cpu_limit": 1.0, "sandbox_id": "sb-x"}, sandbox.UnsupportedOperationError, "cpu_limit"),
+        ({"memory_limit_bytes": 1000}, sandbox.InvalidArgumentError, "memory_limit_bytes"),
+        ({"cpu_limit": 0.0005}, sandbox.InvalidArgumentError, "cpu_limit"),
+        ({"cpu_limit": float("nan")}, sandbox.InvalidArgumentError, "cpu_limit"),
+        ({"memory_limit_bytes": True}, sandbox.InvalidArgumentError, "memory_limit_bytes"),
+        (
+            {"cpu_limit": 1.0, "create_options": {"cpu": 2.0}},
+            sandbox.InvalidArgumentError,
+            "cpu",
+        ),
+    ],
+)
+def test_limits_modal_cannot_apply_are_refused_when_opened(
+    fake: FakeModal, tmp_path: Path, options: dict[str, Any], error: type, named: str
+) -> None:
+    with pytest.raises(error, match=named):
+        open_modal(fake, tmp_path, **options)
+    assert fake.live_sandboxes() == []
+
+
 # ---- credentials and secrets --------------------------------------------------------------
 
 

@@ -312,6 +312,7 @@ class _SandboxState:
         self.sessions: dict[str, _FakeSession] = {}
         self.retired: list[_FakeSession] = []  # deleted sessions whose shells may linger
         self.deleted = False
+        self.params: Any = None
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
@@ -1104,6 +1105,7 @@ class FakeAsyncDaytona:
                 status_code=409,
             )
         state = self._service._new_sandbox(name)
+        state.params = params  # what the create asked for (resources, labels, ...)
         await self._service._knobs.checkpoint("create", after=True)
         return FakeAsyncSandbox(self._service, state)
 

@@ -22,7 +22,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from daytona import CreateSandboxFromSnapshotParams, DaytonaConfig, DaytonaError, SandboxState
+from daytona import (
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    DaytonaConfig,
+    DaytonaError,
+    Resources,
+    SandboxState,
+)
 
 from ...credentials import Secret
 from ...errors import ProviderError
@@ -48,6 +55,8 @@ class ClientOptions:
     attach_id: str | None
     keep: bool
     snapshot: str | None
+    image: str | None
+    resources: Resources | None
     create_options: Mapping[str, Any]
     create_timeout_s: float
     teardown_timeout_s: float
@@ -148,12 +157,22 @@ class DaytonaClient:
                 await self.call("start the sandbox", sandbox.start(timeout=opts.create_timeout_s))
         else:
             self._create_name = f"sandbox-pty-{secrets.token_hex(6)}"
-            params = CreateSandboxFromSnapshotParams(
-                name=self._create_name,
-                snapshot=opts.snapshot,
-                labels=opts.labels,
-                **opts.create_options,
-            )
+            params: CreateSandboxFromSnapshotParams | CreateSandboxFromImageParams
+            if opts.image is None:
+                params = CreateSandboxFromSnapshotParams(
+                    name=self._create_name,
+                    snapshot=opts.snapshot,
+                    labels=opts.labels,
+                    **opts.create_options,
+                )
+            else:
+                params = CreateSandboxFromImageParams(
+                    name=self._create_name,
+                    image=opts.image,
+                    resources=opts.resources,
+                    labels=opts.labels,
+                    **opts.create_options,
+                )
             try:
                 self.sandbox = await self.client.create(params, timeout=opts.create_timeout_s)
             except DaytonaError as exc:

@@ -26,10 +26,12 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ..toolkit.limits import check_limits
 from . import commands, files, terminal
 from .client import ClientOptions, DaytonaClient
 from .commands import PipeState
 from .errors import API_KEY_ENV
+from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
 from .terminal import DaytonaHandle
 
@@ -48,6 +50,9 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
       cancelled deletes what it created and never an attached sandbox;
     - `snapshot`, `create_options` (extra `CreateSandboxFromSnapshotParams` fields, e.g.
       `{"auto_stop_interval": 30}`), `create_timeout_s`: how to create the sandbox;
+    - `image`: create from this image instead (`CreateSandboxFromImageParams`), which
+      is what `memory_limit_bytes` (whole GiB) and `cpu_limit` (whole cores) need:
+      Daytona takes resources only there; `process_limit` is refused (see `limits`);
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
     - `teardown_timeout_s`: bound on each provider call made while tearing down, so a
       provider that stops answering cannot hang `pty_terminate` or `aclose` (default 30 s);
@@ -72,9 +77,16 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         terminate_grace_s: float = 1.0,
         teardown_timeout_s: float = 30.0,
         daytona_class: Callable[..., Any] | None = None,
+        image: str | None = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
+        )
         key = require_credential(
             api_key, API_KEY_ENV, backend="daytona", what="an API key (api_key)"
         )
@@ -89,8 +101,12 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             ("target", target),
             ("sandbox_id", sandbox_id),
             ("snapshot", snapshot),
+            ("image", image),
         ):
             arguments.check_str(name, text)
+        if image is not None and snapshot is not None:
+            raise InvalidArgumentError("give a snapshot or an image to create from, not both")
+        resources = create_resources(limits, image=image, attach=sandbox_id is not None)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
         self.keep = bool(keep)
@@ -105,6 +121,8 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
                 attach_id=sandbox_id,
                 keep=self.keep,
                 snapshot=snapshot,
+                image=image,
+                resources=resources,
                 create_options=dict(create_options or {}),
                 create_timeout_s=create_timeout_s,
                 teardown_timeout_s=teardown_timeout_s,

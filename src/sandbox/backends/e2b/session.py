@@ -30,6 +30,8 @@ request), `start_timeout_s` (bound on creating/attaching and on starting a proce
 gives each process stream, one-shot commands included; 0 means unlimited), `metadata`
 and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
+`memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
+E2B's create takes no resources (a template has its CPU and memory).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
 from . import files, sandboxes
 from .client import E2BClient
@@ -80,9 +83,24 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         metadata: Mapping[str, str] | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        # E2B's create (e2b==2.63.0 `AsyncSandbox.create`) takes no resources: CPU and
+        # memory belong to the template (set when it is built), processes are unlimited.
+        refuse_unsupported(
+            check_limits(
+                memory_limit_bytes=memory_limit_bytes,
+                process_limit=process_limit,
+                cpu_limit=cpu_limit,
+            ),
+            backend="e2b",
+            supported=(),
+            why="E2B sets CPU and memory per template (at build), not per sandbox",
+        )
         for name, value in (
             ("start_timeout_s", start_timeout_s),
             ("kill_timeout_s", kill_timeout_s),

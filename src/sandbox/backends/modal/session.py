@@ -44,6 +44,7 @@ from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ..toolkit import TAG_VARIABLE
+from ..toolkit.limits import check_limits
 from .commands import Command, Commands
 from .errors import ModalErrors
 from .files import ModalFiles
@@ -56,6 +57,7 @@ from .lifecycle import (
     remove_dir,
     terminate,
 )
+from .limits import create_resources
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
 
@@ -98,6 +100,10 @@ class ModalSession(BaseSandboxSession[Command]):
       otherwise copy the client process's own `TERM`, or none);
     - `state_dir`: where, in the sandbox, a start cancelled mid-flight leaves its marker
       (default `/tmp/.agent-sandbox-pty`; with the fake, that is this machine);
+    - `memory_limit_bytes`, `cpu_limit`: the sandbox's memory (a whole number of MiB)
+      and CPU (a whole number of millicores), each passed to `Sandbox.create` as both
+      request and limit; `process_limit` is refused (Modal has no such setting), as are
+      limits with `sandbox_id` (they apply at create);
     - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
       `modal` module; tests pass a `sandbox.testing.modal_fake.FakeModal`);
 
@@ -129,9 +135,15 @@ class ModalSession(BaseSandboxSession[Command]):
         state_dir: str = STATE_ROOT,
         term: str = DEFAULT_TERM,
         sdk: Any = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
+        )
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
         # Every option is checked now, not when first used (a bad grace period would
@@ -159,6 +171,11 @@ class ModalSession(BaseSandboxSession[Command]):
         env = arguments.check_env(env)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
+        resources = create_resources(limits, attach=sandbox_id is not None)
+        for name in set(resources) & set(create_options or {}):
+            raise InvalidArgumentError(
+                f"create_options[{name!r}] and a resource limit both set the sandbox's {name}"
+            )
         self.app_name = app_name
         self.keep = keep
         self.workdir = workdir
@@ -171,7 +188,7 @@ class ModalSession(BaseSandboxSession[Command]):
         self._token_id = Secret(token_id) if token_id else None
         self._token_secret = Secret(token_secret) if token_secret else None
         self._client_option = client
-        self._create_options = dict(create_options or {})
+        self._create_options = {**(create_options or {}), **resources}
         self._sdk: Any = sdk if sdk is not None else modal
         self._client: Any = None
         self._owns_client = False
