@@ -726,6 +726,34 @@ async def test_cancel_during_kill_still_kills(fake: FakeE2B, tty: bool) -> None:
     await assert_clean(fake)
 
 
+@pytest.mark.parametrize(
+    "point", ["files.get_info", "files.read", "files.write", "pty.send_stdin", "pty.resize"]
+)
+async def test_a_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeE2B, point: str
+) -> None:
+    async with open_e2b(fake, call_timeout_s=0.3) as session:
+        await session.write_file("f.txt", b"data")
+        update = await session.pty_exec_start("cat", tty=True, yield_time_s=0.2)
+        assert update.process_id is not None
+        gate = fake.block(point)
+        async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+            with pytest.raises(sandbox.ProviderError, match="did not answer") as info:
+                if point.startswith("files."):
+                    if point == "files.write":
+                        await session.write_file("f.txt", b"more")
+                    else:
+                        await session.read_file("f.txt")
+                elif point == "pty.send_stdin":  # the typed line of a new terminal
+                    await session.pty_exec_start("true", tty=True, yield_time_s=5)
+                else:
+                    await session.pty_resize(update.process_id, rows=30, cols=90)
+        assert info.value.retryable
+        assert gate.reached.is_set()
+        gate.release()
+    await assert_clean(fake)
+
+
 async def test_kill_that_never_returns_is_bounded(fake: FakeE2B) -> None:
     marker = unique_seconds()
     async with open_e2b(fake, kill_timeout_s=0.3) as session:

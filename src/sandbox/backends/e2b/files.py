@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from e2b import FileNotFoundException, FileType
 
-from ...errors import FileTooLargeError, SandboxFileNotFoundError
+from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
 from ...remote_files import Entry, Kind, explain_write_failure, regular_file
 from .client import E2BClient
 
@@ -24,7 +24,9 @@ _KINDS: dict[object, Kind] = {
 async def stat(client: E2BClient, path: str) -> Entry | None:
     """`files.get_info` as an `Entry` (None when nothing is there)."""
     try:
-        info = await client.sandbox.files.get_info(path, **client.request())
+        info = await client.timed(
+            client.sandbox.files.get_info(path, **client.request()), f"inspect {path!r}"
+        )
     except FileNotFoundException:
         return None
     except Exception as exc:
@@ -43,7 +45,9 @@ async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
     try:
-        data = await client.sandbox.files.read(path, format="bytes", **client.request())
+        data = await client.timed(
+            client.sandbox.files.read(path, format="bytes", **client.request()), f"read {path!r}"
+        )
     except FileNotFoundException:
         raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
     except Exception as exc:
@@ -59,7 +63,11 @@ async def write_file(client: E2BClient, path: str, data: bytes) -> None:
 
     await regular_file(stat_path, path, write=True)
     try:
-        await client.sandbox.files.write(path, data, **client.request())
+        await client.timed(
+            client.sandbox.files.write(path, data, **client.request()), f"write {path!r}"
+        )
+    except ProviderError:
+        raise
     except Exception as exc:
         failure = client.errors.error(exc, f"write {path!r}")
         raise await explain_write_failure(stat_path, path, failure) from None

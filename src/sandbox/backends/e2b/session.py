@@ -27,7 +27,9 @@ Options: `api_key` (else `E2B_API_KEY`), `sandbox_id` (attach), `template`, `kee
 `sandbox_timeout_s` (the sandbox's lifetime on E2B), `request_timeout_s` (each API
 request), `start_timeout_s` (bound on creating/attaching and on starting a process),
 `kill_timeout_s` (bound on each teardown call), `process_timeout_s` (the lifetime E2B
-gives each process stream, one-shot commands included; 0 means unlimited), `metadata`
+gives each process stream, one-shot commands included; 0 means unlimited),
+`call_timeout_s` (bound on each other call, over the whole call: a file transfer, typed
+input, a resize; default 120 s), `metadata`
 and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
@@ -55,7 +57,7 @@ from ...shell_trap import ShellTrap
 from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
 from . import files, sandboxes
-from .client import E2BClient
+from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
@@ -80,6 +82,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         start_timeout_s: float = 120.0,
         kill_timeout_s: float = 15.0,
         process_timeout_s: float = 86_400.0,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         metadata: Mapping[str, str] | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
@@ -105,6 +108,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             ("start_timeout_s", start_timeout_s),
             ("kill_timeout_s", kill_timeout_s),
             ("sandbox_timeout_s", sandbox_timeout_s),
+            ("call_timeout_s", call_timeout_s),
         ):
             if not _positive(value):
                 raise InvalidArgumentError(f"{name} must be a positive number of seconds")
@@ -128,6 +132,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             start_timeout=float(start_timeout_s),
             kill_timeout=float(kill_timeout_s),
             process_timeout=float(process_timeout_s),
+            call_timeout=float(call_timeout_s),
         )
         self._attach_id = sandbox_id
         self._template = template
@@ -343,8 +348,11 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         proc = entry.require_handle()
         client = self._client
         try:
-            await client.sandbox.pty.resize(
-                proc.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
+            await client.timed(
+                client.sandbox.pty.resize(
+                    proc.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
+                ),
+                "resize the terminal",
             )
         except NotFoundException:
             return  # it just exited: nothing to resize
