@@ -257,6 +257,43 @@ def test_limits_daytona_cannot_apply_are_refused_when_opened(
     assert fake.live_sandbox_ids() == []
 
 
+@pytest.mark.parametrize(
+    "point",
+    [
+        "get_file_info",
+        "download_file",
+        "upload_file",
+        "create_pty_session",
+        "send_input",
+        "create_session",
+        "execute_session_command",
+        "exec",
+    ],
+)
+async def test_a_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeDaytona, point: str
+) -> None:
+    async with open_daytona(fake, call_timeout_s=0.3) as session:
+        await session.write_file("f.txt", b"data")
+        gate = fake.block(point)
+        async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+            with pytest.raises(sandbox.ProviderError, match="within 0.3s") as info:
+                if point == "get_file_info" or point == "download_file":
+                    await session.read_file("f.txt")
+                elif point == "upload_file":
+                    await session.write_file("f.txt", b"more")
+                elif point in ("create_pty_session", "send_input"):
+                    await session.pty_exec_start("true", tty=True, yield_time_s=5)
+                elif point == "exec":
+                    await session.write_file("sub/f.txt", b"more")  # mkdir -p first
+                else:
+                    await session.exec("true")
+        assert info.value.retryable
+        assert gate.reached.is_set()
+        gate.release()
+    await nothing_left(fake)
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 

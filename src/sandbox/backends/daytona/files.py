@@ -20,7 +20,7 @@ from .errors import is_not_found, status_of, typed_cause
 async def stat(client: DaytonaClient, path: str) -> Entry | None:
     """`fs.get_file_info` (Go's os.Stat: symlinks followed) as an `Entry`."""
     try:
-        info = await client.fs.get_file_info(path)
+        info = await client.timed(f"inspect {path!r}", client.fs.get_file_info(path))
     except DaytonaError as exc:
         if is_not_found(exc):
             return None
@@ -43,7 +43,7 @@ async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
     try:
-        data = await client.fs.download_file(path)
+        data = await client.timed(f"read {path!r}", client.fs.download_file(path))
     except DaytonaError as exc:
         if is_not_found(exc):
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None

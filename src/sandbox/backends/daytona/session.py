@@ -56,6 +56,10 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
     - `teardown_timeout_s`: bound on each provider call made while tearing down, so a
       provider that stops answering cannot hang `pty_terminate` or `aclose` (default 30 s);
+    - `call_timeout_s`: bound on each other provider call, over the whole call (a file
+      transfer, a command's start, typed input; default 120 s; a create or start gets
+      `create_timeout_s` plus this), so a provider that never answers, or trickles its
+      answer, fails with a retryable `ProviderError`; output streams are not bounded;
     - `daytona_class`: the client class, default the SDK's `AsyncDaytona`. Tests pass
       `sandbox.testing.daytona_fake.FakeDaytona(...).AsyncDaytona`;
     - plus the base session's options.
@@ -76,6 +80,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         create_timeout_s: float = 120.0,
         terminate_grace_s: float = 1.0,
         teardown_timeout_s: float = 30.0,
+        call_timeout_s: float = 120.0,
         daytona_class: Callable[..., Any] | None = None,
         image: str | None = None,
         memory_limit_bytes: int | None = None,
@@ -93,6 +98,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         for name, value in (
             ("create_timeout_s", create_timeout_s),
             ("teardown_timeout_s", teardown_timeout_s),
+            ("call_timeout_s", call_timeout_s),
         ):
             arguments.check_seconds(name, value)
         arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
@@ -127,6 +133,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
                 create_timeout_s=create_timeout_s,
                 teardown_timeout_s=teardown_timeout_s,
                 daytona_class=daytona_class or AsyncDaytona,
+                call_timeout_s=float(call_timeout_s),
             )
         )
 
