@@ -548,6 +548,53 @@ async def test_cancel_during_start_leaves_nothing(fake: FakeModal, tmp_path: Pat
         assert len(fake.sandboxes) == 1, "created, then found by name and terminated"
 
 
+@pytest.mark.parametrize("op", ["client", "app_lookup", "create", "create_response"])
+async def test_a_start_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str
+) -> None:
+    gate = fake.block(op)
+    s = open_modal(fake, tmp_path, call_timeout_s=0.3, create_timeout_s=0.3)
+    async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+        with pytest.raises(sandbox.ProviderError, match=r"did not answer within 0\.3s") as info:
+            await s.start()
+    assert info.value.retryable and gate.reached.is_set()
+    gate.release()
+    assert fake.live_sandboxes() == [] and fake.open_clients() == []
+
+
+@pytest.mark.parametrize(("op", "tty"), [("exec", False), ("exec", True), ("write", False)])
+async def test_a_process_start_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str, tty: bool
+) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path, call_timeout_s=0.3) as s:
+        gate = fake.block(op, when=running(marker))
+        async with asyncio.timeout(30):
+            with pytest.raises(sandbox.ProviderError, match=r"within 0\.3s") as info:
+                await s.pty_exec_start(f"exec sleep {marker}", tty=tty)
+        assert info.value.retryable
+        gate.release()
+        assert s.pty_processes() == []
+        await no_leftovers(fake, marker)
+
+
+@pytest.mark.parametrize("op", ["stat", "read_file", "write_file"])
+async def test_a_file_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str
+) -> None:
+    async with open_modal(fake, tmp_path, call_timeout_s=0.3) as s:
+        await s.write_file("f.txt", b"data")
+        gate = fake.block(op)
+        async with asyncio.timeout(30):
+            with pytest.raises(sandbox.ProviderError, match=r"within 0\.3s") as info:
+                if op == "write_file":
+                    await s.write_file("f.txt", b"more")
+                else:
+                    await s.read_file("f.txt")
+        assert info.value.retryable
+        gate.release()
+
+
 async def test_cancel_during_attach(fake: FakeModal, tmp_path: Path) -> None:
     existing = await fake.Sandbox.create.aio(
         app=await fake.App.lookup.aio("a", create_if_missing=True)

@@ -46,7 +46,7 @@ from ...tasks import cancel_and_wait
 from ..toolkit import TAG_VARIABLE
 from ..toolkit.limits import check_limits
 from .commands import Command, Commands
-from .errors import ModalErrors
+from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles
 from .lifecycle import (
     TOKEN_ID_ENV,
@@ -75,6 +75,8 @@ TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1024 * 1024
+# A create may build the image first.
+DEFAULT_CREATE_TIMEOUT_S = 600.0
 
 
 class ModalSession(BaseSandboxSession[Command]):
@@ -95,6 +97,11 @@ class ModalSession(BaseSandboxSession[Command]):
     - `sandbox_timeout_s`: the sandbox's maximum lifetime (default 1 h), a backstop
       should a session never be closed; `create_options`: more `Sandbox.create` options
       (`cpu`, `memory`, `secrets`, ...);
+    - `call_timeout_s`: bound on each provider call that is not a stream, over the
+      whole call (a lookup, a command's start, a file transfer; default 120 s), and
+      `create_timeout_s` on the create (default 600 s: it may build the image first):
+      a provider that never answers, or trickles, fails with a retryable
+      `ProviderError`; a process's output and exit wait are not bounded;
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
     - `term`: the `TERM` of terminal commands (default `xterm-256color`; the SDK would
       otherwise copy the client process's own `TERM`, or none);
@@ -132,6 +139,8 @@ class ModalSession(BaseSandboxSession[Command]):
         sandbox_timeout_s: int = DEFAULT_SANDBOX_TIMEOUT_S,
         create_options: Mapping[str, Any] | None = None,
         terminate_grace_s: float = 1.0,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
         state_dir: str = STATE_ROOT,
         term: str = DEFAULT_TERM,
         sdk: Any = None,
@@ -149,6 +158,9 @@ class ModalSession(BaseSandboxSession[Command]):
         # Every option is checked now, not when first used (a bad grace period would
         # otherwise surface as a raw TypeError in a teardown).
         arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        arguments.check_seconds("call_timeout_s", call_timeout_s)
+        arguments.check_seconds("create_timeout_s", create_timeout_s)
+        self.create_timeout_s = float(create_timeout_s)
         if (
             isinstance(sandbox_timeout_s, bool)
             or not isinstance(sandbox_timeout_s, int)
@@ -194,7 +206,7 @@ class ModalSession(BaseSandboxSession[Command]):
         self._owns_client = False
         self._sandbox: Any = None
         self._create_name: str | None = None
-        self._errors = ModalErrors(self._secrets)
+        self._errors = ModalErrors(self._secrets, float(call_timeout_s))
         self._commands = Commands(
             self._errors,
             workdir=workdir,
@@ -253,8 +265,9 @@ class ModalSession(BaseSandboxSession[Command]):
         # A unique name lets a start that fails or is cancelled while the create call is
         # in flight find, and terminate, a sandbox the provider created anyway.
         self._create_name = f"sandbox-pty-{secrets.token_hex(8)}"
-        self._sandbox = await call(
+        self._sandbox = await self._errors.timed_call(
             "create the sandbox",
+            self.create_timeout_s,
             self._sdk.Sandbox.create.aio,
             app=app,
             name=self._create_name,
