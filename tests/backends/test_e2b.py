@@ -754,6 +754,32 @@ async def test_a_call_that_never_answers_fails_within_its_deadline(
     await assert_clean(fake)
 
 
+async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(fake: FakeE2B) -> None:
+    import tracemalloc
+
+    limit = 1 << 20
+    async with open_e2b(fake, read_limit_bytes=limit) as session:
+        await session.write_file("grows.bin", b"small")
+        gate = fake.block("files.read")
+        read = asyncio.ensure_future(session.read_file("grows.bin"))
+        await gate.reached.wait()  # stat said 5 bytes; now the file grows to 32 MiB
+        path = Path(fake.sandbox_home(session.sandbox_id or "")) / "grows.bin"
+        with path.open("ab") as handle:
+            for _ in range(32):
+                handle.write(b"x" * (1 << 20))
+        tracemalloc.start()
+        try:
+            gate.release()
+            with pytest.raises(sandbox.FileTooLargeError):
+                await read
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # What the client kept stays near the limit, not the 32 MiB the server had.
+        assert peak < limit + (4 << 20), peak
+    await assert_clean(fake)
+
+
 async def test_kill_that_never_returns_is_bounded(fake: FakeE2B) -> None:
     marker = unique_seconds()
     async with open_e2b(fake, kill_timeout_s=0.3) as session:

@@ -45,14 +45,28 @@ async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
     try:
-        data = await client.timed(
-            client.sandbox.files.read(path, format="bytes", **client.request()), f"read {path!r}"
-        )
+        return await client.timed(_read_bounded(client, path, max_bytes), f"read {path!r}")
     except FileNotFoundException:
         raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
     except Exception as exc:
         client.errors.fail(exc, f"read {path!r}")
-    return bytes(data)
+
+
+async def _read_bounded(client: E2BClient, path: str, max_bytes: int) -> bytes:
+    """The download as a stream, stopped as soon as it passes `max_bytes` (the file may
+    have grown since its stat): the SDK's whole-body read would keep all of it."""
+    stream = await client.sandbox.files.read(path, format="stream", **client.request())
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                raise FileTooLargeError.over(path, None, max_bytes)
+            parts.append(bytes(chunk))
+    finally:
+        await stream.aclose()
+    return b"".join(parts)
 
 
 async def write_file(client: E2BClient, path: str, data: bytes) -> None:
