@@ -294,6 +294,24 @@ async def test_a_call_that_never_answers_fails_within_its_deadline(
     await nothing_left(fake)
 
 
+async def test_paths_outside_the_workdir_are_refused_before_any_call(fake: FakeDaytona) -> None:
+    async with open_daytona(fake) as session:
+        root = Path(session.workdir)
+        (root.parent / "outside.txt").write_bytes(b"secret")
+        stats = fake.block("get_file_info")  # any call that reached the SDK would hang
+        for path in ("../outside.txt", str(root.parent / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await session.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await session.write_file("a/../../escape.txt", b"x")
+        assert not stats.reached.is_set()
+        assert not (root.parent / "escape.txt").exists()
+        stats.release()
+        await session.write_file(str(root / "a" / ".." / "in.txt"), b"inside")
+        assert await session.read_file("in.txt") == b"inside"
+    await nothing_left(fake)
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 

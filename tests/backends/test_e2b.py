@@ -505,6 +505,24 @@ async def test_every_error_kind_at_sandbox_kill(
     assert session.state is sandbox.SessionState.CLOSED
 
 
+async def test_paths_outside_the_home_are_refused_before_any_call(fake: FakeE2B) -> None:
+    async with open_e2b(fake) as session:
+        home = Path(fake.sandbox_home(session.sandbox_id or ""))
+        (home.parent / "outside.txt").write_bytes(b"secret")
+        reads = fake.block("files.read")  # any read that reached the SDK would hang
+        for path in ("../outside.txt", str(home.parent / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await session.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await session.write_file("a/../../escape.txt", b"x")
+        assert not reads.reached.is_set()
+        assert not (home.parent / "escape.txt").exists()
+        reads.release()
+        await session.write_file(str(home / "a" / ".." / "in.txt"), b"inside")
+        assert await session.read_file("in.txt") == b"inside"
+    await assert_clean(fake)
+
+
 async def test_missing_file_is_file_not_found(fake: FakeE2B) -> None:
     async with open_e2b(fake) as session:
         with pytest.raises(sandbox.SandboxFileNotFoundError):

@@ -439,16 +439,34 @@ async def test_terminate_error_on_close(fake: FakeModal, tmp_path: Path) -> None
     assert fake.open_clients() == [], "the client is closed even so"
 
 
+async def test_paths_outside_the_workdir_are_refused_before_any_call(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    async with open_modal(fake, tmp_path) as s:
+        (tmp_path / "outside.txt").write_bytes(b"secret")
+        stats = fake.block("stat")  # any call that reached the SDK would hang
+        for path in ("../outside.txt", str(tmp_path / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await s.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await s.write_file("a/../../escape.txt", b"x")
+        assert not stats.reached.is_set()
+        assert not (tmp_path / "escape.txt").exists()
+        stats.release()
+        await s.write_file(str(tmp_path / "ws" / "a" / ".." / "in.txt"), b"inside")
+        assert await s.read_file("in.txt") == b"inside"
+
+
 async def test_file_errors(fake: FakeModal, tmp_path: Path) -> None:
     async with open_modal(fake, tmp_path) as s:
         with pytest.raises(sandbox.SandboxFileNotFoundError):
             await s.read_file("missing.txt")
-        await s.write_file(str(tmp_path / "abs.txt"), b"x")
-        assert await s.read_file(str(tmp_path / "abs.txt")) == b"x"
+        await s.write_file(str(tmp_path / "ws" / "abs.txt"), b"x")
+        assert await s.read_file(str(tmp_path / "ws" / "abs.txt")) == b"x"
         for point in ("read_file", "stat"):  # a read asks stat first
             fake.fail(point, mx.ServiceError("unavailable"))
             with pytest.raises(sandbox.ProviderError) as info:
-                await s.read_file(str(tmp_path / "abs.txt"))
+                await s.read_file(str(tmp_path / "ws" / "abs.txt"))
             assert info.value.retryable
         fake.fail("write_file", mx.PermissionDeniedError("read-only"))
         with pytest.raises(sandbox.ProviderError) as info:

@@ -27,6 +27,7 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
 from ..toolkit.limits import check_limits
+from ..toolkit.paths import within_workspace
 from . import commands, files, terminal
 from .client import ClientOptions, DaytonaClient
 from .commands import PipeState
@@ -244,9 +245,14 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     # ---- files -------------------------------------------------------------------------
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Download a regular file (see `files.read`)."""
-        return await files.read(self._client, path, max_bytes)
+        """Download a regular file (see `files.read`) inside the working directory."""
+        return await files.read(self._client, self._in_workspace(path), max_bytes)
+
+    def _in_workspace(self, path: str) -> str:
+        """`path` checked against the working directory before any call (the daemon
+        would read or write anywhere the sandbox user may)."""
+        return within_workspace(path, self._client.workdir)
 
     async def _write_file(self, path: str, data: bytes) -> None:
         """Upload a regular file, its folder created (see `files.write`)."""
-        await files.write(self._client, path, data)
+        await files.write(self._client, self._in_workspace(path), data)

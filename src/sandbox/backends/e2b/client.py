@@ -50,6 +50,7 @@ class E2BClient:
         self.errors = errors
         self.call_timeout = call_timeout
         self.sandbox: Any = None
+        self.home: str | None = None  # the sandbox user's home: the workspace
         self.request_timeout = request_timeout
         self.start_timeout = start_timeout
         self.kill_timeout = kill_timeout

@@ -11,6 +11,7 @@ from e2b import FileNotFoundException, FileType
 
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
 from ...remote_files import Entry, Kind, explain_write_failure, regular_file
+from ..toolkit.paths import within_workspace
 from .client import E2BClient
 
 # envd reports no type (None here) for a FIFO, socket or device: "other".
@@ -34,9 +35,25 @@ async def stat(client: E2BClient, path: str) -> Entry | None:
     return Entry(_KINDS.get(info.type, "other"), size=info.size, target=info.symlink_target)
 
 
+async def in_workspace(client: E2BClient, path: str) -> str:
+    """`path` checked against the sandbox user's home (where envd puts relative paths),
+    before any call on it: `WorkspacePathError` outside. The home is what envd's stat
+    of "." names (its `path` is absolute), asked once."""
+    if client.home is None:
+        try:
+            info = await client.timed(
+                client.sandbox.files.get_info(".", **client.request()), "find the home directory"
+            )
+        except Exception as exc:
+            client.errors.fail(exc, "find the home directory")
+        client.home = str(info.path)
+    return within_workspace(path, client.home)
+
+
 async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     """`files.read` as bytes, after `files.get_info` says it is a regular file within
     `max_bytes`."""
+    path = await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)
@@ -71,6 +88,7 @@ async def _read_bounded(client: E2BClient, path: str, max_bytes: int) -> bytes:
 
 async def write_file(client: E2BClient, path: str, data: bytes) -> None:
     """`files.write`, after `files.get_info` says nothing or a regular file is there."""
+    path = await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)

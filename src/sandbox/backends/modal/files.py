@@ -3,7 +3,6 @@ regular files only, stat'ed first (a download of a FIFO never ends)."""
 
 from __future__ import annotations
 
-import posixpath
 import stat as stat_module
 from typing import Any
 
@@ -13,6 +12,7 @@ from modal.types import FileType
 from ... import remote_files
 from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
 from ...remote_files import Entry
+from ..toolkit.paths import within_workspace
 from .errors import SDK_ERRORS, CallDeadline, ModalErrors
 
 
@@ -24,8 +24,9 @@ class ModalFiles:
         self._workdir = workdir
 
     def path(self, path: str) -> str:
-        """`path` as an absolute path (relative ones are in `workdir`)."""
-        return path if path.startswith("/") else posixpath.join(self._workdir, path)
+        """`path` as an absolute path inside `workdir` (relative ones are in it), checked
+        before any call: `WorkspacePathError` outside it."""
+        return within_workspace(path, self._workdir)
 
     async def stat(self, sandbox: Any, path: str) -> Entry | None:
         """`Sandbox.filesystem.stat` (the entry itself, not a symlink's target) as an
