@@ -218,6 +218,23 @@ async def test_options_are_validated(fake: FakeDaytona) -> None:
         open_daytona(fake, terminate_grace_s=-1)
 
 
+@pytest.mark.parametrize(
+    "create_options",
+    [{"env_vars": {"BAD NAME": "x"}}, {"env_vars": {"V": "a\ud800"}}, {"labels": {"": "x"}}],
+)
+def test_create_options_reaching_env_or_labels_are_checked(
+    fake: FakeDaytona, create_options: dict[str, Any]
+) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="create_options"):
+        open_daytona(fake, create_options=create_options)
+
+
+async def test_caller_labels_join_ours(fake: FakeDaytona) -> None:
+    async with open_daytona(fake, create_options={"labels": {"team": "a"}}) as session:
+        labels = fake.sandboxes[session.sandbox_id or ""].params.labels
+        assert labels == {"created-by": "agent-sandbox-pty", "team": "a"}
+
+
 async def test_resource_limits_reach_the_create_from_an_image(fake: FakeDaytona) -> None:
     from daytona import CreateSandboxFromImageParams
 

@@ -181,6 +181,12 @@ async def test_create_options_are_checked_against_the_sdk(fake: FakeModal, tmp_p
     assert fake.open_clients() == []
 
 
+@pytest.mark.parametrize("env", [{"BAD NAME": "x"}, {"V": "a\ud800"}, ["V=x"]])
+def test_create_options_env_is_checked(fake: FakeModal, tmp_path: Path, env: Any) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="create_options"):
+        open_modal(fake, tmp_path, create_options={"env": env})
+
+
 async def test_resource_limits_reach_the_create_as_request_and_limit(
     fake: FakeModal, tmp_path: Path
 ) -> None:

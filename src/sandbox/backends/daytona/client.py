@@ -176,20 +176,23 @@ class DaytonaClient:
         else:
             self._create_name = f"sandbox-pty-{secrets.token_hex(6)}"
             params: CreateSandboxFromSnapshotParams | CreateSandboxFromImageParams
+            extra = dict(opts.create_options)
+            # The caller's labels join ours (one `labels` keyword, not two).
+            labels = {**opts.labels, **(extra.pop("labels", None) or {})}
             if opts.image is None:
                 params = CreateSandboxFromSnapshotParams(
                     name=self._create_name,
                     snapshot=opts.snapshot,
-                    labels=opts.labels,
-                    **opts.create_options,
+                    labels=labels,
+                    **extra,
                 )
             else:
                 params = CreateSandboxFromImageParams(
                     name=self._create_name,
                     image=opts.image,
                     resources=opts.resources,
-                    labels=opts.labels,
-                    **opts.create_options,
+                    labels=labels,
+                    **extra,
                 )
             try:
                 # The SDK's own timeout covers its polling for the started state; the

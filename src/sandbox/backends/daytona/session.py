@@ -116,6 +116,13 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         resources = create_resources(limits, image=image, attach=sandbox_id is not None)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
+        # What reaches the sandbox's environment or its labels is checked like `env`.
+        if create_options and "env_vars" in create_options:
+            arguments.check_env(create_options["env_vars"], name="create_options['env_vars']")
+        if create_options and "labels" in create_options:
+            arguments.check_env(
+                create_options["labels"], name="create_options['labels']", variables=False
+            )
         self.keep = bool(keep)
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s

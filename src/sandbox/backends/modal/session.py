@@ -183,6 +183,12 @@ class ModalSession(BaseSandboxSession[Command]):
         env = arguments.check_env(env)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
+        if create_options and create_options.get("env") is not None:
+            # What reaches every command's environment is checked like `env`.
+            given = create_options["env"]
+            if isinstance(given, Mapping):  # None unsets a variable in Modal's env
+                given = {k: v for k, v in given.items() if v is not None}
+            arguments.check_env(given, name="create_options['env']")
         resources = create_resources(limits, attach=sandbox_id is not None)
         for name in set(resources) & set(create_options or {}):
             raise InvalidArgumentError(
