@@ -253,13 +253,15 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
         """Download a regular file (see `files.read`) inside the working directory."""
-        return await files.read(self._client, self._in_workspace(path), max_bytes)
+        self._in_workspace(path)
+        return await files.read(self._client, path, max_bytes)
 
-    def _in_workspace(self, path: str) -> str:
+    def _in_workspace(self, path: str) -> None:
         """`path` checked against the working directory before any call (the daemon
         would read or write anywhere the sandbox user may)."""
-        return within_workspace(path, self._client.workdir)
+        within_workspace(path, self._client.workdir)
 
     async def _write_file(self, path: str, data: bytes) -> None:
         """Upload a regular file, its folder created (see `files.write`)."""
-        await files.write(self._client, self._in_workspace(path), data)
+        self._in_workspace(path)
+        await files.write(self._client, path, data)

@@ -35,7 +35,7 @@ async def stat(client: E2BClient, path: str) -> Entry | None:
     return Entry(_KINDS.get(info.type, "other"), size=info.size, target=info.symlink_target)
 
 
-async def in_workspace(client: E2BClient, path: str) -> str:
+async def in_workspace(client: E2BClient, path: str) -> None:
     """`path` checked against the sandbox user's home (where envd puts relative paths),
     before any call on it: `WorkspacePathError` outside. The home is what envd's stat
     of "." names (its `path` is absolute), asked once."""
@@ -47,13 +47,13 @@ async def in_workspace(client: E2BClient, path: str) -> str:
         except Exception as exc:
             client.errors.fail(exc, "find the home directory")
         client.home = str(info.path)
-    return within_workspace(path, client.home)
+    within_workspace(path, client.home)
 
 
 async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     """`files.read` as bytes, after `files.get_info` says it is a regular file within
     `max_bytes`."""
-    path = await in_workspace(client, path)
+    await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)
@@ -88,7 +88,7 @@ async def _read_bounded(client: E2BClient, path: str, max_bytes: int) -> bytes:
 
 async def write_file(client: E2BClient, path: str, data: bytes) -> None:
     """`files.write`, after `files.get_info` says nothing or a regular file is there."""
-    path = await in_workspace(client, path)
+    await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)

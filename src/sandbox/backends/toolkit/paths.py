@@ -4,8 +4,11 @@ The contract: relative paths are in the workspace; `..` that climbs above it, or
 absolute path elsewhere, is a `WorkspacePathError`. A remote backend cannot hold the
 provider's filesystem still between this check and its call (a process in the sandbox
 may swap a folder for a symlink), so the check is lexical, as the Cloudflare bridge's
-own is: what it rules out is a caller's path leaving the workspace, and the provider
-is then handed the normalized path, exactly what was checked.
+own is: what it rules out is a caller's path leaving the workspace. The providers
+resolve a path against the same directory and clean it lexically too (Go's
+`filepath.Join`/`Clean` in envd and Daytona's daemon), so the path the caller wrote
+(shown in messages) is what is handed on; Modal, which takes absolute paths only, gets
+the normalized one.
 """
 
 from __future__ import annotations
