@@ -244,6 +244,24 @@ async def test_nothing_added_shows_in_terminal_output(fake: FakeE2B) -> None:
 LONG_CONTROLS = "".join(chr(1 + i % 31) for i in range(3000))
 
 
+@pytest.mark.parametrize("how", ["tty", "pipes", "exec"])
+async def test_a_command_too_long_for_one_argument_is_an_invalid_argument(
+    fake: FakeE2B, how: str
+) -> None:
+    async with open_e2b(fake) as session:
+        command = "echo " + "x" * 200_000
+        with pytest.raises(sandbox.InvalidArgumentError, match="too long"):
+            if how == "exec":
+                await session.exec(command)
+            else:
+                await session.pty_exec_start(command, tty=how == "tty")
+        assert session.pty_processes() == []
+        # Just below the bound still runs.
+        result = await session.exec("echo " + "y" * 100_000 + " | wc -c")
+        assert result.stdout == b"100001\n"
+    await assert_clean(fake)
+
+
 async def test_a_long_line_of_control_characters_reaches_the_terminal_command(
     fake: FakeE2B,
 ) -> None:

@@ -27,7 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...errors import InvalidArgumentError
 from ..toolkit.shell import command_line, interrupt_script, kill_script, wrapper_argv
+
+# Linux's bound on one argument or environment string (`MAX_ARG_STRLEN`, 32 pages),
+# its terminating NUL included: envd's start of `bash` fails beyond it.
+MAX_ARG_STRLEN = 32 * 4096
 
 
 def pipe_line(tag: str, command: str) -> str:
@@ -37,7 +42,7 @@ def pipe_line(tag: str, command: str) -> str:
     The bash's own stderr is /dev/null (a job killed by a signal is reported there);
     the job gets the real stderr."""
     wrapped = command_line(wrapper_argv(tag, ["sh", "-c", command]))
-    return (
+    return fits_one_string(
         f"exec 3>&2 2>/dev/null; set -m; {wrapped} </dev/null 2>&3 3>&- & "
         "wait $!; s=$?; kill -KILL -- -$! 2>/dev/null; exit $s"
     )
@@ -58,6 +63,19 @@ LINE_VARIABLE = "SANDBOX_TRAP_LINE"
 TYPED_LINE = f'l=${LINE_VARIABLE}; unset {LINE_VARIABLE}; eval "$l"\n'
 
 
+def fits_one_string(text: str, *, prefix: str = "") -> str:
+    """`text` when `prefix + text` fits one argument or environment string, else an
+    `InvalidArgumentError` (rather than the provider's failure to start `bash`)."""
+    size = len(prefix.encode()) + len(text.encode()) + 1
+    if size > MAX_ARG_STRLEN:
+        raise InvalidArgumentError(
+            f"the command is too long for e2b: with its wrapper it takes {size} bytes, "
+            f"over the {MAX_ARG_STRLEN} bytes one argument may hold (write a script "
+            "file with write_file and run that)"
+        )
+    return text
+
+
 def line_environment(line: str) -> dict[str, str]:
     """The terminal environment that hands the shell trap's `line` to the login bash.
 
@@ -66,7 +84,8 @@ def line_environment(line: str) -> dict[str, str]:
     line and drops the rest, and a long command, or data that grew fourfold as octal
     escapes, would be cut. An environment string may hold 128 KiB (Linux's
     `MAX_ARG_STRLEN`), what a pipe command's `bash -c` argument may hold too."""
-    return {LINE_VARIABLE: line.removesuffix("\n")}
+    text = line.removesuffix("\n")
+    return {LINE_VARIABLE: fits_one_string(text, prefix=f"{LINE_VARIABLE}=")}
 
 
 def kill_line(tags: Sequence[str]) -> str:
