@@ -38,7 +38,7 @@ def extra_cases() -> list[object]:
     """Benchmarks of optional parts (docker, confinement) that exist only when their
     module does; each decides itself whether it can run here."""
     cases = []
-    for module_name in ("bench.docker_cases", "bench.confine_cases"):
+    for module_name in ("bench.docker_cases", "bench.confine_cases", "bench.sdk_cases"):
         try:
             module = importlib.import_module(module_name)
         except ImportError:
