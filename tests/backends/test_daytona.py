@@ -329,6 +329,35 @@ async def test_paths_outside_the_workdir_are_refused_before_any_call(fake: FakeD
     await nothing_left(fake)
 
 
+async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(
+    fake: FakeDaytona,
+) -> None:
+    import tracemalloc
+
+    limit = 1 << 20
+    async with open_daytona(fake, read_limit_bytes=limit) as session:
+        await session.write_file("grows.bin", b"small")
+        gate = fake.block("download_file")
+        read = asyncio.ensure_future(session.read_file("grows.bin"))
+        await gate.reached.wait()  # stat said 5 bytes; now the file grows to 32 MiB
+        with (Path(session.workdir) / "grows.bin").open("ab") as handle:
+            for _ in range(32):
+                handle.write(b"x" * (1 << 20))
+        tracemalloc.start()
+        try:
+            gate.release()
+            with pytest.raises(sandbox.FileTooLargeError):
+                await read
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # What the client kept stays near the limit, not the 32 MiB the daemon had.
+        assert peak < limit + (4 << 20), peak
+        await session.write_file("empty.bin", b"")
+        assert await session.read_file("empty.bin") == b""
+    await nothing_left(fake)
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 
