@@ -358,6 +358,22 @@ async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(
     await nothing_left(fake)
 
 
+async def test_a_download_stream_whose_request_fails_is_a_lost_connection(
+    fake: FakeDaytona,
+) -> None:
+    import aiohttp
+
+    async with open_daytona(fake) as session:
+        await session.write_file("f.txt", b"data")
+        # The stream's request runs in its iterator, past the SDK's error mapping.
+        fake.fail("download_file", aiohttp.ClientConnectionError("connection reset"))
+        with pytest.raises(sandbox.ConnectionLostError) as info:
+            await session.read_file("f.txt")
+        assert info.value.retryable
+        assert await session.read_file("f.txt") == b"data"
+    await nothing_left(fake)
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 
