@@ -218,6 +218,162 @@ async def test_options_are_validated(fake: FakeDaytona) -> None:
         open_daytona(fake, terminate_grace_s=-1)
 
 
+@pytest.mark.parametrize(
+    "create_options",
+    [{"env_vars": {"BAD NAME": "x"}}, {"env_vars": {"V": "a\ud800"}}, {"labels": {"": "x"}}],
+)
+def test_create_options_reaching_env_or_labels_are_checked(
+    fake: FakeDaytona, create_options: dict[str, Any]
+) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="create_options"):
+        open_daytona(fake, create_options=create_options)
+
+
+async def test_caller_labels_join_ours(fake: FakeDaytona) -> None:
+    async with open_daytona(fake, create_options={"labels": {"team": "a"}}) as session:
+        labels = fake.sandboxes[session.sandbox_id or ""].params.labels
+        assert labels == {"created-by": "agent-sandbox-pty", "team": "a"}
+
+
+async def test_resource_limits_reach_the_create_from_an_image(fake: FakeDaytona) -> None:
+    from daytona import CreateSandboxFromImageParams
+
+    options = {"image": "debian:12", "memory_limit_bytes": 4 << 30, "cpu_limit": 2}
+    async with open_daytona(fake, **options) as session:
+        params = fake.sandboxes[session.sandbox_id or ""].params
+        assert isinstance(params, CreateSandboxFromImageParams)
+        assert params.image == "debian:12"
+        assert params.resources is not None
+        assert (params.resources.cpu, params.resources.memory) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"image": "debian:12", "process_limit": 8}, "UnsupportedOperationError", "process_limit"),
+        ({"memory_limit_bytes": 1 << 30}, "UnsupportedOperationError", "memory_limit_bytes"),
+        (
+            {"image": "debian:12", "cpu_limit": 1, "sandbox_id": "x"},
+            "UnsupportedOperationError",
+            "cpu_limit",
+        ),
+        (
+            {"image": "debian:12", "memory_limit_bytes": 3 << 29},
+            "InvalidArgumentError",
+            "memory_limit_bytes",
+        ),
+        ({"image": "debian:12", "cpu_limit": 1.5}, "InvalidArgumentError", "cpu_limit"),
+        ({"image": "debian:12", "snapshot": "s"}, "InvalidArgumentError", "snapshot"),
+    ],
+)
+def test_limits_daytona_cannot_apply_are_refused_when_opened(
+    fake: FakeDaytona, options: dict[str, Any], error: str, named: str
+) -> None:
+    with pytest.raises(getattr(sandbox, error), match=named):
+        open_daytona(fake, **options)
+    assert fake.live_sandbox_ids() == []
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "get_file_info",
+        "download_file",
+        "upload_file",
+        "create_pty_session",
+        "send_input",
+        "create_session",
+        "execute_session_command",
+        "exec",
+    ],
+)
+async def test_a_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeDaytona, point: str
+) -> None:
+    async with open_daytona(fake, call_timeout_s=0.3) as session:
+        await session.write_file("f.txt", b"data")
+        gate = fake.block(point)
+        async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+            with pytest.raises(sandbox.ProviderError, match=r"within 0\.3s") as info:
+                if point == "get_file_info" or point == "download_file":
+                    await session.read_file("f.txt")
+                elif point == "upload_file":
+                    await session.write_file("f.txt", b"more")
+                elif point in ("create_pty_session", "send_input"):
+                    await session.pty_exec_start("true", tty=True, yield_time_s=5)
+                elif point == "exec":
+                    await session.write_file("sub/f.txt", b"more")  # mkdir -p first
+                else:
+                    await session.exec("true")
+        assert info.value.retryable
+        assert gate.reached.is_set()
+        gate.release()
+    await nothing_left(fake)
+
+
+async def test_paths_outside_the_workdir_are_refused_before_any_call(fake: FakeDaytona) -> None:
+    async with open_daytona(fake) as session:
+        root = Path(session.workdir)
+        (root.parent / "outside.txt").write_bytes(b"secret")
+        stats = fake.block("get_file_info")  # any call that reached the SDK would hang
+        for path in ("../outside.txt", str(root.parent / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await session.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await session.write_file("a/../../escape.txt", b"x")
+        assert not stats.reached.is_set()
+        assert not (root.parent / "escape.txt").exists()
+        stats.release()
+        await session.write_file(str(root / "a" / ".." / "in.txt"), b"inside")
+        assert await session.read_file("in.txt") == b"inside"
+    await nothing_left(fake)
+
+
+async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(
+    fake: FakeDaytona,
+) -> None:
+    import tracemalloc
+
+    limit = 1 << 20
+    async with open_daytona(fake, read_limit_bytes=limit) as session:
+        await session.write_file("grows.bin", b"small")
+        gate = fake.block("download_file")
+        read = asyncio.ensure_future(session.read_file("grows.bin"))
+        await gate.reached.wait()  # stat said 5 bytes; now the file grows to 32 MiB
+        with (Path(session.workdir) / "grows.bin").open("ab") as handle:
+            for _ in range(32):
+                handle.write(b"x" * (1 << 20))
+        tracemalloc.start()
+        try:
+            gate.release()
+            with pytest.raises(sandbox.FileTooLargeError):
+                await read
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # What the client kept stays near the limit, not the 32 MiB the daemon had.
+        assert peak < limit + (4 << 20), peak
+        await session.write_file("empty.bin", b"")
+        assert await session.read_file("empty.bin") == b""
+    await nothing_left(fake)
+
+
+async def test_a_download_stream_whose_request_fails_is_a_lost_connection(
+    fake: FakeDaytona,
+) -> None:
+    import aiohttp
+
+    async with open_daytona(fake) as session:
+        await session.write_file("f.txt", b"data")
+        # The stream's request runs in its iterator, past the SDK's error mapping.
+        fake.fail("download_file", aiohttp.ClientConnectionError("connection reset"))
+        with pytest.raises(sandbox.ConnectionLostError) as info:
+            await session.read_file("f.txt")
+        assert info.value.retryable
+        assert await session.read_file("f.txt") == b"data"
+    await nothing_left(fake)
+
+
 # ---- lifecycle ------------------------------------------------------------------------------
 
 

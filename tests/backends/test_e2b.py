@@ -187,6 +187,18 @@ async def test_options_are_validated(fake: FakeE2B) -> None:
         open_e2b(fake, no_such_option=1)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("memory_limit_bytes", 1 << 30), ("process_limit", 64), ("cpu_limit", 2.0)],
+)
+def test_resource_limits_are_unsupported_and_named(fake: FakeE2B, option: str, value: Any) -> None:
+    with pytest.raises(sandbox.UnsupportedOperationError, match=option):
+        open_e2b(fake, **{option: value})
+    with pytest.raises(sandbox.InvalidArgumentError, match=option):
+        open_e2b(fake, **{option: -1})
+    assert fake.live_sandbox_ids() == []
+
+
 async def test_keep_then_attach_then_delete(fake: FakeE2B) -> None:
     async with open_e2b(fake, keep=True) as first:
         await first.write_file("note.txt", b"kept")
@@ -225,6 +237,47 @@ async def test_nothing_added_shows_in_terminal_output(fake: FakeE2B) -> None:
         assert update.exit_code == 0
         # The terminal really is an interactive login bash (the trap is exercised).
         assert pids_of(fake, tty=True)[0].argv == ["/bin/bash", "-i", "-l"]
+
+
+# 3000 control characters: each is typed as a 4-byte octal escape, so a typed line would
+# be far beyond the 4095 bytes a terminal in canonical mode keeps of one line.
+LONG_CONTROLS = "".join(chr(1 + i % 31) for i in range(3000))
+
+
+@pytest.mark.parametrize("how", ["tty", "pipes", "exec"])
+async def test_a_command_too_long_for_one_argument_is_an_invalid_argument(
+    fake: FakeE2B, how: str
+) -> None:
+    async with open_e2b(fake) as session:
+        command = "echo " + "x" * 200_000
+        with pytest.raises(sandbox.InvalidArgumentError, match="too long"):
+            if how == "exec":
+                await session.exec(command)
+            else:
+                await session.pty_exec_start(command, tty=how == "tty")
+        assert session.pty_processes() == []
+        # Just below the bound still runs.
+        result = await session.exec("echo " + "y" * 100_000 + " | wc -c")
+        assert result.stdout == b"100001\n"
+    await assert_clean(fake)
+
+
+async def test_a_long_line_of_control_characters_reaches_the_terminal_command(
+    fake: FakeE2B,
+) -> None:
+    async with open_e2b(fake) as session:
+        await session.exec("mkdir", "work", shell=False)
+        script = 'printf %s "$1" > ../arg.out; printf %s "$V" > ../env.out; env > ../all.env'
+        update = await session.pty_exec_start(
+            "sh", "-c", script, "sh", LONG_CONTROLS,
+            shell=False, tty=True, env={"V": LONG_CONTROLS}, cwd="work", yield_time_s=20,
+        )  # fmt: skip
+        assert update.exit_code == 0, update
+        assert await session.read_file("arg.out") == LONG_CONTROLS.encode()
+        assert await session.read_file("env.out") == LONG_CONTROLS.encode()
+        # The line handed over in the terminal's environment is not the command's.
+        assert b"SANDBOX_TRAP_LINE" not in await session.read_file("all.env")
+    await assert_clean(fake)
 
 
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])
@@ -470,6 +523,24 @@ async def test_every_error_kind_at_sandbox_kill(
     assert session.state is sandbox.SessionState.CLOSED
 
 
+async def test_paths_outside_the_home_are_refused_before_any_call(fake: FakeE2B) -> None:
+    async with open_e2b(fake) as session:
+        home = Path(fake.sandbox_home(session.sandbox_id or ""))
+        (home.parent / "outside.txt").write_bytes(b"secret")
+        reads = fake.block("files.read")  # any read that reached the SDK would hang
+        for path in ("../outside.txt", str(home.parent / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await session.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await session.write_file("a/../../escape.txt", b"x")
+        assert not reads.reached.is_set()
+        assert not (home.parent / "escape.txt").exists()
+        reads.release()
+        await session.write_file(str(home / "a" / ".." / "in.txt"), b"inside")
+        assert await session.read_file("in.txt") == b"inside"
+    await assert_clean(fake)
+
+
 async def test_missing_file_is_file_not_found(fake: FakeE2B) -> None:
     async with open_e2b(fake) as session:
         with pytest.raises(sandbox.SandboxFileNotFoundError):
@@ -688,6 +759,60 @@ async def test_cancel_during_kill_still_kills(fake: FakeE2B, tty: bool) -> None:
         assert session.pty_processes() == []
         assert await eventually(lambda: not host_pids_with_arg(marker))
         assert session._reserved == set()
+    await assert_clean(fake)
+
+
+@pytest.mark.parametrize(
+    "point", ["files.get_info", "files.read", "files.write", "pty.send_stdin", "pty.resize"]
+)
+async def test_a_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeE2B, point: str
+) -> None:
+    async with open_e2b(fake, call_timeout_s=0.3) as session:
+        await session.write_file("f.txt", b"data")
+        update = await session.pty_exec_start("cat", tty=True, yield_time_s=0.2)
+        assert update.process_id is not None
+        gate = fake.block(point)
+        async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+            with pytest.raises(sandbox.ProviderError, match="did not answer") as info:
+                if point.startswith("files."):
+                    if point == "files.write":
+                        await session.write_file("f.txt", b"more")
+                    else:
+                        await session.read_file("f.txt")
+                elif point == "pty.send_stdin":  # the typed line of a new terminal
+                    await session.pty_exec_start("true", tty=True, yield_time_s=5)
+                else:
+                    await session.pty_resize(update.process_id, rows=30, cols=90)
+        assert info.value.retryable
+        assert gate.reached.is_set()
+        gate.release()
+    await assert_clean(fake)
+
+
+async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(fake: FakeE2B) -> None:
+    import tracemalloc
+
+    limit = 1 << 20
+    async with open_e2b(fake, read_limit_bytes=limit) as session:
+        await session.write_file("grows.bin", b"small")
+        gate = fake.block("files.read")
+        read = asyncio.ensure_future(session.read_file("grows.bin"))
+        await gate.reached.wait()  # stat said 5 bytes; now the file grows to 32 MiB
+        path = Path(fake.sandbox_home(session.sandbox_id or "")) / "grows.bin"
+        with path.open("ab") as handle:
+            for _ in range(32):
+                handle.write(b"x" * (1 << 20))
+        tracemalloc.start()
+        try:
+            gate.release()
+            with pytest.raises(sandbox.FileTooLargeError):
+                await read
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # What the client kept stays near the limit, not the 32 MiB the server had.
+        assert peak < limit + (4 << 20), peak
     await assert_clean(fake)
 
 

@@ -181,6 +181,54 @@ async def test_create_options_are_checked_against_the_sdk(fake: FakeModal, tmp_p
     assert fake.open_clients() == []
 
 
+@pytest.mark.parametrize("env", [{"BAD NAME": "x"}, {"V": "a\ud800"}, ["V=x"]])
+def test_create_options_env_is_checked(fake: FakeModal, tmp_path: Path, env: Any) -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="create_options"):
+        open_modal(fake, tmp_path, create_options={"env": env})
+
+
+async def test_resource_limits_reach_the_create_as_request_and_limit(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    s = open_modal(fake, tmp_path, memory_limit_bytes=768 * 1024 * 1024, cpu_limit=0.029)
+    async with s:
+        (box,) = fake.live_sandboxes()
+        assert box.options["memory"] == (768, 768)
+        # The SDK sends int(1000 * cpu) millicores: 29, not the 28 that 0.029 gives.
+        request, limit = box.options["cpu"]
+        assert request == limit and int(1000 * limit) == 29
+    from modal._resources import convert_fn_config_to_resources_config
+
+    sent = convert_fn_config_to_resources_config(cpu=(request, limit), memory=(768, 768), gpu=None)
+    assert (sent.milli_cpu, sent.milli_cpu_max, sent.memory_mb, sent.memory_mb_max) == (
+        29, 29, 768, 768,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"process_limit": 64}, sandbox.UnsupportedOperationError, "process_limit"),
+        ({"cpu_limit": 1.0, "sandbox_id": "sb-x"}, sandbox.UnsupportedOperationError, "cpu_limit"),
+        ({"memory_limit_bytes": 1000}, sandbox.InvalidArgumentError, "memory_limit_bytes"),
+        ({"cpu_limit": 0.0005}, sandbox.InvalidArgumentError, "cpu_limit"),
+        ({"cpu_limit": float("nan")}, sandbox.InvalidArgumentError, "cpu_limit"),
+        ({"memory_limit_bytes": True}, sandbox.InvalidArgumentError, "memory_limit_bytes"),
+        (
+            {"cpu_limit": 1.0, "create_options": {"cpu": 2.0}},
+            sandbox.InvalidArgumentError,
+            "cpu",
+        ),
+    ],
+)
+def test_limits_modal_cannot_apply_are_refused_when_opened(
+    fake: FakeModal, tmp_path: Path, options: dict[str, Any], error: type, named: str
+) -> None:
+    with pytest.raises(error, match=named):
+        open_modal(fake, tmp_path, **options)
+    assert fake.live_sandboxes() == []
+
+
 # ---- credentials and secrets --------------------------------------------------------------
 
 
@@ -397,16 +445,34 @@ async def test_terminate_error_on_close(fake: FakeModal, tmp_path: Path) -> None
     assert fake.open_clients() == [], "the client is closed even so"
 
 
+async def test_paths_outside_the_workdir_are_refused_before_any_call(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    async with open_modal(fake, tmp_path) as s:
+        (tmp_path / "outside.txt").write_bytes(b"secret")
+        stats = fake.block("stat")  # any call that reached the SDK would hang
+        for path in ("../outside.txt", str(tmp_path / "outside.txt"), "/etc/hostname"):
+            with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
+                await s.read_file(path)
+        with pytest.raises(sandbox.WorkspacePathError):
+            await s.write_file("a/../../escape.txt", b"x")
+        assert not stats.reached.is_set()
+        assert not (tmp_path / "escape.txt").exists()
+        stats.release()
+        await s.write_file(str(tmp_path / "ws" / "a" / ".." / "in.txt"), b"inside")
+        assert await s.read_file("in.txt") == b"inside"
+
+
 async def test_file_errors(fake: FakeModal, tmp_path: Path) -> None:
     async with open_modal(fake, tmp_path) as s:
         with pytest.raises(sandbox.SandboxFileNotFoundError):
             await s.read_file("missing.txt")
-        await s.write_file(str(tmp_path / "abs.txt"), b"x")
-        assert await s.read_file(str(tmp_path / "abs.txt")) == b"x"
+        await s.write_file(str(tmp_path / "ws" / "abs.txt"), b"x")
+        assert await s.read_file(str(tmp_path / "ws" / "abs.txt")) == b"x"
         for point in ("read_file", "stat"):  # a read asks stat first
             fake.fail(point, mx.ServiceError("unavailable"))
             with pytest.raises(sandbox.ProviderError) as info:
-                await s.read_file(str(tmp_path / "abs.txt"))
+                await s.read_file(str(tmp_path / "ws" / "abs.txt"))
             assert info.value.retryable
         fake.fail("write_file", mx.PermissionDeniedError("read-only"))
         with pytest.raises(sandbox.ProviderError) as info:
@@ -504,6 +570,53 @@ async def test_cancel_during_start_leaves_nothing(fake: FakeModal, tmp_path: Pat
     assert other_tasks() <= before
     if op == "create_response":
         assert len(fake.sandboxes) == 1, "created, then found by name and terminated"
+
+
+@pytest.mark.parametrize("op", ["client", "app_lookup", "create", "create_response"])
+async def test_a_start_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str
+) -> None:
+    gate = fake.block(op)
+    s = open_modal(fake, tmp_path, call_timeout_s=0.3, create_timeout_s=0.3)
+    async with asyncio.timeout(30):  # the test's own guard: a hang fails here
+        with pytest.raises(sandbox.ProviderError, match=r"did not answer within 0\.3s") as info:
+            await s.start()
+    assert info.value.retryable and gate.reached.is_set()
+    gate.release()
+    assert fake.live_sandboxes() == [] and fake.open_clients() == []
+
+
+@pytest.mark.parametrize(("op", "tty"), [("exec", False), ("exec", True), ("write", False)])
+async def test_a_process_start_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str, tty: bool
+) -> None:
+    marker = unique_seconds()
+    async with open_modal(fake, tmp_path, call_timeout_s=0.3) as s:
+        gate = fake.block(op, when=running(marker))
+        async with asyncio.timeout(30):
+            with pytest.raises(sandbox.ProviderError, match=r"within 0\.3s") as info:
+                await s.pty_exec_start(f"exec sleep {marker}", tty=tty)
+        assert info.value.retryable
+        gate.release()
+        assert s.pty_processes() == []
+        await no_leftovers(fake, marker)
+
+
+@pytest.mark.parametrize("op", ["stat", "read_file", "write_file"])
+async def test_a_file_call_that_never_answers_fails_within_its_deadline(
+    fake: FakeModal, tmp_path: Path, op: str
+) -> None:
+    async with open_modal(fake, tmp_path, call_timeout_s=0.3) as s:
+        await s.write_file("f.txt", b"data")
+        gate = fake.block(op)
+        async with asyncio.timeout(30):
+            with pytest.raises(sandbox.ProviderError, match=r"within 0\.3s") as info:
+                if op == "write_file":
+                    await s.write_file("f.txt", b"more")
+                else:
+                    await s.read_file("f.txt")
+        assert info.value.retryable
+        gate.release()
 
 
 async def test_cancel_during_attach(fake: FakeModal, tmp_path: Path) -> None:

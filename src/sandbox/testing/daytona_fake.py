@@ -92,7 +92,7 @@ import shutil
 import signal
 import stat as stat_module
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
@@ -107,6 +107,7 @@ from daytona import (
     SandboxState,
 )
 from daytona.common.errors import SOURCE_DAEMON, DaytonaFileNotFoundError
+from daytona.common.filesystem import CancelEvent, DownloadProgress
 from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionExecuteResponse
 from daytona.common.pty import PtyResult, PtySize
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
@@ -143,6 +144,8 @@ ALIASES = {
 }
 
 MARKER_ENV = "SANDBOX_FAKE_DAYTONA"
+# A streamed download's chunk size (the SDK reads its response 64 KiB at a time).
+DOWNLOAD_CHUNK = 64 * 1024
 # How long an exited process's output may still trickle in before its end is reported.
 EXIT_OUTPUT_GRACE_S = 0.05
 
@@ -312,6 +315,7 @@ class _SandboxState:
         self.sessions: dict[str, _FakeSession] = {}
         self.retired: list[_FakeSession] = []  # deleted sessions whose shells may linger
         self.deleted = False
+        self.params: Any = None
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
@@ -912,6 +916,51 @@ class FakeAsyncFileSystem:
         await self._service._knobs.checkpoint("download_file", after=True)
         return data
 
+    async def download_file_stream(
+        self,
+        remote_path: str,
+        timeout: int = 30 * 60,
+        on_progress: Callable[[DownloadProgress], Awaitable[None] | None] | None = None,
+        cancel_event: CancelEvent | None = None,
+    ) -> AsyncIterator[bytes]:
+        """The file's chunks as the daemon streams them (read from the file as it is
+        now, so one that grew after its stat streams on). As in the SDK, the request and
+        its errors come with the first chunk, the same errors `download_file` raises,
+        and a file that gave no data at all is `DaytonaError("No file data received")`."""
+        path = self._sandbox.resolve(remote_path)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            await self._service._knobs.checkpoint("download_file")
+            self._sandbox.require_alive()
+            await wait_forever_on_special_file(path)
+            try:
+                handle = await asyncio.to_thread(open, path, "rb")
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise self._download_error(remote_path, path, exc) from None
+            sent = False
+            try:
+                while chunk := await asyncio.to_thread(handle.read, DOWNLOAD_CHUNK):
+                    sent = True
+                    yield chunk
+            finally:
+                handle.close()
+            if not sent:
+                raise DaytonaError(f"No file data received for: {remote_path}")
+
+        return chunks()
+
+    def _download_error(self, remote_path: str, path: str, exc: OSError) -> DaytonaError:
+        if not self._service.download_error_details:
+            return DaytonaError(
+                f"Failed to download file: open {path}: {(exc.strerror or str(exc)).lower()}"
+            )
+        return DaytonaFileNotFoundError(
+            f"Failed to download file: file not found: {remote_path}",
+            status_code=404,
+            code="FILE_NOT_FOUND",
+            source=SOURCE_DAEMON,
+        )
+
     @overload
     async def upload_file(self, file: bytes, remote_path: str, timeout: int = 30 * 60) -> None: ...
 
@@ -1104,6 +1153,7 @@ class FakeAsyncDaytona:
                 status_code=409,
             )
         state = self._service._new_sandbox(name)
+        state.params = params  # what the create asked for (resources, labels, ...)
         await self._service._knobs.checkpoint("create", after=True)
         return FakeAsyncSandbox(self._service, state)
 

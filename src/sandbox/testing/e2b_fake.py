@@ -135,6 +135,9 @@ FAULT_POINTS = frozenset(
     }
 )
 
+# A streamed download's chunk size (httpx hands on what each socket read gave).
+STREAM_CHUNK = 64 * 1024
+
 # After a process died, how long its output may still take to arrive (a terminal flushes
 # asynchronously) before the end event is sent anyway (children may hold the pipe open).
 EXIT_OUTPUT_GRACE_S = 0.2
@@ -835,13 +838,26 @@ class FakeFilesystem:
         gzip: bool = False,
         stream_idle_timeout: float | None = None,
     ) -> Any:
-        """The file's content as `str` (format="text") or `bytearray` (format="bytes")."""
+        """The file's content as `str` (format="text"), `bytearray` (format="bytes") or a
+        `FakeFileStreamReader` of its chunks (format="stream", read as they are sent)."""
         await self._service._knobs.checkpoint("files.read", after=False, subject=None)
         self._service._check_alive(self._state)
-        if format not in ("text", "bytes"):
+        if format not in ("text", "bytes", "stream"):
             raise InvalidArgumentException(f"the fake E2B does not support format={format!r}")
         real = self._state.resolve(path)
         await wait_forever_on_special_file(real)
+        if format == "stream":
+
+            def open_file() -> io.BufferedReader:
+                """Open the file for the stream (in a thread); the reader closes it."""
+                if os.path.isdir(real):
+                    raise InvalidArgumentException(f"path '{path}' is a directory")
+                try:
+                    return open(real, "rb")
+                except (FileNotFoundError, NotADirectoryError):
+                    raise FileNotFoundException(f"path '{path}' does not exist") from None
+
+            return FakeFileStreamReader(await asyncio.to_thread(open_file))
 
         def read() -> bytes:
             """Read the file (in a thread)."""
@@ -1392,7 +1408,44 @@ class FakeE2B:
 
 # The SDK class each fake class stands for, by name (the drift check maps return
 # annotations with it).
+class FakeFileStreamReader:
+    """Imitates `e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader`: the chunks of
+    a download as the server sends them (here: read from the file as it is now, so a
+    file that grows after its stat streams on), released by `aclose()` or at the end."""
+
+    def __init__(self, handle: io.BufferedReader) -> None:
+        self._handle = handle
+        self._closed = False
+        self.chunks_sent = 0
+
+    def __aiter__(self) -> FakeFileStreamReader:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._closed:
+            raise StopAsyncIteration
+        chunk = await asyncio.to_thread(self._handle.read, STREAM_CHUNK)
+        if not chunk:
+            await self.aclose()
+            raise StopAsyncIteration
+        self.chunks_sent += 1
+        return chunk
+
+    async def aclose(self) -> None:
+        """Release the download (safe to call more than once)."""
+        if not self._closed:
+            self._closed = True
+            self._handle.close()
+
+    async def __aenter__(self) -> FakeFileStreamReader:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
 SDK_NAMES = {
+    "FakeFileStreamReader": "AsyncFileStreamReader",
     "FakeCommandHandle": "AsyncCommandHandle",
     "FakeCommands": "Commands",
     "FakePty": "Pty",
@@ -1414,4 +1467,5 @@ def fake_classes() -> Iterable[tuple[type, str]]:
         (FakeCommandHandle, "e2b.AsyncCommandHandle"),
         (FakeSandboxPaginator, "e2b.AsyncSandboxPaginator"),
         (FakeSandboxInfo, "e2b.SandboxInfo"),
+        (FakeFileStreamReader, "e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader"),
     )

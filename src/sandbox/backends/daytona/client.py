@@ -22,7 +22,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from daytona import CreateSandboxFromSnapshotParams, DaytonaConfig, DaytonaError, SandboxState
+from daytona import (
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    DaytonaConfig,
+    DaytonaError,
+    Resources,
+    SandboxState,
+)
 
 from ...credentials import Secret
 from ...errors import ProviderError
@@ -48,10 +55,13 @@ class ClientOptions:
     attach_id: str | None
     keep: bool
     snapshot: str | None
+    image: str | None
+    resources: Resources | None
     create_options: Mapping[str, Any]
     create_timeout_s: float
     teardown_timeout_s: float
     daytona_class: Callable[..., Any]
+    call_timeout_s: float = 120.0
     labels: dict[str, str] = field(default_factory=lambda: {"created-by": "agent-sandbox-pty"})
 
 
@@ -97,12 +107,25 @@ class DaytonaClient:
             return deadline_error(what, self.options.teardown_timeout_s)
         return exc
 
-    async def call(self, what: str, call: Awaitable[T]) -> T:
-        """`call`, its SDK error mapped (never chained: it may hold request details)."""
+    async def call(self, what: str, call: Awaitable[T], seconds: float | None = None) -> T:
+        """`call` within `seconds` (default `call_timeout_s`), its SDK error mapped
+        (never chained: it may hold request details)."""
         try:
-            return await call
+            return await self.timed(what, call, seconds)
         except DaytonaError as exc:
             raise self.error(exc, what) from None
+
+    async def timed(self, what: str, call: Awaitable[T], seconds: float | None = None) -> T:
+        """`call` within `seconds` (default `call_timeout_s`), over the whole call: the
+        SDK's HTTP timeouts bound each wait on the socket at most, which a peer trickling
+        a byte at a time never trips. Beyond it: a retryable `ProviderError`; SDK errors
+        pass through."""
+        bound = self.options.call_timeout_s if seconds is None else seconds
+        try:
+            async with asyncio.timeout(bound):
+                return await call
+        except TimeoutError:
+            raise deadline_error(what, bound) from None
 
     async def bounded(self, call: Awaitable[T]) -> T:
         """`call` within `teardown_timeout_s` (TimeoutError beyond)."""
@@ -145,17 +168,40 @@ class DaytonaClient:
             )
             self.sandbox = sandbox
             if getattr(sandbox, "state", SandboxState.STARTED) != SandboxState.STARTED:
-                await self.call("start the sandbox", sandbox.start(timeout=opts.create_timeout_s))
+                await self.call(
+                    "start the sandbox",
+                    sandbox.start(timeout=opts.create_timeout_s),
+                    opts.create_timeout_s + opts.call_timeout_s,
+                )
         else:
             self._create_name = f"sandbox-pty-{secrets.token_hex(6)}"
-            params = CreateSandboxFromSnapshotParams(
-                name=self._create_name,
-                snapshot=opts.snapshot,
-                labels=opts.labels,
-                **opts.create_options,
-            )
+            params: CreateSandboxFromSnapshotParams | CreateSandboxFromImageParams
+            extra = dict(opts.create_options)
+            # The caller's labels join ours (one `labels` keyword, not two).
+            labels = {**opts.labels, **(extra.pop("labels", None) or {})}
+            if opts.image is None:
+                params = CreateSandboxFromSnapshotParams(
+                    name=self._create_name,
+                    snapshot=opts.snapshot,
+                    labels=labels,
+                    **extra,
+                )
+            else:
+                params = CreateSandboxFromImageParams(
+                    name=self._create_name,
+                    image=opts.image,
+                    resources=opts.resources,
+                    labels=labels,
+                    **extra,
+                )
             try:
-                self.sandbox = await self.client.create(params, timeout=opts.create_timeout_s)
+                # The SDK's own timeout covers its polling for the started state; the
+                # margin is for its requests around that.
+                self.sandbox = await self.timed(
+                    "create the sandbox",
+                    self.client.create(params, timeout=opts.create_timeout_s),
+                    opts.create_timeout_s + opts.call_timeout_s,
+                )
             except DaytonaError as exc:
                 self._created_id = getattr(exc, "sandbox_id", None)
                 if refused(exc):  # nothing was created: nothing to look for

@@ -72,15 +72,18 @@ async def start(
     """Create the session and start the command; behind `check` it starts in the
     working directory and the check enters `cwd`. SDK errors are raised as they are."""
     state.session_attempted = True
-    await client.process.create_session(state.session_id)
+    await client.timed("create a session", client.process.create_session(state.session_id))
     if check is None:
         shell_command, cwd = spec.shell_command, client.cwd(spec.cwd)
     else:
         shell_command, cwd = check.shell(spec.argv, announce=announce), client.workdir
     command = piped_command(shell_command, pidfile=state.pidfile, cwd=cwd, env=spec.env or {})
     state.execute_attempted = True
-    response = await client.process.execute_session_command(
-        state.session_id, SessionExecuteRequest(command=command, run_async=True)
+    response = await client.timed(
+        "start the command",
+        client.process.execute_session_command(
+            state.session_id, SessionExecuteRequest(command=command, run_async=True)
+        ),
     )
     state.cmd_id = response.cmd_id
 
@@ -104,7 +107,10 @@ async def exit_code(client: DaytonaClient, state: PipeState) -> int:
     deadline = loop.time() + EXIT_CODE_WAIT_S
     delay = 0.01
     while True:
-        command = await client.process.get_session_command(state.session_id, state.cmd_id)
+        command = await client.timed(
+            "read the command's exit code",
+            client.process.get_session_command(state.session_id, state.cmd_id),
+        )
         if command.exit_code is not None:
             return normalize_exit(int(command.exit_code))
         if loop.time() >= deadline:

@@ -143,7 +143,7 @@ def provider_error(exc: BaseException, what: str, secrets: Secrets) -> ProviderE
 
 
 def deadline_error(what: str, timeout_s: float) -> ProviderError:
-    """A teardown call that did not finish within its bound (retryable)."""
+    """A call that did not finish within its bound (retryable)."""
     return ProviderError(
         f"could not {what}: {SERVICE} did not finish within {timeout_s:g}s", retryable=True
     )

@@ -8,19 +8,21 @@ from __future__ import annotations
 import posixpath
 import shlex
 
+import aiohttp
 from daytona import DaytonaError
 
 from ... import remote_files
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
 from ...remote_files import Entry
+from ..toolkit.errors import transport_error
 from .client import DaytonaClient
-from .errors import is_not_found, status_of, typed_cause
+from .errors import SERVICE, is_not_found, status_of, typed_cause
 
 
 async def stat(client: DaytonaClient, path: str) -> Entry | None:
     """`fs.get_file_info` (Go's os.Stat: symlinks followed) as an `Entry`."""
     try:
-        info = await client.fs.get_file_info(path)
+        info = await client.timed(f"inspect {path!r}", client.fs.get_file_info(path))
     except DaytonaError as exc:
         if is_not_found(exc):
             return None
@@ -42,8 +44,14 @@ async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
     size = await remote_files.regular_file(look, path, write=False)
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
+    if size == 0:
+        return b""  # the stream would say "No file data received" for an empty file
     try:
-        data = await client.fs.download_file(path)
+        return await client.timed(f"read {path!r}", _download(client, path, max_bytes))
+    except aiohttp.ClientError as exc:
+        # The stream's own request errors come from its iterator, past the SDK's
+        # error mapping (`intercept_errors` wraps only the call that returns it).
+        raise transport_error(exc, f"read {path!r}", service=SERVICE) from None
     except DaytonaError as exc:
         if is_not_found(exc):
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
@@ -55,7 +63,23 @@ async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
             # decides: gone is not-found, a directory or FIFO is not-a-file.
             await remote_files.regular_file(look, path, write=False)
         raise error from None
-    return bytes(data or b"")
+
+
+async def _download(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
+    """`fs.download_file_stream`, stopped as soon as it passes `max_bytes` (the file may
+    have grown since its stat): `download_file` would buffer all of it in the SDK."""
+    stream = await client.fs.download_file_stream(path)
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                raise FileTooLargeError.over(path, None, max_bytes)
+            parts.append(bytes(chunk))
+    finally:
+        await stream.aclose()
+    return b"".join(parts)
 
 
 async def write(client: DaytonaClient, path: str, data: bytes) -> None:

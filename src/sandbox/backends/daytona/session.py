@@ -26,10 +26,13 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ..toolkit.limits import check_limits
+from ..toolkit.paths import within_workspace
 from . import commands, files, terminal
 from .client import ClientOptions, DaytonaClient
 from .commands import PipeState
 from .errors import API_KEY_ENV
+from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
 from .terminal import DaytonaHandle
 
@@ -48,9 +51,16 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
       cancelled deletes what it created and never an attached sandbox;
     - `snapshot`, `create_options` (extra `CreateSandboxFromSnapshotParams` fields, e.g.
       `{"auto_stop_interval": 30}`), `create_timeout_s`: how to create the sandbox;
+    - `image`: create from this image instead (`CreateSandboxFromImageParams`), which
+      is what `memory_limit_bytes` (whole GiB) and `cpu_limit` (whole cores) need:
+      Daytona takes resources only there; `process_limit` is refused (see `limits`);
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
     - `teardown_timeout_s`: bound on each provider call made while tearing down, so a
       provider that stops answering cannot hang `pty_terminate` or `aclose` (default 30 s);
+    - `call_timeout_s`: bound on each other provider call, over the whole call (a file
+      transfer, a command's start, typed input; default 120 s; a create or start gets
+      `create_timeout_s` plus this), so a provider that never answers, or trickles its
+      answer, fails with a retryable `ProviderError`; output streams are not bounded;
     - `daytona_class`: the client class, default the SDK's `AsyncDaytona`. Tests pass
       `sandbox.testing.daytona_fake.FakeDaytona(...).AsyncDaytona`;
     - plus the base session's options.
@@ -71,16 +81,25 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         create_timeout_s: float = 120.0,
         terminate_grace_s: float = 1.0,
         teardown_timeout_s: float = 30.0,
+        call_timeout_s: float = 120.0,
         daytona_class: Callable[..., Any] | None = None,
+        image: str | None = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
+        )
         key = require_credential(
             api_key, API_KEY_ENV, backend="daytona", what="an API key (api_key)"
         )
         for name, value in (
             ("create_timeout_s", create_timeout_s),
             ("teardown_timeout_s", teardown_timeout_s),
+            ("call_timeout_s", call_timeout_s),
         ):
             arguments.check_seconds(name, value)
         arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
@@ -89,10 +108,21 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             ("target", target),
             ("sandbox_id", sandbox_id),
             ("snapshot", snapshot),
+            ("image", image),
         ):
             arguments.check_str(name, text)
+        if image is not None and snapshot is not None:
+            raise InvalidArgumentError("give a snapshot or an image to create from, not both")
+        resources = create_resources(limits, image=image, attach=sandbox_id is not None)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
+        # What reaches the sandbox's environment or its labels is checked like `env`.
+        if create_options and "env_vars" in create_options:
+            arguments.check_env(create_options["env_vars"], name="create_options['env_vars']")
+        if create_options and "labels" in create_options:
+            arguments.check_env(
+                create_options["labels"], name="create_options['labels']", variables=False
+            )
         self.keep = bool(keep)
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s
@@ -105,10 +135,13 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
                 attach_id=sandbox_id,
                 keep=self.keep,
                 snapshot=snapshot,
+                image=image,
+                resources=resources,
                 create_options=dict(create_options or {}),
                 create_timeout_s=create_timeout_s,
                 teardown_timeout_s=teardown_timeout_s,
                 daytona_class=daytona_class or AsyncDaytona,
+                call_timeout_s=float(call_timeout_s),
             )
         )
 
@@ -219,9 +252,16 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     # ---- files -------------------------------------------------------------------------
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Download a regular file (see `files.read`)."""
+        """Download a regular file (see `files.read`) inside the working directory."""
+        self._in_workspace(path)
         return await files.read(self._client, path, max_bytes)
+
+    def _in_workspace(self, path: str) -> None:
+        """`path` checked against the working directory before any call (the daemon
+        would read or write anywhere the sandbox user may)."""
+        within_workspace(path, self._client.workdir)
 
     async def _write_file(self, path: str, data: bytes) -> None:
         """Upload a regular file, its folder created (see `files.write`)."""
+        self._in_workspace(path)
         await files.write(self._client, path, data)

@@ -102,18 +102,23 @@ async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
             inner = pty_inner_command(
                 shell_command, pidfile=state.pidfile, cwd=cwd, script=state.script
             )
-            await client.fs.upload_file(inner.encode(), state.script)
+            await client.timed(
+                "write the terminal's script", client.fs.upload_file(inner.encode(), state.script)
+            )
             line = state.trap.line(f". {shlex.quote(state.script)}", tty=True, announced=announced)
         state.connect_attempted = True
-        state.handle = await client.process.create_pty_session(
-            id=pty_id,
-            on_data=on_data,
-            envs=envs,
-            pty_size=PtySize(rows=spec.rows, cols=spec.cols),
+        state.handle = await client.timed(
+            "open the terminal",
+            client.process.create_pty_session(
+                id=pty_id,
+                on_data=on_data,
+                envs=envs,
+                pty_size=PtySize(rows=spec.rows, cols=spec.cols),
+            ),
         )
         state.waiter = asyncio.create_task(_wait(client, entry, state))
         state.line_sent = True
-        await state.handle.send_input(line)
+        await client.timed("type into the terminal", state.handle.send_input(line))
     except DaytonaError as exc:
         raise client.error(exc, "start the terminal") from None
     if check is not None:
@@ -147,7 +152,7 @@ async def write(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], data: byt
     state = entry.require_handle()
     assert isinstance(state, PtyState)
     try:
-        await state.handle.send_input(data)
+        await client.timed("write to the terminal", state.handle.send_input(data))
     except DaytonaError as exc:
         if entry.exited or getattr(state.handle, "exit_code", None) is not None:
             raise ProcessExitedError(

@@ -25,6 +25,10 @@ T = TypeVar("T")
 
 # Terminal input is sent in pieces of at most this size (one request each).
 STDIN_CHUNK = 32 * 1024
+# Bound on each call that is not a process's stream (a file transfer, typed input, a
+# resize), over the whole call: the SDK's `request_timeout` bounds each wait on the
+# socket only, which a peer trickling a byte at a time never trips.
+DEFAULT_CALL_TIMEOUT_S = 120.0
 
 
 class E2BClient:
@@ -41,9 +45,12 @@ class E2BClient:
         start_timeout: float,
         kill_timeout: float,
         process_timeout: float,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
         self.errors = errors
+        self.call_timeout = call_timeout
         self.sandbox: Any = None
+        self.home: str | None = None  # the sandbox user's home: the workspace
         self.request_timeout = request_timeout
         self.start_timeout = start_timeout
         self.kill_timeout = kill_timeout
@@ -58,6 +65,14 @@ class E2BClient:
         """`call`, cancelled after `seconds` (TimeoutError)."""
         async with asyncio.timeout(seconds):
             return await call
+
+    async def timed(self, call: Awaitable[T], action: str) -> T:
+        """`call` within `call_timeout` (a retryable `ProviderError` beyond, naming
+        `action`); SDK errors pass through for the caller to map."""
+        try:
+            return await self.bounded(call, self.call_timeout)
+        except TimeoutError:
+            raise self.errors.no_answer(action, self.call_timeout) from None
 
     # ---- processes -------------------------------------------------------------------------
 
@@ -75,8 +90,9 @@ class E2BClient:
         """Type `data` into the terminal `pid`, in pieces of at most `STDIN_CHUNK`."""
         for at in range(0, len(data), STDIN_CHUNK):
             try:
-                await self.sandbox.pty.send_stdin(
-                    pid, data[at : at + STDIN_CHUNK], **self.request()
+                await self.timed(
+                    self.sandbox.pty.send_stdin(pid, data[at : at + STDIN_CHUNK], **self.request()),
+                    "write to the terminal",
                 )
             except NotFoundException:
                 raise ProcessExitedError(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from e2b import FileNotFoundException, FileType
 
-from ...errors import FileTooLargeError, SandboxFileNotFoundError
+from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
 from ...remote_files import Entry, Kind, explain_write_failure, regular_file
+from ..toolkit.paths import within_workspace
 from .client import E2BClient
 
 # envd reports no type (None here) for a FIFO, socket or device: "other".
@@ -24,7 +25,9 @@ _KINDS: dict[object, Kind] = {
 async def stat(client: E2BClient, path: str) -> Entry | None:
     """`files.get_info` as an `Entry` (None when nothing is there)."""
     try:
-        info = await client.sandbox.files.get_info(path, **client.request())
+        info = await client.timed(
+            client.sandbox.files.get_info(path, **client.request()), f"inspect {path!r}"
+        )
     except FileNotFoundException:
         return None
     except Exception as exc:
@@ -32,9 +35,25 @@ async def stat(client: E2BClient, path: str) -> Entry | None:
     return Entry(_KINDS.get(info.type, "other"), size=info.size, target=info.symlink_target)
 
 
+async def in_workspace(client: E2BClient, path: str) -> None:
+    """`path` checked against the sandbox user's home (where envd puts relative paths),
+    before any call on it: `WorkspacePathError` outside. The home is what envd's stat
+    of "." names (its `path` is absolute), asked once."""
+    if client.home is None:
+        try:
+            info = await client.timed(
+                client.sandbox.files.get_info(".", **client.request()), "find the home directory"
+            )
+        except Exception as exc:
+            client.errors.fail(exc, "find the home directory")
+        client.home = str(info.path)
+    within_workspace(path, client.home)
+
+
 async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     """`files.read` as bytes, after `files.get_info` says it is a regular file within
     `max_bytes`."""
+    await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)
@@ -43,23 +62,44 @@ async def read_file(client: E2BClient, path: str, max_bytes: int) -> bytes:
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
     try:
-        data = await client.sandbox.files.read(path, format="bytes", **client.request())
+        return await client.timed(_read_bounded(client, path, max_bytes), f"read {path!r}")
     except FileNotFoundException:
         raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
     except Exception as exc:
         client.errors.fail(exc, f"read {path!r}")
-    return bytes(data)
+
+
+async def _read_bounded(client: E2BClient, path: str, max_bytes: int) -> bytes:
+    """The download as a stream, stopped as soon as it passes `max_bytes` (the file may
+    have grown since its stat): the SDK's whole-body read would keep all of it."""
+    stream = await client.sandbox.files.read(path, format="stream", **client.request())
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                raise FileTooLargeError.over(path, None, max_bytes)
+            parts.append(bytes(chunk))
+    finally:
+        await stream.aclose()
+    return b"".join(parts)
 
 
 async def write_file(client: E2BClient, path: str, data: bytes) -> None:
     """`files.write`, after `files.get_info` says nothing or a regular file is there."""
+    await in_workspace(client, path)
 
     async def stat_path(where: str) -> Entry | None:
         return await stat(client, where)
 
     await regular_file(stat_path, path, write=True)
     try:
-        await client.sandbox.files.write(path, data, **client.request())
+        await client.timed(
+            client.sandbox.files.write(path, data, **client.request()), f"write {path!r}"
+        )
+    except ProviderError:
+        raise
     except Exception as exc:
         failure = client.errors.error(exc, f"write {path!r}")
         raise await explain_write_failure(stat_path, path, failure) from None

@@ -27,7 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...errors import InvalidArgumentError
 from ..toolkit.shell import command_line, interrupt_script, kill_script, wrapper_argv
+
+# Linux's bound on one argument or environment string (`MAX_ARG_STRLEN`, 32 pages),
+# its terminating NUL included: envd's start of `bash` fails beyond it.
+MAX_ARG_STRLEN = 32 * 4096
 
 
 def pipe_line(tag: str, command: str) -> str:
@@ -37,7 +42,7 @@ def pipe_line(tag: str, command: str) -> str:
     The bash's own stderr is /dev/null (a job killed by a signal is reported there);
     the job gets the real stderr."""
     wrapped = command_line(wrapper_argv(tag, ["sh", "-c", command]))
-    return (
+    return fits_one_string(
         f"exec 3>&2 2>/dev/null; set -m; {wrapped} </dev/null 2>&3 3>&- & "
         "wait $!; s=$?; kill -KILL -- -$! 2>/dev/null; exit $s"
     )
@@ -48,6 +53,39 @@ def tty_command(tag: str, command: str) -> str:
     the wrapper (which then leads the terminal's session) running `command`. The tag
     comes from the terminal's environment (`tag_environment`)."""
     return "exec " + command_line(wrapper_argv(tag, ["sh", "-c", command], set_tag=False))
+
+
+# The terminal's environment variable that carries the shell trap's line (`line_environment`).
+LINE_VARIABLE = "SANDBOX_TRAP_LINE"
+# What is typed into the terminal: the same short printable line whatever the command.
+# It copies the trap's line into a shell variable of the login bash (not exported) and
+# removes it from the environment before running it, so the command never inherits it.
+TYPED_LINE = f'l=${LINE_VARIABLE}; unset {LINE_VARIABLE}; eval "$l"\n'
+
+
+def fits_one_string(text: str, *, prefix: str = "") -> str:
+    """`text` when `prefix + text` fits one argument or environment string, else an
+    `InvalidArgumentError` (rather than the provider's failure to start `bash`)."""
+    size = len(prefix.encode()) + len(text.encode()) + 1
+    if size > MAX_ARG_STRLEN:
+        raise InvalidArgumentError(
+            f"the command is too long for e2b: with its wrapper it takes {size} bytes, "
+            f"over the {MAX_ARG_STRLEN} bytes one argument may hold (write a script "
+            "file with write_file and run that)"
+        )
+    return text
+
+
+def line_environment(line: str) -> dict[str, str]:
+    """The terminal environment that hands the shell trap's `line` to the login bash.
+
+    The line is not typed: a terminal in canonical mode (the login bash reads its
+    profile before its line editor takes the terminal) keeps at most 4095 bytes of a
+    line and drops the rest, and a long command, or data that grew fourfold as octal
+    escapes, would be cut. An environment string may hold 128 KiB (Linux's
+    `MAX_ARG_STRLEN`), what a pipe command's `bash -c` argument may hold too."""
+    text = line.removesuffix("\n")
+    return {LINE_VARIABLE: fits_one_string(text, prefix=f"{LINE_VARIABLE}=")}
 
 
 def kill_line(tags: Sequence[str]) -> str:

@@ -6,7 +6,8 @@ How the contract maps onto E2B:
 - The session creates a sandbox (`AsyncSandbox.create`) or attaches to one by id
   (`AsyncSandbox.connect`), and kills it on close unless `keep=True`.
 - `tty=True` processes use `sandbox.pty.create()`, which starts an interactive login
-  bash, not our command. A `ShellTrap` line is typed into it in exec mode: the shell is
+  bash, not our command. A `ShellTrap` line in exec mode is handed to it in its
+  environment and run by a short typed line (`scripts.line_environment`): the shell is
   replaced by the toolkit's `sh` wrapper, which runs the command and exits with its
   status (128+N for a death by signal N, which E2B reports as -1), so the PTY's own end
   reports the command's exit code.
@@ -26,9 +27,13 @@ Options: `api_key` (else `E2B_API_KEY`), `sandbox_id` (attach), `template`, `kee
 `sandbox_timeout_s` (the sandbox's lifetime on E2B), `request_timeout_s` (each API
 request), `start_timeout_s` (bound on creating/attaching and on starting a process),
 `kill_timeout_s` (bound on each teardown call), `process_timeout_s` (the lifetime E2B
-gives each process stream, one-shot commands included; 0 means unlimited), `metadata`
+gives each process stream, one-shot commands included; 0 means unlimited),
+`call_timeout_s` (bound on each other call, over the whole call: a file transfer, typed
+input, a resize; default 120 s), `metadata`
 and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
+`memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
+E2B's create takes no resources (a template has its CPU and memory).
 """
 
 from __future__ import annotations
@@ -49,12 +54,13 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
 from . import files, sandboxes
-from .client import E2BClient
+from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
-from .scripts import pipe_line, tty_command
+from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 
 API_KEY_ENV = "E2B_API_KEY"
 
@@ -76,16 +82,33 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         start_timeout_s: float = 120.0,
         kill_timeout_s: float = 15.0,
         process_timeout_s: float = 86_400.0,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         metadata: Mapping[str, str] | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        # E2B's create (e2b==2.63.0 `AsyncSandbox.create`) takes no resources: CPU and
+        # memory belong to the template (set when it is built), processes are unlimited.
+        refuse_unsupported(
+            check_limits(
+                memory_limit_bytes=memory_limit_bytes,
+                process_limit=process_limit,
+                cpu_limit=cpu_limit,
+            ),
+            backend="e2b",
+            supported=(),
+            why="E2B sets CPU and memory per template (at build), not per sandbox",
+        )
         for name, value in (
             ("start_timeout_s", start_timeout_s),
             ("kill_timeout_s", kill_timeout_s),
             ("sandbox_timeout_s", sandbox_timeout_s),
+            ("call_timeout_s", call_timeout_s),
         ):
             if not _positive(value):
                 raise InvalidArgumentError(f"{name} must be a positive number of seconds")
@@ -109,6 +132,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             start_timeout=float(start_timeout_s),
             kill_timeout=float(kill_timeout_s),
             process_timeout=float(process_timeout_s),
+            call_timeout=float(call_timeout_s),
         )
         self._attach_id = sandbox_id
         self._template = template
@@ -239,7 +263,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     # ---- processes --------------------------------------------------------------------------
 
     async def _spawn_process(self, entry: PtyEntry[E2BProcess]) -> None:
-        """tty: an E2B PTY (a login bash) with the shell-trap line typed in; pipes: a
+        """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
         background command with stdin closed. Output flows into `entry.feed`."""
         client = self._client
         spec = entry.spec
@@ -256,20 +280,23 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         if check is not None or spec.tty:
             proc.trap = ShellTrap(report_exit=False, token=None if check is None else check.token)
         trap = proc.trap
-        if spec.tty:
+        if trap is not None and spec.tty:
+            shell_trap = trap
 
             def on_data(data: bytes) -> None:
                 """Terminal output, minus what the shell trap added."""
-                assert trap is not None
-                shown = trap.feed(bytes(data))
+                shown = shell_trap.feed(bytes(data))
                 if shown:
                     entry.feed(shown)
 
+            # The trap's line reaches the login bash through its environment; only a
+            # short fixed line is typed (see `scripts.line_environment`).
+            line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
             start: Coroutine[Any, Any, Any] = client.sandbox.pty.create(
                 size=PtySize(rows=spec.rows, cols=spec.cols),
                 on_data=on_data,
                 cwd=cwd,
-                envs={**(command.env or {}), **tag_environment(proc.tag)},
+                envs={**(command.env or {}), **tag_environment(proc.tag), **line_environment(line)},
                 timeout=client.process_timeout,
                 **client.request(),
             )
@@ -306,9 +333,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         except Exception as exc:
             self._errors.fail(exc, "start a process")
         proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
-        if spec.tty and trap is not None:
-            line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
-            await client.send(proc.handle.pid, line.encode())
+        if spec.tty:
+            await client.send(proc.handle.pid, TYPED_LINE.encode())
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
@@ -322,8 +348,11 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         proc = entry.require_handle()
         client = self._client
         try:
-            await client.sandbox.pty.resize(
-                proc.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
+            await client.timed(
+                client.sandbox.pty.resize(
+                    proc.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
+                ),
+                "resize the terminal",
             )
         except NotFoundException:
             return  # it just exited: nothing to resize

@@ -15,6 +15,7 @@ in `Secret`s) and shortened by the toolkit; exceptions are never chained (`from 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -26,6 +27,8 @@ from ..toolkit import clean_detail, error_for_status, transport_error
 
 T = TypeVar("T")
 SERVICE = "Modal"
+# Bound on each call that is not a stream (a file transfer, a command's start, a lookup).
+DEFAULT_CALL_TIMEOUT_S = 120.0
 
 # Most specific first: the first class that matches decides.
 _STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
@@ -89,11 +92,20 @@ def status_of(exc: BaseException) -> int | None:
     return None
 
 
+class CallDeadline(Exception):
+    """A bounded call ran out of time (`ModalErrors.bounded`); never leaves the backend."""
+
+
 class ModalErrors:
     """The error policy of one session: which secrets to hide, and the mapping."""
 
-    def __init__(self, secrets: Callable[[], Iterable[str | Secret | None]]) -> None:
+    def __init__(
+        self,
+        secrets: Callable[[], Iterable[str | Secret | None]],
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> None:
         self._secrets = secrets
+        self.call_timeout_s = call_timeout_s
 
     def describe(self, exc: BaseException) -> str:
         """`Type: text` of an exception, redacted and shortened, for a message."""
@@ -120,8 +132,46 @@ class ModalErrors:
     async def call(
         self, what: str, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
     ) -> T:
-        """Await one SDK call, mapping its exceptions (never the caller's cancellation)."""
+        """Await one SDK call within `call_timeout_s`, mapping its exceptions (never the
+        caller's cancellation)."""
+        return await self.timed_call(what, self.call_timeout_s, call, *args, **kwargs)
+
+    async def bounded(self, call: Awaitable[T]) -> T:
+        """`call` within `call_timeout_s` over the whole call; beyond it `CallDeadline`
+        (for callers that map the SDK's own exceptions themselves)."""
+        deadline = asyncio.timeout(self.call_timeout_s)
         try:
-            return await call(*args, **kwargs)
+            async with deadline:
+                return await call
+        except TimeoutError:
+            if deadline.expired():
+                raise CallDeadline from None
+            raise
+
+    def no_answer(self, what: str, seconds: float | None = None) -> ProviderError:
+        """The retryable error of a call that got no answer within its bound."""
+        bound = self.call_timeout_s if seconds is None else seconds
+        return ProviderError(
+            f"could not {what}: {SERVICE} did not answer within {bound:g}s", retryable=True
+        )
+
+    async def timed_call(
+        self,
+        what: str,
+        seconds: float | None,
+        call: Callable[..., Awaitable[T]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> T:
+        """`call` within `seconds` (None: no bound, for a stream's wait) over the whole
+        call: the SDK's gRPC retries and its per-attempt deadlines would otherwise let a
+        peer that never answers, or trickles, hold the caller. Beyond it: a retryable
+        `ProviderError`."""
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                return await call(*args, **kwargs)
         except SDK_ERRORS as exc:
+            if deadline.expired():
+                raise self.no_answer(what, seconds) from None
             raise self.map(what, exc) from None

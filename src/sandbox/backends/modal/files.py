@@ -3,7 +3,6 @@ regular files only, stat'ed first (a download of a FIFO never ends)."""
 
 from __future__ import annotations
 
-import posixpath
 import stat as stat_module
 from typing import Any
 
@@ -13,7 +12,8 @@ from modal.types import FileType
 from ... import remote_files
 from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
 from ...remote_files import Entry
-from .errors import SDK_ERRORS, ModalErrors
+from ..toolkit.paths import within_workspace
+from .errors import SDK_ERRORS, CallDeadline, ModalErrors
 
 
 class ModalFiles:
@@ -24,18 +24,21 @@ class ModalFiles:
         self._workdir = workdir
 
     def path(self, path: str) -> str:
-        """`path` as an absolute path (relative ones are in `workdir`)."""
-        return path if path.startswith("/") else posixpath.join(self._workdir, path)
+        """`path` as an absolute path inside `workdir` (relative ones are in it), checked
+        before any call: `WorkspacePathError` outside it."""
+        return within_workspace(path, self._workdir)
 
     async def stat(self, sandbox: Any, path: str) -> Entry | None:
         """`Sandbox.filesystem.stat` (the entry itself, not a symlink's target) as an
         `Entry`; a FILE whose mode carries file-type bits must be a regular one."""
         try:
-            info = await sandbox.filesystem.stat.aio(path)
+            info = await self._errors.bounded(sandbox.filesystem.stat.aio(path))
         except modal_exception.SandboxFilesystemNotFoundError:
             return None
         except ValueError:
             return Entry("other")  # a type the SDK has no name for: not a regular file
+        except CallDeadline:
+            raise self._errors.no_answer(f"inspect {path!r}") from None
         except SDK_ERRORS as exc:
             raise self._errors.map(f"inspect {path!r}", exc) from None
         if info.type is FileType.DIRECTORY:
@@ -56,11 +59,13 @@ class ModalFiles:
         if size is not None and size > max_bytes:
             raise FileTooLargeError.over(path, size, max_bytes)
         try:
-            data: bytes = await sandbox.filesystem.read_bytes.aio(full)
+            data: bytes = await self._errors.bounded(sandbox.filesystem.read_bytes.aio(full))
         except modal_exception.SandboxFilesystemNotFoundError:
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from None
         except modal_exception.SandboxFilesystemIsADirectoryError:
             raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
+        except CallDeadline:
+            raise self._errors.no_answer(f"read {path!r}") from None
         except SDK_ERRORS as exc:
             raise self._errors.map(f"read {path!r}", exc) from None
         return bytes(data)
@@ -73,10 +78,12 @@ class ModalFiles:
             lambda p: self.stat(sandbox, p), full, write=True, shown=path
         )
         try:
-            await sandbox.filesystem.write_bytes.aio(data, full)
+            await self._errors.bounded(sandbox.filesystem.write_bytes.aio(data, full))
         except modal_exception.SandboxFilesystemIsADirectoryError:
             raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
         except modal_exception.SandboxFilesystemNotADirectoryError:
             raise remote_files.under_a_file(path) from None
+        except CallDeadline:
+            raise self._errors.no_answer(f"write {path!r}") from None
         except SDK_ERRORS as exc:
             raise self._errors.map(f"write {path!r}", exc) from None

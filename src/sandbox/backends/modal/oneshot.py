@@ -60,7 +60,9 @@ class ModalOneShot:
         grace); the first reader or wait that fails stops the others and raises."""
         readers = self._command.readers
         waiter = asyncio.ensure_future(
-            self._commands.errors.call("wait for the command", self._command.process.wait.aio)
+            self._commands.errors.timed_call(
+                "wait for the command", None, self._command.process.wait.aio
+            )
         )
         await first_failure(readers, waiter)
         code = waiter.result()

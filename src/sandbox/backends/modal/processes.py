@@ -70,7 +70,9 @@ async def _watch(
 ) -> None:
     """Report the exit once it is known and the output has ended (see the module
     docstring)."""
-    waiter = asyncio.ensure_future(errors.call("wait for the process", command.process.wait.aio))
+    waiter = asyncio.ensure_future(
+        errors.timed_call("wait for the process", None, command.process.wait.aio)
+    )
     readers: set[asyncio.Task[Any]] = set(command.readers)
     try:
         while readers and not waiter.done():

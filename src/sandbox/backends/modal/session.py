@@ -44,8 +44,9 @@ from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ..toolkit import TAG_VARIABLE
+from ..toolkit.limits import check_limits
 from .commands import Command, Commands
-from .errors import ModalErrors
+from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles
 from .lifecycle import (
     TOKEN_ID_ENV,
@@ -56,6 +57,7 @@ from .lifecycle import (
     remove_dir,
     terminate,
 )
+from .limits import create_resources
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
 
@@ -73,6 +75,8 @@ TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
 WRITE_CHUNK = 1024 * 1024
+# A create may build the image first.
+DEFAULT_CREATE_TIMEOUT_S = 600.0
 
 
 class ModalSession(BaseSandboxSession[Command]):
@@ -93,11 +97,20 @@ class ModalSession(BaseSandboxSession[Command]):
     - `sandbox_timeout_s`: the sandbox's maximum lifetime (default 1 h), a backstop
       should a session never be closed; `create_options`: more `Sandbox.create` options
       (`cpu`, `memory`, `secrets`, ...);
+    - `call_timeout_s`: bound on each provider call that is not a stream, over the
+      whole call (a lookup, a command's start, a file transfer; default 120 s), and
+      `create_timeout_s` on the create (default 600 s: it may build the image first):
+      a provider that never answers, or trickles, fails with a retryable
+      `ProviderError`; a process's output and exit wait are not bounded;
     - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
     - `term`: the `TERM` of terminal commands (default `xterm-256color`; the SDK would
       otherwise copy the client process's own `TERM`, or none);
     - `state_dir`: where, in the sandbox, a start cancelled mid-flight leaves its marker
       (default `/tmp/.agent-sandbox-pty`; with the fake, that is this machine);
+    - `memory_limit_bytes`, `cpu_limit`: the sandbox's memory (a whole number of MiB)
+      and CPU (a whole number of millicores), each passed to `Sandbox.create` as both
+      request and limit; `process_limit` is refused (Modal has no such setting), as are
+      limits with `sandbox_id` (they apply at create);
     - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
       `modal` module; tests pass a `sandbox.testing.modal_fake.FakeModal`);
 
@@ -126,17 +139,28 @@ class ModalSession(BaseSandboxSession[Command]):
         sandbox_timeout_s: int = DEFAULT_SANDBOX_TIMEOUT_S,
         create_options: Mapping[str, Any] | None = None,
         terminate_grace_s: float = 1.0,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
         state_dir: str = STATE_ROOT,
         term: str = DEFAULT_TERM,
         sdk: Any = None,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
+        )
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
         # Every option is checked now, not when first used (a bad grace period would
         # otherwise surface as a raw TypeError in a teardown).
         arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        arguments.check_seconds("call_timeout_s", call_timeout_s)
+        arguments.check_seconds("create_timeout_s", create_timeout_s)
+        self.create_timeout_s = float(create_timeout_s)
         if (
             isinstance(sandbox_timeout_s, bool)
             or not isinstance(sandbox_timeout_s, int)
@@ -159,6 +183,17 @@ class ModalSession(BaseSandboxSession[Command]):
         env = arguments.check_env(env)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
+        if create_options and create_options.get("env") is not None:
+            # What reaches every command's environment is checked like `env`.
+            given = create_options["env"]
+            if isinstance(given, Mapping):  # None unsets a variable in Modal's env
+                given = {k: v for k, v in given.items() if v is not None}
+            arguments.check_env(given, name="create_options['env']")
+        resources = create_resources(limits, attach=sandbox_id is not None)
+        for name in set(resources) & set(create_options or {}):
+            raise InvalidArgumentError(
+                f"create_options[{name!r}] and a resource limit both set the sandbox's {name}"
+            )
         self.app_name = app_name
         self.keep = keep
         self.workdir = workdir
@@ -171,13 +206,13 @@ class ModalSession(BaseSandboxSession[Command]):
         self._token_id = Secret(token_id) if token_id else None
         self._token_secret = Secret(token_secret) if token_secret else None
         self._client_option = client
-        self._create_options = dict(create_options or {})
+        self._create_options = {**(create_options or {}), **resources}
         self._sdk: Any = sdk if sdk is not None else modal
         self._client: Any = None
         self._owns_client = False
         self._sandbox: Any = None
         self._create_name: str | None = None
-        self._errors = ModalErrors(self._secrets)
+        self._errors = ModalErrors(self._secrets, float(call_timeout_s))
         self._commands = Commands(
             self._errors,
             workdir=workdir,
@@ -236,8 +271,9 @@ class ModalSession(BaseSandboxSession[Command]):
         # A unique name lets a start that fails or is cancelled while the create call is
         # in flight find, and terminate, a sandbox the provider created anyway.
         self._create_name = f"sandbox-pty-{secrets.token_hex(8)}"
-        self._sandbox = await call(
+        self._sandbox = await self._errors.timed_call(
             "create the sandbox",
+            self.create_timeout_s,
             self._sdk.Sandbox.create.aio,
             app=app,
             name=self._create_name,
