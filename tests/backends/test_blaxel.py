@@ -523,7 +523,11 @@ async def test_cancel_a_write_blocked_by_a_full_socket(
     await session.pty_write_stdin(pid, "a\n")
     await blocked.wait()
     # 32 MB cannot fit in the socket buffers of a peer that stopped reading.
-    task = asyncio.create_task(session.pty_write_stdin(pid, "y" * (32 * 1024 * 1024)))
+    # A long window: the call cannot end by its deadline on a loaded machine before the
+    # cancel (only the blocked write keeps it).
+    task = asyncio.create_task(
+        session.pty_write_stdin(pid, "y" * (32 * 1024 * 1024), yield_time_s=30)
+    )
     for _ in range(50):
         await asyncio.sleep(0)
     assert not task.done(), "the write must be blocked on the socket"
