@@ -15,11 +15,11 @@ never at stake here (unlike `backends.unix_local.safe_open`, which guards the ho
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from .errors import NotAFileError, SandboxError, SandboxFileNotFoundError
+from .errors import FileTooLargeError, NotAFileError, SandboxError, SandboxFileNotFoundError
 
 MAX_SYMLINK_HOPS = 16
 
@@ -121,3 +121,28 @@ def go_file_mode_kind(mode: int) -> Kind:
     if mode & ((1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)):
         return "other"
     return "file"
+
+
+class DownloadStream(Protocol):
+    """A provider's file download as chunks (what the SDKs' streaming reads return)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def read_at_most(stream: DownloadStream, path: str, max_bytes: int) -> bytes:
+    """The whole of `stream`, stopped with `FileTooLargeError` as soon as it passes
+    `max_bytes` (a file may grow after its stat), the stream closed either way: a
+    whole-body read would keep all of it."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                raise FileTooLargeError.over(path, None, max_bytes)
+            parts.append(bytes(chunk))
+    finally:
+        await stream.aclose()
+    return b"".join(parts)

@@ -69,17 +69,7 @@ async def _download(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
     """`fs.download_file_stream`, stopped as soon as it passes `max_bytes` (the file may
     have grown since its stat): `download_file` would buffer all of it in the SDK."""
     stream = await client.fs.download_file_stream(path)
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in stream:
-            size += len(chunk)
-            if size > max_bytes:
-                raise FileTooLargeError.over(path, None, max_bytes)
-            parts.append(bytes(chunk))
-    finally:
-        await stream.aclose()
-    return b"".join(parts)
+    return await remote_files.read_at_most(stream, path, max_bytes)
 
 
 async def write(client: DaytonaClient, path: str, data: bytes) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from e2b import FileNotFoundException, FileType
 
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ...remote_files import Entry, Kind, explain_write_failure, regular_file
+from ...remote_files import Entry, Kind, explain_write_failure, read_at_most, regular_file
 from ..toolkit.paths import within_workspace
 from .client import E2BClient
 
@@ -73,17 +73,7 @@ async def _read_bounded(client: E2BClient, path: str, max_bytes: int) -> bytes:
     """The download as a stream, stopped as soon as it passes `max_bytes` (the file may
     have grown since its stat): the SDK's whole-body read would keep all of it."""
     stream = await client.sandbox.files.read(path, format="stream", **client.request())
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in stream:
-            size += len(chunk)
-            if size > max_bytes:
-                raise FileTooLargeError.over(path, None, max_bytes)
-            parts.append(bytes(chunk))
-    finally:
-        await stream.aclose()
-    return b"".join(parts)
+    return await read_at_most(stream, path, max_bytes)
 
 
 async def write_file(client: E2BClient, path: str, data: bytes) -> None:
