@@ -38,6 +38,7 @@ from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .until_match import UntilPattern
+from .workspace import ExposedPort, FileInfo, SnapshotRef
 
 if TYPE_CHECKING:
     from .screen import ScreenSnapshot
@@ -79,6 +80,8 @@ __all__ = [
     "CredentialsMissingError",
     "ExecResult",
     "ExecTimeoutError",
+    "ExposedPort",
+    "FileInfo",
     "FileTooLargeError",
     "HostPathError",
     "InvalidArgumentError",
@@ -95,6 +98,7 @@ __all__ = [
     "SessionNotStartedError",
     "SessionState",
     "SessionStateError",
+    "SnapshotRef",
     "StdinClosedError",
     "UnknownBackendError",
     "UnsupportedOperationError",

@@ -48,6 +48,13 @@ from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .until_match import UntilMatcher, UntilPattern, check_until
+from .workspace import calls as ws_calls
+from .workspace import extract as ws_extract
+from .workspace import persist as ws_persist
+from .workspace import ports as ws_ports
+from .workspace.info import FileInfo
+from .workspace.ports import ExposedPort
+from .workspace.snapshots import SnapshotRef
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from .screen import ScreenSnapshot
@@ -432,6 +439,79 @@ class BaseSandboxSession(Generic[H]):
         self._require_running()
         path = files.check_path(path)
         await self._write_file_chunks(path, files.chunks_of(chunks, path))
+
+    # ---- workspace -----------------------------------------------------------------
+    # File operations, archives, ports and snapshots (`sandbox.workspace`; the rules are
+    # in docs/workspaces.md). Paths follow the file calls' rules: relative ones are in
+    # the workspace, nothing outside it is reached.
+
+    async def stat(self, path: str) -> FileInfo:
+        """What `path` names (a symlink is described, not followed): a `FileInfo`.
+        `SandboxFileNotFoundError` when nothing is there."""
+        self._require_running()
+        return await self._stat(files.check_path(path))
+
+    async def list_dir(self, path: str = ".") -> list[FileInfo]:
+        """The entries of the directory `path` (not `.`/`..`), sorted by name."""
+        self._require_running()
+        entries = await self._list_dir(files.check_path(path))
+        return sorted(entries, key=lambda info: info.name)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, symlink (not its target) or directory; a non-empty directory
+        needs `recursive=True` (else `InvalidArgumentError`, nothing removed).
+        `SandboxFileNotFoundError` when nothing is there."""
+        self._require_running()
+        await self._remove(files.check_path(path), ws_calls.check_flag(recursive, "recursive"))
+
+    async def make_dir(self, path: str, *, parents: bool = True) -> None:
+        """Make the directory `path`; with `parents` (the default) missing parents are
+        made and an existing directory is fine, like `mkdir -p`."""
+        self._require_running()
+        await self._make_dir(files.check_path(path), ws_calls.check_flag(parents, "parents"))
+
+    def persist_workspace(self, path: str = ".") -> AsyncIterator[bytes]:
+        """Stream the workspace (or the subtree `path`) as a POSIX pax tar: relative
+        member names, modes, symlinks (stored, not followed) and empty directories
+        kept; FIFOs, sockets and devices left out. Memory stays bounded."""
+        self._require_running()
+        return self._persist_workspace(files.check_path(path))
+
+    async def hydrate_workspace(
+        self,
+        chunks: AsyncIterable[bytes | bytearray | memoryview]
+        | Iterable[bytes | bytearray | memoryview],
+        path: str = ".",
+        *,
+        max_members: int = ws_extract.DEFAULT_MAX_MEMBERS,
+        max_bytes: int = ws_extract.DEFAULT_MAX_BYTES,
+    ) -> int:
+        """Extract a tar (such as `persist_workspace` makes) into the folder `path` of the
+        workspace; the member count. Absolute names, `..`, symlinks pointing out, hard
+        links, devices, FIFOs and members through a symlink the archive made are refused
+        with an `InvalidArgumentError` naming the member, before it lands; so are more
+        than `max_members` members or `max_bytes` of file data."""
+        self._require_running()
+        root = files.check_path(path)
+        limits = (
+            ws_calls.check_limit(max_members, "max_members"),
+            ws_calls.check_limit(max_bytes, "max_bytes"),
+        )
+        return await self._hydrate_workspace(ws_calls.archive_chunks(chunks), root, *limits)
+
+    async def expose_port(self, port: int) -> ExposedPort:
+        """How a client outside the sandbox reaches a server listening on `port`
+        inside: an `ExposedPort` (url, host, port, tls, headers to send). A port the
+        backend cannot expose is an `UnsupportedOperationError` saying why."""
+        self._require_running()
+        return await self._expose_port(ws_ports.check_port(port))
+
+    async def snapshot(self) -> SnapshotRef:
+        """Snapshot the sandbox with the provider's own means (docker: an image); open
+        it later with `open_session(backend, snapshot=ref)`. Backends without one raise
+        `UnsupportedOperationError` (`persist_workspace` is the portable way)."""
+        self._require_running()
+        return await self._snapshot()
 
     # ---- the PTY API ---------------------------------------------------------------
 
@@ -1143,3 +1223,64 @@ class BaseSandboxSession(Generic[H]):
         `_write_file`. Default: join the chunks, then `_write_file`."""
         parts = [chunk async for chunk in chunks]
         await self._write_file(path, b"".join(parts))
+
+    # ---- workspace hooks ---------------------------------------------------------------
+    # Paths are checked (non-empty str, no NUL) and, as for the file hooks, relative
+    # ones are in the workspace; a hook confines them like `_read_file` does.
+
+    async def _stat(self, path: str) -> FileInfo:
+        """The `FileInfo` of `path`, never following a final symlink (its `link_target`
+        set); `SandboxFileNotFoundError` when missing, `WorkspacePathError` outside."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot stat files")
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The entries of the directory `path` (symlinks on the way followed inside the
+        workspace; the entries themselves not followed), `path` of each spelled as
+        `path`/name. Not a directory: `InvalidArgumentError`."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot list folders")
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """Remove the name `path` (never what a symlink points at); a non-empty folder
+        without `recursive` is an `InvalidArgumentError` and nothing is removed; the
+        workspace itself is refused."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot remove files")
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """Make the folder `path` (`parents`: its missing parents too, an existing folder
+        is fine); a file in the way is `NotAFileError`."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot make folders")
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """Make (or replace a file or symlink at) `path` as a symlink to `target`, which
+        the extractor checked stays inside; a folder there is `NotAFileError`."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot make symlinks")
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """Set the permission bits of `path` (after an extraction wrote it). Default:
+        nothing (the provider's default modes stay)."""
+
+    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
+        """The pax tar of `path`. Default: a walk through `_stat`, `_list_dir` and
+        `_read_file_chunks` (`sandbox.workspace.persist`)."""
+        return ws_persist.walk_tar(ws_calls.HookSource(self), path)
+
+    async def _hydrate_workspace(
+        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
+    ) -> int:
+        """Extract `chunks` below `path` under the extractor's rules. Default:
+        `sandbox.workspace.extract` through `_make_dir`, `_write_file_chunks`,
+        `_make_symlink` and `_set_mode`."""
+        await self._make_dir(path, True)
+        sink = ws_calls.HookSink(self, path)
+        return await ws_extract.extract(chunks, sink, max_members=max_members, max_bytes=max_bytes)
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """The `ExposedPort` for `port` (1..65535), or `UnsupportedOperationError`."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot expose ports")
+
+    async def _snapshot(self) -> SnapshotRef:
+        """A `SnapshotRef` from the provider's snapshot, or `UnsupportedOperationError`."""
+        raise UnsupportedOperationError(
+            f"the {self.backend_name} backend has no snapshots; persist_workspace() "
+            "and hydrate_workspace() carry a workspace anywhere"
+        )

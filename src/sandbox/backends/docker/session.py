@@ -32,6 +32,9 @@ from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
+from ...workspace.extract import extract
+from ...workspace.info import FileInfo
+from ...workspace.shell_ops import ShellFileOps
 from ..toolkit import ShellTrap
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -44,6 +47,7 @@ from .engine import DEFAULT_API_TIMEOUT_S, Engine
 from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 from .files import ContainerFiles
 from .stream import StreamClosedError
+from .workspace import ContainerTree, DockerSink
 
 logger = logging.getLogger("sandbox.docker")
 
@@ -420,6 +424,53 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     def _files(self) -> ContainerFiles:
         engine, options = self._require_engine()
         return ContainerFiles(engine, options.container_id, self._workdir, self._file_owner)
+
+    # ---- workspace (`workspace`: the archive endpoint; `remove` through a shell) --------
+
+    def _tree(self) -> ContainerTree:
+        engine, options = self._require_engine()
+        return ContainerTree(engine, options.container_id, self._workdir, self._file_owner)
+
+    def _shell_ops(self) -> ShellFileOps:
+        return ShellFileOps(self.exec, self._workdir)
+
+    async def _stat(self, path: str) -> FileInfo:
+        """The engine's stat of the name in its walked folder (runs nothing)."""
+        return await self._tree().stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's archive, headers only (runs nothing)."""
+        return await self._tree().list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` in the container (the engine has no removal endpoint)."""
+        await self._shell_ops().remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """Folder members put into the deepest existing folder."""
+        await self._tree().make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """A symlink member put into the link's folder."""
+        await self._tree().make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` in the container (hydration sets modes in the tar headers instead)."""
+        await self._shell_ops().set_mode(path, mode)
+
+    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
+        """The engine's archive of the folder, re-rooted as it streams."""
+        return self._tree().persist(path)
+
+    async def _hydrate_workspace(
+        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
+    ) -> int:
+        """The extractor's members put through the archive endpoint, modes in headers."""
+        tree = self._tree()
+        await tree.make_dir(path, True)
+        return await extract(
+            chunks, DockerSink(tree, path), max_members=max_members, max_bytes=max_bytes
+        )
 
 
 _UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}

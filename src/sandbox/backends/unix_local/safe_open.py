@@ -231,7 +231,7 @@ def _make_parents_openat2(root_fd: int, rel: str) -> None:
 # ---- the walk -----------------------------------------------------------------------
 
 
-def _open_walk(root_fd: int, rel: str, *, write: bool, root: str) -> int:
+def _open_walk(root_fd: int, rel: str, *, write: bool, root: str, directory: bool = False) -> int:
     # A stack of (name, from_link): only names of the path itself may be made as
     # folders, never names from a symlink's target (as with openat2, which never
     # creates through a link).
@@ -257,6 +257,8 @@ def _open_walk(root_fd: int, rel: str, *, write: bool, root: str) -> int:
             try:
                 if final:
                     flags = (WRITE_FLAGS if write else READ_FLAGS) | os.O_NOFOLLOW
+                    if directory:
+                        flags = DIR_FLAGS | os.O_NOFOLLOW
                     return os.open(name, flags, 0o666, dir_fd=here)
                 stack.append(os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=here))
                 continue
@@ -290,6 +292,8 @@ def _open_walk(root_fd: int, rel: str, *, write: bool, root: str) -> int:
                 target = inside
             pending.extend((p, True) for p in reversed(target.split("/")) if p not in ("", "."))
         # The path ends at a folder ("a/..", or the root itself).
+        if directory:
+            return os.dup(stack[-1])
         raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), rel)
     finally:
         for fd in stack:
@@ -387,3 +391,17 @@ def write_all(fd: int, data: bytes | memoryview, path: str) -> None:
             view = view[os.write(fd, view) :]
     except OSError as exc:
         raise io_error(exc, path, write=True) from None
+
+
+def open_directory_raw(root_fd: int, rel: str, *, root: str, resolver: str = "auto") -> int:
+    """An fd of the folder `rel` (checked with `relative_inside`) beneath `root_fd`, by
+    the same rules as `open_regular` (symlinks followed inside the root); raises the
+    `OSError` (EXDEV: it leads out) for the caller to explain."""
+    use_openat2 = resolver == "openat2" or (resolver == "auto" and openat2_available())
+    if use_openat2:
+        try:
+            return _beneath(root_fd, rel, DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+    return _open_walk(root_fd, rel, write=False, root=root, directory=True)

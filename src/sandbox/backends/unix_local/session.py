@@ -18,15 +18,23 @@ from typing import Any
 
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
-from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
+from ...errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    SandboxError,
+    UnsupportedOperationError,
+)
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
+from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort, http_url
 from . import cgroup_limits, cgroups, local_files, process_tree
 from . import confine as jail
 from .local_process import LocalProcess
 from .workspace import Workspace
+from .workspace_files import LocalTree
 
 DEFAULT_TERM = "xterm-256color"
 CONTAINMENTS = ("auto", "cgroup", "tag")
@@ -350,6 +358,45 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
         """Streamed into one open fd, one short executor call per chunk."""
         await local_files.write_chunks(self._workspace.path, path, chunks)
+
+    # ---- workspace (`workspace_files`) -------------------------------------------------
+
+    def _tree(self) -> LocalTree:
+        return LocalTree(self._workspace.path)
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`fstatat` without following, relative to the holding folder's fd."""
+        return await asyncio.to_thread(self._tree().stat, path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """`scandir` of the folder opened beneath the workspace."""
+        return await asyncio.to_thread(self._tree().list_dir, path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`unlinkat`/`rmdir`/fd-based `rmtree` relative to the holding folder's fd."""
+        await asyncio.to_thread(self._tree().remove, path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdirat` one name at a time, each folder opened beneath the workspace."""
+        await asyncio.to_thread(self._tree().make_dir, path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`symlinkat` relative to the holding folder's fd."""
+        await asyncio.to_thread(self._tree().make_symlink, path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`fchmodat` relative to the holding folder's fd (symlinks left alone)."""
+        await asyncio.to_thread(self._tree().set_mode, path, mode)
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """The host's loopback: unconfined processes (and a jail with `network=True`)
+        share the host's network; a jail without it has a network of its own."""
+        if self.confine and not self.network:
+            raise UnsupportedOperationError(
+                f"port {port} cannot be exposed: this confined session has no network "
+                "(open it with network=True)"
+            )
+        return ExposedPort(url=http_url("127.0.0.1", port), host="127.0.0.1", port=port)
 
 
 def _start_error(spec: CommandSpec, cwd: str, exc: OSError) -> SandboxError:

@@ -1,0 +1,112 @@
+"""The workspace calls' argument checks and the glue between a session's hooks and the
+walk (`persist`) or the extractor (`extract`): what `BaseSandboxSession`'s thin public
+methods call."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgumentError
+from .info import FileInfo
+
+if TYPE_CHECKING:
+    from ..session import BaseSandboxSession
+
+
+def check_flag(value: object, name: str) -> bool:
+    """A bool argument (not a truthy object: `recursive="no"` must not delete a tree)."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, not {value!r}")
+    return value
+
+
+def check_limit(value: object, name: str) -> int:
+    """A positive int limit."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, not {value!r}")
+    return value
+
+
+class HookSource:
+    """`persist.Source` over a session's hooks."""
+
+    def __init__(self, session: BaseSandboxSession[Any]) -> None:
+        self._session = session
+
+    async def stat(self, path: str) -> FileInfo:
+        """The session's `_stat`."""
+        return await self._session._stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """The session's `_list_dir`."""
+        return await self._session._list_dir(path)
+
+    def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+        """The session's `_read_file_chunks`, 1 MiB at a time."""
+        return self._session._read_file_chunks(path, 1024 * 1024)
+
+
+class HookSink:
+    """`extract.Sink` over a session's hooks, below the folder `root`."""
+
+    def __init__(self, session: BaseSandboxSession[Any], root: str) -> None:
+        self._session = session
+        self._root = root
+
+    def _path(self, path: str) -> str:
+        return path if self._root in ("", ".") else f"{self._root.rstrip('/')}/{path}"
+
+    async def make_dir(self, path: str, mode: int) -> None:
+        """`_make_dir` with parents, then `_set_mode`."""
+        full = self._path(path)
+        await self._session._make_dir(full, True)
+        await self._session._set_mode(full, mode)
+
+    async def write_file(
+        self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
+    ) -> None:
+        """`_write_file_chunks` (an empty file by `_write_file`), then `_set_mode`."""
+        full = self._path(path)
+        if size == 0:
+            await self._session._write_file(full, b"")
+        else:
+            await self._session._write_file_chunks(full, _nonempty(chunks))
+        await self._session._set_mode(full, mode)
+
+    async def make_symlink(self, path: str, target: str) -> None:
+        """`_make_symlink`."""
+        await self._session._make_symlink(self._path(path), target)
+
+
+async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        if chunk:
+            yield chunk
+
+
+async def archive_chunks(
+    source: AsyncIterable[bytes | bytearray | memoryview]
+    | Iterable[bytes | bytearray | memoryview],
+) -> AsyncIterator[bytes]:
+    """The caller's archive chunks as one async stream of bytes."""
+    if isinstance(source, bytes | bytearray | memoryview | str):
+        raise InvalidArgumentError(
+            "hydrate_workspace takes an iterable of chunks (wrap one bytes object in a list)"
+        )
+    if isinstance(source, AsyncIterable):
+        async for chunk in source:
+            yield _bytes(chunk)
+    elif isinstance(source, Iterable):
+        for chunk in source:
+            yield _bytes(chunk)
+    else:
+        raise InvalidArgumentError(f"hydrate_workspace takes chunks, not {source!r}")
+
+
+def _bytes(chunk: object) -> bytes:
+    if isinstance(chunk, bytes):
+        return chunk
+    if isinstance(chunk, bytearray | memoryview):
+        return bytes(chunk)
+    raise InvalidArgumentError(f"archive chunks must be bytes, not {type(chunk).__name__}")

@@ -1,0 +1,90 @@
+"""A workspace (or a subtree) walked into a streamed pax tar through a backend's file
+calls: the portable way, used where the provider has no archive of its own.
+
+Depth first, names sorted, one directory listing per level held at a time and one
+chunk of file data: memory stays bounded however big the tree. Member names are
+relative to the walked folder (a walked file is one member named after it). Symlinks
+are stored, never followed; FIFOs, sockets and devices are left out (their content is
+not data). A file that changes size while it is read still yields a valid archive: its
+member carries the size the stat said, cut or padded with zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from .info import FileInfo
+from .tar_writer import END, dir_header, file_header, padding, symlink_header
+
+PAD_PIECE = 1024 * 1024
+
+
+class Source(Protocol):
+    """What a walk reads, through the session's confined file calls."""
+
+    async def stat(self, path: str) -> FileInfo:
+        """The entry at `path` (not followed)."""
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """The entries of the directory `path`."""
+
+    def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+        """The regular file at `path`, streamed."""
+
+
+async def walk_tar(source: Source, path: str) -> AsyncIterator[bytes]:
+    """The tar of what `path` names (see the module docstring)."""
+    top = await source.stat(path)
+    if top.kind == "dir":
+        async for piece in _folder(source, top.path, ""):
+            yield piece
+    else:
+        async for piece in _member(source, top, top.name):
+            yield piece
+    yield END
+
+
+async def _folder(source: Source, path: str, prefix: str) -> AsyncIterator[bytes]:
+    entries = sorted(await source.list_dir(path), key=lambda info: info.name)
+    for entry in entries:
+        name = prefix + entry.name
+        async for piece in _member(source, entry, name):
+            yield piece
+        if entry.kind == "dir":
+            async for piece in _folder(source, entry.path, name + "/"):
+                yield piece
+
+
+async def _member(source: Source, entry: FileInfo, name: str) -> AsyncIterator[bytes]:
+    if entry.kind == "dir":
+        yield dir_header(name, mode=entry.mode, mtime=entry.mtime)
+    elif entry.kind == "symlink":
+        yield symlink_header(name, entry.link_target or "", mtime=entry.mtime)
+    elif entry.kind == "file":
+        yield file_header(name, size=entry.size, mode=entry.mode, mtime=entry.mtime)
+        async for piece in exact(source.read_chunks(entry.path), entry.size):
+            yield piece
+        yield padding(entry.size)
+
+
+async def exact(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """Exactly `size` bytes of `chunks`: cut when it holds more, zeros when less."""
+    left = size
+    try:
+        async for chunk in chunks:
+            if len(chunk) >= left:
+                if left:
+                    yield chunk[:left]
+                left = 0
+                break
+            left -= len(chunk)
+            yield chunk
+    finally:
+        closer = getattr(chunks, "aclose", None)
+        if closer is not None:
+            await closer()
+    while left:
+        piece = min(left, PAD_PIECE)
+        yield b"\0" * piece
+        left -= piece
