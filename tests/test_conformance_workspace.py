@@ -237,7 +237,16 @@ async def test_persist_a_single_file(session: BaseSandboxSession) -> None:
             "symlink 'here'",
         ),
     ],
-    ids=["absolute", "dotdot", "link-out", "link-absolute", "hardlink", "device", "fifo", "through"],
+    ids=[
+        "absolute",
+        "dotdot",
+        "link-out",
+        "link-absolute",
+        "hardlink",
+        "device",
+        "fifo",
+        "through",
+    ],
 )
 async def test_hydrate_refuses_hostile_members(
     session: BaseSandboxSession,
