@@ -121,22 +121,22 @@ async def test_make_dir_rules(session: BaseSandboxSession) -> None:
 
 
 async def test_remove_rules(session: BaseSandboxSession) -> None:
-    await session.write_file("keep/target.txt", b"kept")
-    await sh(session, "ln -s keep/target.txt link && mkdir -p full/sub empty")
-    await session.write_file("full/sub/f", b"f")
-    await session.remove("link")
-    assert await session.read_file("keep/target.txt") == b"kept"  # not followed
+    await session.write_file("r/keep/target.txt", b"kept")
+    await sh(session, "cd r && ln -s keep/target.txt link && mkdir -p full/sub empty")
+    await session.write_file("r/full/sub/f", b"f")
+    await session.remove("r/link")
+    assert await session.read_file("r/keep/target.txt") == b"kept"  # not followed
     with pytest.raises(sandbox.InvalidArgumentError, match="not empty"):
-        await session.remove("full")
-    assert (await session.stat("full/sub/f")).kind == "file"  # nothing removed
-    await session.remove("empty")
-    await session.remove("full", recursive=True)
-    await session.remove("keep/target.txt")
-    assert [e.name for e in await session.list_dir(".")] == ["keep"]
+        await session.remove("r/full")
+    assert (await session.stat("r/full/sub/f")).kind == "file"  # nothing removed
+    await session.remove("r/empty")
+    await session.remove("r/full", recursive=True)
+    await session.remove("r/keep/target.txt")
+    assert [e.name for e in await session.list_dir("r")] == ["keep"]
     with pytest.raises(sandbox.InvalidArgumentError):
         await session.remove(".", recursive=True)
     with pytest.raises(sandbox.InvalidArgumentError, match="recursive must be a bool"):
-        await session.remove("keep", recursive="yes")  # type: ignore[arg-type]
+        await session.remove("r/keep", recursive="yes")  # type: ignore[arg-type]
 
 
 async def test_paths_outside_the_workspace(session: BaseSandboxSession) -> None:

@@ -34,8 +34,8 @@ _MISSING, _OUTSIDE, _STAT, _NOT_DIR, _NOT_EMPTY, _EXISTS, _MKDIR, _IN_THE_WAY = 
 
 _PRELUDE = r"""
 set -u
-W=$(cd -P -- "$1" 2>/dev/null && pwd -P) || exit 90
-W=${W%/}
+cd -P -- "$1" 2>/dev/null || exit 90
+W=$(pwd -P); W=${W%/}
 inside() { case "$1/" in "$W"/*) return 0;; esac; return 1; }
 enter() { cd -P -- "$1" 2>/dev/null || exit 91; inside "$(pwd -P)" || exit 92; }
 exists() { [ -e "$1" ] || [ -L "$1" ]; }
@@ -56,7 +56,7 @@ _SCRIPTS = {
     r'if [ -d "$3" ] && [ ! -L "$3" ]; then '
     r'if [ "$4" = 1 ]; then rm -rf -- "$3" || exit 93; else rmdir -- "$3" 2>/dev/null || exit 95; '
     r'fi; else rm -f -- "$3" || exit 93; fi',
-    "mkdir": r'enter "$1"; p=$2; shift 2; n=$#; i=0; for c in "$@"; do i=$((i+1)); '
+    "mkdir": r'p=$2; shift 2; n=$#; i=0; for c in "$@"; do i=$((i+1)); '
     r'if [ -d "$c" ]; then [ "$p" = 1 ] || [ "$i" -lt "$n" ] || exit 96; '
     r'elif exists "$c"; then exit 98; '
     r'else [ "$p" = 1 ] || [ "$i" -eq "$n" ] || exit 91; mkdir -- "$c" 2>/dev/null || exit 97; fi; '
@@ -71,9 +71,17 @@ class ShellFileOps:
     """The file operations of a session whose workspace is `workspace` (absolute), run
     through `run` (`session.exec`, or a backend's own exec)."""
 
-    def __init__(self, run: Callable[..., Awaitable[ExecResult]], workspace: str) -> None:
+    def __init__(
+        self,
+        run: Callable[..., Awaitable[ExecResult]],
+        workspace: str,
+        shell_root: str | None = None,
+    ) -> None:
         self._run = run
         self._workspace = posixpath.normpath(workspace)
+        # Where the script finds the workspace: its path, or "." where the commands'
+        # working directory is the workspace under another name (a stand-in's folder).
+        self._shell_root = shell_root or self._workspace
 
     def _split(self, path: str) -> tuple[str, str]:
         """(the folder holding the name, the name) for `path` (checked); the workspace
@@ -82,15 +90,15 @@ class ShellFileOps:
 
         full = within_workspace(path, self._workspace)
         if full == self._workspace:
-            return full, "."
-        return posixpath.dirname(full), posixpath.basename(full)
+            return ".", "."
+        relative = full[len(self._workspace) :].lstrip("/")
+        return posixpath.dirname(relative) or ".", posixpath.basename(relative)
 
     async def _script(self, op: str, path: str, *args: str) -> bytes:
         command = " ".join(
-            ["sh", "-c", shlex.quote(_PRELUDE + _SCRIPTS[op]), "sh", self._workspace]
+            ["sh", "-c", shlex.quote(_PRELUDE + _SCRIPTS[op]), "sh", shlex.quote(self._shell_root)]
             + [shlex.quote(arg) for arg in args]
         )
-        # The workspace itself is quoted once above; the rest follow in order.
         result = await self._run(command, timeout=TIMEOUT_S, max_output_bytes=MAX_LISTING_BYTES)
         if result.stdout_omitted:
             raise SandboxError(f"the listing of {path!r} is above {MAX_LISTING_BYTES} bytes")
@@ -113,7 +121,7 @@ class ShellFileOps:
     async def list_dir(self, path: str) -> list[FileInfo]:
         """The entries of the directory `path` (symlinks to folders inside are followed)."""
         folder, name = self._split(path)
-        target = folder if name == "." else posixpath.join(folder, name)
+        target = "." if name == "." else posixpath.join(folder, name)
         return _parse(await self._script("list", path, target), path)
 
     async def remove(self, path: str, recursive: bool) -> None:

@@ -39,6 +39,8 @@ from ...errors import (
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
+from ...workspace.info import FileInfo
+from ...workspace.shell_ops import ShellFileOps
 from ..toolkit import ShellTrap
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
@@ -354,3 +356,34 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     async def _write_file(self, path: str, data: bytes) -> None:
         """A regular file under /workspace, stat'ed first (see `files`)."""
         await self._files.write(path, data)
+
+    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    def _shell_ops(self) -> ShellFileOps:
+        # Commands start in /workspace: the script finds it as ".".
+        return ShellFileOps(self.exec, "/workspace", shell_root=".")
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`stat` without following, in the folder entered with `cd -P` (kept inside
+        /workspace)."""
+        return await self._shell_ops().stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's names and their `stat`, NUL-separated."""
+        return await self._shell_ops().list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` on the name itself."""
+        await self._shell_ops().remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdir` one name at a time, each folder checked to be inside."""
+        await self._shell_ops().make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`ln -s` in the link's folder."""
+        await self._shell_ops().make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` (symlinks left alone)."""
+        await self._shell_ops().set_mode(path, mode)

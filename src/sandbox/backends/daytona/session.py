@@ -26,6 +26,8 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ...workspace.info import FileInfo
+from ...workspace.shell_ops import ShellFileOps
 from ..toolkit.limits import check_limits
 from ..toolkit.paths import within_workspace
 from . import commands, files, terminal
@@ -265,3 +267,33 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         """Upload a regular file, its folder created (see `files.write`)."""
         self._in_workspace(path)
         await files.write(self._client, path, data)
+
+    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    def _shell_ops(self) -> ShellFileOps:
+        return ShellFileOps(self.exec, self._client.workdir)
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`stat` without following, in the folder entered with `cd -P` (kept inside
+        `workdir`)."""
+        return await self._shell_ops().stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's names and their `stat`, NUL-separated."""
+        return await self._shell_ops().list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` on the name itself."""
+        await self._shell_ops().remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdir` one name at a time, each folder checked to be inside."""
+        await self._shell_ops().make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`ln -s` in the link's folder."""
+        await self._shell_ops().make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` (symlinks left alone)."""
+        await self._shell_ops().set_mode(path, mode)

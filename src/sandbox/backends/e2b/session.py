@@ -54,6 +54,8 @@ from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
+from ...workspace.info import FileInfo
+from ...workspace.shell_ops import ShellFileOps
 from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
 from . import files, sandboxes
@@ -405,6 +407,38 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         """`files.write` (E2B creates the parent directories), after `files.get_info`
         says nothing or a regular file is there."""
         await files.write_file(self._client, path, data)
+
+    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _shell_ops(self) -> ShellFileOps:
+        await files.in_workspace(self._client, ".")  # learns the home, once
+        assert self._client.home is not None
+        return ShellFileOps(self.exec, self._client.home)
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`stat` without following, in the folder entered with `cd -P` (kept inside
+        the sandbox user's home)."""
+        return await (await self._shell_ops()).stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's names and their `stat`, NUL-separated."""
+        return await (await self._shell_ops()).list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` on the name itself."""
+        await (await self._shell_ops()).remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdir` one name at a time, each folder checked to be inside."""
+        await (await self._shell_ops()).make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`ln -s` in the link's folder."""
+        await (await self._shell_ops()).make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` (symlinks left alone)."""
+        await (await self._shell_ops()).set_mode(path, mode)
 
 
 def _positive(value: object) -> bool:

@@ -43,6 +43,8 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
+from ...workspace.info import FileInfo
+from ...workspace.shell_ops import ShellFileOps
 from ..toolkit import TAG_VARIABLE
 from ..toolkit.limits import check_limits
 from .commands import Command, Commands
@@ -414,6 +416,36 @@ class ModalSession(BaseSandboxSession[Command]):
         """`Sandbox.filesystem.write_bytes`, which creates parent directories, after
         `filesystem.stat` says nothing or a regular file is there."""
         await self._files.write(self._commands.require_sandbox(), path, data)
+
+    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    def _shell_ops(self) -> ShellFileOps:
+        return ShellFileOps(self.exec, self.workdir)
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`stat` without following, in the folder entered with `cd -P` (kept inside
+        `workdir`)."""
+        return await self._shell_ops().stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's names and their `stat`, NUL-separated."""
+        return await self._shell_ops().list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` on the name itself."""
+        await self._shell_ops().remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdir` one name at a time, each folder checked to be inside."""
+        await self._shell_ops().make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`ln -s` in the link's folder."""
+        await self._shell_ops().make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` (symlinks left alone)."""
+        await self._shell_ops().set_mode(path, mode)
 
 
 async def _send(process: Any, chunk: bytes) -> None:
