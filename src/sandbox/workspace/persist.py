@@ -11,6 +11,7 @@ member carries the size the stat said, cut or padded with zeros.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -36,11 +37,11 @@ class Source(Protocol):
 async def walk_tar(source: Source, path: str) -> AsyncIterator[bytes]:
     """The tar of what `path` names (see the module docstring)."""
     top = await source.stat(path)
-    if top.kind == "dir":
-        async for piece in _folder(source, top.path, ""):
-            yield piece
-    else:
-        async for piece in _member(source, top, top.name):
+    inner = _folder(source, top.path, "") if top.kind == "dir" else _member(source, top, top.name)
+    # Closed explicitly: a consumer that stops early must close the open file now, not
+    # when the garbage collector finalizes the nested generators.
+    async with contextlib.aclosing(inner) as pieces:
+        async for piece in pieces:
             yield piece
     yield END
 
@@ -49,11 +50,13 @@ async def _folder(source: Source, path: str, prefix: str) -> AsyncIterator[bytes
     entries = sorted(await source.list_dir(path), key=lambda info: info.name)
     for entry in entries:
         name = prefix + entry.name
-        async for piece in _member(source, entry, name):
-            yield piece
-        if entry.kind == "dir":
-            async for piece in _folder(source, entry.path, name + "/"):
+        async with contextlib.aclosing(_member(source, entry, name)) as pieces:
+            async for piece in pieces:
                 yield piece
+        if entry.kind == "dir":
+            async with contextlib.aclosing(_folder(source, entry.path, name + "/")) as pieces:
+                async for piece in pieces:
+                    yield piece
 
 
 async def _member(source: Source, entry: FileInfo, name: str) -> AsyncIterator[bytes]:
@@ -63,8 +66,9 @@ async def _member(source: Source, entry: FileInfo, name: str) -> AsyncIterator[b
         yield symlink_header(name, entry.link_target or "", mtime=entry.mtime)
     elif entry.kind == "file":
         yield file_header(name, size=entry.size, mode=entry.mode, mtime=entry.mtime)
-        async for piece in exact(source.read_chunks(entry.path), entry.size):
-            yield piece
+        async with contextlib.aclosing(exact(source.read_chunks(entry.path), entry.size)) as data:
+            async for piece in data:
+                yield piece
         yield padding(entry.size)
 
 

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import io
 import posixpath
@@ -330,8 +331,9 @@ class ContainerTree:
         """The folder's archive, re-rooted (see the module docstring)."""
         top = await self.stat(path)
         if top.kind != "dir":
-            async for piece in walk_tar(_TreeSource(self), path):
-                yield piece
+            async with contextlib.aclosing(walk_tar(_TreeSource(self), path)) as walked:
+                async for piece in walked:
+                    yield piece
             return
         parts = workspace_parts(self._workspace, path)
         engine = self._engine
@@ -343,8 +345,9 @@ class ContainerTree:
 
         stream, pieces = await engine.call(f"archive {path!r}", start)
         pull = _Pull(engine, stream, pieces, path)
+        chunks = pull.chunks()
         try:
-            members = TarStream(pull.chunks())
+            members = TarStream(chunks)
             while (member := await members.next_member()) is not None:
                 name = member.name.rstrip("/").partition("/")[2]
                 if not name:
@@ -371,6 +374,7 @@ class ContainerTree:
                     yield padding(info.size)
             yield END
         finally:
+            await chunks.aclose()
             pull.close()
 
 

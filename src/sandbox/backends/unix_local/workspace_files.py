@@ -120,16 +120,18 @@ class LocalTree:
             # The O_PATH fd cannot be read: open the same folder for reading through it.
             readable = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
             entries: list[FileInfo] = []
-            with os.scandir(readable) as scan:
-                for entry in scan:
-                    if len(entries) >= MAX_ENTRIES:
-                        raise SandboxError(f"{path!r} holds more than {MAX_ENTRIES} entries")
-                    try:
-                        entries.append(
-                            self._info(fd, entry.name, entry.name, child_path(path, entry.name))
-                        )
-                    except FileNotFoundError:
-                        continue  # removed while listed
+            try:
+                with os.scandir(readable) as scan:  # works on a dup: the fd stays ours
+                    for entry in scan:
+                        if len(entries) >= MAX_ENTRIES:
+                            raise SandboxError(f"{path!r} holds more than {MAX_ENTRIES} entries")
+                        try:
+                            shown = child_path(path, entry.name)
+                            entries.append(self._info(fd, entry.name, entry.name, shown))
+                        except FileNotFoundError:
+                            continue  # removed while listed
+            finally:
+                os.close(readable)
             return entries
 
         try:
@@ -207,8 +209,14 @@ class LocalTree:
         folder, name = self._split(path)
 
         def chmod(fd: int) -> None:
-            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat_module.S_ISLNK(info.st_mode):
-                os.chmod(name, mode & 0o7777, dir_fd=fd)
+            # What glibc's fchmodat(AT_SYMLINK_NOFOLLOW) does: pin the inode with an
+            # O_PATH fd that follows nothing, then change it through /proc; a name swapped
+            # for a symlink after a stat can then never redirect the chmod.
+            pinned = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                if not stat_module.S_ISLNK(os.fstat(pinned).st_mode):
+                    os.chmod(f"/proc/self/fd/{pinned}", mode & 0o7777)
+            finally:
+                os.close(pinned)
 
         self._in_folder(path, folder, chmod)
