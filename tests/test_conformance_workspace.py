@@ -288,3 +288,11 @@ async def test_hydrate_from_an_async_stream(session: BaseSandboxSession) -> None
 
     assert await session.hydrate_workspace(chunks()) == 1
     assert await session.read_file("streamed/x.txt") == b"streamed"
+
+
+async def test_hydrate_onto_a_fifo_is_refused_without_hanging(session: BaseSandboxSession) -> None:
+    await sh(session, "mkdir -p spot && mkfifo spot/pipe")
+    async with asyncio.timeout(60):  # a safety net: the refusal must not wait
+        with pytest.raises(sandbox.NotAFileError, match="pipe"):
+            await session.hydrate_workspace([tar_of((member("pipe"), b"data"))], "spot")
+    assert (await session.stat("spot/pipe")).kind == "other"

@@ -201,13 +201,14 @@ class ContainerTree:
         elif member.islnk():  # a second name of a file: its size by the engine's stat
             stat = stat_path(self._engine.api, self._id, posixpath.join(folder, name)) or {}
             return FileInfo(
-                name, shown, "file", int(stat.get("size", 0)), member.mode, member.mtime
+                name, shown, "file", int(stat.get("size", 0)), member.mode & 0o7777, member.mtime
             )
         else:
             kind = "other"
         link = member.linkname if kind == "symlink" else None
         size = len(link.encode()) if link is not None else member.size
-        return FileInfo(name, shown, kind, size, member.mode, member.mtime, link)
+        # The engine's headers carry the whole st_mode (type bits too).
+        return FileInfo(name, shown, kind, size, member.mode & 0o7777, member.mtime, link)
 
     def _located_parent(self, path: str) -> tuple[str, str]:
         parts = workspace_parts(self._workspace, path)
