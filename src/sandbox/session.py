@@ -1278,6 +1278,16 @@ class BaseSandboxSession(Generic[H]):
         """The `ExposedPort` for `port` (1..65535), or `UnsupportedOperationError`."""
         raise UnsupportedOperationError(f"the {self.backend_name} backend cannot expose ports")
 
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """The constructor options that open a session from `snapshot` (already checked
+        to be this backend's), given the caller's other `options`. Default:
+        `UnsupportedOperationError`."""
+        raise UnsupportedOperationError(
+            f"the {cls.backend_name} backend cannot open snapshots; hydrate_workspace() "
+            "restores a persisted workspace anywhere"
+        )
+
     async def _snapshot(self) -> SnapshotRef:
         """A `SnapshotRef` from the provider's snapshot, or `UnsupportedOperationError`."""
         raise UnsupportedOperationError(

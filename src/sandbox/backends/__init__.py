@@ -156,6 +156,16 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
     Use it as `async with open_session(...) as session:`.
     """
     cls = load_backend(backend)
+    if options.get("snapshot") is not None:
+        # `snapshot=` (a `SnapshotRef` or its JSON) opens what `session.snapshot()` made.
+        from ..workspace.snapshots import SnapshotRef
+
+        ref = options.pop("snapshot")
+        ref = SnapshotRef.from_json(ref) if isinstance(ref, str | bytes) else ref
+        if not isinstance(ref, SnapshotRef) or ref.backend != backend:
+            raise InvalidArgumentError(f"snapshot must be a SnapshotRef of the {backend} backend")
+        options = cls._snapshot_options(ref, options)
+    options.pop("snapshot", None)
     try:
         return cls(**options)
     except TypeError as exc:

@@ -12,7 +12,7 @@ member carries the size the stat said, cut or padded with zeros.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from .info import FileInfo
@@ -34,7 +34,7 @@ class Source(Protocol):
         """The regular file at `path`, streamed."""
 
 
-async def walk_tar(source: Source, path: str) -> AsyncIterator[bytes]:
+async def walk_tar(source: Source, path: str) -> AsyncGenerator[bytes, None]:
     """The tar of what `path` names (see the module docstring)."""
     top = await source.stat(path)
     inner = _folder(source, top.path, "") if top.kind == "dir" else _member(source, top, top.name)
@@ -46,7 +46,7 @@ async def walk_tar(source: Source, path: str) -> AsyncIterator[bytes]:
     yield END
 
 
-async def _folder(source: Source, path: str, prefix: str) -> AsyncIterator[bytes]:
+async def _folder(source: Source, path: str, prefix: str) -> AsyncGenerator[bytes, None]:
     entries = sorted(await source.list_dir(path), key=lambda info: info.name)
     for entry in entries:
         name = prefix + entry.name
@@ -59,7 +59,7 @@ async def _folder(source: Source, path: str, prefix: str) -> AsyncIterator[bytes
                     yield piece
 
 
-async def _member(source: Source, entry: FileInfo, name: str) -> AsyncIterator[bytes]:
+async def _member(source: Source, entry: FileInfo, name: str) -> AsyncGenerator[bytes, None]:
     if entry.kind == "dir":
         yield dir_header(name, mode=entry.mode, mtime=entry.mtime)
     elif entry.kind == "symlink":
@@ -72,7 +72,7 @@ async def _member(source: Source, entry: FileInfo, name: str) -> AsyncIterator[b
         yield padding(entry.size)
 
 
-async def exact(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+async def exact(chunks: AsyncIterator[bytes], size: int) -> AsyncGenerator[bytes, None]:
     """Exactly `size` bytes of `chunks`: cut when it holds more, zeros when less."""
     left = size
     try:

@@ -77,6 +77,7 @@ class ContainerSpec:
     keepalive: tuple[str, ...]
     labels: Mapping[str, str]
     name_prefix: str
+    ports: tuple[int, ...] = ()
 
 
 def container_spec(
@@ -95,8 +96,13 @@ def container_spec(
     keepalive_command: Sequence[str],
     labels: Mapping[str, str] | None,
     name_prefix: str,
+    ports: Sequence[int] = (),
 ) -> ContainerSpec:
     """The checked options (`InvalidArgumentError` naming the bad one)."""
+    if isinstance(ports, str | bytes) or not all(
+        isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
+    ):
+        raise InvalidArgumentError("ports must be a list of TCP port numbers (1..65535)")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
         raise InvalidArgumentError("workdir must be an absolute path in the container")
     for name, count in (
@@ -136,6 +142,7 @@ def container_spec(
         keepalive=tuple(keepalive_command),
         labels=dict(labels or {}),
         name_prefix=name_prefix,
+        ports=tuple(ports),
     )
 
 
@@ -158,6 +165,8 @@ async def create_container(
         pids_limit=spec.process_limit,
         privileged=spec.privileged,
         binds=spec.volumes,
+        # Published on the host's loopback only, each on a port the engine picks.
+        port_bindings={port: ("127.0.0.1", None) for port in spec.ports} or None,
     )
 
     def create() -> Any:
@@ -173,6 +182,7 @@ async def create_container(
             detach=True,
             stdin_open=False,
             tty=False,
+            ports=list(spec.ports) or None,
         )
 
     claim(name)

@@ -34,7 +34,9 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...workspace.extract import extract
 from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort
 from ...workspace.shell_ops import ShellFileOps
+from ...workspace.snapshots import SnapshotRef
 from ..toolkit import ShellTrap
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -46,6 +48,7 @@ from .container import (
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
 from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 from .files import ContainerFiles
+from .ports import commit_snapshot, exposed_port, snapshot_options
 from .stream import StreamClosedError
 from .workspace import ContainerTree, DockerSink
 
@@ -81,7 +84,10 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     float). Also `network_mode` (default: the engine's default; "none" cuts the
     network) or `network` (bool), `volumes` (the SDK's `binds` format: host paths
     are mounted only when asked), `privileged` (default False), `init` (a tiny init
-    reaps orphans, default True), `keepalive_command`, `labels`, `name_prefix`.
+    reaps orphans, default True), `keepalive_command`, `labels`, `name_prefix`,
+    `ports` (container ports published on the host's loopback at create, for
+    `expose_port`). `snapshot=` (through `open_session`): a fresh container from a
+    `snapshot()`'s committed image.
     Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
     `api_timeout`, or a ready `client` (a `docker.APIClient`, not closed here).
     Plus the base session's options.
@@ -109,6 +115,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         keepalive_command: Sequence[str] = DEFAULT_KEEPALIVE,
         labels: Mapping[str, str] | None = None,
         name_prefix: str = "sandbox",
+        ports: Sequence[int] = (),
         keep_container: bool = False,
         base_url: str | None = None,
         api_version: str | None = None,
@@ -148,6 +155,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             keepalive_command=keepalive_command,
             labels=labels,
             name_prefix=name_prefix,
+            ports=ports,
         )
         limits = {
             "memory_limit_bytes": memory_limit_bytes,
@@ -461,6 +469,24 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
         """The engine's archive of the folder, re-rooted as it streams."""
         return self._tree().persist(path)
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """A port published at create (`ports=[...]`: the host's loopback), else the
+        container's own address (routable from the host on a Linux bridge)."""
+        engine, options = self._require_engine()
+        return await exposed_port(engine, options.container_id, port)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """`docker commit` to a local image (the container keeps running)."""
+        engine, options = self._require_engine()
+        return await commit_snapshot(engine, options.container_id, self._workdir)
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A fresh container from the committed image, in the snapshot's workdir."""
+        if "container" in options or "image" in options:
+            raise InvalidArgumentError("snapshot= replaces image= and container=")
+        return snapshot_options(snapshot, options)
 
     async def _hydrate_workspace(
         self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int

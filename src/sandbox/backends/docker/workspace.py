@@ -25,7 +25,7 @@ import posixpath
 import re
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 from ...errors import (
@@ -404,7 +404,7 @@ class _Pull:
         self._engine, self._stream, self._pieces, self._path = engine, stream, pieces, path
         self._call: asyncio.Future[bytes | None] | None = None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The chunks as they arrive."""
         while True:
             call = self._engine.submit(f"archive {self._path!r}", next, self._pieces, None)

@@ -1,0 +1,134 @@
+"""`expose_port` reaches a real HTTP server started in the sandbox (unix_local; docker
+with a published port and by the container's address), a port that cannot be exposed
+is a clear error, and docker's `snapshot()` reopens as a fresh container holding the
+same files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from tests.backend_fixtures import docker as docker_fixture
+from tests.conftest import skip_or_fail
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _fetch(exposed: sandbox.ExposedPort, path: str) -> bytes:
+    def get() -> bytes:
+        request = urllib.request.Request(exposed.url + path, headers=dict(exposed.headers))
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return bytes(answer.read())
+
+    # The server may still be binding: retry on a refused connection only.
+    for _ in range(300):
+        try:
+            return await asyncio.to_thread(get)
+        except OSError as exc:
+            if "refused" not in str(exc).lower():
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"nothing answered at {exposed.url}")
+
+
+async def test_unix_local_exposes_a_loopback_server(tmp_path: Path) -> None:
+    port = _free_port()
+    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+        await session.write_file("site/hello.txt", b"hello from the sandbox")
+        update = await session.pty_exec_start(
+            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            until="Serving",
+            yield_time_s=30,
+        )
+        assert update.process_id is not None
+        exposed = await session.expose_port(port)
+        assert (exposed.host, exposed.port, exposed.tls) == ("127.0.0.1", port, False)
+        assert exposed.url == f"http://127.0.0.1:{port}/"
+        assert await _fetch(exposed, "hello.txt") == b"hello from the sandbox"
+        for bad in (0, 70000, "80", True):
+            with pytest.raises(sandbox.InvalidArgumentError, match="port"):
+                await session.expose_port(bad)  # type: ignore[arg-type]
+
+
+async def test_a_confined_session_without_network_cannot_expose(tmp_path: Path) -> None:
+    from sandbox.backends.unix_local import confine
+
+    if not confine.availability()[0]:
+        pytest.skip("no bubblewrap jail here")
+    async with sandbox.open_session("unix_local", workspace=tmp_path, confine=True) as session:
+        with pytest.raises(sandbox.UnsupportedOperationError, match="network=True"):
+            await session.expose_port(8000)
+
+
+def _docker_or_skip() -> str:
+    reason = docker_fixture.skip_reason()
+    if reason:
+        skip_or_fail(f"docker: {reason}")
+    return docker_fixture.image()
+
+
+async def _serve(session: sandbox.BaseSandboxSession, port: int) -> None:
+    """busybox httpd in the foreground, as a process the session owns."""
+    await session.write_file("www/index.html", b"served by busybox")
+    update = await session.pty_exec_start(f"exec httpd -f -p {port} -h www", yield_time_s=0.2)
+    assert update.process_id is not None and update.exit_code is None, update
+
+
+async def test_docker_published_port_and_container_address() -> None:
+    image = _docker_or_skip()
+    async with sandbox.open_session("docker", image=image, ports=[8080]) as session:
+        await _serve(session, 8080)
+        published = await session.expose_port(8080)
+        assert published.host == "127.0.0.1" and published.port != 8080
+        assert await _fetch(published, "index.html") == b"served by busybox"
+        await _serve(session, 9090)
+        direct = await session.expose_port(9090)  # not published: the bridge address
+        assert direct.port == 9090 and direct.host not in ("127.0.0.1", "")
+        assert await _fetch(direct, "index.html") == b"served by busybox"
+
+
+async def test_docker_without_a_network_cannot_expose() -> None:
+    image = _docker_or_skip()
+    async with sandbox.open_session("docker", image=image, network=False) as session:
+        with pytest.raises(sandbox.UnsupportedOperationError, match=r"ports=\[8080\]"):
+            await session.expose_port(8080)
+
+
+async def test_docker_snapshot_reopens_with_the_files() -> None:
+    image = _docker_or_skip()
+    import docker
+
+    async with sandbox.open_session("docker", image=image, network=False) as session:
+        await session.write_file("state/kept.txt", b"from before the snapshot")
+        ref = await session.snapshot()
+    try:
+        text = ref.to_json()
+        assert json.loads(text)["backend"] == "docker"
+        assert sandbox.SnapshotRef.from_json(text) == ref
+        async with sandbox.open_session("docker", snapshot=text, network=False) as reopened:
+            assert await reopened.read_file("state/kept.txt") == b"from before the snapshot"
+        with pytest.raises(sandbox.InvalidArgumentError, match="SnapshotRef of the unix_local"):
+            sandbox.open_session("unix_local", snapshot=ref)
+        with pytest.raises(sandbox.InvalidArgumentError, match="not a snapshot"):
+            sandbox.SnapshotRef.from_json("{}")
+    finally:
+        docker.APIClient(version="auto").remove_image(ref.snapshot_id, force=True)
+
+
+async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
+    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+        with pytest.raises(sandbox.UnsupportedOperationError, match="persist_workspace"):
+            await session.snapshot()
+    ref = sandbox.SnapshotRef(backend="unix_local", snapshot_id="x")
+    with pytest.raises(sandbox.UnsupportedOperationError, match="hydrate_workspace"):
+        sandbox.open_session("unix_local", snapshot=ref)
