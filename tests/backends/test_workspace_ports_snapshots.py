@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -132,3 +133,29 @@ async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
     ref = sandbox.SnapshotRef(backend="unix_local", snapshot_id="x")
     with pytest.raises(sandbox.UnsupportedOperationError, match="hydrate_workspace"):
         sandbox.open_session("unix_local", snapshot=ref)
+
+
+@pytest.mark.parametrize("name", ["e2b", "daytona"])
+async def test_sdk_backends_expose_through_their_fakes(name: str, tmp_path: Path) -> None:
+    import importlib
+
+    fixture = importlib.import_module(f"tests.backend_fixtures.{name}")
+    if reason := fixture.skip_reason():
+        skip_or_fail(f"{name}: {reason}")
+    port = _free_port()
+    async with fixture.session(tmp_path) as session:
+        await session.write_file("site/hello.txt", b"through the preview")
+        update = await session.pty_exec_start(
+            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            until="Serving",
+            yield_time_s=30,
+        )
+        assert update.process_id is not None
+        exposed = await session.expose_port(port)
+        assert await _fetch(exposed, "hello.txt") == b"through the preview"
+        if name == "daytona":
+            token = exposed.headers["X-Daytona-Preview-Token"]
+            assert token and token not in repr(exposed)
+            bare = sandbox.ExposedPort(exposed.url, exposed.host, exposed.port)
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                await _fetch(bare, "hello.txt")

@@ -110,9 +110,11 @@ from daytona.common.errors import SOURCE_DAEMON, DaytonaFileNotFoundError
 from daytona.common.filesystem import CancelEvent, DownloadProgress
 from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionExecuteResponse
 from daytona.common.pty import PtyResult, PtySize
+from daytona_api_client_async import PortPreviewUrl
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
 from ..backends.unix_local.local_process import LocalProcess
+from .preview_proxy import PreviewProxy
 from .special_files import wait_forever_on_special_file
 
 FAULT_POINTS = (
@@ -316,6 +318,7 @@ class _SandboxState:
         self.retired: list[_FakeSession] = []  # deleted sessions whose shells may linger
         self.deleted = False
         self.params: Any = None
+        self.previews: dict[int, PreviewProxy] = {}  # port -> its preview forwarder
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
@@ -1090,6 +1093,22 @@ class FakeAsyncSandbox:
         self._state.state = self.state = SandboxState.STARTED
         await self._service._knobs.checkpoint("start", after=True)
 
+    async def get_preview_link(
+        self, port: int, request_timeout: float | None = None
+    ) -> PortPreviewUrl:
+        """The preview URL of `port` and its token: a loopback forwarder that answers
+        401 unless `X-Daytona-Preview-Token` carries the token (Daytona's private
+        sandboxes), one per port, closed with the sandbox."""
+        await self._service._knobs.checkpoint("get_preview_link")
+        self._state.require_alive()
+        proxy = self._state.previews.get(port)
+        if proxy is None:
+            proxy = PreviewProxy(
+                port, header="X-Daytona-Preview-Token", token=secrets.token_urlsafe(16)
+            )
+            self._state.previews[port] = await proxy.start()
+        return PortPreviewUrl(sandbox_id=self.id, url=proxy.url, token=proxy._token)
+
     async def delete(self, timeout: float | None = 60, wait: bool = False) -> None:
         """Delete the sandbox and everything running in it."""
         await self._service._knobs.checkpoint("delete")
@@ -1309,6 +1328,9 @@ class FakeDaytona:
 
     async def _delete(self, state: _SandboxState) -> None:
         self.sandboxes.pop(state.id, None)
+        previews, state.previews = list(state.previews.values()), {}
+        for proxy in previews:
+            await proxy.close()
         await state.destroy()
 
     async def aclose(self) -> None:

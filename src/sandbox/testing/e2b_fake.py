@@ -1052,6 +1052,11 @@ class FakeAsyncSandbox:
         """Files."""
         return self._filesystem
 
+    def get_host(self, port: int) -> str:
+        """The SDK's answer in debug mode (`ConnectionConfig.debug`: `localhost:<port>`,
+        plain HTTP): this fake's processes listen on this host."""
+        return f"localhost:{port}"
+
     @classmethod
     async def create(
         cls,

@@ -39,3 +39,18 @@ def http_url(host: str, port: int, *, tls: bool = False) -> str:
     """`http(s)://host:port/`, with an IPv6 host in brackets."""
     shown = f"[{host}]" if ":" in host else host
     return f"{'https' if tls else 'http'}://{shown}:{port}/"
+
+
+def exposed_from_url(url: str, headers: Mapping[str, str] | None = None) -> ExposedPort:
+    """The `ExposedPort` of a provider's preview `url` (its host and port; https: TLS)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgumentError("the provider answered a preview URL that is not http(s)")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    shown = url if url.endswith("/") else url + "/"
+    return ExposedPort(
+        url=shown, host=parts.hostname, port=port, tls=tls, headers=dict(headers or {})
+    )

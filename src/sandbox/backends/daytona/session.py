@@ -27,6 +27,7 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort
 from ...workspace.shell_ops import ShellFileOps
 from ..toolkit.limits import check_limits
 from ..toolkit.paths import within_workspace
@@ -37,6 +38,7 @@ from .errors import API_KEY_ENV
 from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
 from .terminal import DaytonaHandle
+from .workspace import exposed_from_preview
 
 
 class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
@@ -269,6 +271,16 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         await files.write(self._client, path, data)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """`sandbox.get_preview_link(port)`: its URL, and its token as the header
+        Daytona's edge wants (see `workspace`)."""
+        what = f"expose port {port}"
+        try:
+            preview = await self._client.timed(what, self._client.sandbox.get_preview_link(port))
+        except DaytonaError as exc:
+            raise self._client.error(exc, what) from None
+        return exposed_from_preview(preview)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self._client.workdir)

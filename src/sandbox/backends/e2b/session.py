@@ -55,6 +55,7 @@ from ...session import BaseSandboxSession
 from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort
 from ...workspace.shell_ops import ShellFileOps
 from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
@@ -63,6 +64,7 @@ from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
+from .workspace import exposed_from_host
 
 API_KEY_ENV = "E2B_API_KEY"
 
@@ -409,6 +411,12 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         await files.write_file(self._client, path, data)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """`sandbox.get_host(port)`: `<port>-<id>.<domain>`, served over HTTPS by E2B's
+        edge (the SDK's debug mode answers `localhost:<port>`, plain HTTP)."""
+        host = str(self._client.sandbox.get_host(port))
+        return exposed_from_host(host, port)
 
     async def _shell_ops(self) -> ShellFileOps:
         await files.in_workspace(self._client, ".")  # learns the home, once
