@@ -1,4 +1,4 @@
-"""The `sandbox` command: run, shell, backends, demo, mcp.
+"""The `sandbox` command: run, shell, cp, backends, demo, mcp.
 
 Bad usage and library errors print one line on stderr and exit non-zero; no traceback.
 Exit codes: the command's own when it ran to its end; `EXIT_TIMEOUT` (124, as timeout(1))
@@ -59,6 +59,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     shell.add_argument("cmd", nargs=argparse.REMAINDER, help="command (default: sh)")
 
+    copy = commands.add_parser(
+        "cp", help="copy a file or folder between the host and the sandbox (:PATH is inside)"
+    )
+    cli_options.add_backend_arguments(copy)
+    copy.add_argument("src", metavar="SRC", help="what to copy (:PATH in the sandbox)")
+    copy.add_argument("dst", metavar="DST", help="where to (:PATH in the sandbox)")
+
     commands.add_parser("backends", help="list the backends, installed or not, credentials")
     commands.add_parser("demo", help="an agent-style session on unix_local, step by step")
     commands.add_parser("mcp", help="serve the sandbox as MCP tools (see `sandbox mcp --help`)")
@@ -111,6 +118,10 @@ def _dispatch(words: list[str]) -> int:
             from .terminal import attach_shell
 
             return asyncio.run(attach_shell(args, command_words(args.cmd)))
+        if args.command == "cp":
+            from .copy import copy_command
+
+            return asyncio.run(copy_command(args))
         if args.command == "backends":
             from .backends_report import print_backends
 
