@@ -135,8 +135,8 @@ async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
         sandbox.open_session("unix_local", snapshot=ref)
 
 
-@pytest.mark.parametrize("name", ["e2b", "daytona"])
-async def test_sdk_backends_expose_through_their_fakes(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["e2b", "daytona", "cloudflare"])
+async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_path: Path) -> None:
     import importlib
 
     fixture = importlib.import_module(f"tests.backend_fixtures.{name}")
@@ -159,3 +159,6 @@ async def test_sdk_backends_expose_through_their_fakes(name: str, tmp_path: Path
             bare = sandbox.ExposedPort(exposed.url, exposed.host, exposed.port)
             with pytest.raises(urllib.error.HTTPError, match="401"):
                 await _fetch(bare, "hello.txt")
+        if name == "cloudflare":
+            with pytest.raises(sandbox.UnsupportedOperationError, match="3000"):
+                await session.expose_port(3000)

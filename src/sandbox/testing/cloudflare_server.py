@@ -141,6 +141,7 @@ from ..backends.unix_local import local_files
 from ..backends.unix_local.local_process import LocalProcess
 from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
 from ..settle import settle
+from .preview_proxy import PreviewProxy
 
 ENDPOINTS = (
     "create",
@@ -152,6 +153,7 @@ ENDPOINTS = (
     "pty",
     "session_create",
     "session_delete",
+    "tunnel",
 )
 STALL_POINTS = (*ENDPOINTS, "exec_stream", "pty_ready", "pty_input", "pty_close")
 DEFAULT_PRE_READY_OUTPUT = b"Cloudflare Sandbox terminal\r\n"
@@ -269,6 +271,7 @@ class FakeSandbox:
     sessions: dict[str, FakeSession] = field(default_factory=dict)
     orphans: set[LocalProcess] = field(default_factory=set)
     running: bool = True
+    tunnels: dict[int, PreviewProxy] = field(default_factory=dict)  # port -> forwarder
 
     @property
     def default_session_id(self) -> str:
@@ -433,6 +436,7 @@ class CloudflareWorkerServer:
                 web.put("/v1/sandbox/{id}/file/{path:.*}", self._wrap("file_put", self._put)),
                 web.post("/v1/sandbox/{id}/exec", self._wrap("exec", self._exec)),
                 web.get("/v1/sandbox/{id}/pty", self._wrap("pty", self._pty)),
+                web.post("/v1/sandbox/{id}/tunnel/{port}", self._wrap("tunnel", self._tunnel)),
             ]
         )
         # handler_cancellation: a stall a client walks away from is abandoned (tests
@@ -721,10 +725,40 @@ class CloudflareWorkerServer:
         await self._destroy(request.match_info["id"])
         return web.Response(status=204)
 
+    async def _tunnel(self, request: web.Request) -> web.StreamResponse:
+        """routes.ts `POST /sandbox/:id/tunnel/:port`: `validatePort` (security.ts:
+        1024..65535, not 3000) else 400 `invalid_request`; the answer is a
+        `QuickTunnelInfo` (shared/src/rpc-types.ts: id, port, url, hostname,
+        createdAt). The real URL is `https://<random>.trycloudflare.com`; here it is a
+        loopback forwarder to the port (`preview_proxy`), plain HTTP."""
+        sandbox = self._sandbox(request)
+        try:
+            port = int(request.match_info["port"])
+        except ValueError:
+            port = -1
+        if not 1024 <= port <= 65535 or port == 3000:
+            return _error_json("Invalid port", "invalid_request", 400)
+        proxy = sandbox.tunnels.get(port)
+        if proxy is None:
+            proxy = await PreviewProxy(port).start()
+            sandbox.tunnels[port] = proxy
+        return web.json_response(
+            {
+                "id": f"tunnel-{sandbox.id}-{port}",
+                "port": port,
+                "url": proxy.url,
+                "hostname": f"127.0.0.1:{proxy.port}",
+                "createdAt": "1970-01-01T00:00:00Z",
+            }
+        )
+
     async def _destroy(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             return
+        tunnels, sandbox.tunnels = list(sandbox.tunnels.values()), {}
+        for proxy in tunnels:
+            await proxy.close()
         for conn in list(sandbox.connections):
             if conn.request.transport is not None:
                 conn.request.transport.abort()

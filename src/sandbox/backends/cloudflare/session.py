@@ -40,6 +40,7 @@ from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort
 from ...workspace.shell_ops import ShellFileOps
 from ..toolkit import ShellTrap
 from .client import SANDBOX_ID_RE, WorkerClient
@@ -56,6 +57,7 @@ from .terminal import (
     send_frame,
     typed_line,
 )
+from .workspace import expose
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -358,6 +360,10 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         await self._files.write(path, data)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """A quick tunnel through the bridge (`workspace.expose`)."""
+        return await expose(self._client, port)
 
     def _shell_ops(self) -> ShellFileOps:
         # Commands start in /workspace: the script finds it as ".".
