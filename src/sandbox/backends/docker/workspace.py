@@ -306,15 +306,30 @@ class ContainerTree:
         await self._engine.call(f"make the symlink {path!r}", self._symlink_blocking, path, target)
 
     async def write_file(self, path: str, chunks: AsyncIterator[bytes], mode: int) -> None:
-        """Spool `chunks`, then put one file member with `mode` (and the session's owner)."""
+        """Spool `chunks`, then put one file member with `mode` (and the session's owner).
+
+        Cancelled while the chunks arrive, the spool is closed (once the write to it in
+        flight ends); cancelled during the put, it is left to the pool call reading it
+        (closed when that call drops it)."""
         from .archive import tar_spooled_file
 
         spool = await asyncio.to_thread(tempfile.TemporaryFile)
         size = 0
+        call: asyncio.Future[Any] | None = None
         try:
             async for chunk in chunks:
-                await asyncio.to_thread(spool.write, chunk)
+                call = asyncio.ensure_future(asyncio.to_thread(spool.write, chunk))
+                await asyncio.wait({call})
+                call.result()
+                call = None
                 size += len(chunk)
+        except BaseException:
+            if call is None or call.done():
+                spool.close()
+            else:
+                call.add_done_callback(lambda _: spool.close())
+            raise
+        try:
             await self._files._put(
                 path,
                 lambda name, parents, uid, gid: tar_spooled_file(
@@ -322,7 +337,7 @@ class ContainerTree:
                 ),
             )
         except asyncio.CancelledError:
-            raise  # a pool call may still read the spool; it closes when collected
+            raise  # the pool call may still read the spool
         except BaseException:
             spool.close()
             raise
