@@ -162,3 +162,24 @@ async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_pat
         if name == "cloudflare":
             with pytest.raises(sandbox.UnsupportedOperationError, match="3000"):
                 await session.expose_port(3000)
+
+
+async def test_modal_snapshot_reopens_with_the_files(tmp_path: Path) -> None:
+    from sandbox.testing.modal_fake import FakeModal
+
+    fake = FakeModal()
+    options = {"sdk": fake, "token_id": "fake-id", "token_secret": "fake-secret"}
+    first = sandbox.open_session("modal", workdir=str(tmp_path / "one"), **options)
+    async with first as session:
+        await session.write_file("state/kept.txt", b"kept by the image")
+        ref = await session.snapshot()
+    text = ref.to_json()
+    assert "fake-secret" not in text and json.loads(text)["backend"] == "modal"
+    reopened = sandbox.open_session(
+        "modal", snapshot=text, workdir=str(tmp_path / "two"), **options
+    )
+    async with reopened as session:
+        assert await session.read_file("state/kept.txt") == b"kept by the image"
+    with pytest.raises(sandbox.InvalidArgumentError, match="replaces image"):
+        sandbox.open_session("modal", snapshot=ref, image="python:3.12", **options)
+    assert fake.live_sandboxes() == []

@@ -73,8 +73,10 @@ import functools
 import inspect
 import os
 import secrets
+import shutil
 import signal
 import stat as stat_module
+import tempfile
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, overload
@@ -119,6 +121,7 @@ OPS = (
     "read_file",
     "write_file",
     "stat",
+    "snapshot",
 )
 
 Predicate = Callable[[tuple[str, ...]], bool]
@@ -166,6 +169,36 @@ class _AioStatic(_AioMethod):
 
     def __get__(self, instance: object, owner: type | None = None) -> AioCallable:
         return AioCallable(functools.partial(self._func, owner), self._func.__name__)
+
+
+class _SyncAndAioClassMethod:
+    """Like synchronicity's wrapper of a plain (sync) classmethod: callable directly, with
+    a deprecated async `.aio` form as well (`modal.Image.from_id`)."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self._func = func
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        bound = functools.update_wrapper(functools.partial(self._func, owner), self._func)
+
+        async def aio(*args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+        aio.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+        aio.__doc__ = self._func.__doc__
+        return _Both(bound, aio)
+
+
+class _Both:
+    """A sync callable with an `.aio` coroutine function beside it."""
+
+    def __init__(self, call: Callable[..., Any], aio: Callable[..., Any]) -> None:
+        self._call = call
+        self.aio = aio
+        functools.update_wrapper(self, call)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
 
 
 # ---- fault injection --------------------------------------------------------------------
@@ -373,20 +406,36 @@ class FakeClient:
 
 
 class FakeImage:
-    """Fake `modal.Image`: only names a registry image."""
+    """Fake `modal.Image`: names a registry image, or holds a filesystem snapshot (a copy
+    of a sandbox's workdir that a sandbox created from it starts with)."""
 
     _fake: ClassVar[FakeModal]
+    # Snapshot id -> the folder holding its copy (process-wide: `from_id` has no fake).
+    _snapshots: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, snapshot_id: str | None = None) -> None:
         self.tag = tag
+        self._snapshot_id = snapshot_id
 
     def __repr__(self) -> str:
         return f"<FakeImage {self.tag}>"
+
+    @property
+    def object_id(self) -> str:
+        """The image id (`im-...`)."""
+        return self._snapshot_id or f"im-{self.tag}"
 
     @staticmethod
     def from_registry(tag: str) -> FakeImage:
         """An image named by its registry tag (nothing is pulled)."""
         return FakeImage(tag)
+
+    @_SyncAndAioClassMethod
+    def from_id(cls, image_id: str, client: FakeClient | None = None) -> FakeImage:
+        """The image with this id (a snapshot's: `NotFoundError` once it is gone)."""
+        if image_id not in FakeImage._snapshots:
+            raise modal_exception.NotFoundError(f"Image {image_id} not found")
+        return FakeImage(f"snapshot:{image_id}", image_id)
 
 
 class FakeApp:
@@ -468,6 +517,24 @@ class FakeSandbox:
         self._ensure_attached()
         return self._filesystem
 
+    @_AioMethod
+    async def snapshot_filesystem(
+        self, timeout: int = 55, *, ttl: int | None = 30 * 24 * 3600
+    ) -> FakeImage:
+        """A copy of the workdir as an image (`modal.Sandbox.snapshot_filesystem`)."""
+        self._ensure_attached()
+        await self._fake._check("snapshot")
+        if self._terminated:
+            raise modal_exception.NotFoundError("Sandbox has already been terminated")
+        image_id = f"im-{secrets.token_hex(8)}"
+        store = await asyncio.to_thread(tempfile.mkdtemp, prefix=f"modal-{image_id}-")
+        if self._workdir is not None:
+            await asyncio.to_thread(
+                shutil.copytree, self._workdir, store, symlinks=True, dirs_exist_ok=True
+            )
+        FakeImage._snapshots[image_id] = store
+        return FakeImage(f"snapshot:{image_id}", image_id)
+
     def _ensure_attached(self) -> None:
         if not self._attached:
             raise modal_exception.ClientClosed("Unable to perform operation on a detached sandbox")
@@ -511,6 +578,15 @@ class FakeSandbox:
         )
         if workdir is not None:
             await asyncio.to_thread(os.makedirs, workdir, exist_ok=True)
+            snapshot = getattr(image, "_snapshot_id", None)
+            if snapshot is not None:  # a snapshot's files are there from the start
+                await asyncio.to_thread(
+                    shutil.copytree,
+                    FakeImage._snapshots[snapshot],
+                    workdir,
+                    symlinks=True,
+                    dirs_exist_ok=True,
+                )
         fake.sandboxes[sandbox.object_id] = sandbox
         await fake._check("create_response")
         return sandbox

@@ -45,6 +45,7 @@ from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ...workspace.info import FileInfo
 from ...workspace.shell_ops import ShellFileOps
+from ...workspace.snapshots import SnapshotRef
 from ..toolkit import TAG_VARIABLE
 from ..toolkit.limits import check_limits
 from .commands import Command, Commands
@@ -62,6 +63,7 @@ from .lifecycle import (
 from .limits import create_resources
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
+from .workspace import image_of, snapshot_options, take_snapshot
 
 logger = logging.getLogger("sandbox.modal")
 
@@ -267,9 +269,7 @@ class ModalSession(BaseSandboxSession[Command]):
             create_if_missing=True,
             client=self._client,
         )
-        image = self._image
-        if isinstance(image, str):
-            image = self._sdk.Image.from_registry(image)
+        image = image_of(self._sdk, self._image, self._client)
         # A unique name lets a start that fails or is cancelled while the create call is
         # in flight find, and terminate, a sandbox the provider created anyway.
         self._create_name = f"sandbox-pty-{secrets.token_hex(8)}"
@@ -418,6 +418,15 @@ class ModalSession(BaseSandboxSession[Command]):
         await self._files.write(self._commands.require_sandbox(), path, data)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _snapshot(self) -> SnapshotRef:
+        """`snapshot_filesystem` (an image of the sandbox's filesystem; `workspace`)."""
+        return await take_snapshot(self._sandbox, self._errors, self.workdir, self.create_timeout_s)
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A fresh sandbox created from the snapshot's image."""
+        return snapshot_options(snapshot, options)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self.workdir)

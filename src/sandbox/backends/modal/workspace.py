@@ -1,0 +1,48 @@
+"""Modal's half of the workspace calls that are not file operations (those run through
+`sandbox.workspace.shell_ops`): filesystem snapshots.
+
+`Sandbox.snapshot_filesystem(timeout=55, *, ttl=30 days)` (modal `sandbox/_sandbox.py`,
+pinned SDK) answers an `Image` of the sandbox's filesystem; `Image.from_id(image_id,
+client=None)` (`_image.py`) names it again in a later process, and a sandbox created
+with that image starts from it. The `SnapshotRef` holds the image id and the workdir.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import InvalidArgumentError
+from ...workspace.snapshots import SnapshotRef
+from .errors import ModalErrors
+
+
+async def take_snapshot(
+    sandbox: Any, errors: ModalErrors, workdir: str, seconds: float
+) -> SnapshotRef:
+    """`snapshot_filesystem` within `seconds`; its `SnapshotRef`."""
+    image = await errors.timed_call(
+        "snapshot the sandbox's filesystem", seconds, sandbox.snapshot_filesystem.aio
+    )
+    return SnapshotRef(
+        backend="modal", snapshot_id=str(image.object_id), details={"workdir": workdir}
+    )
+
+
+def snapshot_options(snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+    """Options that create a sandbox from `snapshot`'s image (in its workdir)."""
+    if "image" in options or "sandbox_id" in options:
+        raise InvalidArgumentError("snapshot= replaces image= and sandbox_id=")
+    merged = {**options, "image": snapshot}
+    workdir = snapshot.details.get("workdir")
+    if isinstance(workdir, str) and "workdir" not in options:
+        merged["workdir"] = workdir
+    return merged
+
+
+def image_of(sdk: Any, image: Any, client: Any) -> Any:
+    """The SDK image for the `image` option: a registry tag, a snapshot, or as given."""
+    if isinstance(image, str):
+        return sdk.Image.from_registry(image)
+    if isinstance(image, SnapshotRef):
+        return sdk.Image.from_id(image.snapshot_id, client=client)
+    return image
