@@ -183,3 +183,31 @@ async def test_modal_snapshot_reopens_with_the_files(tmp_path: Path) -> None:
     with pytest.raises(sandbox.InvalidArgumentError, match="replaces image"):
         sandbox.open_session("modal", snapshot=ref, image="python:3.12", **options)
     assert fake.live_sandboxes() == []
+
+
+async def test_modal_exposes_ports_declared_at_create(tmp_path: Path) -> None:
+    from sandbox.testing.modal_fake import FakeModal
+
+    port, tls_port = _free_port(), 8443
+    session = sandbox.open_session(
+        "modal",
+        sdk=FakeModal(),
+        token_id="fake-id",
+        token_secret="fake-secret",
+        workdir=str(tmp_path / "ws"),
+        create_options={"unencrypted_ports": [port], "encrypted_ports": [tls_port]},
+    )
+    async with session:
+        await session.write_file("site/hello.txt", b"through a tunnel")
+        update = await session.pty_exec_start(
+            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            until="Serving",
+            yield_time_s=30,
+        )
+        assert update.process_id is not None
+        plain = await session.expose_port(port)
+        assert not plain.tls and await _fetch(plain, "hello.txt") == b"through a tunnel"
+        secure = await session.expose_port(tls_port)
+        assert secure.tls and secure.url.startswith("https://")
+        with pytest.raises(sandbox.UnsupportedOperationError, match="encrypted_ports"):
+            await session.expose_port(9999)

@@ -82,9 +82,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from modal import exception as modal_exception
+from modal._tunnel import Tunnel
 from modal.types import FileInfo, FileType
 
 from ..backends.unix_local.local_process import LocalProcess
+from .preview_proxy import PreviewProxy
 from .special_files import wait_forever_on_special_file
 
 # Every process a fake sandbox starts carries this variable, so that terminating the
@@ -122,6 +124,7 @@ OPS = (
     "write_file",
     "stat",
     "snapshot",
+    "tunnels",
 )
 
 Predicate = Callable[[tuple[str, ...]], bool]
@@ -502,6 +505,7 @@ class FakeSandbox:
         self._terminated = False
         self._attached = True
         self._filesystem = FakeSandboxFilesystem(self)
+        self._tunnels: dict[int, PreviewProxy] = {}
 
     def __repr__(self) -> str:
         return f"<FakeSandbox {self._object_id} terminated={self._terminated}>"
@@ -516,6 +520,25 @@ class FakeSandbox:
         """The file API (this machine's files, absolute paths)."""
         self._ensure_attached()
         return self._filesystem
+
+    @_AioMethod
+    async def tunnels(self, timeout: int = 50) -> dict[int, Tunnel]:
+        """The ports declared at create (`encrypted_ports`, `unencrypted_ports`), each
+        forwarded by a loopback `PreviewProxy`. Unlike Modal's edge, an "encrypted" one
+        speaks plain HTTP here (the fake has no certificate): only its shape is real."""
+        self._ensure_attached()
+        await self._fake._check("tunnels")
+        found: dict[int, Tunnel] = {}
+        for key, encrypted in (("encrypted_ports", True), ("unencrypted_ports", False)):
+            for port in self.options.get(key) or ():  # type: ignore[attr-defined]
+                proxy = self._tunnels.get(port)
+                if proxy is None:
+                    proxy = self._tunnels[port] = await PreviewProxy(port).start()
+                if encrypted:
+                    found[port] = Tunnel("127.0.0.1", proxy.port, "", 0)
+                else:
+                    found[port] = Tunnel("127.0.0.1", proxy.port, "127.0.0.1", proxy.port)
+        return found
 
     @_AioMethod
     async def snapshot_filesystem(
@@ -718,6 +741,9 @@ class FakeSandbox:
         if self._terminated:
             return
         self._terminated = True
+        tunnels, self._tunnels = list(self._tunnels.values()), {}
+        for proxy in tunnels:
+            await proxy.close()
         for process in self.processes:
             await process._kill()
         marker = f"{self._fake.id}-{self._object_id}"

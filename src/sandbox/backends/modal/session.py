@@ -44,6 +44,7 @@ from ...settle import settle
 from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ...workspace.info import FileInfo
+from ...workspace.ports import ExposedPort
 from ...workspace.shell_ops import ShellFileOps
 from ...workspace.snapshots import SnapshotRef
 from ..toolkit import TAG_VARIABLE
@@ -63,7 +64,7 @@ from .lifecycle import (
 from .limits import create_resources
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
-from .workspace import image_of, snapshot_options, take_snapshot
+from .workspace import exposed_tunnel, image_of, snapshot_options, take_snapshot
 
 logger = logging.getLogger("sandbox.modal")
 
@@ -418,6 +419,10 @@ class ModalSession(BaseSandboxSession[Command]):
         await self._files.write(self._commands.require_sandbox(), path, data)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """The tunnel of a port declared at create (`workspace.exposed_tunnel`)."""
+        return await exposed_tunnel(self._sandbox, self._errors, port)
 
     async def _snapshot(self) -> SnapshotRef:
         """`snapshot_filesystem` (an image of the sandbox's filesystem; `workspace`)."""

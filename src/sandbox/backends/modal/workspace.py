@@ -1,5 +1,5 @@
 """Modal's half of the workspace calls that are not file operations (those run through
-`sandbox.workspace.shell_ops`): filesystem snapshots.
+`sandbox.workspace.shell_ops`): filesystem snapshots and tunnels.
 
 `Sandbox.snapshot_filesystem(timeout=55, *, ttl=30 days)` (modal `sandbox/_sandbox.py`,
 pinned SDK) answers an `Image` of the sandbox's filesystem; `Image.from_id(image_id,
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, UnsupportedOperationError
+from ...workspace.ports import ExposedPort, http_url
 from ...workspace.snapshots import SnapshotRef
 from .errors import ModalErrors
 
@@ -46,3 +47,22 @@ def image_of(sdk: Any, image: Any, client: Any) -> Any:
     if isinstance(image, SnapshotRef):
         return sdk.Image.from_id(image.snapshot_id, client=client)
     return image
+
+
+async def exposed_tunnel(sandbox: Any, errors: ModalErrors, port: int) -> ExposedPort:
+    """The tunnel Modal made for `port` (`Sandbox.tunnels()`, `modal/_tunnel.py`
+    `Tunnel`: `host`/`port` for TLS, `unencrypted_host`/`unencrypted_port` for a port
+    declared in `unencrypted_ports`). Ports are declared at create only."""
+    tunnels = await errors.call("look up the sandbox's tunnels", sandbox.tunnels.aio)
+    tunnel = tunnels.get(port)
+    if tunnel is None:
+        raise UnsupportedOperationError(
+            f"port {port} cannot be exposed: Modal opens tunnels only for ports declared "
+            f'at create (create_options={{"encrypted_ports": [{port}]}})'
+        )
+    if tunnel.unencrypted_host:
+        host, number = str(tunnel.unencrypted_host), int(tunnel.unencrypted_port)
+        return ExposedPort(url=http_url(host, number), host=host, port=number)
+    host, number = str(tunnel.host), int(tunnel.port)
+    url = f"https://{host}/" if number == 443 else f"https://{host}:{number}/"
+    return ExposedPort(url=url, host=host, port=number, tls=True)
