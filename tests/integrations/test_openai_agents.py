@@ -407,3 +407,14 @@ def test_the_docs_example_names_what_exists() -> None:
             module = importlib.import_module(node.module)
             for alias in node.names:
                 assert hasattr(module, alias.name), f"{node.module}.{alias.name}"
+
+
+async def test_the_sdk_persists_and_hydrates_through_our_archives(
+    live: AgentsSessionAdapter, session: sandbox.BaseSandboxSession[Any]
+) -> None:
+    """The SDK's `persist_workspace`/`hydrate_workspace` ride on ours (issue 22)."""
+    await session.write_file("kept/notes.txt", b"persisted by the SDK")
+    spooled = await live.persist_workspace()
+    await session.remove("kept", recursive=True)
+    await live.hydrate_workspace(spooled)
+    assert await session.read_file("kept/notes.txt") == b"persisted by the SDK"
