@@ -224,3 +224,38 @@ async def test_hydrate_cancelled_while_its_source_blocks(tmp_path: Path) -> None
             await task
         assert open_fds() == before
         assert (await session.exec("echo alive")).stdout == b"alive\n"
+
+
+async def test_names_removed_while_walked_are_left_out(tmp_path: Path) -> None:
+    """A sandbox process deleting files between the walk's listing and its reading (pid
+    files, temporaries): the archive stays valid and leaves them out."""
+    from sandbox.workspace.persist import walk_tar
+
+    root = tmp_path / "tree"
+    (root / "gone-dir").mkdir(parents=True)
+    (root / "gone.txt").write_bytes(b"soon gone")
+    (root / "kept.txt").write_bytes(b"kept")
+    tree = LocalTree(os.path.realpath(root))
+
+    class Racing:
+        async def stat(self, path: str) -> sandbox.FileInfo:
+            return tree.stat(path)
+
+        async def list_dir(self, path: str) -> list[sandbox.FileInfo]:
+            listed = tree.list_dir(path)
+            if path == ".":  # what the sandbox removes right after the listing
+                (root / "gone.txt").unlink()
+                (root / "gone-dir").rmdir()
+            return listed
+
+        def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+            from sandbox.backends.unix_local import local_files
+
+            return local_files.read_chunks(os.path.realpath(root), path, 1024)
+
+    data = b"".join([chunk async for chunk in walk_tar(Racing(), ".")])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = sorted(m.name for m in tar.getmembers())
+        assert names == ["gone-dir", "kept.txt"]
+        kept = tar.extractfile("kept.txt")
+        assert kept is not None and kept.read() == b"kept"

@@ -6,7 +6,8 @@ chunk of file data: memory stays bounded however big the tree. Member names are
 relative to the walked folder (a walked file is one member named after it). Symlinks
 are stored, never followed; FIFOs, sockets and devices are left out (their content is
 not data). A file that changes size while it is read still yields a valid archive: its
-member carries the size the stat said, cut or padded with zeros.
+member carries the size the stat said, cut or padded with zeros; a file or folder
+removed between its listing and its reading is left out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
+from ..errors import SandboxFileNotFoundError
 from .info import FileInfo
 from .tar_writer import END, dir_header, file_header, padding, symlink_header
 
@@ -47,7 +49,13 @@ async def walk_tar(source: Source, path: str) -> AsyncGenerator[bytes, None]:
 
 
 async def _folder(source: Source, path: str, prefix: str) -> AsyncGenerator[bytes, None]:
-    entries = sorted(await source.list_dir(path), key=lambda info: info.name)
+    try:
+        listed = await source.list_dir(path)
+    except SandboxFileNotFoundError:
+        if not prefix:
+            raise
+        return  # removed while walked: its header is out, its content is gone
+    entries = sorted(listed, key=lambda info: info.name)
     for entry in entries:
         name = prefix + entry.name
         async with contextlib.aclosing(_member(source, entry, name)) as pieces:
@@ -65,11 +73,35 @@ async def _member(source: Source, entry: FileInfo, name: str) -> AsyncGenerator[
     elif entry.kind == "symlink":
         yield symlink_header(name, entry.link_target or "", mtime=entry.mtime)
     elif entry.kind == "file":
+        chunks = source.read_chunks(entry.path)
+        try:
+            # Opened before its header goes out: a file removed since the listing (a
+            # pid file, a temporary file) is left out, not sent as zeros.
+            first = await anext(chunks, b"")
+        except SandboxFileNotFoundError:
+            await _close(chunks)
+            return
         yield file_header(name, size=entry.size, mode=entry.mode, mtime=entry.mtime)
-        async with contextlib.aclosing(exact(source.read_chunks(entry.path), entry.size)) as data:
+        async with contextlib.aclosing(exact(_after(first, chunks), entry.size)) as data:
             async for piece in data:
                 yield piece
         yield padding(entry.size)
+
+
+async def _after(first: bytes, rest: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    try:
+        if first:
+            yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await _close(rest)
+
+
+async def _close(chunks: AsyncIterator[bytes]) -> None:
+    closer = getattr(chunks, "aclose", None)
+    if closer is not None:
+        await closer()
 
 
 async def exact(chunks: AsyncIterator[bytes], size: int) -> AsyncGenerator[bytes, None]:
