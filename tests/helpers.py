@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import sandbox
+from sandbox.testing import procfs
+from sandbox.testing.faults import Gate, park_calls
 
 
 def unique_seconds() -> str:
@@ -24,20 +25,7 @@ def host_pids_with_arg(arg: str) -> list[int]:
     Processes in containers and behind the fakes are on this kernel too, so this finds
     what any backend left behind.
     """
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                argv = handle.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != b"Z" and arg.encode() in argv:
-            found.append(int(name))
-    return found
+    return procfs.pids_with_arg(arg)
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -53,38 +41,17 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> boo
 
 def describe_pids(pids: list[int]) -> str:
     """`pid state argv` for each pid (for assertion messages about leftover processes)."""
-    lines = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                argv = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0].decode()
-        except OSError:
-            argv, state = "(gone)", "-"
-        lines.append(f"{pid} {state} {argv}")
-    return "\n".join(lines) or "(none)"
+    return procfs.describe(pids)
 
 
 def open_fds() -> int:
     """Number of fds this process has open."""
-    return len(os.listdir("/proc/self/fd"))
+    return len(procfs.open_fds())
 
 
 def children_of_me() -> set[int]:
     """Direct children of this test process, zombies included."""
-    me = str(os.getpid())
-    kids = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as handle:
-                    fields = handle.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1].decode() == me:
-                kids.add(int(name))
-    return kids
+    return procfs.children()
 
 
 @asynccontextmanager
@@ -103,32 +70,13 @@ async def maybe_started(
         await session.aclose()
 
 
-class HookGate:
-    """Parks every call of one backend hook of one session until released: `reached` is
-    set when a call arrives. With `after=True` the real hook runs first and the call
-    parks before returning (what it made exists; its caller does not know yet).
+def HookGate(session: sandbox.BaseSandboxSession, hook: str, *, after: bool = False) -> Gate:
+    """Park every call of one backend hook of one session (`sandbox.testing.faults.
+    park_calls`): `reached` is set when a call arrives; with `after=True` the real hook
+    runs first and the call parks before returning (what it made exists; its caller
+    does not know yet); `release()` lets them through, `fail(exc)` makes them raise.
 
     A deterministic interleaving point for races the base session must win (a close
     against a start, a spawn or an exec): the real hook still does all the work.
     """
-
-    def __init__(self, session: sandbox.BaseSandboxSession, hook: str, *, after: bool = False):
-        self.reached = asyncio.Event()
-        self._released = asyncio.Event()
-        original = getattr(session, hook)
-
-        async def gated(*args: object, **kwargs: object) -> object:
-            if not after:
-                self.reached.set()
-                await self._released.wait()
-            result = await original(*args, **kwargs)
-            if after:
-                self.reached.set()
-                await self._released.wait()
-            return result
-
-        setattr(session, hook, gated)
-
-    def release(self) -> None:
-        """Let parked and later calls through."""
-        self._released.set()
+    return park_calls(session, hook, after=after)
