@@ -109,7 +109,7 @@ class Gate:
 
     def catches(self, subject: object = None) -> bool:
         """Whether a call with `subject` would park here now."""
-        if self.released or self.exhausted:
+        if self.exhausted or (self.released and self._error is None):
             return False
         return self.where is None or self.where(subject)
 
