@@ -1,22 +1,27 @@
-"""Small helpers shared by the test modules (no mocks of our own code here)."""
+"""Small helpers shared by the test modules (no mocks of our own code here).
+
+The /proc reads are `sandbox.testing.procfs`, the gates `sandbox.testing.faults`, and
+`eventually`/`unique_seconds`/`maybe_started` come from `sandbox.testing.conformance`:
+these names are the short spellings the tests use.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-
 import sandbox
 from sandbox.testing import procfs
+from sandbox.testing.conformance import eventually, maybe_started, unique_seconds
 from sandbox.testing.faults import Gate, park_calls
 
-
-def unique_seconds() -> str:
-    """A `sleep` argument unlikely to be used by anything else on the machine, so the
-    processes of one test can be found in /proc by their command line."""
-    return str(600_000 + secrets.randbelow(300_000))
+__all__ = [
+    "HookGate",
+    "children_of_me",
+    "describe_pids",
+    "eventually",
+    "host_pids_with_arg",
+    "maybe_started",
+    "open_fds",
+    "unique_seconds",
+]
 
 
 def host_pids_with_arg(arg: str) -> list[int]:
@@ -26,17 +31,6 @@ def host_pids_with_arg(arg: str) -> list[int]:
     what any backend left behind.
     """
     return procfs.pids_with_arg(arg)
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll `predicate` until it holds (for state only observable by looking, such as a
-    process table); returns its final value."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def describe_pids(pids: list[int]) -> str:
@@ -52,22 +46,6 @@ def open_fds() -> int:
 def children_of_me() -> set[int]:
     """Direct children of this test process, zombies included."""
     return procfs.children()
-
-
-@asynccontextmanager
-async def maybe_started(
-    session: sandbox.BaseSandboxSession, start: bool
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """`async with session` when `start`; else hand it over unstarted and close it at
-    the end (a test that races its start and close owns the starting)."""
-    if start:
-        async with session:
-            yield session
-        return
-    try:
-        yield session
-    finally:
-        await session.aclose()
 
 
 def HookGate(session: sandbox.BaseSandboxSession, hook: str, *, after: bool = False) -> Gate:
