@@ -7,6 +7,7 @@ work, the way every stand-in does, and looks at what happened to the work and th
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +237,25 @@ async def test_park_calls_after_the_real_method_then_fail() -> None:
     gate.fail(RuntimeError("the answer never came"))
     with pytest.raises(RuntimeError, match="never came"):
         await task
+
+
+async def test_the_stand_ins_knobs_arm_their_one_plan(tmp_path: Path) -> None:
+    from sandbox.testing.cloudflare_server import CloudflareWorkerServer, Stall
+    from sandbox.testing.e2b_fake import FakeE2B
+    from sandbox.testing.modal_fake import FakeModal
+
+    modal = FakeModal()
+    gate = modal.block("create", then_raise=OSError("late"))
+    assert isinstance(gate, Gate) and modal.faults.gates == [gate]
+    server = CloudflareWorkerServer(api_key="k", root=tmp_path / "cf")
+    stall = server.stall("exec_stream")
+    assert isinstance(stall, Stall) and stall is server.faults.gates[0]
+    assert server.stall("exec_stream") is server.faults.gates[0]  # a new stall replaces it
+    server.fail("exec", 503, times=2)
+    answers = [server.faults.take("exec") for _ in range(3)]
+    assert [getattr(a, "status", None) for a in answers] == [503, 503, None]
+    async with FakeE2B(api_key="k", root=tmp_path) as e2b:
+        with pytest.raises(ValueError, match="unknown fault point 'nope'"):
+            e2b.block("nope")
+        e2b.fail("create", OSError("down"), after=True)
+        assert [f.point for f in e2b.faults.failures] == ["create"]

@@ -514,6 +514,12 @@ class BlaxelServer:
 
     # ---- fault knobs -----------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._faults
+
     def fail(
         self,
         endpoint: str,

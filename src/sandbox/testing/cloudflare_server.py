@@ -448,6 +448,12 @@ class CloudflareWorkerServer:
 
     # ---- fault injection -------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._faults
+
     def fail(self, endpoint: str, status: int, *, times: int = 1, body: str | None = None) -> None:
         """Answer the next `times` requests to `endpoint` with HTTP `status` (and `body`,
         default a JSON error)."""

@@ -1161,6 +1161,12 @@ class FakeDaytona:
 
     # ---- fault knobs -------------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._knobs
+
     def fail(self, point: str, exc: BaseException, *, times: int = 1, after: bool = False) -> None:
         """Make the next `times` calls at `point` raise `exc` (before or after their work)."""
         self._knobs.fail(_canonical(point), exc, times=times, after=after)

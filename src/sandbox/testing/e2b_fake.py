@@ -1115,6 +1115,12 @@ class FakeE2B:
 
     # ---- knobs ----------------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._knobs
+
     @staticmethod
     def _check_point(point: str) -> None:
         if point not in FAULT_POINTS:
