@@ -4,7 +4,7 @@ Each test parks the real backend hook at a gate (`sandbox.testing.faults.park_ca
 before the hook does anything, or after it made its resource but before its caller
 knows), closes the session there, and checks that `aclose()` returned only once nothing
 was left (the backend's own factory then runs its leak checks), that the state is
-`closed` for good, and that the losing call raised. Star-import it as `suite` (see
+`closed` for good, and that the losing call raised. Star-import it like `suite` (see
 `sandbox.testing.conformance`); tests/test_conformance_ownership.py runs it in-tree.
 """
 
