@@ -73,8 +73,9 @@ Using it::
 Give the backend a `workdir` that exists on this machine (the default `/workspace`
 usually cannot be created here).
 
-Fault injection (each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a
-`POST /process` with `waitForCompletion` after its process started):
+Fault injection (thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPlan`;
+each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a `POST /process` with
+`waitForCompletion` after its process started):
 
 - `fail(endpoint, status, code=..., times=1)`: answer the next call(s) with that HTTP
   status and a body shaped like Blaxel's (gateway envelope for 502/503/504/429, the

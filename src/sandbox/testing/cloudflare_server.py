@@ -64,7 +64,8 @@ The awkward parts of the real service are reproduced on purpose, always:
   are written in pieces cut at random places, so a client sees events split across
   network chunks. `seed` makes the cuts reproducible.
 
-Fault injection (all of it can be changed while the server runs):
+Fault injection (all of it can be changed while the server runs; the failures and
+stalls are thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - ``server.fail(endpoint, status, times=1, body=None)``: answer the next `times`
   requests of an endpoint (``"create"``, ``"delete"``, ``"running"``, ``"exec"``,

@@ -46,7 +46,8 @@ temporary directory, its `TMPDIR` a folder inside it; absolute paths are this ma
 Deleting a sandbox kills every process that still carries its marker in its environment.
 
 Fault knobs, for tests of code that uses the SDK (`point` names are in `FAULT_POINTS`,
-which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them):
+which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them;
+thin wrappers over `fake.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - `fail(point, exc, times=1, after=False)`: the next call(s) at `point` raise `exc`
   (an SDK exception instance), before doing anything or, with `after=True`, after doing

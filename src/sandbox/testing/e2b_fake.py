@@ -29,7 +29,7 @@ started in it. A sandbox's home directory (the default cwd, and the base of rela
 file paths) is a temporary directory; absolute paths are this machine's.
 
 Fault knobs, for tests of the code that uses the SDK (`point` names are in
-`FAULT_POINTS`):
+`FAULT_POINTS`; thin wrappers over `fake.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - `fail(point, exc, times=1, after=False, where=None)`: the next call(s) at `point`
   raise `exc` (an SDK exception), before doing anything or, with `after=True`, after

@@ -23,7 +23,8 @@ against the installed SDK with `sandbox.testing.drift.surface_problems`, so an S
 upgrade that changes that surface fails the test suite instead of the fake drifting.
 The plain blocking forms (`Sandbox.create(...)` without `.aio`) raise `TypeError`.
 
-Fault knobs, for tests: `fake.fail(op, exc)` makes the next call of `op` raise `exc`
+Fault knobs, for tests (thin wrappers over `fake.faults`, a
+`sandbox.testing.faults.FaultPlan`): `fake.fail(op, exc)` makes the next call of `op` raise `exc`
 (an SDK exception); `fake.block(op)` returns a `Gate` whose `reached` event is set when a
 call of `op` arrives, and which holds that call until `gate.release()` (never releasing
 it is "a call that never returns"; with `then_raise=exc` the released call
