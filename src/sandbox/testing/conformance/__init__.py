@@ -58,7 +58,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -106,12 +106,13 @@ class Backend:
 
     name: str
     session: SessionFactory
-    capabilities: Collection[str] = field(default_factory=lambda: set(CAPABILITIES))
+    capabilities: Collection[str] = CAPABILITIES
     skip_reason: Callable[[], str | None] = lambda: None
     processes_with_arg: ProcessLister | None = procfs.pids_with_arg
     waits_for_processes: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
         unknown = set(self.capabilities) - CAPABILITIES
         if unknown:
             known = ", ".join(sorted(CAPABILITIES))
