@@ -87,6 +87,14 @@ BACKENDS: dict[str, BackendInfo] = {
             description="a user-deployed Cloudflare Sandbox Worker (HTTP + WebSocket)",
         ),
         BackendInfo(
+            "kubernetes",
+            "sandbox.backends.kubernetes",
+            "KubernetesSession",
+            "kubernetes",
+            ("kubernetes_asyncio", "aiohttp"),
+            description="a pod per session (or attach to one), pods/exec over WebSocket",
+        ),
+        BackendInfo(
             "daytona",
             "sandbox.backends.daytona",
             "DaytonaSession",
