@@ -87,14 +87,6 @@ BACKENDS: dict[str, BackendInfo] = {
             description="a user-deployed Cloudflare Sandbox Worker (HTTP + WebSocket)",
         ),
         BackendInfo(
-            "kubernetes",
-            "sandbox.backends.kubernetes",
-            "KubernetesSession",
-            "kubernetes",
-            ("kubernetes_asyncio", "aiohttp"),
-            description="a pod per session (or attach to one), pods/exec over WebSocket",
-        ),
-        BackendInfo(
             "daytona",
             "sandbox.backends.daytona",
             "DaytonaSession",
@@ -120,6 +112,14 @@ BACKENDS: dict[str, BackendInfo] = {
             ("modal",),
             (("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"),),
             description="Modal sandboxes via the SDK's .aio calls",
+        ),
+        BackendInfo(
+            "kubernetes",
+            "sandbox.backends.kubernetes",
+            "KubernetesSession",
+            "kubernetes",
+            ("kubernetes_asyncio", "aiohttp"),
+            description="a pod per session (or attach to one), pods/exec over WebSocket",
         ),
     )
 }

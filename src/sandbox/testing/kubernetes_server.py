@@ -44,7 +44,9 @@ Fault knobs (changeable while serving): `forbid_exec` (403 `Forbidden` on pods/e
 the v5 translator), `drop_exec_sockets()` (abort every exec socket, no close frame),
 `stall(point)` (requests wait at `create`, `exec`, `delete`, `watch` - a slow watch -
 until released; `reached` tells a test one is waiting), `ignore_term` (the init
-ignores SIGTERM, so a deletion waits out its grace). What a test can look at: `pods`,
+ignores SIGTERM, so a deletion waits out its grace), `stuck_deletion` (a graceful
+delete never completes, as with a lost node: only a forced one removes the pod),
+`status_padding` (bytes added to a failure Status: a peer flooding channel 3). What a test can look at: `pods`,
 `deleted` (names), `requests` (method, path, authorized: never headers),
 `exec_argvs`, `live_processes()`, `open_execs()`.
 
@@ -56,6 +58,7 @@ container's end kills it); the backend's kill script finds it by its own tag.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import json
@@ -84,6 +87,7 @@ FRAME_BYTES = 32 * 1024
 # How long the kubelet's pull "retries" before it reports the back-off.
 BACKOFF_AFTER_S = 0.05
 WATCH_IDLE_S = 300.0
+WATCH_CACHE_EVENTS = 1000
 
 
 @dataclass(eq=False)
@@ -148,6 +152,8 @@ class KubernetesApiServer:
         self.image_pull_fails = False
         self.unschedulable = False
         self.ignore_term = False
+        self.stuck_deletion = False
+        self.status_padding = 0
         self.pods: dict[tuple[str, str], FakePod] = {}
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str, bool]] = []
@@ -157,6 +163,10 @@ class KubernetesApiServer:
         self._sockets: set[web.WebSocketResponse] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._version = 1
+        # The watch cache: recent events, replayed to a watch from a resourceVersion.
+        self._history: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(
+            maxlen=WATCH_CACHE_EVENTS
+        )
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -303,6 +313,7 @@ class KubernetesApiServer:
         self._version += 1
         pod.obj["metadata"]["resourceVersion"] = str(self._version)
         event = {"type": kind, "object": json.loads(json.dumps(pod.obj))}
+        self._history.append((pod.namespace, event))
         for namespace, selector, queue in list(self._watchers):
             if namespace == pod.namespace and _matches(pod.obj, selector):
                 queue.put_nowait(event)
@@ -436,9 +447,18 @@ class KubernetesApiServer:
         self._watchers.append(entry)
         try:
             since = request.query.get("resourceVersion")
-            for obj in pods:
-                if not since or int(obj["metadata"]["resourceVersion"]) > int(since):
-                    queue.put_nowait({"type": "ADDED" if not since else "MODIFIED", "object": obj})
+            if not since:
+                for obj in pods:
+                    queue.put_nowait({"type": "ADDED", "object": obj})
+            else:
+                for ns, event in self._history:
+                    obj = event["object"]
+                    if (
+                        ns == namespace
+                        and _matches(obj, selector)
+                        and int(obj["metadata"]["resourceVersion"]) > int(since)
+                    ):
+                        queue.put_nowait(event)
             while True:
                 try:
                     async with asyncio.timeout(WATCH_IDLE_S):
@@ -473,7 +493,11 @@ class KubernetesApiServer:
             meta["deletionTimestamp"] = _now()
             meta["deletionGracePeriodSeconds"] = grace
             self._touch(pod)
-            pod.deleting = self._spawn_task(self._terminate(pod, max(grace, MIN_GRACE_S)))
+            if self.stuck_deletion:
+                # A node that never confirms: only a forced delete removes the object.
+                pod.deleting = self._spawn_task(asyncio.Event().wait())
+            else:
+                pod.deleting = self._spawn_task(self._terminate(pod, max(grace, MIN_GRACE_S)))
         return web.json_response(pod.obj)
 
     async def _terminate(self, pod: FakePod, grace_s: float) -> None:
@@ -503,8 +527,9 @@ class KubernetesApiServer:
         for process in list(pod.processes):
             await _reap(process)
         pod.processes.clear()
-        if pod.lifecycle is not None and not pod.lifecycle.done():
-            pod.lifecycle.cancel()
+        for task in (pod.lifecycle, pod.deleting):
+            if task is not None and task is not asyncio.current_task() and not task.done():
+                task.cancel()
         self.deleted.append(pod.name)
         self._touch(pod, "DELETED")
         pod.gone.set()
@@ -712,7 +737,7 @@ class _ExecSession:
         message = (
             "command terminated with non-zero exit code: error executing command "
             f"[{' '.join(self.argv)}], exit code {code}"
-        )
+        ) + " " * self.server.status_padding
         return status_body(
             500,
             "NonZeroExitCode",
