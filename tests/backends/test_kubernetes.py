@@ -90,10 +90,10 @@ async def test_v4_only_runs_everything(
         await s.write_file("d/blob", payload)
         assert await s.read_file("d/blob") == payload
         # A pipes process gets no stdin at all, so `cat` ends at once.
-        started = await s.pty_exec_start("cat; echo cat-done", yield_time_ms=5000)
+        started = await s.pty_exec_start("cat; echo cat-done", yield_time_s=5)
         update = started
         while update.exit_code is None:
-            update = await s.pty_write_stdin(started.process_id, "", yield_time_ms=5000)
+            update = await s.pty_write_stdin(started.process_id, "", yield_time_s=5)
         assert "cat-done" in started.output + update.output
         assert update.exit_code == 0
 
@@ -234,7 +234,7 @@ async def test_attach_to_a_pod_leaves_it_running(
     async with open_k8s(server, tmp_path, image=None, pod=name) as attached:
         assert await attached.read_file("/workspace/kept.txt") == b"from the first session"
         marker = unique_seconds()
-        started = await attached.pty_exec_start(f"sleep {marker}", yield_time_ms=100)
+        started = await attached.pty_exec_start(f"sleep {marker}", yield_time_s=0.1)
         assert started.exit_code is None
     # The attached session killed its own process but left the pod running.
     assert await eventually(lambda: not host_pids_with_arg(marker))
@@ -260,7 +260,7 @@ async def test_a_stuck_deletion_is_forced(
 ) -> None:
     monkeypatch.setattr(bounds, "DELETE_SLACK_S", 0.2)
     server.stuck_deletion = True
-    async with open_k8s(server, tmp_path, delete_grace_s=0) as s:
+    async with open_k8s(server, tmp_path, delete_grace_s=1) as s:
         await s.exec("true")
     assert [r[0] for r in server.requests if r[0] == "DELETE"] == ["DELETE", "DELETE"]
     await nothing_left(server)
@@ -274,9 +274,9 @@ async def test_dropped_exec_socket_is_a_lost_process(
 ) -> None:
     async with open_k8s(server, tmp_path) as s:
         marker = unique_seconds()
-        started = await s.pty_exec_start(f"sleep {marker}", tty=True, yield_time_ms=100)
+        started = await s.pty_exec_start(f"sleep {marker}", tty=True, yield_time_s=0.1)
         assert server.drop_exec_sockets() == 1
-        update = await s.pty_write_stdin(started.process_id, "", yield_time_ms=5000)
+        update = await s.pty_write_stdin(started.process_id, "", yield_time_s=5)
         assert update.exit_code is None
         assert "process lost" in update.output
         assert (await s.exec("echo still-here")).stdout == b"still-here\n"
@@ -430,7 +430,7 @@ async def test_cancelled_write_poll_and_terminate(
         marker = unique_seconds()
         started = await s.pty_exec_start(f"sh -c 'read x; sleep {marker}'", tty=True)
         pid = started.process_id
-        polling = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_ms=30_000))
+        polling = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
         await asyncio.sleep(0)
         polling.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -439,9 +439,11 @@ async def test_cancelled_write_poll_and_terminate(
         terminating = asyncio.ensure_future(s.pty_terminate(pid))
         await stall.reached.wait()
         terminating.cancel()
+        # The teardown is settled: it finishes its kill before the cancellation lands.
+        stall.release()
         with pytest.raises(asyncio.CancelledError):
             await terminating
-        stall.release()
+        assert s.pty_processes() == []
         assert await eventually(lambda: server.open_execs() <= 1, timeout=10)
     assert await eventually(lambda: not host_pids_with_arg(marker))
     await nothing_left(server)

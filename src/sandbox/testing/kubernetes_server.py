@@ -46,9 +46,9 @@ the v5 translator), `drop_exec_sockets()` (abort every exec socket, no close fra
 until released; `reached` tells a test one is waiting), `ignore_term` (the init
 ignores SIGTERM, so a deletion waits out its grace), `stuck_deletion` (a graceful
 delete never completes, as with a lost node: only a forced one removes the pod),
-`status_padding` (bytes added to a failure Status: a peer flooding channel 3). What a test can look at: `pods`,
-`deleted` (names), `requests` (method, path, authorized: never headers),
-`exec_argvs`, `live_processes()`, `open_execs()`.
+`status_padding` (bytes added to a failure Status: a peer flooding channel 3). What a
+test can look at: `pods`, `deleted` (names), `requests` (method, path, authorized:
+never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
 
 Not modelled: a PID namespace. A process that leaves its exec's session AND scrubs
 the pod's marker from its environment is not found at deletion (on a cluster the

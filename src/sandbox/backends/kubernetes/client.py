@@ -183,10 +183,14 @@ class KubeClient:
                     autoping=True,
                 )
         except aiohttp.WSServerHandshakeError as exc:
-            detail = exc.message if isinstance(exc.message, str) else ""
+            # aiohttp keeps no body of a refused upgrade: say what the status means.
             status = exc.status or 0
-            if status == 403 and not detail:
-                detail = "no subprotocol in common, or pods/exec is forbidden"
+            detail = {
+                401: "the credentials were not accepted",
+                403: "pods/exec is forbidden for these credentials (RBAC: create and get "
+                "on pods/exec), or the server speaks none of the offered protocols",
+                404: "no such pod",
+            }.get(status, "")
             raise api_error(status, detail.encode(), what, secrets=self.cluster.secrets()) from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise self._lost(exc, what) from None
