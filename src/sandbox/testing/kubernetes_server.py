@@ -39,7 +39,8 @@ Every request needs ``Authorization: Bearer <token>`` (else a 401 `Status`). Err
 process running (containerd `internal/cri/io/exec_io.go`): it dies with its pod.
 
 Fault knobs (changeable while serving): `forbid_exec` (403 `Forbidden` on pods/exec),
-`image_pull_fails` (the container waits in `ErrImagePull`, then `ImagePullBackOff`),
+`image_pull_fails` or `missing_images` (every image, or these: the container waits in
+`ErrImagePull`, then `ImagePullBackOff`),
 `unschedulable` (`PodScheduled=False`, `Unschedulable`), `v4_only` (a cluster without
 the v5 translator), `drop_exec_sockets()` (abort every exec socket, no close frame),
 `stall(point)` (requests wait at `create`, `exec`, `delete`, `watch` - a slow watch -
@@ -150,6 +151,7 @@ class KubernetesApiServer:
         self.v4_only = v4_only
         self.forbid_exec = False
         self.image_pull_fails = False
+        self.missing_images: set[str] = set()
         self.unschedulable = False
         self.ignore_term = False
         self.stuck_deletion = False
@@ -372,8 +374,8 @@ class KubernetesApiServer:
         waiting = {"waiting": {"reason": "ContainerCreating"}}
         status["containerStatuses"] = [{"name": cname, "ready": False, "state": waiting}]
         self._touch(pod)
-        if self.image_pull_fails:
-            image = container.get("image")
+        image = container.get("image")
+        if self.image_pull_fails or image in self.missing_images:
             message = f'failed to pull and unpack image "{image}": not found'
             status["containerStatuses"][0]["state"] = {
                 "waiting": {"reason": "ErrImagePull", "message": message}
@@ -680,6 +682,7 @@ class _ExecSession:
             cwd=self.pod.root,
             env=env,
             start_new_session=True,
+            preexec_fn=_default_signals,
         )
 
     async def _pump(self, process: Any) -> int:
@@ -738,12 +741,23 @@ class _ExecSession:
             "command terminated with non-zero exit code: error executing command "
             f"[{' '.join(self.argv)}], exit code {code}"
         ) + " " * self.server.status_padding
-        return status_body(
-            500,
-            "NonZeroExitCode",
-            message,
-            details={"causes": [{"reason": "ExitCode", "message": str(code)}]},
-        )
+        # kubelet `ServeExec`: no `code` in this Status, the exit code as a cause.
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+        }
+
+
+def _default_signals() -> None:  # pragma: no cover - runs in the child
+    # A container's processes start with default dispositions, whatever the server's
+    # own (a background job of a non-interactive shell ignores SIGINT and SIGQUIT).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _exited(process: Any) -> bool:
