@@ -183,6 +183,38 @@ async def test_kubeconfig_from_the_environment_and_missing_credentials(
     await s.aclose()
 
 
+async def test_exec_credential_plugin_is_run_again_when_its_token_expired(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "plugin.py"
+    # The token it hands out is already expired: the loader must run it before each call.
+    plugin.write_text(
+        "import json, pathlib\n"
+        f"pathlib.Path({str(runs)!r}).open('a').write('x')\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1',"
+        " 'kind': 'ExecCredential', 'status': {'token': "
+        f"{TOKEN!r}, 'expirationTimestamp': '2000-01-01T00:00:00Z'}}}}))\n"
+    )
+    config = json.loads(server.write_kubeconfig(tmp_path / "kc").read_text())
+    config["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": sys.executable,
+            "args": [str(plugin)],
+        }
+    }
+    (tmp_path / "kc").write_text(json.dumps(config))
+    s = sandbox.open_session("kubernetes", kubeconfig=str(tmp_path / "kc"), image="busybox")
+    async with s:
+        assert (await s.exec("echo plugged")).stdout == b"plugged\n"
+        before = len(runs.read_text())
+        await s.exec("true")
+        assert len(runs.read_text()) > before
+    assert all(authorized for _, _, authorized in server.requests)
+    await nothing_left(server)
+
+
 def test_backends_report_names_the_context_not_the_token(tmp_path: Path) -> None:
     config = {
         "apiVersion": "v1",

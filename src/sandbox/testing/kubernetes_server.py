@@ -525,6 +525,7 @@ class KubernetesApiServer:
             self._kill_members(pod)
             with contextlib.suppress(Exception):
                 await init.wait()
+            _close_transport(init)
         self._kill_members(pod)
         for process in list(pod.processes):
             await _reap(process)
@@ -659,6 +660,8 @@ class _ExecSession:
                     process.close(kill_group=False)
                 if _exited(process):
                     self.pod.processes.discard(process)
+                    if not isinstance(process, LocalProcess):
+                        _close_transport(process)
 
     async def _start(self) -> Any:
         env = self.server._env(self.pod)
@@ -789,6 +792,15 @@ async def _reap(process: Any) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await process.wait()
+    _close_transport(process)
+
+
+def _close_transport(process: Any) -> None:
+    # asyncio keeps a subprocess's pipes (and so its transport) open until each is
+    # read to EOF; a pipe nobody reads any more is closed here, not by the GC later.
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _selector(query: Any) -> dict[str, str]:

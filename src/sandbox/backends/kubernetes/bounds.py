@@ -29,3 +29,5 @@ CONTROL_TIMEOUT_S = 60.0
 # After a graceful delete, how much longer than the grace period the pod may take to
 # go before it is deleted again with a grace period of 0 (forced).
 DELETE_SLACK_S = 10.0
+# The pause before a watch the server ended is opened again.
+WATCH_RETRY_S = 0.2

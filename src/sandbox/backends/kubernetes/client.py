@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -118,7 +118,7 @@ class KubeClient:
 
     async def watch(
         self, path: str, params: Mapping[str, Any], what: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a watch (`watch=true` added), one JSON object per line, each
         line at most `MAX_WATCH_LINE_BYTES`. The caller bounds the whole watch."""
         try:

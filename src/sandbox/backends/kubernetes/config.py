@@ -131,6 +131,7 @@ async def load_cluster(
     paths = kubeconfig_paths(kubeconfig)
     context_name: str | None = None
     context_namespace: str | None = None
+    loader: Any = None
     try:
         if paths is not None:
             loader = await load_kube_config(
@@ -159,11 +160,19 @@ async def load_cluster(
         ) from None
 
     token = configuration.api_key.get("BearerToken")
-    refresh = None
+    refresh: Callable[[], Awaitable[str | None]] | None = None
     if configuration.refresh_api_key_hook is not None:
-
+        # In-cluster: the loader's hook re-reads the projected token when it is old.
         async def refresh() -> str | None:
             value = await configuration.get_api_key_with_prefix("BearerToken")
+            return value if isinstance(value, str) else None
+
+    elif paths is not None and getattr(loader, "exec_plugin_expiry", None) is not None:
+        # An exec credential plugin's token expires: the loader runs the plugin again
+        # once it has (and only then), and keeps the new token.
+        async def refresh() -> str | None:
+            await loader.load_from_exec_plugin()
+            value = getattr(loader, "token", None)
             return value if isinstance(value, str) else None
 
     return Cluster(

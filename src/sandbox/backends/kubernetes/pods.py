@@ -175,21 +175,25 @@ async def wait_running(
                 watch_params = dict(params)
                 if version:
                     watch_params["resourceVersion"] = version
-                async for event in client.watch(
-                    pods_path(namespace), watch_params, "watch the pod"
-                ):
-                    kind = event.get("type")
-                    obj = event.get("object") or {}
-                    if kind == "ERROR":
-                        break  # e.g. 410 Gone: read the pod again, watch anew
-                    if kind == "DELETED":
-                        raise PodStartError(f"the pod {name} was deleted while starting")
-                    running, why, fatal = readiness(obj, container)
-                    if running:
-                        return obj
-                    last = why or last
-                    if fatal:
-                        raise PodStartError(f"the pod {name} could not start: {last}")
+                watch = client.watch(pods_path(namespace), watch_params, "watch the pod")
+                # Closed at once when we stop reading: the watch's connection goes back.
+                async with contextlib.aclosing(watch) as events:
+                    async for event in events:
+                        kind = event.get("type")
+                        obj = event.get("object") or {}
+                        if kind == "ERROR":
+                            break  # e.g. 410 Gone: read the pod again, watch anew
+                        if kind == "DELETED":
+                            raise PodStartError(f"the pod {name} was deleted while starting")
+                        running, why, fatal = readiness(obj, container)
+                        if running:
+                            return obj
+                        last = why or last
+                        if fatal:
+                            raise PodStartError(f"the pod {name} could not start: {last}")
+                # The server ended the watch (its own timeout, an ERROR event): a pause,
+                # so a server that ends every watch at once is not asked in a loop.
+                await asyncio.sleep(bounds.WATCH_RETRY_S)
     except TimeoutError:
         raise PodStartError(
             f"the pod {name} did not start within {timeout:g} s: {last}", retryable=True
@@ -271,8 +275,11 @@ async def _gone(client: KubeClient, namespace: str, name: str) -> None:
         version = (pod.get("metadata") or {}).get("resourceVersion")
         if version:
             params["resourceVersion"] = version
-        async for event in client.watch(pods_path(namespace), params, "watch the pod"):
-            if event.get("type") == "DELETED":
-                return
-            if event.get("type") == "ERROR":
-                break
+        watch = client.watch(pods_path(namespace), params, "watch the pod")
+        async with contextlib.aclosing(watch) as events:
+            async for event in events:
+                if event.get("type") == "DELETED":
+                    return
+                if event.get("type") == "ERROR":
+                    break
+        await asyncio.sleep(bounds.WATCH_RETRY_S)
