@@ -10,6 +10,7 @@ real processes behind it, a kubeconfig written by the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -399,6 +400,17 @@ async def test_a_flooding_status_is_refused(server: KubernetesApiServer, tmp_pat
         assert (await s.exec("exit 3")).exit_code == 3
 
 
+async def test_a_flooding_watch_is_refused(server: KubernetesApiServer, tmp_path: Path) -> None:
+    server.watch_floods = 1
+    scheduling = server.stall("schedule")  # the pod stays Pending: the start must watch
+    s = open_k8s(server, tmp_path)
+    with pytest.raises(sandbox.ProviderError, match="watch event exceeded"):
+        await s.start()
+    scheduling.release()
+    await s.aclose()
+    await nothing_left(server)
+
+
 # ---- cancellation at the server's await points --------------------------------------------
 
 
@@ -407,6 +419,8 @@ async def test_cancelled_start_leaves_no_pod(
     server: KubernetesApiServer, tmp_path: Path, point: str
 ) -> None:
     stall = server.stall(point)
+    # A pod still Pending at the first look makes the start watch.
+    scheduling = server.stall("schedule") if point == "watch" else None
     s = open_k8s(server, tmp_path)
     starting = asyncio.ensure_future(s.start())
     await stall.reached.wait()
@@ -414,6 +428,8 @@ async def test_cancelled_start_leaves_no_pod(
     with pytest.raises(asyncio.CancelledError):
         await starting
     stall.release()
+    if scheduling is not None:
+        scheduling.release()
     await s.aclose()
     await nothing_left(server)
 
@@ -423,6 +439,7 @@ async def test_close_racing_pod_creation(
     server: KubernetesApiServer, tmp_path: Path, point: str
 ) -> None:
     stall = server.stall(point)
+    scheduling = server.stall("schedule") if point == "watch" else None
     s = open_k8s(server, tmp_path)
     starting = asyncio.ensure_future(s.start())
     await stall.reached.wait()
@@ -430,6 +447,8 @@ async def test_close_racing_pod_creation(
     with pytest.raises(sandbox.SessionClosedError):
         await starting
     stall.release()
+    if scheduling is not None:
+        scheduling.release()
     await closing
     await nothing_left(server)
 
@@ -479,3 +498,23 @@ async def test_cancelled_write_poll_and_terminate(
         assert await eventually(lambda: server.open_execs() <= 1, timeout=10)
     assert await eventually(lambda: not host_pids_with_arg(marker))
     await nothing_left(server)
+
+
+async def test_cancelled_close_still_deletes_the_pod(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    s = open_k8s(server, tmp_path)
+    await s.start()
+    marker = unique_seconds()
+    await s.pty_exec_start(f"sleep {marker}", tty=True, yield_time_s=0.1)
+    stall = server.stall("delete")
+    closing = asyncio.ensure_future(s.aclose())
+    await stall.reached.wait()
+    closing.cancel()
+    stall.release()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    assert s.state is sandbox.SessionState.CLOSED
+    await nothing_left(server)
+    assert await eventually(lambda: not host_pids_with_arg(marker))
+    assert [r[0] for r in server.requests].count("DELETE") == 1

@@ -38,18 +38,25 @@ Every request needs ``Authorization: Bearer <token>`` (else a 401 `Status`). Err
 "message"}``). Closing an exec socket closes a pipes process's stdin and leaves a tty
 process running (containerd `internal/cri/io/exec_io.go`): it dies with its pod.
 
-Fault knobs (changeable while serving): `forbid_exec` (403 `Forbidden` on pods/exec),
-`image_pull_fails` or `missing_images` (every image, or these: the container waits in
-`ErrImagePull`, then `ImagePullBackOff`),
-`unschedulable` (`PodScheduled=False`, `Unschedulable`), `v4_only` (a cluster without
-the v5 translator), `drop_exec_sockets()` (abort every exec socket, no close frame),
-`stall(point)` (requests wait at `create`, `exec`, `delete`, `watch` - a slow watch -
-until released; `reached` tells a test one is waiting), `ignore_term` (the init
-ignores SIGTERM, so a deletion waits out its grace), `stuck_deletion` (a graceful
-delete never completes, as with a lost node: only a forced one removes the pod),
-`status_padding` (bytes added to a failure Status: a peer flooding channel 3). What a
-test can look at: `pods`, `deleted` (names), `requests` (method, path, authorized:
-never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
+Fault knobs (changeable while serving):
+
+- `forbid_exec`: 403 `Forbidden` on pods/exec (RBAC);
+- `image_pull_fails`, `missing_images`: every image, or these, cannot be pulled (the
+  container waits in `ErrImagePull`, then `ImagePullBackOff`);
+- `unschedulable`: `PodScheduled=False`, reason `Unschedulable`;
+- `v4_only`: a cluster without the v5 translator;
+- `drop_exec_sockets()`: abort every exec socket, no close frame;
+- `stall(point)`: requests wait at `create`, `exec`, `delete` or `watch` (a slow
+  watch), new pods at `schedule` (a slow scheduler), until released; `reached` tells a
+  test one is waiting;
+- `ignore_term`: the init ignores SIGTERM, so a deletion waits out its grace;
+- `stuck_deletion`: a graceful delete never completes (a lost node): only a forced one
+  removes the pod;
+- `status_padding`: bytes added to a failure Status (a peer flooding channel 3);
+- `watch_floods`: the next N watches send one line of `flood_bytes` that never ends.
+
+What a test can look at: `pods`, `deleted` (names), `requests` (method, path,
+authorized: never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
 
 Not modelled: a PID namespace. A process that leaves its exec's session AND scrubs
 the pod's marker from its environment is not found at deletion (on a cluster the
@@ -81,7 +88,7 @@ from .cloudflare_server import Stall
 
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
-STALL_POINTS = ("create", "exec", "delete", "watch")
+STALL_POINTS = ("create", "exec", "delete", "watch", "schedule")
 POD_MARKER = "SANDBOX_STANDIN_POD"
 MIN_GRACE_S = 2
 FRAME_BYTES = 32 * 1024
@@ -156,6 +163,8 @@ class KubernetesApiServer:
         self.ignore_term = False
         self.stuck_deletion = False
         self.status_padding = 0
+        self.watch_floods = 0
+        self.flood_bytes = 8 * 1024 * 1024
         self.pods: dict[tuple[str, str], FakePod] = {}
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str, bool]] = []
@@ -356,6 +365,7 @@ class KubernetesApiServer:
     async def _bring_up(self, pod: FakePod) -> None:
         """What the scheduler and the kubelet do to a new pod, step by step."""
         await asyncio.sleep(0)
+        await self._maybe_stall("schedule")
         status = pod.obj["status"]
         container = pod.obj["spec"]["containers"][0]
         cname = container.get("name", "c")
@@ -444,6 +454,12 @@ class KubernetesApiServer:
         await self._maybe_stall("watch")
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
+        if self.watch_floods > 0:
+            # One line that never ends, written as the client takes it.
+            self.watch_floods -= 1
+            for _ in range(0, self.flood_bytes, 64 * 1024):
+                await response.write(b"x" * (64 * 1024))
+            return response
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         entry = (namespace, selector, queue)
         self._watchers.append(entry)

@@ -20,6 +20,8 @@ STDIN_FRAME_BYTES = 32 * 1024
 
 # A whole API call (connect, send, read the reply) that is not a stream.
 DEFAULT_API_TIMEOUT_S = 30.0
+# Loading the credentials (an exec credential plugin runs then).
+CONFIG_TIMEOUT_S = 120.0
 # From the create to a running container; the pod-watch ends there with an error.
 DEFAULT_START_TIMEOUT_S = 300.0
 # The WebSocket upgrade of one exec (the stream itself has no deadline).

@@ -32,6 +32,7 @@ from ...backend import (
 )
 from ...errors import (
     ConnectionLostError,
+    CredentialsMissingError,
     InvalidArgumentError,
     ProcessExitedError,
     WorkdirError,
@@ -185,7 +186,17 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         """Load the credentials, create (or find) the pod, wait for it, probe an exec."""
         self._created = None
         self._target = None
-        cluster: Cluster = await load_cluster(self._kubeconfig, self._context, self.namespace)
+        try:
+            # An exec credential plugin may hang (a login that never completes).
+            async with asyncio.timeout(bounds.CONFIG_TIMEOUT_S):
+                cluster: Cluster = await load_cluster(
+                    self._kubeconfig, self._context, self.namespace
+                )
+        except TimeoutError:
+            raise CredentialsMissingError(
+                f"the Kubernetes credentials were not ready within {bounds.CONFIG_TIMEOUT_S:g} s "
+                "(an exec credential plugin did not finish)"
+            ) from None
         self.namespace = cluster.namespace
         self._client = client = KubeClient(
             cluster, api_timeout=self._api_timeout, protocols=self._protocols
@@ -356,7 +367,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         if proc is None:
             return
         pod_goes = entry.sandbox_stopping and self._created is not None and not self._keep_pod
-        if proc.stream is None:
+        if proc.stream is None and not pod_goes:
             await proc.kill_unstarted()
         else:
             await proc.terminate(self.terminate_grace_s, kill=not pod_goes)
