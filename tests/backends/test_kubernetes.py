@@ -90,6 +90,10 @@ async def test_v4_only_runs_everything(
         payload = bytes(range(256)) * 300
         await s.write_file("d/blob", payload)
         assert await s.read_file("d/blob") == payload
+        await s.write_file_chunks(
+            "d/chunks", (payload[i : i + 7000] for i in range(0, 76800, 7000))
+        )
+        assert await s.read_file("d/chunks") == payload
         # A pipes process gets no stdin at all, so `cat` ends at once.
         started = await s.pty_exec_start("cat; echo cat-done", yield_time_s=5)
         update = started
@@ -388,6 +392,12 @@ async def test_big_file_read_is_cut_at_the_limit(
         assert (await s.exec("ln -s /dev/zero zero")).exit_code == 0
         with pytest.raises(sandbox.NotAFileError):
             await s.read_file("zero")
+        # A streamed write over a directory is refused and writes nothing, also when
+        # the refusal comes while chunks are still being sent.
+        assert (await s.exec("mkdir folder")).exit_code == 0
+        with pytest.raises(sandbox.NotAFileError, match="directory"):
+            await s.write_file_chunks("folder", (b"x" * 65536 for _ in range(200)))
+        assert (await s.exec("ls -A folder")).stdout == b""
         assert await eventually(lambda: server.open_execs() == 0)
 
 

@@ -13,8 +13,7 @@ exec's first process a session leader (runc), as the wrapper needs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...backend import settle
@@ -181,14 +180,15 @@ async def run_control(
     argv: Sequence[str],
     what: str,
     *,
-    stdin: bytes | None = None,
+    stdin: bytes | AsyncIterator[bytes] | None = None,
     on_stdout: Callable[[bytes], bool] | None = None,
 ) -> tuple[int, bytes]:
-    """Run a short command of ours (not wrapped) to its end within
-    `CONTROL_TIMEOUT_S`: its exit code and its first `MAX_CONTROL_OUTPUT_BYTES` of
-    stdout and stderr together. With `stdin`, those bytes are sent and stdin closed
-    (v5); `on_stdout` takes stdout instead and returns False to stop (the exec is then
-    cut off; the caller kills what it left)."""
+    """Run a short command of ours (not wrapped) to its end: its exit code and its
+    first `MAX_CONTROL_OUTPUT_BYTES` of stdout and stderr together. With `stdin`, those
+    bytes (or chunks) are sent and stdin closed (v5); `on_stdout` takes stdout instead
+    and returns False to stop (the exec is then cut off; the caller kills what it
+    left). Each step has `CONTROL_TIMEOUT_S`: the start, every stdin chunk, the wait for
+    the status after the last one (so a long upload is bounded by its progress)."""
     output = bytearray()
     stopped = asyncio.Event()
 
@@ -214,14 +214,28 @@ async def run_control(
         on_stdout=take if on_stdout is not None else keep,
         on_stderr=keep,
     )
+    step = bounds.CONTROL_TIMEOUT_S
     try:
-        async with asyncio.timeout(bounds.CONTROL_TIMEOUT_S):
+        async with asyncio.timeout(step):
             await process.start(what)
-            stream = process.require_stream()
-            if stdin is not None:
-                await stream.write(stdin)
-                if stream.can_close_stdin:
+        stream = process.require_stream()
+        try:
+            if isinstance(stdin, bytes):
+                async with asyncio.timeout(step):
+                    await stream.write(stdin)
+            elif stdin is not None:
+                async for chunk in stdin:
+                    async with asyncio.timeout(step):
+                        await stream.write(chunk)
+            async with asyncio.timeout(step):
+                if stdin is not None and stream.can_close_stdin:
                     await stream.close_stdin()
+        except ConnectionLostError:
+            # The command ended before reading all its input (a refusal): its status
+            # has come, or the stream is really gone (then `wait` says so).
+            if not stream.ended:
+                raise
+        async with asyncio.timeout(step):
             waiting = asyncio.ensure_future(stream.wait())
             stopping = asyncio.ensure_future(stopped.wait())
             try:
@@ -237,8 +251,3 @@ async def run_control(
     finally:
         await settle(process.terminate(0, kill=False))
     return code, bytes(output)
-
-
-def suppress_lost() -> contextlib.AbstractContextManager[None]:
-    """For best-effort control execs of a teardown whose pod may be gone."""
-    return contextlib.suppress(ConnectionLostError)

@@ -13,6 +13,7 @@ v5 stdin is then closed (`cat` sees EOF); under v4, which cannot close stdin,
 from __future__ import annotations
 
 import posixpath
+from collections.abc import AsyncIterator
 
 from ...backend import settle, under_a_file
 from ...errors import FileTooLargeError, NotAFileError, ProviderError, SandboxFileNotFoundError
@@ -97,6 +98,24 @@ class PodFiles:
         code, err = await run_control(
             self._client, self._target, scripts.prelude_argv(argv), f"write {path!r}", stdin=data
         )
+        self._check_write(code, err, path)
+
+    async def write_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Stream the chunks to the file's stdin (v5: never all in memory). Under v4 the
+        size must be known first: the chunks are joined, then written."""
+        if self._client.agreed != V5_PROTOCOL:
+            await self.write(path, b"".join([chunk async for chunk in chunks]))
+            return
+        relative = relative_to(path, self._workdir)
+        if relative == ".":
+            raise NotAFileError(f"{path!r} is a directory, not a regular file")
+        argv = scripts.prelude_argv(scripts.write_argv(relative, None))
+        code, err = await run_control(
+            self._client, self._target, argv, f"write {path!r}", stdin=chunks
+        )
+        self._check_write(code, err, path)
+
+    def _check_write(self, code: int, err: bytes, path: str) -> None:
         refusal = _refusal(code, path, write=True)
         if refusal is not None:
             raise refusal

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import posixpath
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ...backend import (
@@ -390,3 +390,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     async def _write_file(self, path: str, data: bytes) -> None:
         """Through exec, the bytes on stdin (see `files`)."""
         await self._files().write(path, data)
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Through exec, the chunks on stdin as they come (v5; v4 joins them first)."""
+        await self._files().write_chunks(path, chunks)
