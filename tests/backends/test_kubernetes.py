@@ -258,6 +258,25 @@ def test_bad_options_are_invalid_arguments() -> None:
         sandbox.open_session("kubernetes", image="a", protocols=("v3.channel.k8s.io",))
 
 
+async def test_limits_go_into_the_created_pod(server: KubernetesApiServer, tmp_path: Path) -> None:
+    options = {"resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "4"}}}
+    async with open_k8s(
+        server, tmp_path, memory_limit_bytes=256 * 1024 * 1024, cpu_limit=1.5, **options
+    ):
+        ((_, pod),) = server.pods.items()
+        resources = pod.obj["spec"]["containers"][0]["resources"]
+        assert resources == {
+            "requests": {"cpu": "100m"},
+            "limits": {"cpu": "1500m", "memory": str(256 * 1024 * 1024)},
+        }
+    with pytest.raises(sandbox.UnsupportedOperationError, match="process_limit"):
+        open_k8s(server, tmp_path, process_limit=10)
+    with pytest.raises(sandbox.UnsupportedOperationError, match=r"memory_limit_bytes.*attached"):
+        open_k8s(server, tmp_path, image=None, pod="p", memory_limit_bytes=1 << 20)
+    with pytest.raises(sandbox.InvalidArgumentError, match="cpu_limit"):
+        open_k8s(server, tmp_path, cpu_limit=-1)
+
+
 # ---- attach, deletion ------------------------------------------------------------------
 
 

@@ -37,11 +37,13 @@ from ...errors import (
     ProcessExitedError,
     WorkdirError,
 )
+from ..toolkit.limits import check_limits
 from . import bounds, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster
 from .execs import KubeOneShot, KubeProcess, Target, run_control
 from .files import PodFiles
+from .limits import container_resources
 
 logger = logging.getLogger("sandbox.kubernetes")
 
@@ -66,7 +68,9 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     Created pods take `resources` (the container's `resources` object),
     `runtime_class`, `node_selector`, `service_account`, `security_context`,
     `pod_security_context`, `labels`, `image_pull_policy`, `name_prefix`,
-    `keepalive_command`, `delete_grace_s`. Also `env` (added to every command),
+    `keepalive_command`, `delete_grace_s`, and the common limits `memory_limit_bytes`
+    and `cpu_limit` (the container's `resources.limits`; `process_limit` is refused:
+    no per-pod field). Also `env` (added to every command),
     `terminate_grace_s` (SIGTERM to SIGKILL), `api_timeout`, `protocols` (the channel
     protocols offered, best first: default v5 then v4). Plus the base session's.
     """
@@ -100,6 +104,9 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         terminate_grace_s: float = 1.0,
         delete_grace_s: int = 2,
         protocols: Sequence[str] = PROTOCOLS,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -147,10 +154,15 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         self._container = container
         self._workdir = posixpath.normpath(workdir)
         self._env = dict(check_env(env) or {})
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes,
+            process_limit=process_limit,
+            cpu_limit=cpu_limit,
+        )
         self._pod_options = pods.PodOptions(
             workdir=self._workdir,
             name_prefix=name_prefix,
-            resources=resources,
+            resources=container_resources(limits, resources, attach=pod is not None),
             runtime_class=runtime_class,
             node_selector=node_selector,
             service_account=service_account,
