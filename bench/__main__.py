@@ -45,6 +45,7 @@ def extra_cases() -> list[object]:
         "bench.cloudflare_cases",
         "bench.kubernetes_cases",
         "bench.sdk_cases",
+        "bench.agents_sdk_cases",
     )
     for module_name in optional:
         try:
