@@ -336,8 +336,11 @@ async def test_dropped_exec_socket_is_a_lost_process(
         assert update.exit_code is None
         assert "process lost" in update.output
         assert (await s.exec("echo still-here")).stdout == b"still-here\n"
-    # The tty process outlived its socket (as on containerd) and died with the pod.
-    assert await eventually(lambda: not host_pids_with_arg(marker))
+        # The tty process outlived its socket (as on containerd): the final poll of the
+        # lost process tore it down, and that killed it in the pod.
+        assert update.process_id is None
+        assert await eventually(lambda: not host_pids_with_arg(marker))
+        assert server.pods
     await nothing_left(server)
 
 

@@ -128,13 +128,16 @@ class KubeProcess:
         )
 
     async def terminate(self, grace_s: float, *, kill: bool = True) -> None:
-        """Kill the tree (unless it ended, or `kill` is False because the pod goes
+        """Kill the tree (unless it exited, or `kill` is False because the pod goes
         anyway), then close the socket. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            if kill and self.stream is not None and not self.stream.ended:
+            # A stream that ended without an exit status (a dropped socket) leaves the
+            # process running in the pod: it is killed too.
+            exited = self.stream is not None and isinstance(self.stream.outcome(), int)
+            if kill and self.stream is not None and not exited:
                 self.killed = True
                 script = shell.kill_script([self.tag], ticks=shell.grace_ticks(grace_s))
                 await run_control(self._client, self._target, script, "kill the command")
