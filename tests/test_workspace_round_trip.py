@@ -8,8 +8,8 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
-from types import ModuleType
 
+from sandbox.testing import conformance
 from tests.backend_fixtures import docker as docker_fixture
 from tests.conftest import skip_or_fail
 from tests.test_conformance_workspace import archive, sh, tree
@@ -31,7 +31,7 @@ def _members(data: bytes) -> dict[str, tuple[object, ...]]:
 
 
 async def test_docker_archive_round_trips_through_every_backend(
-    backend: ModuleType, tmp_path: Path
+    backend: conformance.Backend, tmp_path: Path
 ) -> None:
     reason = docker_fixture.skip_reason()
     if reason:
@@ -39,7 +39,7 @@ async def test_docker_archive_round_trips_through_every_backend(
     blob = bytes(range(256)) * 4096 + b"\x00tail"
     (tmp_path / "docker").mkdir()
     (tmp_path / "target").mkdir()
-    async with docker_fixture.session(tmp_path / "docker") as origin:
+    async with docker_fixture.BACKEND.session(tmp_path / "docker") as origin:
         await origin.write_file("proj/bin/blob", blob)
         await origin.write_file("proj/run.sh", b"#!/bin/sh\necho run\n")
         await origin.write_file("proj/name with spaces \xc3\xa9.txt", b"utf-8 name")

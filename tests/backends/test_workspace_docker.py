@@ -48,7 +48,7 @@ def _rss_kib() -> int:
 async def test_persist_400_mib_from_the_engine_in_bounded_memory(
     docker_ready: None, tmp_path: Path
 ) -> None:
-    async with docker_fixture.session(tmp_path) as session:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
         result = await session.exec(
             "mkdir -p big && for k in 0 1 2 3; do truncate -s 100M big/part$k.bin; done"
         )
@@ -66,7 +66,7 @@ async def test_persist_400_mib_from_the_engine_in_bounded_memory(
 async def test_persist_stopped_early_releases_the_stream(
     docker_ready: None, tmp_path: Path
 ) -> None:
-    async with docker_fixture.session(tmp_path) as session:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
         assert (await session.exec("mkdir -p t && truncate -s 50M t/big.bin")).exit_code == 0
         before = open_fds()
         async with contextlib.aclosing(session.persist_workspace("t")) as stream:  # type: ignore[type-var]
@@ -84,7 +84,7 @@ async def test_persist_stopped_early_releases_the_stream(
 async def test_hydrate_cancelled_inside_a_put_leaks_nothing(
     docker_ready: None, tmp_path: Path
 ) -> None:
-    async with docker_fixture.session(tmp_path) as session:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for name in ("one.txt", "two.txt"):
@@ -109,7 +109,7 @@ async def test_hydrate_cancelled_inside_a_put_leaks_nothing(
 async def test_hydrate_cancelled_while_its_source_blocks_closes_the_spool(
     docker_ready: None, tmp_path: Path
 ) -> None:
-    async with docker_fixture.session(tmp_path) as session:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
             info = tarfile.TarInfo("big.bin")
@@ -140,7 +140,7 @@ async def test_hydrate_cancelled_while_its_source_blocks_closes_the_spool(
 
 
 async def test_a_hard_link_travels_as_a_copy(docker_ready: None, tmp_path: Path) -> None:
-    async with docker_fixture.session(tmp_path) as session:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
         await session.write_file("h/first.txt", b"shared inode")
         assert (await session.exec("ln h/first.txt h/second.txt")).exit_code == 0
         with tarfile.open(fileobj=io.BytesIO(await archive(session, "h"))) as tar:

@@ -139,7 +139,7 @@ async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
 async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_path: Path) -> None:
     import importlib
 
-    fixture = importlib.import_module(f"tests.backend_fixtures.{name}")
+    fixture = importlib.import_module(f"tests.backend_fixtures.{name}").BACKEND
     if reason := fixture.skip_reason():
         skip_or_fail(f"{name}: {reason}")
     port = _free_port()
