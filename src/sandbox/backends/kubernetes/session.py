@@ -412,7 +412,9 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the container) ----------
 
     def _shell_ops(self) -> ShellFileOps:
-        return ShellFileOps(self.exec, self._workdir)
+        # Commands start in the workdir (the prelude enters it): the script finds it as
+        # "." (the stand-in plays it with a folder of its own).
+        return ShellFileOps(self.exec, self._workdir, shell_root=".")
 
     async def _stat(self, path: str) -> FileInfo:
         """`stat` without following, in the folder entered with `cd -P` (kept inside
