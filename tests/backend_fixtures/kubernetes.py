@@ -10,10 +10,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started
+from sandbox.testing import conformance
 
-NAME = "kubernetes"
-CAPABILITIES = {"resize", "signals"}
 TOKEN = "conformance-token-5d2e9b"
 
 
@@ -25,20 +23,20 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False`; the leak checks below
-    run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.kubernetes_server import KubernetesApiServer
 
     async with KubernetesApiServer(token=TOKEN, root=tmp_path / "cluster") as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        async with maybe_started(
-            sandbox.open_session("kubernetes", kubeconfig=str(kubeconfig), image="busybox"),
-            start,
-        ) as s:
-            yield s
+        yield sandbox.open_session("kubernetes", kubeconfig=str(kubeconfig), image="busybox")
         # Closing the session deleted its pod, and with it every process.
         assert server.pods == {}, "the session's pod was not deleted"
         assert server.live_processes() == 0
+
+
+BACKEND = conformance.Backend(
+    name="kubernetes",
+    session=conformance.fixture_session(environment),
+    capabilities={"files", "resize", "signals"},
+    skip_reason=skip_reason,
+)
