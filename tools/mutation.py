@@ -11,10 +11,11 @@ is one change to its syntax tree:
 
 The tests are run once, unmutated, with a line tracer: which test executes which line of
 the module. Then each mutant runs, in a forked child that imports the mutated module in
-place of the real one, only the tests that execute its line (stopping at the first
-failure). A failing test (or a child that overruns its time, or crashes) catches it; a
-mutant whose tests pass, or that no test executes, survives. Mutants that cannot change
-behaviour are listed in `EQUIVALENT` with the reason; they are not counted.
+place of the real one, only the tests that execute the function it changed (stopping at
+the first failure; `_enclosing` says why the function and not the line). A failing test
+(or a child that overruns its time, or crashes) catches it; a mutant whose tests pass,
+or that no test executes, survives. Mutants that cannot change behaviour are listed in
+`EQUIVALENT` with the reason; they are not counted.
 
 Usage: `python tools/mutation.py [module ...] [--survivors]` (from the repository root,
 with the package importable). Exit status 1 when a module scores below `GOAL`.
@@ -431,6 +432,25 @@ def run_mutant(target: Target, mutant: Mutant, tests: list[str], timeout: float)
     return "survived" if result == 0 else "caught"
 
 
+def _function_spans(path: Path) -> list[tuple[int, int]]:
+    """(first, last) line of every function in the module."""
+    return [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def _enclosing(spans: list[tuple[int, int]], line: int, end: int) -> tuple[int, int]:
+    """The innermost function holding lines `line`..`end` (else those lines alone).
+
+    Tests are chosen by the function they execute, not the line: a line tracer misses
+    the lines a coroutine runs after it is resumed by `throw()` (a cancellation), and
+    those are the lines that matter most here."""
+    holding = [(a, b) for a, b in spans if a <= line and end <= b]
+    return min(holding, key=lambda span: span[1] - span[0]) if holding else (line, end)
+
+
 def score(name: str, target: Target, *, show: bool) -> tuple[int, int, list[str]]:
     """(caught, counted, survivors) for one target."""
     base = baseline(target)
@@ -440,6 +460,7 @@ def score(name: str, target: Target, *, show: bool) -> tuple[int, int, list[str]
             by_line.setdefault(line, []).append(test)
     caught = counted = 0
     survivors: list[str] = []
+    spans = _function_spans(target.path)
     for mutant in mutants(name, target):
         if (name, mutant.key) in EQUIVALENT:
             continue
@@ -447,8 +468,8 @@ def score(name: str, target: Target, *, show: bool) -> tuple[int, int, list[str]
         if mutant.at_import:  # runs before any test: every test may depend on it
             tests = sorted(base["lines"])
         else:
-            lines = range(mutant.line, mutant.end_line + 1)
-            tests = sorted({t for line in lines for t in by_line.get(line, [])})
+            first, last = _enclosing(spans, mutant.line, mutant.end_line)
+            tests = sorted({t for line in range(first, last + 1) for t in by_line.get(line, [])})
         if not tests:
             survivors.append(f"line {mutant.line}: {mutant.key} (no test runs it)")
             continue
