@@ -99,7 +99,70 @@ TARGETS: dict[str, Target] = {
 
 # Mutants that cannot change behaviour: (target, mutant description) -> why. Keep it small;
 # each entry is a claim a reviewer can check by reading the line.
-EQUIVALENT: dict[tuple[str, str], str] = {}
+EQUIVALENT: dict[tuple[str, str], str] = {
+    (
+        "truncation",
+        "_head_on_boundary: `0 < end < len(data)` -> `0 <= end < len(data)`",
+    ): "data is encoded text: data[0] is never a continuation byte, so end=0 stops anyway",
+    (
+        "truncation",
+        "_head_on_boundary: `192` -> `193`",
+    ): "0xC0 never occurs in UTF-8 (nor in surrogatepass output)",
+    (
+        "truncation",
+        "_tail_on_boundary: `0` -> `1`",
+    ): "only called with a budget below len(data), so len(data) - budget >= 1",
+    (
+        "truncation",
+        "_tail_on_boundary: `0` -> `-1`",
+    ): "only called with a budget below len(data), so len(data) - budget >= 1",
+    (
+        "text_decoding",
+        "_incomplete_suffix_len: `4` -> `5`",
+    ): "a lead byte 4 or more back ends a complete (or invalid) sequence: 0 either way",
+    (
+        "text_decoding",
+        "_incomplete_suffix_len: `4` -> `3`",
+    ): "a lead byte 4 back ends a complete (or invalid) sequence: 0 either way",
+    # BoundedOutput.append: the early exits and strict bounds only save work.
+    (
+        "output_buffer",
+        "BoundedOutput.append: delete `return`",
+    ): "an empty append then adds nothing to the head or tail and drops nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: delete `if not view:`",
+    ): "an empty rest then adds nothing to the tail and drops nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: delete `return` (#2)",
+    ): "an empty rest then adds nothing to the tail and drops nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `room > 0` -> `room >= 0`",
+    ): "with room 0 the head takes view[:0]: nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `0` -> `-1`",
+    ): "room is never negative; with room 0 the head takes view[:0]: nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `len(view) >= self._tail_limit` -> `len(view) > self._tail_limit`",
+    ): "a chunk of exactly the tail's size then rolls the tail out byte for byte: same bytes,"
+    " same count",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `excess > 0` -> `excess >= 0`",
+    ): "deleting tail[:0] and counting 0 changes nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `0` -> `-1` (#2)",
+    ): "excess is an int: > -1 is >= 0, and an excess of 0 changes nothing",
+    (
+        "output_buffer",
+        "BoundedOutput.since: `pos < self.end_pos` -> `pos <= self.end_pos`",
+    ): "at end_pos the tail segment is empty, and empty segments are filtered out",
+}
 
 # --- mutants ---------------------------------------------------------------------------
 

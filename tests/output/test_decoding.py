@@ -42,8 +42,14 @@ def test_suffix_length_edges() -> None:
     assert _incomplete_suffix_len(b"\xf0\x9f\x98") == 3
     assert _incomplete_suffix_len(b"\xdf\xbf") == 0
     assert _incomplete_suffix_len(b"\xf4\x8f\xbf\xbf") == 0
-    # 0x7F is ASCII: a complete character.
+    # 0x7F is ASCII: a complete character, even after a 4-byte lead.
     assert _incomplete_suffix_len(b"\xc3\x7f") == 0
+    assert _incomplete_suffix_len(b"\xf0\x7f") == 0
+    # An ASCII byte ends the look-back: the lead before it is not this sequence's.
+    assert _incomplete_suffix_len(b"\xf0a\x80") == 0
+    # 0x80 is the lowest continuation byte; 0xEF still leads three bytes, not four.
+    assert _incomplete_suffix_len(b"\xe6\x80") == 2
+    assert _incomplete_suffix_len(b"\xef\xbf\xbf") == 0
     # 0xC0 is (an invalid) lead byte: held back like one.
     assert _incomplete_suffix_len(b"\xc0") == 1
     assert _incomplete_suffix_len(b"\xbf") == 0

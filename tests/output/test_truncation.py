@@ -122,3 +122,15 @@ def test_a_budget_smaller_than_one_character() -> None:
     result = truncate_to_tokens("\U0001f600" * 10, 1)
     assert result.text == "…10 tokens truncated…"
     assert result.original_token_count == 10
+
+
+@pytest.mark.parametrize("char", ["\u00bf", "\uffff", "\u0080"])
+def test_every_continuation_byte_value_is_a_cut_to_avoid(char: str) -> None:
+    # ¿ is C2 BF, U+FFFF is EF BF BF, U+0080 is C2 80: the highest and lowest
+    # continuation bytes must both count as the middle of a character.
+    text = char * 300
+    result = truncate_to_tokens(text, 25)
+    body = result.text.split("\n\n", 1)[1]
+    head, _, rest = body.partition("…")
+    tail = rest.partition("…")[2]
+    assert set(head) == {char} and set(tail) == {char}
