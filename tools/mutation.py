@@ -162,6 +162,38 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "output_buffer",
         "BoundedOutput.since: `pos < self.end_pos` -> `pos <= self.end_pos`",
     ): "at end_pos the tail segment is empty, and empty segments are filtered out",
+    (
+        "until_match",
+        "UntilMatcher.__init__: `1` -> `0`",
+    ): "keeping one character more of text already searched finds nothing new",
+    (
+        "until_match",
+        "UntilMatcher.__init__: `0` -> `-1` (#2)",
+    ): "the overlap is only read for substrings; a regex never uses it",
+    (
+        "until_match",
+        "UntilMatcher.feed: `time.monotonic() >= stop` -> `time.monotonic() > stop`",
+    ): "the clock landing exactly on the stop instant is not observable",
+    (
+        "until_match",
+        "UntilMatcher.feed_async: `now >= slice_end` -> `now > slice_end`",
+    ): "the clock landing exactly on the slice's end is not observable",
+    (
+        "until_match",
+        "UntilMatcher.feed_async: `0` -> `-1`",
+    ): "asyncio.sleep(-1) yields once, as sleep(0) does",
+    (
+        "until_match",
+        "UntilMatcher._step: `return False` -> `return None`",
+    ): "callers only test the result's truth",
+    (
+        "until_match",
+        "UntilMatcher._step: `return False` -> `return None` (#2)",
+    ): "callers only test the result's truth",
+    (
+        "until_match",
+        "UntilMatcher._trim: delete `return`",
+    ): "the substring window is already cut to the overlap, so the regex cut is a no-op",
 }
 
 # --- mutants ---------------------------------------------------------------------------

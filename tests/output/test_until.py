@@ -252,3 +252,20 @@ async def test_feed_async_past_its_deadline_keeps_context_and_gaps() -> None:
     m = matcher("abc")
     assert not await m.feed_async([b"a", b"b"], loop.time() - 1)
     assert not await m.feed_async([b"c"], loop.time() + 60)
+
+
+def test_the_documented_bounds() -> None:
+    assert (REGEX_LOOKBEHIND, REGEX_PIECE) == (4096, 4096)
+
+
+def test_text_skipped_for_the_budget_is_context_not_searched() -> None:
+    # Out of budget, "abc" is only kept as look-behind ("bc"), never searched whole.
+    m = matcher("abc")
+    assert not m.feed([b"abc"], budget_s=-1)
+    assert not m.feed([b"x"])
+
+
+def test_a_substring_matcher_keeps_only_its_overlap() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"x" * 10_000])
+    assert m._window == "xx"  # memory stays bounded by the pattern, not the output

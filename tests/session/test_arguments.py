@@ -285,3 +285,8 @@ def test_bad_cwd_and_env_in_a_command() -> None:
 def test_a_shell_command_of_one_empty_part_and_one_real_part() -> None:
     spec = a.build_command(["", "x"], shell=True, env=None, cwd=None)
     assert spec.argv == ("sh", "-c", "'' x")
+
+
+def test_an_empty_program_name_is_refused_even_with_arguments() -> None:
+    with pytest.raises(InvalidArgumentError, match="the program name is empty"):
+        a.build_command(["", "x"], shell=False, env=None, cwd=None)
