@@ -134,3 +134,8 @@ def test_kill_report_parsing() -> None:
     assert shell.parse_kill_report("") is None
     assert shell.parse_kill_report("killed\n") is None
     assert shell.parse_kill_report("sandbox-kill:") == ""
+
+
+def test_wrapper_argv_passes_a_zero_size_through() -> None:
+    # `cols or 0` only guards None: a given 0 stays 0 (stty reports it, not us).
+    assert shell.wrapper_argv("abcdefgh", ["vi"], rows=5, cols=0)[-3:] == ["5", "0", "vi"]
