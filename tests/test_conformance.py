@@ -17,7 +17,7 @@ import pytest
 
 import sandbox
 from sandbox import BaseSandboxSession
-from sandbox.text_decoding import omission_marker
+from sandbox.output.decoding import omission_marker
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 # ---- one-shot exec ------------------------------------------------------------------

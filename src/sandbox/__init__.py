@@ -31,13 +31,13 @@ from .errors import (
     WorkdirError,
     WorkspacePathError,
 )
+from .output.until import UntilPattern
 from .session import BaseSandboxSession, SessionState
 
 # Kept callable for old callers (the submodule of the same name would shadow them);
 # not part of the user face: backend authors use `sandbox.backend`.
 from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
-from .until_match import UntilPattern
 
 if TYPE_CHECKING:
     from .screen import ScreenSnapshot

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic
 
-from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
+from .output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
 if TYPE_CHECKING:
     from .recording import AsciicastRecorder
     from .screen import TerminalScreen
-from .text_decoding import StreamDecoder
+from .output.decoding import StreamDecoder
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,13 +41,13 @@ from .errors import (
 )
 from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
 from .host_files import HostDirectory
-from .output_buffer import DEFAULT_OUTPUT_LIMIT
+from .output.buffer import DEFAULT_OUTPUT_LIMIT
+from .output.truncation import truncate_to_tokens
+from .output.until import UntilMatcher, UntilPattern, check_until
 from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
-from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
-from .until_match import UntilMatcher, UntilPattern, check_until
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from .screen import ScreenSnapshot
