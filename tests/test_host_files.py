@@ -25,8 +25,8 @@ import sandbox
 from sandbox import BaseSandboxSession, HostPathError
 from sandbox.backends.unix_local import confine
 from sandbox.host_files import HostDirectory, create_new_file
-from sandbox.recording import AsciicastRecorder
 from sandbox.session import ID_RANGE
+from sandbox.terminal.recording import AsciicastRecorder
 from tests.conftest import skip_or_fail
 from tests.test_recording import read_cast
 

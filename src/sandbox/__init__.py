@@ -40,7 +40,7 @@ from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 
 if TYPE_CHECKING:
-    from .screen import ScreenSnapshot
+    from .terminal.screen import ScreenSnapshot
 
 
 # Backend-author names that used to be exported here; they live in `sandbox.backend`.
@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
     # `ScreenSnapshot` is loaded on first use: `import sandbox` stays free of the
     # terminal emulator (pyte) until a screen is made.
     if name == "ScreenSnapshot":
-        from .screen import ScreenSnapshot
+        from .terminal.screen import ScreenSnapshot
 
         return ScreenSnapshot
     if name in _MOVED_TO_BACKEND:

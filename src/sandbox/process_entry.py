@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Generic
 from .output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
 if TYPE_CHECKING:
-    from .recording import AsciicastRecorder
-    from .screen import TerminalScreen
+    from .terminal.recording import AsciicastRecorder
+    from .terminal.screen import TerminalScreen
 from .output.decoding import StreamDecoder
 
 
@@ -123,7 +123,7 @@ class PtyEntry(Generic[H]):
         self.screen: TerminalScreen | None = None
         if self.spec.tty and self.spec.screen:
             # Imported here: `screen` imports `arguments`, which imports this module.
-            from .screen import TerminalScreen
+            from .terminal.screen import TerminalScreen
 
             self.screen = TerminalScreen(self.spec.rows, self.spec.cols)
 

@@ -45,12 +45,12 @@ from .output.buffer import DEFAULT_OUTPUT_LIMIT
 from .output.truncation import truncate_to_tokens
 from .output.until import UntilMatcher, UntilPattern, check_until
 from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
-from .recording import AsciicastRecorder
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
+from .terminal.recording import AsciicastRecorder
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
-    from .screen import ScreenSnapshot
+    from .terminal.screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox")
 

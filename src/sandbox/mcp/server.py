@@ -42,7 +42,7 @@ from .http_guard import TOKEN_ENV, read_token
 from .transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 
 if TYPE_CHECKING:
-    from ..screen import ScreenSnapshot
+    from ..terminal.screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox.mcp")
 

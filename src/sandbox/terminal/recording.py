@@ -51,8 +51,8 @@ import time
 from types import TracebackType
 from typing import Any, Self
 
-from .arguments import check_terminal_size
-from .host_files import HostDirectory, create_new_file
+from ..host_files import HostDirectory, create_new_file
+from .size import check_terminal_size
 
 logger = logging.getLogger("sandbox")
 
