@@ -19,9 +19,9 @@ from .backends.unix_local.local_process import LocalProcess
 from .command_check import CommandCheck, wait_for_verdict
 from .credentials import Secret, require_credential
 from .exec_output import ExecCapture, OneShotProcess
+from .files.remote import Entry as RemoteEntry
+from .files.remote import regular_file
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
-from .remote_files import Entry as RemoteEntry
-from .remote_files import regular_file
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .shell_trap import ShellTrap

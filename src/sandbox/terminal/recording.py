@@ -31,7 +31,7 @@ the page cache (microseconds), acceptable on the event loop; do not record to a 
 or FUSE filesystem. Nothing is bounded: the recording of a flood is as big as the flood
 (JSON escaping makes control-heavy output up to six times bigger).
 
-The file is always new, created by `sandbox.host_files` (the sandbox may be able to
+The file is always new, created by `sandbox.files.host` (the sandbox may be able to
 write where it goes): exclusively, mode 0600 (typed input can hold secrets), its folder
 reached through no symlink (`open`) or held as an fd (`open_in`). Anything already at
 its name is refused with `HostPathError` and left untouched, never replaced.
@@ -51,7 +51,7 @@ import time
 from types import TracebackType
 from typing import Any, Self
 
-from ..host_files import HostDirectory, create_new_file
+from ..files.host import HostDirectory, create_new_file
 from .size import check_terminal_size
 
 logger = logging.getLogger("sandbox")

@@ -21,7 +21,6 @@ import json
 import posixpath
 from urllib.parse import quote
 
-from ... import remote_files
 from ...errors import (
     FileTooLargeError,
     NotAFileError,
@@ -29,7 +28,8 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...remote_files import Entry
+from ...files import remote as remote_files
+from ...files.remote import Entry
 from .client import BlaxelClient
 from .errors import AnswerTooLargeError, BlaxelAPIError
 

@@ -16,7 +16,7 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...remote_files import Entry, explain_write_failure, regular_file
+from ...files.remote import Entry, explain_write_failure, regular_file
 from .client import WorkerClient
 from .scripts import stat_argv
 

@@ -11,9 +11,9 @@ import shlex
 import aiohttp
 from daytona import DaytonaError
 
-from ... import remote_files
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ...remote_files import Entry
+from ...files import remote as remote_files
+from ...files.remote import Entry
 from ..toolkit.errors import transport_error
 from .client import DaytonaClient
 from .errors import SERVICE, is_not_found, status_of, typed_cause

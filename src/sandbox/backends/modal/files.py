@@ -9,9 +9,9 @@ from typing import Any
 from modal import exception as modal_exception
 from modal.types import FileType
 
-from ... import remote_files
 from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
-from ...remote_files import Entry
+from ...files import remote as remote_files
+from ...files.remote import Entry
 from ..toolkit.paths import within_workspace
 from .errors import SDK_ERRORS, CallDeadline, ModalErrors
 

@@ -44,7 +44,7 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...host_files import DIRECTORY_FLAGS, file_kind
+from ...files.host import DIRECTORY_FLAGS, file_kind
 
 SYS_OPENAT2 = 437  # the same number on every architecture Linux added it to
 RESOLVE_NO_MAGICLINKS = 0x02
