@@ -15,12 +15,12 @@ command behind a `CommandCheck`; `regular_file` asks a provider's stat (answerin
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
-from .backends.unix_local.local_process import LocalProcess
 from .command_check import CommandCheck, wait_for_verdict
 from .credentials import Secret, require_credential
 from .exec_output import ExecCapture, OneShotProcess
 from .files.remote import Entry as RemoteEntry
 from .files.remote import regular_file
+from .local.process import LocalProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each

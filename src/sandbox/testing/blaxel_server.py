@@ -120,8 +120,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from ..backends.unix_local import process_tree
-from ..backends.unix_local.local_process import LocalProcess
+from ..local import tree as process_tree
+from ..local.process import LocalProcess
 from .special_files import wait_forever_on_special_file
 
 ENDPOINTS = (

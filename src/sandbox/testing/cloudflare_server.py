@@ -138,8 +138,8 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ..backends.unix_local import local_files
-from ..backends.unix_local.local_process import LocalProcess
 from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
+from ..local.process import LocalProcess
 from ..settle import settle
 
 ENDPOINTS = (

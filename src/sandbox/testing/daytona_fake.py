@@ -112,7 +112,7 @@ from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionE
 from daytona.common.pty import PtyResult, PtySize
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from .special_files import wait_forever_on_special_file
 
 FAULT_POINTS = (

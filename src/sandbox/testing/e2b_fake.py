@@ -108,7 +108,7 @@ from e2b import (
 from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from .special_files import wait_forever_on_special_file
 
 if TYPE_CHECKING:

@@ -82,7 +82,7 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from .special_files import wait_forever_on_special_file
 
 # Every process a fake sandbox starts carries this variable, so that terminating the

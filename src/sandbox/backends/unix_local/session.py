@@ -20,12 +20,14 @@ from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
 from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ...exec_output import ExecCapture, OneShotProcess
+from ...local import cgroups
+from ...local import tree as process_tree
+from ...local.process import LocalProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
-from . import cgroup_limits, cgroups, local_files, process_tree
+from . import cgroup_limits, local_files
 from . import confine as jail
-from .local_process import LocalProcess
 from .workspace import Workspace
 
 DEFAULT_TERM = "xterm-256color"

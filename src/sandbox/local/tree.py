@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 # One name for the tag on every backend: the remote wrappers set the same variable.
-from ..toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
+from ..backends.toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
 
 GONE_WAIT_S = 2.0
 SHARED_SCAN_S = 0.005

@@ -22,8 +22,9 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from ...errors import ProcessExitedError, SandboxError
-from . import cgroups, process_tree
+from ..errors import ProcessExitedError, SandboxError
+from . import cgroups
+from . import tree as process_tree
 
 READ_CHUNK = 256 * 1024
 READS_PER_WAKEUP = 8
