@@ -15,8 +15,9 @@ command behind a `CommandCheck`; `regular_file` asks a provider's stat (answerin
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
-from .command_check import CommandCheck, wait_for_verdict
-from .credentials import Secret, require_credential
+from .backends.toolkit.check import CommandCheck
+from .backends.toolkit.credentials import Secret, require_credential
+from .backends.toolkit.trap import ShellTrap, wait_for_verdict
 from .exec_output import ExecCapture, OneShotProcess
 from .files.remote import Entry as RemoteEntry
 from .files.remote import regular_file
@@ -24,7 +25,6 @@ from .local.process import LocalProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
-from .shell_trap import ShellTrap
 from .tasks import cancel_and_wait, first_failure
 
 __all__ = [

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .command_check import CHECK_FAILED_EXIT, CommandCheck
+from .backends.toolkit.check import CHECK_FAILED_EXIT, CommandCheck
 from .errors import ExecTimeoutError
 from .output.buffer import BoundedOutput
 from .types import ExecResult
 
 DEFAULT_EXEC_OUTPUT_LIMIT = 16 * 1024 * 1024
 # The first bytes of a stream are also kept apart, whatever the bound: the command
-# check's failure marker is found there (see `sandbox.command_check`).
+# check's failure marker is found there (see `sandbox.backends.toolkit.check`).
 START_BYTES = 4096
 
 

@@ -17,9 +17,9 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import aiohttp
 import yarl
 
-from ...credentials import Secret
 from ...errors import SandboxError
 from ..toolkit import redact, transport_error
+from ..toolkit.credentials import Secret
 from .bounds import answer_limit, bound_client
 from .errors import SERVICE, BlaxelAPIError, map_error
 from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop

@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import require_credential
 from ...errors import InvalidArgumentError, SandboxError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from ..toolkit.credentials import require_credential
 from . import bounds, limits, terminal
 from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request

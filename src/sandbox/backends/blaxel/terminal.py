@@ -39,7 +39,6 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ...command_check import CommandCheck
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ...process_entry import CommandSpec, PtyEntry
 from ..toolkit import (
@@ -52,6 +51,7 @@ from ..toolkit import (
     parse_kill_report,
     transport_error,
 )
+from ..toolkit.check import CommandCheck
 from .errors import SERVICE, api_error
 
 logger = logging.getLogger("sandbox.blaxel")

@@ -28,8 +28,6 @@ import secrets
 from typing import Any
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
 from ...errors import (
     InvalidArgumentError,
     ProviderError,
@@ -39,7 +37,8 @@ from ...errors import (
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from ..toolkit.credentials import Secret, require_credential
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command

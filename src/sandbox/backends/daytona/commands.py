@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...command_check import CommandCheck
 from ...errors import ProviderError, SandboxError
 from ...exec_output import ExecCapture
 from ...process_entry import CommandSpec, PtyEntry
+from ..toolkit.check import CommandCheck
 
 if TYPE_CHECKING:
     from .terminal import DaytonaHandle
-from ...shell_trap import ShellTrap
 from ..toolkit.exits import normalize_exit
+from ..toolkit.trap import ShellTrap
 from .client import DaytonaClient
 from .errors import is_not_found
 from .scripts import PIDFILE_WAIT_S, kill_script, piped_command

@@ -32,8 +32,8 @@ from daytona import (
     DaytonaValidationError,
 )
 
-from ...credentials import Secret
 from ...errors import ProviderError
+from ..toolkit.credentials import Secret
 from ..toolkit.errors import (
     clean_detail,
     error_for_status,

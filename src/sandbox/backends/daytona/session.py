@@ -18,16 +18,16 @@ from typing import Any
 from daytona import AsyncDaytona, DaytonaError
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
 from ...errors import InvalidArgumentError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
-from ...shell_trap import ShellTrap
+from ..toolkit import CommandCheck, wait_for_verdict
+from ..toolkit.credentials import Secret, require_credential
 from ..toolkit.limits import check_limits
 from ..toolkit.paths import within_workspace
+from ..toolkit.trap import ShellTrap
 from . import commands, files, terminal
 from .client import ClientOptions, DaytonaClient
 from .commands import PipeState

@@ -23,11 +23,11 @@ from typing import Any
 
 from daytona import DaytonaError, PtySize
 
-from ...command_check import CommandCheck, wait_for_verdict
 from ...errors import ProcessExitedError
 from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
+from ..toolkit import CommandCheck, wait_for_verdict
 from ..toolkit.exits import normalize_exit
+from ..toolkit.trap import ShellTrap
 from .client import DaytonaClient
 from .commands import PipeState, signal_group
 from .errors import is_not_found

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
 from ...errors import (
     ConnectionLostError,
     InvalidArgumentError,
@@ -32,7 +31,7 @@ from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from .container import (
     DEFAULT_KEEPALIVE,
     container_spec,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
 from ..toolkit.shell import new_tag
+from ..toolkit.trap import ShellTrap
 from .client import E2BClient
 
 

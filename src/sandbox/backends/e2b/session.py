@@ -46,16 +46,16 @@ from typing import Any
 from e2b import AsyncSandbox, NotFoundException, PtySize
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
 from ...errors import InvalidArgumentError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
-from ...shell_trap import ShellTrap
+from ..toolkit import CommandCheck, wait_for_verdict
+from ..toolkit.credentials import Secret, require_credential
 from ..toolkit.limits import check_limits, refuse_unsupported
 from ..toolkit.shell import tag_environment
+from ..toolkit.trap import ShellTrap
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy

@@ -15,9 +15,9 @@ import asyncio
 from typing import Any
 
 from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ..toolkit import normalize_exit
+from ..toolkit.trap import ShellTrap
 from .commands import Command, read_stream
 from .errors import ModalErrors
 

@@ -34,17 +34,16 @@ from typing import Any
 import modal
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret
 from ...errors import InvalidArgumentError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...settle import settle
-from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
-from ..toolkit import TAG_VARIABLE
+from ..toolkit import TAG_VARIABLE, CommandCheck, wait_for_verdict
+from ..toolkit.credentials import Secret
 from ..toolkit.limits import check_limits
+from ..toolkit.trap import ShellTrap
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles

@@ -6,8 +6,13 @@
 - `exits`: `normalize_exit`, one rule for the exit status a provider reports.
 - `errors`: one HTTP error policy (`RETRYABLE_STATUSES`, `error_for_status`,
   `transport_error`) and one redaction (`redact`, `REDACTED`).
-- `ShellTrap`, re-exported from `sandbox.shell_trap` (where it stays for now), for a
-  command typed into a provider's interactive shell.
+- `trap`: `ShellTrap`, for a command typed into a provider's interactive shell, and
+  `wait_for_verdict`, the wait for a `CommandCheck`'s verdict seen through a trap.
+- `check`: `CommandCheck` and `CHECK_SCRIPT`, the sh check of `cwd` and program in front
+  of a command (`WorkdirError`, `CommandNotFoundError` on every backend alike).
+- `credentials`: `Secret` (never in a message, log or repr) and `require_credential`.
+- `limits`, `paths`: resource limits checked once; `within_workspace`.
+- `options`: the backend flags the cli and the MCP server share (not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -15,7 +20,8 @@ provider SDK.
 
 from __future__ import annotations
 
-from ...shell_trap import ShellTrap
+from .check import CommandCheck
+from .credentials import Secret, require_credential
 from .errors import (
     REDACTED,
     RETRYABLE_STATUSES,
@@ -39,6 +45,7 @@ from .shell import (
     tag_environment,
     wrapper_argv,
 )
+from .trap import ShellTrap, wait_for_verdict
 
 __all__ = [
     "KILL_TICK_S",
@@ -47,6 +54,8 @@ __all__ = [
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
     "UNKNOWN_SIGNAL_EXIT",
+    "CommandCheck",
+    "Secret",
     "ShellTrap",
     "clean_detail",
     "command_line",
@@ -59,9 +68,11 @@ __all__ = [
     "normalize_exit",
     "parse_kill_report",
     "redact",
+    "require_credential",
     "signal_from_reason",
     "tag_environment",
     "transport_error",
     "transport_reason",
+    "wait_for_verdict",
     "wrapper_argv",
 ]

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
 from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...local import cgroups
@@ -25,7 +24,8 @@ from ...local import tree as process_tree
 from ...local.process import LocalProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
-from ...shell_trap import ShellTrap
+from ..toolkit import CommandCheck, wait_for_verdict
+from ..toolkit.trap import ShellTrap
 from . import cgroup_limits, local_files
 from . import confine as jail
 from .workspace import Workspace
