@@ -18,8 +18,7 @@ import aiohttp
 import httpx
 
 from ...errors import CredentialsMissingError, ProviderError, SandboxError
-from ..toolkit import clean_detail, error_for_status, is_retryable_status, transport_error
-from ..toolkit.credentials import Secret
+from ..toolkit import Secret, clean_detail, error_for_status, is_retryable_status, transport_error
 from .bounds import ResponseTooLarge
 from .sdk import CredentialsError
 

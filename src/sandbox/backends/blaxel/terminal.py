@@ -39,10 +39,11 @@ from typing import Any
 import aiohttp
 import yarl
 
+from ...backend import CommandSpec, PtyEntry
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...process_entry import CommandSpec, PtyEntry
 from ..toolkit import (
     TAG_VARIABLE,
+    CommandCheck,
     ShellTrap,
     command_line,
     grace_ticks,
@@ -51,7 +52,6 @@ from ..toolkit import (
     parse_kill_report,
     transport_error,
 )
-from ..toolkit.check import CommandCheck
 from .errors import SERVICE, api_error
 
 logger = logging.getLogger("sandbox.blaxel")

@@ -23,7 +23,7 @@ import aiohttp
 from yarl import URL
 
 from ...errors import ConnectionLostError, InvalidArgumentError, ProviderError, SandboxError
-from ..toolkit.credentials import Secret
+from ..toolkit import Secret
 from .bounds import MAX_CONTROL_OUTPUT, MAX_ERROR_BODY, MAX_JSON_BODY
 from .errors import exit_status, json_object, status_error, transport_failure
 from .sse import SseDecoder, SseEvent

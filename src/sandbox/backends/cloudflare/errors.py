@@ -16,8 +16,7 @@ import json
 from typing import Any
 
 from ...errors import ConnectionLostError, ProviderError
-from ..toolkit import clean_detail, error_for_status, normalize_exit, transport_error
-from ..toolkit.credentials import Secret
+from ..toolkit import Secret, clean_detail, error_for_status, normalize_exit, transport_error
 from .bounds import MAX_ERROR_BODY
 
 SERVICE = "the Worker"

@@ -24,11 +24,9 @@ from typing import Any
 
 import aiohttp
 
+from ...backend import CommandSpec, ExecCapture
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...exec_output import ExecCapture
-from ...process_entry import CommandSpec
-from ..toolkit import kill_script, new_tag, parse_kill_report, wrapper_argv
-from ..toolkit.check import CommandCheck
+from ..toolkit import CommandCheck, kill_script, new_tag, parse_kill_report, wrapper_argv
 from .bounds import MAX_ERROR_BODY
 from .client import WorkerClient, decode_base64, read_prefix, stream_events
 from .errors import exit_status, json_object, status_error, transport_failure, worker_text

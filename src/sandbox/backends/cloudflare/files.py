@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import posixpath
 
+from ...backend import RemoteEntry as Entry
+from ...backend import explain_write_failure, regular_file
 from ...errors import (
     FileTooLargeError,
     ProviderError,
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...files.remote import Entry, explain_write_failure, regular_file
 from .client import WorkerClient
 from .scripts import stat_argv
 

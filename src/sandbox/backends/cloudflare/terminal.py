@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from ...backend import PtyEntry
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...process_entry import PtyEntry
 from ..toolkit import ShellTrap
 from .bounds import (
     MAX_PRE_READY,

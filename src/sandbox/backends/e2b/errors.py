@@ -38,8 +38,7 @@ from e2b import (
 )
 
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ..toolkit.credentials import Secret
-from ..toolkit.errors import clean_detail, error_for_status, redact, transport_error
+from ..toolkit import Secret, clean_detail, error_for_status, redact, transport_error
 
 SERVICE = "E2B"
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from e2b import FileNotFoundException, FileType
 
+from ...backend import RemoteEntry as Entry
+from ...backend import RemoteKind as Kind
+from ...backend import explain_write_failure, read_at_most, regular_file
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ...files.remote import Entry, Kind, explain_write_failure, read_at_most, regular_file
-from ..toolkit.paths import within_workspace
+from ..toolkit import within_workspace
 from .client import E2BClient
 
 # envd reports no type (None here) for a FIFO, socket or device: "other".

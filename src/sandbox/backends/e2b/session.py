@@ -45,17 +45,27 @@ from typing import Any
 
 from e2b import AsyncSandbox, NotFoundException, PtySize
 
-from ... import arguments
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    PtyEntry,
+    check_env,
+    check_str,
+    settle,
+)
 from ...errors import InvalidArgumentError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...settle import settle
-from ..toolkit import CommandCheck, wait_for_verdict
-from ..toolkit.credentials import Secret, require_credential
-from ..toolkit.limits import check_limits, refuse_unsupported
-from ..toolkit.shell import tag_environment
-from ..toolkit.trap import ShellTrap
+from ..toolkit import (
+    CommandCheck,
+    Secret,
+    ShellTrap,
+    check_limits,
+    refuse_unsupported,
+    require_credential,
+    tag_environment,
+    wait_for_verdict,
+)
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
@@ -119,9 +129,9 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("template", template)):
-            arguments.check_str(name, text)
-        metadata = arguments.check_env(metadata, name="metadata", variables=False)
-        envs = arguments.check_env(envs, name="envs")
+            check_str(name, text)
+        metadata = check_env(metadata, name="metadata", variables=False)
+        envs = check_env(envs, name="envs")
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)
         self._api_key: Secret | None = None

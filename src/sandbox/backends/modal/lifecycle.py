@@ -12,7 +12,7 @@ from typing import Any
 from modal import exception as modal_exception
 
 from ...errors import CredentialsMissingError
-from ..toolkit.credentials import Secret, require_credential
+from ..toolkit import Secret, require_credential
 from .errors import SANDBOX_GONE, SDK_ERRORS, ModalErrors
 
 logger = logging.getLogger("sandbox.modal")

@@ -33,6 +33,16 @@ from .errors import (
     transport_reason,
 )
 from .exits import UNKNOWN_EXIT, UNKNOWN_SIGNAL_EXIT, normalize_exit, signal_from_reason
+from .limits import (
+    CPU,
+    MEMORY,
+    PROCESSES,
+    ResourceLimits,
+    check_limits,
+    refuse_unsupported,
+    whole_multiple,
+)
+from .paths import within_workspace
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
@@ -48,15 +58,20 @@ from .shell import (
 from .trap import ShellTrap, wait_for_verdict
 
 __all__ = [
+    "CPU",
     "KILL_TICK_S",
+    "MEMORY",
+    "PROCESSES",
     "REDACTED",
     "RETRYABLE_STATUSES",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
     "UNKNOWN_SIGNAL_EXIT",
     "CommandCheck",
+    "ResourceLimits",
     "Secret",
     "ShellTrap",
+    "check_limits",
     "clean_detail",
     "command_line",
     "error_for_status",
@@ -68,11 +83,14 @@ __all__ = [
     "normalize_exit",
     "parse_kill_report",
     "redact",
+    "refuse_unsupported",
     "require_credential",
     "signal_from_reason",
     "tag_environment",
     "transport_error",
     "transport_reason",
     "wait_for_verdict",
+    "whole_multiple",
+    "within_workspace",
     "wrapper_argv",
 ]
