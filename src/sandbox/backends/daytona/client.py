@@ -32,7 +32,7 @@ from daytona import (
 )
 
 from ...errors import ProviderError
-from ..toolkit.credentials import Secret
+from ..toolkit import Secret
 from .errors import deadline_error, detail_of, is_not_found, is_retryable, provider_error, refused
 
 logger = logging.getLogger("sandbox.daytona")
