@@ -477,7 +477,7 @@ class LocalProcess:
         `kill_group=False` (for an already exited leader) reaps it without signalling
         the group, the way a remote daemon reaps a process whose children it leaves be;
         the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
-        left the group (see `backends.unix_local.process_tree`): teardowns do, a one-shot command
+        left the group (see `sandbox.local.tree`): teardowns do, a one-shot command
         that ended by itself does not (its group kill is the fast path; what it left
         running dies at the session's close). In a cgroup leaf, the sweep is one write
         to the leaf's `cgroup.kill`. `escapees`: see `terminate`.

@@ -7,7 +7,7 @@ What they keep is the parent link, until their parent dies. So a tree is the lea
 and its descendants, walked through the kernel's children files from the leader down
 (a cost that follows the tree, not the host; without those files, the whole process
 table is read and the leader's session taken from it). The leader's pid stays reserved
-while it is an unreaped zombie (`local_process` waits with WNOWAIT).
+while it is an unreaped zombie (`process` waits with WNOWAIT).
 
 A process that lost its parent (a double fork with `setsid`, a daemon, a background job
 of a shell that exited) has no link left. What it usually keeps is its environment:

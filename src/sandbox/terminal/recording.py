@@ -88,7 +88,7 @@ class AsciicastRecorder:
         title: str | None = None,
         shell: str | None = None,
     ) -> AsciicastRecorder:
-        """Create the file at `path` (new: `host_files.create_new_file`, no symlink
+        """Create the file at `path` (new: `files.host.create_new_file`, no symlink
         followed) and write the header; times start now.
 
         `term` and `shell` go to the header's env (TERM, SHELL), `command` and `title` to

@@ -2,7 +2,7 @@
 backend without a Cloudflare account or network access.
 
 `CloudflareWorkerServer` is an aiohttp server on 127.0.0.1 (a free port) that speaks the
-bridge protocol, over REAL local processes (`backends.unix_local.local_process`). It follows
+bridge protocol, over REAL local processes (`sandbox.local.process`). It follows
 cloudflare/sandbox-sdk at commit 6abf639caffa6dd20dcdba6f957ab203ece4cb01 (see
 docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 

@@ -26,7 +26,7 @@ fails the tests. The fake raises the SDK's own exception classes and returns the
 own data types (`ExecuteResponse`, `SessionExecuteResponse`, `Command`, `PtyResult`,
 `PtySessionInfo`).
 
-Behind the surface every process is a real local process (`backends.unix_local.local_process`), run
+Behind the surface every process is a real local process (`sandbox.local.process`), run
 the way the Daytona daemon runs them, as pessimistically as it plausibly behaves:
 
 - a PTY session is an interactive shell (`bash -i`, else `sh -i`) on a real terminal, so

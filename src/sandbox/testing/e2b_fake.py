@@ -19,7 +19,7 @@ parameters and async-ness; `tests/backends/test_e2b.py` checks that against the 
 SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
 fake raises the SDK's own exception classes and returns its own data types.
 
-Behind the surface every process is a real local process (`backends.unix_local.local_process`), the
+Behind the surface every process is a real local process (`sandbox.local.process`), the
 way envd runs them: `commands.run(cmd)` is `/bin/bash -l -c cmd` on pipes with stdin
 closed; `pty.create()` is an interactive login `/bin/bash -i -l` on a real terminal (so
 whatever is typed into it really goes through a shell). A process killed by a signal

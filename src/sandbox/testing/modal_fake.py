@@ -13,7 +13,7 @@
         ...
     await fake.aclose()  # terminates whatever a test left
 
-Every command runs as a REAL local process (`backends.unix_local.local_process.LocalProcess`), on a
+Every command runs as a REAL local process (`sandbox.local.process.LocalProcess`), on a
 real terminal when `pty=True`, so terminal behaviour, signals and exit codes are real,
 not scripted. The fake sandbox's file system is this machine's: give the session a
 temporary `workdir` and `state_dir`. Errors are the SDK's own exception classes (`modal.exception`).

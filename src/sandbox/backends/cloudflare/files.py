@@ -2,7 +2,7 @@
 
 `GET|PUT .../file/<path>` resolve ``'/' + <path>`` (routes.ts, helpers.ts
 `resolveWorkspacePath`): a relative path is sent as ``workspace/<path>``. What the path
-names is asked first with a `stat` exec (`remote_files.regular_file`), since the bridge
+names is asked first with a `stat` exec (`files.remote.regular_file`), since the bridge
 would open a FIFO and wait.
 """
 

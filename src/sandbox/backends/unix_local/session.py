@@ -1,7 +1,7 @@
 """The `unix_local` backend: processes on this machine, PTYs from `openpty`.
 
 No thread per process or per read: output fds are read with event-loop readers and exits
-are seen through pidfds (see `backends.unix_local.local_process`). A workspace directory (given, or
+are seen through pidfds (see `sandbox.local.process`). A workspace directory (given, or
 a temporary one removed on close) is every command's cwd and HOME.
 """
 
