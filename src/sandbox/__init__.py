@@ -1,6 +1,10 @@
 """sandbox: open and drive processes (one-shot and interactive PTYs) inside sandboxes.
 
-One API over seven backends; see `open_session`.
+One API over seven backends: `open_session` opens one by name (`BACKENDS` lists them,
+each a `BackendInfo`), `load_backend` gives its session class. A session's results are
+`ExecResult`, `PtyUpdate` and `PtyProcessInfo`; `until` takes an `UntilPattern` (a str
+or a compiled regex); every error is a `SandboxError`. Backend authors use
+`sandbox.backend`.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1421,8 +1421,12 @@ __all__ = [
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
+    "GET_OUTPUT_TAIL",
+    "OUTPUT_RETAIN",
     "BlaxelServer",
     "FakeSandbox",
     "FloodingPeer",
+    "TerminalFault",
     "TricklingPeer",
+    "go_terminal_text",
 ]

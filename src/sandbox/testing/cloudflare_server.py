@@ -142,6 +142,8 @@ from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
 from ..local.process import LocalProcess
 from ..settle import settle
 
+# The worker's endpoints a fault can be planned on, and the points a call
+# can be stalled at (`stall`); the banner a terminal prints before it is ready.
 ENDPOINTS = (
     "create",
     "delete",
@@ -171,6 +173,7 @@ SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
 SESSION_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,128}")
 WORKSPACE = "/workspace"
 
+# An aiohttp request handler of this server.
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -1184,3 +1187,27 @@ def _default_shell() -> list[str]:
     if bash:
         return [bash, "--norc", "--noprofile", "-i"]
     return ["sh", "-i"]
+
+
+__all__ = [
+    "DEFAULT_FLOOD_BYTES",
+    "DEFAULT_PRE_READY_OUTPUT",
+    "DEFAULT_TRICKLE_INTERVAL_S",
+    "ENDPOINTS",
+    "EXIT_DRAIN_S",
+    "FLOOD_CHUNK",
+    "MAX_WRITE_BYTES",
+    "PTY_BUFFER_BYTES",
+    "SANDBOX_ID_RE",
+    "SESSION_ID_RE",
+    "STALL_POINTS",
+    "TRICKLE_BYTES",
+    "WORKSPACE",
+    "CloudflareWorkerServer",
+    "FakePty",
+    "FakeSandbox",
+    "FakeSession",
+    "Handler",
+    "RequestRecord",
+    "Stall",
+]

@@ -143,6 +143,7 @@ ALIASES = {
     "logs": "get_session_command_logs_async",
 }
 
+# Set in every fake process's environment, so a leak check can find them by it.
 MARKER_ENV = "SANDBOX_FAKE_DAYTONA"
 # A streamed download's chunk size (the SDK reads its response 64 KiB at a time).
 DOWNLOAD_CHUNK = 64 * 1024
@@ -1323,3 +1324,21 @@ class FakeDaytona:
             await asyncio.wait(tasks)
         if self._own_root:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+__all__ = [
+    "ALIASES",
+    "DOWNLOAD_CHUNK",
+    "EXIT_OUTPUT_GRACE_S",
+    "FAULT_POINTS",
+    "GO_SIGNAL_NAMES",
+    "MARKER_ENV",
+    "SDK_NAMES",
+    "FakeAsyncDaytona",
+    "FakeAsyncFileSystem",
+    "FakeAsyncProcess",
+    "FakeAsyncPtyHandle",
+    "FakeAsyncSandbox",
+    "FakeDaytona",
+    "Gate",
+]

@@ -146,6 +146,7 @@ EXIT_OUTPUT_GRACE_S = 0.2
 PTY_ENV_DEFAULTS = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 _Event = tuple[Any, ...]
+# Picks the call a `Gate` or fault applies to (the process it is about, if any).
 Predicate = Callable[["FakeProcess | None"], bool]
 
 
@@ -1444,6 +1445,7 @@ class FakeFileStreamReader:
         await self.aclose()
 
 
+# Each fake class -> the SDK class it stands in for (checked by `sandbox.testing.drift`).
 SDK_NAMES = {
     "FakeFileStreamReader": "AsyncFileStreamReader",
     "FakeCommandHandle": "AsyncCommandHandle",
@@ -1469,3 +1471,25 @@ def fake_classes() -> Iterable[tuple[type, str]]:
         (FakeSandboxInfo, "e2b.SandboxInfo"),
         (FakeFileStreamReader, "e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader"),
     )
+
+
+__all__ = [
+    "EXIT_OUTPUT_GRACE_S",
+    "FAULT_POINTS",
+    "PTY_ENV_DEFAULTS",
+    "SDK_NAMES",
+    "STREAM_CHUNK",
+    "FakeAsyncSandbox",
+    "FakeCommandHandle",
+    "FakeCommands",
+    "FakeE2B",
+    "FakeFileStreamReader",
+    "FakeFilesystem",
+    "FakeProcess",
+    "FakePty",
+    "FakeSandboxInfo",
+    "FakeSandboxPaginator",
+    "Gate",
+    "Predicate",
+    "fake_classes",
+]

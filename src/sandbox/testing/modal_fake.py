@@ -103,6 +103,7 @@ SDK_NAMES = {
     "FakeImage": "Image",
 }
 
+# The SDK calls a fault can be planned on or a `Gate` can hold.
 OPS = (
     "client",
     "app_lookup",
@@ -121,6 +122,7 @@ OPS = (
     "stat",
 )
 
+# Picks the call a `Gate` or fault applies to, by its arguments.
 Predicate = Callable[[tuple[str, ...]], bool]
 
 
@@ -968,3 +970,23 @@ class FakeStreamWriter:
             with contextlib.suppress(Exception):  # a closing terminal swallows input
                 await local.write(data)
         self._buffer.clear()
+
+
+__all__ = [
+    "FAKE_SANDBOX_ENV",
+    "OPS",
+    "SDK_NAMES",
+    "STDIN_BUFFER_LIMIT",
+    "AioCallable",
+    "FakeApp",
+    "FakeClient",
+    "FakeContainerProcess",
+    "FakeImage",
+    "FakeModal",
+    "FakeSandbox",
+    "FakeSandboxFilesystem",
+    "FakeStreamReader",
+    "FakeStreamWriter",
+    "Gate",
+    "Predicate",
+]

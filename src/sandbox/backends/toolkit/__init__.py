@@ -1,9 +1,12 @@
 """What every remote backend needs beside its provider's API, written once.
 
-- `shell`: the POSIX sh wrapper that tags a command and reports 128+N without the
-  shell's "Killed" notice, and the kill/interrupt scripts that find a tagged tree
-  through /proc (`wrapper_argv`, `kill_script`, `interrupt_script`, ...).
-- `exits`: `normalize_exit`, one rule for the exit status a provider reports.
+- `shell`: the POSIX sh wrapper that tags a command (in `TAG_VARIABLE`) and reports
+  128+N without the shell's "Killed" notice, and the kill/interrupt scripts that find a
+  tagged tree through /proc, polling every `KILL_TICK_S` (`wrapper_argv`, `kill_script`,
+  `interrupt_script`, ...).
+- `exits`: `normalize_exit`, one rule for the exit status a provider reports
+  (`UNKNOWN_EXIT` when it reports none, `UNKNOWN_SIGNAL_EXIT` for a signal it cannot
+  name).
 - `errors`: one HTTP error policy (`RETRYABLE_STATUSES`, `error_for_status`,
   `transport_error`) and one redaction (`redact`, `REDACTED`).
 - `trap`: `ShellTrap`, for a command typed into a provider's interactive shell, and
@@ -11,7 +14,8 @@
 - `check`: `CommandCheck` and `CHECK_SCRIPT`, the sh check of `cwd` and program in front
   of a command (`WorkdirError`, `CommandNotFoundError` on every backend alike).
 - `credentials`: `Secret` (never in a message, log or repr) and `require_credential`.
-- `limits`, `paths`: resource limits checked once; `within_workspace`.
+- `limits`: the three limit options (`MEMORY`, `PROCESSES`, `CPU`) checked once into
+  `ResourceLimits`; `paths`: `within_workspace`.
 - `options`: the backend flags the cli and the MCP server share (not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
