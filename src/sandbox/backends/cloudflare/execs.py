@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from ...backend import CommandSpec, ExecCapture
+from ...backend import CommandSpec, ExecCapture, cancel_and_wait
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ..toolkit import CommandCheck, kill_script, new_tag, parse_kill_report, wrapper_argv
 from .bounds import MAX_ERROR_BODY
@@ -188,10 +188,8 @@ class WorkerExec:
         self._killed = True
         task = self._task
         if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved: its failure is superseded by the kill
+            # Its failure, if any, is superseded by the kill (consumed and logged).
+            await cancel_and_wait([task])
         if self._maybe_running and self._client.http is not None:
             await kill_tagged(self._client, self._tag)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...backend import CommandSpec, ExecCapture, PtyEntry
+from ...backend import CommandSpec, ExecCapture, PtyEntry, cancel_and_wait
 from ...errors import ProviderError, SandboxError
 from ..toolkit import CommandCheck, ShellTrap, normalize_exit
 from .client import DaytonaClient
@@ -169,10 +169,8 @@ async def teardown(
     step ran."""
     errors: list[BaseException] = []
     pump = state.pump
-    if pump is not None and not pump.done():
-        pump.cancel()
     if pump is not None:
-        await asyncio.wait([pump])
+        await cancel_and_wait([pump])
     if sandbox_stopping:
         return
     if state.execute_attempted and not state.finished:

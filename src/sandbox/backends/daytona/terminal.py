@@ -21,7 +21,7 @@ import shlex
 
 from daytona import DaytonaError, PtySize
 
-from ...backend import PtyEntry
+from ...backend import PtyEntry, cancel_and_wait
 from ...errors import ProcessExitedError
 from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
 from .client import DaytonaClient
@@ -176,10 +176,8 @@ async def teardown(
     children), and kill the PTY session itself when that did not already end it."""
     errors: list[BaseException] = []
     waiter = state.waiter
-    if waiter is not None and not waiter.done():
-        waiter.cancel()
     if waiter is not None:
-        await asyncio.wait([waiter])
+        await cancel_and_wait([waiter])
     if state.handle is not None:
         try:
             await client.bounded(state.handle.disconnect())

@@ -60,8 +60,6 @@ TEARDOWN_CONCURRENCY = 64
 # Appended to the output (a one-shot's stderr) of a process the memory limit killed, as
 # on unix_local.
 MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
-# After an exit, how long a stream held open by a background child may take to close
-# once that child was killed (the engine itself gives up after about 2 s).
 
 
 class DockerSession(BaseSandboxSession[DockerExec]):

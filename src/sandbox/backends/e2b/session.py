@@ -39,7 +39,6 @@ E2B's create takes no resources (a template has its CPU and memory).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -51,7 +50,9 @@ from ...backend import (
     ExecCapture,
     OneShotProcess,
     PtyEntry,
+    cancel_and_wait,
     check_env,
+    check_seconds,
     check_str,
     settle,
 )
@@ -120,12 +121,9 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             ("sandbox_timeout_s", sandbox_timeout_s),
             ("call_timeout_s", call_timeout_s),
         ):
-            if not _positive(value):
-                raise InvalidArgumentError(f"{name} must be a positive number of seconds")
-        if request_timeout_s is not None and not _positive(request_timeout_s):
-            raise InvalidArgumentError("request_timeout_s must be a positive number or None")
-        if not (_positive(process_timeout_s) or process_timeout_s == 0):
-            raise InvalidArgumentError("process_timeout_s must be >= 0 (0: no limit)")
+            check_seconds(name, value)
+        check_seconds("request_timeout_s", request_timeout_s, allow_none=True)
+        check_seconds("process_timeout_s", process_timeout_s, allow_zero=True)  # 0: no limit
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("template", template)):
@@ -396,8 +394,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             except Exception as exc:
                 error = exc
         if proc.waiter is not None:
-            proc.waiter.cancel()
-            await asyncio.wait([proc.waiter])
+            await cancel_and_wait([proc.waiter])
         if handle is not None:
             await self._client.disconnect(handle)
         if error is not None:
@@ -415,12 +412,3 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         """`files.write` (E2B creates the parent directories), after `files.get_info`
         says nothing or a regular file is there."""
         await files.write_file(self._client, path, data)
-
-
-def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
