@@ -8,7 +8,7 @@ import re
 import sys
 import time
 
-from sandbox.truncation import truncate_to_tokens
+from sandbox.output.truncation import truncate_to_tokens
 
 from .local_cases import Config, session
 from .measure import Figure, StallMeter

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sandbox
-from sandbox.arguments import MAX_TERMINAL_SIDE
 from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.terminal.size import MAX_TERMINAL_SIDE
 
 from .measure import Figure, StallMeter, cpu_seconds, rss_bytes
 from .raw import RawChild

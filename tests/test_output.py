@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from sandbox.output_buffer import BoundedOutput
-from sandbox.text_decoding import StreamDecoder, omission_marker
-from sandbox.truncation import truncate_to_tokens
-from sandbox.until_match import UntilMatcher, check_until
+from sandbox.output.buffer import BoundedOutput
+from sandbox.output.decoding import StreamDecoder, omission_marker
+from sandbox.output.truncation import truncate_to_tokens
+from sandbox.output.until import UntilMatcher, check_until
 
 
 def test_buffer_keeps_everything_under_the_limit() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox.text_decoding import StreamDecoder
-from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, SLICE_S, UntilMatcher
+from sandbox.output.decoding import StreamDecoder
+from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, SLICE_S, UntilMatcher
 
 # The reproduction of the hardening issue: `.*` backtracks over the whole line from every
 # start position, so a search costs the square of its string.

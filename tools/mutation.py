@@ -67,16 +67,16 @@ TARGETS: dict[str, Target] = {
     "tasks": Target("sandbox.tasks", ("tests/session/test_tasks.py",)),
     "arguments": Target("sandbox.arguments", ("tests/session/test_arguments.py",)),
     "output_buffer": Target(
-        "sandbox.output_buffer", ("tests/output/test_buffer.py", "tests/test_output.py")
+        "sandbox.output.buffer", ("tests/output/test_buffer.py", "tests/test_output.py")
     ),
     "text_decoding": Target(
-        "sandbox.text_decoding", ("tests/output/test_decoding.py", "tests/test_output.py")
+        "sandbox.output.decoding", ("tests/output/test_decoding.py", "tests/test_output.py")
     ),
     "truncation": Target(
-        "sandbox.truncation", ("tests/output/test_truncation.py", "tests/test_output.py")
+        "sandbox.output.truncation", ("tests/output/test_truncation.py", "tests/test_output.py")
     ),
     "until_match": Target(
-        "sandbox.until_match",
+        "sandbox.output.until",
         ("tests/output/test_until.py", "tests/test_until_bound.py", "tests/test_output.py"),
     ),
     "shell_quoting": Target(

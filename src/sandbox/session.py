@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from . import arguments
-from . import file_arguments as files
 from .errors import (
     CleanupError,
     ExecTimeoutError,
@@ -40,17 +39,18 @@ from .errors import (
     UnsupportedOperationError,
 )
 from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
-from .host_files import HostDirectory
-from .output_buffer import DEFAULT_OUTPUT_LIMIT
+from .files import arguments as files
+from .files.host import HostDirectory
+from .output.buffer import DEFAULT_OUTPUT_LIMIT
+from .output.truncation import truncate_to_tokens
+from .output.until import UntilMatcher, UntilPattern, check_until
 from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
-from .recording import AsciicastRecorder
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
-from .truncation import truncate_to_tokens
+from .terminal.recording import AsciicastRecorder
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
-from .until_match import UntilMatcher, UntilPattern, check_until
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
-    from .screen import ScreenSnapshot
+    from .terminal.screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox")
 
@@ -133,7 +133,7 @@ class BaseSandboxSession(Generic[H]):
     `record_dir`: record every tty process to `<record_dir>/<process_id>.cast`
     (asciicast v2) unless its `pty_exec_start` names its own `record` file. The folder
     is opened once, by `start()` (before the sandbox runs anything), and each recording
-    is created new relative to it (`sandbox.host_files`); ids are picked so that their
+    is created new relative to it (`sandbox.files.host`); ids are picked so that their
     name is free in it, and one that is taken anyway fails the start (`HostPathError`).
     """
 
@@ -464,7 +464,7 @@ class BaseSandboxSession(Generic[H]):
         pipes never have one. `record` (or the session's `record_dir`) writes an
         asciicast v2 recording of a tty process, with the keystrokes if `record_input`,
         always to a new file: anything at its name, or a symlink on the way of a
-        `record` path, fails the start with `HostPathError` (`sandbox.host_files`).
+        `record` path, fails the start with `HostPathError` (`sandbox.files.host`).
         """
         self._require_running()
         if record is not None and not isinstance(record, str | os.PathLike):
@@ -723,7 +723,7 @@ class BaseSandboxSession(Generic[H]):
         self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
     ) -> None:
         """Open the entry's recording (its own file, else one in `record_dir`), always a
-        new file (`sandbox.host_files`): what is at its name already is refused."""
+        new file (`sandbox.files.host`): what is at its name already is refused."""
         if record is None and self.record_dir is None:
             return
         if record is None and self._record_directory is None:

@@ -26,7 +26,7 @@ from sandbox.backends.blaxel import (
     is_retryable,
     parse_terminal_frame,
 )
-from sandbox.credentials import REDACTED
+from sandbox.backends.toolkit.credentials import REDACTED
 from sandbox.testing.blaxel_server import GARBAGE_FRAMES, BlaxelServer
 from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
 

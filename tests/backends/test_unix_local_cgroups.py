@@ -17,7 +17,7 @@ import pytest
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
-from sandbox.backends.unix_local import cgroups as cg
+from sandbox.local import cgroups as cg
 from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
 
 

@@ -1,10 +1,10 @@
-"""The bounded buffer (sandbox.output_buffer): limits, positions, segments and drains."""
+"""The bounded buffer (sandbox.output.buffer): limits, positions, segments and drains."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandbox.output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput, DrainedOutput
+from sandbox.output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput, DrainedOutput
 
 
 def filled(limit: int, *chunks: bytes) -> BoundedOutput:

@@ -1,11 +1,11 @@
-"""Incremental decoding (sandbox.text_decoding): invalid bytes, cut characters, markers."""
+"""Incremental decoding (sandbox.output.decoding): invalid bytes, cut characters, markers."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandbox.output_buffer import DrainedOutput
-from sandbox.text_decoding import (
+from sandbox.output.buffer import DrainedOutput
+from sandbox.output.decoding import (
     StreamDecoder,
     _incomplete_suffix_len,
     leading_continuation_len,

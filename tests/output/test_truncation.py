@@ -1,10 +1,10 @@
-"""Token truncation (sandbox.truncation): budgets, boundaries and the marker, exactly."""
+"""Token truncation (sandbox.output.truncation): budgets, boundaries and the marker, exactly."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandbox.truncation import BYTES_PER_TOKEN, approx_token_count, truncate_to_tokens
+from sandbox.output.truncation import BYTES_PER_TOKEN, approx_token_count, truncate_to_tokens
 
 
 def test_four_bytes_make_a_token_rounding_up() -> None:

@@ -1,4 +1,4 @@
-"""`until` matching (sandbox.until_match): the edges of every rule, and the gap bug."""
+"""`until` matching (sandbox.output.until): the edges of every rule, and the gap bug."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import pytest
 
 from sandbox.errors import InvalidArgumentError
-from sandbox.text_decoding import StreamDecoder
-from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
+from sandbox.output.decoding import StreamDecoder
+from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
 
 
 def matcher(pattern: str | re.Pattern[str]) -> UntilMatcher:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import codecs
 
-from .output_buffer import DrainedOutput
+from .buffer import DrainedOutput
 
 
 def omission_marker(omitted: int) -> str:

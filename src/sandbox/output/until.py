@@ -22,8 +22,8 @@ import re
 import time
 from collections import deque
 
-from .errors import InvalidArgumentError
-from .text_decoding import StreamDecoder, leading_continuation_len
+from ..errors import InvalidArgumentError
+from .decoding import StreamDecoder, leading_continuation_len
 
 # Both are small on purpose: a pattern such as `.*X$` costs the square of its search
 # string, about 20 ms for 8 KiB here but over a second for 64 KiB, and the event loop
