@@ -22,9 +22,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, M
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
-from . import arguments
-from . import file_arguments as files
-from .errors import (
+from .. import arguments
+from .. import file_arguments as files
+from ..errors import (
     CleanupError,
     ExecTimeoutError,
     FileTooLargeError,
@@ -39,18 +39,18 @@ from .errors import (
     StdinClosedError,
     UnsupportedOperationError,
 )
-from .exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
-from .host_files import HostDirectory
-from .output_buffer import DEFAULT_OUTPUT_LIMIT
-from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
-from .recording import AsciicastRecorder
-from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
-from .truncation import truncate_to_tokens
-from .types import ExecResult, PtyProcessInfo, PtyUpdate
-from .until_match import UntilMatcher, UntilPattern, check_until
+from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
+from ..host_files import HostDirectory
+from ..output_buffer import DEFAULT_OUTPUT_LIMIT
+from ..process_entry import CommandSpec, H, ProcessSpec, PtyEntry
+from ..recording import AsciicastRecorder
+from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
+from ..truncation import truncate_to_tokens
+from ..types import ExecResult, PtyProcessInfo, PtyUpdate
+from ..until_match import UntilMatcher, UntilPattern, check_until
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
-    from .screen import ScreenSnapshot
+    from ..screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox")
 

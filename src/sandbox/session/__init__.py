@@ -1,0 +1,27 @@
+"""The session core: `BaseSandboxSession` and the collaborators it is built from.
+
+`base` holds the public orchestration (options, lifecycle, exec, files, `pty_*`); the
+hooks a backend implements are its own module (`hooks`); the process registry, the
+tasks the session owns, the window loop and the one-shot skeleton each live in their
+own module beside it. Only the names below are imported from `sandbox.session`.
+"""
+
+from .base import (
+    ID_RANGE,
+    MAX_PROCESSES,
+    PROTECTED_RECENT,
+    SCREEN_CHECK_SLICE_S,
+    WARN_PROCESSES,
+    BaseSandboxSession,
+    SessionState,
+)
+
+__all__ = [
+    "ID_RANGE",
+    "MAX_PROCESSES",
+    "PROTECTED_RECENT",
+    "SCREEN_CHECK_SLICE_S",
+    "WARN_PROCESSES",
+    "BaseSandboxSession",
+    "SessionState",
+]
