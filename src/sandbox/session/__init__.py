@@ -10,11 +10,11 @@ from .base import (
     ID_RANGE,
     MAX_PROCESSES,
     PROTECTED_RECENT,
-    SCREEN_CHECK_SLICE_S,
     WARN_PROCESSES,
     BaseSandboxSession,
     SessionState,
 )
+from .windows import SCREEN_CHECK_SLICE_S
 
 __all__ = [
     "ID_RANGE",

@@ -15,7 +15,6 @@ import dataclasses
 import enum
 import logging
 import os
-import re
 import secrets
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
@@ -45,9 +44,9 @@ from ..output_buffer import DEFAULT_OUTPUT_LIMIT
 from ..process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from ..recording import AsciicastRecorder
 from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
-from ..truncation import truncate_to_tokens
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
-from ..until_match import UntilMatcher, UntilPattern, check_until
+from ..until_match import UntilPattern, check_until
+from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..screen import ScreenSnapshot
@@ -56,9 +55,6 @@ logger = logging.getLogger("sandbox")
 
 MAX_PROCESSES = 64
 WARN_PROCESSES = 60
-# One turn of a screen's emulation or rendering (`pty_screen`, an `until_screen` check)
-# works at most about this long before yielding to the event loop.
-SCREEN_CHECK_SLICE_S = 0.005
 PROTECTED_RECENT = 8
 ID_RANGE = (1000, 100_000)
 # Ids tried for a free `<id>.cast` name in `record_dir` before one is taken anyway (its
@@ -104,13 +100,6 @@ async def _killed_at_timeout(
 async def _finished(task: asyncio.Future[Any]) -> None:
     """Wait until `task` is done, without taking over its result or exception."""
     await asyncio.wait({task})
-
-
-def _screen_matches(pattern: UntilPattern, snapshot: ScreenSnapshot) -> bool:
-    text = snapshot.text()
-    if isinstance(pattern, re.Pattern):
-        return pattern.search(text) is not None
-    return pattern in text
 
 
 class SessionState(enum.Enum):
@@ -480,7 +469,7 @@ class BaseSandboxSession(Generic[H]):
         window = arguments.yield_window(yield_time_s, arguments.START_YIELD_S)
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
-        screen_pattern = self._check_until_screen(until_screen, spec.screen)
+        screen_pattern = check_until_screen(until_screen, spec.screen)
 
         entry, victim = await self._reserve(spec, in_record_dir=spec.tty and record is None)
         try:
@@ -555,7 +544,7 @@ class BaseSandboxSession(Generic[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         entry = self._lookup(process_id)
-        screen_pattern = self._check_until_screen(until_screen, entry.screen is not None)
+        screen_pattern = check_until_screen(until_screen, entry.screen is not None)
         if data and not entry.tty:
             raise StdinClosedError(
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
@@ -709,15 +698,6 @@ class BaseSandboxSession(Generic[H]):
     def _reserved(self) -> set[int]:
         """Every id in use: registered, starting, or being torn down."""
         return {*self._registry, *self._starting, *self._retiring}
-
-    @staticmethod
-    def _check_until_screen(until_screen: object, has_screen: bool) -> UntilPattern | None:
-        pattern = check_until(until_screen)
-        if pattern is not None and not has_screen:
-            raise InvalidArgumentError(
-                "until_screen needs a rendered screen: a tty process started with screen=True"
-            )
-        return pattern
 
     def _open_recording(
         self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
@@ -949,63 +929,19 @@ class BaseSandboxSession(Generic[H]):
         poll: bool = False,
         until_screen: UntilPattern | None = None,
     ) -> PtyUpdate:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + window_s
-        matcher = UntilMatcher(until, entry.decoder.snapshot()) if until is not None else None
-        scanned = entry.output.start_pos
-        # The screen is checked once there is output this window returns (like `until`,
-        # which searches it), and after every change; a poll checks it at once.
-        screen_checked = -1 if poll else entry.output.start_pos
-        snapshot: ScreenSnapshot | None = None
-        if not poll:
-            entry.poll_preempted = False
-        while True:
-            if poll and entry.poll_preempted:
-                entry.poll_preempted = False
-                break
-            if matcher is not None:
-                segments = entry.output.since(scanned)
-                scanned = entry.output.end_pos
-                if segments and await matcher.feed_async(segments, deadline):
-                    break
-            if until_screen is not None and entry.output.end_pos != screen_checked:
-                screen_checked = entry.output.end_pos
-                snapshot = await self._render_by(entry, deadline)
-                if snapshot is not None and _screen_matches(until_screen, snapshot):
-                    break
-            if entry.output_done:
-                break
-            if loop.time() >= deadline:
-                await self._final_drain(entry)
-                break
-            await entry.wait_for_change(
-                deadline, wants_data=matcher is not None or until_screen is not None
-            )
-        if until_screen is not None:
-            # What the model sees with the output: the screen at the window's end.
-            snapshot = await self._render_by(entry, loop.time() + SCREEN_CHECK_SLICE_S)
-        finished = entry.output_done
-        text = entry.decoder.decode_drained(entry.output.drain(), final=finished)
-        truncated = truncate_to_tokens(text, max_tokens)
+        """One window over `entry` (`windows.collect_window`); a finished entry leaves."""
+        update, finished = await collect_window(
+            entry,
+            window_s,
+            until,
+            max_tokens,
+            final_drain=self._final_drain,
+            poll=poll,
+            until_screen=until_screen,
+        )
         if finished:
             await self._discard(entry)
-        return PtyUpdate(
-            process_id=None if finished else entry.process_id,
-            output=truncated.text,
-            exit_code=entry.exit_code if entry.exited else None,
-            original_token_count=truncated.original_token_count,
-            screen=snapshot,
-        )
-
-    @staticmethod
-    async def _render_by(entry: PtyEntry[H], deadline: float) -> ScreenSnapshot | None:
-        """Emulate the entry's queued output a slice at a time (yielding between slices)
-        until caught up or the loop time `deadline`; then the snapshot (its changed rows
-        rendered in slices too)."""
-        screen = entry.screen
-        if screen is None:
-            return None
-        return await screen.render(SCREEN_CHECK_SLICE_S, deadline=deadline)
+        return update
 
     # ---- backend hooks ---------------------------------------------------------------
 
