@@ -25,7 +25,6 @@ from .. import arguments
 from .. import file_arguments as files
 from ..errors import (
     CleanupError,
-    ExecTimeoutError,
     FileTooLargeError,
     HostPathError,
     InvalidArgumentError,
@@ -46,6 +45,7 @@ from ..recording import AsciicastRecorder
 from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..until_match import UntilPattern, check_until
+from .oneshot import run_one_shot
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
@@ -68,33 +68,6 @@ T = TypeVar("T")
 def _record_name(process_id: int) -> str:
     """The name of a process's recording in `record_dir`."""
     return f"{process_id}.cast"
-
-
-async def _kill_noting(process: OneShotProcess, error: BaseException | list[str]) -> None:
-    """Kill a one-shot command (settled) on the way out with `error`: a kill that fails
-    is noted on `error` (or appended to a list of notes), which stays the one raised
-    (it says what happened first)."""
-    try:
-        await settle(process.kill())
-    except Exception as kill_error:
-        note = f"killing the command's tree also failed: {kill_error}"
-        if isinstance(error, list):
-            error.append(note)
-        else:
-            error.add_note(note)
-
-
-async def _killed_at_timeout(
-    process: OneShotProcess, capture: ExecCapture, display: str, timeout: float | None
-) -> ExecTimeoutError:
-    """Kill a timed-out one-shot command (settled), then the `ExecTimeoutError` with what
-    it printed, the kill's own output collection included, and a note if the kill failed."""
-    notes: list[str] = []
-    await _kill_noting(process, notes)
-    error = capture.timeout_error(display, timeout)
-    for note in notes:
-        error.add_note(note)
-    return error
 
 
 async def _finished(task: asyncio.Future[Any]) -> None:
@@ -361,7 +334,8 @@ class BaseSandboxSession(Generic[H]):
         )
         capture = ExecCapture(limit, timeout=checked_timeout)
         # The session owns the command: close cancels it (its hook kills the tree).
-        return await self._run_owned(self._exec(spec, checked_timeout, capture), self._execs)
+        work = run_one_shot(self._start_exec, spec, checked_timeout, capture)
+        return await self._run_owned(work, self._execs)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a whole regular file from the sandbox (relative paths are in the workspace).
@@ -953,35 +927,6 @@ class BaseSandboxSession(Generic[H]):
         """Stop the sandbox (delete it unless told to keep it) and release clients.
         Must tolerate a partially completed `_start_backend()`. Called at most once per
         start attempt, after every process has been torn down."""
-
-    async def _exec(
-        self, spec: CommandSpec, timeout: float | None, capture: ExecCapture
-    ) -> ExecResult:
-        """Run a one-shot command to completion. The default is the base session's own
-        skeleton: `_start_exec()`, then wait within `timeout`; at the timeout, on
-        cancellation or when the session closes, the command's tree is killed (settled)
-        and `capture.timeout_error(...)` / the cancellation is raised. A backend
-        implements `_start_exec` (preferred), or overrides this whole hook (the older
-        way: then it must do all of the above itself)."""
-        process = await self._start_exec(spec, capture)
-        try:
-            async with asyncio.timeout(timeout) as scope:
-                code = await process.wait()
-        except TimeoutError as exc:
-            if not scope.expired():  # the backend's own timeout, not ours
-                await _kill_noting(process, exc)
-                raise
-            # Built after the kill: a backend may collect the last output while killing.
-            raise await _killed_at_timeout(process, capture, spec.display, timeout) from None
-        except ExecTimeoutError:
-            # The provider's own timeout, which the backend reports the same way: the kill
-            # is ours too, and the error is rebuilt after it with whatever it collected.
-            raise await _killed_at_timeout(process, capture, spec.display, timeout) from None
-        except BaseException as exc:
-            await _kill_noting(process, exc)
-            raise
-        await settle(process.release())
-        return capture.result(code)
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Start a one-shot command whose stdout and stderr chunks are appended to
