@@ -424,7 +424,7 @@ async def _cancel_after(coro, steps: int) -> BaseException | object:  # type: ig
 
 def _registry_consistent(session: BaseSandboxSession) -> None:
     live = {i.process_id for i in session.pty_processes()}
-    assert live <= session._reserved
+    assert live <= session._processes.reserved
 
 
 async def test_cancel_start_at_every_step(session: BaseSandboxSession) -> None:
@@ -438,7 +438,7 @@ async def test_cancel_start_at_every_step(session: BaseSandboxSession) -> None:
         _registry_consistent(session)
         assert session.pty_processes() == [], "a cancelled start must not leave its process"
     assert await eventually(lambda: not host_pids_with_arg(marker))
-    assert session._reserved == set()
+    assert session._processes.reserved == set()
 
 
 async def test_cancel_write_and_poll_at_every_step(session: BaseSandboxSession) -> None:
@@ -472,7 +472,7 @@ async def test_cancel_terminate_at_every_step(session: BaseSandboxSession) -> No
         assert session.pty_processes() == []
         assert await eventually(lambda m=marker: not host_pids_with_arg(m))  # type: ignore[misc]
         _registry_consistent(session)
-    assert session._reserved == set()
+    assert session._processes.reserved == set()
 
 
 async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSession) -> None:
@@ -483,7 +483,7 @@ async def test_cancel_terminate_all_tears_everything_down(session: BaseSandboxSe
     assert outcome is None or isinstance(outcome, asyncio.CancelledError)
     assert session.pty_processes() == []
     assert await eventually(lambda: not host_pids_with_arg(marker))
-    assert session._reserved == set()
+    assert session._processes.reserved == set()
 
 
 async def test_cancel_close_at_every_step(backend: ModuleType, tmp_path) -> None:  # type: ignore[no-untyped-def]

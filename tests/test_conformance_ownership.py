@@ -107,7 +107,7 @@ async def test_close_while_spawn_is_parked(
         await _nothing_left(backend, marker)
         with pytest.raises(SessionClosedError):
             await starting
-        assert s._reserved == set()
+        assert s._processes.reserved == set()
         await _closed_for_good(s)
 
 
@@ -130,7 +130,7 @@ async def test_close_while_poll_waits(backend: ModuleType, tmp_path: Path) -> No
         pid = update.process_id
         assert pid is not None
         polling = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
-        assert await eventually(lambda: s._registry[pid].call_lock.locked())
+        assert await eventually(lambda: s._processes.lookup(pid).call_lock.locked())
         await s.aclose()
         assert polling.done(), "the poll still waits after the close returned"
         try:

@@ -6,14 +6,8 @@ tasks the session owns, the window loop and the one-shot skeleton each live in t
 own module beside it. Only the names below are imported from `sandbox.session`.
 """
 
-from .base import (
-    ID_RANGE,
-    MAX_PROCESSES,
-    PROTECTED_RECENT,
-    WARN_PROCESSES,
-    BaseSandboxSession,
-    SessionState,
-)
+from .base import BaseSandboxSession, SessionState
+from .registry import ID_RANGE, MAX_PROCESSES, PROTECTED_RECENT, WARN_PROCESSES
 from .windows import SCREEN_CHECK_SLICE_S
 
 __all__ = [

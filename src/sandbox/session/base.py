@@ -15,7 +15,6 @@ import dataclasses
 import enum
 import logging
 import os
-import secrets
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
 from types import TracebackType
@@ -29,7 +28,6 @@ from ..errors import (
     HostPathError,
     InvalidArgumentError,
     ProcessExitedError,
-    PtyProcessNotFoundError,
     SandboxError,
     SessionClosedError,
     SessionNotStartedError,
@@ -46,21 +44,13 @@ from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..until_match import UntilPattern, check_until
 from .oneshot import run_one_shot
+from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox")
-
-MAX_PROCESSES = 64
-WARN_PROCESSES = 60
-PROTECTED_RECENT = 8
-ID_RANGE = (1000, 100_000)
-# Ids tried for a free `<id>.cast` name in `record_dir` before one is taken anyway (its
-# recording is then refused): a folder full of old recordings must not hang a start.
-RECORD_NAME_TRIES = 256
-PRUNED_MEMORY = 256  # how many pruned ids an error can still explain
 
 T = TypeVar("T")
 
@@ -125,7 +115,6 @@ class BaseSandboxSession(Generic[H]):
             if value < least:
                 raise InvalidArgumentError(f"{name} must be at least {least}, not {value}")
         self.max_processes = max_processes
-        self.warn_processes = max(1, max_processes - (MAX_PROCESSES - WARN_PROCESSES))
         self.output_limit_bytes = output_limit_bytes
         self.teardown_concurrency = teardown_concurrency
         self.read_limit_bytes = files.check_byte_count(read_limit_bytes, "read_limit_bytes")
@@ -134,14 +123,10 @@ class BaseSandboxSession(Generic[H]):
             "exec_output_limit_bytes", exec_output_limit_bytes
         )
         self._state = SessionState.NEW
-        # Ownership: a process entry belongs to whoever holds it in one of these (the
-        # registry: the session; `_starting`: the `pty_exec_start` call spawning it) and
-        # passes to a teardown by being popped from it, in one step on the loop thread.
-        self._registry: dict[int, PtyEntry[H]] = {}
-        self._starting: dict[int, PtyEntry[H]] = {}
-        self._retiring: set[int] = set()  # ids being torn down: not reusable, no slot
-        self._pruned: dict[int, str] = {}  # recent prune victims, for clear errors
-        self._lock = asyncio.Lock()
+        # Which processes exist and who owns each (`registry.py` states the rule).
+        self._processes: ProcessRegistry[H] = ProcessRegistry(
+            self.backend_name, max_processes=max_processes, output_limit_bytes=output_limit_bytes
+        )
         self._lifecycle_start: asyncio.Task[None] | None = None
         self._execs: set[asyncio.Task[Any]] = set()
         self._teardowns: set[asyncio.Task[None]] = set()
@@ -149,10 +134,15 @@ class BaseSandboxSession(Generic[H]):
         # `record_dir`'s fd: opened by `start()`, closed by a failed start or the close.
         self._record_directory: HostDirectory | None = None
 
+    @property
+    def warn_processes(self) -> int:
+        """How many processes make the session warn that pruning is near."""
+        return self._processes.warn_processes
+
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} backend={self.backend_name!r} state={self._state.value} "
-            f"processes={len(self._registry)}>"
+            f"processes={len(self._processes)}>"
         )
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -244,14 +234,12 @@ class BaseSandboxSession(Generic[H]):
             backend_up = not start.cancelled() and start.exception() is None
         # Calls in flight lose: their hooks see the cancellation and undo what they made.
         in_flight: list[asyncio.Future[Any]] = [*self._execs]
-        in_flight += [e.spawn_task for e in self._starting.values() if e.spawn_task is not None]
+        in_flight += self._processes.spawn_tasks()
         for task in in_flight:
             task.cancel()
         if in_flight:
             await asyncio.wait(in_flight)
-        entries = [*self._starting.values(), *self._registry.values()]
-        self._starting.clear()
-        self._registry.clear()
+        entries = self._processes.take_everything()
         for entry in entries:
             entry.sandbox_stopping = True
         try:
@@ -445,12 +433,16 @@ class BaseSandboxSession(Generic[H]):
         pattern = check_until(until)
         screen_pattern = check_until_screen(until_screen, spec.screen)
 
-        entry, victim = await self._reserve(spec, in_record_dir=spec.tty and record is None)
+        entry, victim = await self._processes.reserve(
+            spec,
+            check_open=self._require_running,
+            name_taken=self._record_name_taken if spec.tty and record is None else None,
+        )
         try:
             if victim is not None:
                 # A victim's failed teardown is not this start's failure: logged only.
                 await self._settle_batch([victim], log_errors=True)
-            if self._starting.get(entry.process_id) is not entry:
+            if not self._processes.is_starting(entry):
                 raise self._closed_error()  # closed while the victim went
             if spec.tty:
                 self._open_recording(entry, record, record_input)
@@ -458,28 +450,17 @@ class BaseSandboxSession(Generic[H]):
             entry.spawn_task = spawn
             await self._await_owned(spawn)
         except BaseException as exc:
-            if self._starting.pop(entry.process_id, None) is entry:  # still ours to undo
-                entry.removed = True
+            if self._processes.take_starting(entry):  # still ours to undo
                 try:
                     await self._settle_batch([entry])
                 except Exception as cleanup_exc:
                     exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
             raise
-        if self._starting.pop(entry.process_id, None) is not entry:
-            raise self._closed_error()  # the close took it over and tears it down
-        if self._state is not SessionState.RUNNING:
-            entry.removed = True
-            await self._settle_batch([entry])
+        if self._state is not SessionState.RUNNING and self._processes.take_starting(entry):
+            await self._settle_batch([entry])  # the spawn won against the close: undo it
             raise self._closed_error()
-        self._registry[entry.process_id] = entry
-        live = len(self._registry) + len(self._starting)
-        if live == self.warn_processes:  # once, when the registry crosses the mark
-            logger.warning(
-                "%s session has %d of %d processes: the least recently used will be pruned",
-                self.backend_name,
-                live,
-                self.max_processes,
-            )
+        if not self._processes.admit(entry):
+            raise self._closed_error()  # the close took it over and tears it down
         try:
             async with entry.call_lock:
                 return await self._collect(
@@ -637,41 +618,18 @@ class BaseSandboxSession(Generic[H]):
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
         self._require_running()
-        entry = self._registry.pop(process_id, None)
-        if entry is None:
-            raise self._not_found(process_id)
-        entry.removed = True
-        await self._settle_batch([entry])
+        await self._settle_batch([self._processes.take(process_id)])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
         self._require_running()
-        entries = list(self._registry.values())
-        self._registry.clear()
-        await self._settle_batch(entries)
+        await self._settle_batch(self._processes.take_all())
 
     def pty_processes(self) -> list[PtyProcessInfo]:
         """The live registry, oldest first, so an agent can find processes it forgot."""
-        return [
-            PtyProcessInfo(
-                process_id=entry.process_id,
-                command=entry.spec.command.display,
-                tty=entry.tty,
-                running=entry.running,
-                exit_code=entry.exit_code,
-                started_at=entry.started_at,
-                last_used=entry.last_used,
-                has_screen=entry.screen is not None,
-            )
-            for entry in sorted(self._registry.values(), key=lambda e: e.started_at)
-        ]
+        return self._processes.infos()
 
     # ---- registry internals --------------------------------------------------------
-
-    @property
-    def _reserved(self) -> set[int]:
-        """Every id in use: registered, starting, or being torn down."""
-        return {*self._registry, *self._starting, *self._retiring}
 
     def _open_recording(
         self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
@@ -710,91 +668,19 @@ class BaseSandboxSession(Generic[H]):
     def _closed_error(self) -> SessionClosedError:
         return SessionClosedError(f"the {self.backend_name} session was closed")
 
-    def _not_found(self, process_id: object) -> PtyProcessNotFoundError:
-        pruned = self._pruned.get(process_id) if isinstance(process_id, int) else None
-        if pruned is not None:
-            return PtyProcessNotFoundError(f"process {process_id} {pruned}")
-        return PtyProcessNotFoundError(
-            f"no process with id {process_id!r} (it exited and was collected, was "
-            "terminated, or never existed); pty_processes() lists the live ones"
-        )
-
     def _gone(self, entry: PtyEntry[H]) -> SandboxError:
         """The error for a call that finds its process removed while it waited."""
         if self._state in (SessionState.CLOSING, SessionState.CLOSED):
             return self._closed_error()
-        pruned = self._pruned.get(entry.process_id)
-        if pruned is not None:
-            return PtyProcessNotFoundError(f"process {entry.process_id} {pruned}")
-        return PtyProcessNotFoundError(f"process {entry.process_id} was terminated")
+        return self._processes.gone(entry)
 
     def _lookup(self, process_id: int) -> PtyEntry[H]:
         self._require_running()
-        if isinstance(process_id, bool) or not isinstance(process_id, int):
-            raise InvalidArgumentError(f"process_id must be an int, not {process_id!r}")
-        entry = self._registry.get(process_id)
-        if entry is None:
-            raise self._not_found(process_id)
-        return entry
+        return self._processes.lookup(process_id)
 
-    async def _reserve(
-        self, spec: ProcessSpec, *, in_record_dir: bool = False
-    ) -> tuple[PtyEntry[H], PtyEntry[H] | None]:
-        """Take a slot for a new process (pruning one when full): the new entry waits in
-        `_starting`, owned by the caller; the victim, if any, is the caller's to tear down.
-        `in_record_dir`: it will be recorded in `record_dir`, so prefer an id whose
-        recording's name is free there (an earlier session's recording is kept)."""
-        async with self._lock:
-            self._require_running()
-            victim = None
-            if len(self._registry) + len(self._starting) >= self.max_processes:
-                victim = self._prune_victim()
-                if victim is None:
-                    raise SandboxError(
-                        f"{self.max_processes} processes are already starting; "
-                        "wait for some to finish",
-                        retryable=True,
-                    )
-                del self._registry[victim.process_id]
-                victim.removed = True
-                reason = (
-                    f"was pruned: the session was full ({self.max_processes} processes) and "
-                    f"it was the least recently used {'exited' if victim.exited else 'running'} one"
-                )
-                self._remember_pruned(victim.process_id, reason)
-                victim.feed(f"\n[sandbox: process {victim.process_id} {reason}]\n".encode())
-                logger.info(
-                    "%s session: process %d %s", self.backend_name, victim.process_id, reason
-                )
-            low, high = ID_RANGE
-            in_use = self._reserved
-            folder = self._record_directory if in_record_dir else None
-            tries = 0
-            while True:
-                process_id = low + secrets.randbelow(high - low)
-                if process_id in in_use:
-                    continue
-                if folder is None or tries >= RECORD_NAME_TRIES:
-                    break
-                tries += 1
-                if not folder.contains(_record_name(process_id)):
-                    break
-            entry: PtyEntry[H] = PtyEntry(process_id, spec, output_limit=self.output_limit_bytes)
-            self._starting[process_id] = entry
-            return entry, victim
-
-    def _remember_pruned(self, process_id: int, reason: str) -> None:
-        self._pruned[process_id] = reason
-        while len(self._pruned) > PRUNED_MEMORY:
-            del self._pruned[next(iter(self._pruned))]
-
-    def _prune_victim(self) -> PtyEntry[H] | None:
-        by_recency = sorted(self._registry.values(), key=lambda e: e.last_used_mono)
-        candidates = by_recency[: max(0, len(by_recency) - PROTECTED_RECENT)]
-        for entry in candidates:
-            if entry.exited:
-                return entry
-        return candidates[0] if candidates else None
+    def _record_name_taken(self, process_id: int) -> bool:
+        folder = self._record_directory
+        return folder is not None and folder.contains(_record_name(process_id))
 
     async def _settle_batch(self, entries: list[PtyEntry[H]], *, log_errors: bool = False) -> None:
         """THE place where teardowns are handed over, attempted and awaited.
@@ -808,9 +694,6 @@ class BaseSandboxSession(Generic[H]):
         """
         if not entries:
             return
-        for entry in entries:
-            entry.removed = True
-            self._retiring.add(entry.process_id)
         task = asyncio.ensure_future(
             attempt_all(entries, self._teardown_entry, self.teardown_concurrency)
         )
@@ -835,17 +718,15 @@ class BaseSandboxSession(Generic[H]):
         finally:
             # The readers are stopped: the recording is complete (and valid) now.
             entry.close_terminal()
-            self._retiring.discard(entry.process_id)
+            self._processes.release(entry)
             # A window still waiting on this entry (a poll racing a terminate) must end
             # now, even if the backend could not report an exit status.
             entry.report_torn_down()
 
     async def _discard(self, entry: PtyEntry[H]) -> None:
         """Remove `entry` from the registry if it is still there, and tear it down."""
-        if self._registry.get(entry.process_id) is not entry:
-            return
-        del self._registry[entry.process_id]
-        await self._settle_batch([entry])
+        if self._processes.take_entry(entry):
+            await self._settle_batch([entry])
 
     async def _await_owned(self, task: asyncio.Future[T]) -> T:
         """Wait for a task the session owns (a start, a spawn, a one-shot command).
@@ -889,7 +770,7 @@ class BaseSandboxSession(Generic[H]):
             stacklevel=1,
         )
         with contextlib.suppress(Exception):
-            self._abandon([*self._starting.values(), *self._registry.values()])
+            self._abandon(self._processes.entries())
 
     # ---- collection windows --------------------------------------------------------
 
