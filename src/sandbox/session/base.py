@@ -16,7 +16,7 @@ import enum
 import logging
 import os
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
@@ -40,10 +40,11 @@ from ..host_files import HostDirectory
 from ..output_buffer import DEFAULT_OUTPUT_LIMIT
 from ..process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from ..recording import AsciicastRecorder
-from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
+from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..until_match import UntilPattern, check_until
 from .oneshot import run_one_shot
+from .ownership import OwnedTasks, closed_error, finished
 from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
 
@@ -58,11 +59,6 @@ T = TypeVar("T")
 def _record_name(process_id: int) -> str:
     """The name of a process's recording in `record_dir`."""
     return f"{process_id}.cast"
-
-
-async def _finished(task: asyncio.Future[Any]) -> None:
-    """Wait until `task` is done, without taking over its result or exception."""
-    await asyncio.wait({task})
 
 
 class SessionState(enum.Enum):
@@ -114,9 +110,7 @@ class BaseSandboxSession(Generic[H]):
                 raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
             if value < least:
                 raise InvalidArgumentError(f"{name} must be at least {least}, not {value}")
-        self.max_processes = max_processes
         self.output_limit_bytes = output_limit_bytes
-        self.teardown_concurrency = teardown_concurrency
         self.read_limit_bytes = files.check_byte_count(read_limit_bytes, "read_limit_bytes")
         # Per stream, for one-shot `exec` (head + tail kept, see `sandbox.exec_output`).
         self.exec_output_limit_bytes = arguments.check_output_limit(
@@ -127,12 +121,27 @@ class BaseSandboxSession(Generic[H]):
         self._processes: ProcessRegistry[H] = ProcessRegistry(
             self.backend_name, max_processes=max_processes, output_limit_bytes=output_limit_bytes
         )
-        self._lifecycle_start: asyncio.Task[None] | None = None
-        self._execs: set[asyncio.Task[Any]] = set()
-        self._teardowns: set[asyncio.Task[None]] = set()
+        # The start, spawn and one-shot tasks it owns, and every teardown batch.
+        self._owned: OwnedTasks[H] = OwnedTasks(
+            self._processes,
+            # Looked up at each teardown: a test's `HookGate` may wrap the hook later.
+            lambda entry: self._terminate_pty_entry(entry),
+            closing=self._is_closing,
+            concurrency=teardown_concurrency,
+        )
         self._closing: asyncio.Future[None] | None = None
         # `record_dir`'s fd: opened by `start()`, closed by a failed start or the close.
         self._record_directory: HostDirectory | None = None
+
+    @property
+    def max_processes(self) -> int:
+        """At most this many processes at once; one more prunes the least recently used."""
+        return self._processes.max_processes
+
+    @property
+    def teardown_concurrency(self) -> int:
+        """How many processes one teardown batch tears down at a time."""
+        return self._owned.concurrency
 
     @property
     def warn_processes(self) -> int:
@@ -172,9 +181,9 @@ class BaseSandboxSession(Generic[H]):
             self._record_directory = HostDirectory.open(self.record_dir, what="record to")
         self._state = SessionState.STARTING
         task = asyncio.ensure_future(self._run_start())
-        self._lifecycle_start = task
+        self._owned.start_task = task
         try:
-            await self._await_owned(task)
+            await self._owned.wait(task)
         except BaseException as exc:
             if self._state is SessionState.STARTING:
                 if task.done() and not task.cancelled() and task.exception() is None:
@@ -187,8 +196,8 @@ class BaseSandboxSession(Generic[H]):
                 self._close_record_directory()
             raise
         finally:
-            if self._lifecycle_start is task:
-                self._lifecycle_start = None
+            if self._owned.start_task is task:
+                self._owned.start_task = None
         if self._state is not SessionState.STARTING:
             # The close came after the backend was up: it stops the backend, we lost.
             raise SessionClosedError(f"the {self.backend_name} session was closed while starting")
@@ -213,7 +222,7 @@ class BaseSandboxSession(Generic[H]):
         if self._state is SessionState.CLOSED:
             return
         if self._closing is not None:
-            await settle(_finished(self._closing))
+            await settle(finished(self._closing))
             return
         previous = self._state
         self._state = SessionState.CLOSING
@@ -227,30 +236,24 @@ class BaseSandboxSession(Generic[H]):
     async def _close_everything(self, previous: SessionState) -> None:
         errors: list[BaseException] = []
         backend_up = previous is SessionState.RUNNING
-        start = self._lifecycle_start
+        start = self._owned.start_task
         if previous is SessionState.STARTING and start is not None:
             start.cancel()  # the start's own failure path stops what it made
             await asyncio.wait({start})
             backend_up = not start.cancelled() and start.exception() is None
         # Calls in flight lose: their hooks see the cancellation and undo what they made.
-        in_flight: list[asyncio.Future[Any]] = [*self._execs]
-        in_flight += self._processes.spawn_tasks()
-        for task in in_flight:
-            task.cancel()
-        if in_flight:
-            await asyncio.wait(in_flight)
+        await self._owned.cancel_in_flight()
         entries = self._processes.take_everything()
         for entry in entries:
             entry.sandbox_stopping = True
         try:
-            await self._settle_batch(entries)
+            await self._owned.settle_batch(entries)
         except CleanupError as exc:
             errors.extend(exc.errors)
         except Exception as exc:
             errors.append(exc)
         # Teardowns other calls own (a terminate, a prune) finish before the backend stops.
-        while self._teardowns:
-            await asyncio.wait(list(self._teardowns))
+        await self._owned.wait_teardowns()
         if backend_up:
             try:
                 await self._stop_backend()
@@ -323,7 +326,7 @@ class BaseSandboxSession(Generic[H]):
         capture = ExecCapture(limit, timeout=checked_timeout)
         # The session owns the command: close cancels it (its hook kills the tree).
         work = run_one_shot(self._start_exec, spec, checked_timeout, capture)
-        return await self._run_owned(work, self._execs)
+        return await self._owned.run(work)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a whole regular file from the sandbox (relative paths are in the workspace).
@@ -441,23 +444,23 @@ class BaseSandboxSession(Generic[H]):
         try:
             if victim is not None:
                 # A victim's failed teardown is not this start's failure: logged only.
-                await self._settle_batch([victim], log_errors=True)
+                await self._owned.settle_batch([victim], log_errors=True)
             if not self._processes.is_starting(entry):
                 raise self._closed_error()  # closed while the victim went
             if spec.tty:
                 self._open_recording(entry, record, record_input)
             spawn = asyncio.ensure_future(self._spawn_process(entry))
             entry.spawn_task = spawn
-            await self._await_owned(spawn)
+            await self._owned.wait(spawn)
         except BaseException as exc:
             if self._processes.take_starting(entry):  # still ours to undo
                 try:
-                    await self._settle_batch([entry])
+                    await self._owned.settle_batch([entry])
                 except Exception as cleanup_exc:
                     exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
             raise
         if self._state is not SessionState.RUNNING and self._processes.take_starting(entry):
-            await self._settle_batch([entry])  # the spawn won against the close: undo it
+            await self._owned.settle_batch([entry])  # the spawn won against the close: undo it
             raise self._closed_error()
         if not self._processes.admit(entry):
             raise self._closed_error()  # the close took it over and tears it down
@@ -467,7 +470,7 @@ class BaseSandboxSession(Generic[H]):
                     entry, window, pattern, max_tokens, until_screen=screen_pattern
                 )
         except asyncio.CancelledError:
-            await self._discard(entry)
+            await self._owned.discard(entry)
             raise
 
     async def pty_write_stdin(
@@ -551,7 +554,7 @@ class BaseSandboxSession(Generic[H]):
                 await asyncio.wait({write})
         except asyncio.CancelledError:
             write.cancel()
-            await settle(_finished(write))
+            await settle(finished(write))
             raise
         finally:
             if entry.write_task is write:
@@ -618,12 +621,12 @@ class BaseSandboxSession(Generic[H]):
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
         self._require_running()
-        await self._settle_batch([self._processes.take(process_id)])
+        await self._owned.settle_batch([self._processes.take(process_id)])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
         self._require_running()
-        await self._settle_batch(self._processes.take_all())
+        await self._owned.settle_batch(self._processes.take_all())
 
     def pty_processes(self) -> list[PtyProcessInfo]:
         """The live registry, oldest first, so an agent can find processes it forgot."""
@@ -666,13 +669,14 @@ class BaseSandboxSession(Generic[H]):
             folder.close()
 
     def _closed_error(self) -> SessionClosedError:
-        return SessionClosedError(f"the {self.backend_name} session was closed")
+        return closed_error(self.backend_name)
+
+    def _is_closing(self) -> bool:
+        return self._state in (SessionState.CLOSING, SessionState.CLOSED)
 
     def _gone(self, entry: PtyEntry[H]) -> SandboxError:
         """The error for a call that finds its process removed while it waited."""
-        if self._state in (SessionState.CLOSING, SessionState.CLOSED):
-            return self._closed_error()
-        return self._processes.gone(entry)
+        return self._closed_error() if self._is_closing() else self._processes.gone(entry)
 
     def _lookup(self, process_id: int) -> PtyEntry[H]:
         self._require_running()
@@ -681,79 +685,6 @@ class BaseSandboxSession(Generic[H]):
     def _record_name_taken(self, process_id: int) -> bool:
         folder = self._record_directory
         return folder is not None and folder.contains(_record_name(process_id))
-
-    async def _settle_batch(self, entries: list[PtyEntry[H]], *, log_errors: bool = False) -> None:
-        """THE place where teardowns are handed over, attempted and awaited.
-
-        The caller has already taken `entries` out of the registry (or `_starting`), so
-        it owns them; this hands them to one settled task that tears every one down (a
-        few at a time), which `aclose()` also waits for before stopping the backend.
-        The finalizer, prune, terminate, terminate-all, failed starts and close all come
-        here; one entry is a batch of one. Failures are raised (several as a
-        `CleanupError`), or only logged with `log_errors`.
-        """
-        if not entries:
-            return
-        task = asyncio.ensure_future(
-            attempt_all(entries, self._teardown_entry, self.teardown_concurrency)
-        )
-        self._teardowns.add(task)
-        task.add_done_callback(self._teardowns.discard)
-        try:
-            await settle(task)
-        except Exception as exc:
-            if not log_errors:
-                raise
-            logger.warning("%s session: a teardown failed: %s", self.backend_name, exc)
-
-    async def _teardown_entry(self, entry: PtyEntry[H]) -> None:
-        """End a pending write, run the backend's teardown, then release the id.
-        Only called through `_settle_batch`."""
-        try:
-            write = entry.write_task
-            if write is not None and not write.done():
-                write.cancel()
-                await asyncio.wait({write})
-            await self._terminate_pty_entry(entry)
-        finally:
-            # The readers are stopped: the recording is complete (and valid) now.
-            entry.close_terminal()
-            self._processes.release(entry)
-            # A window still waiting on this entry (a poll racing a terminate) must end
-            # now, even if the backend could not report an exit status.
-            entry.report_torn_down()
-
-    async def _discard(self, entry: PtyEntry[H]) -> None:
-        """Remove `entry` from the registry if it is still there, and tear it down."""
-        if self._processes.take_entry(entry):
-            await self._settle_batch([entry])
-
-    async def _await_owned(self, task: asyncio.Future[T]) -> T:
-        """Wait for a task the session owns (a start, a spawn, a one-shot command).
-
-        If the caller is cancelled, the task is cancelled and awaited (settled) before
-        the cancellation propagates, so nothing it made outlives the call. If the close
-        cancelled it (or broke it while tearing things down), this raises
-        `SessionClosedError`: the caller lost the race.
-        """
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            task.cancel()
-            await settle(_finished(task))
-            raise
-        if task.cancelled() or task.exception() is not None:
-            if self._state in (SessionState.CLOSING, SessionState.CLOSED):
-                error = None if task.cancelled() else task.exception()
-                raise self._closed_error() from error
-        return task.result()
-
-    async def _run_owned(self, work: Coroutine[Any, Any, T], owner: set[asyncio.Task[Any]]) -> T:
-        """Run `work` as a task in `owner` (which `aclose()` cancels and awaits)."""
-        task = asyncio.ensure_future(work)
-        owner.add(task)
-        task.add_done_callback(owner.discard)
-        return await self._await_owned(task)
 
     def __del__(self) -> None:
         # Like an unclosed aiohttp session: say so, and let the backend kill what it can
@@ -795,7 +726,7 @@ class BaseSandboxSession(Generic[H]):
             until_screen=until_screen,
         )
         if finished:
-            await self._discard(entry)
+            await self._owned.discard(entry)
         return update
 
     # ---- backend hooks ---------------------------------------------------------------
