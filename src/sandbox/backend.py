@@ -1,7 +1,8 @@
 """What a backend author needs, in one place (the user API is `sandbox` itself).
 
-A backend is a `BaseSandboxSession` subclass that implements the hooks documented at the
-bottom of `sandbox.session` (see AGENTS.md, "Adding a backend"). Its reader feeds a
+A backend is a `BaseSandboxSession` subclass that implements the hooks of
+`SessionHooks` (`sandbox.session.hooks`, each docstring its contract; see AGENTS.md,
+"Adding a backend"). Its reader feeds a
 `PtyEntry`; its one-shot commands append to an `ExecCapture`; every teardown it writes
 is awaited by the base session through `settle` (never by the backend itself). For a
 provider that hands over a shell, `ShellTrap` carries a command's exit status in-band
@@ -22,7 +23,7 @@ from .exec_output import ExecCapture, OneShotProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .remote_files import Entry as RemoteEntry
 from .remote_files import regular_file
-from .session import BaseSandboxSession, SessionState
+from .session import BaseSandboxSession, SessionHooks, SessionState
 from .settle import settle, settle_each
 from .shell_trap import ShellTrap
 from .tasks import cancel_and_wait, first_failure
@@ -38,6 +39,7 @@ __all__ = [
     "PtyEntry",
     "RemoteEntry",
     "Secret",
+    "SessionHooks",
     "SessionState",
     "ShellTrap",
     "cancel_and_wait",

@@ -7,6 +7,7 @@ own module beside it. Only the names below are imported from `sandbox.session`.
 """
 
 from .base import BaseSandboxSession, SessionState
+from .hooks import SessionHooks
 from .registry import ID_RANGE, MAX_PROCESSES, PROTECTED_RECENT, WARN_PROCESSES
 from .windows import SCREEN_CHECK_SLICE_S
 
@@ -17,5 +18,6 @@ __all__ = [
     "SCREEN_CHECK_SLICE_S",
     "WARN_PROCESSES",
     "BaseSandboxSession",
+    "SessionHooks",
     "SessionState",
 ]

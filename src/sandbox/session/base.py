@@ -18,7 +18,7 @@ import os
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .. import arguments
 from .. import file_arguments as files
@@ -33,16 +33,16 @@ from ..errors import (
     SessionNotStartedError,
     SessionStateError,
     StdinClosedError,
-    UnsupportedOperationError,
 )
-from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture, OneShotProcess
+from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from ..host_files import HostDirectory
 from ..output_buffer import DEFAULT_OUTPUT_LIMIT
-from ..process_entry import CommandSpec, H, ProcessSpec, PtyEntry
+from ..process_entry import H, ProcessSpec, PtyEntry
 from ..recording import AsciicastRecorder
 from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..until_match import UntilPattern, check_until
+from .hooks import SessionHooks
 from .oneshot import run_one_shot
 from .ownership import OwnedTasks, closed_error, finished
 from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
@@ -71,7 +71,7 @@ class SessionState(enum.Enum):
     CLOSED = "closed"
 
 
-class BaseSandboxSession(Generic[H]):
+class BaseSandboxSession(SessionHooks[H]):
     """A sandbox session: start it, run commands and PTYs in it, close it.
 
     Use it as `async with session:` (or call `start()` and `aclose()`). Closing tears
@@ -84,8 +84,6 @@ class BaseSandboxSession(Generic[H]):
     is created new relative to it (`sandbox.host_files`); ids are picked so that their
     name is free in it, and one that is taken anyway fails the start (`HostPathError`).
     """
-
-    backend_name: ClassVar[str] = "base"
 
     def __init__(
         self,
@@ -728,111 +726,3 @@ class BaseSandboxSession(Generic[H]):
         if finished:
             await self._owned.discard(entry)
         return update
-
-    # ---- backend hooks ---------------------------------------------------------------
-
-    async def _start_backend(self) -> None:
-        """Create or attach to the sandbox. Called once by `start()`; if it raises or is
-        cancelled, `_stop_backend()` is called (settled) to undo whatever it did."""
-
-    async def _stop_backend(self) -> None:
-        """Stop the sandbox (delete it unless told to keep it) and release clients.
-        Must tolerate a partially completed `_start_backend()`. Called at most once per
-        start attempt, after every process has been torn down."""
-
-    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
-        """Start a one-shot command whose stdout and stderr chunks are appended to
-        `capture` as they arrive (never an unbounded buffer of our own), and return it
-        (see `OneShotProcess`). If this is cancelled after the command started, kill it
-        before the cancellation propagates: nobody else knows it.
-
-        A missing `spec.cwd`, or (with `shell=False`) a missing program, must raise
-        `WorkdirError` / `CommandNotFoundError`: run the command behind a
-        `CommandCheck` (set `capture.check`; `capture.result` then raises) or check
-        natively."""
-        raise UnsupportedOperationError(f"{self.backend_name} cannot run one-shot commands")
-
-    async def _spawn_process(self, entry: PtyEntry[H]) -> None:
-        """Start `entry.spec` and arrange for its output to flow into `entry.feed()` and
-        its end into `entry.report_exit()` / `report_eof()` / `report_lost()`.
-
-        Store the backend's state in `entry.handle` as soon as anything exists, so that
-        `_terminate_pty_entry` can undo a spawn that failed or was cancelled half-way.
-        For `tty=False`, stdin must be closed (EOF) for the process.
-        """
-        raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
-
-    def _write_stdin_nowait(self, entry: PtyEntry[H], data: bytes) -> int:
-        """Optional fast path: write what the terminal takes right now, without waiting,
-        and return how many bytes that was (the rest goes through `_write_stdin`).
-        Default: 0, everything goes through `_write_stdin`."""
-        return 0
-
-    async def _write_stdin(self, entry: PtyEntry[H], data: bytes) -> None:
-        """Write bytes to the terminal of a running tty process."""
-        raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
-
-    async def _resize(self, entry: PtyEntry[H], rows: int, cols: int) -> None:
-        """Resize the process's terminal; default: unsupported."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resize a terminal")
-
-    async def _interrupt(self, entry: PtyEntry[H]) -> None:
-        """Ctrl-C. Default: the interrupt character for a tty; backends must override
-        for tty=False processes (SIGINT to the process group)."""
-        if entry.tty:
-            await self._write_stdin(entry, b"\x03")
-            return
-        raise UnsupportedOperationError(
-            f"the {self.backend_name} backend cannot interrupt a process without a terminal"
-        )
-
-    async def _terminate_pty_entry(self, entry: PtyEntry[H]) -> None:
-        """Tear down one process: kill its whole tree, stop and await its reader tasks,
-        close its sockets and fds. Called exactly once per entry, always through the
-        settled cleanup, after the entry left the registry. Must cope with an entry whose
-        spawn failed or was cancelled half-way (`entry.handle` may be None or partial).
-        `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
-        session's close): a backend whose sandbox deletion kills every process may skip
-        the per-process kill then; it never reads the session's state itself."""
-
-    def _abandon(self, entries: list[PtyEntry[H]]) -> None:
-        """Called (synchronously, best effort) when a session that was never closed is
-        garbage-collected, with its processes: kill what can be killed without awaiting
-        (no event loop may be running). Default: nothing."""
-
-    async def _final_drain(self, entry: PtyEntry[H]) -> None:
-        """At a window's deadline, move output that already arrived at the transport into
-        the entry. Default: let pending callbacks run once."""
-        await asyncio.sleep(0)
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Read a whole regular file (`path` is checked: a non-empty str without NUL).
-
-        Raise `NotAFileError` for anything but a regular file (a directory, FIFO,
-        socket, device) without opening what could block, `SandboxFileNotFoundError`
-        when it is missing, and `FileTooLargeError` above `max_bytes` where the size is
-        known before reading (the base session checks the returned length too)."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot read files")
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """Write a regular file, creating parent folders. Raise `NotAFileError` (and
-        change nothing) over a directory, FIFO, socket or device, or when a parent on
-        the path is a file."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot write files")
-
-    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
-        """Stream a regular file in chunks of about `chunk_size` bytes (the base session
-        re-cuts longer ones); same errors as `_read_file`. Default: `_read_file` bounded
-        by `read_limit_bytes`, then sliced."""
-        data = await self._read_file(path, self.read_limit_bytes)
-        if len(data) > self.read_limit_bytes:
-            raise FileTooLargeError.over(path, len(data), self.read_limit_bytes)
-        view = memoryview(data)
-        for start in range(0, len(view), chunk_size):
-            yield bytes(view[start : start + chunk_size])
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
-        """Write a regular file from `chunks` (bytes, never empty); same rules as
-        `_write_file`. Default: join the chunks, then `_write_file`."""
-        parts = [chunk async for chunk in chunks]
-        await self._write_file(path, b"".join(parts))
