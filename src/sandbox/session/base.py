@@ -18,14 +18,13 @@ import os
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from .. import arguments
 from .. import file_arguments as files
 from ..errors import (
     CleanupError,
     FileTooLargeError,
-    HostPathError,
     InvalidArgumentError,
     ProcessExitedError,
     SandboxError,
@@ -35,18 +34,18 @@ from ..errors import (
     StdinClosedError,
 )
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
-from ..host_files import HostDirectory
 from ..output_buffer import DEFAULT_OUTPUT_LIMIT
 from ..process_entry import H, ProcessSpec, PtyEntry
-from ..recording import AsciicastRecorder
 from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..until_match import UntilPattern, check_until
 from .hooks import SessionHooks
 from .oneshot import run_one_shot
 from .ownership import OwnedTasks, closed_error, finished
+from .recordings import Recordings
 from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
+from .writes import write_within
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..screen import ScreenSnapshot
@@ -54,11 +53,6 @@ if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
 logger = logging.getLogger("sandbox")
 
 T = TypeVar("T")
-
-
-def _record_name(process_id: int) -> str:
-    """The name of a process's recording in `record_dir`."""
-    return f"{process_id}.cast"
 
 
 class SessionState(enum.Enum):
@@ -95,9 +89,7 @@ class BaseSandboxSession(SessionHooks[H]):
         exec_output_limit_bytes: int = DEFAULT_EXEC_OUTPUT_LIMIT,
         record_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if record_dir is not None and not isinstance(record_dir, str | os.PathLike):
-            raise InvalidArgumentError(f"record_dir must be a path, not {record_dir!r}")
-        self.record_dir = None if record_dir is None else os.fspath(record_dir)
+        recordings = Recordings(record_dir)
         for name, value, least in (
             ("max_processes", max_processes, PROTECTED_RECENT + 1),
             ("output_limit_bytes", output_limit_bytes, 1024),
@@ -127,9 +119,14 @@ class BaseSandboxSession(SessionHooks[H]):
             closing=self._is_closing,
             concurrency=teardown_concurrency,
         )
+        # `record_dir` and its fd, from `start()` to the close.
+        self._recordings = recordings
         self._closing: asyncio.Future[None] | None = None
-        # `record_dir`'s fd: opened by `start()`, closed by a failed start or the close.
-        self._record_directory: HostDirectory | None = None
+
+    @property
+    def record_dir(self) -> str | None:
+        """Where tty processes are recorded (`<process_id>.cast`), if anywhere."""
+        return self._recordings.record_dir
 
     @property
     def max_processes(self) -> int:
@@ -173,10 +170,7 @@ class BaseSandboxSession(SessionHooks[H]):
             raise SessionClosedError(f"the {self.backend_name} session is closed")
         if self._state is SessionState.STARTING:
             raise SessionStateError("start() is already in progress")
-        if self.record_dir is not None and self._record_directory is None:
-            # Opened now, its symlinks followed as the caller named them: no sandboxed
-            # process has run yet, and later swaps of the path cannot redirect the fd.
-            self._record_directory = HostDirectory.open(self.record_dir, what="record to")
+        self._recordings.open()  # before the sandbox runs anything (`recordings.py`)
         self._state = SessionState.STARTING
         task = asyncio.ensure_future(self._run_start())
         self._owned.start_task = task
@@ -191,7 +185,7 @@ class BaseSandboxSession(SessionHooks[H]):
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
-                self._close_record_directory()
+                self._recordings.close()
             raise
         finally:
             if self._owned.start_task is task:
@@ -257,7 +251,7 @@ class BaseSandboxSession(SessionHooks[H]):
                 await self._stop_backend()
             except Exception as exc:
                 errors.append(exc)
-        self._close_record_directory()
+        self._recordings.close()
         if len(errors) == 1:
             raise errors[0]
         if errors:
@@ -437,7 +431,7 @@ class BaseSandboxSession(SessionHooks[H]):
         entry, victim = await self._processes.reserve(
             spec,
             check_open=self._require_running,
-            name_taken=self._record_name_taken if spec.tty and record is None else None,
+            name_taken=self._recordings.name_taken if spec.tty and record is None else None,
         )
         try:
             if victim is not None:
@@ -446,7 +440,7 @@ class BaseSandboxSession(SessionHooks[H]):
             if not self._processes.is_starting(entry):
                 raise self._closed_error()  # closed while the victim went
             if spec.tty:
-                self._open_recording(entry, record, record_input)
+                self._recordings.start(entry, record, record_input, closed=self._closed_error())
             spawn = asyncio.ensure_future(self._spawn_process(entry))
             entry.spawn_task = spawn
             await self._owned.wait(spawn)
@@ -523,7 +517,14 @@ class BaseSandboxSession(SessionHooks[H]):
                         "collect its remaining output and exit code"
                     )
                 entry.record_input(data)
-                unwritten = await self._write_within(entry, data, window_end)
+                unwritten = await write_within(
+                    entry,
+                    data,
+                    window_end,
+                    write_nowait=self._write_stdin_nowait,
+                    write=self._write_stdin,
+                    gone=self._gone,
+                )
             remaining = max(0.0, window_end - asyncio.get_running_loop().time())
             update = await self._collect(
                 entry, remaining, pattern, max_tokens, poll=not data, until_screen=screen_pattern
@@ -531,42 +532,6 @@ class BaseSandboxSession(SessionHooks[H]):
             if unwritten:
                 update = dataclasses.replace(update, unwritten_bytes=unwritten)
             return update
-
-    async def _write_within(self, entry: PtyEntry[H], data: bytes, window_end: float) -> int:
-        """Write `data` within the window; return how many bytes the terminal did not
-        take. The write is a task of the entry's, so a terminate, a close or an
-        interrupt can end it at once instead of waiting behind a full terminal."""
-        entry.input_accepted = 0
-        taken = self._write_stdin_nowait(entry, data)
-        if taken >= len(data):
-            return 0  # the common case: the terminal had room, no task needed
-        data = data[taken:]
-        entry.input_accepted = taken
-        write = asyncio.ensure_future(self._write_stdin(entry, data))
-        entry.write_task = write
-        try:
-            timeout = max(0.0, window_end - asyncio.get_running_loop().time())
-            done, _ = await asyncio.wait({write}, timeout=timeout)
-            if not done:
-                write.cancel()
-                await asyncio.wait({write})
-        except asyncio.CancelledError:
-            write.cancel()
-            await settle(finished(write))
-            raise
-        finally:
-            if entry.write_task is write:
-                entry.write_task = None
-        if write.cancelled():
-            accepted = entry.input_accepted - taken
-        else:
-            error = write.exception()
-            if error is not None:
-                if entry.removed:
-                    raise self._gone(entry) from error
-                raise error
-            accepted = len(data)
-        return len(data) - min(max(accepted, 0), len(data))
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
@@ -632,40 +597,6 @@ class BaseSandboxSession(SessionHooks[H]):
 
     # ---- registry internals --------------------------------------------------------
 
-    def _open_recording(
-        self, entry: PtyEntry[H], record: str | os.PathLike[str] | None, record_input: bool
-    ) -> None:
-        """Open the entry's recording (its own file, else one in `record_dir`), always a
-        new file (`sandbox.host_files`): what is at its name already is refused."""
-        if record is None and self.record_dir is None:
-            return
-        if record is None and self._record_directory is None:
-            raise self._closed_error()  # the close released the folder: never unrecorded
-        env = entry.spec.command.env or {}
-        options: dict[str, Any] = {
-            "rows": entry.spec.rows,
-            "cols": entry.spec.cols,
-            "term": env.get("TERM", "xterm-256color"),
-            "command": entry.spec.command.display,
-            "record_input": bool(record_input),
-        }
-        try:
-            if record is not None:
-                entry.recorder = AsciicastRecorder.open(record, **options)
-            elif self._record_directory is not None:
-                name = _record_name(entry.process_id)
-                entry.recorder = AsciicastRecorder.open_in(self._record_directory, name, **options)
-        except OSError as exc:  # the header's write failed (the file was made)
-            shown = os.fspath(record) if record is not None else self.record_dir or ""
-            raise HostPathError(
-                f"cannot record to {shown!r}: {exc.strerror or exc}", path=str(shown)
-            ) from None
-
-    def _close_record_directory(self) -> None:
-        folder, self._record_directory = self._record_directory, None
-        if folder is not None:
-            folder.close()
-
     def _closed_error(self) -> SessionClosedError:
         return closed_error(self.backend_name)
 
@@ -679,10 +610,6 @@ class BaseSandboxSession(SessionHooks[H]):
     def _lookup(self, process_id: int) -> PtyEntry[H]:
         self._require_running()
         return self._processes.lookup(process_id)
-
-    def _record_name_taken(self, process_id: int) -> bool:
-        folder = self._record_directory
-        return folder is not None and folder.contains(_record_name(process_id))
 
     def __del__(self) -> None:
         # Like an unclosed aiohttp session: say so, and let the backend kill what it can
