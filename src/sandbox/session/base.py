@@ -1,10 +1,11 @@
-"""`BaseSandboxSession`: lifecycle, one-shot exec, the PTY API and the process registry.
+"""`BaseSandboxSession`: the public face of a session, orchestrating its collaborators.
 
-Everything that is the same for every provider lives here: the registry and its lock,
-id reservation and pruning, collection windows (bounded output, incremental UTF-8,
-`until`, token truncation), and the settled cleanup through which every teardown goes.
-A backend subclass implements only the hooks in the "backend hooks" section below; it
-never touches the registry or the lock, and never awaits a teardown itself.
+Options, the lifecycle (`start`, `aclose`) and the public calls (`exec`, files, `pty_*`)
+live here, each a few steps handed to a collaborator that owns its state: the
+`ProcessRegistry` (`self._processes`: ids, slots, who owns each entry), `OwnedTasks`
+(`self._owned`: owned tasks and every teardown), `Recordings`, `collect_window`,
+`run_one_shot` and `write_within`. The hooks a backend implements are inherited from
+`SessionHooks` (`hooks.py`); a backend never touches anything else here.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
-import logging
 import os
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Self
 
 from .. import arguments
 from .. import file_arguments as files
@@ -49,10 +49,6 @@ from .writes import write_within
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..screen import ScreenSnapshot
-
-logger = logging.getLogger("sandbox")
-
-T = TypeVar("T")
 
 
 class SessionState(enum.Enum):
@@ -433,29 +429,12 @@ class BaseSandboxSession(SessionHooks[H]):
             check_open=self._require_running,
             name_taken=self._recordings.name_taken if spec.tty and record is None else None,
         )
-        try:
-            if victim is not None:
-                # A victim's failed teardown is not this start's failure: logged only.
-                await self._owned.settle_batch([victim], log_errors=True)
-            if not self._processes.is_starting(entry):
-                raise self._closed_error()  # closed while the victim went
+
+        def prepare() -> None:  # after the victim went, before the spawn
             if spec.tty:
                 self._recordings.start(entry, record, record_input, closed=self._closed_error())
-            spawn = asyncio.ensure_future(self._spawn_process(entry))
-            entry.spawn_task = spawn
-            await self._owned.wait(spawn)
-        except BaseException as exc:
-            if self._processes.take_starting(entry):  # still ours to undo
-                try:
-                    await self._owned.settle_batch([entry])
-                except Exception as cleanup_exc:
-                    exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
-            raise
-        if self._state is not SessionState.RUNNING and self._processes.take_starting(entry):
-            await self._owned.settle_batch([entry])  # the spawn won against the close: undo it
-            raise self._closed_error()
-        if not self._processes.admit(entry):
-            raise self._closed_error()  # the close took it over and tears it down
+
+        await self._owned.start_process(entry, victim, prepare=prepare, spawn=self._spawn_process)
         try:
             async with entry.call_lock:
                 return await self._collect(
@@ -595,7 +574,7 @@ class BaseSandboxSession(SessionHooks[H]):
         """The live registry, oldest first, so an agent can find processes it forgot."""
         return self._processes.infos()
 
-    # ---- registry internals --------------------------------------------------------
+    # ---- what the calls share ------------------------------------------------------
 
     def _closed_error(self) -> SessionClosedError:
         return closed_error(self.backend_name)

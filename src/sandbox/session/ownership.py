@@ -92,6 +92,45 @@ class OwnedTasks(Generic[H]):
         task.add_done_callback(self._execs.discard)
         return await self.wait(task)
 
+    async def start_process(
+        self,
+        entry: PtyEntry[H],
+        victim: PtyEntry[H] | None,
+        *,
+        prepare: Callable[[], None],
+        spawn: Callable[[PtyEntry[H]], Awaitable[None]],
+    ) -> None:
+        """Bring a reserved entry to the registry: tear the prune `victim` down (its
+        failure is only logged: not this start's), `prepare()` (open the recording),
+        run `spawn(entry)` (the backend's hook) as an owned task, then admit it.
+
+        If anything fails or the caller is cancelled, the entry is torn down (settled)
+        before the error propagates; if the close took the entry or came first, it is
+        the close's (or ours, torn down here) and this raises `SessionClosedError`.
+        """
+        lost = closed_error(self._processes.backend_name)
+        try:
+            if victim is not None:
+                await self.settle_batch([victim], log_errors=True)
+            if not self._processes.is_starting(entry):
+                raise lost  # closed while the victim went
+            prepare()
+            task = asyncio.ensure_future(spawn(entry))
+            entry.spawn_task = task
+            await self.wait(task)
+        except BaseException as exc:
+            if self._processes.take_starting(entry):  # still ours to undo
+                try:
+                    await self.settle_batch([entry])
+                except Exception as cleanup_exc:
+                    exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
+            raise
+        if self._closing() and self._processes.take_starting(entry):
+            await self.settle_batch([entry])  # the spawn won against the close: undo it
+            raise lost
+        if not self._processes.admit(entry):
+            raise lost  # the close took it over and tears it down
+
     async def cancel_in_flight(self) -> None:
         """Cancel the one-shot commands and the spawns in progress, and wait for them
         (their hooks see the cancellation and undo what they made)."""
