@@ -247,3 +247,123 @@ async def test_cancel_in_flight_cancels_the_spawns_of_starting_entries() -> None
     await spawned.wait()
     await s.owned.cancel_in_flight()
     assert entry.spawn_task.cancelled()
+
+
+class Spawner:
+    """The `_spawn_process` hook: parks until `go` (saying so), then fails or returns."""
+
+    def __init__(self, *, fail: BaseException | None = None, park: bool = False) -> None:
+        self.fail = fail
+        self.parked = asyncio.Event()
+        self.go = asyncio.Event()
+        if not park:
+            self.go.set()
+        self.spawned: list[int] = []
+        self.cancelled = False
+
+    async def __call__(self, entry: PtyEntry) -> None:
+        self.parked.set()
+        try:
+            await self.go.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        if self.fail is not None:
+            raise self.fail
+        self.spawned.append(entry.process_id)
+
+
+async def _reserved(s: Session) -> PtyEntry:
+    entry, victim = await s.processes.reserve(SPEC, check_open=_open)
+    assert victim is None
+    return entry
+
+
+async def test_start_process_tears_the_victim_down_prepares_spawns_and_admits() -> None:
+    teardowns = Teardowns(fail=set())
+    s = Session(teardowns)
+    (old,) = await s.admitted(1)
+    victim = s.processes.take(old.process_id)
+    teardowns.fail.add(victim.process_id)  # its failure is not this start's
+    entry = await _reserved(s)
+    order: list[str] = []
+    spawner = Spawner()
+
+    def prepare() -> None:
+        order.append("prepared" if old.process_id not in s.processes.reserved else "too early")
+
+    await s.owned.start_process(entry, victim, prepare=prepare, spawn=spawner)
+    assert order == ["prepared"] and spawner.spawned == [entry.process_id]
+    assert s.processes.lookup(entry.process_id) is entry and not entry.removed
+
+
+async def test_a_failed_spawn_tears_the_entry_down_and_raises() -> None:
+    teardowns = Teardowns()
+    s = Session(teardowns)
+    entry = await _reserved(s)
+    lost = ConnectionLostError("spawn failed")
+    with pytest.raises(ConnectionLostError):
+        await s.owned.start_process(entry, None, prepare=lambda: None, spawn=Spawner(fail=lost))
+    assert teardowns.done == [entry.process_id] and s.processes.reserved == set()
+
+
+async def test_a_failing_prepare_tears_the_entry_down_without_spawning() -> None:
+    teardowns = Teardowns()
+    s = Session(teardowns)
+    entry = await _reserved(s)
+    spawner = Spawner()
+
+    def prepare() -> None:
+        raise ConnectionLostError("no recording")
+
+    with pytest.raises(ConnectionLostError, match="no recording"):
+        await s.owned.start_process(entry, None, prepare=prepare, spawn=spawner)
+    assert spawner.spawned == [] and teardowns.done == [entry.process_id]
+
+
+async def test_a_cancelled_start_cancels_the_spawn_and_tears_the_entry_down() -> None:
+    teardowns = Teardowns()
+    s = Session(teardowns)
+    entry = await _reserved(s)
+    spawner = Spawner(park=True)
+    start = asyncio.ensure_future(
+        s.owned.start_process(entry, None, prepare=lambda: None, spawn=spawner)
+    )
+    await spawner.parked.wait()
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert spawner.cancelled and teardowns.done == [entry.process_id]
+    assert s.processes.reserved == set() and len(s.processes) == 0
+
+
+async def test_a_start_whose_entry_the_close_took_loses() -> None:
+    teardowns = Teardowns()
+    s = Session(teardowns)
+    entry = await _reserved(s)
+    spawner = Spawner(park=True)
+    start = asyncio.ensure_future(
+        s.owned.start_process(entry, None, prepare=lambda: None, spawn=spawner)
+    )
+    await spawner.parked.wait()
+    s.closing = True
+    taken = s.processes.take_everything()  # the close's batch owns it now
+    spawner.go.set()
+    with pytest.raises(SessionClosedError):
+        await start
+    assert teardowns.done == []  # not ours to tear down: the close does
+    await s.owned.settle_batch(taken)
+    assert teardowns.done == [entry.process_id]
+
+
+async def test_a_spawn_that_wins_against_the_close_is_undone_by_the_start() -> None:
+    teardowns = Teardowns()
+    s = Session(teardowns)
+    entry = await _reserved(s)
+
+    async def spawn(entry: PtyEntry) -> None:
+        s.closing = True  # the close began while the spawn finished
+
+    with pytest.raises(SessionClosedError):
+        await s.owned.start_process(entry, None, prepare=lambda: None, spawn=spawn)
+    assert teardowns.done == [entry.process_id] and len(s.processes) == 0
