@@ -252,7 +252,7 @@ async def memory(cfg: Config) -> list[Figure]:
                 f"echo go; yes | head -c {backlog}; exec sleep 60", until="go"
             )
             assert update.process_id is not None
-            entry = s._registry[update.process_id]
+            entry = s._processes.lookup(update.process_id)
             while entry.output.end_pos < backlog + 3:
                 await asyncio.sleep(0.01)
             with StallMeter() as meter:

@@ -1,7 +1,8 @@
 """What a backend author needs, in one place (the user API is `sandbox` itself).
 
-A backend is a `BaseSandboxSession` subclass that implements the hooks documented at the
-bottom of `sandbox.session` (see AGENTS.md, "Adding a backend"). In-tree backends import
+A backend is a `BaseSandboxSession` subclass that implements the hooks of
+`SessionHooks` (`sandbox.session.hooks`, each docstring its contract; see AGENTS.md,
+"Adding a backend"). In-tree backends import
 the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` and
 `sandbox.backends.toolkit` (tests/meta/test_layering.py checks it).
 
@@ -49,7 +50,7 @@ from .files.remote import (
 )
 from .local.process import LocalProcess
 from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, ProcessSpec, PtyEntry
-from .session import BaseSandboxSession, SessionState
+from .session import BaseSandboxSession, SessionHooks, SessionState
 from .settle import settle, settle_each
 from .tasks import cancel_and_wait, first_failure
 
@@ -67,6 +68,7 @@ __all__ = [
     "RemoteEntry",
     "RemoteKind",
     "Secret",
+    "SessionHooks",
     "SessionState",
     "ShellTrap",
     "cancel_and_wait",
