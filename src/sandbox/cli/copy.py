@@ -21,6 +21,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
+from ..backends.toolkit import options as cli_options
 from ..backends.unix_local import local_files
 from ..backends.unix_local.workspace_files import LocalTree
 from ..errors import InvalidArgumentError, SandboxFileNotFoundError
@@ -28,7 +29,6 @@ from ..session import BaseSandboxSession
 from ..workspace.extract import extract
 from ..workspace.info import FileInfo
 from ..workspace.persist import walk_tar
-from . import options as cli_options
 from .session import open_cli_session
 
 CHUNK = 1024 * 1024

@@ -11,6 +11,8 @@ from aiohttp import web
 
 MAX_BODY = 16 * 1024 * 1024
 
+__all__ = ["MAX_BODY", "PreviewProxy"]
+
 
 class PreviewProxy:
     """Forwards to `target` on loopback; with `header`, a request whose `header` is not

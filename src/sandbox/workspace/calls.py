@@ -5,13 +5,31 @@ methods call."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from ..errors import InvalidArgumentError
 from .info import FileInfo
 
-if TYPE_CHECKING:
-    from ..session import BaseSandboxSession
+
+class Hooks(Protocol):
+    """The session hooks the walk and the extractor go through (`SessionHooks`' file and
+    workspace hooks; a Protocol so that this module does not import the session)."""
+
+    async def _stat(self, path: str) -> FileInfo: ...
+
+    async def _list_dir(self, path: str) -> list[FileInfo]: ...
+
+    def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]: ...
+
+    async def _make_dir(self, path: str, parents: bool) -> None: ...
+
+    async def _set_mode(self, path: str, mode: int) -> None: ...
+
+    async def _write_file(self, path: str, data: bytes) -> None: ...
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None: ...
+
+    async def _make_symlink(self, path: str, target: str) -> None: ...
 
 
 def check_flag(value: object, name: str) -> bool:
@@ -31,7 +49,7 @@ def check_limit(value: object, name: str) -> int:
 class HookSource:
     """`persist.Source` over a session's hooks."""
 
-    def __init__(self, session: BaseSandboxSession[Any]) -> None:
+    def __init__(self, session: Hooks) -> None:
         self._session = session
 
     async def stat(self, path: str) -> FileInfo:
@@ -50,7 +68,7 @@ class HookSource:
 class HookSink:
     """`extract.Sink` over a session's hooks, below the folder `root`."""
 
-    def __init__(self, session: BaseSandboxSession[Any], root: str) -> None:
+    def __init__(self, session: Hooks, root: str) -> None:
         self._session = session
         self._root = root
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
+from ...backend import ExposedPort, exposed_from_url
 from ...errors import ProviderError, UnsupportedOperationError
-from ...workspace.ports import ExposedPort, exposed_from_url
 from .client import WorkerClient
 
 CONTROL_PLANE_PORT = 3000

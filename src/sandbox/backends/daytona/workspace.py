@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...workspace.ports import ExposedPort, exposed_from_url
+from ...backend import ExposedPort, exposed_from_url
 
 TOKEN_HEADER = "X-Daytona-Preview-Token"
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from ...backend import ExposedPort, SnapshotRef, http_url
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ...workspace.ports import ExposedPort, http_url
-from ...workspace.snapshots import SnapshotRef
 from .engine import Engine
 
 SNAPSHOT_REPOSITORY = "sandbox-snapshot"

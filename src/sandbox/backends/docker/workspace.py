@@ -28,16 +28,25 @@ import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
+from ...backend import (
+    TAR_END,
+    FileInfo,
+    FileKind,
+    TarStream,
+    child_path,
+    dir_header,
+    exact_chunks,
+    file_header,
+    symlink_header,
+    tar_padding,
+    walk_tar,
+)
 from ...errors import (
     InvalidArgumentError,
     NotAFileError,
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...workspace.info import FileInfo, FileKind, child_path
-from ...workspace.persist import exact, walk_tar
-from ...workspace.tar_reader import TarStream
-from ...workspace.tar_writer import END, dir_header, file_header, padding, symlink_header
 from .archive import MODE_DIR, MODE_SYMLINK, put_tar, stat_path
 from .engine import Engine
 from .files import MAX_SYMLINK_HOPS, ContainerFiles, _below, workspace_parts
@@ -217,7 +226,7 @@ class ContainerTree:
         return self._folder(parts[:-1], path), parts[-1]
 
     def _put_members(self, folder: str, headers: list[bytes]) -> None:
-        put_tar(self._engine.api, self._id, folder, iter([*headers, END]))
+        put_tar(self._engine.api, self._id, folder, iter([*headers, TAR_END]))
 
     def _header(self, name: str, kind: bytes, mode: int, link: str = "") -> bytes:
         info = tarfile.TarInfo(name)
@@ -377,18 +386,18 @@ class ContainerTree:
                     yield file_header(name, size=member.size, mode=member.mode, mtime=member.mtime)
                     async for piece in members.data():
                         yield piece
-                    yield padding(member.size)
+                    yield tar_padding(member.size)
                 elif kind == tarfile.LNKTYPE:
                     first = member.linkname.partition("/")[2]
                     source = child_path(path, first)
                     info = await self.stat(source)
                     yield file_header(name, size=info.size, mode=member.mode, mtime=member.mtime)
-                    async for piece in exact(
+                    async for piece in exact_chunks(
                         self._files.read_chunks(source, READ_CHUNK), info.size
                     ):
                         yield piece
-                    yield padding(info.size)
-            yield END
+                    yield tar_padding(info.size)
+            yield TAR_END
         finally:
             await chunks.aclose()
             pull.close()

@@ -10,7 +10,7 @@ opened by this backend).
 
 from __future__ import annotations
 
-from ...workspace.ports import ExposedPort, http_url
+from ...backend import ExposedPort, http_url
 
 
 def exposed_from_host(host: str, port: int) -> ExposedPort:

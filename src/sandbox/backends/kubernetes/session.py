@@ -21,8 +21,10 @@ from ...backend import (
     CommandCheck,
     CommandSpec,
     ExecCapture,
+    FileInfo,
     OneShotProcess,
     PtyEntry,
+    ShellFileOps,
     ShellTrap,
     check_env,
     check_seconds,
@@ -37,9 +39,7 @@ from ...errors import (
     ProcessExitedError,
     WorkdirError,
 )
-from ...workspace.info import FileInfo
-from ...workspace.shell_ops import ShellFileOps
-from ..toolkit.limits import check_limits
+from ..toolkit import check_limits
 from . import bounds, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster

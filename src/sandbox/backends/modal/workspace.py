@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...backend import ExposedPort, SnapshotRef, http_url
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ...workspace.ports import ExposedPort, http_url
-from ...workspace.snapshots import SnapshotRef
 from .errors import ModalErrors
 
 

@@ -21,6 +21,7 @@ import stat as stat_module
 from collections.abc import Callable
 from typing import TypeVar
 
+from ...backend import FileInfo, child_path, kind_of_mode
 from ...errors import (
     InvalidArgumentError,
     NotAFileError,
@@ -28,7 +29,6 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...workspace.info import FileInfo, child_path, kind_of_mode
 from .safe_open import DIR_FLAGS, open_directory_raw, relative_inside
 
 T = TypeVar("T")

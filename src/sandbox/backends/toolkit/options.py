@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from ..backends import BACKENDS
+from .. import BACKENDS
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import codecs
 
-from .output_buffer import DrainedOutput
+from .buffer import DrainedOutput
 
 
 def omission_marker(omitted: int) -> str:
@@ -32,7 +32,7 @@ def _incomplete_suffix_len(data: bytes | bytearray) -> int:
     return 0
 
 
-def _leading_continuation_len(data: bytes | bytearray) -> int:
+def leading_continuation_len(data: bytes | bytearray) -> int:
     """Count of continuation bytes (10xxxxxx) at the start of `data`, at most 3."""
     n = 0
     while n < min(3, len(data)) and 0x80 <= data[n] < 0xC0:
@@ -68,7 +68,7 @@ class StreamDecoder:
             return self._decoder.decode(drained.head, final)
         cut = _incomplete_suffix_len(drained.head)
         head = drained.head[: len(drained.head) - cut] if cut else drained.head
-        skip = _leading_continuation_len(drained.tail)
+        skip = leading_continuation_len(drained.tail)
         text = self._decoder.decode(head, True)
         self._decoder.reset()
         marker = omission_marker(drained.omitted + cut + skip)

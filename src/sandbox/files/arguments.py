@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 DEFAULT_READ_LIMIT = 64 * 1024 * 1024
 DEFAULT_CHUNK_SIZE = 1024 * 1024

@@ -17,7 +17,7 @@ from pathlib import Path
 import sandbox
 import sandbox.backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 

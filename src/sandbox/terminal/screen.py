@@ -84,7 +84,7 @@ import pyte
 from pyte.screens import Char, Cursor, StaticDefaultDict
 from wcwidth import wcwidth
 
-from .arguments import check_terminal_size
+from .size import check_terminal_size
 
 logger = logging.getLogger("sandbox")
 

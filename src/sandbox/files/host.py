@@ -49,7 +49,7 @@ import stat
 from types import TracebackType
 from typing import Self
 
-from .errors import HostPathError
+from ..errors import HostPathError
 
 O_PATH = getattr(os, "O_PATH", 0)
 DIRECTORY_FLAGS = (O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC

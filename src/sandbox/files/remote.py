@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .errors import FileTooLargeError, NotAFileError, SandboxError, SandboxFileNotFoundError
+from ..errors import FileTooLargeError, NotAFileError, SandboxError, SandboxFileNotFoundError
 
 MAX_SYMLINK_HOPS = 16
 

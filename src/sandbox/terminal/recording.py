@@ -31,7 +31,7 @@ the page cache (microseconds), acceptable on the event loop; do not record to a 
 or FUSE filesystem. Nothing is bounded: the recording of a flood is as big as the flood
 (JSON escaping makes control-heavy output up to six times bigger).
 
-The file is always new, created by `sandbox.host_files` (the sandbox may be able to
+The file is always new, created by `sandbox.files.host` (the sandbox may be able to
 write where it goes): exclusively, mode 0600 (typed input can hold secrets), its folder
 reached through no symlink (`open`) or held as an fd (`open_in`). Anything already at
 its name is refused with `HostPathError` and left untouched, never replaced.
@@ -51,8 +51,8 @@ import time
 from types import TracebackType
 from typing import Any, Self
 
-from .arguments import check_terminal_size
-from .host_files import HostDirectory, create_new_file
+from ..files.host import HostDirectory, create_new_file
+from .size import check_terminal_size
 
 logger = logging.getLogger("sandbox")
 
@@ -88,7 +88,7 @@ class AsciicastRecorder:
         title: str | None = None,
         shell: str | None = None,
     ) -> AsciicastRecorder:
-        """Create the file at `path` (new: `host_files.create_new_file`, no symlink
+        """Create the file at `path` (new: `files.host.create_new_file`, no symlink
         followed) and write the header; times start now.
 
         `term` and `shell` go to the header's env (TERM, SHELL), `command` and `title` to

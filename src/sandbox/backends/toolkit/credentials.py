@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import CredentialsMissingError
+from ...errors import CredentialsMissingError
 
 REDACTED = "<redacted>"
 

@@ -18,7 +18,7 @@ When a check fails it prints a marker `\\x1eF<TOKEN>:<kind>\\x1e` and exits with
 - `1` (processes): on stdout, and a passed check prints the start marker
   `\\x1eS<TOKEN>\\x1e` there before the exec. The backend filters stdout through a
   `ShellTrap` with the same token (which strips both markers) and `_spawn_process`
-  waits for the verdict (`wait_for_verdict`), so `pty_exec_start` raises the error.
+  waits for the verdict (`trap.wait_for_verdict`), so `pty_exec_start` raises the error.
 
 The script is added only where it is needed (a `cwd` was given, or `shell=False`): the
 default `shell=True` command runs exactly as before. It is written for any POSIX `sh`
@@ -32,18 +32,12 @@ provider's own failure, as before.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .errors import CommandNotFoundError, SandboxError, WorkdirError
-from .process_entry import CommandSpec
-
-if TYPE_CHECKING:
-    from .process_entry import PtyEntry
-    from .shell_trap import ShellTrap
+from ...errors import CommandNotFoundError, SandboxError, WorkdirError
+from ...process_entry import CommandSpec
 
 # An exit status no shell gives for its own reasons (126/127) and rarely used by tools.
 CHECK_FAILED_EXIT = 213
@@ -53,7 +47,7 @@ VERDICT_WAIT_S = 30.0
 
 CHECK_SCRIPT = (
     "t=$1 o=$2 d=$3 p=$4; shift 4; "
-    'x() { printf "\\036F%s:%s\\036" "$t" "$1" >&"$o"; exit 213; }; '
+    'x() { printf "\\036F%s:%s\\036" "$t" "$1" >&"$o"; exit ' + str(CHECK_FAILED_EXIT) + "; }; "
     'if [ -n "$d" ]; then [ -e "$d" ] || x nocwd; [ -d "$d" ] || x notdir; '
     'CDPATH= cd -- "$d" >/dev/null 2>&1 || x noaccess; fi; '
     'case $p in "") ;; '
@@ -141,30 +135,3 @@ class CommandCheck:
             where = "does not exist" if "/" in program else "was not found in PATH"
             return CommandNotFoundError(f"the program {program!r} {where}", program=program)
         return SandboxError(f"the command could not be started (check failed: {kind})")
-
-
-async def wait_for_verdict(
-    entry: PtyEntry, trap: ShellTrap, check: CommandCheck, *, timeout: float = VERDICT_WAIT_S
-) -> None:
-    """Wait until `trap` (fed the process's stdout) saw the check's verdict, the process
-    ended, or `timeout` passed; raise the check's error if it failed.
-
-    Called at the end of `_spawn_process`, so a failed check fails `pty_exec_start`
-    (the base session then tears the process down).
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    decided = asyncio.ensure_future(trap.decided.wait())
-    try:
-        while not trap.decided.is_set() and not entry.output_done and loop.time() < deadline:
-            # The entry wakes this on an exit, EOF or loss (after an exit it waits the
-            # short drain grace for the output, where the marker would be).
-            changed = asyncio.ensure_future(entry.wait_for_change(deadline, wants_data=False))
-            try:
-                await asyncio.wait({decided, changed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
-    finally:
-        decided.cancel()
-    if trap.failure is not None:
-        raise check.error(trap.failure)

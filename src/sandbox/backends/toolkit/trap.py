@@ -21,7 +21,7 @@ a C locale). So a line holding anything but printable ASCII is never typed as it
 `keystroke_safe` types `eval "$(printf '...')"` instead, every such byte an octal
 escape that the shell's `printf` turns back into the exact bytes.
 
-A command run behind the shared `CommandCheck` (`sandbox.command_check`, in its announce
+A command run behind the shared `CommandCheck` (`sandbox.backends.toolkit.check`, in its announce
 mode, with this trap's token) prints the start marker itself once its working directory
 and program check out (`line(..., announced=True)`), or a failure marker instead: the
 trap then records the failure's kind in `failure` and ends. `decided` is set as soon as
@@ -35,8 +35,12 @@ import asyncio
 import re
 import secrets
 import shlex
+from typing import TYPE_CHECKING
 
-from .command_check import CHECK_FAILED_EXIT
+from .check import CHECK_FAILED_EXIT, VERDICT_WAIT_S, CommandCheck
+
+if TYPE_CHECKING:
+    from ...process_entry import PtyEntry
 
 _RS = b"\x1e"
 # Typed as they are: printable ASCII. Inside the printf format only these stay literal
@@ -209,3 +213,30 @@ class ShellTrap:
         """At the end of the stream: held-back bytes that turned out not to be a marker."""
         pending, self._pending = self._pending, b""
         return pending if self.started and not self.done else b""
+
+
+async def wait_for_verdict(
+    entry: PtyEntry, trap: ShellTrap, check: CommandCheck, *, timeout: float = VERDICT_WAIT_S
+) -> None:
+    """Wait until `trap` (fed the process's stdout) saw the check's verdict, the process
+    ended, or `timeout` passed; raise the check's error if it failed.
+
+    Called at the end of `_spawn_process`, so a failed check fails `pty_exec_start`
+    (the base session then tears the process down).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    decided = asyncio.ensure_future(trap.decided.wait())
+    try:
+        while not trap.decided.is_set() and not entry.output_done and loop.time() < deadline:
+            # The entry wakes this on an exit, EOF or loss (after an exit it waits the
+            # short drain grace for the output, where the marker would be).
+            changed = asyncio.ensure_future(entry.wait_for_change(deadline, wants_data=False))
+            try:
+                await asyncio.wait({decided, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+    finally:
+        decided.cancel()
+    if trap.failure is not None:
+        raise check.error(trap.failure)

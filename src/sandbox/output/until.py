@@ -22,8 +22,8 @@ import re
 import time
 from collections import deque
 
-from .errors import InvalidArgumentError
-from .text_decoding import StreamDecoder
+from ..errors import InvalidArgumentError
+from .decoding import StreamDecoder, leading_continuation_len
 
 # Both are small on purpose: a pattern such as `.*X$` costs the square of its search
 # string, about 20 ms for 8 KiB here but over a second for 64 KiB, and the event loop
@@ -142,6 +142,12 @@ class UntilMatcher:
         for index, chunk in enumerate(segments):
             if index:  # bytes were dropped between segments: the text is not continuous
                 self._pending.append(None)
+                # Reset here, before the next segment is decoded: a character cut by the
+                # gap was never printed whole (its lead byte must not join the bytes
+                # after the gap), and what this segment leaves pending belongs to the
+                # next arrival. The window's text skips the cut's continuation bytes too.
+                self._decoder.reset()
+                chunk = chunk[leading_continuation_len(chunk) :]
             text = self._decoder.decode(chunk)
             if isinstance(self._pattern, str):
                 self._pending.append(text)  # linear to search, however long
@@ -180,7 +186,8 @@ class UntilMatcher:
                 self._trim()
 
     def _restart(self) -> None:
-        self._decoder.reset()
+        # The decoder was reset when the gap was queued (`_enqueue`), not here: by now
+        # it may hold the start of a character that the next arrival completes.
         self._window = ""
         self._start = 0
 

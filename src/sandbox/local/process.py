@@ -22,8 +22,9 @@ import termios
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from ...errors import ProcessExitedError, SandboxError
-from . import cgroups, process_tree
+from ..errors import ProcessExitedError, SandboxError
+from . import cgroups
+from . import tree as process_tree
 
 READ_CHUNK = 256 * 1024
 READS_PER_WAKEUP = 8
@@ -123,7 +124,7 @@ class LocalProcess:
         carry it in their environment, so a teardown also finds what escaped the tree.
 
         With `cgroup`, the process starts in a leaf of that session cgroup (see
-        `backends.unix_local.cgroups`) and its teardowns kill the leaf, never reading
+        `local.cgroups`) and its teardowns kill the leaf, never reading
         /proc; `join_fds` are more `cgroup.procs` fds (v1 limits) it joins before exec.
         """
         self = cls()
@@ -476,7 +477,7 @@ class LocalProcess:
         `kill_group=False` (for an already exited leader) reaps it without signalling
         the group, the way a remote daemon reaps a process whose children it leaves be;
         the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
-        left the group (see `backends.unix_local.process_tree`): teardowns do, a one-shot command
+        left the group (see `sandbox.local.tree`): teardowns do, a one-shot command
         that ended by itself does not (its group kill is the fast path; what it left
         running dies at the session's close). In a cgroup leaf, the sweep is one write
         to the leaf's `cgroup.kill`. `escapees`: see `terminate`.

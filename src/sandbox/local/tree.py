@@ -1,13 +1,13 @@
 """The tag containment: everything a local process started, found through /proc.
 
-Used where no cgroup can be made (`containment="tag"`, see `backends.unix_local.cgroups`
+Used where no cgroup can be made (`containment="tag"`, see `local.cgroups`
 for the exact way). A process group is not a tree: an interactive shell gives each
 background job a group of its own, and `nohup`/`setsid` children leave the group too.
 What they keep is the parent link, until their parent dies. So a tree is the leader
 and its descendants, walked through the kernel's children files from the leader down
 (a cost that follows the tree, not the host; without those files, the whole process
 table is read and the leader's session taken from it). The leader's pid stays reserved
-while it is an unreaped zombie (`local_process` waits with WNOWAIT).
+while it is an unreaped zombie (`process` waits with WNOWAIT).
 
 A process that lost its parent (a double fork with `setsid`, a daemon, a background job
 of a shell that exited) has no link left. What it usually keeps is its environment:
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 # One name for the tag on every backend: the remote wrappers set the same variable.
-from ..toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
+from ..backends.toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
 
 GONE_WAIT_S = 2.0
 SHARED_SCAN_S = 0.005
