@@ -136,7 +136,10 @@ def test_resolvers_hold_for_tree_calls(tmp_path: Path, resolver: str) -> None:
                 break
     finally:
         (workspace / "stop").touch()
-        assert swapper.wait(timeout=30) == 0
+        code = swapper.wait(timeout=30)
+        if swapper.stdout is not None:
+            swapper.stdout.close()
+        assert code == 0
     _host_untouched(host)
     assert host.stat().st_mode & 0o777 != 0o700, "a mode was set outside"
     assert "WorkspacePathError" in outcomes and "ok" in outcomes, set(outcomes)

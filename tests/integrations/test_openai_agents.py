@@ -401,7 +401,8 @@ async def test_the_sdk_persists_and_hydrates_through_our_archives(
 ) -> None:
     """The SDK's `persist_workspace`/`hydrate_workspace` ride on ours (issue 22)."""
     await session.write_file("kept/notes.txt", b"persisted by the SDK")
-    spooled = await live.persist_workspace()
-    await session.remove("kept", recursive=True)
-    await live.hydrate_workspace(spooled)
+    # The caller owns the spooled archive: closed once hydrated (pytest is strict).
+    with await live.persist_workspace() as spooled:
+        await session.remove("kept", recursive=True)
+        await live.hydrate_workspace(spooled)
     assert await session.read_file("kept/notes.txt") == b"persisted by the SDK"
