@@ -23,7 +23,7 @@ from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
 from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
-from . import cgroup_limits, cgroups, local_files, process_tree
+from . import cgroup_limits, cgroups, local_files, process_tree, spawn_helper
 from . import confine as jail
 from .local_process import LocalProcess
 from .workspace import Workspace
@@ -125,6 +125,9 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
+        if not spawn_helper.tried():
+            # Built (or loaded from its cache) once per process, off the event loop.
+            await asyncio.to_thread(spawn_helper.prepare)
         if self.confine:
             self._bwrap = await asyncio.to_thread(jail.require_bwrap)
             self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
