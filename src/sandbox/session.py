@@ -44,6 +44,7 @@ from .host_files import HostDirectory
 from .output_buffer import DEFAULT_OUTPUT_LIMIT
 from .process_entry import CommandSpec, H, ProcessSpec, PtyEntry
 from .recording import AsciicastRecorder
+from .screen_limit import check_screen_cells
 from .settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .truncation import truncate_to_tokens
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
@@ -481,6 +482,8 @@ class BaseSandboxSession(Generic[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         screen_pattern = self._check_until_screen(until_screen, spec.screen)
+        if screen_pattern is not None:
+            check_screen_cells(rows, cols)
 
         entry, victim = await self._reserve(spec, in_record_dir=spec.tty and record is None)
         try:
@@ -556,6 +559,8 @@ class BaseSandboxSession(Generic[H]):
         pattern = check_until(until)
         entry = self._lookup(process_id)
         screen_pattern = self._check_until_screen(until_screen, entry.screen is not None)
+        if screen_pattern is not None and entry.screen is not None:
+            entry.screen.check_size()
         if data and not entry.tty:
             raise StdinClosedError(
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
@@ -1003,7 +1008,7 @@ class BaseSandboxSession(Generic[H]):
         until caught up or the loop time `deadline`; then the snapshot (its changed rows
         rendered in slices too)."""
         screen = entry.screen
-        if screen is None:
+        if screen is None or screen.too_large:  # resized past the bound meanwhile
             return None
         return await screen.render(SCREEN_CHECK_SLICE_S, deadline=deadline)
 
