@@ -125,8 +125,9 @@ def own_v2_directory() -> str:
 
 
 def write_file(path: str, data: str) -> None:
-    """Write one control file in a single write (how cgroupfs wants it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    """Write one control file in a single write (how cgroupfs wants it; O_TRUNC, as a
+    shell's `>` does, is a no-op there and leaves a plain file holding just `data`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
         os.write(fd, data.encode())
     finally:
