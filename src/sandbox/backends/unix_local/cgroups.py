@@ -394,19 +394,19 @@ class SessionCgroup:
 
     def new_leaf(self) -> Leaf:
         """An empty leaf for the next process (a reused one if any is free)."""
-        while self._idle:
-            leaf = self._idle.pop()
-            if not leaf.populated():
-                return leaf
+        if self._idle:
+            # Empty when given back, and nothing enters a leaf but the process we start.
+            return self._idle.pop()
         self._count += 1
         path = os.path.join(self.path, f"p{self._count}")
         os.mkdir(path)
         return Leaf(path)
 
-    def release(self, leaf: Leaf) -> None:
-        """Give back a leaf whose process is gone: reused if empty, else kept (what is
-        left in it, e.g. a one-shot command's daemon, dies with the session)."""
-        if self._closed or leaf.populated():
+    def release(self, leaf: Leaf, *, empty: bool = False) -> None:
+        """Give back a leaf whose process is gone: reused if empty (`empty`: the caller
+        just saw it so), else kept (what is left in it, e.g. a one-shot command's
+        daemon, dies with the session)."""
+        if self._closed or (not empty and leaf.populated()):
             return
         if not leaf.killed:
             self._idle.append(leaf)

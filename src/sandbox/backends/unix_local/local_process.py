@@ -281,7 +281,7 @@ class LocalProcess:
         """Hand the leaf back to the session once nothing in it is alive (else it stays
         the session's, and dies with it)."""
         if self.leaf is not None and self._cgroup is not None and not self.leaf.populated():
-            self._cgroup.release(self.leaf)
+            self._cgroup.release(self.leaf, empty=True)
             self.leaf = None
 
     # ---- exit watching ---------------------------------------------------------------

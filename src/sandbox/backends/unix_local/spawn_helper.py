@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import platform
@@ -268,16 +269,16 @@ class Helper:
         if b"/" in program:
             paths = [program]
         else:
-            paths = [os.path.join(os.fsencode(d), program) for d in os.get_exec_path(env)]
+            paths = [os.path.join(d, program) for d in _exec_dirs(env.get("PATH"))]
         args = [os.fsencode(a) for a in argv]
         environ = []
         for key, value in env.items():
-            name = os.fsencode(key)
-            if not name or b"=" in name:
+            if not key or "=" in key:
                 raise ValueError("illegal environment variable name")
-            environ.append(name + b"=" + os.fsencode(value))
+            # One encode per variable (os.fsencode twice and a join cost a start more).
+            environ.append(f"{key}={value}".encode(_FS_ENCODING, _FS_ERRORS))
         place = None if cwd is None else os.fsencode(cwd)
-        for item in (*paths, *args, *environ, place or b""):
+        for item in (program, *args, *environ, place or b""):
             if b"\0" in item:
                 raise ValueError("embedded null byte")
         joins = (ctypes.c_int * max(len(join_fds), 1))(*join_fds)
@@ -303,6 +304,16 @@ class Helper:
             raise CloneRefused(os.strerror(code))
         filename = cwd if request.stage == STAGE_CHDIR else argv[0]
         raise OSError(code, os.strerror(code), filename)
+
+
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+
+
+@functools.lru_cache(maxsize=16)
+def _exec_dirs(path: str | None) -> tuple[bytes, ...]:
+    """The directories `Popen` searches for a program under this PATH (None: the
+    default), encoded; cached, it is a pure function of the string."""
+    return tuple(os.fsencode(d) for d in os.get_exec_path({} if path is None else {"PATH": path}))
 
 
 def _strings(items: Sequence[bytes]) -> ctypes.Array[ctypes.c_char_p]:
