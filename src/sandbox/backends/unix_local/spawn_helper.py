@@ -425,11 +425,3 @@ def _build(directory: str, target: str) -> None:
         os.chmod(output, 0o700)
         # Atomic: a concurrent build of the same source renames the same bytes.
         os.replace(output, target)
-
-
-def reset_for_tests() -> None:
-    """Forget the loaded helper and the failure reason (tests only)."""
-    with _State.lock:
-        _State.tried = False
-        _State.helper = None
-        _State.reason = "not built yet"
