@@ -1,5 +1,7 @@
 """The openai-agents column: its UnixLocal sandbox session (the design ours descends from
-and replaces) on the same figures as ours, each beside raw in the same run.
+and replaces) on the same figures as ours, each beside raw in the same run, so its
+ratios read like ours (`agents_sdk_cases` compares the two sessions under the SDK's
+own tools instead).
 
 Needs `openai-agents` (the `openai-agents` extra, pinned in constraints.txt); without it
 one row says it was skipped and why. Its `pty_write_stdin` sleeps 0.1 s after a write and
