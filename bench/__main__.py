@@ -43,8 +43,10 @@ def extra_cases() -> list[object]:
         "bench.confine_cases",
         "bench.blaxel_cases",
         "bench.cloudflare_cases",
+        "bench.kubernetes_cases",
         "bench.sdk_cases",
         "bench.agents_sdk_cases",
+        "bench.core_cases",
         "bench.agents_cases",
     )
     for module_name in optional:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.backends.unix_local import cgroup_limits, cgroups
+from sandbox.backends.toolkit.options import options_from_args
+from sandbox.backends.unix_local import cgroup_limits
 from sandbox.cli.app import _build_parser
 from sandbox.cli.limit_flags import parse_cores, parse_count, parse_size
-from sandbox.cli.options import options_from_args
+from sandbox.local import cgroups
 
 SANDBOX = [sys.executable, "-m", "sandbox.cli"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox.screen import TerminalScreen
-from sandbox.screen_limit import MAX_SCREEN_CELLS, ScreenTooLargeError, too_large
+from sandbox.terminal.screen import TerminalScreen
+from sandbox.terminal.screen_limit import MAX_SCREEN_CELLS, ScreenTooLargeError, too_large
 
 
 def test_the_bound_is_on_cells() -> None:

@@ -53,7 +53,7 @@ from sandbox.backends.daytona import DaytonaSession
 from sandbox.backends.daytona.errors import is_retryable
 from sandbox.backends.daytona.scripts import kill_script
 from sandbox.backends.daytona.terminal import MAX_TYPED_LINE, pty_exit_status
-from sandbox.testing import daytona_fake
+from sandbox.testing import daytona_fake, procfs
 from sandbox.testing.daytona_fake import (
     FakeAsyncDaytona,
     FakeAsyncFileSystem,
@@ -108,7 +108,7 @@ async def nothing_left(fake: FakeDaytona, session: DaytonaSession | None = None)
     assert await eventually(lambda: other_tasks() == []), other_tasks()
     if session is not None and session.sandbox_id in fake.sandboxes:
         assert session.pty_processes() == []
-        assert session._reserved == set()
+        assert session._processes.reserved == set()
         assert await eventually(lambda: fake.pty_ids(session.sandbox_id or "") == [])
         assert fake.session_ids(session.sandbox_id or "") == []
 
@@ -811,8 +811,9 @@ def test_kill_script_never_signals_group_zero_or_one(tmp_path: Path) -> None:
 
 
 def _start_time(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[19]
+    info = procfs.stat(pid)
+    assert info is not None, pid
+    return str(info.start_time)
 
 
 def test_kill_script_spares_a_reused_pid_and_kills_the_whole_tree(tmp_path: Path) -> None:
@@ -1042,7 +1043,7 @@ async def test_cancel_during_kill_still_leaves_nothing(
         assert await eventually(lambda: not host_pids_with_arg(marker))
         # A session whose deletion never got an answer may still exist on the provider.
         await nothing_left(fake, None if point == "delete_session" else session)
-        assert session._reserved == set()
+        assert session._processes.reserved == set()
 
 
 async def test_kill_that_never_returns_is_reported_for_pipes(fake: FakeDaytona) -> None:

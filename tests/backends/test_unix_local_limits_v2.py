@@ -17,7 +17,7 @@ import pytest
 
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.backends.unix_local import cgroup_limits as cl
-from sandbox.backends.unix_local import cgroups as cg
+from sandbox.local import cgroups as cg
 
 V2_FILES = ("memory.max", "memory.swap.max", "memory.events", "pids.max", "cpu.max")
 

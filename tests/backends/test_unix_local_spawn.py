@@ -1,7 +1,7 @@
 """How unix_local starts a process: the clone3 helper and the `Popen` fallback.
 
 Each behaviour test runs on both start paths (the `path` fixture): the helper compiled
-at first use (`backends.unix_local.spawn_helper`) and `Popen` (what runs without a
+at first use (`sandbox.local.spawn_helper`) and `Popen` (what runs without a
 compiler). The helper tests build it in a private temporary cache directory.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox.backends.unix_local import UnixLocalSession, cgroups
-from sandbox.backends.unix_local import spawn_helper as sh
+from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.local import cgroups
+from sandbox.local import spawn_helper as sh
 from tests.helpers import children_of_me, eventually, open_fds
 
 HELPER = sh.prepare()

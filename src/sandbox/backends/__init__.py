@@ -10,10 +10,12 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
-from ..session import BaseSandboxSession
+
+if TYPE_CHECKING:
+    from ..session import BaseSandboxSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,14 @@ BACKENDS: dict[str, BackendInfo] = {
             ("modal",),
             (("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"),),
             description="Modal sandboxes via the SDK's .aio calls",
+        ),
+        BackendInfo(
+            "kubernetes",
+            "sandbox.backends.kubernetes",
+            "KubernetesSession",
+            "kubernetes",
+            ("kubernetes_asyncio", "aiohttp"),
+            description="a pod per session (or attach to one), pods/exec over WebSocket",
         ),
     )
 }
