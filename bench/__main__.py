@@ -48,6 +48,7 @@ def extra_cases() -> list[object]:
         "bench.agents_sdk_cases",
         "bench.workspace_cases",
         "bench.core_cases",
+        "bench.agents_cases",
     )
     for module_name in optional:
         try:
