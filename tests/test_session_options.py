@@ -33,6 +33,11 @@ def _usual(name: str, tmp_path: Path) -> dict[str, Any]:
         "cloudflare": lambda: {"worker_url": "http://127.0.0.1:9", "api_key": "k"},
         "daytona": lambda: {"api_key": "k", "terminate_grace_s": 0.5, "teardown_timeout_s": 10.0},
         "e2b": lambda: {"api_key": "k", "kill_timeout_s": 5.0},
+        "kubernetes": lambda: {
+            "kubeconfig": str(tmp_path / "kubeconfig"),
+            "image": "busybox",
+            "terminate_grace_s": 0.5,
+        },
         "modal": lambda: {
             "token_id": "i",
             "token_secret": "s",
