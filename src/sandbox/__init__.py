@@ -6,6 +6,7 @@ One API over seven backends; see `open_session`.
 from typing import TYPE_CHECKING, Any
 
 from .backends import BACKENDS, BackendInfo, load_backend, open_session
+from .durable import ProcessRef, SessionRef, read_ref_file, resume_session
 from .errors import (
     BackendUnavailableError,
     CleanupError,
@@ -23,8 +24,10 @@ from .errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SessionClosedError,
+    SessionGoneError,
     SessionNotStartedError,
     SessionStateError,
+    SessionTakenOverError,
     StdinClosedError,
     UnknownBackendError,
     UnsupportedOperationError,
@@ -84,6 +87,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotAFileError",
     "ProcessExitedError",
+    "ProcessRef",
     "ProviderError",
     "PtyProcessInfo",
     "PtyProcessNotFoundError",
@@ -92,9 +96,12 @@ __all__ = [
     "SandboxFileNotFoundError",
     "ScreenSnapshot",
     "SessionClosedError",
+    "SessionGoneError",
     "SessionNotStartedError",
+    "SessionRef",
     "SessionState",
     "SessionStateError",
+    "SessionTakenOverError",
     "StdinClosedError",
     "UnknownBackendError",
     "UnsupportedOperationError",
@@ -103,4 +110,6 @@ __all__ = [
     "WorkspacePathError",
     "load_backend",
     "open_session",
+    "read_ref_file",
+    "resume_session",
 ]

@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from . import arguments
 from . import file_arguments as files
+from .durable import ops as durable_ops
+from .durable.lease import LeaseStore
+from .durable.refs import SessionRef
+from .durable.state import DurableState
 from .errors import (
     CleanupError,
     ExecTimeoutError,
@@ -148,6 +152,7 @@ class BaseSandboxSession(Generic[H]):
         read_limit_bytes: int = files.DEFAULT_READ_LIMIT,
         exec_output_limit_bytes: int = DEFAULT_EXEC_OUTPUT_LIMIT,
         record_dir: str | os.PathLike[str] | None = None,
+        ref_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if record_dir is not None and not isinstance(record_dir, str | os.PathLike):
             raise InvalidArgumentError(f"record_dir must be a path, not {record_dir!r}")
@@ -183,9 +188,12 @@ class BaseSandboxSession(Generic[H]):
         self._lifecycle_start: asyncio.Task[None] | None = None
         self._execs: set[asyncio.Task[Any]] = set()
         self._teardowns: set[asyncio.Task[None]] = set()
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: asyncio.Future[Any] | None = None
         # `record_dir`'s fd: opened by `start()`, closed by a failed start or the close.
         self._record_directory: HostDirectory | None = None
+        # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
+        # opened now, before the sandbox runs anything.
+        self._durable = DurableState(ref_file)
 
     def __repr__(self) -> str:
         return (
@@ -228,7 +236,7 @@ class BaseSandboxSession(Generic[H]):
                 if task.done() and not task.cancelled() and task.exception() is None:
                     # The backend came up just as our caller was cancelled: undo it.
                     try:
-                        await settle(self._stop_backend())
+                        await settle(self._durable_undo_start())
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
@@ -241,13 +249,17 @@ class BaseSandboxSession(Generic[H]):
             # The close came after the backend was up: it stops the backend, we lost.
             raise SessionClosedError(f"the {self.backend_name} session was closed while starting")
         self._state = SessionState.RUNNING
+        durable_ops.changed(self)
 
     async def _run_start(self) -> None:
         try:
-            await self._start_backend()
+            if self._durable.resuming:
+                await durable_ops.resume(self)
+            else:
+                await self._start_backend()
         except BaseException as exc:
             try:
-                await settle(self._stop_backend())
+                await settle(self._durable_undo_start())
             except Exception as cleanup_exc:
                 exc.add_note(f"cleaning up the failed start also failed: {cleanup_exc}")
             raise
@@ -290,6 +302,8 @@ class BaseSandboxSession(Generic[H]):
         entries = [*self._starting.values(), *self._registry.values()]
         self._starting.clear()
         self._registry.clear()
+        if backend_up and not await self._durable_claim_close(entries):
+            return  # another client resumed the sandbox: it was only let go of
         for entry in entries:
             entry.sandbox_stopping = True
         try:
@@ -307,6 +321,7 @@ class BaseSandboxSession(Generic[H]):
             except Exception as exc:
                 errors.append(exc)
         self._close_record_directory()
+        durable_ops.finish_ref_file(self, None)
         if len(errors) == 1:
             raise errors[0]
         if errors:
@@ -329,6 +344,8 @@ class BaseSandboxSession(Generic[H]):
         await self.aclose()
 
     def _require_running(self) -> None:
+        if self._durable.taken_over:
+            raise durable_ops.taken_over_error(self)
         if self._state is SessionState.RUNNING:
             return
         if self._state in (SessionState.CLOSING, SessionState.CLOSED):
@@ -363,6 +380,7 @@ class BaseSandboxSession(Generic[H]):
         `CommandNotFoundError` (with `shell=True` that is the shell's exit 127).
         """
         self._require_running()
+        await self._durable_guard()
         spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
         checked_timeout = arguments.check_timeout(timeout)
         limit = (
@@ -383,6 +401,7 @@ class BaseSandboxSession(Generic[H]):
         the backend can tell its size; stream big files with `read_file_chunks`.
         """
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         limit = self.read_limit_bytes
         if max_bytes is not None:
@@ -397,6 +416,7 @@ class BaseSandboxSession(Generic[H]):
         folders. Writing over a directory, FIFO, socket or device, or under a path whose
         parent is a file, raises `NotAFileError` and changes nothing."""
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         payload = arguments.to_input_bytes(data)
         await self._write_file(path, payload)
@@ -430,6 +450,7 @@ class BaseSandboxSession(Generic[H]):
         joined, then written. If `chunks` fails, its error propagates and the file may
         hold part of the data."""
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         await self._write_file_chunks(path, files.chunks_of(chunks, path))
 
@@ -467,6 +488,7 @@ class BaseSandboxSession(Generic[H]):
         `record` path, fails the start with `HostPathError` (`sandbox.host_files`).
         """
         self._require_running()
+        await self._durable_guard()
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
         spec = ProcessSpec(
@@ -509,6 +531,7 @@ class BaseSandboxSession(Generic[H]):
             await self._settle_batch([entry])
             raise self._closed_error()
         self._registry[entry.process_id] = entry
+        durable_ops.changed(self)
         live = len(self._registry) + len(self._starting)
         if live == self.warn_processes:  # once, when the registry crosses the mark
             logger.warning(
@@ -555,6 +578,7 @@ class BaseSandboxSession(Generic[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         entry = self._lookup(process_id)
+        await self._durable_guard()
         screen_pattern = self._check_until_screen(until_screen, entry.screen is not None)
         if data and not entry.tty:
             raise StdinClosedError(
@@ -628,6 +652,7 @@ class BaseSandboxSession(Generic[H]):
         cannot, `InvalidArgumentError` for a process without a terminal)."""
         arguments.check_terminal_size(rows, cols)
         entry = self._lookup(process_id)
+        await self._durable_guard()
         if not entry.tty:
             raise InvalidArgumentError(f"process {process_id} has no terminal (tty=False)")
         entry.touch()
@@ -640,6 +665,7 @@ class BaseSandboxSession(Generic[H]):
         """Send Ctrl-C: the interrupt character on a terminal, SIGINT to a pipe process's
         group. Does not wait for a window: poll afterwards to see the effect."""
         entry = self._lookup(process_id)
+        await self._durable_guard()
         entry.touch()
         if entry.exited:
             return
@@ -674,6 +700,7 @@ class BaseSandboxSession(Generic[H]):
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
         self._require_running()
+        await self._durable_guard()
         entry = self._registry.pop(process_id, None)
         if entry is None:
             raise self._not_found(process_id)
@@ -683,6 +710,7 @@ class BaseSandboxSession(Generic[H]):
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
         self._require_running()
+        await self._durable_guard()
         entries = list(self._registry.values())
         self._registry.clear()
         await self._settle_batch(entries)
@@ -702,6 +730,65 @@ class BaseSandboxSession(Generic[H]):
             )
             for entry in sorted(self._registry.values(), key=lambda e: e.started_at)
         ]
+
+    # ---- durable -------------------------------------------------------------------
+
+    @property
+    def keeps_processes(self) -> bool:
+        """Whether this backend's processes keep running, and can be reattached, while
+        no client is connected (`detach()`, a crash). False: they are children of this
+        client (or of its connection), so `detach()` ends them as `pty_terminate` does."""
+        return self._keeps_processes
+
+    def ref(self) -> SessionRef:
+        """A `SessionRef` for this session now: enough for `sandbox.resume_session` to
+        attach to the same sandbox and processes from another client (never a secret).
+        From now on this session checks, at each call, that no other client took the
+        sandbox over (`SessionTakenOverError`). A detached session returns its final ref."""
+        if self._durable.detached is not None:
+            return self._durable.detached
+        self._require_running()
+        self._durable.shared = True
+        return durable_ops.make_ref(self)
+
+    async def detach(self) -> SessionRef:
+        """End this client's hold without tearing the sandbox down, and return the ref
+        that owns it now. Processes the provider keeps (`keeps_processes`) keep running;
+        the others are torn down as by `pty_terminate` and listed as ended with their
+        exit codes. Afterwards every call raises `SessionClosedError`. Completes when
+        its caller is cancelled (then `ref()` still returns the ref)."""
+        self._require_running()
+        await self._durable_guard()
+        self._state = SessionState.CLOSING
+        detaching = asyncio.ensure_future(durable_ops.detach_everything(self))
+        self._closing = detaching
+        try:
+            await settle(detaching)
+        finally:
+            self._state = SessionState.CLOSED
+        return detaching.result()
+
+    async def _durable_guard(self) -> None:
+        await durable_ops.guard(self)
+
+    async def _durable_undo_start(self) -> None:
+        """Undo a start that failed or was cancelled: a resume lets go (the sandbox stays
+        the ref's), a fresh start stops what it made."""
+        if self._durable.resuming:
+            await durable_ops.abandon_resume(self)
+        else:
+            await self._stop_backend()
+
+    async def _durable_claim_close(self, entries: list[PtyEntry[H]]) -> bool:
+        """Whether this close may tear the sandbox down; if another client took it over,
+        let go of `entries` and the backend's clients instead and answer False."""
+        if await durable_ops.claim_close(self):
+            return True
+        errors = await durable_ops.let_go(self, entries)
+        self._close_record_directory()
+        for error in errors:
+            logger.warning("%s session: letting go failed: %s", self.backend_name, error)
+        return False
 
     # ---- registry internals --------------------------------------------------------
 
@@ -868,6 +955,9 @@ class BaseSandboxSession(Generic[H]):
             if not log_errors:
                 raise
             logger.warning("%s session: a teardown failed: %s", self.backend_name, exc)
+        finally:
+            if self._state is SessionState.RUNNING:
+                durable_ops.changed(self)
 
     async def _teardown_entry(self, entry: PtyEntry[H]) -> None:
         """End a pending write, run the backend's teardown, then release the id.
@@ -877,7 +967,11 @@ class BaseSandboxSession(Generic[H]):
             if write is not None and not write.done():
                 write.cancel()
                 await asyncio.wait({write})
-            await self._terminate_pty_entry(entry)
+            if entry.process_id in self._durable.releasing:
+                self._durable.releasing.discard(entry.process_id)
+                await self._release_entry(entry)  # it stays the ref's (detach, takeover)
+            else:
+                await self._terminate_pty_entry(entry)
         finally:
             # The readers are stopped: the recording is complete (and valid) now.
             entry.close_terminal()
@@ -1143,3 +1237,68 @@ class BaseSandboxSession(Generic[H]):
         `_write_file`. Default: join the chunks, then `_write_file`."""
         parts = [chunk async for chunk in chunks]
         await self._write_file(path, b"".join(parts))
+
+    # ---- durable hooks (see docs/durable-sessions.md) ---------------------------------
+
+    # Whether the provider keeps a process running, reattachable, with no client.
+    _keeps_processes: ClassVar[bool] = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        """Where the sandbox is, for a ref (a container id, a workspace path...): JSON
+        data, never a secret. Default: this backend cannot make refs."""
+        raise UnsupportedOperationError(
+            f"the {self.backend_name} backend cannot detach or resume sessions"
+        )
+
+    def _ref_options(self) -> dict[str, Any]:
+        """The options a resumed session is made with: an allow-list of options that are
+        not secrets (never credentials, never `env` values)."""
+        return {
+            "max_processes": self.max_processes,
+            "output_limit_bytes": self.output_limit_bytes,
+            "teardown_concurrency": self.teardown_concurrency,
+            "read_limit_bytes": self.read_limit_bytes,
+            "exec_output_limit_bytes": self.exec_output_limit_bytes,
+        }
+
+    def _ref_process(self, entry: PtyEntry[H]) -> dict[str, Any]:
+        """The provider's handle of a running process, for a ref (JSON, no secret)."""
+        return {}
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """The constructor options of a session resuming `ref` (before the caller's)."""
+        return dict(ref.options)
+
+    def _lease_store(self) -> LeaseStore | None:
+        """Where this session's lease lives (`sandbox.durable.lease`); None: nowhere
+        (no other client can be told apart)."""
+        return None
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        """Attach to `ref`'s sandbox instead of `_start_backend`, so that `_stop_backend`
+        deletes it as the first client's close would. Raise `SessionGoneError` when it
+        no longer exists. Where the ref lists processes that could not outlive their
+        client (it crashed), end what is left of them here. If this raises or is
+        cancelled, `_detach_backend()` is called (settled): the sandbox stays."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resume sessions")
+
+    async def _reattach_process(self, entry: PtyEntry[H], process: Any) -> None:
+        """Follow the running process `process` (a `ProcessRef`) again as `entry`, like
+        `_spawn_process`: what it printed after `process.output_position` (bounded, the
+        omission marker where the provider kept less), then its output and exit. Raise
+        `sandbox.durable.ProcessNotReattached(note, exit_code)` when the provider lost it
+        (or never keeps processes): it is registered as ended, with the note."""
+        raise durable_ops.ProcessNotReattached(
+            f"the {self.backend_name} backend cannot reattach a process"
+        )
+
+    async def _release_entry(self, entry: PtyEntry[H]) -> None:
+        """Stop following a process without ending it (detach, takeover): stop its
+        readers, close its sockets. Called instead of `_terminate_pty_entry`, once, by
+        the settled teardown. Default: terminate it (nothing outlives its client)."""
+        await self._terminate_pty_entry(entry)
+
+    async def _detach_backend(self) -> None:
+        """Release the provider's clients and connections, leaving the sandbox running
+        (detach, a takeover, an undone resume). Default: nothing."""

@@ -18,6 +18,8 @@ from typing import Any
 
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
+from ...durable.host_lease import HostLease
+from ...durable.refs import ProcessRef, SessionRef
 from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
@@ -25,6 +27,7 @@ from ...session import BaseSandboxSession
 from ...shell_trap import ShellTrap
 from . import cgroup_limits, cgroups, local_files, process_tree
 from . import confine as jail
+from . import durable as durable_local
 from .local_process import LocalProcess
 from .workspace import Workspace
 
@@ -329,6 +332,31 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         proc: LocalProcess | None = entry.handle
         if proc is not None:
             proc.drain_now()
+
+    # ---- durable (see backends.unix_local.durable) ---------------------------------------
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_local.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_local.ref_options(self, super()._ref_options())
+
+    def _ref_process(self, entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
+        return durable_local.ref_process(entry)
+
+    def _lease_store(self) -> HostLease:
+        return durable_local.lease_store(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_local.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
+        await durable_local.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        await durable_local.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 
