@@ -13,8 +13,8 @@ container's main process only), so `keeps_processes` is False:
   file lists their toolkit tags, and `resume_session` kills those trees by tag (the
   same kill script) and reports each as ended, with a note.
 
-The lease is a file in the container, `/tmp/.sandbox-lease-<session_id>`, swapped by a
-small `sh` script under a `mkdir` lock (an exec each: the engine has no owner notion).
+The lease is a file in the container (`sandbox.durable.lease_script`: one exec per read
+or swap, since the engine has no owner notion).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ...durable import lease_script
 from ...durable.ops import ProcessNotReattached
 from ...durable.refs import ProcessRef, SessionRef
 from ...errors import ProviderError, SessionGoneError
@@ -34,27 +35,11 @@ if TYPE_CHECKING:
     from .session import DockerSession
 
 REF_OPTIONS = ("terminate_grace_s", "detach_keys")
+LEASE_TIMEOUT_S = 30.0
 NOT_REATTACHED = (
     "the Docker engine cannot reattach an exec's output stream: the process the "
     "earlier client started was killed at resume"
 )
-LEASE_DIR = "/tmp"
-LEASE_TIMEOUT_S = 30.0
-# $1 file, $2 mode (read|swap), $3 expected ("" for none), $4 new. The lock is broken
-# after about 4 s: a client killed inside this script must not wedge every later one.
-LEASE_SCRIPT = r"""
-f=$1
-if [ "$2" = read ]; then printf '='; cat "$f" 2>/dev/null; exit 0; fi
-d="$f.lock"; i=0
-until mkdir "$d" 2>/dev/null; do
-  i=$((i+1)); if [ "$i" -gt 400 ]; then rm -rf "$d"; fi
-  sleep 0.01 2>/dev/null || sleep 1
-done
-cur=$(cat "$f" 2>/dev/null)
-if [ "$cur" = "$3" ]; then printf '%s\n' "$4" > "$f.new" && mv -f "$f.new" "$f"; fi
-rmdir "$d"
-printf '=%s' "$cur"
-"""
 
 
 def ref_sandbox(session: DockerSession) -> dict[str, Any]:
@@ -151,15 +136,15 @@ class ContainerLease:
 
     def __init__(self, session: DockerSession) -> None:
         self._session = session
-        self._path = f"{LEASE_DIR}/.sandbox-lease-{session._durable.session_id}"
+        self._path = lease_script.lease_path(session._durable.session_id)
 
-    async def _run(self, *args: str) -> str:
+    async def _run(self, argv: list[str]) -> str | None:
         engine, options = self._session._require_engine()
         output = bytearray()
         proc = DockerExec(
             engine,
             options,
-            ["sh", "-c", LEASE_SCRIPT, "sh", self._path, *args],
+            argv,
             tty=False,
             wrap=False,
             on_output=lambda stream, data: output.extend(data) if stream == 1 else None,
@@ -175,19 +160,12 @@ class ContainerLease:
             ) from None
         finally:
             await proc.aclose()
-        text = output.decode("utf-8", "replace")
-        if not text.startswith("="):
-            raise ProviderError(
-                f"the lease check failed in the container (exit {proc.exit_code}): "
-                f"{text[-200:] or 'no output'}",
-                retryable=False,
-            )
-        return text[1:].strip()
+        return lease_script.parse(output.decode("utf-8", "replace"), proc.exit_code, "docker")
 
     async def read(self) -> str | None:
         """The lease's value."""
-        return await self._run("read") or None
+        return await self._run(lease_script.read_argv(self._path))
 
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run("swap", expected or "", new) or None
+        return await self._run(lease_script.swap_argv(self._path, expected, new))
