@@ -44,6 +44,7 @@ def extra_cases() -> list[object]:
         "bench.blaxel_cases",
         "bench.cloudflare_cases",
         "bench.sdk_cases",
+        "bench.agents_sdk_cases",
     )
     for module_name in optional:
         try:

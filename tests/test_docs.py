@@ -134,3 +134,49 @@ def test_readme_links_the_docs() -> None:
         assert f"]({name})" in readme, name
     for name in ("contract.md", "architecture.md"):
         assert (DOCS / name).is_file(), name
+
+
+DOTTED = re.compile(r"`(sandbox(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+# Our own tree only: the providers' files cited as sources live in their repositories.
+OUR_FOLDERS = "src|tests|bench|scripts|backends|testing|cli|mcp|session|output|terminal|files|local"
+FILE_PATH = re.compile(rf"(?<![\w./-])((?:{OUR_FOLDERS})/(?:[\w.-]+/)*[\w-]+\.py)\b")
+
+
+def _resolves(dotted: str) -> bool:
+    """True if `dotted` names a module, or an attribute reached from one."""
+    import importlib
+    import warnings
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # old spellings still resolve
+            for name in parts[cut:]:
+                if not hasattr(target, name):
+                    return False
+                target = getattr(target, name)
+        return True
+    return False
+
+
+def _file_exists(path: str) -> bool:
+    bases = (ROOT, ROOT / "src", ROOT / "src" / "sandbox", ROOT / "tests")
+    return any((base / path).is_file() for base in bases)
+
+
+def test_module_paths_named_in_docs_exist() -> None:
+    """A module, name or file a document points at is really there (docs drift otherwise)."""
+    missing = []
+    for doc in _documents():
+        text = doc.read_text()
+        for dotted in sorted(set(DOTTED.findall(text))):
+            if not _resolves(dotted):
+                missing.append(f"{doc.name}: {dotted}")
+        for path in sorted(set(FILE_PATH.findall(text))):
+            if not _file_exists(path):
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, "documents name what does not exist:\n" + "\n".join(missing)

@@ -1,0 +1,115 @@
+"""`SandboxClient`: the SDK's client contract (create, delete, resume, state) on ours."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+from agents.sandbox.manifest import Manifest
+from agents.sandbox.session.dependencies import Dependencies
+from agents.sandbox.session.manager import Instrumentation
+from agents.sandbox.session.sandbox_client import BaseSandboxClient
+from agents.sandbox.session.sandbox_session import SandboxSession
+from agents.sandbox.session.sandbox_session_state import (
+    SandboxSessionState as SdkSessionState,
+)
+from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+
+from .options import TYPE_NAME, SandboxClientOptions
+from .session import AgentsSessionAdapter, _default_root
+from .state import SandboxSessionState, public_options
+
+_WORKSPACE_PREFIX = "sandbox-agents-"
+
+
+class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
+    """Create, resume and delete SDK sessions backed by `sandbox` sessions.
+
+    `resume_options` are backend options given again at resume (credentials, live
+    objects such as a stand-in's SDK class): the serialized state never holds them.
+    A client also remembers the private options of the sessions it created, so it
+    can resume those without being told again.
+    """
+
+    backend_id = TYPE_NAME
+    supports_default_options = False
+
+    def __init__(
+        self,
+        *,
+        resume_options: dict[str, Any] | None = None,
+        instrumentation: Instrumentation | None = None,
+        dependencies: Dependencies | None = None,
+    ) -> None:
+        self._resume_options = dict(resume_options or {})
+        self._instrumentation = (
+            instrumentation if instrumentation is not None else Instrumentation()
+        )
+        self._dependencies = dependencies
+        self._private_by_session: dict[uuid.UUID, dict[str, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<SandboxClient sessions={len(self._private_by_session)}>"
+
+    async def create(
+        self,
+        *,
+        snapshot: SnapshotSpec | SnapshotBase | None = None,
+        manifest: Manifest | None = None,
+        options: SandboxClientOptions,
+    ) -> SandboxSession:
+        """A new (not yet started) session on `options.backend`."""
+        manifest = self._validate_manifest_for_create(manifest or Manifest())
+        backend_options = dict(options.backend_options)
+        owned = False
+        if options.backend == "unix_local" and "workspace" not in backend_options:
+            if manifest.root == _default_root():
+                # An SDK-made session gets a workspace of its own, removed by delete().
+                root = await asyncio.to_thread(tempfile.mkdtemp, prefix=_WORKSPACE_PREFIX)
+                manifest = manifest.model_copy(update={"root": root}, deep=True)
+                owned = True
+            backend_options["workspace"] = manifest.root
+        session_id = uuid.uuid4()
+        public = public_options(backend_options)
+        private = {k: v for k, v in backend_options.items() if k not in public}
+        state = SandboxSessionState(
+            session_id=session_id,
+            manifest=manifest,
+            snapshot=resolve_snapshot(snapshot, str(session_id)),
+            backend=options.backend,
+            backend_options=public,
+            exposed_ports=options.exposed_ports,
+            workspace_root_owned=owned,
+        )
+        self._private_by_session[session_id] = private
+        inner = AgentsSessionAdapter(
+            state=state, private_options={**self._resume_options, **private}
+        )
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    async def delete(self, session: SandboxSession) -> SandboxSession:
+        """Close our session (if the SDK did not) and remove a workspace we made."""
+        inner = session._inner
+        if not isinstance(inner, AgentsSessionAdapter):
+            raise TypeError("SandboxClient.delete expects a session this client made")
+        await inner._shutdown_backend()
+        self._private_by_session.pop(inner.state.session_id, None)
+        if inner.state.workspace_root_owned:
+            await asyncio.to_thread(shutil.rmtree, inner.state.manifest.root, True)
+        return session
+
+    async def resume(self, state: SdkSessionState) -> SandboxSession:
+        """A session on the same sandbox (our `SessionRef` in the state), or, when it is
+        gone, a replacement the SDK restores from the state's snapshot at start."""
+        if not isinstance(state, SandboxSessionState):
+            raise TypeError("SandboxClient.resume expects this client's session state")
+        private = {**self._resume_options, **self._private_by_session.get(state.session_id, {})}
+        inner = AgentsSessionAdapter(state=state, private_options=private)
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    def deserialize_session_state(self, payload: dict[str, object]) -> SdkSessionState:
+        """Our state from what `serialize_session_state` wrote."""
+        return self._deserialize_session_state_payload(payload, SandboxSessionState)
