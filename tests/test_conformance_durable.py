@@ -8,6 +8,7 @@ from `ref()`), never passed.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,20 @@ def _resume_options(backend: ModuleType, session: sandbox.BaseSandboxSession) ->
     class (a ref never holds them; a real caller gives them again too)."""
     if backend.NAME == "e2b":
         return {"api_key": backend.API_KEY, "sandbox_class": session._sandbox_class}
+    if backend.NAME == "modal":
+        return {
+            "sdk": session._sdk,
+            "token_id": session._token_id.reveal(),
+            "token_secret": session._token_secret.reveal(),
+            "state_dir": posixpath.dirname(session._commands.state_dir),
+        }
     return {}
+
+
+def _secrets(backend: ModuleType, session: sandbox.BaseSandboxSession) -> list[str]:
+    """The credentials this test's session was given (none may reach a ref)."""
+    options = _resume_options(backend, session)
+    return [str(options[k]) for k in ("api_key", "token_id", "token_secret") if k in options]
 
 
 def _ref_or_skip(backend: ModuleType, session: sandbox.BaseSandboxSession) -> sandbox.SessionRef:
@@ -46,9 +60,8 @@ async def test_ref_round_trip(backend: ModuleType, tmp_path: Path) -> None:
         assert sandbox.SessionRef.from_dict(ref.to_dict()) == ref
         assert ref.backend == s.backend_name and backend.NAME.startswith(ref.backend)
         assert ref.keeps_processes is s.keeps_processes
-        key = getattr(backend, "API_KEY", None)
-        if key is not None:
-            assert key not in ref.to_json() and key not in repr(ref)
+        for secret in _secrets(backend, s):
+            assert secret not in ref.to_json() and secret not in repr(ref)
         await s.aclose()
 
 

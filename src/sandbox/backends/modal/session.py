@@ -36,6 +36,7 @@ import modal
 from ... import arguments
 from ...command_check import CommandCheck, wait_for_verdict
 from ...credentials import Secret
+from ...durable.refs import ProcessRef, SessionRef
 from ...errors import InvalidArgumentError
 from ...exec_output import ExecCapture, OneShotProcess
 from ...process_entry import CommandSpec, PtyEntry
@@ -45,6 +46,7 @@ from ...shell_trap import ShellTrap
 from ...tasks import cancel_and_wait
 from ..toolkit import TAG_VARIABLE
 from ..toolkit.limits import check_limits
+from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles
@@ -402,6 +404,35 @@ class ModalSession(BaseSandboxSession[Command]):
             await self._commands.control(command, "kill" if command.exited else "term")
         finally:
             await cancel_and_wait(command.tasks())
+
+    # ---- durable (see backends.modal.durable) -------------------------------------------
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_modal.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_modal.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_modal.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[Command]) -> dict[str, Any]:
+        return durable_modal.ref_process(entry)
+
+    def _lease_store(self) -> durable_modal.SandboxLease:
+        return durable_modal.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_modal.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[Command], process: ProcessRef) -> None:
+        await durable_modal.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        await durable_modal.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 
