@@ -26,6 +26,8 @@ def _resume_options(backend: ModuleType, session: sandbox.BaseSandboxSession) ->
     class (a ref never holds them; a real caller gives them again too)."""
     if backend.NAME == "e2b":
         return {"api_key": backend.API_KEY, "sandbox_class": session._sandbox_class}
+    if backend.NAME == "daytona":
+        return {"api_key": backend.API_KEY, "daytona_class": session._client.options.daytona_class}
     if backend.NAME == "modal":
         return {
             "sdk": session._sdk,

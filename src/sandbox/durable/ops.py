@@ -142,6 +142,10 @@ def _entry_for(session: BaseSandboxSession[Any], pref: ProcessRef) -> PtyEntry[A
     entry: PtyEntry[Any] = PtyEntry(
         pref.process_id, spec, output_limit=session.output_limit_bytes, started_at=pref.started_at
     )
+    # Positions go on from where the earlier client was, so a later ref's
+    # `output_position` still counts from the process's first byte (a backend that
+    # replays the provider's log skips up to it).
+    entry.output._start = pref.output_position
     return entry
 
 
