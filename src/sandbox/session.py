@@ -193,6 +193,10 @@ class BaseSandboxSession(Generic[H]):
         self._record_directory: HostDirectory | None = None
         # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
         # opened now, before the sandbox runs anything.
+        if ref_file is not None and type(self)._ref_sandbox is BaseSandboxSession._ref_sandbox:
+            raise UnsupportedOperationError(
+                f"ref_file: the {self.backend_name} backend cannot detach or resume sessions"
+            )
         self._durable = DurableState(ref_file)
 
     def __repr__(self) -> str:

@@ -225,3 +225,14 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path):
         assert "child of the client" in update.output
         assert (await s.exec("true")).exit_code == 0
     assert not os.path.exists(ref.sandbox["workspace"])
+
+
+def test_ref_file_on_a_backend_without_durable_hooks_is_refused(tmp_path):
+    from sandbox.backend import BaseSandboxSession
+
+    class Plain(BaseSandboxSession):
+        backend_name = "plain"
+
+    with pytest.raises(sandbox.UnsupportedOperationError):
+        Plain(ref_file=tmp_path / "ref.json")
+    assert not (tmp_path / "ref.json").exists()
