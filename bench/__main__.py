@@ -43,6 +43,7 @@ def extra_cases() -> list[object]:
         "bench.confine_cases",
         "bench.blaxel_cases",
         "bench.cloudflare_cases",
+        "bench.kubernetes_cases",
         "bench.sdk_cases",
         "bench.agents_sdk_cases",
     )

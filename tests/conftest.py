@@ -1,4 +1,5 @@
-"""Shared fixtures: the cross-backend `session` fixture and leak checks."""
+"""Shared fixtures: the backends of tests/backend_fixtures/ and the cross-backend
+`session` fixture (what `sandbox.testing.conformance`'s suite runs on in-tree)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,27 @@ import os
 import pkgutil
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 import sandbox
+from sandbox.testing import conformance
 from tests import backend_fixtures
 
 
-def _fixture_modules() -> list[ModuleType]:
+def _fixture_backends() -> list[conformance.Backend]:
     wanted = {n for n in os.environ.get("SANDBOX_CONFORMANCE_BACKENDS", "").split(",") if n}
-    modules = []
+    backends = []
     for info in sorted(pkgutil.iter_modules(backend_fixtures.__path__), key=lambda i: i.name):
         module = importlib.import_module(f"tests.backend_fixtures.{info.name}")
-        if wanted and module.NAME not in wanted:
+        backend: conformance.Backend = module.BACKEND
+        if wanted and backend.name not in wanted:
             continue
-        modules.append(module)
-    return modules
+        backends.append(backend)
+    return backends
 
 
-BACKEND_MODULES = _fixture_modules()
+BACKENDS = _fixture_backends()
 
 
 def skip_or_fail(reason: str) -> None:
@@ -36,18 +38,26 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(params=BACKEND_MODULES, ids=lambda m: m.NAME)
-def backend(request: pytest.FixtureRequest) -> ModuleType:
-    """The backend fixture module under test (skips, or fails in CI, when unusable)."""
-    module: ModuleType = request.param
-    reason = module.skip_reason()
+@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
+def backend(request: pytest.FixtureRequest) -> conformance.Backend:
+    """The backend under test (skips, or fails in CI, when unusable)."""
+    backend: conformance.Backend = request.param
+    reason = backend.skip_reason()
     if reason:
-        skip_or_fail(f"{module.NAME}: {reason}")
-    return module
+        skip_or_fail(f"{backend.name}: {reason}")
+    return backend
 
 
 @pytest.fixture
-async def session(backend: ModuleType, tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+def conformance_backend(backend: conformance.Backend) -> conformance.Backend:
+    """What `sandbox.testing.conformance`'s suite runs on: each in-tree backend in turn."""
+    return backend
+
+
+@pytest.fixture
+async def session(
+    backend: conformance.Backend, tmp_path: Path
+) -> AsyncIterator[sandbox.BaseSandboxSession]:
     """A started session of each backend in turn, closed after the test."""
     async with backend.session(tmp_path) as s:
         yield s

@@ -110,7 +110,16 @@ def test_backends_table_lists_all_without_secrets() -> None:
     out = subprocess.run([*SANDBOX, "backends"], capture_output=True, text=True, env=env)
     assert out.returncode == 0
     names = [line.split()[0] for line in out.stdout.splitlines()[1:]]
-    assert names == ["unix_local", "docker", "blaxel", "cloudflare", "daytona", "e2b", "modal"]
+    assert names == [
+        "unix_local",
+        "docker",
+        "blaxel",
+        "cloudflare",
+        "daytona",
+        "e2b",
+        "modal",
+        "kubernetes",
+    ]
     assert "found (E2B_API_KEY)" in out.stdout
     assert secret not in out.stdout + out.stderr
 

@@ -27,6 +27,7 @@ from sandbox.backends.unix_local import confine
 from sandbox.host_files import HostDirectory, create_new_file
 from sandbox.recording import AsciicastRecorder
 from sandbox.session import ID_RANGE
+from sandbox.testing import procfs
 from tests.conftest import skip_or_fail
 from tests.test_recording import read_cast
 
@@ -113,7 +114,7 @@ async def sandbox_sh(session: BaseSandboxSession, script: str) -> None:
 
 
 def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    return set(procfs.open_fds())
 
 
 @contextlib.contextmanager

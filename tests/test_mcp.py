@@ -33,6 +33,7 @@ from sandbox.errors import ProviderError
 from sandbox.mcp.server import SandboxTools, build_server
 from sandbox.mcp.server import main as mcp_main
 from sandbox.process_entry import PtyEntry
+from sandbox.testing import procfs
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 # The `sandbox` console script next to this interpreter (`sandbox mcp ...`), as a user
@@ -92,11 +93,7 @@ def session_id(result_text: str) -> int:
 
 def alive(pid: int) -> bool:
     """True while `pid` is a live process (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    return procfs.alive(pid)
 
 
 async def read_pids(workspace: Path) -> tuple[int, int]:

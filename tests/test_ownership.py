@@ -23,6 +23,7 @@ import pytest
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.testing import procfs
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 TEN_MB = "x" * (10 * 1024 * 1024)
@@ -155,9 +156,12 @@ def _escaped(marker: str) -> bool:
     pids = host_pids_with_arg(marker)
     if len(pids) != 1:
         return False
-    fields = Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()
-    ppid, sid = int(fields[1]), int(fields[3])
-    return sid == pids[0] and Path(f"/proc/{ppid}").exists() and ppid != os.getpid()
+    info = procfs.stat(pids[0])
+    if info is None:
+        return False
+    return (
+        info.session == pids[0] and procfs.stat(info.ppid) is not None and info.ppid != os.getpid()
+    )
 
 
 async def test_a_setsid_orphan_of_a_terminal_process_dies_with_it(

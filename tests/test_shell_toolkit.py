@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.toolkit import shell
+from sandbox.testing import procfs
 from tests.conftest import skip_or_fail
 
 SHELLS = ("dash", "bash", "busybox", "zsh", "mksh")
@@ -108,25 +109,11 @@ def finish(proc: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
 
 def tagged_pids(tag: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries `tag`."""
-    needle = f"{shell.TAG_VARIABLE}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in (entry / "environ").read_bytes().split(b"\0") and not zombie(
-                int(entry.name)
-            ):
-                found.append(int(entry.name))
-    return found
+    return procfs.pids_with_env(shell.TAG_VARIABLE, tag)
 
 
 def zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(") ", 1)[1].startswith("Z")
+    return not procfs.alive(pid)
 
 
 def wait_gone(pid: int, timeout: float = TIMEOUT_S) -> bool:

@@ -11,17 +11,20 @@ local child without threads (the unix_local backend and the stand-ins in
 message, log or repr. `_start_exec` returns a `OneShotProcess` (any object with
 `wait`, `kill` and `release`); `wait_for_verdict` ends a `_spawn_process` that runs its
 command behind a `CommandCheck`; `regular_file` asks a provider's stat (answering
-`RemoteEntry`) whether a path is a regular file before a file call.
+`RemoteEntry`) whether a path is a regular file before a file call, and `under_a_file`
+is the error for a write below a file; `check_env`, `check_seconds` and `check_str`
+check a backend's own options the way the base session checks its own.
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
+from .arguments import check_env, check_seconds, check_str
 from .backends.unix_local.local_process import LocalProcess
 from .command_check import CommandCheck, wait_for_verdict
 from .credentials import Secret, require_credential
 from .exec_output import ExecCapture, OneShotProcess
 from .process_entry import CommandSpec, ProcessSpec, PtyEntry
 from .remote_files import Entry as RemoteEntry
-from .remote_files import regular_file
+from .remote_files import regular_file, under_a_file
 from .session import BaseSandboxSession, SessionState
 from .settle import settle, settle_each
 from .shell_trap import ShellTrap
@@ -41,10 +44,14 @@ __all__ = [
     "SessionState",
     "ShellTrap",
     "cancel_and_wait",
+    "check_env",
+    "check_seconds",
+    "check_str",
     "first_failure",
     "regular_file",
     "require_credential",
     "settle",
     "settle_each",
+    "under_a_file",
     "wait_for_verdict",
 ]

@@ -9,11 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started
-
-NAME = "blaxel"
-# The terminal's `resize` message (sandbox-api/src/handler/terminal.go).
-CAPABILITIES = {"signals", "resize"}
+from sandbox.testing import conformance
 
 
 def skip_reason() -> str | None:
@@ -24,25 +20,28 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.blaxel_server import BlaxelServer
 
-    workdir = tmp_path / "ws"
     # `go_utf8=False`: the real terminal turns a character split between two PTY reads
     # into U+FFFDs (docs/providers.md, Blaxel), which the contract's split-character test
     # cannot pass; tests/backends/test_blaxel.py covers the real conversion.
     async with BlaxelServer(root=str(tmp_path), go_utf8=False) as server:
-        async with maybe_started(
-            sandbox.open_session(
-                "blaxel", workdir=str(workdir), terminate_grace_s=0.5, **server.backend_options()
-            ),
-            start,
-        ) as s:
-            yield s
+        yield sandbox.open_session(
+            "blaxel",
+            workdir=str(tmp_path / "ws"),
+            terminate_grace_s=0.5,
+            **server.backend_options(),
+        )
         # Closing deleted the sandbox, which stops everything it ran.
         assert server.sandboxes == {}, "the sandbox was not deleted on close"
         assert server.live_processes() == 0
+
+
+BACKEND = conformance.Backend(
+    name="blaxel",
+    session=conformance.fixture_session(environment),
+    # The terminal's `resize` message (sandbox-api/src/handler/terminal.go).
+    capabilities={"files", "resize", "signals"},
+    skip_reason=skip_reason,
+)

@@ -9,10 +9,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started
+from sandbox.testing import conformance
 
-NAME = "cloudflare"
-CAPABILITIES = {"resize", "signals"}
 API_KEY = "conformance-key-7f3a"
 
 
@@ -23,18 +21,19 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.cloudflare_server import CloudflareWorkerServer
 
     async with CloudflareWorkerServer(api_key=API_KEY, root=tmp_path / "worker") as server:
-        async with maybe_started(
-            sandbox.open_session("cloudflare", worker_url=server.url, api_key=API_KEY), start
-        ) as s:
-            yield s
+        yield sandbox.open_session("cloudflare", worker_url=server.url, api_key=API_KEY)
         # Closing the session deleted its sandbox, and with it every process and socket.
         assert server.sandboxes == {}, "the session's sandbox was not deleted"
         assert server.live_processes() == 0
+
+
+BACKEND = conformance.Backend(
+    name="cloudflare",
+    session=conformance.fixture_session(environment),
+    capabilities={"files", "resize", "signals"},
+    skip_reason=skip_reason,
+)

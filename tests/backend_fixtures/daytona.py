@@ -9,10 +9,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually, maybe_started
+from sandbox.testing import conformance
+from tests.helpers import describe_pids, eventually
 
-NAME = "daytona"
-CAPABILITIES = {"resize", "signals"}
 API_KEY = "dtn_fake_conformance_key"
 
 
@@ -23,27 +22,19 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.daytona_fake import FakeDaytona
 
     root = tmp_path / "fake-daytona"
     root.mkdir()
     async with FakeDaytona(api_key=API_KEY, root=root) as fake:
-        async with maybe_started(
-            sandbox.open_session(
-                "daytona",
-                api_key=API_KEY,
-                daytona_class=fake.AsyncDaytona,
-                terminate_grace_s=0.5,
-                teardown_timeout_s=10.0,
-            ),
-            start,
-        ) as s:
-            yield s
+        yield sandbox.open_session(
+            "daytona",
+            api_key=API_KEY,
+            daytona_class=fake.AsyncDaytona,
+            terminate_grace_s=0.5,
+            teardown_timeout_s=10.0,
+        )
         # Closing the session deleted its sandbox, and with it every process.
         assert fake.live_sandbox_ids() == []
         # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
@@ -51,3 +42,11 @@ async def session(
             fake.leftover_pids()
         )
         assert fake.open_streams() == []
+
+
+BACKEND = conformance.Backend(
+    name="daytona",
+    session=conformance.fixture_session(environment),
+    capabilities={"files", "resize", "signals"},
+    skip_reason=skip_reason,
+)

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
-from tests.helpers import maybe_started
+from sandbox.testing import conformance
 
-NAME = "docker"
-CAPABILITIES = {"resize", "signals"}
 SHARED_LABEL = "sandbox.test.shared"
 KEEPALIVE = ["sleep", "2147483647"]
 
@@ -124,20 +122,21 @@ def assert_only_keepalive(container_id: str, timeout: float = 10.0) -> None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     container_id = shared_container()
     workdir = f"/tmp/ws-{secrets.token_hex(6)}"
-    s = sandbox.open_session(
-        "docker", container=container_id, workdir=workdir, terminate_grace_s=0.5
-    )
     try:
-        async with maybe_started(s, start):
-            yield s
+        yield sandbox.open_session(
+            "docker", container=container_id, workdir=workdir, terminate_grace_s=0.5
+        )
         assert_only_keepalive(container_id)
     finally:
         exec_id = _client().exec_create(container_id, ["rm", "-rf", workdir])["Id"]
         _client().exec_start(exec_id)
+
+
+BACKEND = conformance.Backend(
+    name="docker",
+    session=conformance.fixture_session(environment),
+    skip_reason=skip_reason,
+)

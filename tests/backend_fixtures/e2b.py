@@ -9,10 +9,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually, maybe_started
+from sandbox.testing import conformance
+from tests.helpers import describe_pids, eventually
 
-NAME = "e2b"
-CAPABILITIES = {"resize", "signals"}
 API_KEY = "e2b_fake_conformance_key"
 
 
@@ -23,23 +22,15 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.e2b_fake import FakeE2B
 
     root = tmp_path / "fake-e2b"
     root.mkdir()
     async with FakeE2B(api_key=API_KEY, root=root) as fake:
-        async with maybe_started(
-            sandbox.open_session(
-                "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
-            ),
-            start,
-        ) as s:
-            yield s
+        yield sandbox.open_session(
+            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
+        )
         # Closing the session killed its sandbox, and with it every process.
         assert fake.live_sandbox_ids() == []
         # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
@@ -47,3 +38,11 @@ async def session(
             fake.leftover_pids()
         )
         assert fake.open_streams() == []
+
+
+BACKEND = conformance.Backend(
+    name="e2b",
+    session=conformance.fixture_session(environment),
+    capabilities={"files", "resize", "signals"},
+    skip_reason=skip_reason,
+)

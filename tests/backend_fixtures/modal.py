@@ -15,10 +15,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import describe_pids, eventually, maybe_started
-
-NAME = "modal"
-CAPABILITIES = {"signals"}  # Modal cannot resize a terminal
+from sandbox.testing import conformance
+from tests.helpers import describe_pids, eventually
 
 
 def skip_reason() -> str | None:
@@ -28,29 +26,21 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     from sandbox.testing.modal_fake import FakeModal
 
     fake = FakeModal()
     tasks_before = asyncio.all_tasks()
     try:
-        async with maybe_started(
-            sandbox.open_session(
-                "modal",
-                sdk=fake,
-                token_id="fake-token-id",
-                token_secret="fake-token-secret",
-                workdir=str(tmp_path / "ws"),
-                state_dir=str(tmp_path / "state"),
-                terminate_grace_s=0.5,
-            ),
-            start,
-        ) as s:
-            yield s
+        yield sandbox.open_session(
+            "modal",
+            sdk=fake,
+            token_id="fake-token-id",
+            token_secret="fake-token-secret",
+            workdir=str(tmp_path / "ws"),
+            state_dir=str(tmp_path / "state"),
+            terminate_grace_s=0.5,
+        )
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"
         assert fake.open_clients() == [], "the Modal client was not closed"
         # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
@@ -62,3 +52,11 @@ async def session(
         assert not leaked, f"tasks were left behind: {leaked}"
     finally:
         await fake.aclose()
+
+
+BACKEND = conformance.Backend(
+    name="modal",
+    session=conformance.fixture_session(environment),
+    capabilities={"files", "signals"},  # Modal cannot resize a terminal
+    skip_reason=skip_reason,
+)

@@ -7,23 +7,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import sandbox
-from tests.helpers import maybe_started
-
-NAME = "unix_local"
-CAPABILITIES = {"resize", "signals"}
-
-
-def skip_reason() -> str | None:
-    return None
+from sandbox.testing import conformance
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
-    async with maybe_started(
-        sandbox.open_session("unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5), start
-    ) as s:
-        yield s
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    yield sandbox.open_session("unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5)
+
+
+BACKEND = conformance.Backend(
+    name="unix_local",
+    session=conformance.fixture_session(environment),
+    waits_for_processes=True,
+)

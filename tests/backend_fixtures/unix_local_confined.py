@@ -9,10 +9,7 @@ from pathlib import Path
 
 import sandbox
 from sandbox.backends.unix_local import confine
-from tests.helpers import maybe_started
-
-NAME = "unix_local_confined"
-CAPABILITIES = {"resize", "signals"}
+from sandbox.testing import conformance
 
 
 def skip_reason() -> str | None:
@@ -21,15 +18,15 @@ def skip_reason() -> str | None:
 
 
 @asynccontextmanager
-async def session(
-    tmp_path: Path, *, start: bool = True
-) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    """A session of this backend, started unless `start=False` (then the test starts
-    it); the leak checks below run once it is closed."""
-    async with maybe_started(
-        sandbox.open_session(
-            "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, confine=True
-        ),
-        start,
-    ) as s:
-        yield s
+async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    yield sandbox.open_session(
+        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, confine=True
+    )
+
+
+BACKEND = conformance.Backend(
+    name="unix_local_confined",
+    session=conformance.fixture_session(environment),
+    skip_reason=skip_reason,
+    waits_for_processes=True,
+)

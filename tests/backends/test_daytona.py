@@ -53,7 +53,7 @@ from sandbox.backends.daytona import DaytonaSession
 from sandbox.backends.daytona.errors import is_retryable
 from sandbox.backends.daytona.scripts import kill_script
 from sandbox.backends.daytona.terminal import MAX_TYPED_LINE, pty_exit_status
-from sandbox.testing import daytona_fake
+from sandbox.testing import daytona_fake, procfs
 from sandbox.testing.daytona_fake import (
     FakeAsyncDaytona,
     FakeAsyncFileSystem,
@@ -811,8 +811,9 @@ def test_kill_script_never_signals_group_zero_or_one(tmp_path: Path) -> None:
 
 
 def _start_time(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[19]
+    info = procfs.stat(pid)
+    assert info is not None, pid
+    return str(info.start_time)
 
 
 def test_kill_script_spares_a_reused_pid_and_kills_the_whole_tree(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ import sandbox
 from sandbox.backends.docker import DockerSession
 from sandbox.backends.docker.frames import FrameDecoder
 from sandbox.backends.docker.stream import RawStream
+from sandbox.testing import procfs
 from tests.backend_fixtures import docker as fx
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
@@ -398,11 +399,7 @@ async def test_non_root_user_runs_and_owns_written_files() -> None:
 
 
 def fd_targets() -> set[str]:
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        with suppress(OSError):
-            found.add(f"{name}->{os.readlink(f'/proc/self/fd/{name}')}")
-    return found
+    return procfs.fd_targets()
 
 
 async def test_no_fd_or_thread_growth(case: str) -> None:

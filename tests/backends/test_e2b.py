@@ -35,6 +35,7 @@ from sandbox.backends.e2b import E2BSession
 from sandbox.backends.e2b.processes import text_to_bytes
 from sandbox.backends.e2b.scripts import interrupt_line, kill_line, pipe_line, tty_command
 from sandbox.backends.toolkit import REDACTED, TAG_VARIABLE, normalize_exit
+from sandbox.testing import procfs
 from sandbox.testing.drift import surface_problems
 from sandbox.testing.e2b_fake import FakeE2B, FakeProcess, fake_classes
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
@@ -340,7 +341,7 @@ async def test_terminate_reaches_a_child_that_left_the_group(fake: FakeE2B, tty:
         tagged = [
             pid
             for pid in host_pids_with_arg(marker)
-            if TAG_VARIABLE.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+            if any(i.startswith(TAG_VARIABLE.encode() + b"=") for i in procfs.environ(pid) or [])
         ]
         assert len(tagged) == 2
         await session.pty_terminate(update.process_id)

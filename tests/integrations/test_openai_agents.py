@@ -42,6 +42,8 @@ from sandbox.integrations.openai_agents import (
     SandboxClientOptions,
     Terminal,
 )
+from sandbox.testing import conformance
+from sandbox.testing.conformance import eventually
 
 Step = Callable[[dict[str, str]], list[Any]]
 
@@ -252,44 +254,29 @@ async def test_terminal_capability_waits_and_shows_the_screen(live: AgentsSessio
     await live.pty_terminate_all()
 
 
-async def test_cancelling_a_run_mid_tool_leaves_no_process(live: AgentsSessionAdapter) -> None:
-    ours = live.sandbox_session
-
-    def start(_: dict[str, str]) -> list[Any]:
-        return [
-            call("exec_command", cmd="echo $$ > agent.pid; exec sleep 60", yield_time_ms=30_000)
+async def test_cancelling_a_run_mid_tool_leaves_no_process(
+    live: AgentsSessionAdapter, backend: conformance.Backend
+) -> None:
+    lister = backend.processes_with_arg
+    if lister is None:
+        pytest.skip(f"{backend.name} has no process lister")
+    seconds = conformance.unique_seconds()
+    model = ScriptedModel(
+        [
+            lambda _: [call("exec_command", cmd=f"exec sleep {seconds}", yield_time_ms=30_000)],
+            lambda out: [say("unreachable")],
         ]
-
-    model = ScriptedModel([start, lambda out: [say("unreachable")]])
+    )
     task = asyncio.create_task(run(model, live))
-
-    async def pid_written() -> int | None:
-        try:
-            text = (await ours.read_file("agent.pid")).decode().strip()
-        except sandbox.SandboxFileNotFoundError:
-            return None
-        return int(text) if text else None
-
-    pid = None
-    for _ in range(500):  # the tool's process writes its pid: then it is mid-tool
-        pid = await pid_written()
-        if pid is not None or task.done():
-            break
-        await asyncio.sleep(0.01)
-    assert pid is not None and not task.done()
+    # Mid-tool: the tool's process is running (a process table is looked at, not waited on).
+    assert await eventually(lambda: bool(lister(seconds)) or task.done(), timeout=30)
+    assert not task.done() and lister(seconds)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # The cancelled start tore its process down: the caller never learned its id.
-    assert ours.pty_processes() == []
-    # Running means in the table and not a zombie; a remote kill is sent, not finished.
-    alive = f's=$(cut -d\' \' -f3 /proc/{pid}/stat 2>/dev/null); [ -n "$s" ] && [ "$s" != Z ]'
-    for _ in range(500):
-        if (await ours.exec(alive)).exit_code != 0:
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError(f"pid {pid} outlived the cancelled run")
+    assert live.sandbox_session.pty_processes() == []
+    assert await eventually(lambda: not lister(seconds)), f"sleep {seconds} outlived the run"
 
 
 # ---- through SandboxClient: create, resume, delete ----

@@ -113,6 +113,14 @@ BACKENDS: dict[str, BackendInfo] = {
             (("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"),),
             description="Modal sandboxes via the SDK's .aio calls",
         ),
+        BackendInfo(
+            "kubernetes",
+            "sandbox.backends.kubernetes",
+            "KubernetesSession",
+            "kubernetes",
+            ("kubernetes_asyncio", "aiohttp"),
+            description="a pod per session (or attach to one), pods/exec over WebSocket",
+        ),
     )
 }
 

@@ -31,6 +31,21 @@ def _containment_note() -> str:
     return note + ("; limits: " + ", ".join(enforced) if enforced else "; no limits")
 
 
+def _kubeconfig_note() -> str:
+    """Whether a kubeconfig (and its current context) or a service account was found:
+    the file is read, no credential plugin runs."""
+    try:
+        config = importlib.import_module("sandbox.backends.kubernetes.config")
+    except ImportError:
+        return "not checked (extra missing)"
+    where, context = config.found()
+    if where is None:
+        return "missing (KUBECONFIG, ~/.kube/config or a service account)"
+    if where == "in-cluster":
+        return "found (in-cluster service account)"
+    return f"found (kubeconfig, context {context})" if context else "found (kubeconfig, no context)"
+
+
 def backend_rows() -> list[tuple[str, str, str, str]]:
     """(name, installed, credentials, notes) for every registered backend."""
     rows = []
@@ -38,7 +53,9 @@ def backend_rows() -> list[tuple[str, str, str, str]]:
         missing = info.missing_modules()
         installed = "yes" if not missing else f"no (pip install 'agent-sandbox-pty[{info.extra}]')"
         found = info.credentials_found()
-        if found is None:
+        if info.name == "kubernetes":
+            creds = _kubeconfig_note()
+        elif found is None:
             creds = "not needed"
         else:
             names = " + ".join(info.credential_env[0])

@@ -73,8 +73,9 @@ Using it::
 Give the backend a `workdir` that exists on this machine (the default `/workspace`
 usually cannot be created here).
 
-Fault injection (each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a
-`POST /process` with `waitForCompletion` after its process started):
+Fault injection (thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPlan`;
+each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a `POST /process` with
+`waitForCompletion` after its process started):
 
 - `fail(endpoint, status, code=..., times=1)`: answer the next call(s) with that HTTP
   status and a body shaped like Blaxel's (gateway envelope for 502/503/504/429, the
@@ -122,6 +123,7 @@ from aiohttp import WSMsgType, web
 
 from ..backends.unix_local import process_tree
 from ..backends.unix_local.local_process import LocalProcess
+from . import faults
 from .special_files import wait_forever_on_special_file
 
 ENDPOINTS = (
@@ -211,18 +213,13 @@ class TerminalFault(RuntimeError):
     """A failure injected into one direction of a terminal with `break_terminals`."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Failure:
+    """The answer a planned failure gives (the `FaultPlan` counts the calls)."""
+
     status: int
     code: str
     message: str
-    remaining: int | None
-
-
-@dataclass
-class _Stall:
-    blocked: asyncio.Event = field(default_factory=asyncio.Event)
-    released: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _keep_tail(buffer: bytearray, data: bytes) -> None:
@@ -421,8 +418,7 @@ class BlaxelServer:
         self._terminal_sent: list[list[str]] = []
         self._given_root = root
         self.root = ""
-        self._failures: dict[str, _Failure] = {}
-        self._stalls: dict[str, _Stall] = {}
+        self._faults = faults.FaultPlan(ENDPOINTS)
         self._peers: dict[str, FloodingPeer | TricklingPeer] = {}
         self._drop_after: int | None = None
         # Directions ("input", "output") whose next step fails (`break_terminals`).
@@ -461,9 +457,7 @@ class BlaxelServer:
 
     async def close(self) -> None:
         """Unblock stalled calls, kill every process of every sandbox, stop serving."""
-        for stall in list(self._stalls.values()):
-            stall.released.set()
-        self._stalls.clear()
+        self.release()
         for box in list(self.sandboxes.values()):
             await self._destroy(box)
         self.sandboxes.clear()
@@ -521,6 +515,12 @@ class BlaxelServer:
 
     # ---- fault knobs -----------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._faults
+
     def fail(
         self,
         endpoint: str,
@@ -532,19 +532,21 @@ class BlaxelServer:
     ) -> None:
         """Answer the next `times` calls (None: all) of `endpoint` with HTTP `status`."""
         self._check_endpoint(endpoint)
-        self._failures[endpoint] = _Failure(
+        # A new failure replaces the one armed for the same endpoint.
+        self._faults.failures[:] = [f for f in self._faults.failures if f.point != endpoint]
+        answer = _Failure(
             status,
             code or _DEFAULT_CODES.get(status, "UNKNOWN_ERROR"),
             message or f"injected failure ({status})",
-            times,
         )
+        self._faults.fail(endpoint, answer, times=times)
 
     def stall(self, endpoint: str) -> asyncio.Event:
         """Block the next call of `endpoint`; the event is set once it is blocked."""
         self._check_endpoint(endpoint)
-        stall = _Stall()
-        self._stalls[endpoint] = stall
-        return stall.blocked
+        # A new stall replaces the one armed for the same endpoint (parked calls stay).
+        self._faults.gates[:] = [g for g in self._faults.gates if g.point != endpoint]
+        return self._faults.stall(endpoint).reached
 
     def flood(
         self,
@@ -589,9 +591,8 @@ class BlaxelServer:
 
     def release(self) -> None:
         """Unblock every stalled call (and stop stalling)."""
-        for stall in self._stalls.values():
-            stall.released.set()
-        self._stalls.clear()
+        self._faults.release_all()
+        self._faults.gates.clear()
 
     def drop_terminals(self) -> int:
         """Abort every live terminal connection now (no close frame); returns how many."""
@@ -649,17 +650,10 @@ class BlaxelServer:
             else:
                 del self._peers[endpoint]
                 return await peer.answer(request)
-        failure = self._failures.get(endpoint)
-        if failure is not None:
-            if failure.remaining is not None:
-                failure.remaining -= 1
-                if failure.remaining <= 0:
-                    del self._failures[endpoint]
+        failure = self._faults.take(endpoint)
+        if isinstance(failure, _Failure):
             return self._error(endpoint, failure.status, failure.code, failure.message)
-        stall = self._stalls.get(endpoint)
-        if stall is not None:
-            stall.blocked.set()
-            await stall.released.wait()
+        await self._faults.park(endpoint)
         return None
 
     def _error(self, endpoint: str, status: int, code: str, message: str) -> web.Response:
@@ -1223,10 +1217,7 @@ class BlaxelServer:
             await term.wake.wait()
             term.wake.clear()
             self._fault("output")
-            stall = self._stalls.get("terminal_output")
-            if stall is not None:
-                stall.blocked.set()
-                await stall.released.wait()
+            await self._faults.park("terminal_output")
             chunk = bytes(term.buffer)
             term.buffer.clear()
             self._resume(term)
@@ -1273,15 +1264,13 @@ class BlaxelServer:
             if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
             self._fault("input")
-            stall = self._stalls.get("terminal_input")
-            if stall is not None:
+            if self._faults.gates_at("terminal_input"):
                 # Stop reading the socket itself, so the client's writes back up.
                 if term.transport is not None:
                     with contextlib.suppress(AttributeError, RuntimeError):
                         term.transport.pause_reading()
                 try:
-                    stall.blocked.set()
-                    await stall.released.wait()
+                    await self._faults.park("terminal_input")
                 finally:  # released, or cancelled because the pump failed
                     if term.transport is not None:
                         with contextlib.suppress(AttributeError, RuntimeError):

@@ -64,7 +64,8 @@ The awkward parts of the real service are reproduced on purpose, always:
   are written in pieces cut at random places, so a client sees events split across
   network chunks. `seed` makes the cuts reproducible.
 
-Fault injection (all of it can be changed while the server runs):
+Fault injection (all of it can be changed while the server runs; the failures and
+stalls are thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - ``server.fail(endpoint, status, times=1, body=None)``: answer the next `times`
   requests of an endpoint (``"create"``, ``"delete"``, ``"running"``, ``"exec"``,
@@ -141,6 +142,7 @@ from ..backends.unix_local import local_files
 from ..backends.unix_local.local_process import LocalProcess
 from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
 from ..settle import settle
+from . import faults
 
 ENDPOINTS = (
     "create",
@@ -174,45 +176,16 @@ WORKSPACE = "/workspace"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Stall:
-    """A place where requests wait until `release()`.
-
-    `reached` is set when a request starts waiting here; `abandoned` when a waiting
-    request was cancelled (its client went away), so a test knows the server has seen
-    the disconnect before it releases the stall.
-    """
-
-    def __init__(self, point: str) -> None:
-        self.point = point
-        self.reached = asyncio.Event()
-        self.abandoned = asyncio.Event()
-        self.hits = 0
-        self._released = asyncio.Event()
-
-    @property
-    def released(self) -> bool:
-        """True once `release()` was called."""
-        return self._released.is_set()
-
-    def release(self) -> None:
-        """Let every waiting (and future) request through."""
-        self._released.set()
-
-    async def hold(self) -> None:
-        """Called by the server at the stall point."""
-        self.hits += 1
-        self.reached.set()
-        try:
-            await self._released.wait()
-        except asyncio.CancelledError:
-            self.abandoned.set()
-            raise
+# What `stall` returns (`sandbox.testing.faults.Gate`: `reached`, `abandoned`, `hits`,
+# `release()`), under the name this server's tests know.
+Stall = faults.Gate
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Failure:
+    """The answer a planned failure gives (the `FaultPlan` counts the requests)."""
+
     status: int
-    times: int
     body: str | None
 
 
@@ -390,9 +363,8 @@ class CloudflareWorkerServer:
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
         self._rng = random.Random(seed)
-        self._failures: dict[str, list[_Failure]] = {}
+        self._faults = faults.FaultPlan(STALL_POINTS)
         self._answers: dict[str, list[tuple[str, int]]] = {}
-        self._stalls: dict[str, Stall] = {}
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._processes: set[LocalProcess] = set()
@@ -454,8 +426,7 @@ class CloudflareWorkerServer:
     async def close(self) -> None:
         """Stop serving: release every stall, end every process and socket, remove the
         sandbox directories (and the root if it was temporary)."""
-        for stall in self._stalls.values():
-            stall.release()
+        self._faults.release_all()
         for sandbox_id in list(self.sandboxes):
             await self._destroy(sandbox_id)
         runner, self._runner = self._runner, None
@@ -478,12 +449,18 @@ class CloudflareWorkerServer:
 
     # ---- fault injection -------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._faults
+
     def fail(self, endpoint: str, status: int, *, times: int = 1, body: str | None = None) -> None:
         """Answer the next `times` requests to `endpoint` with HTTP `status` (and `body`,
         default a JSON error)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
-        self._failures.setdefault(endpoint, []).append(_Failure(status, times, body))
+        self._faults.fail(endpoint, _Failure(status, body), times=times)
 
     def oversize(self, endpoint: str, size: int, *, times: int = 1) -> None:
         """Answer the next `times` requests to a plain `endpoint` with 200 and `size`
@@ -504,9 +481,9 @@ class CloudflareWorkerServer:
         """Make requests wait at `point` until the returned stall is released."""
         if point not in STALL_POINTS:
             raise ValueError(f"unknown stall point {point!r}; known: {', '.join(STALL_POINTS)}")
-        stall = Stall(point)
-        self._stalls[point] = stall
-        return stall
+        # A new stall replaces the one armed at the same point (parked requests stay).
+        self._faults.gates[:] = [g for g in self._faults.gates if g.point != point]
+        return self._faults.stall(point)
 
     def stop_sandbox(self, sandbox_id: str) -> None:
         """From now on `running` answers false for this sandbox (a stopped container)."""
@@ -582,12 +559,8 @@ class CloudflareWorkerServer:
 
     def _wrap(self, endpoint: str, handler: Handler) -> Handler:
         async def wrapped(request: web.Request) -> web.StreamResponse:
-            failures = self._failures.get(endpoint)
-            if failures:
-                failure = failures[0]
-                failure.times -= 1
-                if failure.times <= 0:
-                    failures.pop(0)
+            failure = self._faults.take(endpoint)
+            if isinstance(failure, _Failure):
                 body = (
                     failure.body
                     if failure.body is not None
@@ -635,9 +608,7 @@ class CloudflareWorkerServer:
             left -= len(piece)
 
     async def _maybe_stall(self, point: str) -> None:
-        stall = self._stalls.get(point)
-        if stall is not None and not stall.released:
-            await stall.hold()
+        await self._faults.park(point)
 
     def _sandbox(self, request: web.Request) -> FakeSandbox:
         sandbox = self.sandboxes.get(request.match_info["id"])

@@ -46,7 +46,8 @@ temporary directory, its `TMPDIR` a folder inside it; absolute paths are this ma
 Deleting a sandbox kills every process that still carries its marker in its environment.
 
 Fault knobs, for tests of code that uses the SDK (`point` names are in `FAULT_POINTS`,
-which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them):
+which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them;
+thin wrappers over `fake.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - `fail(point, exc, times=1, after=False)`: the next call(s) at `point` raise `exc`
   (an SDK exception instance), before doing anything or, with `after=True`, after doing
@@ -83,7 +84,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import copy
 import datetime
 import inspect
 import os
@@ -93,7 +93,6 @@ import signal
 import stat as stat_module
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
 from daytona import (
@@ -113,6 +112,7 @@ from daytona.common.pty import PtyResult, PtySize
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
 from ..backends.unix_local.local_process import LocalProcess
+from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
 FAULT_POINTS = (
@@ -176,61 +176,8 @@ def _canonical(point: str) -> str:
     return point
 
 
-class Gate:
-    """A call held at a fault point: `reached` is set when a call arrives; the call
-    waits until `release()`."""
-
-    def __init__(self) -> None:
-        self.reached = asyncio.Event()
-        self._released = asyncio.Event()
-
-    def release(self) -> None:
-        """Let held calls (and later ones) through."""
-        self._released.set()
-
-    @property
-    def released(self) -> bool:
-        """Whether `release()` was called."""
-        return self._released.is_set()
-
-    async def _hold(self) -> None:
-        self.reached.set()
-        await self._released.wait()
-
-
-@dataclass
-class _Failure:
-    point: str
-    exc: BaseException
-    times: int
-    after: bool
-
-
-class _Knobs:
-    def __init__(self) -> None:
-        self.failures: list[_Failure] = []
-        self.gates: dict[tuple[str, bool], Gate] = {}
-        self.calls: list[str] = []
-
-    def take(self, point: str, *, after: bool) -> BaseException | None:
-        for failure in self.failures:
-            if failure.point == point and failure.after == after:
-                failure.times -= 1
-                if failure.times <= 0:
-                    self.failures.remove(failure)
-                    return failure.exc
-                return copy.copy(failure.exc)
-        return None
-
-    async def checkpoint(self, point: str, *, after: bool = False) -> None:
-        if not after:
-            self.calls.append(point)
-        exc = self.take(point, after=after)
-        if exc is not None:
-            raise exc
-        gate = self.gates.get((point, after))
-        if gate is not None and not gate.released:
-            await gate._hold()
+# The gate every `block` returns (`sandbox.testing.faults.Gate`), under its old name here.
+Gate = faults.Gate
 
 
 async def _call(callback: Callable[[Any], Any], value: Any) -> None:
@@ -257,35 +204,9 @@ def _death_signal(pid: int) -> int | None:
     return info.si_status
 
 
-def _read_marker(pid: str) -> bytes | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-        if state == b"Z":
-            return None
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            environ = handle.read()
-    except (OSError, IndexError):
-        return None
-    prefix = MARKER_ENV.encode() + b"="
-    for item in environ.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :]
-    return None
-
-
 def _marked_pids(prefix: str) -> list[int]:
     """Live local processes whose environment carries a marker starting with `prefix`."""
-    found = []
-    me = os.getpid()
-    wanted = prefix.encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        marker = _read_marker(name)
-        if marker is not None and marker.startswith(wanted):
-            found.append(int(name))
-    return found
+    return procfs.pids_with_env(MARKER_ENV, prefix, prefix=True)
 
 
 def _shell_argv() -> list[str]:
@@ -596,7 +517,7 @@ class FakeAsyncPtyHandle:
     async def _reader(self) -> None:
         try:
             failure = self._service._knobs.take("stream", after=False)
-            if failure is not None:
+            if isinstance(failure, BaseException):
                 raise failure
             while True:
                 item = await self._pty.queue.get()
@@ -765,7 +686,7 @@ class FakeAsyncProcess:
         self._service._log_streams[stream] = drop
         try:
             failure = self._service._knobs.take("stream", after=False)
-            if failure is not None:
+            if isinstance(failure, BaseException):
                 raise failure
             index = 0
             while True:
@@ -1223,7 +1144,7 @@ class FakeDaytona:
         )
         os.makedirs(self.root, exist_ok=True)
         self.sandboxes: dict[str, _SandboxState] = {}
-        self._knobs = _Knobs()
+        self._knobs = faults.FaultPlan(FAULT_POINTS)
         self._log_streams: dict[asyncio.Task[Any], asyncio.Future[str]] = {}
         self._handles: list[FakeAsyncPtyHandle] = []
         self.AsyncDaytona: type[FakeAsyncDaytona] = type(
@@ -1241,15 +1162,24 @@ class FakeDaytona:
 
     # ---- fault knobs -------------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._knobs
+
     def fail(self, point: str, exc: BaseException, *, times: int = 1, after: bool = False) -> None:
         """Make the next `times` calls at `point` raise `exc` (before or after their work)."""
-        self._knobs.failures.append(_Failure(_canonical(point), exc, times, after))
+        self._knobs.fail(_canonical(point), exc, times=times, after=after)
 
     def block(self, point: str, *, after: bool = False) -> Gate:
         """Hold calls at `point` (before or after their work) until the gate is released."""
-        gate = Gate()
-        self._knobs.gates[(_canonical(point), after)] = gate
-        return gate
+        point = _canonical(point)
+        # A new block replaces the one armed at the same place (calls parked there stay).
+        self._knobs.gates[:] = [
+            g for g in self._knobs.gates if (g.point, g.after) != (point, after)
+        ]
+        return self._knobs.gate(point, after=after)
 
     def drop_streams(self, reason: str = "connection reset by peer") -> int:
         """Break every open PTY connection and log stream now; returns how many."""

@@ -29,7 +29,7 @@ started in it. A sandbox's home directory (the default cwd, and the base of rela
 file paths) is a temporary directory; absolute paths are this machine's.
 
 Fault knobs, for tests of the code that uses the SDK (`point` names are in
-`FAULT_POINTS`):
+`FAULT_POINTS`; thin wrappers over `fake.faults`, a `sandbox.testing.faults.FaultPlan`):
 
 - `fail(point, exc, times=1, after=False, where=None)`: the next call(s) at `point`
   raise `exc` (an SDK exception), before doing anything or, with `after=True`, after
@@ -109,6 +109,7 @@ from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
 from ..backends.unix_local.local_process import LocalProcess
+from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
 if TYPE_CHECKING:
@@ -152,94 +153,11 @@ Predicate = Callable[["FakeProcess | None"], bool]
 # ---- fault knobs ------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class Gate:
-    """A blocked call site: `reached` is set when a call arrives, which then waits for
-    `release()` (or its own cancellation)."""
-
-    point: str
-    after: bool = False
-    where: Predicate | None = None
-    reached: asyncio.Event = field(default_factory=asyncio.Event)
-    _released: asyncio.Event = field(default_factory=asyncio.Event)
-    waiting: int = 0
-
-    def release(self) -> None:
-        """Let every call waiting here (and every later one) through."""
-        self._released.set()
-
-    @property
-    def released(self) -> bool:
-        """Whether `release()` was called."""
-        return self._released.is_set()
-
-
-@dataclass(eq=False)
-class _Failure:
-    exc: BaseException
-    times: int
-    after: bool
-    where: Predicate | None
-
-
-class _Knobs:
-    def __init__(self) -> None:
-        self.gates: list[Gate] = []
-        self.failures: dict[str, list[_Failure]] = {}
-        self.calls: list[str] = []
-
-    def _matches(self, where: Predicate | None, subject: FakeProcess | None) -> bool:
-        return where is None or where(subject)
-
-    async def checkpoint(self, point: str, *, after: bool, subject: FakeProcess | None) -> None:
-        """Record the call, wait at matching gates, raise a matching armed failure."""
-        if not after:
-            self.calls.append(point)
-        for gate in list(self.gates):
-            if gate.point == point and gate.after == after and not gate.released:
-                if self._matches(gate.where, subject):
-                    gate.waiting += 1
-                    gate.reached.set()
-                    try:
-                        await gate._released.wait()
-                    finally:
-                        gate.waiting -= 1
-        failure = self.take(point, after=after, subject=subject)
-        if failure is not None:
-            raise failure
-
-    def take(self, point: str, *, after: bool, subject: FakeProcess | None) -> BaseException | None:
-        """Consume one armed failure for this call, if any."""
-        for failure in self.failures.get(point, []):
-            if failure.after == after and failure.times > 0:
-                if self._matches(failure.where, subject):
-                    failure.times -= 1
-                    return failure.exc
-        return None
+# The gate every `block` returns (`sandbox.testing.faults.Gate`), under its old name here.
+Gate = faults.Gate
 
 
 # ---- processes ------------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> list[bytes] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _live_pids(match: Callable[[list[bytes]], bool]) -> list[int]:
-    found = []
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        fields = _proc_stat(int(name))
-        if fields and fields[0] != b"Z" and match(fields):
-            found.append(int(name))
-    return found
 
 
 class FakeProcess:
@@ -248,7 +166,7 @@ class FakeProcess:
 
     def __init__(
         self,
-        knobs: _Knobs,
+        knobs: faults.FaultPlan,
         sandbox: _SandboxState,
         argv: list[str],
         *,
@@ -344,8 +262,7 @@ class FakeProcess:
         return info.si_status if info.si_code == os.CLD_EXITED else -1
 
     def _group_busy(self) -> bool:
-        pgid = str(self.pid).encode()
-        return bool(_live_pids(lambda f: f[2] == pgid))
+        return bool(procfs.pids_where(lambda p: p.pgrp == self.pid))
 
     def _close_local(self) -> None:
         if not self.closed:
@@ -377,8 +294,7 @@ class FakeProcess:
 
     def session_pids(self) -> list[int]:
         """Live local processes in this process's session (it and all it started)."""
-        sid = str(self.pid).encode()
-        return _live_pids(lambda f: f[3] == sid)
+        return procfs.pids_where(lambda p: p.session == self.pid)
 
     def kill_leader(self) -> bool:
         """SIGKILL the process itself (envd's kill); False if it is already gone."""
@@ -1281,7 +1197,7 @@ class FakeE2B:
         self.api_key = api_key
         self._own_root = root is None
         self.root = os.fspath(root) if root is not None else tempfile.mkdtemp(prefix="fake-e2b-")
-        self._knobs = _Knobs()
+        self._knobs = faults.FaultPlan(FAULT_POINTS)
         self._sandboxes: dict[str, _SandboxState] = {}
         self._handles: set[FakeCommandHandle] = set()
         self._idempotent: dict[str, _SandboxState] = {}
@@ -1305,6 +1221,12 @@ class FakeE2B:
 
     # ---- knobs ----------------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._knobs
+
     @staticmethod
     def _check_point(point: str) -> None:
         if point not in FAULT_POINTS:
@@ -1322,15 +1244,13 @@ class FakeE2B:
         """Make the next `times` calls at `point` raise `exc` (after doing their work if
         `after`). For "stream": the next process's event stream dies with `exc`."""
         self._check_point(point)
-        self._knobs.failures.setdefault(point, []).append(_Failure(exc, times, after, where))
+        self._knobs.fail(point, exc, times=times, after=after, where=where)
 
     def block(self, point: str, *, after: bool = False, where: Predicate | None = None) -> Gate:
         """Stop calls at `point` (before, or with `after` after, their work) until the
         returned gate is released; `gate.reached` is set when one arrives."""
         self._check_point(point)
-        gate = Gate(point, after, where)
-        self._knobs.gates.append(gate)
-        return gate
+        return self._knobs.gate(point, after=after, where=where)
 
     def retry_creates(self, retries: int = 1) -> None:
         """The next create is answered with a gateway error (502) `retries` times after
@@ -1345,8 +1265,7 @@ class FakeE2B:
 
     def release_all(self) -> None:
         """Release every gate (e.g. at the end of a test)."""
-        for gate in self._knobs.gates:
-            gate.release()
+        self._knobs.release_all()
 
     @property
     def calls(self) -> list[str]:
@@ -1373,8 +1292,8 @@ class FakeE2B:
     def leftover_pids(self) -> list[int]:
         """Live local processes in any session the fake started (leaks, unless their
         sandbox is still meant to run them)."""
-        sids = {str(p.pid).encode() for p in self.processes}
-        return _live_pids(lambda f: f[3] in sids)
+        sids = {p.pid for p in self.processes}
+        return procfs.pids_where(lambda p: p.session in sids)
 
     def retained_output_chars(self) -> int:
         """Characters of command output the SDK handles still hold (the SDK keeps all of
@@ -1469,7 +1388,7 @@ class FakeE2B:
         self.processes.append(process)
         state.processes[process.pid] = process
         failure = self._knobs.take("stream", after=False, subject=process)
-        if failure is not None:
+        if isinstance(failure, BaseException):
             process.break_stream(failure)
         return process
 

@@ -23,7 +23,8 @@ against the installed SDK with `sandbox.testing.drift.surface_problems`, so an S
 upgrade that changes that surface fails the test suite instead of the fake drifting.
 The plain blocking forms (`Sandbox.create(...)` without `.aio`) raise `TypeError`.
 
-Fault knobs, for tests: `fake.fail(op, exc)` makes the next call of `op` raise `exc`
+Fault knobs, for tests (thin wrappers over `fake.faults`, a
+`sandbox.testing.faults.FaultPlan`): `fake.fail(op, exc)` makes the next call of `op` raise `exc`
 (an SDK exception); `fake.block(op)` returns a `Gate` whose `reached` event is set when a
 call of `op` arrives, and which holds that call until `gate.release()` (never releasing
 it is "a call that never returns"; with `then_raise=exc` the released call
@@ -77,13 +78,13 @@ import secrets
 import signal
 import stat as stat_module
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
 
 from ..backends.unix_local.local_process import LocalProcess
+from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
 # Every process a fake sandbox starts carries this variable, so that terminating the
@@ -172,32 +173,8 @@ class _AioStatic(_AioMethod):
 # ---- fault injection --------------------------------------------------------------------
 
 
-class Gate:
-    """A point where faked calls stop: `reached` is set when a call arrives; the call
-    goes on (or raises its fault) only after `release()`."""
-
-    def __init__(self) -> None:
-        self.reached = asyncio.Event()
-        self.calls = 0
-        self._released = asyncio.Event()
-
-    def release(self) -> None:
-        """Let every held (and every later) call through."""
-        self._released.set()
-
-    async def _pass(self) -> None:
-        self.calls += 1
-        self.reached.set()
-        await self._released.wait()
-
-
-@dataclass(eq=False)
-class _Fault:
-    op: str
-    exc: BaseException | None
-    gate: Gate | None
-    times: int | None
-    when: Predicate | None
+# The gate every `block` returns (`sandbox.testing.faults.Gate`), under its old name here.
+Gate = faults.Gate
 
 
 # ---- the fake SDK -------------------------------------------------------------------
@@ -221,7 +198,7 @@ class FakeModal:
         self.apps: dict[str, FakeApp] = {}
         self.clients: list[FakeClient] = []
         self.calls: list[tuple[str, tuple[str, ...]]] = []
-        self._faults: list[_Fault] = []
+        self._faults = faults.FaultPlan(OPS)
         # One subclass per fake, so the SDK's class-level calls (`Sandbox.create`) know
         # which fake cloud they belong to.
         self.Sandbox = _bound(FakeSandbox, self)
@@ -234,6 +211,12 @@ class FakeModal:
 
     # ---- knobs ----------------------------------------------------------------------
 
+    @property
+    def faults(self) -> faults.FaultPlan:
+        """The fault plan behind the knobs below (`sandbox.testing.faults`): arm gates
+        and planned failures at any point directly, in the kit's own terms."""
+        return self._faults
+
     def fail(
         self,
         op: str,
@@ -243,7 +226,7 @@ class FakeModal:
         when: Predicate | None = None,
     ) -> None:
         """Make the next `times` calls of `op` (None: all) matching `when` raise `exc`."""
-        self._add(_Fault(op, exc, None, times, when))
+        self._faults.fail(op, exc, times=times, where=when)
 
     def block(
         self,
@@ -255,33 +238,15 @@ class FakeModal:
     ) -> Gate:
         """Hold the next `times` calls of `op` matching `when` at a `Gate` (returned);
         once released, they raise `then_raise` if given (a call that fails late)."""
-        gate = Gate()
-        self._add(_Fault(op, then_raise, gate, times, when))
-        return gate
+        return self._faults.gate(op, times=times, where=when, error=then_raise)
 
     def clear_faults(self) -> None:
         """Forget every pending fault (held calls stay held until their gate is released)."""
         self._faults.clear()
 
-    def _add(self, fault: _Fault) -> None:
-        if fault.op not in OPS:
-            raise ValueError(f"unknown op {fault.op!r}; known: {', '.join(OPS)}")
-        self._faults.append(fault)
-
     async def _check(self, op: str, argv: tuple[str, ...] = ()) -> None:
         self.calls.append((op, argv))
-        for fault in self._faults:
-            if fault.op != op or (fault.when is not None and not fault.when(argv)):
-                continue
-            if fault.times is not None:
-                fault.times -= 1
-                if fault.times <= 0:
-                    self._faults.remove(fault)
-            if fault.gate is not None:
-                await fault.gate._pass()
-            if fault.exc is not None:
-                raise fault.exc
-            return
+        await self._faults.checkpoint(op, subject=argv)
 
     # ---- inspection -----------------------------------------------------------------
 
@@ -295,7 +260,7 @@ class FakeModal:
 
     def leftover_pids(self) -> list[int]:
         """Live (non-zombie) local processes started by any sandbox of this fake."""
-        return _pids_with_env(f"{FAKE_SANDBOX_ENV}=", prefix=self.id)
+        return procfs.pids_with_env(FAKE_SANDBOX_ENV, self.id, prefix=True)
 
     async def aclose(self) -> None:
         """Terminate every sandbox (for test teardown)."""
@@ -309,22 +274,6 @@ _T = TypeVar("_T")
 def _bound(cls: type[_T], fake: FakeModal) -> type[_T]:
     bound: type[_T] = type(cls.__name__.removeprefix("Fake"), (cls,), {"_fake": fake})
     return bound
-
-
-def _pids_with_env(key: str, *, prefix: str) -> list[int]:
-    wanted = (key + prefix).encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if any(item.startswith(wanted) for item in environ):
-            found.append(int(name))  # a zombie's environ reads empty: never listed
-    return found
 
 
 def _fake_of(cls: type) -> FakeModal:
@@ -667,7 +616,7 @@ class FakeSandbox:
         for process in self.processes:
             await process._kill()
         marker = f"{self._fake.id}-{self._object_id}"
-        for pid in _pids_with_env(f"{FAKE_SANDBOX_ENV}=", prefix=marker):
+        for pid in procfs.pids_with_env(FAKE_SANDBOX_ENV, marker, prefix=True):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 

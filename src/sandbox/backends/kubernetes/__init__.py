@@ -1,0 +1,17 @@
+"""The `kubernetes` backend (extra `kubernetes`): sandboxes as pods.
+
+- `session`: `KubernetesSession`, the hooks only;
+- `config`: credentials and the cluster, loaded by `kubernetes_asyncio`;
+- `client`: HTTP calls, watches and exec WebSockets over one aiohttp session;
+- `channels`: the exec channel protocol (v5, v4);
+- `execs`: a command's exec under the toolkit's wrapper, kills by a second exec;
+- `pods`: manifest, create, watch until running, attach, delete;
+- `files`: files through exec; `scripts`: the shell snippets; `errors`: Status
+  objects as our errors; `bounds`: every peer-sent size and deadline.
+
+Facts and sources: docs/providers.md, "Kubernetes".
+"""
+
+from .session import KubernetesSession
+
+__all__ = ["KubernetesSession"]

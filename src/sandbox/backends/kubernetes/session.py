@@ -1,0 +1,408 @@
+"""The `kubernetes` backend: commands and PTYs in a pod, through pods/exec WebSockets.
+
+A session either creates a pod from an `image` (deleted on close: graceful, then
+forced) or attaches to a running `pod` (left running). Every process is an exec under
+the toolkit's wrapper; its socket is read by the event loop (no thread); its exit
+comes from the stream's final Status; its tree is killed by a second exec. Files go
+through exec too. The parts live beside this module (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from ...backend import (
+    BaseSandboxSession,
+    CommandCheck,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    PtyEntry,
+    ShellTrap,
+    check_env,
+    check_seconds,
+    check_str,
+    settle,
+    wait_for_verdict,
+)
+from ...errors import (
+    ConnectionLostError,
+    CredentialsMissingError,
+    InvalidArgumentError,
+    ProcessExitedError,
+    WorkdirError,
+)
+from ..toolkit.limits import check_limits
+from . import bounds, pods, scripts
+from .client import PROTOCOLS, KubeClient
+from .config import Cluster, load_cluster
+from .execs import KubeOneShot, KubeProcess, Target, run_control
+from .files import PodFiles
+from .limits import container_resources
+
+logger = logging.getLogger("sandbox.kubernetes")
+
+DEFAULT_TERM = "xterm-256color"
+
+
+class KubernetesSession(BaseSandboxSession[KubeProcess]):
+    """Runs commands in a Kubernetes pod.
+
+    Exactly one of:
+    - `image`: create a pod of this image (label `sandbox.session`, `restartPolicy:
+      Never`, kept alive by a shell), wait for it by watch within `start_timeout_s`,
+      delete it on close (unless `keep_pod=True`);
+    - `pod`: attach to this running pod (its `container`, default the first), left
+      running on close.
+
+    Credentials as every Kubernetes tool finds them (`kubeconfig=`, `KUBECONFIG`,
+    ~/.kube/config, exec plugins, client certificates, or the in-cluster service
+    account), with `context` and `namespace` (default: the context's, else
+    "default"). `workdir` (default /workspace) is the created container's working
+    directory and where relative paths point; file paths must stay inside it.
+    Created pods take `resources` (the container's `resources` object),
+    `runtime_class`, `node_selector`, `service_account`, `security_context`,
+    `pod_security_context`, `labels`, `image_pull_policy`, `name_prefix`,
+    `keepalive_command`, `delete_grace_s`, and the common limits `memory_limit_bytes`
+    and `cpu_limit` (the container's `resources.limits`; `process_limit` is refused:
+    no per-pod field). Also `env` (added to every command),
+    `terminate_grace_s` (SIGTERM to SIGKILL), `api_timeout`, `protocols` (the channel
+    protocols offered, best first: default v5 then v4). Plus the base session's.
+    """
+
+    backend_name = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        image: str | None = None,
+        pod: str | None = None,
+        container: str | None = None,
+        workdir: str = "/workspace",
+        env: Mapping[str, str] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        runtime_class: str | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        service_account: str | None = None,
+        security_context: Mapping[str, Any] | None = None,
+        pod_security_context: Mapping[str, Any] | None = None,
+        labels: Mapping[str, str] | None = None,
+        image_pull_policy: str | None = None,
+        name_prefix: str = "sandbox",
+        keepalive_command: Sequence[str] = tuple(scripts.KEEPALIVE),
+        keep_pod: bool = False,
+        start_timeout_s: float = bounds.DEFAULT_START_TIMEOUT_S,
+        api_timeout: float = bounds.DEFAULT_API_TIMEOUT_S,
+        terminate_grace_s: float = 1.0,
+        delete_grace_s: int = 2,
+        protocols: Sequence[str] = PROTOCOLS,
+        memory_limit_bytes: int | None = None,
+        process_limit: int | None = None,
+        cpu_limit: float | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        if (image is None) == (pod is None):
+            raise InvalidArgumentError(
+                "the kubernetes backend needs exactly one of image= (create a pod) "
+                "or pod= (attach to a running one)"
+            )
+        for name, value in (
+            ("kubeconfig", kubeconfig),
+            ("context", context),
+            ("namespace", namespace),
+            ("image", image),
+            ("pod", pod),
+            ("container", container),
+            ("runtime_class", runtime_class),
+            ("service_account", service_account),
+            ("image_pull_policy", image_pull_policy),
+        ):
+            check_str(name, value)
+        check_str("workdir", workdir, allow_none=False)
+        check_str("name_prefix", name_prefix, allow_none=False)
+        if not workdir.startswith("/"):
+            raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
+        if image is not None and container is not None:
+            raise InvalidArgumentError("container= names a container of an attached pod=")
+        keepalive = list(keepalive_command)
+        if not keepalive or not all(isinstance(a, str) and a for a in keepalive):
+            raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
+        offered = tuple(protocols)
+        if not offered or not set(offered) <= set(PROTOCOLS):
+            raise InvalidArgumentError(f"protocols must be among {', '.join(PROTOCOLS)}")
+        if isinstance(delete_grace_s, bool) or not isinstance(delete_grace_s, int):
+            raise InvalidArgumentError("delete_grace_s must be an int of seconds")
+        start_timeout = check_seconds("start_timeout_s", start_timeout_s)
+        timeout = check_seconds("api_timeout", api_timeout)
+        grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        assert start_timeout is not None and timeout is not None and grace is not None
+        self.image = image
+        self.pod_name = pod
+        self.namespace = namespace
+        self.terminate_grace_s = grace
+        self._kubeconfig = kubeconfig
+        self._context = context
+        self._container = container
+        self._workdir = posixpath.normpath(workdir)
+        self._env = dict(check_env(env) or {})
+        limits = check_limits(
+            memory_limit_bytes=memory_limit_bytes,
+            process_limit=process_limit,
+            cpu_limit=cpu_limit,
+        )
+        self._pod_options = pods.PodOptions(
+            workdir=self._workdir,
+            name_prefix=name_prefix,
+            resources=container_resources(limits, resources, attach=pod is not None),
+            runtime_class=runtime_class,
+            node_selector=node_selector,
+            service_account=service_account,
+            security_context=security_context,
+            pod_security_context=pod_security_context,
+            labels=dict(labels or {}),
+            image_pull_policy=image_pull_policy,
+            grace_period_s=max(0, delete_grace_s),
+            keepalive=keepalive,
+        )
+        self._keep_pod = bool(keep_pod)
+        self._start_timeout = start_timeout
+        self._api_timeout = timeout
+        self._protocols = offered
+        self._session_label = secrets.token_hex(8)
+        self._client: KubeClient | None = None
+        self._created: str | None = None
+        self._target: Target | None = None
+
+    @property
+    def workdir(self) -> str:
+        """Where commands start and relative paths point."""
+        return self._workdir
+
+    @property
+    def session_label(self) -> str:
+        """The value of the `sandbox.session` label on a created pod."""
+        return self._session_label
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Load the credentials, create (or find) the pod, wait for it, probe an exec."""
+        self._created = None
+        self._target = None
+        try:
+            # An exec credential plugin may hang (a login that never completes).
+            async with asyncio.timeout(bounds.CONFIG_TIMEOUT_S):
+                cluster: Cluster = await load_cluster(
+                    self._kubeconfig, self._context, self.namespace
+                )
+        except TimeoutError:
+            raise CredentialsMissingError(
+                f"the Kubernetes credentials were not ready within {bounds.CONFIG_TIMEOUT_S:g} s "
+                "(an exec credential plugin did not finish)"
+            ) from None
+        self.namespace = cluster.namespace
+        self._client = client = KubeClient(
+            cluster, api_timeout=self._api_timeout, protocols=self._protocols
+        )
+        if self.image is not None:
+            name = pods.new_pod_name(self._pod_options.name_prefix)
+            manifest = pods.pod_manifest(name, self._session_label, self.image, self._pod_options)
+            self._created = name  # from now on `_stop_backend` deletes it, by name
+            self.pod_name = name
+            await pods.create_pod(client, cluster.namespace, manifest)
+            await pods.wait_running(
+                client, cluster.namespace, name, pods.CONTAINER_NAME, self._start_timeout
+            )
+            self._target = Target(cluster.namespace, name, pods.CONTAINER_NAME, None)
+        else:
+            assert self.pod_name is not None
+            found, container = await pods.existing_pod(
+                client, cluster.namespace, self.pod_name, self._container
+            )
+            own = pods.container_workdir(found, container)
+            cwd = None if own and posixpath.normpath(own) == self._workdir else self._workdir
+            self._target = Target(cluster.namespace, self.pod_name, container, cwd)
+        code, output = await run_control(
+            client,
+            self._target,
+            scripts.prelude_argv(["sh", "-c", ":"], cwd=self._target.cwd),
+            "reach the pod",
+        )
+        if code != 0:
+            raise WorkdirError(
+                f"the workdir {self._workdir!r} is not usable in the pod (exit {code}): "
+                + output.decode("utf-8", "replace").strip()[:200],
+                cwd=self._workdir,
+            )
+
+    async def _stop_backend(self) -> None:
+        """Delete a created pod (graceful, then forced; by name, so one whose create was
+        cut short goes too), close the connections."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            if self._created is not None and not self._keep_pod:
+                assert self.namespace is not None
+                await pods.delete_pod(
+                    client, self.namespace, self._created, self._pod_options.grace_period_s
+                )
+                self._created = None
+        finally:
+            await client.close()
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _require(self) -> tuple[KubeClient, Target]:
+        assert self._client is not None and self._target is not None
+        return self._client, self._target
+
+    def _cwd(self, cwd: str | None) -> str | None:
+        # Relative stays relative: every exec starts in the workspace.
+        return None if cwd is None else posixpath.normpath(cwd)
+
+    def _checked(
+        self, spec: CommandSpec, *, announce: bool
+    ) -> tuple[Sequence[str], CommandCheck | None]:
+        check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
+        if check is None:
+            return spec.argv, None
+        return check.argv(spec.argv, announce=announce), check
+
+    def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
+        env = {**self._env, **(spec.env or {})}
+        if tty:
+            env.setdefault("TERM", DEFAULT_TERM)
+        return env
+
+    # ---- commands ------------------------------------------------------------------
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """One exec on pipes, stdout and stderr apart, straight into the capture; the
+        base session waits, times out and kills the tagged tree."""
+        client, target = self._require()
+        argv, capture.check = self._checked(spec, announce=False)
+        proc = KubeProcess(
+            client,
+            target,
+            argv,
+            tty=False,
+            env=self._environment(spec, tty=False),
+            on_stdout=capture.add_stdout,
+            on_stderr=capture.add_stderr,
+        )
+        try:
+            await proc.start()
+        except BaseException as exc:
+            try:
+                await settle(proc.kill_unstarted())  # nobody else knows it
+            except Exception as cleanup_exc:
+                exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
+            raise
+        return KubeOneShot(proc, self.terminate_grace_s)
+
+    async def _spawn_process(self, entry: PtyEntry[KubeProcess]) -> None:
+        """An exec whose socket feeds the entry; with a command check, wait for its
+        verdict. Pipes processes get no stdin at all (their EOF, under v4 too)."""
+        client, target = self._require()
+        spec = entry.spec
+        argv, check = self._checked(spec.command, announce=True)
+        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+
+        def on_stdout(data: bytes) -> None:
+            entry.feed(trap.feed(data) if trap is not None else data)
+
+        def on_end(outcome: int | BaseException) -> None:
+            entry.report_eof()
+            if isinstance(outcome, int):
+                entry.report_exit(outcome)
+            else:
+                entry.report_lost(str(outcome))
+
+        proc = KubeProcess(
+            client,
+            target,
+            argv,
+            tty=spec.tty,
+            env=self._environment(spec.command, tty=spec.tty),
+            rows=spec.rows if spec.tty else None,
+            cols=spec.cols if spec.tty else None,
+            on_stdout=on_stdout,
+            on_stderr=entry.feed,
+            on_end=on_end,
+        )
+        entry.handle = proc
+        await proc.start()
+        if trap is not None and check is not None:
+            await wait_for_verdict(entry, trap, check)
+
+    async def _write_stdin(self, entry: PtyEntry[KubeProcess], data: bytes) -> None:
+        """Keystrokes on the exec's stdin channel."""
+        proc = entry.require_handle()
+        try:
+            await proc.write(data)
+        except ConnectionLostError as exc:
+            if proc.ended and isinstance(proc.require_stream().outcome(), int):
+                raise ProcessExitedError(
+                    f"process {entry.process_id} has exited; poll it with empty chars to "
+                    "collect its remaining output and exit code"
+                ) from None
+            raise ConnectionLostError(
+                f"lost the connection to process {entry.process_id}: {exc}"
+            ) from None
+
+    async def _resize(self, entry: PtyEntry[KubeProcess], rows: int, cols: int) -> None:
+        """The resize channel (4)."""
+        await entry.require_handle().resize(rows, cols)
+
+    async def _interrupt(self, entry: PtyEntry[KubeProcess]) -> None:
+        """Ctrl-C on a terminal, else SIGINT to the command's group by a second exec."""
+        proc = entry.require_handle()
+        if entry.tty:
+            await self._write_stdin(entry, b"\x03")
+        else:
+            await proc.interrupt()
+
+    async def _terminate_pty_entry(self, entry: PtyEntry[KubeProcess]) -> None:
+        """Kill the tree (grace, then SIGKILL) by a second exec, close the socket; when
+        the session's own pod is deleted next, only the socket is closed."""
+        proc: KubeProcess | None = entry.handle
+        if proc is None:
+            return
+        pod_goes = entry.sandbox_stopping and self._created is not None and not self._keep_pod
+        if proc.stream is None and not pod_goes:
+            await proc.kill_unstarted()
+        else:
+            await proc.terminate(self.terminate_grace_s, kill=not pod_goes)
+
+    async def _final_drain(self, entry: PtyEntry[KubeProcess]) -> None:
+        """Let frames already read be handled."""
+        await asyncio.sleep(0)
+
+    # ---- files ---------------------------------------------------------------------
+
+    def _files(self) -> PodFiles:
+        client, target = self._require()
+        return PodFiles(client, target, self._workdir)
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Through exec (see `files`): checked against the workspace, refused unless a
+        regular file, at most `max_bytes + 1` bytes kept."""
+        return await self._files().read(path, max_bytes)
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """Through exec, the bytes on stdin (see `files`)."""
+        await self._files().write(path, data)
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Through exec, the chunks on stdin as they come (v5; v4 joins them first)."""
+        await self._files().write_chunks(path, chunks)
