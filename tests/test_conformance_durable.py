@@ -8,6 +8,7 @@ from `ref()`), never passed.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import posixpath
 from pathlib import Path
 from types import ModuleType
@@ -21,14 +22,22 @@ from tests.helpers import HookGate
 WAIT_FOR_FILE = "while [ ! -e {name} ]; do sleep 0.02; done; echo {word}"
 
 
-def _resume_options(backend: ModuleType, session: sandbox.BaseSandboxSession) -> dict[str, Any]:
+def _fixture(backend: Any) -> ModuleType:
+    """The fixture module of `backend` (for its test credentials)."""
+    return importlib.import_module(f"tests.backend_fixtures.{backend.name}")
+
+
+def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[str, Any]:
     """What a resume in this test needs besides the ref: the credentials and the fake's
     class (a ref never holds them; a real caller gives them again too)."""
-    if backend.NAME == "e2b":
-        return {"api_key": backend.API_KEY, "sandbox_class": session._sandbox_class}
-    if backend.NAME == "daytona":
-        return {"api_key": backend.API_KEY, "daytona_class": session._client.options.daytona_class}
-    if backend.NAME == "modal":
+    if backend.name == "e2b":
+        return {"api_key": _fixture(backend).API_KEY, "sandbox_class": session._sandbox_class}
+    if backend.name == "daytona":
+        return {
+            "api_key": _fixture(backend).API_KEY,
+            "daytona_class": session._client.options.daytona_class,
+        }
+    if backend.name == "modal":
         return {
             "sdk": session._sdk,
             "token_id": session._token_id.reveal(),
@@ -38,36 +47,36 @@ def _resume_options(backend: ModuleType, session: sandbox.BaseSandboxSession) ->
     return {}
 
 
-def _secrets(backend: ModuleType, session: sandbox.BaseSandboxSession) -> list[str]:
+def _secrets(backend: Any, session: sandbox.BaseSandboxSession) -> list[str]:
     """The credentials this test's session was given (none may reach a ref)."""
     options = _resume_options(backend, session)
     return [str(options[k]) for k in ("api_key", "token_id", "token_secret") if k in options]
 
 
-def _ref_or_skip(backend: ModuleType, session: sandbox.BaseSandboxSession) -> sandbox.SessionRef:
+def _ref_or_skip(backend: Any, session: sandbox.BaseSandboxSession) -> sandbox.SessionRef:
     try:
         return session.ref()
     except sandbox.UnsupportedOperationError as exc:
-        pytest.skip(f"{backend.NAME}: {exc}")
+        pytest.skip(f"{backend.name}: {exc}")
 
 
-def _resume(backend: ModuleType, old: sandbox.BaseSandboxSession, ref: sandbox.SessionRef) -> Any:
+def _resume(backend: Any, old: sandbox.BaseSandboxSession, ref: sandbox.SessionRef) -> Any:
     return sandbox.resume_session(ref, **_resume_options(backend, old))
 
 
-async def test_ref_round_trip(backend: ModuleType, tmp_path: Path) -> None:
+async def test_ref_round_trip(backend: Any, tmp_path: Path) -> None:
     async with backend.session(tmp_path) as s:
         ref = _ref_or_skip(backend, s)
         assert sandbox.SessionRef.from_json(ref.to_json()) == ref
         assert sandbox.SessionRef.from_dict(ref.to_dict()) == ref
-        assert ref.backend == s.backend_name and backend.NAME.startswith(ref.backend)
+        assert ref.backend == s.backend_name and backend.name.startswith(ref.backend)
         assert ref.keeps_processes is s.keeps_processes
         for secret in _secrets(backend, s):
             assert secret not in ref.to_json() and secret not in repr(ref)
         await s.aclose()
 
 
-async def test_detach_then_resume(backend: ModuleType, tmp_path: Path) -> None:
+async def test_detach_then_resume(backend: Any, tmp_path: Path) -> None:
     async with backend.session(tmp_path) as s:
         _ref_or_skip(backend, s)
         await s.write_file("kept.txt", b"kept")
@@ -89,13 +98,11 @@ async def test_detach_then_resume(backend: ModuleType, tmp_path: Path) -> None:
             assert (await resumed.exec("echo", "ok")).stdout == b"ok\n"
 
 
-async def test_reattached_process_reports_its_output_and_exit(
-    backend: ModuleType, tmp_path: Path
-) -> None:
+async def test_reattached_process_reports_its_output_and_exit(backend: Any, tmp_path: Path) -> None:
     async with backend.session(tmp_path) as s:
         _ref_or_skip(backend, s)
         if not s.keeps_processes:
-            pytest.skip(f"{backend.NAME}: processes cannot outlive their client")
+            pytest.skip(f"{backend.name}: processes cannot outlive their client")
         command = "echo early; " + WAIT_FOR_FILE.format(name="go", word="late") + "; exit 5"
         started = await s.pty_exec_start(command, yield_time_s=5, until="early")
         ref = await s.detach()
@@ -105,7 +112,7 @@ async def test_reattached_process_reports_its_output_and_exit(
             assert "late" in last.output and last.exit_code == 5
 
 
-async def test_takeover_locks_out_the_old_client(backend: ModuleType, tmp_path: Path) -> None:
+async def test_takeover_locks_out_the_old_client(backend: Any, tmp_path: Path) -> None:
     async with backend.session(tmp_path) as old:
         ref = _ref_or_skip(backend, old)
         async with _resume(backend, old, ref) as new:
@@ -115,7 +122,7 @@ async def test_takeover_locks_out_the_old_client(backend: ModuleType, tmp_path: 
             assert (await new.exec("echo", "mine")).stdout == b"mine\n"
 
 
-async def test_resume_of_a_closed_session_is_gone(backend: ModuleType, tmp_path: Path) -> None:
+async def test_resume_of_a_closed_session_is_gone(backend: Any, tmp_path: Path) -> None:
     async with backend.session(tmp_path) as s:
         ref = _ref_or_skip(backend, s)
         options = _resume_options(backend, s)
@@ -129,7 +136,7 @@ async def test_resume_of_a_closed_session_is_gone(backend: ModuleType, tmp_path:
 @pytest.mark.parametrize("hook", ["_detach_backend", "_release_entry"])
 @pytest.mark.parametrize("after", [False, True])
 async def test_cancelled_detach_leaves_the_ref_the_owner(
-    backend: ModuleType, tmp_path: Path, hook: str, after: bool
+    backend: Any, tmp_path: Path, hook: str, after: bool
 ) -> None:
     async with backend.session(tmp_path) as s:
         _ref_or_skip(backend, s)
@@ -152,7 +159,7 @@ async def test_cancelled_detach_leaves_the_ref_the_owner(
 @pytest.mark.parametrize("hook", ["_resume_backend", "_reattach_process"])
 @pytest.mark.parametrize("after", [False, True])
 async def test_cancelled_resume_leaves_the_ref_the_owner(
-    backend: ModuleType, tmp_path: Path, hook: str, after: bool
+    backend: Any, tmp_path: Path, hook: str, after: bool
 ) -> None:
     async with backend.session(tmp_path) as s:
         _ref_or_skip(backend, s)
@@ -160,7 +167,7 @@ async def test_cancelled_resume_leaves_the_ref_the_owner(
         await s.pty_exec_start("sleep 600", yield_time_s=0.2)
         ref = await s.detach()
         if hook == "_reattach_process" and not s.keeps_processes:
-            pytest.skip(f"{backend.NAME}: the ref's processes ended at detach: none reattached")
+            pytest.skip(f"{backend.name}: the ref's processes ended at detach: none reattached")
         resumed = _resume(backend, s, ref)
         gate = HookGate(resumed, hook, after=after)
         starting = asyncio.ensure_future(resumed.start())
