@@ -9,7 +9,7 @@ LATEST_VENV := .venv-latest
 SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-integration test-latest-sdks lint format typecheck check bench bench-quick clean
+.PHONY: install system-deps demo test test-integration test-latest-sdks lint format typecheck check bench bench-quick mutation clean
 
 install: $(STAMP)
 
@@ -59,6 +59,11 @@ bench: install system-deps
 
 bench-quick: install system-deps
 	$(BIN)/python -m bench --quick
+
+# The share of deliberate bugs the unit tests catch, per core module (docs/testing.md).
+# Not part of `make test`: it runs the tests once per mutant. MUTATION_ARGS="settle --survivors"
+mutation: install
+	$(BIN)/python tools/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

@@ -46,6 +46,7 @@ def extra_cases() -> list[object]:
         "bench.kubernetes_cases",
         "bench.sdk_cases",
         "bench.agents_sdk_cases",
+        "bench.core_cases",
     )
     for module_name in optional:
         try:

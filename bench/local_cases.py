@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sandbox
-from sandbox.arguments import MAX_TERMINAL_SIDE
 from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.terminal.size import MAX_TERMINAL_SIDE
 
 from .measure import Figure, StallMeter, cpu_seconds, rss_bytes
 from .raw import RawChild
@@ -252,7 +252,7 @@ async def memory(cfg: Config) -> list[Figure]:
                 f"echo go; yes | head -c {backlog}; exec sleep 60", until="go"
             )
             assert update.process_id is not None
-            entry = s._registry[update.process_id]
+            entry = s._processes.lookup(update.process_id)
             while entry.output.end_pos < backlog + 3:
                 await asyncio.sleep(0.01)
             with StallMeter() as meter:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from sandbox.backends.unix_local.local_process import set_window_size
+from sandbox.local.process import set_window_size
 
 
 def _tty_setup() -> None:  # runs in the child

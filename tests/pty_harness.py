@@ -19,7 +19,7 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 
-from sandbox.screen import ScreenSnapshot, TerminalScreen
+from sandbox.terminal.screen import ScreenSnapshot, TerminalScreen
 
 WAIT_S = 30.0  # generous: the machine running the tests may be loaded
 

@@ -1,4 +1,4 @@
-"""Files the host creates on the sandbox's behalf (`sandbox.host_files`): recordings.
+"""Files the host creates on the sandbox's behalf (`sandbox.files.host`): recordings.
 
 A process in the sandbox (unix_local, plain and confined when bubblewrap works) plants
 symlinks to a victim file outside the workspace, FIFOs, old files and swapped folders
@@ -24,9 +24,9 @@ import pytest
 import sandbox
 from sandbox import BaseSandboxSession, HostPathError
 from sandbox.backends.unix_local import confine
-from sandbox.host_files import HostDirectory, create_new_file
-from sandbox.recording import AsciicastRecorder
+from sandbox.files.host import HostDirectory, create_new_file
 from sandbox.session import ID_RANGE
+from sandbox.terminal.recording import AsciicastRecorder
 from sandbox.testing import procfs
 from tests.conftest import skip_or_fail
 from tests.test_recording import read_cast

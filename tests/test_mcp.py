@@ -1124,7 +1124,7 @@ def test_access_policy_compares_hosts_and_origins_exactly() -> None:
     """The rules behind the 403s, without a server: IP literals in any spelling, names
     in any case, the port always (80 when absent); loopback names only for a loopback or
     wildcard bind; the token never in a repr."""
-    from sandbox.credentials import Secret
+    from sandbox.backends.toolkit.credentials import Secret
     from sandbox.mcp.http_guard import AccessPolicy
     from sandbox.mcp.transports import HttpTransport
 

@@ -1,4 +1,4 @@
-"""`sandbox.recording`: asciicast v2 files, read back with asciinema's own parser."""
+"""`sandbox.terminal.recording`: asciicast v2 files, read back with asciinema's own parser."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from asciinema.asciicast import open_from_url
 
-from sandbox.recording import AsciicastRecorder
-from sandbox.screen import TerminalScreen
+from sandbox.terminal.recording import AsciicastRecorder
+from sandbox.terminal.screen import TerminalScreen
 from tests.pty_harness import CURSES_PROGRAM, PtyProgram
 
 
@@ -109,7 +109,7 @@ def test_invalid_utf8_and_a_character_cut_by_close(tmp_path: Path) -> None:
 
 KILLED_WRITER = """
 import os, sys
-from sandbox.recording import AsciicastRecorder
+from sandbox.terminal.recording import AsciicastRecorder
 
 recorder = AsciicastRecorder.open(sys.argv[1], rows=24, cols=80, command="flood")
 while True:
@@ -200,7 +200,7 @@ async def test_a_cancelled_recording_task_leaves_a_valid_file(tmp_path: Path) ->
 
 FULL_DISK_WRITER = """
 import resource, signal, sys
-from sandbox.recording import AsciicastRecorder
+from sandbox.terminal.recording import AsciicastRecorder
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))

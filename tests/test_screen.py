@@ -1,4 +1,4 @@
-"""`sandbox.screen`: rendered terminal screens, from raw bytes and from real programs."""
+"""`sandbox.terminal.screen`: rendered terminal screens, from raw bytes and from real programs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox.screen import ScreenSnapshot, TerminalScreen
+from sandbox.terminal.screen import ScreenSnapshot, TerminalScreen
 from tests.conftest import skip_or_fail
 from tests.pty_harness import CURSES_PROGRAM, PtyProgram
 

@@ -165,7 +165,7 @@ async def test_a_write_preempts_a_long_poll(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         poll = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
-        assert await eventually(lambda: s._registry[pid].call_lock.locked())
+        assert await eventually(lambda: s._processes.lookup(pid).call_lock.locked())
         write = await s.pty_write_stdin(pid, "hi\n", until="hi\r\nhi", yield_time_s=20)
         assert loop.time() - t0 < 5
         assert (await poll).process_id == pid

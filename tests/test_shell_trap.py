@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.arguments import build_command
-from sandbox.command_check import CHECK_FAILED_EXIT, CommandCheck
+from sandbox.backends.toolkit.check import CHECK_FAILED_EXIT, CommandCheck
+from sandbox.backends.toolkit.trap import ShellTrap, keystroke_safe
 from sandbox.errors import CommandNotFoundError, WorkdirError
-from sandbox.shell_trap import ShellTrap, keystroke_safe
 
 
 def run_line(trap: ShellTrap, line: str, shell: str = "sh") -> tuple[bytes, int]:

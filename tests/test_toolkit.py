@@ -10,7 +10,7 @@ import pytest
 import sandbox
 from sandbox.backends import toolkit
 from sandbox.backends.toolkit import shell
-from sandbox.credentials import Secret
+from sandbox.backends.toolkit.credentials import Secret
 
 
 @pytest.mark.parametrize(
@@ -140,6 +140,6 @@ def test_argv_builders_check_what_they_splice() -> None:
 
 
 def test_the_toolkit_re_exports_the_shell_trap() -> None:
-    from sandbox.shell_trap import ShellTrap
+    from sandbox.backends.toolkit.trap import ShellTrap
 
     assert toolkit.ShellTrap is ShellTrap

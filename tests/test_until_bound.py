@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import sandbox
-from sandbox.text_decoding import StreamDecoder
-from sandbox.until_match import REGEX_LOOKBEHIND, REGEX_PIECE, SLICE_S, UntilMatcher
+from sandbox.output.decoding import StreamDecoder
+from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, SLICE_S, UntilMatcher
 
 # The reproduction of the hardening issue: `.*` backtracks over the whole line from every
 # start position, so a search costs the square of its string.
@@ -170,7 +169,9 @@ async def test_feed_async_lets_the_loop_run_during_a_flood() -> None:
 
 
 async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) -> None:
-    window = 1.0
+    """The loop keeps turning while a pathological pattern is searched on a flood: another
+    task's turns during the window are counted (how long the loop stalls and how long the
+    window lasts are figures of `make bench`, `core` group, not asserted here)."""
     # 400 KB without a newline, in 4 KB writes; then it waits (so only the window ends
     # the call, not an exit).
     child = (
@@ -180,18 +181,14 @@ async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) 
         "    sys.stdout.write('x' * 4096); sys.stdout.flush()\n"
         "sys.stdin.readline()\n"
     )
-    loop = asyncio.get_running_loop()
-    longest_stall = 0.0
+    turns = 0
     stop = asyncio.Event()
 
     async def ticker() -> None:
-        nonlocal longest_stall
-        last = loop.time()
+        nonlocal turns
         while not stop.is_set():
-            await asyncio.sleep(0.005)
-            now = loop.time()
-            longest_stall = max(longest_stall, now - last)
-            last = now
+            await asyncio.sleep(0)
+            turns += 1
 
     async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
         started = await session.pty_exec_start(
@@ -200,16 +197,17 @@ async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) 
         assert started.process_id is not None
         ticking = asyncio.create_task(ticker())
         try:
-            await asyncio.sleep(0.05)  # the ticker has its first reading
-            begin = time.monotonic()
+            await asyncio.sleep(0)  # the ticker is running
+            before = turns
             update = await session.pty_write_stdin(
-                started.process_id, "go\n", until=PATHOLOGICAL, yield_time_s=window
+                started.process_id, "go\n", until=PATHOLOGICAL, yield_time_s=1.0
             )
-            elapsed = time.monotonic() - begin
+            during = turns - before
         finally:
             stop.set()
             await ticking
     assert update.process_id is not None, "the window ended, not the process"
     assert "x" * 4096 in update.output
-    assert longest_stall < window, f"the event loop stalled for {longest_stall:.2f}s"
-    assert elapsed < 3 * window, f"a {window}s window took {elapsed:.2f}s"
+    # The loop was not held for the whole window (the slices themselves are counted by
+    # turns in test_feed_async_lets_the_loop_run_during_a_flood).
+    assert during > 0, "the ticker never ran during the window"

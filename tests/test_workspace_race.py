@@ -128,35 +128,41 @@ async def test_resolvers_hold_against_the_swap(tmp_path: Path, resolver: str) ->
     workspace, host = tmp_path / "ws", tmp_path / "host"
     _prepare(workspace, host)
     root = os.path.realpath(workspace)
-    swapper = subprocess.Popen(
+    # `with`: the pipe is closed and the child reaped however the test ends.
+    with subprocess.Popen(
         [sys.executable, "swapper.py", str(BUDGET_S + 30)],
         cwd=workspace,
         stdout=subprocess.PIPE,
-    )
-    try:
-        assert swapper.stdout is not None
-        assert swapper.stdout.readline() == b"swapping\n"
-        outcomes: list[str] = []
-        started = time.monotonic()
-        for i in range(ROUNDS):
-            for write, name in ((True, f"d/pwned{i}.txt"), (False, "d/secret.txt")):
-                try:
-                    opened = safe_open.open_regular(root, name, write=write, resolver=resolver)
-                except sandbox.SandboxError as exc:
-                    outcomes.append(type(exc).__name__)
-                    continue
-                try:
-                    if not write:
-                        assert os.read(opened.fd, 100) == INSIDE, "host content came back"
-                finally:
-                    os.close(opened.fd)
-                outcomes.append("ok")
-            succeeded, refused = _outcome_counts(outcomes)
-            if (succeeded >= ENOUGH and refused >= ENOUGH) or time.monotonic() - started > BUDGET_S:
-                break
-    finally:
-        (workspace / "stop").touch()
-        assert swapper.wait(timeout=30) == 0
+    ) as swapper:
+        try:
+            assert swapper.stdout is not None
+            assert swapper.stdout.readline() == b"swapping\n"
+            outcomes: list[str] = []
+            started = time.monotonic()
+            for i in range(ROUNDS):
+                for write, name in ((True, f"d/pwned{i}.txt"), (False, "d/secret.txt")):
+                    try:
+                        opened = safe_open.open_regular(root, name, write=write, resolver=resolver)
+                    except sandbox.SandboxError as exc:
+                        outcomes.append(type(exc).__name__)
+                        continue
+                    try:
+                        if not write:
+                            assert os.read(opened.fd, 100) == INSIDE, "host content came back"
+                    finally:
+                        os.close(opened.fd)
+                    outcomes.append("ok")
+                succeeded, refused = _outcome_counts(outcomes)
+                if (
+                    succeeded >= ENOUGH and refused >= ENOUGH
+                ) or time.monotonic() - started > BUDGET_S:
+                    break
+        finally:
+            (workspace / "stop").touch()
+            try:
+                assert swapper.wait(timeout=30) == 0
+            finally:
+                swapper.kill()  # a no-op once it exited; `with` closes its pipe and reaps it
     _assert_host_untouched(host)
     succeeded, refused = _outcome_counts(outcomes)
     assert refused >= 1 and succeeded >= 1, f"the race never showed: {set(outcomes)}"

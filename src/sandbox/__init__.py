@@ -1,6 +1,10 @@
 """sandbox: open and drive processes (one-shot and interactive PTYs) inside sandboxes.
 
-One API over seven backends; see `open_session`.
+One API over seven backends: `open_session` opens one by name (`BACKENDS` lists them,
+each a `BackendInfo`), `load_backend` gives its session class. A session's results are
+`ExecResult`, `PtyUpdate` and `PtyProcessInfo`; `until` takes an `UntilPattern` (a str
+or a compiled regex); every error is a `SandboxError`. Backend authors use
+`sandbox.backend`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -34,16 +38,16 @@ from .errors import (
     WorkdirError,
     WorkspacePathError,
 )
+from .output.until import UntilPattern
 from .session import BaseSandboxSession, SessionState
 
 # Kept callable for old callers (the submodule of the same name would shadow them);
 # not part of the user face: backend authors use `sandbox.backend`.
 from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
-from .until_match import UntilPattern
 
 if TYPE_CHECKING:
-    from .screen import ScreenSnapshot
+    from .terminal.screen import ScreenSnapshot
 
 
 # Backend-author names that used to be exported here; they live in `sandbox.backend`.
@@ -54,7 +58,7 @@ def __getattr__(name: str) -> Any:
     # `ScreenSnapshot` is loaded on first use: `import sandbox` stays free of the
     # terminal emulator (pyte) until a screen is made.
     if name == "ScreenSnapshot":
-        from .screen import ScreenSnapshot
+        from .terminal.screen import ScreenSnapshot
 
         return ScreenSnapshot
     if name in _MOVED_TO_BACKEND:

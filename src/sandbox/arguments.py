@@ -13,6 +13,10 @@ from collections.abc import Mapping, Sequence
 from .errors import InvalidArgumentError
 from .process_entry import CommandSpec
 
+# Re-exported: the session checks a size through `arguments` like every other argument.
+from .terminal.size import MAX_TERMINAL_SIDE as MAX_TERMINAL_SIDE
+from .terminal.size import check_terminal_size as check_terminal_size
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -21,11 +25,6 @@ WRITE_YIELD_S = 0.25
 MIN_YIELD_S = 0.25
 MAX_YIELD_S = 30.0
 EMPTY_POLL_MIN_YIELD_S = 5.0
-# Rows and columns accepted for a terminal, on every backend: more than any real display
-# shows (a 4K monitor at a 6-pixel font is 640 columns by 270 rows), while a screen's
-# cost (memory, emulation per line, a snapshot's text) stays bounded at 1000 x 1000
-# cells (docs/contract.md, "Screens").
-MAX_TERMINAL_SIDE = 1000
 
 
 def yield_window(value: float | None, default: float, *, floor: float = MIN_YIELD_S) -> float:
@@ -49,18 +48,6 @@ def check_max_tokens(value: int | None) -> int | None:
             f"max_output_tokens must be a positive int or None, not {value!r}"
         )
     return value
-
-
-def check_terminal_size(rows: int, cols: int) -> tuple[int, int]:
-    """Rows and columns must be ints in [1, MAX_TERMINAL_SIDE]."""
-    for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
-        if not 1 <= value <= MAX_TERMINAL_SIDE:
-            raise InvalidArgumentError(
-                f"{name} must be between 1 and {MAX_TERMINAL_SIDE}, got {value}"
-            )
-    return rows, cols
 
 
 def check_timeout(timeout: float | None) -> float | None:

@@ -163,7 +163,7 @@ class HostPathError(InvalidArgumentError):
     """A path the host opens on the sandbox's behalf (a recording) was refused: something
     already exists at the file's name (a file, symlink, FIFO...: never written over), a
     symlink or a non-folder is on the way, or it cannot be created. Nothing was changed
-    at the path. `path` is the path as given (see `sandbox.host_files`)."""
+    at the path. `path` is the path as given (see `sandbox.files.host`)."""
 
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message, retryable=False)

@@ -1,7 +1,7 @@
 """Bounded capture of a one-shot command's output.
 
 `exec("yes", timeout=3)` must not hold gigabytes. Each stream keeps the same shape the
-PTY windows keep (see `sandbox.output_buffer`): the first half of the bound, then a
+PTY windows keep (see `sandbox.output.buffer`): the first half of the bound, then a
 rolling tail of the other half, and a count of the bytes dropped in between. A backend
 appends each chunk as it arrives, so memory stays bounded whatever the command prints
 (unless the provider's SDK hands over the whole output at once: then only what is kept
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .command_check import CHECK_FAILED_EXIT, CommandCheck
+from .backends.toolkit.check import CHECK_FAILED_EXIT, CommandCheck
 from .errors import ExecTimeoutError
-from .output_buffer import BoundedOutput
+from .output.buffer import BoundedOutput
 from .types import ExecResult
 
 DEFAULT_EXEC_OUTPUT_LIMIT = 16 * 1024 * 1024
 # The first bytes of a stream are also kept apart, whatever the bound: the command
-# check's failure marker is found there (see `sandbox.command_check`).
+# check's failure marker is found there (see `sandbox.backends.toolkit.check`).
 START_BYTES = 4096
 
 

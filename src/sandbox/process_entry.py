@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic
 
-from .output_buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
+from .output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
 if TYPE_CHECKING:
-    from .recording import AsciicastRecorder
-    from .screen import TerminalScreen
-from .text_decoding import StreamDecoder
+    from .terminal.recording import AsciicastRecorder
+    from .terminal.screen import TerminalScreen
+from .output.decoding import StreamDecoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ class PtyEntry(Generic[H]):
         self.screen: TerminalScreen | None = None
         if self.spec.tty and self.spec.screen:
             # Imported here: `screen` imports `arguments`, which imports this module.
-            from .screen import TerminalScreen
+            from .terminal.screen import TerminalScreen
 
             self.screen = TerminalScreen(self.spec.rows, self.spec.cols)
 

@@ -20,6 +20,10 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel `tasks` and wait until every one has finished; their results and errors
     are consumed (an error is only logged: the caller is already handling one, or is
     tearing down). Re-raises the caller's own cancellation."""
+    current = asyncio.current_task()
+    # Our caller's cancellations are counted, not told apart by the error: one that lands
+    # while we await a task is passed on to that task, and comes back as the task's own.
+    before = current.cancelling() if current is not None else 0
     for task in tasks:
         task.cancel()
     for task in tasks:
@@ -30,6 +34,8 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
                 raise
         except Exception as exc:
             logger.debug("a background task failed while stopped: %s", type(exc).__name__)
+    if current is not None and current.cancelling() > before:
+        raise asyncio.CancelledError
 
 
 async def first_failure(tasks: Sequence[asyncio.Future[Any]], until: asyncio.Future[Any]) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
-    from .screen import ScreenSnapshot
+    from .terminal.screen import ScreenSnapshot
 
 
 @dataclass(frozen=True, slots=True)

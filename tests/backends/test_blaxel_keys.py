@@ -42,8 +42,8 @@ async def test_a_short_line_with_controls_is_typed_not_sourced(session: BlaxelSe
     """The short case above really goes through the line editor (not the file a long
     line is written to)."""
     from sandbox.backends.blaxel.terminal import Terminal
+    from sandbox.backends.toolkit.trap import ShellTrap
     from sandbox.process_entry import CommandSpec
-    from sandbox.shell_trap import ShellTrap
 
     spec = CommandSpec(("x",), 'printf %s "$V" > out', "x", True, env={"V": SHORT})
     line = Terminal(trap=ShellTrap(report_exit=True)).typed_line(spec, True, "/w", None)

@@ -51,6 +51,8 @@ async def crash_with_a_process(
         if child.poll() is None:
             child.kill()
             child.wait()
+        if child.stdout is not None:
+            child.stdout.close()  # strict pytest: no pipe left to the GC
     return int(line)
 
 

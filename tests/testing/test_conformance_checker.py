@@ -19,7 +19,7 @@ import pytest
 
 import sandbox
 from sandbox.testing import conformance
-from tests.test_docs import _example_backend
+from tests.meta.test_docs import _example_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 

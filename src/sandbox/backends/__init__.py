@@ -10,10 +10,12 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
-from ..session import BaseSandboxSession
+
+if TYPE_CHECKING:
+    from ..session import BaseSandboxSession
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..backends.toolkit import options as cli_options
 from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
 from . import durable as cli_durable
-from . import options as cli_options
 from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .run import command_words, run_command
 from .std_streams import error_line, flush_outputs, output_failure, plug_closed_fds, say

@@ -20,7 +20,7 @@ def _confinement_note() -> str:
 
 def _containment_note() -> str:
     try:
-        cgroups = importlib.import_module("sandbox.backends.unix_local.cgroups")
+        cgroups = importlib.import_module("sandbox.local.cgroups")
         limits = importlib.import_module("sandbox.backends.unix_local.cgroup_limits")
     except ImportError:
         return ""

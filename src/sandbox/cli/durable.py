@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from ..backends.toolkit import options as cli_options
 from ..durable.ref_file import read_ref_file
 from ..durable.resume import resume_session
 from ..session import BaseSandboxSession
-from . import options as cli_options
 from .session import open_cli_session
 
 

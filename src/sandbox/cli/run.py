@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
+from ..backends.toolkit import options as cli_options
 from ..errors import ExecTimeoutError, InvalidArgumentError, PtyProcessNotFoundError
 from ..session import BaseSandboxSession
 from ..types import PtyUpdate
-from . import options as cli_options
 from .durable import cli_session
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
 from .session import ANY_OUTPUT, record_path

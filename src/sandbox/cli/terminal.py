@@ -18,11 +18,11 @@ import termios
 import tty
 from collections.abc import Iterator
 
-from ..arguments import MAX_TERMINAL_SIDE
+from ..backends.toolkit import options as cli_options
 from ..errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOperationError
 from ..session import BaseSandboxSession
+from ..terminal.size import MAX_TERMINAL_SIDE
 from ..types import PtyUpdate
-from . import options as cli_options
 from .durable import cli_session
 from .session import ANY_OUTPUT, record_path
 from .std_streams import write_all

@@ -6,9 +6,8 @@
 See docs/durable-sessions.md.
 """
 
-from .ops import ProcessNotReattached
 from .ref_file import read_ref_file
-from .refs import ProcessRef, SessionRef
+from .refs import ProcessNotReattached, ProcessRef, SessionRef
 from .resume import resume_session
 
 __all__ = ["ProcessNotReattached", "ProcessRef", "SessionRef", "read_ref_file", "resume_session"]

@@ -18,7 +18,7 @@ import stat
 import tempfile
 
 from ..errors import HostPathError
-from ..host_files import HostDirectory
+from ..files.host import HostDirectory
 
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -1,45 +1,71 @@
 """What `ref()`, `detach()`, a resume and a close of a shared session do to a session.
 
-Base-session logic kept out of `session.py`: these functions use the session's registry
-and settled teardown exactly as its close does (every entry changes hands by being
-popped, every teardown goes through `_settle_batch`), and call the backend's durable
-hooks (`_ref_sandbox`, `_ref_process`, `_lease_store`, `_resume_backend`,
-`_reattach_process`, `_release_entry`, `_detach_backend`).
+Base-session logic kept out of `sandbox.session`: these functions use the session's
+collaborators exactly as its close does (every entry changes hands through the
+`ProcessRegistry`'s `take*`/`adopt`, every teardown goes through `OwnedTasks`, which
+releases instead of ending the entries it is told to let go of), and call the backend's
+durable hooks (`SessionHooks`: `_ref_sandbox`, `_ref_process`, `_lease_store`,
+`_resume_backend`, `_reattach_process`, `_release_entry`, `_detach_backend`).
+
+The session is typed as `DurableSession`, the part of `BaseSandboxSession` used here
+(the session package imports this module, so this one must not import it back).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import CleanupError, SandboxError, SessionTakenOverError
+from ..errors import SandboxError, SessionTakenOverError
 from ..process_entry import CommandSpec, ProcessSpec, PtyEntry
 from ..settle import settle
 from . import lease
-from .refs import ProcessRef, SessionRef
+from .refs import ProcessNotReattached, ProcessRef, SessionRef
+from .state import DurableState
 
 if TYPE_CHECKING:
-    from ..session import BaseSandboxSession
+    from ..session.ownership import OwnedTasks
+    from ..session.recordings import Recordings
+    from ..session.registry import ProcessRegistry
 
 logger = logging.getLogger("sandbox")
 
 DETACH_NOTE = "ended at detach: {backend} processes cannot outlive the client that started them"
 
+__all__ = ["DurableSession", "ProcessNotReattached"]
 
-class ProcessNotReattached(Exception):
-    """Raised by a backend's `_reattach_process`: the provider no longer has the process
-    (or never keeps one past its client). `note` says why (shown to the caller, so no
-    secret); `exit_code` is its status when the provider knows it."""
 
-    def __init__(self, note: str, exit_code: int | None = None) -> None:
-        super().__init__(note)
-        self.note = note
-        self.exit_code = exit_code
+class DurableSession(Protocol):
+    """What these functions use of a `BaseSandboxSession`: its durable state, its
+    collaborators and the durable hooks."""
+
+    backend_name: str
+    output_limit_bytes: int
+    _durable: DurableState
+    _processes: ProcessRegistry[Any]
+    _owned: OwnedTasks[Any]
+    _recordings: Recordings
+
+    @property
+    def keeps_processes(self) -> bool: ...
+
+    def _ref_sandbox(self) -> dict[str, Any]: ...
+
+    def _ref_options(self) -> dict[str, Any]: ...
+
+    def _ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]: ...
+
+    def _lease_store(self) -> lease.LeaseStore | None: ...
+
+    async def _resume_backend(self, ref: SessionRef) -> None: ...
+
+    async def _reattach_process(self, entry: PtyEntry[Any], process: ProcessRef) -> None: ...
+
+    async def _detach_backend(self) -> None: ...
 
 
 def process_ref(
-    session: BaseSandboxSession[Any], entry: PtyEntry[Any], note: str | None = None
+    session: DurableSession, entry: PtyEntry[Any], note: str | None = None
 ) -> ProcessRef:
     """The ref of one registered process (its provider handle while it runs)."""
     spec = entry.spec
@@ -59,14 +85,11 @@ def process_ref(
     )
 
 
-def make_ref(
-    session: BaseSandboxSession[Any], processes: list[ProcessRef] | None = None
-) -> SessionRef:
+def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None) -> SessionRef:
     """The session's ref now (its registered processes, oldest first)."""
     durable = session._durable
     if processes is None:
-        entries = sorted(session._registry.values(), key=lambda e: e.started_at)
-        processes = [process_ref(session, entry) for entry in entries]
+        processes = [process_ref(session, entry) for entry in session._processes.registered()]
     return SessionRef(
         backend=session.backend_name,
         session_id=durable.session_id,
@@ -77,7 +100,7 @@ def make_ref(
     )
 
 
-def changed(session: BaseSandboxSession[Any]) -> None:
+def changed(session: DurableSession) -> None:
     """Keep the ref file current after a process started or left (failures are logged:
     a full disk must not fail a teardown)."""
     durable = session._durable
@@ -89,7 +112,7 @@ def changed(session: BaseSandboxSession[Any]) -> None:
         logger.warning("%s session: the ref file was not updated: %s", session.backend_name, exc)
 
 
-def _store(session: BaseSandboxSession[Any]) -> lease.LeaseStore | None:
+def _store(session: DurableSession) -> lease.LeaseStore | None:
     """The session's lease store (asked of the backend once, then kept)."""
     durable = session._durable
     if durable.store is None:
@@ -97,7 +120,7 @@ def _store(session: BaseSandboxSession[Any]) -> lease.LeaseStore | None:
     return durable.store
 
 
-def close_store(session: BaseSandboxSession[Any]) -> None:
+def close_store(session: DurableSession) -> None:
     """Release what the lease store holds (a folder fd), at the end of this client's hold."""
     store, session._durable.store = session._durable.store, None
     close = getattr(store, "close", None)
@@ -105,11 +128,11 @@ def close_store(session: BaseSandboxSession[Any]) -> None:
         close()
 
 
-def _what(session: BaseSandboxSession[Any]) -> str:
+def _what(session: DurableSession) -> str:
     return f"the {session.backend_name} session {session._durable.session_id}"
 
 
-def taken_over_error(session: BaseSandboxSession[Any]) -> SessionTakenOverError:
+def taken_over_error(session: DurableSession) -> SessionTakenOverError:
     """The error every call of a session another client resumed raises."""
     return SessionTakenOverError(
         f"{_what(session)} was resumed by another client, which owns it now; this client "
@@ -117,7 +140,7 @@ def taken_over_error(session: BaseSandboxSession[Any]) -> SessionTakenOverError:
     )
 
 
-async def guard(session: BaseSandboxSession[Any]) -> None:
+async def guard(session: DurableSession) -> None:
     """Before a call of a shared session: raise `SessionTakenOverError` if another
     client took it over (one read of the lease)."""
     durable = session._durable
@@ -134,7 +157,7 @@ async def guard(session: BaseSandboxSession[Any]) -> None:
 # ---- resume ----------------------------------------------------------------------------
 
 
-def _entry_for(session: BaseSandboxSession[Any], pref: ProcessRef) -> PtyEntry[Any]:
+def _entry_for(session: DurableSession, pref: ProcessRef) -> PtyEntry[Any]:
     command = CommandSpec(
         argv=(), shell_command=pref.command, display=pref.command, shell=True, env=None
     )
@@ -149,7 +172,7 @@ def _entry_for(session: BaseSandboxSession[Any], pref: ProcessRef) -> PtyEntry[A
     return entry
 
 
-async def resume(session: BaseSandboxSession[Any]) -> None:
+async def resume(session: DurableSession) -> None:
     """`start()` of a resumed session: attach, take the lease over, reattach processes.
     If this fails or is cancelled, `abandon_resume` releases what it attached (the
     sandbox stays: its owner is still the ref)."""
@@ -162,7 +185,7 @@ async def resume(session: BaseSandboxSession[Any]) -> None:
         await lease.take_over(store, durable.token, _what(session))
     for pref in ref.processes:
         entry = _entry_for(session, pref)
-        session._registry[entry.process_id] = entry  # ours from now: a failure releases it
+        session._processes.adopt(entry)  # ours from now: a failure releases it
         if not pref.running:
             entry.report_exit(pref.exit_code if pref.exit_code is not None else -1)
             entry.report_eof()
@@ -180,14 +203,12 @@ async def resume(session: BaseSandboxSession[Any]) -> None:
                 entry.report_lost(gone.note)
 
 
-async def abandon_resume(session: BaseSandboxSession[Any]) -> None:
+async def abandon_resume(session: DurableSession) -> None:
     """Undo a resume that failed or was cancelled: let go of the reattached processes
     (they stay the ref's) and of the backend's clients; the sandbox is left running."""
-    entries = list(session._registry.values())
-    session._registry.clear()
-    session._durable.releasing.update(e.process_id for e in entries)
+    entries = session._processes.take_all()
     try:
-        await session._settle_batch(entries)
+        await session._owned.settle_batch(entries, let_go={e.process_id for e in entries})
     finally:
         close_store(session)
         await settle(session._detach_backend())
@@ -196,45 +217,18 @@ async def abandon_resume(session: BaseSandboxSession[Any]) -> None:
 # ---- detach and close ------------------------------------------------------------------
 
 
-async def _cancel_in_flight(session: BaseSandboxSession[Any]) -> None:
-    in_flight: list[asyncio.Future[Any]] = [*session._execs]
-    in_flight += [e.spawn_task for e in session._starting.values() if e.spawn_task is not None]
-    for task in in_flight:
-        task.cancel()
-    if in_flight:
-        await asyncio.wait(in_flight)
-
-
-async def _settle_all(
-    session: BaseSandboxSession[Any], entries: list[PtyEntry[Any]]
-) -> list[BaseException]:
-    errors: list[BaseException] = []
-    try:
-        await session._settle_batch(entries)
-    except CleanupError as exc:
-        errors.extend(exc.errors)
-    except Exception as exc:
-        errors.append(exc)
-    while session._teardowns:
-        await asyncio.wait(list(session._teardowns))
-    return errors
-
-
-async def detach_everything(session: BaseSandboxSession[Any]) -> SessionRef:
+async def detach_everything(session: DurableSession) -> SessionRef:
     """The work of `detach()` (run as the session's closing task, settled)."""
-    await _cancel_in_flight(session)
-    starting = list(session._starting.values())
-    registered = sorted(session._registry.values(), key=lambda e: e.started_at)
-    session._starting.clear()
-    session._registry.clear()
+    await session._owned.cancel_in_flight()
+    starting = session._processes.take_all_starting()
+    registered = sorted(session._processes.take_all(), key=lambda e: e.started_at)
     keep = [e for e in registered if session.keeps_processes and e.running and e.handle]
     kept_ids = {e.process_id for e in keep}
     ended = [e for e in registered if e.process_id not in kept_ids]
     # What the ref says of a kept process is read before its reader lets go of it.
     kept_refs = {e.process_id: process_ref(session, e) for e in keep}
     cut_short = {e.process_id for e in ended if e.running}
-    session._durable.releasing.update(kept_ids)
-    errors = await _settle_all(session, keep + ended + starting)
+    errors = await session._owned.settle_all(keep + ended + starting, let_go=kept_ids)
     note = DETACH_NOTE.format(backend=session.backend_name)
     processes = [
         kept_refs[e.process_id]
@@ -249,7 +243,7 @@ async def detach_everything(session: BaseSandboxSession[Any]) -> SessionRef:
     except Exception as exc:
         errors.append(exc)
     finish_ref_file(session, ref)
-    session._close_record_directory()
+    session._recordings.close()
     if errors:
         logger.warning(
             "%s session: detaching left errors: %s",
@@ -259,7 +253,7 @@ async def detach_everything(session: BaseSandboxSession[Any]) -> SessionRef:
     return ref
 
 
-def finish_ref_file(session: BaseSandboxSession[Any], ref: SessionRef | None) -> None:
+def finish_ref_file(session: DurableSession, ref: SessionRef | None) -> None:
     """At the end of this client's hold: write the final ref (a detach) or remove the
     file (a close that deleted the sandbox); a taken-over session leaves it alone."""
     durable = session._durable
@@ -280,7 +274,7 @@ def finish_ref_file(session: BaseSandboxSession[Any], ref: SessionRef | None) ->
         ref_file.close()
 
 
-async def claim_close(session: BaseSandboxSession[Any]) -> bool:
+async def claim_close(session: DurableSession) -> bool:
     """At the start of a close: whether this client still owns the sandbox (and may
     tear it down). False when another client resumed it: the close then only lets go."""
     durable = session._durable
@@ -297,16 +291,26 @@ async def claim_close(session: BaseSandboxSession[Any]) -> bool:
     return True
 
 
-async def let_go(
-    session: BaseSandboxSession[Any], entries: list[PtyEntry[Any]]
-) -> list[BaseException]:
+async def let_go(session: DurableSession, entries: list[PtyEntry[Any]]) -> list[BaseException]:
     """The close of a taken-over session: release every entry (no kill: the new owner
     decides), then the backend's clients. Returns the errors met."""
-    session._durable.releasing.update(e.process_id for e in entries)
-    errors = await _settle_all(session, entries)
+    errors = await session._owned.settle_all(entries, let_go={e.process_id for e in entries})
     try:
         await session._detach_backend()
     except Exception as exc:
         errors.append(exc)
     finish_ref_file(session, None)
     return errors
+
+
+async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]]) -> bool:
+    """In a close, with `entries` taken: whether it may tear the sandbox down. If
+    another client took it over, let go of `entries` and the backend's clients instead
+    (the failures are logged) and answer False."""
+    if await claim_close(session):
+        return True
+    errors = await let_go(session, entries)
+    session._recordings.close()
+    for error in errors:
+        logger.warning("%s session: letting go failed: %s", session.backend_name, error)
+    return False

@@ -3,7 +3,7 @@
 So a client killed without warning (SIGKILL, OOM, a lost machine) leaves behind what a
 new client needs: `resume_session(read_ref_file(PATH))`.
 
-The file follows `sandbox.host_files`: its folder is opened once, when the session is
+The file follows `sandbox.files.host`: its folder is opened once, when the session is
 made (before the sandbox runs anything), and every write creates a new file (exclusive,
 no symlink followed, mode 0600) under a random name relative to that folder's fd, then
 renames it over PATH in one step: a reader sees the old ref or the new one, never half
@@ -19,7 +19,7 @@ import secrets
 import stat
 
 from ..errors import HostPathError, InvalidArgumentError
-from ..host_files import HostDirectory, host_path
+from ..files.host import HostDirectory, host_path
 from .refs import MAX_REF_BYTES, SessionRef
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC

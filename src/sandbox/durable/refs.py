@@ -235,3 +235,14 @@ class SessionRef:
             f"<SessionRef backend={self.backend!r} session_id={self.session_id!r} "
             f"processes={len(self.processes)}>"
         )
+
+
+class ProcessNotReattached(Exception):
+    """Raised by a backend's `_reattach_process`: the provider no longer has the process
+    (or never keeps one past its client). `note` says why (shown to the caller, so no
+    secret); `exit_code` is its status when the provider knows it."""
+
+    def __init__(self, note: str, exit_code: int | None = None) -> None:
+        super().__init__(note)
+        self.note = note
+        self.exit_code = exit_code

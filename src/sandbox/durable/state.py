@@ -21,8 +21,7 @@ class DurableState:
     `session_id` names the session across its clients (new, or the ref's at resume);
     `token` this client's lease token; `shared` becomes True once a ref exists outside
     this client (`ref()`, a ref file, a resume), from when on the lease is checked;
-    `resume_ref` is the ref a `resume_session` attaches to; `releasing` the ids of
-    entries to let go (not kill) at their teardown; `taken_over` is set when another
+    `resume_ref` is the ref a `resume_session` attaches to; `taken_over` is set when another
     client's resume was seen; `detached` holds the ref `detach()` made.
     """
 
@@ -32,7 +31,6 @@ class DurableState:
         self.ref_file = None if ref_file is None else RefFile(ref_file)
         self.shared = self.ref_file is not None
         self.resume_ref: SessionRef | None = None
-        self.releasing: set[int] = set()
         self.taken_over = False
         self.detached: SessionRef | None = None
         self.store: LeaseStore | None = None  # the backend's, asked for once

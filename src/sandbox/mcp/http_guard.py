@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..credentials import Secret
+from ..backends.toolkit.credentials import Secret
 from ..errors import InvalidArgumentError
 
 logger = logging.getLogger("sandbox.mcp")

@@ -31,8 +31,8 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..backends.toolkit.options import add_backend_arguments, options_from_args
 from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
-from ..cli.options import add_backend_arguments, options_from_args
 from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
 from ..errors import InvalidArgumentError, SandboxError
 from ..session import BaseSandboxSession, SessionState
@@ -42,7 +42,7 @@ from .http_guard import TOKEN_ENV, read_token
 from .transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 
 if TYPE_CHECKING:
-    from ..screen import ScreenSnapshot
+    from ..terminal.screen import ScreenSnapshot
 
 logger = logging.getLogger("sandbox.mcp")
 

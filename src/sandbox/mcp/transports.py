@@ -25,7 +25,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 from sse_starlette.sse import AppStatus
 
-from ..credentials import Secret
+from ..backends.toolkit.credentials import Secret
 from .http_guard import AccessPolicy, RequestGuard, require_token_for
 
 logger = logging.getLogger("sandbox.mcp")

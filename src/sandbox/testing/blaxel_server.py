@@ -121,8 +121,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from ..backends.unix_local import process_tree
-from ..backends.unix_local.local_process import LocalProcess
+from ..local import tree as process_tree
+from ..local.process import LocalProcess
 from . import faults
 from .special_files import wait_forever_on_special_file
 
@@ -1410,8 +1410,12 @@ __all__ = [
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
+    "GET_OUTPUT_TAIL",
+    "OUTPUT_RETAIN",
     "BlaxelServer",
     "FakeSandbox",
     "FloodingPeer",
+    "TerminalFault",
     "TricklingPeer",
+    "go_terminal_text",
 ]

@@ -2,7 +2,7 @@
 backend without a Cloudflare account or network access.
 
 `CloudflareWorkerServer` is an aiohttp server on 127.0.0.1 (a free port) that speaks the
-bridge protocol, over REAL local processes (`backends.unix_local.local_process`). It follows
+bridge protocol, over REAL local processes (`sandbox.local.process`). It follows
 cloudflare/sandbox-sdk at commit 6abf639caffa6dd20dcdba6f957ab203ece4cb01 (see
 docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 
@@ -139,11 +139,13 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from ..backends.unix_local import local_files
-from ..backends.unix_local.local_process import LocalProcess
 from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
+from ..local.process import LocalProcess
 from ..settle import settle
 from . import faults
 
+# The worker's endpoints a fault can be planned on, and the points a call
+# can be stalled at (`stall`); the banner a terminal prints before it is ready.
 ENDPOINTS = (
     "create",
     "delete",
@@ -173,6 +175,7 @@ SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
 SESSION_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,128}")
 WORKSPACE = "/workspace"
 
+# An aiohttp request handler of this server.
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -1155,3 +1158,27 @@ def _default_shell() -> list[str]:
     if bash:
         return [bash, "--norc", "--noprofile", "-i"]
     return ["sh", "-i"]
+
+
+__all__ = [
+    "DEFAULT_FLOOD_BYTES",
+    "DEFAULT_PRE_READY_OUTPUT",
+    "DEFAULT_TRICKLE_INTERVAL_S",
+    "ENDPOINTS",
+    "EXIT_DRAIN_S",
+    "FLOOD_CHUNK",
+    "MAX_WRITE_BYTES",
+    "PTY_BUFFER_BYTES",
+    "SANDBOX_ID_RE",
+    "SESSION_ID_RE",
+    "STALL_POINTS",
+    "TRICKLE_BYTES",
+    "WORKSPACE",
+    "CloudflareWorkerServer",
+    "FakePty",
+    "FakeSandbox",
+    "FakeSession",
+    "Handler",
+    "RequestRecord",
+    "Stall",
+]

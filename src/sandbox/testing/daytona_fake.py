@@ -26,7 +26,7 @@ fails the tests. The fake raises the SDK's own exception classes and returns the
 own data types (`ExecuteResponse`, `SessionExecuteResponse`, `Command`, `PtyResult`,
 `PtySessionInfo`).
 
-Behind the surface every process is a real local process (`backends.unix_local.local_process`), run
+Behind the surface every process is a real local process (`sandbox.local.process`), run
 the way the Daytona daemon runs them, as pessimistically as it plausibly behaves:
 
 - a PTY session is an interactive shell (`bash -i`, else `sh -i`) on a real terminal, so
@@ -111,7 +111,7 @@ from daytona.common.process import ExecuteResponse, ExecutionArtifacts, SessionE
 from daytona.common.pty import PtyResult, PtySize
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
@@ -143,6 +143,7 @@ ALIASES = {
     "logs": "get_session_command_logs_async",
 }
 
+# Set in every fake process's environment, so a leak check can find them by it.
 MARKER_ENV = "SANDBOX_FAKE_DAYTONA"
 # A streamed download's chunk size (the SDK reads its response 64 KiB at a time).
 DOWNLOAD_CHUNK = 64 * 1024
@@ -1253,3 +1254,21 @@ class FakeDaytona:
             await asyncio.wait(tasks)
         if self._own_root:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+__all__ = [
+    "ALIASES",
+    "DOWNLOAD_CHUNK",
+    "EXIT_OUTPUT_GRACE_S",
+    "FAULT_POINTS",
+    "GO_SIGNAL_NAMES",
+    "MARKER_ENV",
+    "SDK_NAMES",
+    "FakeAsyncDaytona",
+    "FakeAsyncFileSystem",
+    "FakeAsyncProcess",
+    "FakeAsyncPtyHandle",
+    "FakeAsyncSandbox",
+    "FakeDaytona",
+    "Gate",
+]

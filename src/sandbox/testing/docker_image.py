@@ -19,6 +19,8 @@ from typing import Any
 
 from ..errors import BackendUnavailableError, ProviderError
 
+# The two test images (tags, the programs of the minimal one, the label holding the hash
+# of what built them) and where busybox is looked for on the host.
 DEFAULT_TAG = "sandbox-test-busybox:latest"
 MINIMAL_TAG = "sandbox-test-minimal:latest"
 MINIMAL_PROGRAMS = ("sh", "cat", "sleep")
@@ -26,6 +28,7 @@ HASH_LABEL = "sandbox.test-image.hash"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 INSTALL_HINT = "install it with: apt-get install -y busybox-static"
 
+# What builds the images: a busybox on scratch, with a root and a plain user.
 DOCKERFILE = b"""FROM scratch
 COPY busybox /bin/busybox
 COPY passwd group /etc/
@@ -163,3 +166,21 @@ def _ensure_image(tag: str, client: Any, context: bytes, content_hash: str) -> s
     finally:
         if own_client and client is not None:
             client.close()
+
+
+__all__ = [
+    "BUSYBOX_CANDIDATES",
+    "DEFAULT_TAG",
+    "DOCKERFILE",
+    "GROUP",
+    "HASH_LABEL",
+    "INSTALL_HINT",
+    "MINIMAL_DOCKERFILE",
+    "MINIMAL_PROGRAMS",
+    "MINIMAL_TAG",
+    "PASSWD",
+    "ensure_busybox_image",
+    "ensure_minimal_image",
+    "find_busybox",
+    "is_static_elf",
+]

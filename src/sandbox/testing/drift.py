@@ -42,6 +42,8 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# The class attributes a fake uses to name what it has beyond the SDK (its own helpers,
+# dunders) and its map of fake names to SDK names.
 FAKE_ONLY_MARK = "__fake_only__"
 FAKE_DUNDERS_MARK = "__fake_dunders__"
 SDK_NAMES_MARK = "SDK_NAMES"
@@ -401,3 +403,12 @@ def surface_problems(
             )
         problems.extend(signature_problems(qual, fake_attr, real_attr, names))
     return problems
+
+
+__all__ = [
+    "FAKE_DUNDERS_MARK",
+    "FAKE_ONLY_MARK",
+    "SDK_NAMES_MARK",
+    "signature_problems",
+    "surface_problems",
+]

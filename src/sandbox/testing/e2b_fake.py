@@ -19,7 +19,7 @@ parameters and async-ness; `tests/backends/test_e2b.py` checks that against the 
 SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
 fake raises the SDK's own exception classes and returns its own data types.
 
-Behind the surface every process is a real local process (`backends.unix_local.local_process`), the
+Behind the surface every process is a real local process (`sandbox.local.process`), the
 way envd runs them: `commands.run(cmd)` is `/bin/bash -l -c cmd` on pipes with stdin
 closed; `pty.create()` is an interactive login `/bin/bash -i -l` on a real terminal (so
 whatever is typed into it really goes through a shell). A process killed by a signal
@@ -108,7 +108,7 @@ from e2b import (
 from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
@@ -147,6 +147,7 @@ EXIT_OUTPUT_GRACE_S = 0.2
 PTY_ENV_DEFAULTS = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 _Event = tuple[Any, ...]
+# Picks the call a `Gate` or fault applies to (the process it is about, if any).
 Predicate = Callable[["FakeProcess | None"], bool]
 
 
@@ -1469,6 +1470,7 @@ class FakeFileStreamReader:
         await self.aclose()
 
 
+# Each fake class -> the SDK class it stands in for (checked by `sandbox.testing.drift`).
 SDK_NAMES = {
     "FakeFileStreamReader": "AsyncFileStreamReader",
     "FakeCommandHandle": "AsyncCommandHandle",
@@ -1494,3 +1496,25 @@ def fake_classes() -> Iterable[tuple[type, str]]:
         (FakeSandboxInfo, "e2b.SandboxInfo"),
         (FakeFileStreamReader, "e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader"),
     )
+
+
+__all__ = [
+    "EXIT_OUTPUT_GRACE_S",
+    "FAULT_POINTS",
+    "PTY_ENV_DEFAULTS",
+    "SDK_NAMES",
+    "STREAM_CHUNK",
+    "FakeAsyncSandbox",
+    "FakeCommandHandle",
+    "FakeCommands",
+    "FakeE2B",
+    "FakeFileStreamReader",
+    "FakeFilesystem",
+    "FakeProcess",
+    "FakePty",
+    "FakeSandboxInfo",
+    "FakeSandboxPaginator",
+    "Gate",
+    "Predicate",
+    "fake_classes",
+]

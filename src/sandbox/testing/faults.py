@@ -45,8 +45,9 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-__all__ = ["FaultPlan", "Gate", "PlannedFailure", "park_calls"]
+__all__ = ["FaultPlan", "Gate", "PlannedFailure", "Predicate", "park_calls"]
 
+# What `where=` takes: a test of a call's subject (its path, name or arguments).
 Predicate = Callable[[Any], bool]
 
 

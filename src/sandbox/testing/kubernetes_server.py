@@ -83,23 +83,23 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from .cloudflare_server import Stall
 
-V5 = "v5.channel.k8s.io"
-V4 = "v4.channel.k8s.io"
-STALL_POINTS = ("create", "exec", "delete", "watch", "schedule")
-POD_MARKER = "SANDBOX_STANDIN_POD"
-MIN_GRACE_S = 2
-FRAME_BYTES = 32 * 1024
+_V5 = "v5.channel.k8s.io"
+_V4 = "v4.channel.k8s.io"
+_STALL_POINTS = ("create", "exec", "delete", "watch", "schedule")
+_POD_MARKER = "SANDBOX_STANDIN_POD"
+_MIN_GRACE_S = 2
+_FRAME_BYTES = 32 * 1024
 # How long the kubelet's pull "retries" before it reports the back-off.
-BACKOFF_AFTER_S = 0.05
-WATCH_IDLE_S = 300.0
-WATCH_CACHE_EVENTS = 1000
+_BACKOFF_AFTER_S = 0.05
+_WATCH_IDLE_S = 300.0
+_WATCH_CACHE_EVENTS = 1000
 
 
 @dataclass(eq=False)
-class FakePod:
+class _FakePod:
     """One pod: its object, its directory, its processes."""
 
     namespace: str
@@ -114,7 +114,7 @@ class FakePod:
 
     @property
     def marker(self) -> str:
-        """The value of `POD_MARKER` in its processes' environment."""
+        """The value of `_POD_MARKER` in its processes' environment."""
         return str(self.obj["metadata"]["uid"])
 
 
@@ -165,7 +165,7 @@ class KubernetesApiServer:
         self.status_padding = 0
         self.watch_floods = 0
         self.flood_bytes = 8 * 1024 * 1024
-        self.pods: dict[tuple[str, str], FakePod] = {}
+        self.pods: dict[tuple[str, str], _FakePod] = {}
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str, bool]] = []
         self.exec_argvs: list[list[str]] = []
@@ -176,7 +176,7 @@ class KubernetesApiServer:
         self._version = 1
         # The watch cache: recent events, replayed to a watch from a resourceVersion.
         self._history: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(
-            maxlen=WATCH_CACHE_EVENTS
+            maxlen=_WATCH_CACHE_EVENTS
         )
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -268,8 +268,8 @@ class KubernetesApiServer:
 
     def stall(self, point: str) -> Stall:
         """Make requests wait at `point` until the returned stall is released."""
-        if point not in STALL_POINTS:
-            raise ValueError(f"unknown stall point {point!r}; known: {', '.join(STALL_POINTS)}")
+        if point not in _STALL_POINTS:
+            raise ValueError(f"unknown stall point {point!r}; known: {', '.join(_STALL_POINTS)}")
         stall = Stall(point)
         self._stalls[point] = stall
         return stall
@@ -320,7 +320,7 @@ class KubernetesApiServer:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _touch(self, pod: FakePod, kind: str = "MODIFIED") -> None:
+    def _touch(self, pod: _FakePod, kind: str = "MODIFIED") -> None:
         self._version += 1
         pod.obj["metadata"]["resourceVersion"] = str(self._version)
         event = {"type": kind, "object": json.loads(json.dumps(pod.obj))}
@@ -329,7 +329,7 @@ class KubernetesApiServer:
             if namespace == pod.namespace and _matches(pod.obj, selector):
                 queue.put_nowait(event)
 
-    def _pod(self, request: web.Request) -> FakePod | None:
+    def _pod(self, request: web.Request) -> _FakePod | None:
         return self.pods.get((request.match_info["ns"], request.match_info["name"]))
 
     def _not_found(self, name: str) -> web.Response:
@@ -356,13 +356,13 @@ class KubernetesApiServer:
         obj["status"] = {"phase": "Pending", "conditions": []}
         root = os.path.join(self._root, f"{namespace}.{name}")
         os.makedirs(root, exist_ok=False)
-        pod = FakePod(namespace, name, obj, root)
+        pod = _FakePod(namespace, name, obj, root)
         self.pods[(namespace, name)] = pod
         self._touch(pod, "ADDED")
         pod.lifecycle = self._spawn_task(self._bring_up(pod))
         return web.json_response(obj, status=201)
 
-    async def _bring_up(self, pod: FakePod) -> None:
+    async def _bring_up(self, pod: _FakePod) -> None:
         """What the scheduler and the kubelet do to a new pod, step by step."""
         await asyncio.sleep(0)
         await self._maybe_stall("schedule")
@@ -391,7 +391,7 @@ class KubernetesApiServer:
                 "waiting": {"reason": "ErrImagePull", "message": message}
             }
             self._touch(pod)
-            await asyncio.sleep(BACKOFF_AFTER_S)
+            await asyncio.sleep(_BACKOFF_AFTER_S)
             status["containerStatuses"][0]["state"] = {
                 "waiting": {
                     "reason": "ImagePullBackOff",
@@ -425,12 +425,12 @@ class KubernetesApiServer:
             self._touch(pod)
             self._kill_members(pod)
 
-    def _env(self, pod: FakePod) -> dict[str, str]:
+    def _env(self, pod: _FakePod) -> dict[str, str]:
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": pod.root,
             "HOSTNAME": pod.name,
-            POD_MARKER: pod.marker,
+            _POD_MARKER: pod.marker,
         }
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
@@ -479,7 +479,7 @@ class KubernetesApiServer:
                         queue.put_nowait(event)
             while True:
                 try:
-                    async with asyncio.timeout(WATCH_IDLE_S):
+                    async with asyncio.timeout(_WATCH_IDLE_S):
                         event = await queue.get()
                 except TimeoutError:
                     break  # the server ends idle watches; the client watches anew
@@ -515,10 +515,10 @@ class KubernetesApiServer:
                 # A node that never confirms: only a forced delete removes the object.
                 pod.deleting = self._spawn_task(asyncio.Event().wait())
             else:
-                pod.deleting = self._spawn_task(self._terminate(pod, max(grace, MIN_GRACE_S)))
+                pod.deleting = self._spawn_task(self._terminate(pod, max(grace, _MIN_GRACE_S)))
         return web.json_response(pod.obj)
 
-    async def _terminate(self, pod: FakePod, grace_s: float) -> None:
+    async def _terminate(self, pod: _FakePod, grace_s: float) -> None:
         """The kubelet's kill: SIGTERM to the init, the grace, SIGKILL, then the rest."""
         init = pod.init
         if init is not None and init.returncode is None:
@@ -529,7 +529,7 @@ class KubernetesApiServer:
                     await init.wait()
         await self._destroy(pod)
 
-    async def _destroy(self, pod: FakePod) -> None:
+    async def _destroy(self, pod: _FakePod) -> None:
         """Kill everything of the pod, forget it, tell the watchers."""
         if self.pods.get((pod.namespace, pod.name)) is not pod:
             return
@@ -554,7 +554,7 @@ class KubernetesApiServer:
         pod.gone.set()
         shutil.rmtree(pod.root, ignore_errors=True)
 
-    def _kill_members(self, pod: FakePod) -> None:
+    def _kill_members(self, pod: _FakePod) -> None:
         """SIGKILL the pod's process groups and whatever carries its marker (what a
         container's end does through its PID namespace), until a look finds nobody."""
         groups = {getattr(p, "pid", 0) for p in pod.processes}
@@ -596,10 +596,10 @@ class KubernetesApiServer:
         if not argv:
             return _status_response(400, "BadRequest", "you must specify at least 1 command")
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        if V5 in offered and not self.v4_only:
-            protocol = V5
-        elif V4 in offered:
-            protocol = V4
+        if _V5 in offered and not self.v4_only:
+            protocol = _V5
+        elif _V4 in offered:
+            protocol = _V4
         else:
             # golang.org/x/net/websocket: no acceptable subprotocol, a bare 403.
             return web.Response(status=403)
@@ -621,7 +621,7 @@ class _ExecSession:
     def __init__(
         self,
         server: KubernetesApiServer,
-        pod: FakePod,
+        pod: _FakePod,
         ws: web.WebSocketResponse,
         protocol: str,
         argv: list[str],
@@ -644,8 +644,8 @@ class _ExecSession:
 
     async def _send(self, channel: int, data: bytes) -> None:
         if not self.ws.closed:
-            for start in range(0, max(len(data), 1), FRAME_BYTES):
-                await self.ws.send_bytes(bytes([channel]) + data[start : start + FRAME_BYTES])
+            for start in range(0, max(len(data), 1), _FRAME_BYTES):
+                await self.ws.send_bytes(bytes([channel]) + data[start : start + _FRAME_BYTES])
 
     async def run(self) -> None:
         await self._send(1 if self.stdout else 2, b"")  # wsstream: an empty first frame
@@ -732,7 +732,7 @@ class _ExecSession:
         return 128 - code if code < 0 else code
 
     async def _copy(self, channel: int, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(FRAME_BYTES):
+        while chunk := await stream.read(_FRAME_BYTES):
             await self._send(channel, chunk)
 
     async def _read_client(self, process: Any) -> None:
@@ -746,7 +746,7 @@ class _ExecSession:
                 elif channel == 4 and self.tty and isinstance(process, LocalProcess):
                     size = json.loads(payload)
                     process.resize(int(size["Height"]), int(size["Width"]))
-                elif channel == 255 and self.protocol == V5 and payload[:1] == b"\x00":
+                elif channel == 255 and self.protocol == _V5 and payload[:1] == b"\x00":
                     _close_stdin(process)
         finally:
             # The socket ended: a pipes process's stdin closes; a tty process runs on.
@@ -840,9 +840,9 @@ def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
 
 
 def _marked(marker: str, groups: set[int]) -> set[int]:
-    """Live processes carrying `POD_MARKER=marker`, or in one of `groups`' sessions,
+    """Live processes carrying `_POD_MARKER=marker`, or in one of `groups`' sessions,
     and their descendants."""
-    needle = f"{POD_MARKER}={marker}".encode()
+    needle = f"{_POD_MARKER}={marker}".encode()
     table: dict[int, tuple[int, int]] = {}
     found: set[int] = set()
     for name in os.listdir("/proc"):

@@ -13,7 +13,7 @@
         ...
     await fake.aclose()  # terminates whatever a test left
 
-Every command runs as a REAL local process (`backends.unix_local.local_process.LocalProcess`), on a
+Every command runs as a REAL local process (`sandbox.local.process.LocalProcess`), on a
 real terminal when `pty=True`, so terminal behaviour, signals and exit codes are real,
 not scripted. The fake sandbox's file system is this machine's: give the session a
 temporary `workdir` and `state_dir`. Errors are the SDK's own exception classes (`modal.exception`).
@@ -83,7 +83,7 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 from modal import exception as modal_exception
 from modal.types import FileInfo, FileType
 
-from ..backends.unix_local.local_process import LocalProcess
+from ..local.process import LocalProcess
 from . import faults, procfs
 from .special_files import wait_forever_on_special_file
 
@@ -105,6 +105,7 @@ SDK_NAMES = {
     "FakeImage": "Image",
 }
 
+# The SDK calls a fault can be planned on or a `Gate` can hold.
 OPS = (
     "client",
     "app_lookup",
@@ -123,6 +124,7 @@ OPS = (
     "stat",
 )
 
+# Picks the call a `Gate` or fault applies to, by its arguments.
 Predicate = Callable[[tuple[str, ...]], bool]
 
 
@@ -939,3 +941,23 @@ class FakeStreamWriter:
             with contextlib.suppress(Exception):  # a closing terminal swallows input
                 await local.write(data)
         self._buffer.clear()
+
+
+__all__ = [
+    "FAKE_SANDBOX_ENV",
+    "OPS",
+    "SDK_NAMES",
+    "STDIN_BUFFER_LIMIT",
+    "AioCallable",
+    "FakeApp",
+    "FakeClient",
+    "FakeContainerProcess",
+    "FakeImage",
+    "FakeModal",
+    "FakeSandbox",
+    "FakeSandboxFilesystem",
+    "FakeStreamReader",
+    "FakeStreamWriter",
+    "Gate",
+    "Predicate",
+]

@@ -18,3 +18,8 @@ async def wait_forever_on_special_file(path: str) -> None:
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         await asyncio.Event().wait()
+
+
+__all__ = [
+    "wait_forever_on_special_file",
+]

@@ -17,9 +17,8 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import aiohttp
 import yarl
 
-from ...credentials import Secret
 from ...errors import SandboxError
-from ..toolkit import redact, transport_error
+from ..toolkit import Secret, redact, transport_error
 from .bounds import answer_limit, bound_client
 from .errors import SERVICE, BlaxelAPIError, map_error
 from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop

@@ -17,9 +17,8 @@ from collections.abc import Iterable, Mapping
 import aiohttp
 import httpx
 
-from ...credentials import Secret
 from ...errors import CredentialsMissingError, ProviderError, SandboxError
-from ..toolkit import clean_detail, error_for_status, is_retryable_status, transport_error
+from ..toolkit import Secret, clean_detail, error_for_status, is_retryable_status, transport_error
 from .bounds import ResponseTooLarge
 from .sdk import CredentialsError
 

@@ -24,8 +24,8 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from ...backend import ExecCapture
 from ...errors import ConnectionLostError, SandboxError
-from ...exec_output import ExecCapture
 from ..toolkit import command_line, new_tag, normalize_exit, tag_environment, wrapper_argv
 from .bounds import answer_limit
 from .client import BlaxelClient

@@ -21,7 +21,8 @@ import json
 import posixpath
 from urllib.parse import quote
 
-from ... import remote_files
+from ...backend import RemoteEntry as Entry
+from ...backend import explain_write_failure, go_file_mode_kind, regular_file, under_a_file
 from ...errors import (
     FileTooLargeError,
     NotAFileError,
@@ -29,7 +30,6 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...remote_files import Entry
 from .client import BlaxelClient
 from .errors import AnswerTooLargeError, BlaxelAPIError
 
@@ -113,7 +113,7 @@ class BlaxelFiles:
                     mode = int(str(entry.permissions), 8)
                 except ValueError:
                     mode = 0
-                return Entry(remote_files.go_file_mode_kind(mode), size=entry.size)
+                return Entry(go_file_mode_kind(mode), size=entry.size)
         return None
 
     async def read(self, path: str, max_bytes: int) -> bytes:
@@ -121,7 +121,7 @@ class BlaxelFiles:
         `max_bytes`; the answer itself is bounded by `max_bytes` too."""
         target = self.workspace_path(path)
         instance = self._client.sandbox()
-        size = await remote_files.regular_file(self.stat, target, write=False, shown=path)
+        size = await regular_file(self.stat, target, write=False, shown=path)
         if size is not None and size > max_bytes:
             raise FileTooLargeError.over(path, size, max_bytes)
         try:
@@ -159,7 +159,7 @@ class BlaxelFiles:
         directory it fails with a 422)."""
         target = self.workspace_path(path)
         instance = self._client.sandbox()
-        await remote_files.regular_file(self.stat, target, write=True, shown=path)
+        await regular_file(self.stat, target, write=True, shown=path)
         parent = posixpath.dirname(target)
         try:
             if parent not in ("/", self.workdir):
@@ -168,7 +168,7 @@ class BlaxelFiles:
                 f"write {target!r}", lambda: instance.fs.write_binary(url_path(target), data)
             )
         except BlaxelAPIError as failure:
-            error = await remote_files.explain_write_failure(self.stat, target, failure)
+            error = await explain_write_failure(self.stat, target, failure)
             if isinstance(error, NotAFileError):
-                raise remote_files.under_a_file(path) from None
+                raise under_a_file(path) from None
             raise

@@ -17,14 +17,18 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import require_credential
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    PtyEntry,
+    check_env,
+    check_seconds,
+    check_str,
+)
 from ...errors import InvalidArgumentError, SandboxError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, ShellTrap, require_credential, wait_for_verdict
 from . import bounds, limits, terminal
 from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request
@@ -117,9 +121,9 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             ("close_timeout_s", close_timeout_s),
             ("probe_interval_s", probe_interval_s),
         ):
-            arguments.check_seconds(option, seconds)
-        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
-        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+            check_seconds(option, seconds)
+        check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
+        check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         for option, text in (
             ("name", name),
             ("sandbox_id", sandbox_id),
@@ -127,8 +131,8 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             ("region", region),
             ("ttl", ttl),
         ):
-            arguments.check_str(option, text)
-        labels = arguments.check_env(labels, name="labels", variables=False)
+            check_str(option, text)
+        labels = check_env(labels, name="labels", variables=False)
         for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
             if number is not None and (
                 isinstance(number, bool) or not isinstance(number, int) or number <= 0

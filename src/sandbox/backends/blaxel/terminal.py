@@ -39,11 +39,11 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ...command_check import CommandCheck
+from ...backend import CommandSpec, PtyEntry
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...process_entry import CommandSpec, PtyEntry
 from ..toolkit import (
     TAG_VARIABLE,
+    CommandCheck,
     ShellTrap,
     command_line,
     grace_ticks,

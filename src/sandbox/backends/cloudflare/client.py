@@ -22,8 +22,8 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from ...credentials import Secret
 from ...errors import ConnectionLostError, InvalidArgumentError, ProviderError, SandboxError
+from ..toolkit import Secret
 from .bounds import MAX_CONTROL_OUTPUT, MAX_ERROR_BODY, MAX_JSON_BODY
 from .errors import exit_status, json_object, status_error, transport_failure
 from .sse import SseDecoder, SseEvent

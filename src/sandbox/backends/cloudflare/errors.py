@@ -15,9 +15,8 @@ import contextlib
 import json
 from typing import Any
 
-from ...credentials import Secret
 from ...errors import ConnectionLostError, ProviderError
-from ..toolkit import clean_detail, error_for_status, normalize_exit, transport_error
+from ..toolkit import Secret, clean_detail, error_for_status, normalize_exit, transport_error
 from .bounds import MAX_ERROR_BODY
 
 SERVICE = "the Worker"

@@ -24,11 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from ...command_check import CommandCheck
+from ...backend import CommandSpec, ExecCapture, cancel_and_wait
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...exec_output import ExecCapture
-from ...process_entry import CommandSpec
-from ..toolkit import kill_script, new_tag, parse_kill_report, wrapper_argv
+from ..toolkit import CommandCheck, kill_script, new_tag, parse_kill_report, wrapper_argv
 from .bounds import MAX_ERROR_BODY
 from .client import WorkerClient, decode_base64, read_prefix, stream_events
 from .errors import exit_status, json_object, status_error, transport_failure, worker_text
@@ -190,10 +188,8 @@ class WorkerExec:
         self._killed = True
         task = self._task
         if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved: its failure is superseded by the kill
+            # Its failure, if any, is superseded by the kill (consumed and logged).
+            await cancel_and_wait([task])
         if self._maybe_running and self._client.http is not None:
             await kill_tagged(self._client, self._tag)
 

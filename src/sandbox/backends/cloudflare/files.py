@@ -2,7 +2,7 @@
 
 `GET|PUT .../file/<path>` resolve ``'/' + <path>`` (routes.ts, helpers.ts
 `resolveWorkspacePath`): a relative path is sent as ``workspace/<path>``. What the path
-names is asked first with a `stat` exec (`remote_files.regular_file`), since the bridge
+names is asked first with a `stat` exec (`files.remote.regular_file`), since the bridge
 would open a FIFO and wait.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import posixpath
 
+from ...backend import RemoteEntry as Entry
+from ...backend import explain_write_failure, regular_file
 from ...errors import (
     FileTooLargeError,
     ProviderError,
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...remote_files import Entry, explain_write_failure, regular_file
 from .client import WorkerClient
 from .scripts import stat_argv
 

@@ -27,19 +27,21 @@ import logging
 import secrets
 from typing import Any
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    PtyEntry,
+    check_seconds,
+)
 from ...errors import (
     InvalidArgumentError,
     ProviderError,
     SandboxError,
     UnsupportedOperationError,
 )
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, Secret, ShellTrap, require_credential, wait_for_verdict
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command
@@ -144,8 +146,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             ("connect_timeout_s", connect_timeout_s),
             ("ready_timeout_s", ready_timeout_s),
         ):
-            arguments.check_seconds(name, value)
-        arguments.check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
+            check_seconds(name, value)
+        check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
         self._client = WorkerClient(
             url_text,
             key,

@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from ...backend import PtyEntry, cancel_and_wait
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ...process_entry import PtyEntry
 from ..toolkit import ShellTrap
 from .bounds import (
     MAX_PRE_READY,
@@ -358,7 +358,4 @@ async def close_socket(handle: PtyHandle) -> None:
             logger.debug("closing a cloudflare terminal failed: %s", type(exc).__name__)
     reader, handle.reader = handle.reader, None
     if reader is not None:
-        reader.cancel()
-        await asyncio.wait([reader])
-        if not reader.cancelled() and reader.exception() is not None:
-            logger.debug("cloudflare reader ended with %r", type(reader.exception()))
+        await cancel_and_wait([reader])

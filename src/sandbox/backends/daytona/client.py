@@ -31,8 +31,8 @@ from daytona import (
     SandboxState,
 )
 
-from ...credentials import Secret
 from ...errors import ProviderError
+from ..toolkit import Secret
 from .errors import deadline_error, detail_of, is_not_found, is_retryable, provider_error, refused
 
 logger = logging.getLogger("sandbox.daytona")

@@ -18,41 +18,21 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...command_check import CommandCheck
+from ...backend import CommandSpec, ExecCapture, PtyEntry, cancel_and_wait
 from ...errors import ProviderError, SandboxError
-from ...exec_output import ExecCapture
-from ...process_entry import CommandSpec, PtyEntry
-
-if TYPE_CHECKING:
-    from .terminal import DaytonaHandle
-from ...shell_trap import ShellTrap
-from ..toolkit.exits import normalize_exit
+from ..toolkit import CommandCheck, ShellTrap, normalize_exit
 from .client import DaytonaClient
 from .errors import is_not_found
+from .handles import DaytonaHandle, PipeState
 from .scripts import PIDFILE_WAIT_S, kill_script, piped_command
 
 logger = logging.getLogger("sandbox.daytona")
 
 # After a session command's output ended, how long to wait for its exit code.
 EXIT_CODE_WAIT_S = 30.0
-
-
-@dataclass(eq=False)
-class PipeState:
-    """A session command: its session, command id and reader."""
-
-    session_id: str
-    pidfile: str
-    session_attempted: bool = False
-    execute_attempted: bool = False
-    cmd_id: str | None = None
-    finished: bool = False
-    pump: asyncio.Task[None] | None = None
 
 
 def new_pipe(client: DaytonaClient, kind: str) -> PipeState:
@@ -202,10 +182,8 @@ async def teardown(
     step ran."""
     errors: list[BaseException] = []
     pump = state.pump
-    if pump is not None and not pump.done():
-        pump.cancel()
     if pump is not None:
-        await asyncio.wait([pump])
+        await cancel_and_wait([pump])
     if sandbox_stopping:
         return
     if state.execute_attempted and not state.finished:

@@ -13,7 +13,7 @@ PTY sessions are not reattached yet (the SDK has `connect_pty_session`; the fake
 model it): `detach()` ends them as `pty_terminate` does, and a resume after a crash
 kills the PTY session the ref names, reporting it ended with a note.
 
-The lease is a file in the sandbox (`sandbox.durable.lease_script`) through
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
 `process.exec`.
 """
 
@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...durable import lease_script
-from ...durable.ops import ProcessNotReattached
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SandboxError, SessionGoneError
-from ...process_entry import PtyEntry
+from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from . import commands, terminal
 from .commands import PipeState
 from .terminal import DaytonaHandle, PtyState
 
-if TYPE_CHECKING:
-    from .session import DaytonaSession
+# `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+DaytonaSession = Any
 
 SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
@@ -161,25 +160,25 @@ class SandboxLease:
 
     def __init__(self, session: DaytonaSession) -> None:
         self._session = session
-        self._path = lease_script.lease_path(session._durable.session_id)
+        self._path = lease_path(session._durable.session_id)
 
     async def _run(self, argv: list[str]) -> str | None:
         client = self._session._client
         try:
             async with asyncio.timeout(LEASE_TIMEOUT_S):
-                response = await client.process.exec(lease_script.as_line(argv))
+                response = await client.process.exec(lease_line(argv))
         except TimeoutError:
             raise ProviderError(
                 "Daytona did not answer the lease check in time", retryable=True
             ) from None
         except Exception as exc:
             raise client.error(exc, "check the session's lease") from None
-        return lease_script.parse(response.result or "", response.exit_code, "daytona")
+        return parse_lease(response.result or "", response.exit_code, "daytona")
 
     async def read(self) -> str | None:
         """The lease's value."""
-        return await self._run(lease_script.read_argv(self._path))
+        return await self._run(lease_read_argv(self._path))
 
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_script.swap_argv(self._path, expected, new))
+        return await self._run(lease_swap_argv(self._path, expected, new))

@@ -32,14 +32,8 @@ from daytona import (
     DaytonaValidationError,
 )
 
-from ...credentials import Secret
 from ...errors import ProviderError
-from ..toolkit.errors import (
-    clean_detail,
-    error_for_status,
-    is_retryable_status,
-    transport_error,
-)
+from ..toolkit import Secret, clean_detail, error_for_status, is_retryable_status, transport_error
 
 SERVICE = "daytona"
 API_KEY_ENV = "DAYTONA_API_KEY"

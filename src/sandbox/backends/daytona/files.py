@@ -11,10 +11,10 @@ import shlex
 import aiohttp
 from daytona import DaytonaError
 
-from ... import remote_files
+from ...backend import RemoteEntry as Entry
+from ...backend import explain_write_failure, read_at_most, regular_file
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ...remote_files import Entry
-from ..toolkit.errors import transport_error
+from ..toolkit import transport_error
 from .client import DaytonaClient
 from .errors import SERVICE, is_not_found, status_of, typed_cause
 
@@ -41,7 +41,7 @@ async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
     async def look(p: str) -> Entry | None:
         return await stat(client, p)
 
-    size = await remote_files.regular_file(look, path, write=False)
+    size = await regular_file(look, path, write=False)
     if size is not None and size > max_bytes:
         raise FileTooLargeError.over(path, size, max_bytes)
     if size == 0:
@@ -61,7 +61,7 @@ async def read(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
             # for this file"): the SDK raises a plain `DaytonaError`
             # (`common.filesystem.create_file_download_error`). What is there now
             # decides: gone is not-found, a directory or FIFO is not-a-file.
-            await remote_files.regular_file(look, path, write=False)
+            await regular_file(look, path, write=False)
         raise error from None
 
 
@@ -69,7 +69,7 @@ async def _download(client: DaytonaClient, path: str, max_bytes: int) -> bytes:
     """`fs.download_file_stream`, stopped as soon as it passes `max_bytes` (the file may
     have grown since its stat): `download_file` would buffer all of it in the SDK."""
     stream = await client.fs.download_file_stream(path)
-    return await remote_files.read_at_most(stream, path, max_bytes)
+    return await read_at_most(stream, path, max_bytes)
 
 
 async def write(client: DaytonaClient, path: str, data: bytes) -> None:
@@ -79,7 +79,7 @@ async def write(client: DaytonaClient, path: str, data: bytes) -> None:
     async def look(p: str) -> Entry | None:
         return await stat(client, p)
 
-    await remote_files.regular_file(look, path, write=True)
+    await regular_file(look, path, write=True)
     parent = posixpath.dirname(path)
     if parent and parent != "/":
         script = f"mkdir -p -- {shlex.quote(posixpath.join(client.workdir, parent))}"
@@ -87,8 +87,8 @@ async def write(client: DaytonaClient, path: str, data: bytes) -> None:
         if response.exit_code != 0:
             detail = client.options.api_key.redact(response.result or "")[:300]
             failure = ProviderError(f"could not create the folder of {path!r}: {detail}")
-            raise await remote_files.explain_write_failure(look, path, failure)
+            raise await explain_write_failure(look, path, failure)
     try:
         await client.call(f"write {path!r}", client.fs.upload_file(data, path))
     except ProviderError as failure:
-        raise await remote_files.explain_write_failure(look, path, failure) from None
+        raise await explain_write_failure(look, path, failure) from None

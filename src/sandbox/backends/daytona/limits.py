@@ -13,7 +13,7 @@ from __future__ import annotations
 from daytona import Resources
 
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ..toolkit.limits import CPU, MEMORY, ResourceLimits, refuse_unsupported, whole_multiple
+from ..toolkit import CPU, MEMORY, ResourceLimits, refuse_unsupported, whole_multiple
 
 GIB = 1024**3
 

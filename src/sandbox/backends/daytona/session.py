@@ -17,26 +17,36 @@ from typing import Any
 
 from daytona import AsyncDaytona, DaytonaError
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    check_env,
+    check_seconds,
+    check_str,
+    settle,
+)
 from ...errors import InvalidArgumentError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...settle import settle
-from ...shell_trap import ShellTrap
-from ..toolkit.limits import check_limits
-from ..toolkit.paths import within_workspace
+from ..toolkit import (
+    CommandCheck,
+    Secret,
+    ShellTrap,
+    check_limits,
+    require_credential,
+    wait_for_verdict,
+    within_workspace,
+)
 from . import commands, files, terminal
 from . import durable as durable_daytona
 from .client import ClientOptions, DaytonaClient
-from .commands import PipeState
 from .errors import API_KEY_ENV
+from .handles import DaytonaHandle, PipeState
 from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
-from .terminal import DaytonaHandle
 
 
 class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
@@ -103,8 +113,8 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             ("teardown_timeout_s", teardown_timeout_s),
             ("call_timeout_s", call_timeout_s),
         ):
-            arguments.check_seconds(name, value)
-        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+            check_seconds(name, value)
+        check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         for name, text in (
             ("api_url", api_url),
             ("target", target),
@@ -112,7 +122,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             ("snapshot", snapshot),
             ("image", image),
         ):
-            arguments.check_str(name, text)
+            check_str(name, text)
         if image is not None and snapshot is not None:
             raise InvalidArgumentError("give a snapshot or an image to create from, not both")
         resources = create_resources(limits, image=image, attach=sandbox_id is not None)
@@ -120,11 +130,9 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             raise InvalidArgumentError("create_options must be a mapping of option names")
         # What reaches the sandbox's environment or its labels is checked like `env`.
         if create_options and "env_vars" in create_options:
-            arguments.check_env(create_options["env_vars"], name="create_options['env_vars']")
+            check_env(create_options["env_vars"], name="create_options['env_vars']")
         if create_options and "labels" in create_options:
-            arguments.check_env(
-                create_options["labels"], name="create_options['labels']", variables=False
-            )
+            check_env(create_options["labels"], name="create_options['labels']", variables=False)
         self.keep = bool(keep)
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s

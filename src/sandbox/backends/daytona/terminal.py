@@ -18,19 +18,16 @@ import asyncio
 import logging
 import posixpath
 import shlex
-from dataclasses import dataclass
-from typing import Any
 
 from daytona import DaytonaError, PtySize
 
-from ...command_check import CommandCheck, wait_for_verdict
+from ...backend import PtyEntry, cancel_and_wait
 from ...errors import ProcessExitedError
-from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
-from ..toolkit.exits import normalize_exit
+from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
 from .client import DaytonaClient
-from .commands import PipeState, signal_group
+from .commands import signal_group
 from .errors import is_not_found
+from .handles import DaytonaHandle, PtyState
 from .scripts import PIDFILE_WAIT_S, pty_inner_command
 
 logger = logging.getLogger("sandbox.daytona")
@@ -39,24 +36,6 @@ DEFAULT_TERM = "xterm-256color"
 # A trap line longer than this is not typed: the command goes to a script file first,
 # because a terminal in canonical mode silently truncates lines beyond 4095 bytes.
 MAX_TYPED_LINE = 1024
-
-
-@dataclass(eq=False)
-class PtyState:
-    """A tty process: its PTY session, the trap filtering its output, its waiter."""
-
-    pty_id: str
-    pidfile: str
-    trap: ShellTrap
-    handle: Any = None
-    connect_attempted: bool = False
-    line_sent: bool = False
-    waiter: asyncio.Task[None] | None = None
-    script: str | None = None
-
-
-# What a daytona entry holds: a terminal session, or a pipe command.
-DaytonaHandle = PtyState | PipeState
 
 
 def pty_exit_status(code: int | None, reason: str | None) -> int | None:
@@ -197,10 +176,8 @@ async def teardown(
     children), and kill the PTY session itself when that did not already end it."""
     errors: list[BaseException] = []
     waiter = state.waiter
-    if waiter is not None and not waiter.done():
-        waiter.cancel()
     if waiter is not None:
-        await asyncio.wait([waiter])
+        await cancel_and_wait([waiter])
     if state.handle is not None:
         try:
             await client.bounded(state.handle.disconnect())

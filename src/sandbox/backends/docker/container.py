@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ... import arguments
+from ...backend import check_env, check_str, settle
 from ...errors import InvalidArgumentError, ProviderError
-from ...settle import settle
 from .engine import Engine
 from .errors import is_not_found
 from .execs import DockerExec, ExecOptions
@@ -117,9 +116,9 @@ def container_spec(
         )
     if not keepalive_command or not all(isinstance(a, str) for a in keepalive_command):
         raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
-    arguments.check_str("network_mode", network_mode)
-    arguments.check_str("name_prefix", name_prefix)
-    labels = arguments.check_env(labels, name="labels", variables=False)
+    check_str("network_mode", network_mode)
+    check_str("name_prefix", name_prefix)
+    labels = check_env(labels, name="labels", variables=False)
     if network_mode is None and network is not None:
         network_mode = None if network else "none"
     return ContainerSpec(

@@ -13,26 +13,31 @@ container's main process only), so `keeps_processes` is False:
   file lists their toolkit tags, and `resume_session` kills those trees by tag (the
   same kill script) and reports each as ended, with a note.
 
-The lease is a file in the container (`sandbox.durable.lease_script`: one exec per read
+The lease is a file in the container (`sandbox.backends.toolkit.lease`: one exec per read
 or swap, since the engine has no owner notion).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...durable import lease_script
-from ...durable.ops import ProcessNotReattached
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SessionGoneError
-from ...process_entry import PtyEntry
-from ..toolkit import shell
+from ..toolkit import (
+    check_tag,
+    grace_ticks,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+)
 from .errors import is_not_found
 from .execs import DockerExec, run_kill_script
 
-if TYPE_CHECKING:
-    from .session import DockerSession
+# `DockerSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+DockerSession = Any
 
 REF_OPTIONS = ("terminate_grace_s", "detach_keys")
 LEASE_TIMEOUT_S = 30.0
@@ -97,7 +102,7 @@ async def resume(session: DockerSession, ref: SessionRef) -> None:
     tags = [tag for p in ref.processes if p.running and (tag := _safe_tag(p)) is not None]
     if tags:
         engine, options = session._require_engine()
-        await run_kill_script(engine, options, tags, "term", shell.grace_ticks(0))
+        await run_kill_script(engine, options, tags, "term", grace_ticks(0))
 
 
 def _safe_tag(process: ProcessRef) -> str | None:
@@ -107,7 +112,7 @@ def _safe_tag(process: ProcessRef) -> str | None:
     if not isinstance(tag, str):
         return None
     try:
-        return shell.check_tag(tag)
+        return check_tag(tag)
     except ValueError:
         return None
 
@@ -136,7 +141,7 @@ class ContainerLease:
 
     def __init__(self, session: DockerSession) -> None:
         self._session = session
-        self._path = lease_script.lease_path(session._durable.session_id)
+        self._path = lease_path(session._durable.session_id)
 
     async def _run(self, argv: list[str]) -> str | None:
         engine, options = self._session._require_engine()
@@ -160,12 +165,12 @@ class ContainerLease:
             ) from None
         finally:
             await proc.aclose()
-        return lease_script.parse(output.decode("utf-8", "replace"), proc.exit_code, "docker")
+        return parse_lease(output.decode("utf-8", "replace"), proc.exit_code, "docker")
 
     async def read(self) -> str | None:
         """The lease's value."""
-        return await self._run(lease_script.read_argv(self._path))
+        return await self._run(lease_read_argv(self._path))
 
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_script.swap_argv(self._path, expected, new))
+        return await self._run(lease_swap_argv(self._path, expected, new))

@@ -16,7 +16,7 @@ import docker.errors
 import requests.exceptions
 
 from ...errors import ProviderError, SandboxError
-from ..toolkit.errors import error_for_status, transport_error
+from ..toolkit import error_for_status, transport_error
 
 ENGINE = "the Docker engine"
 

@@ -30,10 +30,18 @@ from typing import Any
 
 import docker.errors
 
+from ...backend import EXIT_DRAIN_GRACE_S, settle
 from ...errors import ConnectionLostError, ProviderError, UnsupportedOperationError
-from ...process_entry import EXIT_DRAIN_GRACE_S
-from ...settle import settle
-from ..toolkit import shell
+from ..toolkit import (
+    KILL_TICK_S,
+    grace_ticks,
+    interrupt_script,
+    kill_script,
+    new_tag,
+    parse_kill_report,
+    tag_environment,
+    wrapper_argv,
+)
 from .engine import Engine
 from .errors import is_not_found
 from .frames import FrameDecoder, PayloadCallback
@@ -125,14 +133,14 @@ class DockerExec:
         self._options = options
         self._killer = killer or KillBatcher(engine, options)
         self.tty = tty
-        self.tag = shell.new_tag()
+        self.tag = new_tag()
         environment = dict(options.env)
         if env:
             environment.update(env)
         if wrap:
-            environment.update(shell.tag_environment(self.tag))
+            environment.update(tag_environment(self.tag))
             size: dict[str, int | None] = {"rows": rows, "cols": cols} if tty else {}
-            self._argv = shell.wrapper_argv(self.tag, argv, set_tag=False, **size)
+            self._argv = wrapper_argv(self.tag, argv, set_tag=False, **size)
         else:
             self._argv = list(argv)
         self._environment = environment
@@ -467,7 +475,7 @@ class DockerExec:
 
     async def kill_tree(self, grace_s: float) -> None:
         """Signal the whole tree now (see the module docstring); wait for the exit."""
-        ticks = shell.grace_ticks(grace_s)
+        ticks = grace_ticks(grace_s)
         for attempt in range(3):
             await self._killer.run(self.tag, "term", ticks if attempt == 0 else 0)
             if self.ended or self.exec_id is None:
@@ -557,7 +565,7 @@ async def run_kill_script(
     """Run the toolkit's interrupt (`mode` "int") or kill script ("term", with `ticks`
     rescans of grace) in the container as the session's user; returns its report."""
     output = bytearray()
-    argv = shell.interrupt_script(tags) if mode == "int" else shell.kill_script(tags, ticks=ticks)
+    argv = interrupt_script(tags) if mode == "int" else kill_script(tags, ticks=ticks)
     killer = DockerExec(
         engine,
         options,
@@ -567,7 +575,7 @@ async def run_kill_script(
         on_output=lambda stream, data: output.extend(data),
     )
     try:
-        async with asyncio.timeout(ticks * shell.KILL_TICK_S + KILL_SCRIPT_TIMEOUT_S):
+        async with asyncio.timeout(ticks * KILL_TICK_S + KILL_SCRIPT_TIMEOUT_S):
             await killer.start()
             await killer.wait_eof()
             await killer.wait_ended()
@@ -580,7 +588,7 @@ async def run_kill_script(
     finally:
         await killer.aclose()
     text = output.decode("utf-8", "replace").strip()
-    report = shell.parse_kill_report(text)
+    report = parse_kill_report(text)
     if report is None and (engine.gone_reason is not None or RUNTIME_STOPPED.decode() in text):
         # The container stopped (the runtime refuses the exec): nothing in it is left
         # to signal, which is what the kill was for.

@@ -20,20 +20,26 @@ import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    check_env,
+    check_seconds,
+    check_str,
+    settle,
+)
 from ...errors import (
     ConnectionLostError,
     InvalidArgumentError,
     ProcessExitedError,
     UnsupportedOperationError,
 )
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...settle import settle
-from ..toolkit import ShellTrap
+from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from . import durable as durable_docker
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -57,8 +63,6 @@ TEARDOWN_CONCURRENCY = 64
 # Appended to the output (a one-shot's stderr) of a process the memory limit killed, as
 # on unix_local.
 MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
-# After an exit, how long a stream held open by a background child may take to close
-# once that child was killed (the engine itself gives up after about 2 s).
 
 
 class DockerSession(BaseSandboxSession[DockerExec]):
@@ -157,16 +161,16 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 f"{', '.join(given)}: limits apply only to a container the session creates "
                 "(image=), not to an attached one (container=)"
             )
-        grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        timeout = arguments.check_seconds("api_timeout", api_timeout)
+        grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        timeout = check_seconds("api_timeout", api_timeout)
         for name, text in (
             ("user", user or None),  # "" is the image's user, as None
             ("base_url", base_url),
             ("api_version", api_version),
             ("detach_keys", detach_keys),
         ):
-            arguments.check_str(name, text)
-        env = arguments.check_env(env)
+            check_str(name, text)
+        env = check_env(env)
         self.image = image
         self.container_name = container
         assert grace is not None and timeout is not None

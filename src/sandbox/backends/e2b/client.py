@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from e2b import CommandExitException, NotFoundException
 
 from ...errors import ProcessExitedError, SandboxError
-from ..toolkit.exits import normalize_exit
+from ..toolkit import normalize_exit
 from .errors import GONE, ErrorPolicy
 from .scripts import interrupt_line, kill_line
 

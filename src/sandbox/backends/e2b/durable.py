@@ -12,28 +12,34 @@ forgotten by envd with its exit status: its `connect` raises `NotFoundException`
 it is reported as ended with a note. `connect`'s own `timeout` (60 s by default) would
 cut the stream: the session passes its `process_timeout_s` as on a start.
 
-The lease is a file in the sandbox (`sandbox.durable.lease_script`), read and swapped by
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped by
 a short `commands.run`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from e2b import NotFoundException
 
-from ...durable import lease_script
-from ...durable.ops import ProcessNotReattached
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SandboxError, SessionGoneError
-from ...process_entry import PtyEntry
-from ..toolkit import shell
+from ..toolkit import (
+    check_tag,
+    lease_line,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    new_tag,
+    parse_lease,
+)
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
 
-if TYPE_CHECKING:
-    from .session import E2BSession
+# `E2BSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+E2BSession = Any
 
 REF_OPTIONS = (
     ("request_timeout_s", "request_timeout"),
@@ -97,9 +103,9 @@ async def resume(session: E2BSession) -> None:
 def _tag(process: ProcessRef, key: str) -> str:
     value = process.handle.get(key)
     try:
-        return shell.check_tag(value) if isinstance(value, str) else shell.new_tag()
+        return check_tag(value) if isinstance(value, str) else new_tag()
     except ValueError:
-        return shell.new_tag()
+        return new_tag()
 
 
 async def reattach(session: E2BSession, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
@@ -165,11 +171,11 @@ class SandboxLease:
 
     def __init__(self, session: E2BSession) -> None:
         self._session = session
-        self._path = lease_script.lease_path(session._durable.session_id)
+        self._path = lease_path(session._durable.session_id)
 
     async def _run(self, argv: list[str]) -> str | None:
         client = self._session._client
-        line = lease_script.as_line(argv)
+        line = lease_line(argv)
         try:
             result = await client.bounded(
                 client.sandbox.commands.run(line, timeout=client.kill_timeout, **client.request()),
@@ -181,12 +187,12 @@ class SandboxLease:
             ) from None
         except Exception as exc:
             self._session._errors.fail(exc, "check the session's lease")
-        return lease_script.parse(result.stdout or "", result.exit_code, "e2b")
+        return parse_lease(result.stdout or "", result.exit_code, "e2b")
 
     async def read(self) -> str | None:
         """The lease's value."""
-        return await self._run(lease_script.read_argv(self._path))
+        return await self._run(lease_read_argv(self._path))
 
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_script.swap_argv(self._path, expected, new))
+        return await self._run(lease_swap_argv(self._path, expected, new))

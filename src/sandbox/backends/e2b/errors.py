@@ -37,9 +37,8 @@ from e2b import (
     TimeoutException,
 )
 
-from ...credentials import Secret
 from ...errors import ConnectionLostError, ProviderError, SandboxError
-from ..toolkit.errors import clean_detail, error_for_status, redact, transport_error
+from ..toolkit import Secret, clean_detail, error_for_status, redact, transport_error
 
 SERVICE = "E2B"
 

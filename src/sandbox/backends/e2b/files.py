@@ -1,7 +1,7 @@
 """Files in an E2B sandbox: envd's `files.get_info/read/write`, regular files only.
 
 envd's download of a FIFO would wait forever, so every read and write asks
-`files.get_info` first (`sandbox.remote_files.regular_file`). Relative paths are in the
+`files.get_info` first (`sandbox.files.remote.regular_file`). Relative paths are in the
 sandbox user's home; E2B creates the parent directories of a write.
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from e2b import FileNotFoundException, FileType
 
+from ...backend import RemoteEntry as Entry
+from ...backend import RemoteKind as Kind
+from ...backend import explain_write_failure, read_at_most, regular_file
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ...remote_files import Entry, Kind, explain_write_failure, read_at_most, regular_file
-from ..toolkit.paths import within_workspace
+from ..toolkit import within_workspace
 from .client import E2BClient
 
 # envd reports no type (None here) for a FIFO, socket or device: "other".

@@ -14,9 +14,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
-from ..toolkit.shell import new_tag
+from ...backend import PtyEntry
+from ..toolkit import ShellTrap, new_tag
 from .client import E2BClient
 
 

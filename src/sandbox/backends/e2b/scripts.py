@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...errors import InvalidArgumentError
-from ..toolkit.shell import command_line, interrupt_script, kill_script, wrapper_argv
+from ..toolkit import command_line, interrupt_script, kill_script, wrapper_argv
 
 # Linux's bound on one argument or environment string (`MAX_ARG_STRLEN`, 32 pages),
 # its terminating NUL included: envd's start of `bash` fails beyond it.

@@ -39,24 +39,36 @@ E2B's create takes no resources (a template has its CPU and memory).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from e2b import AsyncSandbox, NotFoundException, PtySize
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret, require_credential
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    cancel_and_wait,
+    check_env,
+    check_seconds,
+    check_str,
+    settle,
+)
 from ...errors import InvalidArgumentError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...settle import settle
-from ...shell_trap import ShellTrap
-from ..toolkit.limits import check_limits, refuse_unsupported
-from ..toolkit.shell import tag_environment
+from ..toolkit import (
+    CommandCheck,
+    Secret,
+    ShellTrap,
+    check_limits,
+    refuse_unsupported,
+    require_credential,
+    tag_environment,
+    wait_for_verdict,
+)
 from . import durable as durable_e2b
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
@@ -112,18 +124,15 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             ("sandbox_timeout_s", sandbox_timeout_s),
             ("call_timeout_s", call_timeout_s),
         ):
-            if not _positive(value):
-                raise InvalidArgumentError(f"{name} must be a positive number of seconds")
-        if request_timeout_s is not None and not _positive(request_timeout_s):
-            raise InvalidArgumentError("request_timeout_s must be a positive number or None")
-        if not (_positive(process_timeout_s) or process_timeout_s == 0):
-            raise InvalidArgumentError("process_timeout_s must be >= 0 (0: no limit)")
+            check_seconds(name, value)
+        check_seconds("request_timeout_s", request_timeout_s, allow_none=True)
+        check_seconds("process_timeout_s", process_timeout_s, allow_zero=True)  # 0: no limit
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("template", template)):
-            arguments.check_str(name, text)
-        metadata = arguments.check_env(metadata, name="metadata", variables=False)
-        envs = arguments.check_env(envs, name="envs")
+            check_str(name, text)
+        metadata = check_env(metadata, name="metadata", variables=False)
+        envs = check_env(envs, name="envs")
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)
         self._api_key: Secret | None = None
@@ -388,8 +397,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             except Exception as exc:
                 error = exc
         if proc.waiter is not None:
-            proc.waiter.cancel()
-            await asyncio.wait([proc.waiter])
+            await cancel_and_wait([proc.waiter])
         if handle is not None:
             await self._client.disconnect(handle)
         if error is not None:
@@ -439,12 +447,3 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         """`files.write` (E2B creates the parent directories), after `files.get_info`
         says nothing or a regular file is there."""
         await files.write_file(self._client, path, data)
-
-
-def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from ...backend import settle
 from ...errors import ConnectionLostError, ProviderError
-from ..toolkit import shell
+from ..toolkit import (
+    grace_ticks,
+    interrupt_script,
+    kill_script,
+    new_tag,
+    tag_environment,
+    wrapper_argv,
+)
 from . import bounds, scripts
 from .channels import ExecStream, OnData
 from .client import KubeClient
@@ -61,12 +68,12 @@ class KubeProcess:
         self._client = client
         self._target = target
         self.tty = tty
-        self.tag = shell.new_tag()
+        self.tag = new_tag()
         environment = dict(env or {})
         if wrap:
-            environment.update(shell.tag_environment(self.tag))
+            environment.update(tag_environment(self.tag))
             size = {"rows": rows, "cols": cols} if tty and rows and cols else {}
-            argv = shell.wrapper_argv(self.tag, argv, set_tag=False, **size)
+            argv = wrapper_argv(self.tag, argv, set_tag=False, **size)
         self._argv = scripts.prelude_argv(argv, env=environment, cwd=cwd or target.cwd)
         self._stdin = tty if stdin is None else stdin
         self._rows, self._cols = rows, cols
@@ -124,7 +131,7 @@ class KubeProcess:
     async def interrupt(self) -> None:
         """SIGINT to the wrapper's process group, by the toolkit's interrupt script."""
         await run_control(
-            self._client, self._target, shell.interrupt_script([self.tag]), "interrupt the command"
+            self._client, self._target, interrupt_script([self.tag]), "interrupt the command"
         )
 
     async def terminate(self, grace_s: float, *, kill: bool = True) -> None:
@@ -139,7 +146,7 @@ class KubeProcess:
             exited = self.stream is not None and isinstance(self.stream.outcome(), int)
             if kill and self.stream is not None and not exited:
                 self.killed = True
-                script = shell.kill_script([self.tag], ticks=shell.grace_ticks(grace_s))
+                script = kill_script([self.tag], ticks=grace_ticks(grace_s))
                 await run_control(self._client, self._target, script, "kill the command")
         finally:
             if self.stream is not None:
@@ -150,7 +157,7 @@ class KubeProcess:
         (the upgrade reached the server), so its tag is killed anyway."""
         if self.stream is None and not self._closed:
             self._closed = True
-            script = shell.kill_script([self.tag], ticks=0)
+            script = kill_script([self.tag], ticks=0)
             await run_control(self._client, self._target, script, "kill the command")
         else:
             await self.terminate(0)

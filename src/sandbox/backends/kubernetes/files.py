@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from ...backend import settle, under_a_file
 from ...errors import FileTooLargeError, NotAFileError, ProviderError, SandboxFileNotFoundError
-from ..toolkit import paths, shell
+from ..toolkit import kill_script, new_tag, tag_environment, within_workspace
 from . import scripts
 from .client import V5_PROTOCOL, KubeClient
 from .execs import Target, run_control
@@ -26,7 +26,7 @@ from .execs import Target, run_control
 def relative_to(path: str, workdir: str) -> str:
     """`path` relative to `workdir` ("." for the workspace itself), or
     `WorkspacePathError` when it leaves it."""
-    resolved = paths.within_workspace(path, workdir)
+    resolved = within_workspace(path, workdir)
     root = posixpath.normpath(workdir)
     if resolved == root:
         return "."
@@ -58,7 +58,7 @@ class PodFiles:
     async def read(self, path: str, max_bytes: int) -> bytes:
         """The file's bytes; refused without opening unless it is a regular file."""
         relative = relative_to(path, self._workdir)
-        tag = shell.new_tag()
+        tag = new_tag()
         data = bytearray()
         over = False
 
@@ -69,7 +69,7 @@ class PodFiles:
             over = len(data) > max_bytes
             return not over
 
-        argv = scripts.prelude_argv(scripts.read_argv(relative), env=shell.tag_environment(tag))
+        argv = scripts.prelude_argv(scripts.read_argv(relative), env=tag_environment(tag))
         try:
             code, err = await run_control(
                 self._client, self._target, argv, f"read {path!r}", on_stdout=take
@@ -125,5 +125,5 @@ class PodFiles:
 
     async def _kill(self, tag: str) -> None:
         await run_control(
-            self._client, self._target, shell.kill_script([tag], ticks=0), "stop a file read"
+            self._client, self._target, kill_script([tag], ticks=0), "stop a file read"
         )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import InvalidArgumentError
-from ..toolkit.limits import CPU, MEMORY, ResourceLimits, refuse_unsupported
+from ..toolkit import CPU, MEMORY, ResourceLimits, refuse_unsupported
 
 
 def container_resources(

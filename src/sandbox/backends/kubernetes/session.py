@@ -37,7 +37,7 @@ from ...errors import (
     ProcessExitedError,
     WorkdirError,
 )
-from ..toolkit.limits import check_limits
+from ..toolkit import check_limits
 from . import bounds, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster

@@ -14,10 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...command_check import CommandCheck
+from ...backend import CommandSpec
 from ...errors import ProviderError, SandboxError
-from ...process_entry import CommandSpec
-from ..toolkit import KILL_TICK_S, new_tag, parse_kill_report, tag_environment
+from ..toolkit import KILL_TICK_S, CommandCheck, new_tag, parse_kill_report, tag_environment
 from . import scripts
 from .errors import SANDBOX_GONE, SDK_ERRORS, ModalErrors
 

@@ -9,26 +9,24 @@ toolkit tag (as `pty_terminate`), and after a crash `resume_session` kills the t
 ref file lists by their tags, reporting each as ended with a note. A sandbox that is
 gone (`NotFoundError` from `from_id`) is `SessionGoneError`.
 
-The lease is a file in the sandbox (`sandbox.durable.lease_script`), one exec each.
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), one exec each.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...durable import lease_script
-from ...durable.ops import ProcessNotReattached
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SandboxError, SessionGoneError
-from ...process_entry import PtyEntry
-from ..toolkit import shell
+from ..toolkit import check_tag, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .commands import Command, read_stream
 from .errors import SANDBOX_GONE, SDK_ERRORS
 from .lifecycle import quietly
 
-if TYPE_CHECKING:
-    from .session import ModalSession
+# `ModalSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+ModalSession = Any
 
 REF_OPTIONS = (
     "app_name",
@@ -92,7 +90,7 @@ async def resume(session: ModalSession, ref: SessionRef) -> None:
         if not process.running or not isinstance(tag, str):
             continue
         try:
-            shell.check_tag(tag)
+            check_tag(tag)
         except ValueError:
             continue
         # A stand-in for the exec's answer: the command is known to have started.
@@ -124,7 +122,7 @@ class SandboxLease:
 
     def __init__(self, session: ModalSession) -> None:
         self._session = session
-        self._path = lease_script.lease_path(session._durable.session_id)
+        self._path = lease_path(session._durable.session_id)
 
     async def _run(self, argv: list[str]) -> str | None:
         sandbox = self._session._commands.require_sandbox()
@@ -140,12 +138,12 @@ class SandboxLease:
             ) from None
         except SDK_ERRORS as exc:
             raise self._session._errors.map("check the session's lease", exc) from None
-        return lease_script.parse(output.decode("utf-8", "replace"), code, "modal")
+        return parse_lease(output.decode("utf-8", "replace"), code, "modal")
 
     async def read(self) -> str | None:
         """The lease's value."""
-        return await self._run(lease_script.read_argv(self._path))
+        return await self._run(lease_read_argv(self._path))
 
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_script.swap_argv(self._path, expected, new))
+        return await self._run(lease_swap_argv(self._path, expected, new))

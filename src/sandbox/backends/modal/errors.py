@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 
 from modal import exception as modal_exception
 
-from ...credentials import Secret
 from ...errors import ProviderError, SandboxError, SandboxFileNotFoundError
-from ..toolkit import clean_detail, error_for_status, transport_error
+from ..toolkit import Secret, clean_detail, error_for_status, transport_error
 
 T = TypeVar("T")
 SERVICE = "Modal"

@@ -9,10 +9,10 @@ from typing import Any
 from modal import exception as modal_exception
 from modal.types import FileType
 
-from ... import remote_files
+from ...backend import RemoteEntry as Entry
+from ...backend import regular_file, under_a_file
 from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
-from ...remote_files import Entry
-from ..toolkit.paths import within_workspace
+from ..toolkit import within_workspace
 from .errors import SDK_ERRORS, CallDeadline, ModalErrors
 
 
@@ -53,9 +53,7 @@ class ModalFiles:
         """`filesystem.read_bytes` after `stat` says it is a regular file within
         `max_bytes`."""
         full = self.path(path)
-        size = await remote_files.regular_file(
-            lambda p: self.stat(sandbox, p), full, write=False, shown=path
-        )
+        size = await regular_file(lambda p: self.stat(sandbox, p), full, write=False, shown=path)
         if size is not None and size > max_bytes:
             raise FileTooLargeError.over(path, size, max_bytes)
         try:
@@ -74,15 +72,13 @@ class ModalFiles:
         """`filesystem.write_bytes`, which creates parent directories, after `stat`
         says nothing or a regular file is there."""
         full = self.path(path)
-        await remote_files.regular_file(
-            lambda p: self.stat(sandbox, p), full, write=True, shown=path
-        )
+        await regular_file(lambda p: self.stat(sandbox, p), full, write=True, shown=path)
         try:
             await self._errors.bounded(sandbox.filesystem.write_bytes.aio(data, full))
         except modal_exception.SandboxFilesystemIsADirectoryError:
             raise NotAFileError(f"{path!r} is a directory, not a regular file") from None
         except modal_exception.SandboxFilesystemNotADirectoryError:
-            raise remote_files.under_a_file(path) from None
+            raise under_a_file(path) from None
         except CallDeadline:
             raise self._errors.no_answer(f"write {path!r}") from None
         except SDK_ERRORS as exc:

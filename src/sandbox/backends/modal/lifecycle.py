@@ -11,8 +11,8 @@ from typing import Any
 
 from modal import exception as modal_exception
 
-from ...credentials import Secret, require_credential
 from ...errors import CredentialsMissingError
+from ..toolkit import Secret, require_credential
 from .errors import SANDBOX_GONE, SDK_ERRORS, ModalErrors
 
 logger = logging.getLogger("sandbox.modal")

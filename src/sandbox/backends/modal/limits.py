@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ..toolkit.limits import CPU, MEMORY, ResourceLimits, refuse_unsupported, whole_multiple
+from ..toolkit import CPU, MEMORY, ResourceLimits, refuse_unsupported, whole_multiple
 
 MIB = 1024 * 1024
 

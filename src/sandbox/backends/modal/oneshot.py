@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ...backend import ExecCapture, cancel_and_wait, first_failure
 from ...errors import ProviderError
-from ...exec_output import ExecCapture
-from ...tasks import cancel_and_wait, first_failure
 from ..toolkit import normalize_exit
 from .commands import Command, Commands, read_stream
 

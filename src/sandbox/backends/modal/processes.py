@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...process_entry import PtyEntry
-from ...shell_trap import ShellTrap
-from ...tasks import cancel_and_wait
-from ..toolkit import normalize_exit
+from ...backend import PtyEntry, cancel_and_wait
+from ..toolkit import ShellTrap, normalize_exit
 from .commands import Command, read_stream
 from .errors import ModalErrors
 

@@ -33,19 +33,22 @@ from typing import Any
 
 import modal
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...credentials import Secret
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import (
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    cancel_and_wait,
+    check_env,
+    check_seconds,
+    check_str,
+    settle,
+)
 from ...errors import InvalidArgumentError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...settle import settle
-from ...shell_trap import ShellTrap
-from ...tasks import cancel_and_wait
-from ..toolkit import TAG_VARIABLE
-from ..toolkit.limits import check_limits
+from ..toolkit import TAG_VARIABLE, CommandCheck, Secret, ShellTrap, check_limits, wait_for_verdict
 from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
@@ -159,9 +162,9 @@ class ModalSession(BaseSandboxSession[Command]):
             raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
         # Every option is checked now, not when first used (a bad grace period would
         # otherwise surface as a raw TypeError in a teardown).
-        arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        arguments.check_seconds("call_timeout_s", call_timeout_s)
-        arguments.check_seconds("create_timeout_s", create_timeout_s)
+        check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        check_seconds("call_timeout_s", call_timeout_s)
+        check_seconds("create_timeout_s", create_timeout_s)
         self.create_timeout_s = float(create_timeout_s)
         if (
             isinstance(sandbox_timeout_s, bool)
@@ -179,10 +182,10 @@ class ModalSession(BaseSandboxSession[Command]):
             ("state_dir", state_dir),
             ("term", term),
         ):
-            arguments.check_str(name, text)
+            check_str(name, text)
         if not term or "\0" in term:
             raise InvalidArgumentError("term must be a non-empty terminal type, such as 'xterm'")
-        env = arguments.check_env(env)
+        env = check_env(env)
         if create_options is not None and not isinstance(create_options, Mapping):
             raise InvalidArgumentError("create_options must be a mapping of option names")
         if create_options and create_options.get("env") is not None:
@@ -190,7 +193,7 @@ class ModalSession(BaseSandboxSession[Command]):
             given = create_options["env"]
             if isinstance(given, Mapping):  # None unsets a variable in Modal's env
                 given = {k: v for k, v in given.items() if v is not None}
-            arguments.check_env(given, name="create_options['env']")
+            check_env(given, name="create_options['env']")
         resources = create_resources(limits, attach=sandbox_id is not None)
         for name in set(resources) & set(create_options or {}):
             raise InvalidArgumentError(

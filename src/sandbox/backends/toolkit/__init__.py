@@ -1,13 +1,25 @@
 """What every remote backend needs beside its provider's API, written once.
 
-- `shell`: the POSIX sh wrapper that tags a command and reports 128+N without the
-  shell's "Killed" notice, and the kill/interrupt scripts that find a tagged tree
-  through /proc (`wrapper_argv`, `kill_script`, `interrupt_script`, ...).
-- `exits`: `normalize_exit`, one rule for the exit status a provider reports.
+- `shell`: the POSIX sh wrapper that tags a command (in `TAG_VARIABLE`) and reports
+  128+N without the shell's "Killed" notice, and the kill/interrupt scripts that find a
+  tagged tree through /proc, polling every `KILL_TICK_S` (`wrapper_argv`, `kill_script`,
+  `interrupt_script`, `check_tag`, ...).
+- `exits`: `normalize_exit`, one rule for the exit status a provider reports
+  (`UNKNOWN_EXIT` when it reports none, `UNKNOWN_SIGNAL_EXIT` for a signal it cannot
+  name).
 - `errors`: one HTTP error policy (`RETRYABLE_STATUSES`, `error_for_status`,
   `transport_error`) and one redaction (`redact`, `REDACTED`).
-- `ShellTrap`, re-exported from `sandbox.shell_trap` (where it stays for now), for a
-  command typed into a provider's interactive shell.
+- `trap`: `ShellTrap`, for a command typed into a provider's interactive shell, and
+  `wait_for_verdict`, the wait for a `CommandCheck`'s verdict seen through a trap.
+- `check`: `CommandCheck` and `CHECK_SCRIPT`, the sh check of `cwd` and program in front
+  of a command (`WorkdirError`, `CommandNotFoundError` on every backend alike).
+- `credentials`: `Secret` (never in a message, log or repr) and `require_credential`.
+- `limits`: the three limit options (`MEMORY`, `PROCESSES`, `CPU`) checked once into
+  `ResourceLimits`; `paths`: `within_workspace`.
+- `lease`: the lease of a durable session kept as a file in a remote sandbox, swapped
+  by one `sh` script (`lease_path`, `lease_read_argv`, `lease_swap_argv`, `lease_line`,
+  `parse_lease`; see docs/durable-sessions.md).
+- `options`: the backend flags the cli and the MCP server share (not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -15,7 +27,8 @@ provider SDK.
 
 from __future__ import annotations
 
-from ...shell_trap import ShellTrap
+from .check import CommandCheck
+from .credentials import Secret, require_credential
 from .errors import (
     REDACTED,
     RETRYABLE_STATUSES,
@@ -27,9 +40,21 @@ from .errors import (
     transport_reason,
 )
 from .exits import UNKNOWN_EXIT, UNKNOWN_SIGNAL_EXIT, normalize_exit, signal_from_reason
+from .lease import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from .limits import (
+    CPU,
+    MEMORY,
+    PROCESSES,
+    ResourceLimits,
+    check_limits,
+    refuse_unsupported,
+    whole_multiple,
+)
+from .paths import within_workspace
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
+    check_tag,
     command_line,
     grace_ticks,
     interrupt_script,
@@ -39,15 +64,24 @@ from .shell import (
     tag_environment,
     wrapper_argv,
 )
+from .trap import ShellTrap, wait_for_verdict
 
 __all__ = [
+    "CPU",
     "KILL_TICK_S",
+    "MEMORY",
+    "PROCESSES",
     "REDACTED",
     "RETRYABLE_STATUSES",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
     "UNKNOWN_SIGNAL_EXIT",
+    "CommandCheck",
+    "ResourceLimits",
+    "Secret",
     "ShellTrap",
+    "check_limits",
+    "check_tag",
     "clean_detail",
     "command_line",
     "error_for_status",
@@ -55,13 +89,23 @@ __all__ = [
     "interrupt_script",
     "is_retryable_status",
     "kill_script",
+    "lease_line",
+    "lease_path",
+    "lease_read_argv",
+    "lease_swap_argv",
     "new_tag",
     "normalize_exit",
     "parse_kill_report",
+    "parse_lease",
     "redact",
+    "refuse_unsupported",
+    "require_credential",
     "signal_from_reason",
     "tag_environment",
     "transport_error",
     "transport_reason",
+    "wait_for_verdict",
+    "whole_multiple",
+    "within_workspace",
     "wrapper_argv",
 ]

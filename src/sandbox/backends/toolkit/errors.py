@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ...credentials import REDACTED, Secret
 from ...errors import ConnectionLostError, ProviderError
+from .credentials import REDACTED, Secret
 
 __all__ = [
     "MAX_DETAIL_CHARS",

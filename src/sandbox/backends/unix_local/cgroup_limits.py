@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from . import cgroups
+from ...local import cgroups
 
 CPU_PERIOD_US = 100_000
 MIN_CPU = 0.01  # the kernel's smallest quota is 1 ms per 100 ms period

@@ -7,26 +7,25 @@ temporary one included: the resumed session removes it at its close. After a cra
 orphans keep running, in the dead client's cgroup and carrying its session tag in their
 environment; `resume_session` kills them (the cgroup, then every process with the tag)
 and reports each process of the ref as ended, with a note. The lease lives on the host
-(`sandbox.durable.host_lease`), never in the workspace a sandboxed process can write.
+(`sandbox.backend.HostLease`), never in the workspace a sandboxed process can write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...durable.host_lease import HostLease
-from ...durable.ops import ProcessNotReattached
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import HostLease, ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import SessionGoneError
-from ...process_entry import PtyEntry
-from . import cgroups, process_tree
-from .local_process import LocalProcess
+from ...local import cgroups
+from ...local import tree as process_tree
+from ...local.process import LocalProcess
 from .workspace import Workspace
 
-if TYPE_CHECKING:
-    from .session import UnixLocalSession
+# `UnixLocalSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+UnixLocalSession = Any
 
 # Options a resumed session is opened with (no `env`: its values may be secrets).
 REF_OPTIONS = (

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...backend import DIRECTORY_FLAGS, file_kind
 from ...errors import (
     FileTooLargeError,
     InvalidArgumentError,
@@ -44,7 +45,6 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...host_files import DIRECTORY_FLAGS, file_kind
 
 SYS_OPENAT2 = 437  # the same number on every architecture Linux added it to
 RESOLVE_NO_MAGICLINKS = 0x02

@@ -1,7 +1,7 @@
 """The `unix_local` backend: processes on this machine, PTYs from `openpty`.
 
 No thread per process or per read: output fds are read with event-loop readers and exits
-are seen through pidfds (see `backends.unix_local.local_process`). A workspace directory (given, or
+are seen through pidfds (see `sandbox.local.process`). A workspace directory (given, or
 a temporary one removed on close) is every command's cwd and HOME.
 """
 
@@ -16,19 +16,27 @@ import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from ... import arguments
-from ...command_check import CommandCheck, wait_for_verdict
-from ...durable.host_lease import HostLease
-from ...durable.refs import ProcessRef, SessionRef
+from ...backend import (
+    EXIT_DRAIN_GRACE_S,
+    BaseSandboxSession,
+    CommandSpec,
+    ExecCapture,
+    HostLease,
+    OneShotProcess,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    check_env,
+    check_seconds,
+)
 from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
-from ...exec_output import ExecCapture, OneShotProcess
-from ...process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, PtyEntry
-from ...session import BaseSandboxSession
-from ...shell_trap import ShellTrap
-from . import cgroup_limits, cgroups, local_files, process_tree
+from ...local import cgroups
+from ...local import tree as process_tree
+from ...local.process import LocalProcess
+from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from . import cgroup_limits, local_files
 from . import confine as jail
 from . import durable as durable_local
-from .local_process import LocalProcess
 from .workspace import Workspace
 
 DEFAULT_TERM = "xterm-256color"
@@ -92,11 +100,11 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         # Every process of this session carries a tag within this one (see
         # `process_tree`): what escaped its own tree is still found when the session stops.
         self._session_tag = process_tree.new_session_tag()
-        self._env = arguments.check_env(env) or {}
+        self._env = check_env(env) or {}
         # A jail that hides ~/.aws but hands over AWS_SECRET_ACCESS_KEY would be theatre:
         # confined sessions start from a small allow-list unless told otherwise.
         self._inherit_env = (not confine) if inherit_env is None else inherit_env
-        grace = arguments.check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
+        grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         assert grace is not None
         self.terminate_grace_s = grace
         self.confine = confine

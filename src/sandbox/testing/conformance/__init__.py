@@ -82,6 +82,9 @@ __all__ = [
 # What a backend may declare it supports (see `Backend.capabilities`).
 CAPABILITIES = frozenset({"files", "resize", "signals"})
 
+# How a backend lists its live processes whose argv holds an argument (`processes_with_arg`),
+# and what `fixture_session` takes: a folder -> an async context manager yielding an
+# unstarted session, whose exit runs the backend's own leak checks.
 ProcessLister = Callable[[str], Sequence[object]]
 Environment = Callable[[Path], AbstractAsyncContextManager[BaseSandboxSession]]
 

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from sandbox import BaseSandboxSession
+from sandbox.errors import SandboxError
 
 from . import Backend, ProcessLister
 
@@ -62,13 +63,16 @@ def need_process_lister(backend: Backend) -> None:
 
 def reserved_ids(session: BaseSandboxSession) -> set[int]:
     """The process ids the session holds (registered, or reserved by a start)."""
-    return set(session._reserved)
+    return session._processes.reserved
 
 
 def call_in_progress(session: BaseSandboxSession, process_id: int) -> bool:
     """Whether a write or poll of `process_id` holds its call lock now."""
-    entry = session._registry.get(process_id)
-    return entry is not None and entry.call_lock.locked()
+    try:
+        entry = session._processes.lookup(process_id)
+    except SandboxError:
+        return False
+    return entry.call_lock.locked()
 
 
 def mark_async_tests(namespace: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import sandbox
 from sandbox import BaseSandboxSession
-from sandbox.text_decoding import omission_marker
+from sandbox.output.decoding import omission_marker
 
 from . import Backend, ProcessLister, eventually, needs, unique_seconds
 from ._fixtures import (

@@ -1,0 +1,538 @@
+"""A local child process on a PTY or on pipes, driven by the event loop without threads.
+
+Output is read from non-blocking fds with `loop.add_reader`; the exit is seen through a
+pidfd (Linux) that becomes readable when the child dies. The exit status is read with
+`WNOWAIT`, leaving the child a zombie until `close()` reaps it: while the zombie exists
+its pid, and so its process group id, cannot be reused, which makes the final
+`killpg(SIGKILL)` of the group safe. Used by the unix_local backend and by the fakes in
+`sandbox.testing`, which run real processes behind fake providers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from ..errors import ProcessExitedError, SandboxError
+from . import cgroups
+from . import tree as process_tree
+
+READ_CHUNK = 256 * 1024
+READS_PER_WAKEUP = 8
+KILL_WAIT_S = 5.0
+
+OutputCallback = Callable[[bytes], None]
+
+
+def exit_code_from_wait(si_code: int, si_status: int) -> int:
+    """Exit status as the contract reports it: the code, or 128+N for signal N."""
+    if si_code == os.CLD_EXITED:
+        return si_status
+    return 128 + si_status
+
+
+def _child_setup(
+    *, tty: bool, reset_signals: bool, join_fds: Sequence[int]
+) -> Callable[[], None] | None:
+    """What the child runs between fork and exec (None: nothing, so Popen may vfork)."""
+    if not (tty or reset_signals or join_fds):
+        return None
+    fds = tuple(join_fds)
+
+    def setup() -> None:  # pragma: no cover - runs in the child
+        # Into its cgroups first, before it can fork: nothing it starts escapes them.
+        for fd in fds:
+            os.write(fd, b"0")
+        if tty:
+            # We are a new session leader (start_new_session): the terminal on fd 0
+            # becomes our controlling terminal, so Ctrl-C in the line discipline signals
+            # our process group.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+    return setup
+
+
+def _parent_ignores_interrupts() -> bool:
+    return signal.SIG_IGN in (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGQUIT))
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """Set a terminal's size (the kernel sends SIGWINCH to its foreground group)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class LocalProcess:
+    """A spawned child in its own session and process group.
+
+    Callbacks run on the event loop: `on_stdout`/`on_stderr` with each chunk,
+    `on_eof` once every output stream closed, `on_exit(code)` when the child died.
+    """
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.tty = False
+        self.exit_code: int | None = None
+        self.master_fd: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._out_fds: dict[int, OutputCallback] = {}
+        self._pidfd: int | None = None
+        self._exited = asyncio.Event()
+        self._eof = asyncio.Event()
+        self._on_exit: Callable[[int], None] | None = None
+        self._on_eof: Callable[[], None] | None = None
+        self._reaped = False
+        self._closed = False
+        self._write_waiter: asyncio.Future[None] | None = None
+        self._swept: set[int] = set()
+        self.tag: str | None = None
+        self.leaf: cgroups.Leaf | None = None
+        self._cgroup: cgroups.SessionCgroup | None = None
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        tty: bool,
+        env: Mapping[str, str],
+        cwd: str | None,
+        rows: int = 24,
+        cols: int = 80,
+        on_stdout: OutputCallback,
+        on_stderr: OutputCallback | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        on_eof: Callable[[], None] | None = None,
+        tag: str | None = None,
+        cgroup: cgroups.SessionCgroup | None = None,
+        join_fds: Sequence[int] = (),
+    ) -> LocalProcess:
+        """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
+        stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`).
+        With `tag` (see `process_tree.new_tag`), the process and everything it starts
+        carry it in their environment, so a teardown also finds what escaped the tree.
+
+        With `cgroup`, the process starts in a leaf of that session cgroup (see
+        `local.cgroups`) and its teardowns kill the leaf, never reading
+        /proc; `join_fds` are more `cgroup.procs` fds (v1 limits) it joins before exec.
+        """
+        self = cls()
+        self.tty = tty
+        self.tag = tag
+        self._cgroup = cgroup
+        if cgroup is not None:
+            self.leaf = cgroup.new_leaf()
+        if tag is not None:
+            env = {**env, process_tree.TAG_VARIABLE: tag}
+        self._on_exit = on_exit
+        self._on_eof = on_eof
+        parent_ends: list[int] = []
+        child_ends: list[int] = []
+        joins = list(join_fds)
+        leaf_fd = -1
+        try:
+            if tty:
+                master, slave = os.openpty()
+                parent_ends.append(master)
+                child_ends.append(slave)
+                set_window_size(slave, rows, cols)
+                stdin: int = slave
+                stdout: int = slave
+                stderr: int = slave
+                self._out_fds[master] = on_stdout
+                self.master_fd = master
+            else:
+                out_r, out_w = os.pipe()
+                parent_ends.append(out_r)
+                child_ends.append(out_w)
+                self._out_fds[out_r] = on_stdout
+                stdin, stdout, stderr = subprocess.DEVNULL, out_w, out_w
+                if on_stderr is not None:
+                    err_r, err_w = os.pipe()
+                    parent_ends.append(err_r)
+                    child_ends.append(err_w)
+                    self._out_fds[err_r] = on_stderr
+                    stderr = err_w
+            reset = not tty and _parent_ignores_interrupts()
+            # A terminal needs a preexec anyway (its fork costs the same with a write
+            # more); pipes keep Popen's vfork when only the leaf is to join: this
+            # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
+            hop = (
+                self.leaf is not None
+                and cgroup is not None
+                and not (tty or reset or joins or cgroup.limited)
+            )
+            if self.leaf is not None:
+                leaf_fd = self.leaf.open_join()
+                if not hop:
+                    joins.insert(0, leaf_fd)
+            setup = _child_setup(tty=tty, reset_signals=reset, join_fds=joins)
+
+            def start() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    list(argv),
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
+                    env=dict(env),
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=setup,
+                    close_fds=True,
+                )
+
+            try:
+                self._popen = self._popen_in_leaf(start, leaf_fd) if hop else start()
+            except subprocess.SubprocessError as exc:
+                # Only our preexec raises this: it could not join a cgroup.
+                raise SandboxError(f"could not place the process in its cgroup: {exc}") from None
+        except BaseException:
+            for fd in parent_ends:
+                os.close(fd)
+            self._give_back_leaf()
+            raise
+        finally:
+            for fd in child_ends:
+                os.close(fd)
+            if leaf_fd >= 0:
+                os.close(leaf_fd)
+        self.pid = self._popen.pid
+        for fd in self._out_fds:
+            os.set_blocking(fd, False)
+            self._loop.add_reader(fd, self._on_readable, fd)
+        self._watch_exit()
+        return self
+
+    def _popen_in_leaf(
+        self, start: Callable[[], subprocess.Popen[bytes]], join_fd: int
+    ) -> subprocess.Popen[bytes]:
+        """Run `start` with this process inside the leaf: the vforked child is born in
+        it (no window before exec), and we move back right after."""
+        assert self._cgroup is not None and self.leaf is not None
+        with cgroups.HOP_LOCK:
+            self._cgroup.hop_in(join_fd)
+            try:
+                return start()
+            finally:
+                self._cgroup.hop_out()
+
+    def _give_back_leaf(self) -> None:
+        """Hand the leaf back to the session once nothing in it is alive (else it stays
+        the session's, and dies with it)."""
+        if self.leaf is not None and self._cgroup is not None and not self.leaf.populated():
+            self._cgroup.release(self.leaf)
+            self.leaf = None
+
+    # ---- exit watching ---------------------------------------------------------------
+
+    def _watch_exit(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._check_exit)
+            return
+
+        # No pidfd (old kernel, not Linux): one small thread blocks in waitid(WNOWAIT).
+        def wait_in_thread() -> None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening
+                self._loop.call_soon_threadsafe(self._check_exit)
+
+        threading.Thread(target=wait_in_thread, name=f"waitid-{self.pid}", daemon=True).start()
+
+    def _check_exit(self) -> None:
+        if self.exit_code is not None:
+            return
+        try:
+            if self._pidfd is not None:
+                result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            else:
+                result = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            result = None
+            code = 255  # someone else reaped it: the status is gone
+        else:
+            if result is None:
+                return
+            code = exit_code_from_wait(result.si_code, result.si_status)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+        self.exit_code = code
+        self._exited.set()
+        if self._on_exit is not None:
+            self._on_exit(code)
+
+    @property
+    def exited(self) -> bool:
+        """True once the child has died (it may still be an unreaped zombie)."""
+        return self.exit_code is not None
+
+    async def wait(self) -> int:
+        """Wait for the child's death and return its exit status."""
+        await self._exited.wait()
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def wait_eof(self) -> None:
+        """Wait until every output stream has closed."""
+        await self._eof.wait()
+
+    # ---- output ----------------------------------------------------------------------
+
+    def _on_readable(self, fd: int) -> None:
+        callback = self._out_fds.get(fd)
+        if callback is None:
+            return
+        for _ in range(READS_PER_WAKEUP):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EIO:  # EIO: the terminal's other side is closed
+                    raise
+                data = b""
+            if not data:
+                self._close_stream(fd)
+                return
+            callback(data)
+
+    def drain_now(self) -> None:
+        """Read whatever output is already waiting in the kernel, without blocking."""
+        for fd in list(self._out_fds):
+            self._on_readable(fd)
+
+    def _close_stream(self, fd: int) -> None:
+        if self._out_fds.pop(fd, None) is None:
+            return
+        self._loop.remove_reader(fd)
+        if fd != self.master_fd:  # the master stays open until close(): writes may race
+            os.close(fd)
+        if not self._out_fds:
+            self._eof.set()
+            if self._on_eof is not None:
+                self._on_eof()
+
+    # ---- input and control -------------------------------------------------------------
+
+    async def write(self, data: bytes, on_progress: Callable[[int], None] | None = None) -> None:
+        """Write all of `data` to the terminal, waiting for room when it is full.
+
+        `on_progress(n)` is told each time the terminal took `n` more bytes, so a write
+        cancelled half-way (its window ended, the process is being torn down) knows how
+        much went in. Only one write waits for room at a time (calls are serialized).
+        """
+        view = memoryview(data)
+        while view:
+            fd = self.master_fd
+            if fd is None or self._closed:
+                raise ProcessExitedError(f"process {self.pid} has no open terminal")
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                await self._writable(fd)
+                continue
+            except OSError as exc:
+                raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+            view = view[written:]
+            if on_progress is not None:
+                on_progress(written)
+
+    def write_some(self, data: bytes) -> int:
+        """Write what the terminal takes right now (never waits); returns the count."""
+        fd = self.master_fd
+        if fd is None or self._closed or self._write_waiter is not None:
+            return 0  # closed (the slow path says so), or a write already waits
+        try:
+            return os.write(fd, data)
+        except (BlockingIOError, OSError):
+            return 0  # full, or gone: the slow path waits or raises the clear error
+
+    def write_now(self, data: bytes) -> bool:
+        """Write `data` only if the terminal takes all of it at once; never waits."""
+        fd = self.master_fd
+        if fd is None or self._closed:
+            raise ProcessExitedError(f"process {self.pid} has no open terminal")
+        try:
+            return os.write(fd, data) == len(data)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+
+    def interrupt_terminal(self) -> None:
+        """Ctrl-C on the terminal: the interrupt character if the terminal has room for
+        it, else what the line discipline would do with it, SIGINT to the terminal's
+        foreground process group (a process that stops reading its input still gets
+        its Ctrl-C)."""
+        if self.write_now(b"\x03"):
+            return
+        assert self.master_fd is not None
+        try:
+            group = os.tcgetpgrp(self.master_fd)
+        except OSError:
+            group = self.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGINT)
+
+    async def _writable(self, fd: int) -> None:
+        ready: asyncio.Future[None] = self._loop.create_future()
+        self._write_waiter = ready
+
+        def on_writable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_writer(fd, on_writable)
+        try:
+            await ready
+        finally:
+            self._write_waiter = None
+            if not self._closed:  # close() already removed it (and the fd may be reused)
+                self._loop.remove_writer(fd)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Resize the terminal (no-op once closed)."""
+        if self.master_fd is not None and not self._closed:
+            set_window_size(self.master_fd, rows, cols)
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the child's whole process group (ignoring a group that is gone).
+
+        Safe while the leader is unreaped: its zombie keeps the group id from reuse.
+        """
+        if self.pid <= 0 or self._reaped:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def terminate(self, grace_s: float, *, escapees: bool = True) -> None:
+        """Stop the whole tree: polite signals, up to `grace_s` for the leader to go,
+        then SIGKILL to all of it (its cgroup leaf, or its group and tree); then reap,
+        close every fd, and wait until all of it is gone. Idempotent.
+
+        `escapees=False` skips the search for tagged processes that left the tree
+        (tag containment only): the session's own sweep follows at its close.
+        """
+        if self._closed:
+            return
+        try:
+            if not self.exited and grace_s > 0:
+                polite = (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT)
+                for sig in polite:
+                    self.signal_group(sig)
+                if self.leaf is not None:
+                    self.leaf.signal(*polite)
+                elif not self._reaped:
+                    tag = self.tag if escapees else None
+                    process_tree.signal_tree(self.pid, *polite, tag=tag)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(grace_s):
+                        await self._exited.wait()
+            self.signal_group(signal.SIGKILL)
+            if self.leaf is not None:
+                self.leaf.kill()
+            if not self.exited:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(KILL_WAIT_S):
+                        await self._exited.wait()
+        finally:
+            self.close(sweep_tree=True, escapees=escapees)
+        if self.leaf is not None:
+            await self.leaf.wait_empty()
+            self._give_back_leaf()
+        if self._swept:
+            await process_tree.wait_gone(self._swept)
+
+    def kill_now(self) -> None:
+        """SIGKILL the group and the whole tree, synchronously, touching no event loop
+        (for a session being garbage-collected)."""
+        if self._closed or self._reaped:
+            return
+        self.signal_group(signal.SIGKILL)
+        if self.leaf is not None:
+            self.leaf.kill()
+        else:
+            process_tree.kill_tree(self.pid, tag=self.tag)
+
+    def close(
+        self, *, kill_group: bool = True, sweep_tree: bool = False, escapees: bool = True
+    ) -> None:
+        """Kill what is left of the group, reap the leader and close every fd.
+
+        `kill_group=False` (for an already exited leader) reaps it without signalling
+        the group, the way a remote daemon reaps a process whose children it leaves be;
+        the provider fakes in `sandbox.testing` use it. `sweep_tree` also kills what
+        left the group (see `sandbox.local.tree`): teardowns do, a one-shot command
+        that ended by itself does not (its group kill is the fast path; what it left
+        running dies at the session's close). In a cgroup leaf, the sweep is one write
+        to the leaf's `cgroup.kill`. `escapees`: see `terminate`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if kill_group or not self.exited:
+            self.signal_group(signal.SIGKILL)
+            if kill_group and sweep_tree and not self._reaped:
+                # Background jobs of an interactive shell have groups of their own, and
+                # nohup'd or setsid'd children leave the group: kill the whole tree.
+                if self.leaf is not None:
+                    self.leaf.kill()
+                else:
+                    tag = self.tag if escapees else None
+                    self._swept = process_tree.kill_tree(self.pid, tag=tag)
+        waiter = self._write_waiter
+        if waiter is not None and self.master_fd is not None:
+            # A write waiting for room must not keep a writer on an fd number that is
+            # about to be closed and reused by the next process.
+            self._loop.remove_writer(self.master_fd)
+            if not waiter.done():
+                waiter.set_exception(ProcessExitedError(f"process {self.pid} was closed"))
+        for fd in list(self._out_fds):
+            self._loop.remove_reader(fd)
+            if fd != self.master_fd:
+                os.close(fd)
+        self._out_fds.clear()
+        if self.master_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.master_fd)
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._reap()
+        self._give_back_leaf()
+
+    def _reap(self) -> None:
+        if self._reaped or self._popen is None:
+            return
+        self._reaped = True
+        try:
+            pid, _ = os.waitpid(self.pid, 0 if self.exited else os.WNOHANG)
+        except ChildProcessError:
+            pid = self.pid
+        if pid == 0:
+            # SIGKILL was sent but the child is not gone yet (uninterruptible sleep):
+            # a thread waits for it so that it never stays a zombie.
+            threading.Thread(target=_reap_blocking, args=(self.pid,), daemon=True).start()
+        # Popen must not reap it again (it would poll it from __del__ otherwise).
+        self._popen.returncode = self.exit_code if self.exit_code is not None else -9
+
+
+def _reap_blocking(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -1,0 +1,227 @@
+"""`SessionHooks`: the contract a backend implements, and nothing else.
+
+A backend is a `BaseSandboxSession[H]` subclass (`H`: its own per-process state, kept
+in `PtyEntry.handle`) that overrides some of the hooks below; the base session calls
+them and does everything around them: argument checks, the registry, windows,
+timeouts, cancellation and the settled teardown. Each docstring is the hook's
+contract. The bodies only raise `UnsupportedOperationError` or do the default.
+
+A backend's own state lives in its own underscore attributes (`_client`, `_files`);
+the base session keeps its state in two collaborators (`_processes`, `_owned`), and a
+backend overrides no underscore name of the base but these hooks
+(`tests/meta/test_hooks_contract.py` checks every class in `BACKENDS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
+
+from ..durable.lease import LeaseStore
+from ..durable.refs import ProcessNotReattached, ProcessRef, SessionRef
+from ..errors import FileTooLargeError, UnsupportedOperationError
+from ..exec_output import ExecCapture, OneShotProcess
+from ..process_entry import CommandSpec, H, PtyEntry
+
+
+class SessionHooks(Generic[H]):
+    """The hooks of a backend session, with their defaults (see the module docstring).
+
+    Hooks run in tasks the session owns, not in their caller's task; a hook that is
+    cancelled must undo what it made before the cancellation propagates.
+    """
+
+    backend_name: ClassVar[str] = "base"
+    # Set by the session's options; the default `_read_file_chunks` bounds by it.
+    read_limit_bytes: int
+    # Set by the session's options; the default `_ref_options` reports them.
+    output_limit_bytes: int
+    exec_output_limit_bytes: int
+
+    if TYPE_CHECKING:  # the base session's read-only options (properties there)
+
+        @property
+        def max_processes(self) -> int: ...
+
+        @property
+        def teardown_concurrency(self) -> int: ...
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    async def _start_backend(self) -> None:
+        """Create or attach to the sandbox. Called once by `start()`; if it raises or is
+        cancelled, `_stop_backend()` is called (settled) to undo whatever it did."""
+
+    async def _stop_backend(self) -> None:
+        """Stop the sandbox (delete it unless told to keep it) and release clients.
+        Must tolerate a partially completed `_start_backend()`. Called at most once per
+        start attempt, after every process has been torn down."""
+
+    # ---- one-shot commands ---------------------------------------------------------
+
+    async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+        """Start a one-shot command whose stdout and stderr chunks are appended to
+        `capture` as they arrive (never an unbounded buffer of our own), and return it
+        (see `OneShotProcess`). If this is cancelled after the command started, kill it
+        before the cancellation propagates: nobody else knows it.
+
+        A missing `spec.cwd`, or (with `shell=False`) a missing program, must raise
+        `WorkdirError` / `CommandNotFoundError`: run the command behind a
+        `CommandCheck` (set `capture.check`; `capture.result` then raises) or check
+        natively."""
+        raise UnsupportedOperationError(f"{self.backend_name} cannot run one-shot commands")
+
+    # ---- processes -----------------------------------------------------------------
+
+    async def _spawn_process(self, entry: PtyEntry[H]) -> None:
+        """Start `entry.spec` and arrange for its output to flow into `entry.feed()` and
+        its end into `entry.report_exit()` / `report_eof()` / `report_lost()`.
+
+        Store the backend's state in `entry.handle` as soon as anything exists, so that
+        `_terminate_pty_entry` can undo a spawn that failed or was cancelled half-way.
+        For `tty=False`, stdin must be closed (EOF) for the process.
+        """
+        raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
+
+    def _write_stdin_nowait(self, entry: PtyEntry[H], data: bytes) -> int:
+        """Optional fast path: write what the terminal takes right now, without waiting,
+        and return how many bytes that was (the rest goes through `_write_stdin`).
+        Default: 0, everything goes through `_write_stdin`."""
+        return 0
+
+    async def _write_stdin(self, entry: PtyEntry[H], data: bytes) -> None:
+        """Write bytes to the terminal of a running tty process."""
+        raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
+
+    async def _resize(self, entry: PtyEntry[H], rows: int, cols: int) -> None:
+        """Resize the process's terminal; default: unsupported."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resize a terminal")
+
+    async def _interrupt(self, entry: PtyEntry[H]) -> None:
+        """Ctrl-C. Default: the interrupt character for a tty; backends must override
+        for tty=False processes (SIGINT to the process group)."""
+        if entry.tty:
+            await self._write_stdin(entry, b"\x03")
+            return
+        raise UnsupportedOperationError(
+            f"the {self.backend_name} backend cannot interrupt a process without a terminal"
+        )
+
+    async def _terminate_pty_entry(self, entry: PtyEntry[H]) -> None:
+        """Tear down one process: kill its whole tree, stop and await its reader tasks,
+        close its sockets and fds. Called exactly once per entry, always through the
+        settled cleanup, after the entry left the registry. Must cope with an entry whose
+        spawn failed or was cancelled half-way (`entry.handle` may be None or partial).
+        `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
+        session's close): a backend whose sandbox deletion kills every process may skip
+        the per-process kill then; it never reads the session's state itself."""
+
+    def _abandon(self, entries: list[PtyEntry[H]]) -> None:
+        """Called (synchronously, best effort) when a session that was never closed is
+        garbage-collected, with its processes: kill what can be killed without awaiting
+        (no event loop may be running). Default: nothing."""
+
+    async def _final_drain(self, entry: PtyEntry[H]) -> None:
+        """At a window's deadline, move output that already arrived at the transport into
+        the entry. Default: let pending callbacks run once."""
+        await asyncio.sleep(0)
+
+    # ---- files ---------------------------------------------------------------------
+
+    async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """Read a whole regular file (`path` is checked: a non-empty str without NUL).
+
+        Raise `NotAFileError` for anything but a regular file (a directory, FIFO,
+        socket, device) without opening what could block, `SandboxFileNotFoundError`
+        when it is missing, and `FileTooLargeError` above `max_bytes` where the size is
+        known before reading (the base session checks the returned length too)."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot read files")
+
+    async def _write_file(self, path: str, data: bytes) -> None:
+        """Write a regular file, creating parent folders. Raise `NotAFileError` (and
+        change nothing) over a directory, FIFO, socket or device, or when a parent on
+        the path is a file."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot write files")
+
+    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """Stream a regular file in chunks of about `chunk_size` bytes (the base session
+        re-cuts longer ones); same errors as `_read_file`. Default: `_read_file` bounded
+        by `read_limit_bytes`, then sliced."""
+        data = await self._read_file(path, self.read_limit_bytes)
+        if len(data) > self.read_limit_bytes:
+            raise FileTooLargeError.over(path, len(data), self.read_limit_bytes)
+        view = memoryview(data)
+        for start in range(0, len(view), chunk_size):
+            yield bytes(view[start : start + chunk_size])
+
+    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Write a regular file from `chunks` (bytes, never empty); same rules as
+        `_write_file`. Default: join the chunks, then `_write_file`."""
+        parts = [chunk async for chunk in chunks]
+        await self._write_file(path, b"".join(parts))
+
+    # ---- durable sessions (see docs/durable-sessions.md) ---------------------------
+
+    # Whether the provider keeps a process running, reattachable, with no client
+    # (`BaseSandboxSession.keeps_processes`). A backend that does sets it to True.
+    _keeps_processes: ClassVar[bool] = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        """Where the sandbox is, for a ref (a container id, a workspace path...): JSON
+        data, never a secret. Default: this backend cannot make refs (a session given a
+        `ref_file` then refuses to be made)."""
+        raise UnsupportedOperationError(
+            f"the {self.backend_name} backend cannot detach or resume sessions"
+        )
+
+    def _ref_options(self) -> dict[str, Any]:
+        """The options a resumed session is made with: an allow-list of options that are
+        not secrets (never credentials, never `env` values)."""
+        return {
+            "max_processes": self.max_processes,
+            "output_limit_bytes": self.output_limit_bytes,
+            "teardown_concurrency": self.teardown_concurrency,
+            "read_limit_bytes": self.read_limit_bytes,
+            "exec_output_limit_bytes": self.exec_output_limit_bytes,
+        }
+
+    def _ref_process(self, entry: PtyEntry[H]) -> dict[str, Any]:
+        """The provider's handle of a running process, for a ref (JSON, no secret)."""
+        return {}
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """The constructor options of a session resuming `ref` (before the caller's)."""
+        return dict(ref.options)
+
+    def _lease_store(self) -> LeaseStore | None:
+        """Where this session's lease lives (`sandbox.durable.lease`); None: nowhere
+        (no other client can be told apart)."""
+        return None
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        """Attach to `ref`'s sandbox instead of `_start_backend`, so that `_stop_backend`
+        deletes it as the first client's close would. Raise `SessionGoneError` when it
+        no longer exists. Where the ref lists processes that could not outlive their
+        client (it crashed), end what is left of them here. If this raises or is
+        cancelled, `_detach_backend()` is called (settled): the sandbox stays."""
+        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resume sessions")
+
+    async def _reattach_process(self, entry: PtyEntry[H], process: ProcessRef) -> None:
+        """Follow the running process `process` again as `entry`, like
+        `_spawn_process`: what it printed after `process.output_position` (bounded, the
+        omission marker where the provider kept less), then its output and exit. Raise
+        `ProcessNotReattached(note, exit_code)` when the provider lost it (or never
+        keeps processes): it is registered as ended, with the note."""
+        raise ProcessNotReattached(f"the {self.backend_name} backend cannot reattach a process")
+
+    async def _release_entry(self, entry: PtyEntry[H]) -> None:
+        """Stop following a process without ending it (detach, takeover): stop its
+        readers, close its sockets. Called instead of `_terminate_pty_entry`, once, by
+        the settled teardown. Default: terminate it (nothing outlives its client)."""
+        await self._terminate_pty_entry(entry)
+
+    async def _detach_backend(self) -> None:
+        """Release the provider's clients and connections, leaving the sandbox running
+        (detach, a takeover, an undone resume). Default: nothing."""

@@ -1,0 +1,63 @@
+"""`write_within`: keystrokes written within a window, never queued behind a full terminal.
+
+What the terminal takes at once goes through the backend's fast path; the rest is a
+write task of the entry's (`entry.write_task`), so a terminate, the close or an
+interrupt can end it at once, and the window's end cancels it: the caller learns how
+many bytes were not written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from ..errors import SandboxError
+from ..process_entry import H, PtyEntry
+from ..settle import settle
+from .ownership import finished
+
+
+async def write_within(
+    entry: PtyEntry[H],
+    data: bytes,
+    window_end: float,
+    *,
+    write_nowait: Callable[[PtyEntry[H], bytes], int],
+    write: Callable[[PtyEntry[H], bytes], Awaitable[None]],
+    gone: Callable[[PtyEntry[H]], SandboxError],
+) -> int:
+    """Write `data` by the loop time `window_end` with the backend's hooks
+    (`_write_stdin_nowait`, then `_write_stdin`); return how many bytes the terminal
+    did not take. A write that fails because its entry was removed meanwhile raises
+    `gone(entry)` (from the write's error); a cancelled caller ends the write first."""
+    entry.input_accepted = 0
+    taken = write_nowait(entry, data)
+    if taken >= len(data):
+        return 0  # the common case: the terminal had room, no task needed
+    data = data[taken:]
+    entry.input_accepted = taken
+    task = asyncio.ensure_future(write(entry, data))
+    entry.write_task = task
+    try:
+        timeout = max(0.0, window_end - asyncio.get_running_loop().time())
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        await settle(finished(task))
+        raise
+    finally:
+        if entry.write_task is task:
+            entry.write_task = None
+    if task.cancelled():
+        accepted = entry.input_accepted - taken
+    else:
+        error = task.exception()
+        if error is not None:
+            if entry.removed:
+                raise gone(entry) from error
+            raise error
+        accepted = len(data)
+    return len(data) - min(max(accepted, 0), len(data))

@@ -1,0 +1,170 @@
+"""The bounded buffer (sandbox.output.buffer): limits, positions, segments and drains."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput, DrainedOutput
+
+
+def filled(limit: int, *chunks: bytes) -> BoundedOutput:
+    buffer = BoundedOutput(limit)
+    for chunk in chunks:
+        buffer.append(chunk)
+    return buffer
+
+
+def test_the_default_limit_is_one_mebibyte() -> None:
+    assert DEFAULT_OUTPUT_LIMIT == 1024 * 1024
+    buffer = BoundedOutput()
+    buffer.append(b"x" * (DEFAULT_OUTPUT_LIMIT + 1))
+    assert buffer.retained == DEFAULT_OUTPUT_LIMIT
+    assert buffer.omitted == 1
+
+
+def test_a_negative_limit_is_refused_and_zero_keeps_nothing() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        BoundedOutput(-1)
+    buffer = filled(0, b"abc", b"de")
+    assert buffer.retained == 0
+    assert buffer.omitted == 5
+    assert len(buffer) == 5
+    assert buffer.since(0) == []
+    assert buffer.drain() == DrainedOutput(b"", 5, b"")
+
+
+def test_exactly_the_limit_is_kept_whole() -> None:
+    buffer = filled(10, b"0123456789")
+    assert buffer.omitted == 0
+    assert buffer.retained == 10
+    assert buffer.drain() == DrainedOutput(b"0123456789", 0, b"")
+
+
+def test_one_byte_over_drops_the_first_tail_byte() -> None:
+    buffer = filled(10, b"0123456789", b"A")
+    assert buffer.omitted == 1
+    assert buffer.drain() == DrainedOutput(b"01234", 1, b"6789A")
+
+
+def test_an_odd_limit_gives_the_extra_byte_to_the_tail() -> None:
+    buffer = filled(5, b"abcdefgh")
+    assert buffer.drain() == DrainedOutput(b"ab", 3, b"fgh")
+
+
+def test_a_chunk_exactly_the_tail_size_replaces_the_tail() -> None:
+    buffer = filled(10, b"01234", b"abcde", b"VWXYZ")
+    assert buffer.drain() == DrainedOutput(b"01234", 5, b"VWXYZ")
+
+
+def test_a_chunk_one_short_of_the_tail_rolls_it() -> None:
+    buffer = filled(10, b"01234", b"abcde", b"WXYZ")
+    assert buffer.drain() == DrainedOutput(b"01234", 4, b"eWXYZ")
+
+
+def test_small_appends_fill_the_head_then_roll_the_tail() -> None:
+    buffer = BoundedOutput(6)
+    for byte in b"abcdefghij":
+        buffer.append(bytes([byte]))
+    assert buffer.retained == 6
+    assert buffer.omitted == 4
+    assert buffer.drain() == DrainedOutput(b"abc", 4, b"hij")
+
+
+def test_the_head_never_grows_once_bytes_went_to_the_tail() -> None:
+    buffer = filled(10, b"0123", b"456789", b"A")  # head 5: "01234", then "56789A"...
+    drained = buffer.drain()
+    assert drained.head == b"01234"
+    assert drained.tail == b"6789A"
+    buffer = filled(10, b"01234", b"5")  # the head is full: "5" is tail
+    buffer.append(b"")
+    assert buffer.drain() == DrainedOutput(b"012345", 0, b"")
+
+
+def test_empty_appends_change_nothing() -> None:
+    buffer = BoundedOutput(4)
+    buffer.append(b"")
+    buffer.append(bytearray())
+    buffer.append(memoryview(b""))
+    assert len(buffer) == 0
+    assert buffer.end_pos == 0
+    assert buffer.since(0) == []
+
+
+def test_bytearray_and_memoryview_are_appended() -> None:
+    buffer = filled(100, bytearray(b"ab"), memoryview(b"cd"))  # type: ignore[arg-type]
+    assert bytes(buffer.drain().head) == b"abcd"
+
+
+def test_positions_are_absolute_across_drains() -> None:
+    buffer = filled(4, b"abcdef")
+    assert (buffer.start_pos, buffer.end_pos, len(buffer)) == (0, 6, 6)
+    buffer.drain()
+    assert (buffer.start_pos, buffer.end_pos, len(buffer)) == (6, 6, 0)
+    buffer.append(b"gh")
+    assert (buffer.start_pos, buffer.end_pos, len(buffer)) == (6, 8, 2)
+
+
+def test_drain_resets_the_omitted_count_and_the_head() -> None:
+    buffer = filled(4, b"abcdefgh")
+    assert buffer.omitted == 4
+    assert buffer.drain() == DrainedOutput(b"ab", 4, b"gh")
+    assert buffer.omitted == 0
+    assert buffer.retained == 0
+    buffer.append(b"XYZ")  # a fresh head again
+    assert buffer.drain() == DrainedOutput(b"XYZ", 0, b"")
+    assert buffer.drain() == DrainedOutput(b"", 0, b"")
+
+
+def test_drained_size_counts_kept_and_omitted() -> None:
+    assert DrainedOutput(b"ab", 3, b"cde").size == 8
+    assert filled(4, b"abcdefgh").drain().size == 8
+
+
+def test_since_without_a_gap_is_one_segment() -> None:
+    buffer = filled(10, b"0123", b"456")  # head full at 5, "56" in the tail
+    assert buffer.since(0) == [b"0123456"]
+    assert buffer.since(3) == [b"3456"]
+    assert buffer.since(5) == [b"56"]
+    assert buffer.since(6) == [b"6"]
+    assert buffer.since(7) == []
+    assert buffer.since(-5) == [b"0123456"]  # before the start: everything
+
+
+def test_since_with_a_gap_gives_head_and_tail_apart() -> None:
+    buffer = filled(6, b"abcdefghij")  # head "abc", omitted 4, tail "hij"
+    assert buffer.since(0) == [b"abc", b"hij"]
+    assert buffer.since(1) == [b"bc", b"hij"]
+    assert buffer.since(2) == [b"c", b"hij"]
+    assert buffer.since(3) == [b"hij"]  # the head is behind; the tail starts after a gap
+    assert buffer.since(5) == [b"hij"]  # inside the gap: from the tail
+    assert buffer.since(7) == [b"hij"]
+    assert buffer.since(8) == [b"ij"]
+    assert buffer.since(9) == [b"j"]
+    assert buffer.since(10) == []
+    assert buffer.since(11) == []
+
+
+def test_since_counts_from_the_start_after_a_drain() -> None:
+    buffer = filled(6, b"abc")
+    buffer.drain()
+    buffer.append(b"defghijk")  # head "def", omitted 2, tail "ijk"
+    assert buffer.since(3) == [b"def", b"ijk"]
+    assert buffer.since(4) == [b"ef", b"ijk"]
+    assert buffer.since(9) == [b"jk"]
+    assert buffer.since(10) == [b"k"]
+
+
+def test_since_with_only_a_tail() -> None:
+    buffer = filled(1, b"abc")  # head 0 bytes, tail 1
+    assert buffer.since(0) == [b"c"]
+    assert buffer.since(2) == [b"c"]
+    assert buffer.since(3) == []
+
+
+def test_a_flood_keeps_memory_bounded() -> None:
+    buffer = BoundedOutput(1000)
+    for _ in range(1000):
+        buffer.append(b"y" * 997)
+    assert buffer.retained == 1000
+    assert buffer.omitted == 997 * 1000 - 1000
+    assert len(buffer) == 997 * 1000

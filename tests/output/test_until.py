@@ -1,0 +1,271 @@
+"""`until` matching (sandbox.output.until): the edges of every rule, and the gap bug."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from sandbox.errors import InvalidArgumentError
+from sandbox.output.decoding import StreamDecoder
+from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
+
+
+def matcher(pattern: str | re.Pattern[str]) -> UntilMatcher:
+    return UntilMatcher(pattern, StreamDecoder())
+
+
+class CountingPattern:
+    """A compiled pattern that records the string and start of every search."""
+
+    def __init__(self, pattern: str) -> None:
+        self._inner = re.compile(pattern)
+        self.pattern = pattern
+        self.searches: list[tuple[str, int]] = []
+
+    def search(self, text: str, pos: int = 0) -> re.Match[str] | None:
+        self.searches.append((text, pos))
+        return self._inner.search(text, pos)
+
+
+def counting(pattern: str) -> tuple[UntilMatcher, CountingPattern]:
+    recorder = CountingPattern(pattern)
+    # The matcher tells a regex from a substring by type; this one quacks like re.Pattern.
+    m = UntilMatcher.__new__(UntilMatcher)
+    UntilMatcher.__init__(m, re.compile("x"), StreamDecoder())
+    m._pattern = recorder  # type: ignore[assignment]
+    return m, recorder
+
+
+# --- check_until ---------------------------------------------------------------------
+
+
+def test_check_until_passes_none_strings_and_patterns_through() -> None:
+    assert check_until(None) is None
+    assert check_until("$ ") == "$ "
+    pattern = re.compile(r"\$ $")
+    assert check_until(pattern) is pattern
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("", "non-empty"),
+        (re.compile(b"x"), "not a bytes pattern"),
+        (b"x", "not bytes"),
+        (3, "not int"),
+    ],
+)
+def test_check_until_names_what_is_wrong(bad: object, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        check_until(bad)
+
+
+# --- the bug: a gap of dropped bytes cuts a character ----------------------------------
+
+
+def test_a_character_cut_by_a_gap_is_never_matched() -> None:
+    # "é" is C3 A9: its lead byte is before the gap, its continuation after it. The
+    # window shows neither half, so the pattern must not match either.
+    m = matcher("é")
+    assert not m.feed([b"ab\xc3", b"\xa9cd"])
+    assert m.feed(["é".encode()])
+
+
+def test_a_character_split_right_after_a_gap_is_matched_when_it_completes() -> None:
+    m = matcher("gapé")
+    assert not m.feed([b"x", b"gap\xc3"])  # the gap, then a split character
+    assert m.feed([b"\xa9"])  # the next arrival completes it
+
+
+def test_stray_continuation_bytes_after_a_gap_are_not_text() -> None:
+    # Replacement characters would be text the window never shows.
+    m = matcher("\ufffd")
+    assert not m.feed([b"a", b"\xa9\xa9b"])
+    assert m.feed([b"\xff"])  # a real invalid byte is shown as U+FFFD
+
+
+def test_a_character_split_between_arrivals_is_joined() -> None:
+    m = matcher("é!")
+    assert not m.feed([b"\xc3"])
+    assert m.feed([b"\xa9!"])
+
+
+# --- substrings ----------------------------------------------------------------------
+
+
+def test_substring_keeps_exactly_the_overlap_it_needs() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"xxab"])
+    assert m.feed([b"c"])  # the two characters before the new text were kept
+    m = matcher("abcd")
+    assert not m.feed([b"a"])
+    assert not m.feed([b"b"])
+    assert not m.feed([b"c"])
+    assert m.feed([b"d"])  # the overlap carries over several arrivals
+
+
+def test_substring_of_one_character_needs_no_overlap() -> None:
+    m = matcher("z")
+    assert not m.feed([b"yyy"])
+    assert m.feed([b"z"])
+
+
+def test_substring_is_not_joined_across_a_gap_even_within_one_feed() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"ab", b"c"])
+    assert not m.feed([b"xab", b"cx", b"bc"])
+    assert m.feed([b"a", b"abc"])  # whole after the gap
+
+
+def test_a_match_is_sticky() -> None:
+    m = matcher("ok")
+    assert not m.matched
+    assert m.feed([b"ok"])
+    assert m.matched
+    assert m.feed([b""])
+    assert m.feed([])
+
+
+async def test_feed_async_is_sticky_after_a_match() -> None:
+    loop = asyncio.get_running_loop()
+    m = matcher("ok")
+    assert await m.feed_async([b"ok"], loop.time() + 60)
+    assert await m.feed_async([b"zz"], loop.time() - 1)  # even past a deadline
+
+
+def test_nothing_fed_matches_nothing() -> None:
+    assert not matcher("a").feed([])
+    assert not matcher(re.compile("a*")).feed([])
+
+
+# --- regular expressions --------------------------------------------------------------
+
+
+def test_regex_look_behind_is_exactly_the_cap() -> None:
+    span = re.compile(r"S[^E]*E")
+    m = matcher(span)
+    assert not m.feed([b"S" + b"x" * (REGEX_LOOKBEHIND - 1)])
+    assert m.feed([b"E"])  # S is the first of the kept characters
+    m = matcher(span)
+    assert not m.feed([b"S" + b"x" * REGEX_LOOKBEHIND])
+    assert not m.feed([b"E"])  # S is now the character before the kept text
+
+
+def test_regex_sees_the_character_before_the_kept_text() -> None:
+    # `\b` and a look-behind see the character before the cap, so a cut is not a start.
+    word = re.compile(r"\bx")
+    m = matcher(word)
+    assert not m.feed([b"y" * (REGEX_LOOKBEHIND + 10)])
+    assert not m.feed([b"x"])  # "yx" is not a word start
+    m = matcher(word)
+    assert not m.feed([b"y" * (REGEX_LOOKBEHIND + 10) + b" "])
+    assert m.feed([b"x"])
+    behind = re.compile(r"(?<=q)x")
+    m = matcher(behind)
+    assert not m.feed([b"y" * (REGEX_LOOKBEHIND + 10) + b"q"])
+    assert m.feed([b"x"])
+
+
+def test_regex_line_start_after_a_newline_in_the_kept_text() -> None:
+    line_start = re.compile(r"^x", re.M)
+    m = matcher(line_start)
+    assert not m.feed([b"y" * (2 * REGEX_LOOKBEHIND) + b"\n" + b"y" * 10])
+    assert not m.feed([b"x"])
+    m = matcher(line_start)
+    assert not m.feed([b"y" * (2 * REGEX_LOOKBEHIND) + b"\n"])
+    assert m.feed([b"x"])
+    assert matcher(line_start).feed([b"x"])  # the window's start is a line start
+
+
+def test_regex_search_starts_after_the_kept_character() -> None:
+    m, recorder = counting(r"zz")
+    assert not m.feed([b"a" * (REGEX_LOOKBEHIND + 5)])
+    assert not m.feed([b"b"])
+    text, pos = recorder.searches[-1]
+    assert pos == 1
+    assert len(text) == REGEX_LOOKBEHIND + 2  # the character before, the cap, the new one
+    assert text.endswith("a" * (REGEX_LOOKBEHIND - 1) + "b")
+
+
+def test_regex_short_text_is_kept_whole_from_the_window_start() -> None:
+    m, recorder = counting(r"zz")
+    assert not m.feed([b"a" * REGEX_LOOKBEHIND])
+    assert not m.feed([b"b"])
+    assert recorder.searches[-1] == ("a" * REGEX_LOOKBEHIND + "b", 0)
+
+
+def test_regex_text_arriving_at_once_is_searched_in_pieces() -> None:
+    end = re.compile(r"x$")
+    # `$` matches at the end of a piece: the x closes the first piece here...
+    assert matcher(end).feed([b"a" * (REGEX_PIECE - 1) + b"xy"])
+    # ...and opens the second one here.
+    assert not matcher(end).feed([b"a" * REGEX_PIECE + b"xy"])
+    m, recorder = counting(r"zz")
+    assert not m.feed([b"a" * (2 * REGEX_PIECE + 1)])
+    assert [len(text) for text, _ in recorder.searches] == [
+        REGEX_PIECE,
+        2 * REGEX_PIECE,
+        REGEX_LOOKBEHIND + 2,
+    ]
+
+
+def test_regex_gap_restarts_the_window() -> None:
+    m, recorder = counting(r"zz")
+    assert not m.feed([b"ab", b"cd"])
+    assert recorder.searches == [("ab", 0), ("cd", 0)]
+    assert not matcher(re.compile("bc")).feed([b"ab", b"cd"])
+
+
+# --- budgets and deadlines ------------------------------------------------------------
+
+
+def test_an_exhausted_budget_keeps_the_text_as_context() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"xab"], budget_s=-1)
+    assert m.feed([b"c"])
+    m = matcher(re.compile("abc"))
+    assert not m.feed([b"x" * (REGEX_LOOKBEHIND + 3) + b"ab"], budget_s=-1)
+    assert m.feed([b"c"])
+
+
+def test_an_exhausted_budget_still_restarts_at_a_gap() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"a", b"b"], budget_s=-1)
+    assert not m.feed([b"c"])  # "a" was before the gap
+    m = matcher(re.compile("abc"))
+    assert not m.feed([b"a", b"b"], budget_s=-1)
+    assert not m.feed([b"c"])
+
+
+def test_a_budget_left_searches_everything() -> None:
+    m = matcher("ready")
+    assert m.feed([b"server ready"], budget_s=60)
+
+
+async def test_feed_async_past_its_deadline_keeps_context_and_gaps() -> None:
+    loop = asyncio.get_running_loop()
+    m = matcher("abc")
+    assert not await m.feed_async([b"xab"], loop.time() - 1)
+    assert await m.feed_async([b"c"], loop.time() + 60)
+    m = matcher("abc")
+    assert not await m.feed_async([b"a", b"b"], loop.time() - 1)
+    assert not await m.feed_async([b"c"], loop.time() + 60)
+
+
+def test_the_documented_bounds() -> None:
+    assert (REGEX_LOOKBEHIND, REGEX_PIECE) == (4096, 4096)
+
+
+def test_text_skipped_for_the_budget_is_context_not_searched() -> None:
+    # Out of budget, "abc" is only kept as look-behind ("bc"), never searched whole.
+    m = matcher("abc")
+    assert not m.feed([b"abc"], budget_s=-1)
+    assert not m.feed([b"x"])
+
+
+def test_a_substring_matcher_keeps_only_its_overlap() -> None:
+    m = matcher("abc")
+    assert not m.feed([b"x" * 10_000])
+    assert m._window == "xx"  # memory stays bounded by the pattern, not the output
