@@ -39,7 +39,9 @@ class DurableSession(Protocol):
     """What these functions use of a `BaseSandboxSession`: its durable state, its
     collaborators and the durable hooks."""
 
-    backend_name: str
+    @property
+    def backend_name(self) -> str: ...
+
     output_limit_bytes: int
     _durable: DurableState
     _processes: ProcessRegistry[Any]

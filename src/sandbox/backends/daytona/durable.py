@@ -27,8 +27,7 @@ from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from . import commands, terminal
-from .commands import PipeState
-from .terminal import DaytonaHandle, PtyState
+from .handles import DaytonaHandle, PipeState, PtyState
 
 # `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
