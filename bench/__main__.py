@@ -47,6 +47,7 @@ def extra_cases() -> list[object]:
         "bench.sdk_cases",
         "bench.agents_sdk_cases",
         "bench.core_cases",
+        "bench.agents_cases",
     )
     for module_name in optional:
         try:

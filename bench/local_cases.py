@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.terminal.screen_limit import MAX_SCREEN_CELLS
 from sandbox.terminal.size import MAX_TERMINAL_SIDE
 
 from .measure import Figure, StallMeter, cpu_seconds, rss_bytes
@@ -423,12 +425,12 @@ async def first_screen(cfg: Config) -> list[Figure]:
 
 
 async def largest_screen(cfg: Config) -> list[Figure]:
-    """`pty_screen()` on the largest accepted terminal (1000 x 1000): filled with E by
-    DECALN (ESC # 8, three bytes), and full of text (1000 lines of 999 characters)."""
-    # The largest accepted side; trees that accepted 10000 are compared at 1000.
-    side = min(MAX_TERMINAL_SIDE, 1000)
+    """`pty_screen()` on the largest rendered screen (500 x 500): filled with E by
+    DECALN (ESC # 8, three bytes), and full of text (500 lines of 499 characters)."""
+    # The largest screen rendered (a 1000 x 1000 terminal gets none: `screen_limit`).
+    side = min(MAX_TERMINAL_SIDE, math.isqrt(MAX_SCREEN_CELLS))
     text = cfg.workdir / "screenful.txt"
-    text.write_text("".join(f"{n:03d}" + "x" * 996 + "\n" for n in range(side)))
+    text.write_text("".join(f"{n:03d}" + "x" * (side - 4) + "\n" for n in range(side)))
     fills = {"ESC # 8": "printf '\\033#8'", "text": f"cat {text}"}
     figures = []
     for label, command in fills.items():

@@ -451,23 +451,27 @@ async def test_the_largest_screen_is_cut_for_the_model(tmp_path: Path) -> None:
         await ok(client, "resize", session_id=tty, rows=1000, cols=1000)
         message = await error(client, "resize", session_id=tty, rows=1001, cols=1000)
         assert "rows must be between 1 and 1000" in message
+        # Accepted, but past the cells a screen is rendered for: a clear error.
+        message = await error(client, "view_screen", session_id=tty)
+        assert "1,000,000 cells" in message and "resize it smaller" in message
+        await ok(client, "resize", session_id=tty, rows=500, cols=500)  # the largest rendered
         out = await ok(
             client,
             "write_stdin",
             session_id=tty,
             chars="\n",
-            until_screen="E" * 1000,
+            until_screen="E" * 500,
             yield_time_ms=20000,
         )
         for text in (out, await ok(client, "view_screen", session_id=tty)):
             screen = text.split("(marked █)):\n", 1)[1]
             rows = screen.splitlines()
-            # Whole rows of the 1000 x 1000 screen (1 million characters), up to the cap.
+            # Whole rows of the 500 x 500 screen (250,000 characters), up to the cap.
             # The cursor stayed where the echoed newline left it.
-            assert rows[:2] == ["E" * 1000, "█" + "E" * 1000]  # the marker is inserted
-            assert rows[2:-1] == ["E" * 1000] * (len(rows) - 3)
+            assert rows[:2] == ["E" * 500, "█" + "E" * 500]  # the marker is inserted
+            assert rows[2:-1] == ["E" * 500] * (len(rows) - 3)
             assert len(screen) - len(rows[-1]) <= 65_536
-            assert rows[-1] == f"(screen text cut at 65536 characters, in row {len(rows)} of 1000)"
+            assert rows[-1] == f"(screen text cut at 65536 characters, in row {len(rows)} of 500)"
 
 
 async def test_list_processes_says_which_have_a_screen(tmp_path: Path) -> None:

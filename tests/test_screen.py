@@ -297,16 +297,18 @@ def test_an_overflowed_tail_is_rebuilt_from_its_last_clear() -> None:
 
 
 def test_decaln_on_the_largest_screen_and_only_changed_rows_change() -> None:
-    screen = TerminalScreen(1000, 1000)
+    # The largest screen rendered (`screen_limit.MAX_SCREEN_CELLS`); 1000 x 1000 terminals
+    # are accepted but get no screen (tests/test_screen_limit.py).
+    screen = TerminalScreen(500, 500)
     screen.feed(b"\x1b#8")
     snap = drain(screen)
-    assert snap.lines == ("E" * 1000,) * 1000
-    screen.feed(b"\x1b[500;1Hx\x1b[1000;1000Hy")
+    assert snap.lines == ("E" * 500,) * 500
+    screen.feed(b"\x1b[250;1Hx\x1b[500;500Hy")
     snap = drain(screen)
-    assert snap.lines[499] == "x" + "E" * 999
-    assert snap.lines[999] == "E" * 999 + "y"
-    assert snap.lines[:499] == ("E" * 1000,) * 499
-    assert len(snap.text()) == 1000 * 1001 - 1
+    assert snap.lines[249] == "x" + "E" * 499
+    assert snap.lines[499] == "E" * 499 + "y"
+    assert snap.lines[:249] == ("E" * 500,) * 249
+    assert len(snap.text()) == 500 * 501 - 1
     with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
         TerminalScreen(1001, 80)
     with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):

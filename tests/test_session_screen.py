@@ -139,10 +139,15 @@ async def test_terminal_sizes_are_bounded_on_start_and_resize(
         with pytest.raises(sandbox.InvalidArgumentError, match="between 1 and 1000"):
             await session.pty_exec_start("true", tty=True, rows=rows, cols=cols)
     await session.pty_resize(pid, rows=1000, cols=1000)  # the largest accepted
+    update = await session.pty_write_stdin(pid, "stty size\r", until="1000 1000", yield_time_s=LONG)
+    assert "1000 1000" in update.output
+    with pytest.raises(sandbox.UnsupportedOperationError, match="1,000,000 cells"):
+        await session.pty_screen(pid)  # past the cells a screen is rendered for
+    await session.pty_resize(pid, rows=500, cols=500)  # the largest rendered
     update = await session.pty_write_stdin(
-        pid, "stty size\r", until_screen="1000 1000", yield_time_s=LONG
+        pid, "stty size\r", until_screen="500 500", yield_time_s=LONG
     )
-    assert update.screen is not None and (update.screen.rows, update.screen.cols) == (1000, 1000)
+    assert update.screen is not None and (update.screen.rows, update.screen.cols) == (500, 500)
     assert len(session.pty_processes()) == 1
 
 

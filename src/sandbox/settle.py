@@ -76,9 +76,13 @@ async def attempt_all(
             except Exception as exc:  # every item is attempted; failures are reported
                 errors.append(exc)
 
-    # Teardowns are the one fan-out that must not stop at the first failure: every
-    # item is attempted (each branch catches its own error), so nothing is cancelled.
-    await asyncio.gather(*(one(item) for item in items), return_exceptions=True)
+    batch = list(items)
+    if len(batch) == 1:
+        await one(batch[0])  # the common batch of one: no task and no gather to schedule
+    else:
+        # Teardowns are the one fan-out that must not stop at the first failure: every
+        # item is attempted (each branch catches its own error), so nothing is cancelled.
+        await asyncio.gather(*(one(item) for item in batch), return_exceptions=True)
     if len(errors) == 1:
         raise errors[0]
     if errors:

@@ -125,8 +125,9 @@ def own_v2_directory() -> str:
 
 
 def write_file(path: str, data: str) -> None:
-    """Write one control file in a single write (how cgroupfs wants it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    """Write one control file in a single write (how cgroupfs wants it; O_TRUNC, as a
+    shell's `>` does, is a no-op there and leaves a plain file holding just `data`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
         os.write(fd, data.encode())
     finally:
@@ -311,12 +312,18 @@ class Leaf:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.killed = False
 
     def open_join(self) -> int:
         """An fd of its `cgroup.procs`, opened by the parent and written by the child
         (or the parent's hop) before exec: no path lookup in the child, and a jail
         cannot hide it. The caller closes it once the process started."""
         return os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    def open_directory(self) -> int:
+        """An fd of the leaf directory, for `clone3(CLONE_INTO_CGROUP)` (see
+        `spawn_helper`): the child is born in it. The caller closes it."""
+        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def pids(self) -> list[int]:
         """The processes in it now."""
@@ -330,9 +337,16 @@ class Leaf:
                     os.kill(pid, sig)
 
     def kill(self) -> None:
-        """SIGKILL everything in it, at once."""
+        """SIGKILL everything in it, at once (nothing to do when it holds nobody).
+
+        A leaf that was killed is never reused: on the kernels we run on (6.x), a
+        process cloned into a cgroup with CLONE_INTO_CGROUP after a `cgroup.kill` of it
+        is killed at birth (its kill count is compared with the parent's cgroup's).
+        """
         with contextlib.suppress(FileNotFoundError):
-            kill_all(self.path)
+            if populated(self.path):
+                self.killed = True
+                kill_all(self.path)
 
     def populated(self) -> bool:
         """Whether a live process is still in it."""
@@ -380,20 +394,25 @@ class SessionCgroup:
 
     def new_leaf(self) -> Leaf:
         """An empty leaf for the next process (a reused one if any is free)."""
-        while self._idle:
-            leaf = self._idle.pop()
-            if not leaf.populated():
-                return leaf
+        if self._idle:
+            # Empty when given back, and nothing enters a leaf but the process we start.
+            return self._idle.pop()
         self._count += 1
         path = os.path.join(self.path, f"p{self._count}")
         os.mkdir(path)
         return Leaf(path)
 
-    def release(self, leaf: Leaf) -> None:
-        """Give back a leaf whose process is gone: reused if empty, else kept (what is
-        left in it, e.g. a one-shot command's daemon, dies with the session)."""
-        if not self._closed and not leaf.populated():
+    def release(self, leaf: Leaf, *, empty: bool = False) -> None:
+        """Give back a leaf whose process is gone: reused if empty (`empty`: the caller
+        just saw it so), else kept (what is left in it, e.g. a one-shot command's
+        daemon, dies with the session)."""
+        if self._closed or (not empty and leaf.populated()):
+            return
+        if not leaf.killed:
             self._idle.append(leaf)
+            return
+        with contextlib.suppress(OSError):  # EBUSY for a moment: it goes at the close
+            os.rmdir(leaf.path)
 
     def hop_in(self, join_fd: int) -> None:
         """Move this process into the leaf `join_fd` opens (hold `HOP_LOCK`; `hop_out`

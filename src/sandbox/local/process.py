@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import ProcessExitedError, SandboxError
-from . import cgroups
+from . import cgroups, spawn_helper
 from . import tree as process_tree
 
 READ_CHUNK = 256 * 1024
@@ -140,7 +140,7 @@ class LocalProcess:
         parent_ends: list[int] = []
         child_ends: list[int] = []
         joins = list(join_fds)
-        leaf_fd = -1
+        leaf_fd = pidfd = slave = -1
         try:
             if tty:
                 master, slave = os.openpty()
@@ -164,39 +164,12 @@ class LocalProcess:
                     child_ends.append(err_w)
                     self._out_fds[err_r] = on_stderr
                     stderr = err_w
-            reset = not tty and _parent_ignores_interrupts()
-            # A terminal needs a preexec anyway (its fork costs the same with a write
-            # more); pipes keep Popen's vfork when only the leaf is to join: this
-            # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
-            hop = (
-                self.leaf is not None
-                and cgroup is not None
-                and not (tty or reset or joins or cgroup.limited)
-            )
-            if self.leaf is not None:
-                leaf_fd = self.leaf.open_join()
-                if not hop:
-                    joins.insert(0, leaf_fd)
-            setup = _child_setup(tty=tty, reset_signals=reset, join_fds=joins)
-
-            def start() -> subprocess.Popen[bytes]:
-                return subprocess.Popen(
-                    list(argv),
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                    env=dict(env),
-                    cwd=cwd,
-                    start_new_session=True,
-                    preexec_fn=setup,
-                    close_fds=True,
-                )
-
-            try:
-                self._popen = self._popen_in_leaf(start, leaf_fd) if hop else start()
-            except subprocess.SubprocessError as exc:
-                # Only our preexec raises this: it could not join a cgroup.
-                raise SandboxError(f"could not place the process in its cgroup: {exc}") from None
+            helper = spawn_helper.loaded()
+            if helper is not None:
+                fds = (slave, slave, slave) if tty else (-1, stdout, stderr)
+                pidfd = self._spawn_with(helper, argv, env, cwd, fds, tty, joins)
+            if pidfd < 0:
+                leaf_fd = self._spawn_popen(argv, env, cwd, (stdin, stdout, stderr), tty, joins)
         except BaseException:
             for fd in parent_ends:
                 os.close(fd)
@@ -207,12 +180,90 @@ class LocalProcess:
                 os.close(fd)
             if leaf_fd >= 0:
                 os.close(leaf_fd)
-        self.pid = self._popen.pid
         for fd in self._out_fds:
             os.set_blocking(fd, False)
             self._loop.add_reader(fd, self._on_readable, fd)
-        self._watch_exit()
+        self._watch_exit(pidfd)
         return self
+
+    def _spawn_with(
+        self,
+        helper: spawn_helper.Helper,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        fds: tuple[int, int, int],
+        tty: bool,
+        joins: Sequence[int],
+    ) -> int:
+        """Start through the clone3 helper, born in the leaf; returns the pidfd, or -1
+        when clone3 was refused (the helper is then off and `Popen` starts it)."""
+        leaf_dir = -1 if self.leaf is None else self.leaf.open_directory()
+        try:
+            self.pid, pidfd = helper.spawn(
+                argv, env=env, cwd=cwd, fds=fds, tty=tty, cgroup_fd=leaf_dir, join_fds=joins
+            )
+        except spawn_helper.CloneRefused as exc:
+            spawn_helper.disable(f"clone3 was refused: {exc}")
+            return -1
+        finally:
+            if leaf_dir >= 0:
+                os.close(leaf_dir)
+        return pidfd
+
+    def _spawn_popen(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        stdio: tuple[int, int, int],
+        tty: bool,
+        joins: list[int],
+    ) -> int:
+        """Start through `Popen` (no helper); returns the leaf's join fd to close (-1)."""
+        cgroup = self._cgroup
+        reset = not tty and _parent_ignores_interrupts()
+        # A terminal needs a preexec anyway (its fork costs the same with a write
+        # more); pipes keep Popen's vfork when only the leaf is to join: this
+        # process hops into the leaf around the vfork instead (`_popen_in_leaf`).
+        hop = (
+            self.leaf is not None
+            and cgroup is not None
+            and not (tty or reset or joins or cgroup.limited)
+        )
+        leaf_fd = -1
+        if self.leaf is not None:
+            leaf_fd = self.leaf.open_join()
+            if not hop:
+                joins.insert(0, leaf_fd)
+        setup = _child_setup(tty=tty, reset_signals=reset, join_fds=joins)
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                list(argv),
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=setup,
+                close_fds=True,
+            )
+
+        try:
+            self._popen = self._popen_in_leaf(start, leaf_fd) if hop else start()
+        except subprocess.SubprocessError as exc:
+            # Only our preexec raises this: it could not join a cgroup.
+            if leaf_fd >= 0:
+                os.close(leaf_fd)
+            raise SandboxError(f"could not place the process in its cgroup: {exc}") from None
+        except BaseException:
+            if leaf_fd >= 0:
+                os.close(leaf_fd)
+            raise
+        self.pid = self._popen.pid
+        return leaf_fd
 
     def _popen_in_leaf(
         self, start: Callable[[], subprocess.Popen[bytes]], join_fd: int
@@ -231,16 +282,19 @@ class LocalProcess:
         """Hand the leaf back to the session once nothing in it is alive (else it stays
         the session's, and dies with it)."""
         if self.leaf is not None and self._cgroup is not None and not self.leaf.populated():
-            self._cgroup.release(self.leaf)
+            self._cgroup.release(self.leaf, empty=True)
             self.leaf = None
 
     # ---- exit watching ---------------------------------------------------------------
 
-    def _watch_exit(self) -> None:
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
+    def _watch_exit(self, pidfd: int = -1) -> None:
+        if pidfd >= 0:
+            self._pidfd = pidfd
+        else:
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):
+                self._pidfd = None
         if self._pidfd is not None:
             self._loop.add_reader(self._pidfd, self._check_exit)
             return
@@ -518,7 +572,7 @@ class LocalProcess:
         self._give_back_leaf()
 
     def _reap(self) -> None:
-        if self._reaped or self._popen is None:
+        if self._reaped or self.pid <= 0:
             return
         self._reaped = True
         try:
@@ -529,8 +583,9 @@ class LocalProcess:
             # SIGKILL was sent but the child is not gone yet (uninterruptible sleep):
             # a thread waits for it so that it never stays a zombie.
             threading.Thread(target=_reap_blocking, args=(self.pid,), daemon=True).start()
-        # Popen must not reap it again (it would poll it from __del__ otherwise).
-        self._popen.returncode = self.exit_code if self.exit_code is not None else -9
+        if self._popen is not None:
+            # Popen must not reap it again (it would poll it from __del__ otherwise).
+            self._popen.returncode = self.exit_code if self.exit_code is not None else -9
 
 
 def _reap_blocking(pid: int) -> None:

@@ -42,6 +42,7 @@ from ..output.buffer import DEFAULT_OUTPUT_LIMIT
 from ..output.until import UntilPattern, check_until
 from ..process_entry import H, ProcessSpec, PtyEntry
 from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
+from ..terminal.screen_limit import check_screen_cells
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from .hooks import SessionHooks
 from .oneshot import run_one_shot
@@ -455,6 +456,8 @@ class BaseSandboxSession(SessionHooks[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         screen_pattern = check_until_screen(until_screen, spec.screen)
+        if screen_pattern is not None:
+            check_screen_cells(rows, cols)
 
         entry, victim = await self._processes.reserve(
             spec,
@@ -507,6 +510,8 @@ class BaseSandboxSession(SessionHooks[H]):
         entry = self._lookup(process_id)
         await self._durable_guard()
         screen_pattern = check_until_screen(until_screen, entry.screen is not None)
+        if screen_pattern is not None and entry.screen is not None:
+            entry.screen.check_size()
         if data and not entry.tty:
             raise StdinClosedError(
                 f"process {process_id} was started with tty=False, so its stdin is closed; "

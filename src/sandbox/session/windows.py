@@ -51,7 +51,7 @@ async def render_by(entry: PtyEntry[H], deadline: float) -> ScreenSnapshot | Non
     until caught up or the loop time `deadline`; then the snapshot (its changed rows
     rendered in slices too). None for an entry without a screen."""
     screen = entry.screen
-    if screen is None:
+    if screen is None or screen.too_large:  # resized past the bound meanwhile
         return None
     return await screen.render(SCREEN_CHECK_SLICE_S, deadline=deadline)
 

@@ -84,6 +84,7 @@ import pyte
 from pyte.screens import Char, Cursor, StaticDefaultDict
 from wcwidth import wcwidth
 
+from .screen_limit import check_screen_cells, too_large
 from .size import check_terminal_size
 
 logger = logging.getLogger("sandbox")
@@ -185,6 +186,18 @@ class TerminalScreen:
         # The rendered rows, kept between snapshots: only rows the emulator marked dirty
         # are rendered again.
         self._rendered: list[str] = [""] * rows
+        # Past `screen_limit.MAX_SCREEN_CELLS`: nothing is emulated, the size is kept.
+        self._too_large = (rows, cols) if too_large(rows, cols) else None
+
+    @property
+    def too_large(self) -> bool:
+        """The terminal is past `MAX_SCREEN_CELLS`: no screen (see `screen_limit`)."""
+        return self._too_large is not None
+
+    def check_size(self) -> None:
+        """Raise `ScreenTooLargeError` while the terminal is past the bound."""
+        if self._too_large is not None:
+            check_screen_cells(*self._too_large)
 
     @property
     def pending_bytes(self) -> int:
@@ -204,6 +217,11 @@ class TerminalScreen:
         """
         if not data:
             return
+        if self._too_large is not None:
+            self._fed += len(data)
+            self._consumed += len(data)
+            self._skipped += len(data)
+            return
         chunk = bytes(data)  # a copy only if the caller passed a mutable buffer
         self._queue.append(chunk)
         self._pending += len(chunk)
@@ -215,6 +233,9 @@ class TerminalScreen:
         """Resize the screen, after the bytes fed so far (they were written for the old
         size). Takes effect when `process()` reaches it."""
         check_terminal_size(rows, cols)
+        if too_large(rows, cols) or self._too_large is not None:
+            self._resize_past_bound(rows, cols)
+            return
         # Never below what the sizes still queued need: their bytes are in the tail.
         self._bound = max(self._bound, _tail_bound(self._max_pending, rows, cols))
         if self._queue:
@@ -261,6 +282,7 @@ class TerminalScreen:
         and return the snapshot. With `deadline` (loop time), emulation stops there and
         the snapshot shows what was processed by then. Output fed meanwhile may be
         processed too; the wait is bounded because the queue is."""
+        self.check_size()
         loop = asyncio.get_running_loop()
         target = self._fed
         while self._consumed < target:
@@ -277,10 +299,31 @@ class TerminalScreen:
     def snapshot(self) -> ScreenSnapshot:
         """The screen as emulated so far (renders the rows changed since the last
         snapshot, in one go; no emulation)."""
+        self.check_size()
         self._render_dirty(None)
         return self._snapshot()
 
     # ---- internals ------------------------------------------------------------------
+
+    def _resize_past_bound(self, rows: int, cols: int) -> None:
+        """A resize to or from a size past `MAX_SCREEN_CELLS`: going past it drops what is
+        queued (it would be emulated at the huge size); coming back starts blank."""
+        if too_large(rows, cols):
+            self._skipped += self._pending
+            self._consumed += self._pending
+            self._pending = 0
+            self._queue.clear()
+            self._head = 0
+            self._too_large = (rows, cols)
+            return
+        self._too_large = None
+        self._screen = _Screen(cols, rows)
+        self._stream = _Stream(self._screen)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._bound = _tail_bound(self._max_pending, rows, cols)
+        self._overflowed = False
+        self._line_run = 0
+        self._rendered = [""] * rows
 
     def _snapshot(self) -> ScreenSnapshot:
         screen = self._screen

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from ...cli.limit_flags import add_limit_arguments, limit_options
 from .. import BACKENDS
 
 
@@ -27,6 +28,7 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sandbox-id", dest="sandbox_id", help="cloud backends: attach to this sandbox id"
     )
+    add_limit_arguments(parser)
     parser.add_argument(
         "--opt",
         action="append",
@@ -54,6 +56,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         options["confine"] = True
     if getattr(args, "network", False):
         options["network"] = True
+    options.update(limit_options(args))
     for item in getattr(args, "opt", []):
         key, sep, value = item.partition("=")
         if not sep or not key:

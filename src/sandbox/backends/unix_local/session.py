@@ -30,7 +30,7 @@ from ...backend import (
     check_seconds,
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError, SandboxError
-from ...local import cgroups
+from ...local import cgroups, spawn_helper
 from ...local import tree as process_tree
 from ...local.process import LocalProcess
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
@@ -136,6 +136,9 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
+        if not spawn_helper.tried():
+            # Built (or loaded from its cache) once per process, off the event loop.
+            await asyncio.to_thread(spawn_helper.prepare)
         if self.confine:
             self._bwrap = await asyncio.to_thread(jail.require_bwrap)
             self._readonly_paths = jail.check_readonly_paths(self._readonly_request)

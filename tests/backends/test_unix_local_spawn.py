@@ -1,0 +1,270 @@
+"""How unix_local starts a process: the clone3 helper and the `Popen` fallback.
+
+Each behaviour test runs on both start paths (the `path` fixture): the helper compiled
+at first use (`sandbox.local.spawn_helper`) and `Popen` (what runs without a
+compiler). The helper tests build it in a private temporary cache directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.local import cgroups
+from sandbox.local import spawn_helper as sh
+from tests.helpers import children_of_me, eventually, open_fds
+
+HELPER = sh.prepare()
+SKIP_HELPER = None if HELPER is not None else f"no spawn helper here: {sh.reason()}"
+
+
+@contextlib.contextmanager
+def _helper_state(helper: sh.Helper | None, why: str = "") -> Iterator[None]:
+    """Run with the helper on (`helper`) or off, and put the process's own back."""
+    with sh._State.lock:
+        saved = (sh._State.tried, sh._State.helper, sh._State.reason)
+        sh._State.tried, sh._State.helper, sh._State.reason = True, helper, why
+    try:
+        yield
+    finally:
+        with sh._State.lock:
+            sh._State.tried, sh._State.helper, sh._State.reason = saved
+
+
+@pytest.fixture(params=["helper", "popen"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "helper" and HELPER is None:
+        pytest.skip(SKIP_HELPER or "")
+    with _helper_state(HELPER if request.param == "helper" else None, "off for this test"):
+        yield request.param
+
+
+def _proc_stat(text: str) -> list[str]:
+    # After "pid (comm) ": state ppid pgrp session tty_nr tpgid ...
+    return text.rsplit(")", 1)[1].split()
+
+
+async def test_a_terminal_process_leads_its_session_with_the_terminal(
+    tmp_path: Path, path: str
+) -> None:
+    async with UnixLocalSession(workspace=tmp_path) as s:
+        update = await s.pty_exec_start("echo $$; cat /proc/$$/stat; tty", tty=True, yield_time_s=5)
+        assert update.exit_code == 0, update.output
+        pid_line, stat_line, tty_line = update.output.splitlines()[:3]
+        fields = _proc_stat(stat_line)
+        pid = int(pid_line)
+        assert int(fields[2]) == pid and int(fields[3]) == pid, "its own group and session"
+        assert int(fields[5]) == pid, "the terminal's foreground group is its group"
+        assert tty_line.startswith("/dev/pts/")
+
+
+async def test_pipes_get_dev_null_stdin_and_their_own_session(tmp_path: Path, path: str) -> None:
+    async with UnixLocalSession(workspace=tmp_path) as s:
+        result = await s.exec("echo $$; cat /proc/$$/stat; readlink /proc/self/fd/0; cat")
+        assert result.exit_code == 0
+        pid_line, stat_line, stdin = result.stdout.decode().splitlines()
+        fields = _proc_stat(stat_line)
+        assert int(fields[3]) == int(pid_line)
+        assert int(fields[4]) == 0, "no controlling terminal"
+        assert stdin == "/dev/null"
+
+
+async def test_only_the_standard_fds_reach_the_command(tmp_path: Path, path: str) -> None:
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_r, True)
+    os.set_inheritable(leak_w, True)
+    try:
+        async with UnixLocalSession(workspace=tmp_path) as s:
+            for tty in (True, False):
+                update = await s.pty_exec_start("exec ls /proc/self/fd", tty=tty, yield_time_s=5)
+                # 3 is the directory ls reads.
+                assert update.output.split() == ["0", "1", "2", "3"], update.output
+    finally:
+        os.close(leak_r)
+        os.close(leak_w)
+
+
+async def test_signals_this_process_ignores_are_default_again_in_the_command(
+    tmp_path: Path, path: str
+) -> None:
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        async with UnixLocalSession(workspace=tmp_path) as s:
+            for tty in (True, False):
+                update = await s.pty_exec_start(
+                    "exec grep SigIgn /proc/self/status", tty=tty, yield_time_s=5
+                )
+                mask = int(update.output.split()[1], 16)
+                for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE):
+                    assert not mask & (1 << (sig - 1)), (sig, update.output)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+async def test_start_errors_name_the_program_and_the_directory(tmp_path: Path, path: str) -> None:
+    async with UnixLocalSession(workspace=tmp_path) as s:
+        with pytest.raises(sandbox.SandboxError, match="no-such-program-xyz"):
+            await s.pty_exec_start("no-such-program-xyz", shell=False, tty=True)
+        with pytest.raises(sandbox.SandboxError, match="no-such-dir"):
+            await s.exec("true", cwd="no-such-dir")
+        (tmp_path / "plain").write_text("not a program")
+        with pytest.raises(sandbox.SandboxError, match="plain"):
+            await s.exec("./plain", shell=False)
+        # Nothing of the failed starts is left behind, and the session still runs.
+        assert (await s.exec("echo", "ok", shell=False)).stdout == b"ok\n"
+
+
+async def test_many_starts_leak_no_fd_and_no_child(tmp_path: Path, path: str) -> None:
+    async with UnixLocalSession(workspace=tmp_path) as s:
+        await s.pty_exec_start("true", tty=True)
+        fds, kids = open_fds(), children_of_me()
+        for i in range(40):
+            update = await s.pty_exec_start("true", tty=i % 2 == 0)
+            assert update.exit_code == 0
+        assert open_fds() == fds
+        assert children_of_me() == kids
+
+
+@pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
+async def test_the_helper_starts_processes_inside_their_leaf(tmp_path: Path) -> None:
+    with _helper_state(HELPER):
+        async with UnixLocalSession(workspace=tmp_path) as s:
+            if s.containment != "cgroup":
+                pytest.skip("no cgroup can be made here")
+            cgroup = s._cgroup
+            assert cgroup is not None
+            for tty in (True, False):
+                update = await s.pty_exec_start("cat /proc/self/cgroup", tty=tty, yield_time_s=5)
+                line = next(x for x in update.output.splitlines() if x.startswith("0::"))
+                assert os.path.basename(cgroup.path) + "/p" in line, line
+            # The helper never moved this process (no hop): it stayed where it was.
+            own = next(
+                x for x in Path("/proc/self/cgroup").read_text().splitlines() if x[:3] == "0::"
+            )
+            assert os.path.basename(cgroup.path) not in own
+
+
+@pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
+def test_a_refused_clone3_is_reported_not_run(tmp_path: Path) -> None:
+    assert HELPER is not None
+    # A plain directory is no cgroup: clone3 fails, and the caller falls back.
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(sh.CloneRefused):
+            HELPER.spawn(
+                ["true"],
+                env={"PATH": os.defpath},
+                cwd=None,
+                fds=(-1, 1, 2),
+                tty=False,
+                cgroup_fd=fd,
+            )
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
+def test_bad_strings_are_refused_before_the_start() -> None:
+    assert HELPER is not None
+    env = {"PATH": os.defpath}
+    with pytest.raises(ValueError, match="null"):
+        HELPER.spawn(["echo", "a\0b"], env=env, cwd=None, fds=(-1, 1, 2), tty=False)
+    with pytest.raises(ValueError, match="variable name"):
+        HELPER.spawn(["true"], env={"A=B": "1"}, cwd=None, fds=(-1, 1, 2), tty=False)
+
+
+@pytest.fixture
+def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A helper state that has not been prepared, building into an empty cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(sh.CACHE_VARIABLE, str(cache))
+    with _helper_state(None, "not built yet"):
+        sh._State.tried = False
+        yield cache
+
+
+@pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
+def test_the_helper_is_built_once_into_a_private_cache(fresh_build: Path) -> None:
+    assert sh.prepare() is not None, sh.reason()
+    libraries = list(fresh_build.glob("spawn-*.so"))
+    assert len(libraries) == 1
+    assert stat.S_IMODE(fresh_build.stat().st_mode) == 0o700
+    assert not stat.S_IMODE(libraries[0].stat().st_mode) & 0o022
+    assert [p.name for p in fresh_build.iterdir()] == [libraries[0].name], "no build leftovers"
+
+
+def test_a_cache_others_can_write_is_not_used(fresh_build: Path) -> None:
+    fresh_build.mkdir(mode=0o700)
+    fresh_build.chmod(0o777)
+    assert sh.prepare() is None
+    assert "not a private directory" in sh.reason()
+    assert list(fresh_build.iterdir()) == [], "nothing was built there"
+
+
+async def test_without_a_compiler_sessions_start_the_popen_way(
+    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    async with UnixLocalSession(workspace=tmp_path / "ws") as s:
+        assert sh.loaded() is None
+        assert "no-such-cc" in sh.reason()
+        update = await s.pty_exec_start("tty", tty=True, yield_time_s=5)
+        assert update.exit_code == 0 and "/dev/pts/" in update.output
+
+
+def test_the_helper_can_be_switched_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sh.DISABLE_VARIABLE, "0")
+    assert sh.prepare() is None
+    assert sh.DISABLE_VARIABLE in sh.reason()
+
+
+async def test_a_start_cancelled_while_the_helper_builds_leaves_nothing(
+    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A compiler that says it started, then waits until the test lets it fail.
+    started, release = tmp_path / "started", tmp_path / "release"
+    os.mkfifo(release)
+    compiler = tmp_path / "slow-cc"
+    compiler.write_text(f"#!/bin/sh\n: > {started}\nread x < {release}\nexit 1\n")
+    compiler.chmod(0o700)
+    monkeypatch.setenv("CC", str(compiler))
+    workspace = tmp_path / "ws"
+    before = set(os.listdir(cgroups.own_v2_directory())) if _v2() else set()
+    session = UnixLocalSession(workspace=workspace)
+    task = asyncio.create_task(session.start())
+    # The gate: the build is under way and the start waits on it.
+    assert await eventually(started.exists, timeout=30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not workspace.exists(), "the start made nothing before the build"
+    if _v2():
+        assert set(os.listdir(cgroups.own_v2_directory())) == before
+    # The build thread ends once the compiler does; the helper is then off.
+    fd = os.open(release, os.O_WRONLY)
+    os.write(fd, b"go\n")
+    os.close(fd)
+    for _ in range(500):
+        if sh.tried() and not sh._State.lock.locked() and sh.reason() != "not built yet":
+            break
+        await asyncio.sleep(0.01)
+    assert sh.loaded() is None and "failed" in sh.reason()
+    await session.aclose()
+
+
+def _v2() -> bool:
+    try:
+        cgroups.own_v2_directory()
+    except cgroups.CgroupUnavailable:
+        return False
+    return True
