@@ -30,6 +30,11 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
 - Host files: `DIRECTORY_FLAGS` and `file_kind`, how the host opens and names what it
   walks (the unix_local backend's race-free file access builds on them).
 
+- Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
+  `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
+  `ProcessNotReattached` for a process the provider lost; `HostLease` is the lease kept
+  in a host folder for a backend whose sandbox is on this host (unix_local).
+
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
@@ -37,6 +42,8 @@ from .arguments import check_env, check_seconds, check_str
 from .backends.toolkit.check import CommandCheck
 from .backends.toolkit.credentials import Secret, require_credential
 from .backends.toolkit.trap import ShellTrap, wait_for_verdict
+from .durable.host_lease import HostLease
+from .durable.refs import ProcessNotReattached, ProcessRef, SessionRef
 from .exec_output import ExecCapture, OneShotProcess
 from .files.host import DIRECTORY_FLAGS, file_kind
 from .files.remote import Entry as RemoteEntry
@@ -61,14 +68,18 @@ __all__ = [
     "CommandCheck",
     "CommandSpec",
     "ExecCapture",
+    "HostLease",
     "LocalProcess",
     "OneShotProcess",
+    "ProcessNotReattached",
+    "ProcessRef",
     "ProcessSpec",
     "PtyEntry",
     "RemoteEntry",
     "RemoteKind",
     "Secret",
     "SessionHooks",
+    "SessionRef",
     "SessionState",
     "ShellTrap",
     "cancel_and_wait",
