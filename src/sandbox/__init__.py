@@ -10,6 +10,7 @@ or a compiled regex); every error is a `SandboxError`. Backend authors use
 from typing import TYPE_CHECKING, Any
 
 from .backends import BACKENDS, BackendInfo, load_backend, open_session
+from .durable import ProcessRef, SessionRef, read_ref_file, resume_session
 from .errors import (
     BackendUnavailableError,
     CleanupError,
@@ -27,8 +28,10 @@ from .errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SessionClosedError,
+    SessionGoneError,
     SessionNotStartedError,
     SessionStateError,
+    SessionTakenOverError,
     StdinClosedError,
     UnknownBackendError,
     UnsupportedOperationError,
@@ -91,6 +94,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotAFileError",
     "ProcessExitedError",
+    "ProcessRef",
     "ProviderError",
     "PtyProcessInfo",
     "PtyProcessNotFoundError",
@@ -99,9 +103,12 @@ __all__ = [
     "SandboxFileNotFoundError",
     "ScreenSnapshot",
     "SessionClosedError",
+    "SessionGoneError",
     "SessionNotStartedError",
+    "SessionRef",
     "SessionState",
     "SessionStateError",
+    "SessionTakenOverError",
     "SnapshotRef",
     "StdinClosedError",
     "UnknownBackendError",
@@ -111,4 +118,6 @@ __all__ = [
     "WorkspacePathError",
     "load_backend",
     "open_session",
+    "read_ref_file",
+    "resume_session",
 ]

@@ -38,6 +38,11 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   `file_header`, `symlink_header`, `tar_padding`, `TAR_END`; reads one with `TarStream`
   and extracts under the safe extractor's rules with `extract_archive`.
 
+- Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
+  `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
+  `ProcessNotReattached` for a process the provider lost; `HostLease` is the lease kept
+  in a host folder for a backend whose sandbox is on this host (unix_local).
+
 docs/architecture.md walks through a whole backend written with these names only.
 """
 
@@ -45,6 +50,8 @@ from .arguments import check_env, check_seconds, check_str
 from .backends.toolkit.check import CommandCheck
 from .backends.toolkit.credentials import Secret, require_credential
 from .backends.toolkit.trap import ShellTrap, wait_for_verdict
+from .durable.host_lease import HostLease
+from .durable.refs import ProcessNotReattached, ProcessRef, SessionRef
 from .exec_output import ExecCapture, OneShotProcess
 from .files.host import DIRECTORY_FLAGS, file_kind
 from .files.remote import Entry as RemoteEntry
@@ -84,14 +91,18 @@ __all__ = [
     "ExposedPort",
     "FileInfo",
     "FileKind",
+    "HostLease",
     "LocalProcess",
     "OneShotProcess",
+    "ProcessNotReattached",
+    "ProcessRef",
     "ProcessSpec",
     "PtyEntry",
     "RemoteEntry",
     "RemoteKind",
     "Secret",
     "SessionHooks",
+    "SessionRef",
     "SessionState",
     "ShellFileOps",
     "ShellTrap",

@@ -209,3 +209,19 @@ class CleanupError(SandboxError):
     def __init__(self, message: str, errors: list[BaseException]) -> None:
         super().__init__(message)
         self.errors = errors
+
+
+class SessionGoneError(SessionStateError):
+    """`resume_session` found no sandbox where its ref points: it was deleted, timed out
+    or was closed by its owner. Not retryable: the ref can never work again."""
+
+    retryable = False
+
+
+class SessionTakenOverError(SessionStateError):
+    """Another client resumed this session's sandbox (`resume_session`) and owns it
+    now. This client may not touch it any more: every call raises this, and `aclose()`
+    releases only what this client holds locally, leaving the sandbox and the new
+    owner's processes alone."""
+
+    retryable = False

@@ -367,3 +367,37 @@ async def test_a_spawn_that_wins_against_the_close_is_undone_by_the_start() -> N
     with pytest.raises(SessionClosedError):
         await s.owned.start_process(entry, None, prepare=lambda: None, spawn=spawn)
     assert teardowns.done == [entry.process_id] and len(s.processes) == 0
+
+
+async def test_let_go_entries_are_released_not_ended_and_changed_is_called() -> None:
+    ended, released = Teardowns(), Teardowns()
+    changes: list[int] = []
+    s = Session(ended)
+    s.owned = OwnedTasks(
+        s.processes,
+        ended,
+        closing=lambda: False,
+        release=released,
+        changed=lambda: changes.append(len(s.processes)),
+    )
+    entries = await s.admitted(3)
+    kept = {entries[0].process_id, entries[2].process_id}
+    errors = await s.owned.settle_all(s.processes.take_all(), let_go=kept)
+    assert errors == []
+    assert sorted(released.done) == sorted(kept)
+    assert ended.done == [entries[1].process_id]
+    assert changes == [0] and s.processes.reserved == set()
+    # The let-go mark is used up: the same id later is ended as usual.
+    again = await s.admitted(1)
+    await s.owned.settle_batch(s.processes.take_all())
+    assert ended.done[-1] == again[0].process_id
+
+
+async def test_settle_all_returns_the_failures_instead_of_raising() -> None:
+    s = Session(Teardowns())
+    entries = await s.admitted(2)
+    failing = {entries[0].process_id}
+    s.owned = OwnedTasks(s.processes, Teardowns(fail=failing), closing=lambda: False)
+    errors = await s.owned.settle_all(s.processes.take_all())
+    assert [str(e) for e in errors] == [f"teardown of {entries[0].process_id} failed"]
+    assert s.processes.reserved == set()

@@ -259,3 +259,24 @@ async def test_an_id_in_use_is_never_handed_out_again() -> None:
     entry, _ = await registry.reserve(SPEC, check_open=_open)
     assert entry.process_id == free
     assert RECORD_NAME_TRIES > 0
+
+
+async def test_adopt_registers_a_resumed_entry_and_refuses_an_id_in_use() -> None:
+    registry = _registry()
+    (live,) = await _admitted(registry)
+    resumed: PtyEntry = PtyEntry(live.process_id + 1, SPEC, output_limit=4096)
+    registry.adopt(resumed)
+    assert registry.lookup(resumed.process_id) is resumed
+    assert registry.registered() == sorted([live, resumed], key=lambda e: e.started_at)
+    with pytest.raises(InvalidArgumentError, match="already in use"):
+        registry.adopt(PtyEntry(live.process_id, SPEC, output_limit=4096))
+    assert registry.lookup(live.process_id) is live  # the one in use is left alone
+
+
+async def test_take_all_starting_takes_only_the_starting_entries() -> None:
+    registry = _registry()
+    live = await _admitted(registry, 2)
+    starting, _ = await registry.reserve(SPEC, check_open=_open)
+    assert registry.take_all_starting() == [starting] and starting.removed
+    assert registry.registered() == sorted(live, key=lambda e: e.started_at)
+    assert starting.process_id in registry.reserved  # until its teardown releases it

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from ..backends.toolkit import options as cli_options
 from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
+from . import durable as cli_durable
 from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .run import command_words, run_command
 from .std_streams import error_line, flush_outputs, output_failure, plug_closed_fds, say
@@ -48,6 +49,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         help=f"seconds before the command is killed (then the exit code is {EXIT_TIMEOUT})",
     )
+    cli_durable.add_session_argument(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
 
     shell = commands.add_parser("shell", help="attach this terminal to a PTY in the sandbox")
@@ -57,7 +59,9 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
     )
+    cli_durable.add_session_argument(shell)
     shell.add_argument("cmd", nargs=argparse.REMAINDER, help="command (default: sh)")
+    cli_durable.add_commands(commands)
 
     copy = commands.add_parser(
         "cp", help="copy a file or folder between the host and the sandbox (:PATH is inside)"
@@ -122,6 +126,10 @@ def _dispatch(words: list[str]) -> int:
             from .copy import copy_command
 
             return asyncio.run(copy_command(args))
+        if args.command == "open":
+            return asyncio.run(cli_durable.open_command(args))
+        if args.command == "close":
+            return asyncio.run(cli_durable.close_command(args))
         if args.command == "backends":
             from .backends_report import print_backends
 

@@ -17,8 +17,9 @@ from ..backends.toolkit import options as cli_options
 from ..errors import ExecTimeoutError, InvalidArgumentError, PtyProcessNotFoundError
 from ..session import BaseSandboxSession
 from ..types import PtyUpdate
+from .durable import cli_session
 from .exit_codes import EXIT_ERROR, EXIT_TIMEOUT
-from .session import ANY_OUTPUT, open_cli_session, record_path
+from .session import ANY_OUTPUT, record_path
 from .std_streams import say, write_all
 
 STREAM_WINDOW_S = 30.0
@@ -38,7 +39,7 @@ async def run_command(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--record needs --tty: only a terminal is recorded")
     backend, options = cli_options.options_from_args(args)
     record = record_path(args.record)
-    async with open_cli_session(backend, options) as session:
+    async with cli_session(backend, options, getattr(args, "session", None)) as session:
         if args.tty:
             return await _run_tty(session, command, args.timeout, record)
         try:

@@ -23,7 +23,8 @@ from ..errors import ProcessExitedError, PtyProcessNotFoundError, UnsupportedOpe
 from ..session import BaseSandboxSession
 from ..terminal.size import MAX_TERMINAL_SIDE
 from ..types import PtyUpdate
-from .session import ANY_OUTPUT, open_cli_session, record_path
+from .durable import cli_session
+from .session import ANY_OUTPUT, record_path
 from .std_streams import write_all
 
 ANY_OUTPUT_WINDOW_S = 30.0
@@ -162,7 +163,7 @@ async def attach_shell(args: argparse.Namespace, command: list[str]) -> int:
     rows, cols = _terminal_size()
     stdin_fd = sys.stdin.fileno()
     loop = asyncio.get_running_loop()
-    async with open_cli_session(backend, options) as session:
+    async with cli_session(backend, options, getattr(args, "session", None)) as session:
         with _raw_terminal(stdin_fd):
             # No screen: the user's own terminal renders the output.
             first = await session.pty_exec_start(

@@ -31,13 +31,13 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..backends import open_session
 from ..backends.toolkit.options import add_backend_arguments, options_from_args
 from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
 from ..errors import InvalidArgumentError, SandboxError
-from ..session import BaseSandboxSession
+from ..session import BaseSandboxSession, SessionState
 from ..types import PtyProcessInfo, PtyUpdate
+from . import state_file
 from .http_guard import TOKEN_ENV, read_token
 from .transports import HTTP_PATH, HttpTransport, StdioTransport, Transport
 
@@ -581,10 +581,15 @@ def _instructions(backend: str, session: BaseSandboxSession) -> str:
 
 
 async def serve(
-    session: BaseSandboxSession, transport: Transport, *, backend: str = "sandbox"
+    session: BaseSandboxSession,
+    transport: Transport,
+    *,
+    backend: str = "sandbox",
+    detach: bool = False,
 ) -> int:
     """Start `session`, serve it until the peer leaves or a stop signal arrives, then
-    close it (settled: every process is torn down). Returns the exit status."""
+    close it (settled: every process is torn down), or with `detach` detach from it
+    (`--state-file`: it stays for the next server). Returns the exit status."""
     status = 0
     with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
         starting = anyio.CancelScope()
@@ -625,6 +630,8 @@ async def serve(
             finally:
                 with anyio.CancelScope(shield=True):
                     try:
+                        if detach and session.state is SessionState.RUNNING:
+                            await session.detach()  # --state-file: the next server resumes
                         await session.aclose()
                     except Exception as exc:
                         say(error_line(f"closing the session failed: {exc}"))
@@ -650,6 +657,7 @@ def build_parser(prog: str = "sandbox mcp") -> argparse.ArgumentParser:
         "over stdio (default) or streamable HTTP.",
     )
     add_backend_arguments(parser)
+    state_file.add_arguments(parser)
     parser.add_argument(
         "--http",
         metavar="HOST:PORT",
@@ -731,12 +739,13 @@ def main(argv: list[str]) -> int:
     try:
         transport = _transport(args)
         backend, options = options_from_args(args)
-        session = open_session(backend, **options)
+        session = state_file.session_for(args, backend, options)
     except InvalidArgumentError as exc:
         return _fail(exc, EXIT_USAGE)
     except (SandboxError, ValueError, TypeError, OSError) as exc:
         return _fail(exc, EXIT_ERROR)
-    return asyncio.run(serve(session, transport, backend=backend))
+    detach = state_file.detaches(args)
+    return asyncio.run(serve(session, transport, backend=session.backend_name, detach=detach))
 
 
 if __name__ == "__main__":

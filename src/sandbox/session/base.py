@@ -18,9 +18,12 @@ import os
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .. import arguments
+from ..durable import ops as durable_ops
+from ..durable.refs import SessionRef
+from ..durable.state import DurableState
 from ..errors import (
     CleanupError,
     FileTooLargeError,
@@ -31,6 +34,7 @@ from ..errors import (
     SessionNotStartedError,
     SessionStateError,
     StdinClosedError,
+    UnsupportedOperationError,
 )
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from ..files import arguments as files
@@ -80,6 +84,10 @@ class BaseSandboxSession(SessionHooks[H]):
     is opened once, by `start()` (before the sandbox runs anything), and each recording
     is created new relative to it (`sandbox.files.host`); ids are picked so that their
     name is free in it, and one that is taken anyway fails the start (`HostPathError`).
+
+    `ref_file`: keep this session's `SessionRef` current in that file (a crashed client
+    is resumed from it; see docs/durable-sessions.md); a backend that cannot make refs
+    refuses it (`UnsupportedOperationError`).
     """
 
     def __init__(
@@ -91,6 +99,7 @@ class BaseSandboxSession(SessionHooks[H]):
         read_limit_bytes: int = files.DEFAULT_READ_LIMIT,
         exec_output_limit_bytes: int = DEFAULT_EXEC_OUTPUT_LIMIT,
         record_dir: str | os.PathLike[str] | None = None,
+        ref_file: str | os.PathLike[str] | None = None,
     ) -> None:
         recordings = Recordings(record_dir)
         for name, value, least in (
@@ -121,10 +130,19 @@ class BaseSandboxSession(SessionHooks[H]):
             lambda entry: self._terminate_pty_entry(entry),
             closing=self._is_closing,
             concurrency=teardown_concurrency,
+            release=lambda entry: self._release_entry(entry),
+            changed=self._durable_changed,
         )
         # `record_dir` and its fd, from `start()` to the close.
         self._recordings = recordings
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: asyncio.Future[Any] | None = None
+        # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
+        # opened now, before the sandbox runs anything.
+        if ref_file is not None and type(self)._ref_sandbox is SessionHooks._ref_sandbox:
+            raise UnsupportedOperationError(
+                f"ref_file: the {self.backend_name} backend cannot detach or resume sessions"
+            )
+        self._durable = DurableState(ref_file)
 
     @property
     def record_dir(self) -> str | None:
@@ -184,7 +202,7 @@ class BaseSandboxSession(SessionHooks[H]):
                 if task.done() and not task.cancelled() and task.exception() is None:
                     # The backend came up just as our caller was cancelled: undo it.
                     try:
-                        await settle(self._stop_backend())
+                        await settle(self._durable_undo_start())
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
@@ -197,13 +215,17 @@ class BaseSandboxSession(SessionHooks[H]):
             # The close came after the backend was up: it stops the backend, we lost.
             raise SessionClosedError(f"the {self.backend_name} session was closed while starting")
         self._state = SessionState.RUNNING
+        durable_ops.changed(self)
 
     async def _run_start(self) -> None:
         try:
-            await self._start_backend()
+            if self._durable.resuming:
+                await durable_ops.resume(self)
+            else:
+                await self._start_backend()
         except BaseException as exc:
             try:
-                await settle(self._stop_backend())
+                await settle(self._durable_undo_start())
             except Exception as cleanup_exc:
                 exc.add_note(f"cleaning up the failed start also failed: {cleanup_exc}")
             raise
@@ -239,6 +261,8 @@ class BaseSandboxSession(SessionHooks[H]):
         # Calls in flight lose: their hooks see the cancellation and undo what they made.
         await self._owned.cancel_in_flight()
         entries = self._processes.take_everything()
+        if backend_up and not await durable_ops.close_or_let_go(self, entries):
+            return  # another client resumed the sandbox: it was only let go of
         for entry in entries:
             entry.sandbox_stopping = True
         try:
@@ -255,6 +279,7 @@ class BaseSandboxSession(SessionHooks[H]):
             except Exception as exc:
                 errors.append(exc)
         self._recordings.close()
+        durable_ops.finish_ref_file(self, None)
         if len(errors) == 1:
             raise errors[0]
         if errors:
@@ -277,6 +302,8 @@ class BaseSandboxSession(SessionHooks[H]):
         await self.aclose()
 
     def _require_running(self) -> None:
+        if self._durable.taken_over:
+            raise durable_ops.taken_over_error(self)
         if self._state is SessionState.RUNNING:
             return
         if self._state in (SessionState.CLOSING, SessionState.CLOSED):
@@ -311,6 +338,7 @@ class BaseSandboxSession(SessionHooks[H]):
         `CommandNotFoundError` (with `shell=True` that is the shell's exit 127).
         """
         self._require_running()
+        await self._durable_guard()
         spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
         checked_timeout = arguments.check_timeout(timeout)
         limit = (
@@ -332,6 +360,7 @@ class BaseSandboxSession(SessionHooks[H]):
         the backend can tell its size; stream big files with `read_file_chunks`.
         """
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         limit = self.read_limit_bytes
         if max_bytes is not None:
@@ -346,6 +375,7 @@ class BaseSandboxSession(SessionHooks[H]):
         folders. Writing over a directory, FIFO, socket or device, or under a path whose
         parent is a file, raises `NotAFileError` and changes nothing."""
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         payload = arguments.to_input_bytes(data)
         await self._write_file(path, payload)
@@ -379,6 +409,7 @@ class BaseSandboxSession(SessionHooks[H]):
         joined, then written. If `chunks` fails, its error propagates and the file may
         hold part of the data."""
         self._require_running()
+        await self._durable_guard()
         path = files.check_path(path)
         await self._write_file_chunks(path, files.chunks_of(chunks, path))
 
@@ -489,6 +520,7 @@ class BaseSandboxSession(SessionHooks[H]):
         `record` path, fails the start with `HostPathError` (`sandbox.files.host`).
         """
         self._require_running()
+        await self._durable_guard()
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
         spec = ProcessSpec(
@@ -555,6 +587,7 @@ class BaseSandboxSession(SessionHooks[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         entry = self._lookup(process_id)
+        await self._durable_guard()
         screen_pattern = check_until_screen(until_screen, entry.screen is not None)
         if screen_pattern is not None and entry.screen is not None:
             entry.screen.check_size()
@@ -601,6 +634,7 @@ class BaseSandboxSession(SessionHooks[H]):
         cannot, `InvalidArgumentError` for a process without a terminal)."""
         arguments.check_terminal_size(rows, cols)
         entry = self._lookup(process_id)
+        await self._durable_guard()
         if not entry.tty:
             raise InvalidArgumentError(f"process {process_id} has no terminal (tty=False)")
         entry.touch()
@@ -613,6 +647,7 @@ class BaseSandboxSession(SessionHooks[H]):
         """Send Ctrl-C: the interrupt character on a terminal, SIGINT to a pipe process's
         group. Does not wait for a window: poll afterwards to see the effect."""
         entry = self._lookup(process_id)
+        await self._durable_guard()
         entry.touch()
         if entry.exited:
             return
@@ -647,16 +682,71 @@ class BaseSandboxSession(SessionHooks[H]):
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
         self._require_running()
+        await self._durable_guard()
         await self._owned.settle_batch([self._processes.take(process_id)])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
         self._require_running()
+        await self._durable_guard()
         await self._owned.settle_batch(self._processes.take_all())
 
     def pty_processes(self) -> list[PtyProcessInfo]:
         """The live registry, oldest first, so an agent can find processes it forgot."""
         return self._processes.infos()
+
+    # ---- durable sessions (the work is in `sandbox.durable.ops`) ---------------------
+
+    @property
+    def keeps_processes(self) -> bool:
+        """Whether this backend's processes keep running, and can be reattached, while
+        no client is connected (`detach()`, a crash). False: they are children of this
+        client (or of its connection), so `detach()` ends them as `pty_terminate` does."""
+        return self._keeps_processes
+
+    def ref(self) -> SessionRef:
+        """A `SessionRef` for this session now: enough for `sandbox.resume_session` to
+        attach to the same sandbox and processes from another client (never a secret).
+        From now on this session checks, at each call, that no other client took the
+        sandbox over (`SessionTakenOverError`). A detached session returns its final ref."""
+        if self._durable.detached is not None:
+            return self._durable.detached
+        self._require_running()
+        self._durable.shared = True
+        return durable_ops.make_ref(self)
+
+    async def detach(self) -> SessionRef:
+        """End this client's hold without tearing the sandbox down, and return the ref
+        that owns it now. Processes the provider keeps (`keeps_processes`) keep running;
+        the others are torn down as by `pty_terminate` and listed as ended with their
+        exit codes. Afterwards every call raises `SessionClosedError`. Completes when
+        its caller is cancelled (then `ref()` still returns the ref)."""
+        self._require_running()
+        await self._durable_guard()
+        self._state = SessionState.CLOSING
+        detaching = asyncio.ensure_future(durable_ops.detach_everything(self))
+        self._closing = detaching
+        try:
+            await settle(detaching)
+        finally:
+            self._state = SessionState.CLOSED
+        return detaching.result()
+
+    async def _durable_guard(self) -> None:
+        await durable_ops.guard(self)
+
+    def _durable_changed(self) -> None:
+        # After a process was admitted or a teardown batch ended: the ref file follows.
+        if self._state is SessionState.RUNNING:
+            durable_ops.changed(self)
+
+    async def _durable_undo_start(self) -> None:
+        # A start that failed or was cancelled: a resume lets go (the sandbox stays the
+        # ref's), a fresh start stops what it made.
+        if self._durable.resuming:
+            await durable_ops.abandon_resume(self)
+        else:
+            await self._stop_backend()
 
     # ---- what the calls share ------------------------------------------------------
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, Generic, TypeVar
 
-from ..errors import SessionClosedError
+from ..errors import CleanupError, SessionClosedError
 from ..process_entry import H, PtyEntry
 from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .registry import ProcessRegistry
@@ -40,6 +40,9 @@ class OwnedTasks(Generic[H]):
 
     `terminate` is the backend's `_terminate_pty_entry` hook; `closing()` says whether
     the session is closing or closed (a task that failed then lost to the close).
+    `release` is the `_release_entry` hook, run instead of `terminate` for the entries a
+    batch lets go of (a detach, a takeover: they stay the ref's); `changed()` is called
+    after a process was admitted or a batch ended (the ref file follows).
     """
 
     def __init__(
@@ -49,12 +52,17 @@ class OwnedTasks(Generic[H]):
         *,
         closing: Callable[[], bool],
         concurrency: int = DEFAULT_BATCH_CONCURRENCY,
+        release: Callable[[PtyEntry[H]], Awaitable[None]] | None = None,
+        changed: Callable[[], None] | None = None,
     ) -> None:
         self.concurrency = concurrency
         # The `start()` in progress, if any (the close cancels it first).
         self.start_task: asyncio.Task[None] | None = None
         self._processes = processes
         self._terminate = terminate
+        self._release = release or terminate
+        self._changed = changed or (lambda: None)
+        self._letting_go: set[int] = set()  # ids whose teardown releases, not ends
         self._closing = closing
         self._execs: set[asyncio.Task[Any]] = set()
         self._teardowns: set[asyncio.Task[None]] = set()
@@ -130,6 +138,7 @@ class OwnedTasks(Generic[H]):
             raise lost
         if not self._processes.admit(entry):
             raise lost  # the close took it over and tears it down
+        self._changed()
 
     async def cancel_in_flight(self) -> None:
         """Cancel the one-shot commands and the spawns in progress, and wait for them
@@ -142,7 +151,13 @@ class OwnedTasks(Generic[H]):
 
     # ---- teardowns -----------------------------------------------------------------
 
-    async def settle_batch(self, entries: list[PtyEntry[H]], *, log_errors: bool = False) -> None:
+    async def settle_batch(
+        self,
+        entries: list[PtyEntry[H]],
+        *,
+        log_errors: bool = False,
+        let_go: Collection[int] = (),
+    ) -> None:
         """THE place where teardowns are handed over, attempted and awaited.
 
         The caller has already taken `entries` from the registry, so it owns them; this
@@ -150,10 +165,12 @@ class OwnedTasks(Generic[H]):
         time), which the close also waits for (`wait_teardowns`) before the backend
         stops. The finalizer, prune, terminate, terminate-all, failed starts and the
         close all come here; one entry is a batch of one. Failures are raised (several
-        as a `CleanupError`), or only logged with `log_errors`.
+        as a `CleanupError`), or only logged with `log_errors`. The entries whose ids
+        are in `let_go` are released (`release`), not ended.
         """
         if not entries:
             return
+        self._letting_go.update(let_go)
         task = asyncio.ensure_future(attempt_all(entries, self._teardown_entry, self.concurrency))
         self._teardowns.add(task)
         task.add_done_callback(self._teardowns.discard)
@@ -164,6 +181,8 @@ class OwnedTasks(Generic[H]):
                 raise
             name = self._processes.backend_name
             logger.warning("%s session: a teardown failed: %s", name, exc)
+        finally:
+            self._changed()
 
     async def discard(self, entry: PtyEntry[H]) -> None:
         """Take `entry` from the registry if it is still there, and tear it down."""
@@ -183,7 +202,11 @@ class OwnedTasks(Generic[H]):
             if write is not None and not write.done():
                 write.cancel()
                 await asyncio.wait({write})
-            await self._terminate(entry)
+            if entry.process_id in self._letting_go:
+                self._letting_go.discard(entry.process_id)
+                await self._release(entry)  # it stays the ref's (a detach, a takeover)
+            else:
+                await self._terminate(entry)
         finally:
             # The readers are stopped: the recording is complete (and valid) now.
             entry.close_terminal()
@@ -191,3 +214,18 @@ class OwnedTasks(Generic[H]):
             # A window still waiting on this entry (a poll racing a terminate) must end
             # now, even if the backend could not report an exit status.
             entry.report_torn_down()
+
+    async def settle_all(
+        self, entries: list[PtyEntry[H]], *, let_go: Collection[int] = ()
+    ) -> list[BaseException]:
+        """`settle_batch(entries)`, then wait for every other batch; the failures are
+        returned, not raised (a detach or a takeover's close goes on regardless)."""
+        errors: list[BaseException] = []
+        try:
+            await self.settle_batch(entries, let_go=let_go)
+        except CleanupError as exc:
+            errors.extend(exc.errors)
+        except Exception as exc:
+            errors.append(exc)
+        await self.wait_teardowns()
+        return errors

@@ -142,8 +142,19 @@ class ProcessRegistry(Generic[H]):
 
     def take_everything(self) -> list[PtyEntry[H]]:
         """Take every starting and registered entry (the close's batch)."""
-        starting = [self._hand_over_known(self._starting, pid) for pid in list(self._starting)]
-        return starting + self.take_all()
+        return self.take_all_starting() + self.take_all()
+
+    def take_all_starting(self) -> list[PtyEntry[H]]:
+        """Take every starting entry for teardown (a detach, after the spawns were
+        cancelled)."""
+        return [self._hand_over_known(self._starting, pid) for pid in list(self._starting)]
+
+    def adopt(self, entry: PtyEntry[H]) -> None:
+        """Register a process this session did not spawn: one a resumed ref lists
+        (`sandbox.durable`). The session owns it from now on, as if admitted."""
+        if entry.process_id in self.reserved:
+            raise InvalidArgumentError(f"process id {entry.process_id} is already in use")
+        self._live[entry.process_id] = entry
 
     def release(self, entry: PtyEntry[H]) -> None:
         """The teardown of a taken entry finished: its id may be reused."""
@@ -175,6 +186,10 @@ class ProcessRegistry(Generic[H]):
         if entry is None:
             raise self.not_found(process_id)
         return entry
+
+    def registered(self) -> list[PtyEntry[H]]:
+        """The registered processes (not taken), oldest first."""
+        return sorted(self._live.values(), key=lambda e: e.started_at)
 
     def entries(self) -> list[PtyEntry[H]]:
         """Every entry still held by the session or a spawning call (not taken)."""

@@ -274,6 +274,19 @@ class FakeProcess:
         """The next event of the stream (for the fake command handle)."""
         return await self._events.get()
 
+    def subscribe(self, lifetime: float | None) -> None:
+        """A new client connects (`commands.connect` / `pty.connect`): like envd's
+        `Connect` (its request selects the process only, with no output offset), it gets
+        the events from now on; what the process printed while nobody was connected was
+        read and dropped. The new stream has its own `timeout`."""
+        self._events = asyncio.Queue()
+        self.detached = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if lifetime:
+            self._timer = self._loop.call_later(lifetime, self._lifetime_over)
+
     def break_stream(self, exc: BaseException) -> None:
         """Make the event stream fail with `exc` now: the SDK's reader dies (the process
         itself keeps running, as when a connection drops)."""
@@ -624,6 +637,74 @@ class FakeCommands:
             return handle
         return await handle.wait()
 
+    @overload
+    async def connect(
+        self,
+        pid: int,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        *,
+        retain_output: Literal[False],
+    ) -> FakeCommandHandle: ...
+    @overload
+    async def connect(
+        self,
+        pid: int,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        *,
+        retain_output: Literal[True] = True,
+    ) -> FakeCommandHandle: ...
+    @overload
+    async def connect(
+        self,
+        pid: int,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        *,
+        retain_output: bool,
+    ) -> FakeCommandHandle: ...
+
+    async def connect(
+        self,
+        pid: int,
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+        *,
+        retain_output: bool = True,
+    ) -> FakeCommandHandle:
+        """Connect to the running command `pid` (its output from now on); a process that
+        ended (envd forgets it with its exit) or never was: `NotFoundException`."""
+        process = self._state.processes.get(pid)
+        knobs = self._service._knobs
+        await knobs.checkpoint("commands.connect", after=False, subject=process)
+        self._service._check_alive(self._state)
+        if process is None or process.ended or process.tty:
+            raise NotFoundException(f"process with pid {pid} not found")
+        process.subscribe(timeout)
+        handle = FakeCommandHandle(
+            self._service,
+            process,
+            lambda: self.kill(process.pid),
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            retain_output=retain_output,
+        )
+        try:
+            await knobs.checkpoint("commands.connect", after=True, subject=process)
+        except BaseException:
+            handle._stop_reading()
+            raise
+        return handle
+
     async def kill(self, pid: int, request_timeout: float | None = None) -> bool:
         """SIGKILL the command `pid`; False if there is no such running command."""
         process = self._state.processes.get(pid)
@@ -672,6 +753,31 @@ class FakePty:
         )
         try:
             await knobs.checkpoint("pty.create", after=True, subject=process)
+        except BaseException:
+            handle._stop_reading()
+            raise
+        return handle
+
+    async def connect(
+        self,
+        pid: int,
+        on_data: Callable[[bytes], Any],
+        timeout: float | None = 60,
+        request_timeout: float | None = None,
+    ) -> FakeCommandHandle:
+        """Connect to the running terminal `pid` (its output from now on, as envd's
+        `Connect`); one that ended or never was: `NotFoundException`."""
+        process = self._state.processes.get(pid)
+        knobs = self._service._knobs
+        await knobs.checkpoint("pty.connect", after=False, subject=process)
+        self._terminal(pid)
+        assert process is not None
+        process.subscribe(timeout)
+        handle = FakeCommandHandle(
+            self._service, process, lambda: self.kill(process.pid), on_pty=on_data
+        )
+        try:
+            await knobs.checkpoint("pty.connect", after=True, subject=process)
         except BaseException:
             handle._stop_reading()
             raise

@@ -70,6 +70,7 @@ import asyncio
 import codecs
 import collections
 import contextlib
+import copy
 import functools
 import inspect
 import os
@@ -453,10 +454,26 @@ class FakeSandbox:
         self.image = image
         self.options = dict(options)
         self.processes: list[FakeContainerProcess] = []
-        self._terminated = False
+        # Shared by every handle of this sandbox (`from_id` / `from_name` make a new
+        # handle each time, as the SDK hydrates a new object); `_attached` is per handle.
+        self._shared = {"terminated": False}
         self._attached = True
         self._filesystem = FakeSandboxFilesystem(self)
         self._tunnels: dict[int, PreviewProxy] = {}
+
+    @property
+    def _terminated(self) -> bool:
+        return self._shared["terminated"]
+
+    @_terminated.setter
+    def _terminated(self, value: bool) -> None:
+        self._shared["terminated"] = value
+
+    def _new_handle(self) -> FakeSandbox:
+        """Another handle on this sandbox (its own attachment, everything else shared)."""
+        handle = copy.copy(self)
+        handle._attached = True
+        return handle
 
     def __repr__(self) -> str:
         return f"<FakeSandbox {self._object_id} terminated={self._terminated}>"
@@ -578,8 +595,7 @@ class FakeSandbox:
         sandbox = fake.sandboxes.get(sandbox_id)
         if sandbox is None:
             raise modal_exception.NotFoundError(f"Sandbox with id {sandbox_id} not found")
-        sandbox._attached = True
-        return sandbox
+        return sandbox._new_handle()
 
     @_AioStatic
     async def from_name(
@@ -602,8 +618,7 @@ class FakeSandbox:
                 and sandbox._app._name == app_name
                 and (include_terminated or not sandbox._terminated)
             ):
-                sandbox._attached = True
-                return sandbox
+                return sandbox._new_handle()
         raise modal_exception.NotFoundError(f"Sandbox '{name}' not found in app '{app_name}'")
 
     # ---- instance calls ----------------------------------------------------------------
@@ -681,6 +696,13 @@ class FakeSandbox:
         await self._fake._check("terminate")
         await self._shutdown()
         return 137 if wait else None
+
+    @_AioMethod
+    async def poll(self) -> int | None:
+        """None while the sandbox runs, else its exit code (137: it was terminated)."""
+        self._ensure_attached()
+        await self._fake._check("poll")
+        return 137 if self._terminated else None
 
     @_AioMethod
     async def detach(self) -> None:

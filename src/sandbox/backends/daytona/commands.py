@@ -115,13 +115,26 @@ async def exit_code_if_known(client: DaytonaClient, state: PipeState) -> int | N
 
 
 async def pump(
-    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: PipeState, trap: ShellTrap | None
+    client: DaytonaClient,
+    entry: PtyEntry[DaytonaHandle],
+    state: PipeState,
+    trap: ShellTrap | None,
+    *,
+    skip: int = 0,
 ) -> None:
     """Stream a pipe process's output into the entry, then report its exit. Stdout goes
-    through `trap` when the command runs behind a check (it strips the markers)."""
+    through `trap` when the command runs behind a check (it strips the markers). `skip`:
+    the log replays from the command's start, and a reattached entry drops the bytes an
+    earlier client already returned (`sandbox.backends.daytona.durable`)."""
+    left = [skip]
 
     def feed(text: str) -> None:
-        entry.feed(text.encode("utf-8"))
+        data = text.encode("utf-8")
+        if left[0]:
+            cut = min(left[0], len(data))
+            left[0] -= cut
+            data = data[cut:]
+        entry.feed(data)
 
     def feed_stdout(text: str) -> None:
         assert trap is not None

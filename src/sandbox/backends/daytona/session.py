@@ -24,7 +24,9 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     check_env,
     check_seconds,
@@ -42,6 +44,7 @@ from ..toolkit import (
     within_workspace,
 )
 from . import commands, files, terminal
+from . import durable as durable_daytona
 from .client import ClientOptions, DaytonaClient
 from .errors import API_KEY_ENV
 from .handles import DaytonaHandle, PipeState
@@ -259,6 +262,38 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         await commands.teardown(
             self._client, state, grace_s=self.terminate_grace_s, sandbox_stopping=sandbox_stopping
         )
+
+    # ---- durable (see backends.daytona.durable) -----------------------------------------
+
+    _keeps_processes = True
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_daytona.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_daytona.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_daytona.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
+        return durable_daytona.ref_process(entry)
+
+    def _lease_store(self) -> durable_daytona.SandboxLease:
+        return durable_daytona.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_daytona.resume(self)
+
+    async def _reattach_process(self, entry: PtyEntry[DaytonaHandle], process: ProcessRef) -> None:
+        await durable_daytona.reattach(self, entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[DaytonaHandle]) -> None:
+        await durable_daytona.release(self, entry)
+
+    async def _detach_backend(self) -> None:
+        await durable_daytona.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 

@@ -27,7 +27,9 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     SnapshotRef,
     check_env,
@@ -43,6 +45,7 @@ from ...errors import (
     UnsupportedOperationError,
 )
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from . import durable as durable_docker
 from .container import (
     DEFAULT_KEEPALIVE,
     container_spec,
@@ -411,6 +414,35 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if proc is not None:
             proc.drain_now()
         await asyncio.sleep(0)
+
+    # ---- durable (see backends.docker.durable) ------------------------------------------
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_docker.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_docker.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_docker.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[DockerExec]) -> dict[str, Any]:
+        return durable_docker.ref_process(entry)
+
+    def _lease_store(self) -> durable_docker.ContainerLease:
+        return durable_docker.ContainerLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_docker.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[DockerExec], process: ProcessRef) -> None:
+        await durable_docker.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        await durable_docker.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 

@@ -51,7 +51,9 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     cancel_and_wait,
     check_env,
@@ -70,6 +72,7 @@ from ..toolkit import (
     tag_environment,
     wait_for_verdict,
 )
+from . import durable as durable_e2b
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
@@ -403,6 +406,38 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             await self._client.disconnect(handle)
         if error is not None:
             raise error
+
+    # ---- durable (see backends.e2b.durable) -------------------------------------------------
+
+    _keeps_processes = True
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_e2b.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_e2b.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_e2b.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
+        return durable_e2b.ref_process(entry)
+
+    def _lease_store(self) -> durable_e2b.SandboxLease:
+        return durable_e2b.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_e2b.resume(self)
+
+    async def _reattach_process(self, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
+        await durable_e2b.reattach(self, entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[E2BProcess]) -> None:
+        await durable_e2b.release(self, entry)
+
+    async def _detach_backend(self) -> None:
+        await durable_e2b.detach(self)
 
     # ---- files ------------------------------------------------------------------------------
 

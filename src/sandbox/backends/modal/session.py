@@ -40,7 +40,9 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     SnapshotRef,
     cancel_and_wait,
@@ -51,6 +53,7 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError
 from ..toolkit import TAG_VARIABLE, CommandCheck, Secret, ShellTrap, check_limits, wait_for_verdict
+from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles
@@ -407,6 +410,35 @@ class ModalSession(BaseSandboxSession[Command]):
             await self._commands.control(command, "kill" if command.exited else "term")
         finally:
             await cancel_and_wait(command.tasks())
+
+    # ---- durable (see backends.modal.durable) -------------------------------------------
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_modal.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_modal.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_modal.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[Command]) -> dict[str, Any]:
+        return durable_modal.ref_process(entry)
+
+    def _lease_store(self) -> durable_modal.SandboxLease:
+        return durable_modal.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_modal.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[Command], process: ProcessRef) -> None:
+        await durable_modal.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        await durable_modal.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 

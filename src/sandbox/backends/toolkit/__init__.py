@@ -3,7 +3,7 @@
 - `shell`: the POSIX sh wrapper that tags a command (in `TAG_VARIABLE`) and reports
   128+N without the shell's "Killed" notice, and the kill/interrupt scripts that find a
   tagged tree through /proc, polling every `KILL_TICK_S` (`wrapper_argv`, `kill_script`,
-  `interrupt_script`, ...).
+  `interrupt_script`, `check_tag`, ...).
 - `exits`: `normalize_exit`, one rule for the exit status a provider reports
   (`UNKNOWN_EXIT` when it reports none, `UNKNOWN_SIGNAL_EXIT` for a signal it cannot
   name).
@@ -16,6 +16,9 @@
 - `credentials`: `Secret` (never in a message, log or repr) and `require_credential`.
 - `limits`: the three limit options (`MEMORY`, `PROCESSES`, `CPU`) checked once into
   `ResourceLimits`; `paths`: `within_workspace`.
+- `lease`: the lease of a durable session kept as a file in a remote sandbox, swapped
+  by one `sh` script (`lease_path`, `lease_read_argv`, `lease_swap_argv`, `lease_line`,
+  `parse_lease`; see docs/durable-sessions.md).
 - `options`: the backend flags the cli and the MCP server share (not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
@@ -37,6 +40,7 @@ from .errors import (
     transport_reason,
 )
 from .exits import UNKNOWN_EXIT, UNKNOWN_SIGNAL_EXIT, normalize_exit, signal_from_reason
+from .lease import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .limits import (
     CPU,
     MEMORY,
@@ -50,6 +54,7 @@ from .paths import within_workspace
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
+    check_tag,
     command_line,
     grace_ticks,
     interrupt_script,
@@ -76,6 +81,7 @@ __all__ = [
     "Secret",
     "ShellTrap",
     "check_limits",
+    "check_tag",
     "clean_detail",
     "command_line",
     "error_for_status",
@@ -83,9 +89,14 @@ __all__ = [
     "interrupt_script",
     "is_retryable_status",
     "kill_script",
+    "lease_line",
+    "lease_path",
+    "lease_read_argv",
+    "lease_swap_argv",
     "new_tag",
     "normalize_exit",
     "parse_kill_report",
+    "parse_lease",
     "redact",
     "refuse_unsupported",
     "require_credential",

@@ -23,8 +23,11 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     FileInfo,
+    HostLease,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     check_env,
     check_seconds,
     http_url,
@@ -41,6 +44,7 @@ from ...local.process import LocalProcess
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from . import cgroup_limits, local_files
 from . import confine as jail
+from . import durable as durable_local
 from .workspace import Workspace
 from .workspace_files import LocalTree
 
@@ -348,6 +352,31 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         proc: LocalProcess | None = entry.handle
         if proc is not None:
             proc.drain_now()
+
+    # ---- durable (see backends.unix_local.durable) ---------------------------------------
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_local.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_local.ref_options(self, super()._ref_options())
+
+    def _ref_process(self, entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
+        return durable_local.ref_process(entry)
+
+    def _lease_store(self) -> HostLease:
+        return durable_local.lease_store(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_local.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
+        await durable_local.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        await durable_local.detach(self)
 
     # ---- files -------------------------------------------------------------------------
 

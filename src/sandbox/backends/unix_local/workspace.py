@@ -21,6 +21,20 @@ class Workspace:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._given = path is not None
         self._path: str | None = os.fspath(path) if path is not None else None
+        self._adopted_temporary = False
+
+    @classmethod
+    def adopted(cls, path: str, *, temporary: bool) -> Workspace:
+        """An existing workspace a resumed session takes over (a temporary one is still
+        removed on `cleanup()`, as by the session that made it)."""
+        workspace = cls(path)
+        workspace._adopted_temporary = temporary
+        return workspace
+
+    @property
+    def temporary(self) -> bool:
+        """Whether `cleanup()` removes it (the session made it, or adopted one made so)."""
+        return not self._given or self._adopted_temporary
 
     @property
     def path(self) -> str:
@@ -48,7 +62,7 @@ class Workspace:
 
     def cleanup(self) -> None:
         """Remove a temporary workspace; a given one is left as it is."""
-        if not self._given and self._path is not None:
+        if self.temporary and self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
             self._path = None
 

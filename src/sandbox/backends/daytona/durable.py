@@ -1,0 +1,183 @@
+"""Detach and resume for `daytona`: session commands outlive the client, with their logs.
+
+Facts (daytona SDK, pinned): a pipe process is a session command started with
+`run_async=True` (`process.execute_session_command`); it runs in the sandbox's daemon,
+not on the client's connection, and its output is kept by the daemon for the
+command's whole life: `process.get_session_command_logs_async(session_id, cmd_id, ...)`
+streams it from the command's start (`get_session_command` has its `exit_code` once it
+ended). So a reattached pipe process replays its log, skips what the earlier client had
+already returned (the ref's `output_position`), and gets everything it printed while
+no client was attached, and its exit code (`keeps_processes` is True).
+
+PTY sessions are not reattached yet (the SDK has `connect_pty_session`; the fake does not
+model it): `detach()` ends them as `pty_terminate` does, and a resume after a crash
+kills the PTY session the ref names, reporting it ended with a note.
+
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
+`process.exec`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import ProviderError, SandboxError, SessionGoneError
+from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from . import commands, terminal
+from .handles import DaytonaHandle, PipeState, PtyState
+
+# `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+DaytonaSession = Any
+
+SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
+REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
+PTY_NOTE = (
+    "reattaching a daytona PTY session is not supported yet: the terminal the earlier "
+    "client started was killed at resume"
+)
+GONE_NOTE = "daytona no longer has this session command (its session was deleted)"
+LEASE_TIMEOUT_S = 30.0
+
+
+def ref_sandbox(session: DaytonaSession) -> dict[str, Any]:
+    """The sandbox id, and whether the close deletes it."""
+    return {"sandbox_id": session.sandbox_id, "keep": session.keep}
+
+
+def ref_options(session: DaytonaSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus the timeouts (never the API key or `create_options`)."""
+    options = dict(base)
+    options.update({name: getattr(session, name) for name in REF_OPTIONS})
+    options["call_timeout_s"] = session._client.options.call_timeout_s
+    for name in ("api_url", "target"):
+        value = getattr(session._client.options, name)
+        if isinstance(value, str) and "@" not in value:
+            options[name] = value
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reopen attached (`sandbox_id=`), deleted on close unless the first was kept."""
+    sandbox_id = ref.sandbox.get("sandbox_id")
+    if not isinstance(sandbox_id, str) or not sandbox_id:
+        raise SessionGoneError("the daytona ref names no sandbox")
+    options = {k: v for k, v in ref.options.items() if v is not None}
+    options["sandbox_id"] = sandbox_id
+    options["keep"] = bool(ref.sandbox.get("keep"))
+    return options
+
+
+def ref_process(entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
+    """The session and command ids and the pid file (pipes), or the PTY session id."""
+    state = entry.require_handle()
+    if isinstance(state, PipeState):
+        return {"session_id": state.session_id, "cmd_id": state.cmd_id, "pidfile": state.pidfile}
+    return {"pty_id": state.pty_id, "pidfile": state.pidfile}
+
+
+async def resume(session: DaytonaSession) -> None:
+    """Attach to the sandbox; a missing one is `SessionGoneError`."""
+    try:
+        await session._start_backend()
+    except SandboxError as exc:
+        if "not found" in str(exc).lower() or "404" in str(exc):
+            raise SessionGoneError(f"the daytona sandbox of this ref is gone: {exc}") from None
+        raise
+
+
+def _safe(process: ProcessRef, key: str) -> str | None:
+    value = process.handle.get(key)
+    return value if isinstance(value, str) and SAFE.fullmatch(value) else None
+
+
+async def reattach(
+    session: DaytonaSession, entry: PtyEntry[DaytonaHandle], process: ProcessRef
+) -> None:
+    """Pipes: replay the command's log past `output_position`; PTYs: killed, noted."""
+    client = session._client
+    pidfile = _safe(process, "pidfile")
+    if process.tty:
+        pty_id = _safe(process, "pty_id")
+        if pty_id is not None:
+            await terminal._kill_pty(client, pty_id)
+        if pidfile is not None:
+            await commands.signal_group(client, pidfile, wait_s=0.0, grace_s=0.0)
+        raise ProcessNotReattached(PTY_NOTE)
+    session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")
+    if session_id is None or cmd_id is None or pidfile is None:
+        raise ProcessNotReattached("the ref holds no daytona session command for this process")
+    state = PipeState(
+        session_id, pidfile, session_attempted=True, execute_attempted=True, cmd_id=cmd_id
+    )
+    try:
+        await client.timed(
+            "find the command", client.process.get_session_command(session_id, cmd_id)
+        )
+    except Exception as exc:
+        raise ProcessNotReattached(f"{GONE_NOTE}: {client.describe(exc)}") from None
+    entry.handle = state
+    state.pump = asyncio.create_task(
+        commands.pump(client, entry, state, None, skip=process.output_position)
+    )
+
+
+async def release(session: DaytonaSession, entry: PtyEntry[DaytonaHandle]) -> None:
+    """Stop following a pipe command (its log reader); the daemon keeps it. A PTY is
+    torn down (see the module docstring)."""
+    state = entry.handle
+    if isinstance(state, PtyState) or state is None:
+        await session._terminate_pty_entry(entry)
+        return
+    pump = state.pump
+    if pump is not None and not pump.done():
+        pump.cancel()
+    if pump is not None:
+        await asyncio.wait([pump])
+
+
+async def detach(session: DaytonaSession) -> None:
+    """Close the SDK client; the sandbox stays."""
+    client = session._client
+    sdk_client = client.client
+    client.sandbox = client.client = None
+    client._ready = False
+    if sdk_client is not None:
+        try:
+            await client.bounded(sdk_client.close())
+        except Exception as exc:  # the sandbox is not ours to touch now: only noted
+            raise ProviderError(
+                f"closing the daytona client failed: {client.describe(exc)}"
+            ) from None
+
+
+class SandboxLease:
+    """The lease in the sandbox, through `process.exec` (a `LeaseStore`)."""
+
+    def __init__(self, session: DaytonaSession) -> None:
+        self._session = session
+        self._path = lease_path(session._durable.session_id)
+
+    async def _run(self, argv: list[str]) -> str | None:
+        client = self._session._client
+        try:
+            async with asyncio.timeout(LEASE_TIMEOUT_S):
+                response = await client.process.exec(lease_line(argv))
+        except TimeoutError:
+            raise ProviderError(
+                "Daytona did not answer the lease check in time", retryable=True
+            ) from None
+        except Exception as exc:
+            raise client.error(exc, "check the session's lease") from None
+        return parse_lease(response.result or "", response.exit_code, "daytona")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._path))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._path, expected, new))

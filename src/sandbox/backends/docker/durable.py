@@ -1,0 +1,176 @@
+"""Detach and resume for `docker`: the container outlives the client, exec streams do not.
+
+The Engine API has no call that attaches to a running exec's streams again (an exec is
+started attached once: `POST /exec/{id}/start`; `/containers/{id}/attach` reaches the
+container's main process only), so `keeps_processes` is False:
+
+- `detach()` kills each process's tree with the toolkit's kill script, as
+  `pty_terminate` does, and the ref lists it as ended with its exit code; the container
+  keeps running, and a container the session created is removed by the resumed
+  session's close (unless `keep_container`).
+- After a crash (the client SIGKILLed), the engine keeps the exec processes running
+  with nobody reading their output (a full pipe or terminal then blocks them); the ref
+  file lists their toolkit tags, and `resume_session` kills those trees by tag (the
+  same kill script) and reports each as ended, with a note.
+
+The lease is a file in the container (`sandbox.backends.toolkit.lease`: one exec per read
+or swap, since the engine has no owner notion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import ProviderError, SessionGoneError
+from ..toolkit import (
+    check_tag,
+    grace_ticks,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+)
+from .errors import is_not_found
+from .execs import DockerExec, run_kill_script
+
+# `DockerSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+DockerSession = Any
+
+REF_OPTIONS = ("terminate_grace_s", "detach_keys")
+LEASE_TIMEOUT_S = 30.0
+NOT_REATTACHED = (
+    "the Docker engine cannot reattach an exec's output stream: the process the "
+    "earlier client started was killed at resume"
+)
+
+
+def ref_sandbox(session: DockerSession) -> dict[str, Any]:
+    """The container, and whether the session made it (then a close removes it)."""
+    return {
+        "container_id": session._container_id,
+        "created_name": session._created_name,
+        "keep_container": session._keep_container,
+    }
+
+
+def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus this backend's non-secret ones (no `env`, no client; an
+    engine URL only without credentials in it)."""
+    options = dict(base)
+    options.update({name: getattr(session, name, None) for name in REF_OPTIONS})
+    options["detach_keys"] = session._detach_keys
+    options["workdir"] = session._workdir
+    options["user"] = session._user or None
+    options["api_timeout"] = session._api_timeout
+    options["api_version"] = session._api_version
+    if session._base_url is not None and "@" not in session._base_url:
+        options["base_url"] = session._base_url
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reopen as an attached session (`container=`) of the ref's container."""
+    options = {k: v for k, v in ref.options.items() if v is not None}
+    container = ref.sandbox.get("container_id")
+    if not isinstance(container, str) or not container:
+        raise SessionGoneError("the docker ref names no container")
+    options["container"] = container
+    return options
+
+
+def ref_process(entry: PtyEntry[DockerExec]) -> dict[str, Any]:
+    """The exec id and the toolkit tag (the tag finds its tree after a crash)."""
+    proc = entry.require_handle()
+    return {"tag": proc.tag, "exec_id": proc.exec_id}
+
+
+async def resume(session: DockerSession, ref: SessionRef) -> None:
+    """Attach to the container (missing or stopped: `SessionGoneError`), take on its
+    removal if the first session made it, kill the trees a dead client left."""
+    try:
+        await session._start_backend()
+    except ProviderError as exc:
+        if is_not_found(exc) or "is not running" in str(exc):
+            raise SessionGoneError(f"the docker container of this ref is gone: {exc}") from None
+        raise
+    created = ref.sandbox.get("created_name")
+    session._created_name = created if isinstance(created, str) else None
+    session._keep_container = bool(ref.sandbox.get("keep_container"))
+    tags = [tag for p in ref.processes if p.running and (tag := _safe_tag(p)) is not None]
+    if tags:
+        engine, options = session._require_engine()
+        await run_kill_script(engine, options, tags, "term", grace_ticks(0))
+
+
+def _safe_tag(process: ProcessRef) -> str | None:
+    """The process's toolkit tag, if the ref holds one the kill script accepts (a ref
+    is caller data: never pasted into a script unchecked)."""
+    tag = process.handle.get("tag")
+    if not isinstance(tag, str):
+        return None
+    try:
+        return check_tag(tag)
+    except ValueError:
+        return None
+
+
+async def reattach(entry: PtyEntry[DockerExec], process: ProcessRef) -> None:
+    """Never possible (see the module docstring)."""
+    raise ProcessNotReattached(NOT_REATTACHED)
+
+
+async def detach(session: DockerSession) -> None:
+    """Close the engine connection; the container stays."""
+    engine = session._engine
+    if engine is None:
+        return
+    try:
+        if session._killer is not None:
+            await session._killer.settle()
+        await engine.settle_calls()
+        engine.stop_events()
+    finally:
+        await engine.close()
+
+
+class ContainerLease:
+    """The session's lease in its container (a `sandbox.durable.lease.LeaseStore`)."""
+
+    def __init__(self, session: DockerSession) -> None:
+        self._session = session
+        self._path = lease_path(session._durable.session_id)
+
+    async def _run(self, argv: list[str]) -> str | None:
+        engine, options = self._session._require_engine()
+        output = bytearray()
+        proc = DockerExec(
+            engine,
+            options,
+            argv,
+            tty=False,
+            wrap=False,
+            on_output=lambda stream, data: output.extend(data) if stream == 1 else None,
+        )
+        try:
+            async with asyncio.timeout(LEASE_TIMEOUT_S):
+                await proc.start()
+                await proc.wait_eof()
+                await proc.wait_ended()
+        except TimeoutError:
+            raise ProviderError(
+                "the Docker engine did not answer the lease check in time", retryable=True
+            ) from None
+        finally:
+            await proc.aclose()
+        return parse_lease(output.decode("utf-8", "replace"), proc.exit_code, "docker")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._path))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._path, expected, new))

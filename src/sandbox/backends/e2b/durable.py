@@ -1,0 +1,198 @@
+"""Detach and resume for `e2b`: sandboxes and their processes outlive the client.
+
+Facts (e2b==2.63.0, the pinned SDK): envd runs every command and PTY itself, so closing
+a client's stream (`AsyncCommandHandle.disconnect()`: "the process keeps running")
+leaves the process running; `commands.connect(pid, timeout, ...)` and
+`pty.connect(pid, on_data, timeout)` attach to it again (`keeps_processes` is True).
+Their `ConnectRequest` selects the process and nothing else (envd/process/process_pb.py:
+no output offset): a reattached client gets what the process prints from then on, and
+what it printed while nobody was connected is lost, so the first poll after a resume
+starts with an omission note. A process that ended while no client was connected is
+forgotten by envd with its exit status: its `connect` raises `NotFoundException`, and
+it is reported as ended with a note. `connect`'s own `timeout` (60 s by default) would
+cut the stream: the session passes its `process_timeout_s` as on a start.
+
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped by
+a short `commands.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from e2b import NotFoundException
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import ProviderError, SandboxError, SessionGoneError
+from ..toolkit import (
+    check_tag,
+    lease_line,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    new_tag,
+    parse_lease,
+)
+from .errors import GONE
+from .processes import E2BProcess, text_to_bytes
+
+# `E2BSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+E2BSession = Any
+
+REF_OPTIONS = (
+    ("request_timeout_s", "request_timeout"),
+    ("start_timeout_s", "start_timeout"),
+    ("kill_timeout_s", "kill_timeout"),
+    ("process_timeout_s", "process_timeout"),
+    ("call_timeout_s", "call_timeout"),
+)
+NOT_KEPT = (
+    "e2b keeps no output of a process while no client is connected: what it printed "
+    "meanwhile is not shown"
+)
+GONE_NOTE = (
+    "e2b no longer has this process: it ended while no client was connected (envd "
+    "forgets a finished process, with its exit status)"
+)
+
+
+def ref_sandbox(session: E2BSession) -> dict[str, Any]:
+    """The sandbox id, and whether the close deletes it."""
+    return {"sandbox_id": session.sandbox_id, "keep": session._keep}
+
+
+def ref_options(session: E2BSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus the timeouts (never the API key, `envs` or `metadata`)."""
+    options = dict(base)
+    client = session._client
+    for option, attribute in REF_OPTIONS:
+        options[option] = getattr(client, attribute)
+    options["sandbox_timeout_s"] = session._sandbox_timeout
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reopen attached (`sandbox_id=`), kept or not as the first session was."""
+    sandbox_id = ref.sandbox.get("sandbox_id")
+    if not isinstance(sandbox_id, str) or not sandbox_id:
+        raise SessionGoneError("the e2b ref names no sandbox")
+    options = {k: v for k, v in ref.options.items() if v is not None}
+    options["sandbox_id"] = sandbox_id
+    options["keep"] = bool(ref.sandbox.get("keep"))
+    return options
+
+
+def ref_process(entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
+    """envd's pid and the toolkit tags of the process's tree."""
+    proc = entry.require_handle()
+    return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
+
+
+async def resume(session: E2BSession) -> None:
+    """Connect to the sandbox; a missing one is `SessionGoneError`."""
+    try:
+        await session._start_backend()
+    except SandboxError as exc:
+        if isinstance(exc.__cause__, GONE) or "not found" in str(exc).lower():
+            raise SessionGoneError(f"the e2b sandbox of this ref is gone: {exc}") from None
+        raise
+
+
+def _tag(process: ProcessRef, key: str) -> str:
+    value = process.handle.get(key)
+    try:
+        return check_tag(value) if isinstance(value, str) else new_tag()
+    except ValueError:
+        return new_tag()
+
+
+async def reattach(session: E2BSession, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
+    """`pty.connect` / `commands.connect` by pid; output from now on, after a note."""
+    pid = process.handle.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        raise ProcessNotReattached("the ref holds no e2b pid for this process")
+    client = session._client
+    proc = E2BProcess(
+        tty=process.tty, tag=_tag(process, "tag"), outer_tag=_tag(process, "outer_tag")
+    )
+    entry.handle = proc
+    entry.feed(f"\n[sandbox: {NOT_KEPT}]\n".encode())
+
+    def on_output(chunk: str | bytes) -> None:
+        entry.feed(text_to_bytes(chunk))
+
+    if process.tty:
+        connect = client.sandbox.pty.connect(
+            pid, on_data=on_output, timeout=client.process_timeout, **client.request()
+        )
+    else:
+        connect = client.sandbox.commands.connect(
+            pid,
+            timeout=client.process_timeout,
+            on_stdout=on_output,
+            on_stderr=on_output,
+            retain_output=False,
+            **client.request(),
+        )
+    proc.start_task = asyncio.ensure_future(client.bounded(connect, client.start_timeout))
+    try:
+        proc.handle = await asyncio.shield(proc.start_task)
+    except NotFoundException:
+        entry.handle = None
+        raise ProcessNotReattached(GONE_NOTE) from None
+    except Exception as exc:
+        session._errors.fail(exc, "reconnect to a process")
+    proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
+
+
+async def release(session: E2BSession, entry: PtyEntry[E2BProcess]) -> None:
+    """Stop following the process (its waiter, the SDK's reader); envd keeps it."""
+    proc: E2BProcess | None = entry.handle
+    if proc is None:
+        return
+    handle = await proc.started_handle()
+    if proc.waiter is not None:
+        proc.waiter.cancel()
+        await asyncio.wait([proc.waiter])
+    if handle is not None:
+        await session._client.disconnect(handle)
+
+
+async def detach(session: E2BSession) -> None:
+    """Forget the SDK sandbox object; the sandbox keeps running until its own timeout."""
+    session._start_task = None
+    session._client.sandbox = None
+
+
+class SandboxLease:
+    """The lease in the sandbox, through `commands.run` (a `LeaseStore`)."""
+
+    def __init__(self, session: E2BSession) -> None:
+        self._session = session
+        self._path = lease_path(session._durable.session_id)
+
+    async def _run(self, argv: list[str]) -> str | None:
+        client = self._session._client
+        line = lease_line(argv)
+        try:
+            result = await client.bounded(
+                client.sandbox.commands.run(line, timeout=client.kill_timeout, **client.request()),
+                client.kill_timeout,
+            )
+        except TimeoutError:
+            raise ProviderError(
+                "E2B did not answer the lease check in time", retryable=True
+            ) from None
+        except Exception as exc:
+            self._session._errors.fail(exc, "check the session's lease")
+        return parse_lease(result.stdout or "", result.exit_code, "e2b")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._path))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._path, expected, new))

@@ -1,0 +1,149 @@
+"""Detach and resume for `modal`: the sandbox outlives the client, exec streams do not.
+
+Facts (modal==the pinned SDK): `Sandbox.from_id(sandbox_id)` attaches to a running
+sandbox (`modal/sandbox/_sandbox.py`); an exec's `ContainerProcess` is built by
+`Sandbox.exec` from the exec id the server returns and read through the client's own
+command-router stream (`modal/container_process.py`); the SDK has no call that finds a
+process by id again. So `keeps_processes` is False: `detach()` kills each tree by its
+toolkit tag (as `pty_terminate`), and after a crash `resume_session` kills the trees the
+ref file lists by their tags, reporting each as ended with a note. A sandbox that is
+gone (`NotFoundError` from `from_id`) is `SessionGoneError`.
+
+The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), one exec each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import ProviderError, SandboxError, SessionGoneError
+from ..toolkit import check_tag, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from .commands import Command, read_stream
+from .errors import SANDBOX_GONE, SDK_ERRORS
+from .lifecycle import quietly
+
+# `ModalSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+ModalSession = Any
+
+REF_OPTIONS = (
+    "app_name",
+    "workdir",
+    "sandbox_timeout_s",
+    "terminate_grace_s",
+    "create_timeout_s",
+)
+NOT_REATTACHED = (
+    "Modal's SDK cannot reattach an exec's output stream: the process the earlier "
+    "client started was killed at resume"
+)
+LEASE_TIMEOUT_S = 30.0
+
+
+def ref_sandbox(session: ModalSession) -> dict[str, Any]:
+    """The sandbox id, and whether the close terminates it."""
+    return {"sandbox_id": session.sandbox_id, "keep": session.keep}
+
+
+def ref_options(session: ModalSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus the non-secret ones (never a token, `env` or `client`)."""
+    options = dict(base)
+    options.update({name: getattr(session, name) for name in REF_OPTIONS})
+    options["call_timeout_s"] = session._errors.call_timeout_s
+    options["term"] = session._commands._term
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reopen attached (`sandbox_id=`), terminated on close unless the first was kept."""
+    sandbox_id = ref.sandbox.get("sandbox_id")
+    if not isinstance(sandbox_id, str) or not sandbox_id:
+        raise SessionGoneError("the modal ref names no sandbox")
+    options = {k: v for k, v in ref.options.items() if v is not None}
+    options["sandbox_id"] = sandbox_id
+    options["keep"] = bool(ref.sandbox.get("keep"))
+    return options
+
+
+def ref_process(entry: PtyEntry[Command]) -> dict[str, Any]:
+    """The toolkit tag that finds the command's tree."""
+    return {"tag": entry.require_handle().tag}
+
+
+async def resume(session: ModalSession, ref: SessionRef) -> None:
+    """`Sandbox.from_id`; then kill the trees a dead client left (by tag)."""
+    try:
+        await session._start_backend()
+    except SandboxError as exc:
+        if isinstance(exc.__cause__, SANDBOX_GONE) or "not found" in str(exc).lower():
+            raise SessionGoneError(f"the modal sandbox of this ref is gone: {exc}") from None
+        raise
+    # `from_id` also finds a sandbox that finished (modal/sandbox/_sandbox.py): `poll`
+    # says which (None while it runs).
+    sandbox = session._commands.require_sandbox()
+    if await session._errors.call("check the sandbox", sandbox.poll.aio) is not None:
+        raise SessionGoneError("the modal sandbox of this ref has finished")
+    for process in ref.processes:
+        tag = process.handle.get("tag")
+        if not process.running or not isinstance(tag, str):
+            continue
+        try:
+            check_tag(tag)
+        except ValueError:
+            continue
+        # A stand-in for the exec's answer: the command is known to have started.
+        await session._commands.control(Command(tty=process.tty, tag=tag, process=True), "kill")
+
+
+async def reattach(entry: PtyEntry[Command], process: ProcessRef) -> None:
+    """Never possible (see the module docstring)."""
+    raise ProcessNotReattached(NOT_REATTACHED)
+
+
+async def detach(session: ModalSession) -> None:
+    """Detach from the sandbox (it keeps running) and close the client we opened."""
+    sandbox, session._sandbox = session._sandbox, None
+    session._commands.sandbox = None
+    session._create_name = None
+    try:
+        if sandbox is not None:
+            await quietly(session._errors, sandbox.detach.aio(), "detaching from the sandbox")
+    finally:
+        client, session._client = session._client, None
+        if session._owns_client and client is not None:
+            session._owns_client = False
+            await quietly(session._errors, client.close.aio(), "closing the Modal client")
+
+
+class SandboxLease:
+    """The lease in the sandbox (a `LeaseStore`), read and swapped by an exec."""
+
+    def __init__(self, session: ModalSession) -> None:
+        self._session = session
+        self._path = lease_path(session._durable.session_id)
+
+    async def _run(self, argv: list[str]) -> str | None:
+        sandbox = self._session._commands.require_sandbox()
+        output = bytearray()
+        try:
+            async with asyncio.timeout(LEASE_TIMEOUT_S):
+                process = await sandbox.exec.aio(*argv, text=False)
+                await read_stream(process.stdout, output.extend)
+                code = await process.wait.aio()
+        except TimeoutError:
+            raise ProviderError(
+                "Modal did not answer the lease check in time", retryable=True
+            ) from None
+        except SDK_ERRORS as exc:
+            raise self._session._errors.map("check the session's lease", exc) from None
+        return parse_lease(output.decode("utf-8", "replace"), code, "modal")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._path))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._path, expected, new))

@@ -1,0 +1,141 @@
+"""Detach and resume for `unix_local`: the workspace outlives the client, processes do not.
+
+Every process is a child of the client (`LocalProcess`): nothing could read its PTY or
+pipes once the client is gone, so `keeps_processes` is False. `detach()` terminates
+them (the base session does, as `pty_terminate` would) and keeps the workspace, a
+temporary one included: the resumed session removes it at its close. After a crash the
+orphans keep running, in the dead client's cgroup and carrying its session tag in their
+environment; `resume_session` kills them (the cgroup, then every process with the tag)
+and reports each process of the ref as ended, with a note. The lease lives on the host
+(`sandbox.backend.HostLease`), never in the workspace a sandboxed process can write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from ...backend import HostLease, ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import SessionGoneError
+from ...local import cgroups
+from ...local import tree as process_tree
+from ...local.process import LocalProcess
+from .workspace import Workspace
+
+# `UnixLocalSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+UnixLocalSession = Any
+
+# Options a resumed session is opened with (no `env`: its values may be secrets).
+REF_OPTIONS = (
+    "terminate_grace_s",
+    "confine",
+    "network",
+    "containment",
+)
+NOT_REATTACHED = (
+    "a unix_local process is a child of the client that started it, which is gone; "
+    "what was left of it was killed at resume"
+)
+
+
+def ref_sandbox(session: UnixLocalSession) -> dict[str, Any]:
+    """The workspace, whether the session made it, and where its leftovers are."""
+    cgroup = session._cgroup
+    return {
+        "workspace": session.workspace,
+        "temporary": session._workspace.temporary,
+        "session_tag": session._session_tag,
+        "cgroup": None if cgroup is None else cgroup.path,
+    }
+
+
+def ref_options(session: UnixLocalSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus this backend's non-secret ones."""
+    options = dict(base)
+    options.update({name: getattr(session, name) for name in REF_OPTIONS})
+    options["inherit_env"] = session._inherit_env
+    options["readonly_paths"] = list(session._readonly_request)
+    limits = session._limits
+    options["memory_limit_bytes"] = limits.memory_bytes
+    options["process_limit"] = limits.processes
+    options["cpu_limit"] = limits.cpus
+    return options
+
+
+def ref_process(entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
+    """The pid and tag (the tag finds what is left of it after a crash)."""
+    proc = entry.require_handle()
+    return {"pid": proc.pid, "tag": proc.tag}
+
+
+async def resume(session: UnixLocalSession, ref: SessionRef) -> None:
+    """Adopt the workspace (gone: `SessionGoneError`), make the session's own cgroup."""
+    where = ref.sandbox.get("workspace")
+    if not isinstance(where, str) or not os.path.isabs(where):
+        raise SessionGoneError("the unix_local ref names no workspace")
+    if not await asyncio.to_thread(os.path.isdir, where):
+        raise SessionGoneError(f"the unix_local workspace {where!r} no longer exists")
+    session._workspace = Workspace.adopted(where, temporary=bool(ref.sandbox.get("temporary")))
+    await session._start_backend()
+    await asyncio.to_thread(_kill_leftovers, ref)
+
+
+def _kill_leftovers(ref: SessionRef) -> None:
+    """End what a dead (or taken-over) client left running: its cgroup, its tag."""
+    path = ref.sandbox.get("cgroup")
+    if isinstance(path, str) and _is_our_cgroup(path):
+        cgroups.kill_all(path)
+    tag = ref.sandbox.get("session_tag")
+    if isinstance(tag, str) and tag and "." not in tag:
+        process_tree.kill_session(tag)
+        # A client that still runs (a takeover) is the parent of its processes: they are
+        # not orphans, so they are looked for by their tags in the whole process table.
+        tags = {p.handle.get("tag") for p in ref.processes if p.running}
+        prefix = tag + "."
+        wanted = {t.encode() for t in tags if isinstance(t, str) and t.startswith(prefix)}
+        if wanted:
+            process_tree._kill_until_none(lambda: _tagged(wanted))
+
+
+def _tagged(tags: set[bytes]) -> set[int]:
+    table = process_tree._read_table()
+    roots = {pid for pid in table if process_tree._environ_tag(pid) in tags}
+    return process_tree._with_descendants(table, roots)
+
+
+def _is_our_cgroup(path: str) -> bool:
+    """Only a session directory under our own cgroup is ever killed from a ref."""
+    try:
+        home = cgroups.own_v2_directory()
+    except cgroups.CgroupUnavailable:
+        return False
+    real = os.path.realpath(path)
+    return (
+        os.path.basename(real).startswith("sandbox-")
+        and os.path.dirname(real) == os.path.realpath(home)
+        and os.path.isdir(real)
+    )
+
+
+async def reattach(entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
+    """Never possible here (see the module docstring)."""
+    raise ProcessNotReattached(NOT_REATTACHED)
+
+
+async def detach(session: UnixLocalSession) -> None:
+    """Remove the session's (now empty) cgroup; keep the workspace."""
+    cgroup, session._cgroup = session._cgroup, None
+    if cgroup is not None:
+        cgroup.kill()  # the processes were torn down: this only catches a straggler
+        await cgroup.wait_empty()
+        cgroup.remove()
+    applied, session._applied = session._applied, None
+    if applied is not None:
+        applied.remove()
+
+
+def lease_store(session: UnixLocalSession) -> HostLease:
+    """The lease on this host."""
+    return HostLease(session._durable.session_id)

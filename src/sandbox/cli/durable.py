@@ -1,0 +1,100 @@
+"""`sandbox open` and `sandbox close`, and the `--session REF_FILE` of `run` and `shell`.
+
+`sandbox open [--backend ...] > ref.json` starts a session, detaches from it and prints
+its ref (one JSON line): the sandbox keeps running, owned by the ref. `run`/`shell
+--session ref.json` resume it, take it over, and detach again at the end, writing the
+new ref back to the file (`ref_file`: replaced atomically, mode 0600). `sandbox close
+ref.json` resumes and closes it (the sandbox is deleted as by `aclose()`) and removes the
+file. Credentials are never in a ref: give them again (`--opt`, the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ..backends.toolkit import options as cli_options
+from ..durable.ref_file import read_ref_file
+from ..durable.resume import resume_session
+from ..session import BaseSandboxSession
+from .session import open_cli_session
+
+
+def add_session_argument(parser: argparse.ArgumentParser) -> None:
+    """`--session REF_FILE` for `run` and `shell`."""
+    parser.add_argument(
+        "--session",
+        metavar="REF_FILE",
+        help="resume the session `sandbox open` wrote to REF_FILE (and keep it there)",
+    )
+
+
+def add_commands(commands: Any) -> None:
+    """The `open` and `close` subcommands."""
+    opener = commands.add_parser(
+        "open", help="start a session, leave it running, print its ref (JSON) on stdout"
+    )
+    cli_options.add_backend_arguments(opener)
+    closer = commands.add_parser("close", help="close (delete) the session a ref file names")
+    closer.add_argument("ref_file", help="the file `sandbox open` wrote")
+    closer.add_argument(
+        "--opt", action="append", default=[], metavar="KEY=VALUE", help="backend option"
+    )
+
+
+@asynccontextmanager
+async def cli_session(
+    backend: str, options: dict[str, Any], session_file: str | None
+) -> AsyncIterator[BaseSandboxSession]:
+    """The session of `run`/`shell`: a fresh one (closed at the end), or with
+    `--session` the resumed one (detached at the end, its new ref in the file)."""
+    if session_file is None:
+        async with open_cli_session(backend, options) as session:
+            yield session
+        return
+    path = _absolute(session_file)
+    session = resume_session(read_ref_file(path), ref_file=path, **_extra(options))
+    await session.start()
+    try:
+        yield session
+    finally:
+        await session.detach()
+
+
+def _absolute(path: str) -> str:
+    # Resolved now: the resumed session opens the file's folder before anything runs.
+    return os.path.abspath(path)
+
+
+def _extra(options: dict[str, Any]) -> dict[str, Any]:
+    # Only the generic options go to a resume: the ref says where the sandbox is.
+    return {k: v for k, v in options.items() if k not in ("workspace", "image", "container")}
+
+
+async def open_command(args: argparse.Namespace) -> int:
+    """`sandbox open`: start, detach, print the ref."""
+    backend, options = cli_options.options_from_args(args)
+    async with open_cli_session(backend, options) as session:
+        ref = await session.detach()
+    sys.stdout.write(ref.to_json() + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+async def close_command(args: argparse.Namespace) -> int:
+    """`sandbox close REF_FILE`: resume and close; the file is removed."""
+    path = _absolute(args.ref_file)
+    extra: dict[str, Any] = {}
+    for item in args.opt:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--opt expects KEY=VALUE, got {item!r}")
+        extra[key.strip().replace("-", "_")] = cli_options._parse_value(value)
+    session = resume_session(read_ref_file(path), ref_file=path, **extra)
+    async with session:
+        pass
+    return 0

@@ -1,0 +1,318 @@
+"""What `ref()`, `detach()`, a resume and a close of a shared session do to a session.
+
+Base-session logic kept out of `sandbox.session`: these functions use the session's
+collaborators exactly as its close does (every entry changes hands through the
+`ProcessRegistry`'s `take*`/`adopt`, every teardown goes through `OwnedTasks`, which
+releases instead of ending the entries it is told to let go of), and call the backend's
+durable hooks (`SessionHooks`: `_ref_sandbox`, `_ref_process`, `_lease_store`,
+`_resume_backend`, `_reattach_process`, `_release_entry`, `_detach_backend`).
+
+The session is typed as `DurableSession`, the part of `BaseSandboxSession` used here
+(the session package imports this module, so this one must not import it back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import SandboxError, SessionTakenOverError
+from ..process_entry import CommandSpec, ProcessSpec, PtyEntry
+from ..settle import settle
+from . import lease
+from .refs import ProcessNotReattached, ProcessRef, SessionRef
+from .state import DurableState
+
+if TYPE_CHECKING:
+    from ..session.ownership import OwnedTasks
+    from ..session.recordings import Recordings
+    from ..session.registry import ProcessRegistry
+
+logger = logging.getLogger("sandbox")
+
+DETACH_NOTE = "ended at detach: {backend} processes cannot outlive the client that started them"
+
+__all__ = ["DurableSession", "ProcessNotReattached"]
+
+
+class DurableSession(Protocol):
+    """What these functions use of a `BaseSandboxSession`: its durable state, its
+    collaborators and the durable hooks."""
+
+    @property
+    def backend_name(self) -> str: ...
+
+    output_limit_bytes: int
+    _durable: DurableState
+    _processes: ProcessRegistry[Any]
+    _owned: OwnedTasks[Any]
+    _recordings: Recordings
+
+    @property
+    def keeps_processes(self) -> bool: ...
+
+    def _ref_sandbox(self) -> dict[str, Any]: ...
+
+    def _ref_options(self) -> dict[str, Any]: ...
+
+    def _ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]: ...
+
+    def _lease_store(self) -> lease.LeaseStore | None: ...
+
+    async def _resume_backend(self, ref: SessionRef) -> None: ...
+
+    async def _reattach_process(self, entry: PtyEntry[Any], process: ProcessRef) -> None: ...
+
+    async def _detach_backend(self) -> None: ...
+
+
+def process_ref(
+    session: DurableSession, entry: PtyEntry[Any], note: str | None = None
+) -> ProcessRef:
+    """The ref of one registered process (its provider handle while it runs)."""
+    spec = entry.spec
+    running = entry.running and note is None
+    return ProcessRef(
+        process_id=entry.process_id,
+        command=spec.command.display,
+        tty=spec.tty,
+        rows=spec.rows,
+        cols=spec.cols,
+        started_at=entry.started_at,
+        running=running,
+        exit_code=entry.exit_code if entry.exited else None,
+        note=note if note is not None else entry.lost_reason,
+        output_position=entry.output.start_pos,
+        handle=session._ref_process(entry) if running and entry.handle is not None else {},
+    )
+
+
+def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None) -> SessionRef:
+    """The session's ref now (its registered processes, oldest first)."""
+    durable = session._durable
+    if processes is None:
+        processes = [process_ref(session, entry) for entry in session._processes.registered()]
+    return SessionRef(
+        backend=session.backend_name,
+        session_id=durable.session_id,
+        sandbox=session._ref_sandbox(),
+        options=session._ref_options(),
+        processes=tuple(processes),
+        keeps_processes=session.keeps_processes,
+    )
+
+
+def changed(session: DurableSession) -> None:
+    """Keep the ref file current after a process started or left (failures are logged:
+    a full disk must not fail a teardown)."""
+    durable = session._durable
+    if durable.ref_file is None or durable.taken_over or durable.detached is not None:
+        return
+    try:
+        durable.ref_file.write(make_ref(session))
+    except (SandboxError, OSError) as exc:
+        logger.warning("%s session: the ref file was not updated: %s", session.backend_name, exc)
+
+
+def _store(session: DurableSession) -> lease.LeaseStore | None:
+    """The session's lease store (asked of the backend once, then kept)."""
+    durable = session._durable
+    if durable.store is None:
+        durable.store = session._lease_store()
+    return durable.store
+
+
+def close_store(session: DurableSession) -> None:
+    """Release what the lease store holds (a folder fd), at the end of this client's hold."""
+    store, session._durable.store = session._durable.store, None
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
+
+
+def _what(session: DurableSession) -> str:
+    return f"the {session.backend_name} session {session._durable.session_id}"
+
+
+def taken_over_error(session: DurableSession) -> SessionTakenOverError:
+    """The error every call of a session another client resumed raises."""
+    return SessionTakenOverError(
+        f"{_what(session)} was resumed by another client, which owns it now; this client "
+        "may only close (which leaves the sandbox and its processes to the new owner)"
+    )
+
+
+async def guard(session: DurableSession) -> None:
+    """Before a call of a shared session: raise `SessionTakenOverError` if another
+    client took it over (one read of the lease)."""
+    durable = session._durable
+    if durable.taken_over:
+        raise taken_over_error(session)
+    if not durable.shared:
+        return
+    store = _store(session)
+    if store is not None and not await lease.still_holds(store, durable.token):
+        durable.taken_over = True
+        raise taken_over_error(session)
+
+
+# ---- resume ----------------------------------------------------------------------------
+
+
+def _entry_for(session: DurableSession, pref: ProcessRef) -> PtyEntry[Any]:
+    command = CommandSpec(
+        argv=(), shell_command=pref.command, display=pref.command, shell=True, env=None
+    )
+    spec = ProcessSpec(command=command, tty=pref.tty, rows=pref.rows, cols=pref.cols)
+    entry: PtyEntry[Any] = PtyEntry(
+        pref.process_id, spec, output_limit=session.output_limit_bytes, started_at=pref.started_at
+    )
+    # Positions go on from where the earlier client was, so a later ref's
+    # `output_position` still counts from the process's first byte (a backend that
+    # replays the provider's log skips up to it).
+    entry.output._start = pref.output_position
+    return entry
+
+
+async def resume(session: DurableSession) -> None:
+    """`start()` of a resumed session: attach, take the lease over, reattach processes.
+    If this fails or is cancelled, `abandon_resume` releases what it attached (the
+    sandbox stays: its owner is still the ref)."""
+    durable = session._durable
+    ref = durable.resume_ref
+    assert ref is not None
+    await session._resume_backend(ref)
+    store = _store(session)
+    if store is not None:
+        await lease.take_over(store, durable.token, _what(session))
+    for pref in ref.processes:
+        entry = _entry_for(session, pref)
+        session._processes.adopt(entry)  # ours from now: a failure releases it
+        if not pref.running:
+            entry.report_exit(pref.exit_code if pref.exit_code is not None else -1)
+            entry.report_eof()
+            if pref.exit_code is None and pref.note:
+                entry.feed(f"\n[sandbox: {pref.note}]\n".encode())
+            continue
+        try:
+            await session._reattach_process(entry, pref)
+        except ProcessNotReattached as gone:
+            if gone.exit_code is not None:
+                entry.feed(f"\n[sandbox: {gone.note}]\n".encode())
+                entry.report_exit(gone.exit_code)
+                entry.report_eof()
+            else:
+                entry.report_lost(gone.note)
+
+
+async def abandon_resume(session: DurableSession) -> None:
+    """Undo a resume that failed or was cancelled: let go of the reattached processes
+    (they stay the ref's) and of the backend's clients; the sandbox is left running."""
+    entries = session._processes.take_all()
+    try:
+        await session._owned.settle_batch(entries, let_go={e.process_id for e in entries})
+    finally:
+        close_store(session)
+        await settle(session._detach_backend())
+
+
+# ---- detach and close ------------------------------------------------------------------
+
+
+async def detach_everything(session: DurableSession) -> SessionRef:
+    """The work of `detach()` (run as the session's closing task, settled)."""
+    await session._owned.cancel_in_flight()
+    starting = session._processes.take_all_starting()
+    registered = sorted(session._processes.take_all(), key=lambda e: e.started_at)
+    keep = [e for e in registered if session.keeps_processes and e.running and e.handle]
+    kept_ids = {e.process_id for e in keep}
+    ended = [e for e in registered if e.process_id not in kept_ids]
+    # What the ref says of a kept process is read before its reader lets go of it.
+    kept_refs = {e.process_id: process_ref(session, e) for e in keep}
+    cut_short = {e.process_id for e in ended if e.running}
+    errors = await session._owned.settle_all(keep + ended + starting, let_go=kept_ids)
+    note = DETACH_NOTE.format(backend=session.backend_name)
+    processes = [
+        kept_refs[e.process_id]
+        if e.process_id in kept_ids
+        else process_ref(session, e, note if e.process_id in cut_short else None)
+        for e in registered
+    ]
+    ref = make_ref(session, processes)
+    session._durable.detached = ref
+    try:
+        await session._detach_backend()
+    except Exception as exc:
+        errors.append(exc)
+    finish_ref_file(session, ref)
+    session._recordings.close()
+    if errors:
+        logger.warning(
+            "%s session: detaching left errors: %s",
+            session.backend_name,
+            "; ".join(str(e) for e in errors),
+        )
+    return ref
+
+
+def finish_ref_file(session: DurableSession, ref: SessionRef | None) -> None:
+    """At the end of this client's hold: write the final ref (a detach) or remove the
+    file (a close that deleted the sandbox); a taken-over session leaves it alone."""
+    durable = session._durable
+    close_store(session)
+    ref_file, durable.ref_file = durable.ref_file, None
+    if ref_file is None:
+        return
+    try:
+        if durable.taken_over:
+            return
+        if ref is not None:
+            ref_file.write(ref)
+        else:
+            ref_file.remove()
+    except (SandboxError, OSError) as exc:
+        logger.warning("%s session: the ref file was not updated: %s", session.backend_name, exc)
+    finally:
+        ref_file.close()
+
+
+async def claim_close(session: DurableSession) -> bool:
+    """At the start of a close: whether this client still owns the sandbox (and may
+    tear it down). False when another client resumed it: the close then only lets go."""
+    durable = session._durable
+    if durable.taken_over:
+        return False
+    if not durable.shared:
+        return True
+    store = _store(session)
+    if store is None:
+        return True
+    if not await lease.claim_close(store, durable.token):
+        durable.taken_over = True
+        return False
+    return True
+
+
+async def let_go(session: DurableSession, entries: list[PtyEntry[Any]]) -> list[BaseException]:
+    """The close of a taken-over session: release every entry (no kill: the new owner
+    decides), then the backend's clients. Returns the errors met."""
+    errors = await session._owned.settle_all(entries, let_go={e.process_id for e in entries})
+    try:
+        await session._detach_backend()
+    except Exception as exc:
+        errors.append(exc)
+    finish_ref_file(session, None)
+    return errors
+
+
+async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]]) -> bool:
+    """In a close, with `entries` taken: whether it may tear the sandbox down. If
+    another client took it over, let go of `entries` and the backend's clients instead
+    (the failures are logged) and answer False."""
+    if await claim_close(session):
+        return True
+    errors = await let_go(session, entries)
+    session._recordings.close()
+    for error in errors:
+        logger.warning("%s session: letting go failed: %s", session.backend_name, error)
+    return False

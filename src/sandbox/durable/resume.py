@@ -1,0 +1,47 @@
+"""`resume_session(ref, **options)`: a session attached to the sandbox a ref names.
+
+Used like `open_session`: `async with resume_session(ref) as session:`. Starting it
+attaches to the same sandbox (`SessionGoneError` when it no longer exists), takes the
+lease over (the client that made the ref, if it still runs, gets
+`SessionTakenOverError` from its next call) and registers the ref's processes under
+their ids: reattached where the backend keeps processes (`keeps_processes`), else (and
+where the provider lost one) ended, with a note saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from .ref_file import read_ref_file
+from .refs import SessionRef
+
+
+def load_ref(ref: SessionRef | str | bytes | os.PathLike[str]) -> SessionRef:
+    """A `SessionRef` from a ref, its JSON text, or a ref file's path (`os.PathLike`)."""
+    if isinstance(ref, SessionRef):
+        return ref
+    if isinstance(ref, os.PathLike):
+        return read_ref_file(ref)
+    if isinstance(ref, str | bytes):
+        return SessionRef.from_json(ref)
+    raise InvalidArgumentError(f"not a session ref: {type(ref).__name__}")
+
+
+def resume_session(ref: SessionRef | str | bytes | os.PathLike[str], **options: Any) -> Any:
+    """An unstarted session of `ref.backend` that attaches to `ref`'s sandbox when
+    started. `options` add to (and win over) the non-secret options the ref kept:
+    credentials, `env`, a `ref_file` to keep current. Returns a `BaseSandboxSession`."""
+    from ..backends import load_backend
+
+    ref = load_ref(ref)
+    cls = load_backend(ref.backend)
+    merged = cls._options_from_ref(ref)
+    merged.update(options)
+    try:
+        session = cls(**merged)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"bad option for the {ref.backend} backend: {exc}") from None
+    session._durable.begin_resume(ref)
+    return session
