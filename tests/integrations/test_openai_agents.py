@@ -317,15 +317,21 @@ async def test_client_run_then_resume_from_serialized_state(backend: str) -> Non
         assert "written" in str(result.final_output)
         payload = client.serialize_session_state(session.state)
         assert json.loads(json.dumps(payload)) == payload
-        resumed = await SandboxClient().resume(SandboxClient().deserialize_session_state(payload))
-        if backend == "docker" and getattr(sandbox, "resume_session", None) is None:
-            pytest.skip("docker resume needs durable sessions (SessionRef)")
+        # The state names the same sandbox through our SessionRef.
+        ref = sandbox.SessionRef.from_dict(payload["session_ref"])  # type: ignore[arg-type]
+        assert ref.backend == backend
+        fresh = SandboxClient()
+        resumed = await fresh.resume(fresh.deserialize_session_state(payload))
         await resumed.start()
         try:
             reply = await resumed.exec("cat kept.txt")
             assert reply.stdout == b"kept\n"
+            # One owner: the first client lost the sandbox to the resumed one.
+            with pytest.raises(sandbox.SessionTakenOverError):
+                await session._inner.sandbox_session.exec("true")
         finally:
             await resumed.shutdown()
+            await fresh.delete(resumed)
     finally:
         await session.shutdown()
         await client.delete(session)

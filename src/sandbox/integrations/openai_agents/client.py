@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import tempfile
 import uuid
+import weakref
 from typing import Any
 
 from agents.sandbox.manifest import Manifest
@@ -50,6 +51,9 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         )
         self._dependencies = dependencies
         self._private_by_session: dict[uuid.UUID, dict[str, Any]] = {}
+        self._adapters: weakref.WeakValueDictionary[uuid.UUID, AgentsSessionAdapter] = (
+            weakref.WeakValueDictionary()
+        )
 
     def __repr__(self) -> str:
         return f"<SandboxClient sessions={len(self._private_by_session)}>"
@@ -88,6 +92,7 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         inner = AgentsSessionAdapter(
             state=state, private_options={**self._resume_options, **private}
         )
+        self._adapters[session_id] = inner
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
@@ -108,7 +113,15 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
             raise TypeError("SandboxClient.resume expects this client's session state")
         private = {**self._resume_options, **self._private_by_session.get(state.session_id, {})}
         inner = AgentsSessionAdapter(state=state, private_options=private)
+        self._adapters[state.session_id] = inner
         return self._wrap_session(inner, instrumentation=self._instrumentation)
+
+    def serialize_session_state(self, state: SdkSessionState) -> dict[str, object]:
+        """The SDK's serialization, after recording the live session's `SessionRef`."""
+        adapter = self._adapters.get(state.session_id)
+        if adapter is not None and adapter.state is state:
+            adapter.refresh_ref()
+        return super().serialize_session_state(state)
 
     def deserialize_session_state(self, payload: dict[str, object]) -> SdkSessionState:
         """Our state from what `serialize_session_state` wrote."""

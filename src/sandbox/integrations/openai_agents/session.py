@@ -122,7 +122,6 @@ class AgentsSessionAdapter(SdkSession):
             self._set_start_state_preserved(True)
         self._ours = ours
         await self._settle_workspace_root()
-        self._remember_ref()
 
     async def _resumed(self, options: dict[str, Any]) -> sandbox.BaseSandboxSession[Any] | None:
         """Our session resumed from the state's ref, or None (no ref, no durable sessions,
@@ -157,13 +156,19 @@ class AgentsSessionAdapter(SdkSession):
             await ours.exec("mkdir", "-p", "--", root, shell=False)
             self._cwd = root
 
-    def _remember_ref(self) -> None:
-        """Keep the state's `SessionRef` current, so a serialized state resumes."""
+    def refresh_ref(self) -> None:
+        """Write our session's current `SessionRef` into the state (the client does this
+        when the SDK serializes it), so the state resumes to the same sandbox. Taken
+        only then: a session that handed out a ref checks its lease on every call. A
+        backend without durable sessions leaves the state without one."""
         ours = self._ours
         ref = getattr(ours, "ref", None)
         if ours is None or ref is None or not self._live():
             return
-        self.state.session_ref = ref().to_dict()
+        try:
+            self.state.session_ref = ref().to_dict()
+        except sandbox.UnsupportedOperationError:
+            self.state.session_ref = None
 
     async def _shutdown_backend(self) -> None:
         ours, self._ours = self._ours, None
@@ -224,7 +229,6 @@ class AgentsSessionAdapter(SdkSession):
             )
         except (ConnectionLostError, ProviderError) as error:
             raise ExecTransportError(command=argv, cause=error) from error
-        self._remember_ref()
         return _sdk_update(update)
 
     async def pty_write_stdin(
@@ -257,14 +261,15 @@ class AgentsSessionAdapter(SdkSession):
             update = await ours.pty_write_stdin(
                 session_id, "", yield_time_s=yield_time_s, max_output_tokens=max_output_tokens
             )
-        self._remember_ref()
         return _sdk_update(update)
 
     async def pty_terminate_all(self) -> None:
         """Tear down every process of our session (their trees included)."""
         if self._live():
-            await self.sandbox_session.pty_terminate_all()
-            self._remember_ref()
+            try:
+                await self.sandbox_session.pty_terminate_all()
+            except sandbox.SessionTakenOverError:
+                return  # resumed elsewhere: the processes are the new owner's
 
     # ---- files ----
 
