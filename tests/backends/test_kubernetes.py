@@ -352,7 +352,13 @@ async def test_background_child_holding_stdout_ends_at_the_timeout(
         # setsid leaves the wrapper's session: the wrapper's sweep misses it, the stream
         # stays open (the Status comes after EOF only), the timeout's kill finds it by tag.
         with pytest.raises(sandbox.ExecTimeoutError) as info:
-            await s.exec(f"setsid sleep {marker} & echo started", timeout=1.5)
+            # The command ends only once the child has left the session (it made `ready`
+            # after setsid), so the wrapper's sweep cannot catch it first on a slow machine.
+            await s.exec(
+                f"setsid sh -c 'touch ready; exec sleep {marker}' & "
+                "while [ ! -e ready ]; do sleep 0.01; done; echo started",
+                timeout=3,
+            )
         assert b"started" in info.value.stdout
         assert await eventually(lambda: not host_pids_with_arg(marker))
         # A plain background child is swept by the wrapper: the exec ends at once.
