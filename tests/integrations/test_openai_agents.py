@@ -347,6 +347,8 @@ async def test_serialized_state_holds_no_secret(tmp_path: Path) -> None:
     session = await client.create(options=options)
     payload = json.dumps(client.serialize_session_state(session.state))
     assert secret not in payload
+    assert secret not in repr(options) and secret not in str(options)
+    assert secret not in repr(session.state) and secret not in repr(client)
     assert str(tmp_path) in payload
     await client.delete(session)
 

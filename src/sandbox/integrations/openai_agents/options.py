@@ -21,7 +21,8 @@ class SandboxClientOptions(BaseSandboxClientOptions):
 
     type: Literal["agent_sandbox_pty"] = TYPE_NAME
     backend: str
-    backend_options: dict[str, Any] = Field(default_factory=dict)
+    # Kept out of the repr: it may hold credentials (a model's repr reaches logs).
+    backend_options: dict[str, Any] = Field(default_factory=dict, repr=False)
     exposed_ports: tuple[int, ...] = ()
 
     @field_validator("backend")
