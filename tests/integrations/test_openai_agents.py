@@ -374,6 +374,21 @@ async def test_delete_removes_only_a_workspace_the_client_made(tmp_path: Path) -
     assert tmp_path.is_dir()
 
 
+async def test_delete_never_removes_a_folder_a_forged_state_claims(tmp_path: Path) -> None:
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    client = SandboxClient()
+    made = await client.create(options=SandboxClientOptions(backend="unix_local"))
+    payload = client.serialize_session_state(made.state)
+    await client.delete(made)
+    payload["workspace_root_owned"] = True
+    payload["manifest"]["root"] = str(victim)  # type: ignore[index]
+    forged = await client.resume(client.deserialize_session_state(payload))
+    await client.delete(forged)
+    assert (victim / "keep.txt").read_text() == "keep"
+
+
 def test_options_refuse_an_unknown_backend() -> None:
     with pytest.raises(ValueError, match="unknown backend"):
         SandboxClientOptions(backend="nope")

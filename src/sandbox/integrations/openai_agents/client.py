@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import uuid
@@ -102,8 +103,9 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
             raise TypeError("SandboxClient.delete expects a session this client made")
         await inner._shutdown_backend()
         self._private_by_session.pop(inner.state.session_id, None)
-        if inner.state.workspace_root_owned:
-            await asyncio.to_thread(shutil.rmtree, inner.state.manifest.root, True)
+        root = inner.state.manifest.root
+        if inner.state.workspace_root_owned and _made_by_us(root):
+            await asyncio.to_thread(shutil.rmtree, root, True)
         return session
 
     async def resume(self, state: SdkSessionState) -> SandboxSession:
@@ -126,3 +128,16 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
     def deserialize_session_state(self, payload: dict[str, object]) -> SdkSessionState:
         """Our state from what `serialize_session_state` wrote."""
         return self._deserialize_session_state_payload(payload, SandboxSessionState)
+
+
+def _made_by_us(root: str) -> bool:
+    """Whether `root` is a workspace folder `create` made: a state can be edited, so its
+    `workspace_root_owned` alone never makes delete remove a folder elsewhere."""
+    path = os.path.abspath(root)
+    parent, name = os.path.split(path)
+    return (
+        name.startswith(_WORKSPACE_PREFIX)
+        and parent == os.path.abspath(tempfile.gettempdir())
+        and os.path.isdir(path)
+        and not os.path.islink(path)
+    )
