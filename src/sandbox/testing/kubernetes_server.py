@@ -113,6 +113,11 @@ class _FakePod:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
+    def tmp(self) -> str:
+        """The host directory standing for the container's /tmp (its `TMPDIR`)."""
+        return self.root + ".tmp"
+
+    @property
     def marker(self) -> str:
         """The value of `_POD_MARKER` in its processes' environment."""
         return str(self.obj["metadata"]["uid"])
@@ -357,6 +362,7 @@ class KubernetesApiServer:
         root = os.path.join(self._root, f"{namespace}.{name}")
         os.makedirs(root, exist_ok=False)
         pod = _FakePod(namespace, name, obj, root)
+        os.makedirs(pod.tmp, exist_ok=False)
         self.pods[(namespace, name)] = pod
         self._touch(pod, "ADDED")
         pod.lifecycle = self._spawn_task(self._bring_up(pod))
@@ -430,6 +436,10 @@ class KubernetesApiServer:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": pod.root,
             "HOSTNAME": pod.name,
+            # No mount namespace: the container's /tmp is a folder of the pod's own,
+            # named by TMPDIR (an image may set it; every exec of a container shares
+            # the container's environment).
+            "TMPDIR": pod.tmp,
             _POD_MARKER: pod.marker,
         }
 
@@ -553,6 +563,7 @@ class KubernetesApiServer:
         self._touch(pod, "DELETED")
         pod.gone.set()
         shutil.rmtree(pod.root, ignore_errors=True)
+        shutil.rmtree(pod.tmp, ignore_errors=True)
 
     def _kill_members(self, pod: _FakePod) -> None:
         """SIGKILL the pod's process groups and whatever carries its marker (what a

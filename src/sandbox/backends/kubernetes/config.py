@@ -67,6 +67,9 @@ class Cluster:
     ssl: ssl.SSLContext | bool
     namespace: str
     context: str | None = None
+    # The kubeconfig file(s) loaded (`os.pathsep`-joined), None in-cluster: a path, never
+    # their contents (a durable ref keeps it).
+    kubeconfig: str | None = None
     _token: Secret | None = None
     _refresh: Callable[[], Awaitable[str | None]] | None = field(default=None)
 
@@ -180,6 +183,7 @@ async def load_cluster(
         ssl=_ssl_context(configuration),
         namespace=namespace or context_namespace or DEFAULT_NAMESPACE,
         context=context_name,
+        kubeconfig=paths,
         _token=Secret(token) if isinstance(token, str) and token else None,
         _refresh=refresh,
     )

@@ -228,6 +228,12 @@ async def existing_pod(
     return pod, chosen
 
 
+def pod_uid(pod: Mapping[str, Any]) -> str | None:
+    """The pod's `metadata.uid` (unique across the pods ever made under one name)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) and uid else None
+
+
 def container_workdir(pod: Mapping[str, Any], container: str) -> str | None:
     """The container's `workingDir`, when its spec sets one."""
     for spec in (pod.get("spec") or {}).get("containers") or []:

@@ -23,7 +23,9 @@ from ...backend import (
     ExecCapture,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     ShellTrap,
     check_env,
@@ -40,7 +42,7 @@ from ...errors import (
     WorkdirError,
 )
 from ..toolkit import check_limits
-from . import bounds, pods, scripts
+from . import bounds, durable, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster
 from .execs import KubeOneShot, KubeProcess, Target, run_control
@@ -183,6 +185,11 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         self._client: KubeClient | None = None
         self._created: str | None = None
         self._target: Target | None = None
+        # What a durable ref keeps (`durable`): the pod's uid, the kubeconfig path(s)
+        # and the context loaded at start.
+        self._pod_uid: str | None = None
+        self._kubeconfig_loaded: str | None = kubeconfig
+        self._context_loaded: str | None = context
 
     @property
     def workdir(self) -> str:
@@ -212,6 +219,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 "(an exec credential plugin did not finish)"
             ) from None
         self.namespace = cluster.namespace
+        self._kubeconfig_loaded, self._context_loaded = cluster.kubeconfig, cluster.context
         self._client = client = KubeClient(
             cluster, api_timeout=self._api_timeout, protocols=self._protocols
         )
@@ -221,15 +229,17 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             self._created = name  # from now on `_stop_backend` deletes it, by name
             self.pod_name = name
             await pods.create_pod(client, cluster.namespace, manifest)
-            await pods.wait_running(
+            running = await pods.wait_running(
                 client, cluster.namespace, name, pods.CONTAINER_NAME, self._start_timeout
             )
+            self._pod_uid = pods.pod_uid(running)
             self._target = Target(cluster.namespace, name, pods.CONTAINER_NAME, None)
         else:
             assert self.pod_name is not None
             found, container = await pods.existing_pod(
                 client, cluster.namespace, self.pod_name, self._container
             )
+            self._pod_uid = pods.pod_uid(found)
             own = pods.container_workdir(found, container)
             cwd = None if own and posixpath.normpath(own) == self._workdir else self._workdir
             self._target = Target(cluster.namespace, self.pod_name, container, cwd)
@@ -389,6 +399,44 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     async def _final_drain(self, entry: PtyEntry[KubeProcess]) -> None:
         """Let frames already read be handled."""
         await asyncio.sleep(0)
+
+    # ---- durable sessions (see `durable`: the pod outlives the client, execs do not) --
+
+    _keeps_processes = False
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        """The pod by namespace, name and uid, and whether this session created it."""
+        return durable.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        """The base options, the kubeconfig path(s) and context (no token, no `env`)."""
+        return durable.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """An attached session (`pod=`) of the ref's pod."""
+        return durable.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
+        """The process's toolkit tag."""
+        return durable.ref_process(entry)
+
+    def _lease_store(self) -> durable.PodLease:
+        """A file in the container, swapped by a control exec."""
+        return durable.PodLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        """Attach to the pod (gone or replaced: `SessionGoneError`); kill what a crashed
+        client left running, by tag."""
+        await durable.resume(self, ref)
+
+    async def _reattach_process(self, entry: PtyEntry[KubeProcess], process: ProcessRef) -> None:
+        """Never: no API reattaches to an exec's streams."""
+        await durable.reattach(entry, process)
+
+    async def _detach_backend(self) -> None:
+        """Close the connections; the pod keeps running."""
+        await durable.detach(self)
 
     # ---- files ---------------------------------------------------------------------
 

@@ -1,0 +1,206 @@
+"""Detach and resume for `kubernetes`: the pod outlives the client, exec streams do not
+come back.
+
+No API call reattaches to a running exec: pods/exec starts a new process each time,
+pods/attach reaches the container's main process only, and the CRI has no exec id a
+client could name again. So `keeps_processes` is False. What happens to an exec's
+process when its client goes (docs/providers.md, "Kubernetes", cites the files):
+
+- The process is not killed. containerd's CRI plugin waits for its exit
+  (`execInternal` kills only when its context ends, and the request context of a
+  hijacked (upgraded) connection lasts until the handler returns); the stdin copy ends:
+  a pipes exec that had stdin gets EOF (`CloseStdin`), a tty exec keeps its terminal
+  (stdin is not closed for a tty, so the shim never closes the console: no hangup).
+  containerd stops reading its output, and the shim holds its FIFOs open both ways, so
+  the process blocks once the FIFO and pipe (or terminal) buffers are full.
+- So `detach()` kills each process's tree by its toolkit tag (a control exec), as
+  `pty_terminate` does; the ref lists it as ended with its exit code. After a crash
+  (the client SIGKILLed), the ref file lists the tags of the processes still running,
+  and `resume_session` kills those trees by tag and reports each as ended, with a note.
+
+The pod is found by namespace and name; its `metadata.uid` is kept in the ref, so a
+pod deleted and made again under the same name (a StatefulSet, a script) is not taken
+for the ref's: that, a missing pod, or one being deleted or ended, is
+`SessionGoneError`. A pod the first session created is deleted by the close of the
+session that owns it last (the lease says which); an attached pod is left running.
+
+The lease is a file in the container (`sandbox.backends.toolkit.lease`, one control
+exec per read or swap: Kubernetes has no owner notion for a pod's users), under the
+container's `$TMPDIR` (else /tmp): every exec of a container shares its environment
+(the CRI runs an exec with the container's process spec), so every client finds the
+same file. The ref holds the kubeconfig path(s) and the context name, never a token or a
+client key: the credentials are loaded again from those files at resume.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import InvalidArgumentError, SessionGoneError
+from ..toolkit import (
+    check_tag,
+    grace_ticks,
+    kill_script,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+)
+from . import bounds
+from .execs import KubeProcess, run_control
+from .pods import PodStartError
+
+# `KubernetesSession`, untyped here: its module imports this one, and an import back
+# (even a type-only one) would close a cycle (tests/meta/test_layering.py).
+KubernetesSession = Any
+
+NOT_REATTACHED = (
+    "Kubernetes cannot reattach an exec's streams: the process the earlier client "
+    "started was killed at resume"
+)
+# `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
+# on `${TMPDIR:-/tmp}/NAME`, the directory resolved in the container.
+LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "$@"'
+
+
+def ref_sandbox(session: KubernetesSession) -> dict[str, Any]:
+    """The pod (namespace, name, uid, container), and whether the session created it
+    (then the close of its last owner deletes it)."""
+    target = session._target
+    return {
+        "namespace": session.namespace,
+        "pod": session.pod_name,
+        "uid": session._pod_uid,
+        "container": target.container if target is not None else session._container,
+        "created": session._created,
+        "keep_pod": session._keep_pod,
+        "session_label": session._session_label,
+    }
+
+
+def ref_options(session: KubernetesSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus this backend's non-secret ones: the kubeconfig path(s)
+    loaded and the context (never their contents), no `env`."""
+    options = dict(base)
+    options.update(
+        kubeconfig=session._kubeconfig_loaded,
+        context=session._context_loaded,
+        workdir=session._workdir,
+        terminate_grace_s=session.terminate_grace_s,
+        api_timeout=session._api_timeout,
+        delete_grace_s=session._pod_options.grace_period_s,
+        protocols=list(session._protocols),
+    )
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reopen as an attached session (`pod=`) of the ref's pod, in its namespace."""
+    options = {k: v for k, v in ref.options.items() if v is not None}
+    pod = ref.sandbox.get("pod")
+    namespace = ref.sandbox.get("namespace")
+    if not isinstance(pod, str) or not pod or not isinstance(namespace, str) or not namespace:
+        raise SessionGoneError("the kubernetes ref names no pod")
+    options["pod"] = pod
+    options["namespace"] = namespace
+    container = ref.sandbox.get("container")
+    if isinstance(container, str) and container:
+        options["container"] = container
+    if isinstance(options.get("protocols"), list):
+        options["protocols"] = tuple(options["protocols"])
+    return options
+
+
+def ref_process(entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
+    """The toolkit tag (what finds the process's tree after a crash)."""
+    return {"tag": entry.require_handle().tag}
+
+
+async def resume(session: KubernetesSession, ref: SessionRef) -> None:
+    """Attach to the pod (missing, replaced, being deleted or ended: `SessionGoneError`),
+    take on its deletion if the first session created it, kill the trees a dead client
+    left."""
+    name = session.pod_name
+    try:
+        await session._start_backend()
+    except (InvalidArgumentError, PodStartError) as exc:
+        # `existing_pod`: no such pod (404) or container, or a pod not running.
+        raise SessionGoneError(f"the kubernetes pod {name!r} of this ref is gone: {exc}") from None
+    uid = ref.sandbox.get("uid")
+    if isinstance(uid, str) and uid and uid != session._pod_uid:
+        raise SessionGoneError(
+            f"the kubernetes pod {name!r} of this ref was deleted and made again "
+            "(another uid): its files and processes are gone"
+        )
+    created = ref.sandbox.get("created")
+    session._created = created if isinstance(created, str) and created == name else None
+    session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep_pod"))
+    label = ref.sandbox.get("session_label")
+    if isinstance(label, str) and label:
+        session._session_label = label
+    tags = [tag for p in ref.processes if p.running and (tag := _safe_tag(p)) is not None]
+    if tags:
+        client, target = session._require()
+        await run_control(
+            client, target, kill_script(tags, ticks=grace_ticks(0)), "kill the earlier processes"
+        )
+
+
+def _safe_tag(process: ProcessRef) -> str | None:
+    """The process's toolkit tag, if the ref holds one the kill script accepts (a ref
+    is caller data: never pasted into a script unchecked)."""
+    tag = process.handle.get("tag")
+    if not isinstance(tag, str):
+        return None
+    try:
+        return check_tag(tag)
+    except ValueError:
+        return None
+
+
+async def reattach(entry: PtyEntry[KubeProcess], process: ProcessRef) -> None:
+    """Never possible (see the module docstring)."""
+    raise ProcessNotReattached(NOT_REATTACHED)
+
+
+async def detach(session: KubernetesSession) -> None:
+    """Close the client's connections; the pod stays."""
+    client, session._client = session._client, None
+    if client is not None:
+        await client.close()
+
+
+class PodLease:
+    """The session's lease in its pod (a `sandbox.durable.lease.LeaseStore`)."""
+
+    def __init__(self, session: KubernetesSession) -> None:
+        self._session = session
+        self._name = posixpath.basename(lease_path(session._durable.session_id))
+
+    async def _run(self, argv: list[str]) -> str | None:
+        # The toolkit's script, its file named relative to the container's TMPDIR.
+        script, rest = argv[2], argv[5:]
+        wrapped = ["sh", "-c", LEASE_IN_TMP, "sandbox-lease", script, self._name, *rest]
+        client, target = self._session._require()
+        stdout = bytearray()
+
+        def keep(data: bytes) -> bool:
+            # stdout alone (the value); bounded like every control exec's output.
+            stdout.extend(data[: bounds.MAX_CONTROL_OUTPUT_BYTES - len(stdout)])
+            return True
+
+        code, errors = await run_control(
+            client, target, wrapped, "check the session's lease", on_stdout=keep
+        )
+        text = stdout.decode("utf-8", "replace") or errors.decode("utf-8", "replace")
+        return parse_lease(text, code, "kubernetes")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._name))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._name, expected, new))
