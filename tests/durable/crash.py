@@ -18,10 +18,10 @@ import asyncio, json, sys
 import sandbox
 
 async def main():
-    backend, options, ref_file, argv = json.loads(sys.argv[1])
+    backend, options, ref_file, argv, tty = json.loads(sys.argv[1])
     session = sandbox.open_session(backend, ref_file=ref_file, **options)
     await session.start()
-    update = await session.pty_exec_start(*argv, tty=False, yield_time_s=0.5)
+    update = await session.pty_exec_start(*argv, tty=tty, yield_time_s=0.5)
     print(update.process_id, flush=True)
     await asyncio.Event().wait()
 
@@ -30,14 +30,19 @@ asyncio.run(main())
 
 
 async def crash_with_a_process(
-    backend: str, options: dict[str, object], ref_file: Path, argv: list[str]
+    backend: str,
+    options: dict[str, object],
+    ref_file: Path,
+    argv: list[str],
+    *,
+    tty: bool = False,
 ) -> int:
-    """Start the child, wait until its process (on pipes: a PTY would hang it up with
-    its client) runs, SIGKILL it; the process id."""
+    """Start the child, wait until its process runs (on pipes by default: where a PTY
+    is the client's own, it would hang up with it), SIGKILL it; the process id."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps([backend, options, str(ref_file), argv])],
+        [sys.executable, "-c", CHILD, json.dumps([backend, options, str(ref_file), argv, tty])],
         stdout=subprocess.PIPE,
         env=env,
     )

@@ -37,8 +37,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
-from ...errors import InvalidArgumentError, SessionGoneError
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, SessionState
+from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
     check_tag,
     grace_ticks,
@@ -50,7 +50,7 @@ from ..toolkit import (
 )
 from . import bounds
 from .execs import KubeProcess, run_control
-from .pods import PodStartError
+from .pods import CONTAINER_NAME, PodStartError, pod_uid, pods_path, readiness
 
 # `KubernetesSession`, untyped here: its module imports this one, and an import back
 # (even a type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -62,6 +62,8 @@ NOT_REATTACHED = (
 )
 # `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
 # on `${TMPDIR:-/tmp}/NAME`, the directory resolved in the container.
+# The lease value of a closed session (`sandbox.durable.lease`).
+CLOSED = "closed"
 LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "$@"'
 
 
@@ -123,17 +125,14 @@ async def resume(session: KubernetesSession, ref: SessionRef) -> None:
     take on its deletion if the first session created it, kill the trees a dead client
     left."""
     name = session.pod_name
+    uid = ref.sandbox.get("uid")
+    # Checked by `_start_backend` as soon as it found the pod (before its probe).
+    session._expected_uid = uid if isinstance(uid, str) and uid else None
     try:
         await session._start_backend()
     except (InvalidArgumentError, PodStartError) as exc:
         # `existing_pod`: no such pod (404) or container, or a pod not running.
         raise SessionGoneError(f"the kubernetes pod {name!r} of this ref is gone: {exc}") from None
-    uid = ref.sandbox.get("uid")
-    if isinstance(uid, str) and uid and uid != session._pod_uid:
-        raise SessionGoneError(
-            f"the kubernetes pod {name!r} of this ref was deleted and made again "
-            "(another uid): its files and processes are gone"
-        )
     created = ref.sandbox.get("created")
     session._created = created if isinstance(created, str) and created == name else None
     session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep_pod"))
@@ -172,6 +171,19 @@ async def detach(session: KubernetesSession) -> None:
         await client.close()
 
 
+async def _pod_gone(session: KubernetesSession) -> bool:
+    """Whether the session's pod is no more: absent, made again (another uid), being
+    deleted or ended (an exec into it fails then)."""
+    client, target = session._require()
+    status, pod = await client.call(
+        "GET", pods_path(target.namespace, target.pod), "look at the pod", allow=(404,)
+    )
+    if status == 404 or pod_uid(pod) != session._pod_uid:
+        return True
+    running, _, _ = readiness(pod, target.container or CONTAINER_NAME)
+    return not running
+
+
 class PodLease:
     """The session's lease in its pod (a `sandbox.durable.lease.LeaseStore`)."""
 
@@ -191,9 +203,20 @@ class PodLease:
             stdout.extend(data[: bounds.MAX_CONTROL_OUTPUT_BYTES - len(stdout)])
             return True
 
-        code, errors = await run_control(
-            client, target, wrapped, "check the session's lease", on_stdout=keep
-        )
+        try:
+            code, errors = await run_control(
+                client, target, wrapped, "check the session's lease", on_stdout=keep
+            )
+        except ProviderError:
+            if not await _pod_gone(self._session):
+                raise
+            if self._session.state is SessionState.CLOSING:
+                # A close (of a client taken over, whose new owner deleted the pod):
+                # nothing is left to claim, so it only lets go.
+                return CLOSED
+            raise SessionGoneError(
+                f"the kubernetes pod {target.pod!r} of this session is gone"
+            ) from None
         text = stdout.decode("utf-8", "replace") or errors.decode("utf-8", "replace")
         return parse_lease(text, code, "kubernetes")
 

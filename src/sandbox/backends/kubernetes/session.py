@@ -39,6 +39,7 @@ from ...errors import (
     CredentialsMissingError,
     InvalidArgumentError,
     ProcessExitedError,
+    SessionGoneError,
     WorkdirError,
 )
 from ..toolkit import check_limits
@@ -190,6 +191,8 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         self._pod_uid: str | None = None
         self._kubeconfig_loaded: str | None = kubeconfig
         self._context_loaded: str | None = context
+        # A resume attaches only to the pod with this uid (the ref's).
+        self._expected_uid: str | None = None
 
     @property
     def workdir(self) -> str:
@@ -240,6 +243,11 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 client, cluster.namespace, self.pod_name, self._container
             )
             self._pod_uid = pods.pod_uid(found)
+            if self._expected_uid is not None and self._pod_uid != self._expected_uid:
+                raise SessionGoneError(
+                    f"the pod {self.pod_name!r} was deleted and made again (another uid): "
+                    "the files and processes of the session are gone"
+                )
             own = pods.container_workdir(found, container)
             cwd = None if own and posixpath.normpath(own) == self._workdir else self._workdir
             self._target = Target(cluster.namespace, self.pod_name, container, cwd)
