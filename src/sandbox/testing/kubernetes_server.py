@@ -35,8 +35,14 @@ the process groups started in it (its keep-alive "init" and its execs, PTYs thro
 
 Every request needs ``Authorization: Bearer <token>`` (else a 401 `Status`). Errors are
 `Status` objects (``{"kind": "Status", "status": "Failure", "reason", "code",
-"message"}``). Closing an exec socket closes a pipes process's stdin and leaves a tty
-process running (containerd `internal/cri/io/exec_io.go`): it dies with its pod.
+"message"}``). Closing an exec socket (a client gone, SIGKILLed or not) kills no
+process (containerd `internal/cri/server/container_execsync.go` waits for its exit):
+a pipes process's stdin is closed, a tty process keeps its terminal (no hangup:
+`internal/cri/io/exec_io.go`), and its output is no longer read (a pipes process then
+blocks once its pipe is full); either dies with its pod, or by the backend's kill
+script. Each pod has a folder of its own standing for the container's /tmp, named by
+`TMPDIR` in every process's environment (no mount namespace here; a container's
+execs share its environment), where the durable lease file goes.
 
 Fault knobs (changeable while serving):
 
@@ -58,7 +64,8 @@ Fault knobs (changeable while serving):
 What a test can look at: `pods`, `deleted` (names), `requests` (method, path,
 authorized: never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
 
-Not modelled: a PID namespace. A process that leaves its exec's session AND scrubs
+Not modelled: a tty process whose client went is still read, into the server's memory
+(on a cluster it blocks once the terminal and FIFO buffers are full). A PID namespace. A process that leaves its exec's session AND scrubs
 the pod's marker from its environment is not found at deletion (on a cluster the
 container's end kills it); the backend's kill script finds it by its own tag.
 """
