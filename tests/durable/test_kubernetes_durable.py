@@ -17,6 +17,7 @@ import pytest
 import sandbox
 from sandbox.backends.kubernetes import KubernetesSession
 from sandbox.backends.kubernetes.scripts import KEEPALIVE
+from sandbox.backends.toolkit.shell import KILL_NAME
 from sandbox.testing.kubernetes_server import KubernetesApiServer
 from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
 
@@ -254,6 +255,34 @@ async def test_a_close_before_the_resume_takes_the_lease_wins(server, tmp_path):
     with pytest.raises(sandbox.SessionGoneError):
         await starting
     assert resumed.state is sandbox.SessionState.NEW
+    await _nothing_left(server)
+
+
+async def test_a_resume_cancelled_while_it_kills_the_earlier_processes(server, tmp_path):
+    marker = unique_seconds()
+    old = _open(server, tmp_path)
+    await old.start()
+    await old.pty_exec_start("sleep", marker, yield_time_s=0.1)
+    ref = old.ref()  # lists the process as running, with its tag
+    stall = server.stall("exec", where=lambda argv: KILL_NAME in argv)
+    resumed = sandbox.resume_session(ref)
+    starting = asyncio.ensure_future(resumed.start())
+    await stall.reached.wait()  # attached, the kill exec parked at its upgrade
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert await eventually(lambda: stall.abandoned.is_set())
+    assert resumed.state is sandbox.SessionState.NEW
+    assert len(host_pids_with_arg(marker)) == 1  # the kill never ran
+    # The ref still owns the pod: the old client goes on, a new resume takes over.
+    assert (await old.exec("true")).exit_code == 0
+    stall.release()
+    async with sandbox.resume_session(ref) as again:
+        assert host_pids_with_arg(marker) == []
+        with pytest.raises(sandbox.SessionTakenOverError):
+            await old.exec("true")
+        await old.aclose()
+        assert (await again.exec("true")).exit_code == 0
     await _nothing_left(server)
 
 

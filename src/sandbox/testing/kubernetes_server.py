@@ -52,9 +52,9 @@ Fault knobs (changeable while serving):
 - `unschedulable`: `PodScheduled=False`, reason `Unschedulable`;
 - `v4_only`: a cluster without the v5 translator;
 - `drop_exec_sockets()`: abort every exec socket, no close frame;
-- `stall(point)`: requests wait at `create`, `exec`, `delete` or `watch` (a slow
-  watch), new pods at `schedule` (a slow scheduler), until released; `reached` tells a
-  test one is waiting;
+- `stall(point, where=)`: requests wait at `create`, `exec`, `delete` or `watch` (a
+  slow watch), new pods at `schedule` (a slow scheduler), until released; `reached`
+  tells a test one is waiting; `where` picks which (an exec by its `command` argv);
 - `ignore_term`: the init ignores SIGTERM, so a deletion waits out its grace;
 - `stuck_deletion`: a graceful delete never completes (a lost node): only a forced one
   removes the pod;
@@ -65,9 +65,10 @@ What a test can look at: `pods`, `deleted` (names), `requests` (method, path,
 authorized: never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
 
 Not modelled: a tty process whose client went is still read, into the server's memory
-(on a cluster it blocks once the terminal and FIFO buffers are full). A PID namespace. A process that leaves its exec's session AND scrubs
-the pod's marker from its environment is not found at deletion (on a cluster the
-container's end kills it); the backend's kill script finds it by its own tag.
+(on a cluster it blocks once the terminal and FIFO buffers are full). A PID namespace:
+a process that leaves its exec's session AND scrubs the pod's marker from its
+environment is not found at deletion (on a cluster the container's end kills it); the
+backend's kill script finds it by its own tag.
 """
 
 from __future__ import annotations
@@ -278,17 +279,18 @@ class KubernetesApiServer:
 
     # ---- knobs and views ------------------------------------------------------------
 
-    def stall(self, point: str) -> Stall:
-        """Make requests wait at `point` until the returned stall is released."""
+    def stall(self, point: str, *, where: Callable[[Any], bool] | None = None) -> Stall:
+        """Make requests wait at `point` until the returned stall is released; with
+        `where`, only those it accepts (an exec's subject is its `command` argv)."""
         if point not in _STALL_POINTS:
             raise ValueError(f"unknown stall point {point!r}; known: {', '.join(_STALL_POINTS)}")
-        stall = Stall(point)
+        stall = Stall(point, where=where)
         self._stalls[point] = stall
         return stall
 
-    async def _maybe_stall(self, point: str) -> None:
+    async def _maybe_stall(self, point: str, subject: Any = None) -> None:
         stall = self._stalls.get(point)
-        if stall is not None and not stall.released:
+        if stall is not None and stall.catches(subject):
             await stall.hold()
 
     def drop_exec_sockets(self) -> int:
@@ -593,7 +595,7 @@ class KubernetesApiServer:
     # ---- exec -----------------------------------------------------------------------
 
     async def _exec(self, request: web.Request) -> web.StreamResponse:
-        await self._maybe_stall("exec")
+        await self._maybe_stall("exec", request.query.getall("command", []))
         pod = self._pod(request)
         name = request.match_info["name"]
         if pod is None:

@@ -6,6 +6,8 @@
 - `channels`: the exec channel protocol (v5, v4);
 - `execs`: a command's exec under the toolkit's wrapper, kills by a second exec;
 - `pods`: manifest, create, watch until running, attach, delete;
+- `durable`: detach and resume (the pod by name and uid, the lease file in the pod;
+  exec processes cannot be reattached: killed by tag);
 - `files`: files through exec; `scripts`: the shell snippets; `errors`: Status
   objects as our errors; `bounds`: every peer-sent size and deadline.
 
