@@ -258,22 +258,27 @@ async def test_a_close_before_the_resume_takes_the_lease_wins(server, tmp_path):
     await _nothing_left(server)
 
 
-async def test_a_resume_cancelled_while_it_kills_the_earlier_processes(server, tmp_path):
+@pytest.mark.parametrize("parked", ["kill", "lease"])
+async def test_a_resume_cancelled_at_its_own_execs_leaves_the_ref_the_owner(
+    server, tmp_path, parked
+):
     marker = unique_seconds()
     old = _open(server, tmp_path)
     await old.start()
     await old.pty_exec_start("sleep", marker, yield_time_s=0.1)
     ref = old.ref()  # lists the process as running, with its tag
-    stall = server.stall("exec", where=lambda argv: KILL_NAME in argv)
+    name = KILL_NAME if parked == "kill" else "sandbox-lease"
+    stall = server.stall("exec", where=lambda argv: name in argv, times=1)
     resumed = sandbox.resume_session(ref)
     starting = asyncio.ensure_future(resumed.start())
-    await stall.reached.wait()  # attached, the kill exec parked at its upgrade
+    await stall.reached.wait()  # the kill (or the lease check) exec parked at its upgrade
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await starting
     assert await eventually(lambda: stall.abandoned.is_set())
     assert resumed.state is sandbox.SessionState.NEW
-    assert len(host_pids_with_arg(marker)) == 1  # the kill never ran
+    # The kill never ran, or ran before the lease was taken: the lease is the old one.
+    assert len(host_pids_with_arg(marker)) == (1 if parked == "kill" else 0)
     # The ref still owns the pod: the old client goes on, a new resume takes over.
     assert (await old.exec("true")).exit_code == 0
     stall.release()

@@ -52,7 +52,7 @@ Fault knobs (changeable while serving):
 - `unschedulable`: `PodScheduled=False`, reason `Unschedulable`;
 - `v4_only`: a cluster without the v5 translator;
 - `drop_exec_sockets()`: abort every exec socket, no close frame;
-- `stall(point, where=)`: requests wait at `create`, `exec`, `delete` or `watch` (a
+- `stall(point, where=, times=)`: requests wait at `create`, `exec`, `delete` or `watch` (a
   slow watch), new pods at `schedule` (a slow scheduler), until released; `reached`
   tells a test one is waiting; `where` picks which (an exec by its `command` argv);
 - `ignore_term`: the init ignores SIGTERM, so a deletion waits out its grace;
@@ -279,12 +279,19 @@ class KubernetesApiServer:
 
     # ---- knobs and views ------------------------------------------------------------
 
-    def stall(self, point: str, *, where: Callable[[Any], bool] | None = None) -> Stall:
+    def stall(
+        self,
+        point: str,
+        *,
+        where: Callable[[Any], bool] | None = None,
+        times: int | None = None,
+    ) -> Stall:
         """Make requests wait at `point` until the returned stall is released; with
-        `where`, only those it accepts (an exec's subject is its `command` argv)."""
+        `where`, only those it accepts (an exec's subject is its `command` argv); with
+        `times`, only that many."""
         if point not in _STALL_POINTS:
             raise ValueError(f"unknown stall point {point!r}; known: {', '.join(_STALL_POINTS)}")
-        stall = Stall(point, where=where)
+        stall = Stall(point, where=where, times=times)
         self._stalls[point] = stall
         return stall
 

@@ -192,7 +192,9 @@ class PodLease:
         self._name = posixpath.basename(lease_path(session._durable.session_id))
 
     async def _run(self, argv: list[str]) -> str | None:
-        # The toolkit's script, its file named relative to the container's TMPDIR.
+        # The toolkit's `sh -c SCRIPT sh FILE ARGS...`, its FILE named relative to the
+        # container's TMPDIR instead.
+        assert argv[:2] == ["sh", "-c"] and argv[4] == self._name, argv[:2]
         script, rest = argv[2], argv[5:]
         wrapped = ["sh", "-c", LEASE_IN_TMP, "sandbox-lease", script, self._name, *rest]
         client, target = self._session._require()
@@ -207,9 +209,13 @@ class PodLease:
             code, errors = await run_control(
                 client, target, wrapped, "check the session's lease", on_stdout=keep
             )
-        except ProviderError:
-            if not await _pod_gone(self._session):
-                raise
+        except ProviderError as failure:
+            try:
+                gone = await _pod_gone(self._session)
+            except ProviderError:
+                gone = False  # the API cannot say either: the exec's error stands
+            if not gone:
+                raise failure from None
             if self._session.state is SessionState.CLOSING:
                 # A close (of a client taken over, whose new owner deleted the pod):
                 # nothing is left to claim, so it only lets go.
