@@ -12,7 +12,8 @@ process when its client goes (docs/providers.md, "Kubernetes", cites the files):
   a pipes exec that had stdin gets EOF (`CloseStdin`), a tty exec keeps its terminal
   (stdin is not closed for a tty, so the shim never closes the console: no hangup).
   containerd stops reading its output, and the shim holds its FIFOs open both ways, so
-  the process blocks once the FIFO and pipe (or terminal) buffers are full.
+  the process blocks once the FIFO and pipe (or terminal) buffers are full. (CRI-O
+  was not checked; nothing below depends on the difference.)
 - So `detach()` kills each process's tree by its toolkit tag (a control exec), as
   `pty_terminate` does; the ref lists it as ended with its exit code. After a crash
   (the client SIGKILLed), the ref file lists the tags of the processes still running,
