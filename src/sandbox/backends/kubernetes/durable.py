@@ -61,10 +61,10 @@ NOT_REATTACHED = (
     "Kubernetes cannot reattach an exec's streams: the process the earlier client "
     "started was killed at resume"
 )
-# `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
-# on `${TMPDIR:-/tmp}/NAME`, the directory resolved in the container.
 # The lease value of a closed session (`sandbox.durable.lease`).
 CLOSED = "closed"
+# `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
+# on `${TMPDIR:-/tmp}/NAME`, the directory resolved in the container.
 LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "$@"'
 
 
