@@ -85,6 +85,8 @@ stalls are thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPl
   instead of ``ready``.
 - ``await server.send_pty_error("message")``: an ``error`` frame to every terminal.
 - ``server.stop_sandbox(id)``: its ``running`` answers false from now on.
+- ``await server.replace_container(id)``: its container stopped (it sleeps after 10
+  minutes without a request) and the id gets a fresh, empty one (warm-pool.ts).
 - ``server.legacy_exit_frame = True``: the older bridge's ``exit`` frame.
 
 Peers that send too much or too little (each sends at most `flood_bytes`, default
@@ -105,7 +107,7 @@ so the server's own memory stays small):
 - A peer that accepts and never answers: ``server.stall(endpoint)``.
 
 What a test can look at: `sandboxes` (live ones, with their `root` directory, the
-``/workspace``, and their `sessions`), `deleted` (ids), `deleted_sessions`,
+``/workspace``, and their `sessions`), `deleted` (ids), `replaced` (ids), `deleted_sessions`,
 `requests` (method, path, endpoint, authorized, client port, session id: never other
 headers), `exec_bodies`, `live_processes()` and `open_terminals()`.
 
@@ -219,11 +221,12 @@ class _Connection:
 
 @dataclass(eq=False)
 class FakePty:
-    """A session's one PTY (pty.ts): the shell, its output ring, who listens."""
+    """A session's one PTY (pty.ts): the shell, its output ring, who listens (each
+    socket with the queue of output its sender writes in order)."""
 
     proc: LocalProcess
     buffer: bytearray = field(default_factory=bytearray)
-    listeners: set[web.WebSocketResponse] = field(default_factory=set)
+    listeners: dict[web.WebSocketResponse, asyncio.Queue[bytes]] = field(default_factory=dict)
     exit_code: int | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -365,6 +368,7 @@ class CloudflareWorkerServer:
         self.flooded = 0
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
+        self.replaced: list[str] = []
         self.deleted_sessions: list[str] = []
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
@@ -726,10 +730,29 @@ class CloudflareWorkerServer:
             }
         )
 
+    async def replace_container(self, sandbox_id: str) -> None:
+        """The sandbox's container stopped (sandbox.ts: it sleeps after `sleepAfter`,
+        10 minutes without a request, or it crashed) and the bridge's pool gives the id
+        a fresh container at its next request (warm-pool.ts `getContainer`: an
+        assignment whose container is not running is dropped). Every session, PTY,
+        exec and file of the old one is gone; the id answers again, with an empty
+        /workspace. (Files this server's processes wrote outside the sandbox
+        directory, in the host's /tmp, cannot be told apart and stay.)"""
+        await self._teardown(self.sandboxes[sandbox_id])
+        os.makedirs(self.sandboxes[sandbox_id].root)
+        self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, self.sandboxes[sandbox_id].root)
+        self.replaced.append(sandbox_id)
+
     async def _destroy(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             return
+        await self._teardown(sandbox)
+        self.sandboxes.pop(sandbox_id, None)
+        self.deleted.append(sandbox_id)
+
+    async def _teardown(self, sandbox: FakeSandbox) -> None:
+        """End everything of a sandbox's container and remove its files."""
         tunnels, sandbox.tunnels = list(sandbox.tunnels.values()), {}
         for proxy in tunnels:
             await proxy.close()
@@ -746,8 +769,6 @@ class CloudflareWorkerServer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await conn.done.wait()
-        self.sandboxes.pop(sandbox_id, None)
-        self.deleted.append(sandbox_id)
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
@@ -766,11 +787,15 @@ class CloudflareWorkerServer:
             body = await request.json()
         wanted = body.get("id") if isinstance(body, dict) else None
         sid = wanted if isinstance(wanted, str) and wanted else "session-" + secrets.token_hex(6)
-        if not SESSION_ID_RE.fullmatch(sid) or ".." in sid or sid in sandbox.sessions:
+        if sid in sandbox.sessions:
+            # session-manager.ts `createSession`: SESSION_ALREADY_EXISTS, whose message
+            # the bridge passes on with its 502.
             return _error_json(
-                f"session create failed: session '{sid}' already exists or is invalid",
-                "session_error",
-                502,
+                f"session create failed: Session '{sid}' already exists", "session_error", 502
+            )
+        if not SESSION_ID_RE.fullmatch(sid) or ".." in sid:
+            return _error_json(
+                f"session create failed: invalid session id '{sid}'", "session_error", 502
             )
         sandbox.sessions[sid] = FakeSession(sid)
         return web.json_response({"id": sid})
@@ -794,6 +819,8 @@ class CloudflareWorkerServer:
         pty, session.pty = session.pty, None
         if pty is None:
             return
+        for queue in pty.listeners.values():
+            queue.put_nowait(b"")
         for ws in list(pty.listeners):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -1015,10 +1042,16 @@ class CloudflareWorkerServer:
                 )
                 await ws.close()
                 return ws
-            if pty.buffer:
-                await ws.send_bytes(bytes(pty.buffer))
-            pty.listeners.add(ws)
+            # pty-ws-handler.ts `onOpen`: the ring is read and the socket subscribed in
+            # one synchronous step, so nothing printed meanwhile is lost or sent twice:
+            # the ring, `ready`, then live output in order (queued while these go out).
+            ring = bytes(pty.buffer)
+            queue: asyncio.Queue[bytes] = asyncio.Queue()
+            pty.listeners[ws] = queue
+            if ring:
+                await ws.send_bytes(ring)
             await ws.send_str(json.dumps({"type": "ready"}))
+            self._background(self._pty_sender(ws, queue))
             if flood == "frame":
                 await self._huge_frame(request)
             if self.legacy_exit_frame and pty.exit_code is not None:
@@ -1028,7 +1061,9 @@ class CloudflareWorkerServer:
             pass  # the client went away: the PTY goes on
         finally:
             if pty is not None:
-                pty.listeners.discard(ws)
+                queue_of = pty.listeners.pop(ws, None)
+                if queue_of is not None:
+                    queue_of.put_nowait(b"")  # ends its sender
             try:
                 if not ws.closed:
                     with contextlib.suppress(Exception):
@@ -1063,8 +1098,8 @@ class CloudflareWorkerServer:
             pty = holder[0]
             pty.buffer += data
             del pty.buffer[: max(0, len(pty.buffer) - PTY_BUFFER_BYTES)]
-            for ws in list(pty.listeners):
-                self._background(self._send_data(ws, data))
+            for queue in pty.listeners.values():
+                queue.put_nowait(data)
 
         def on_exit(code: int) -> None:
             pty = holder[0]
@@ -1089,9 +1124,12 @@ class CloudflareWorkerServer:
             pty.buffer += self.pre_ready_output
         return pty
 
-    async def _send_data(self, ws: web.WebSocketResponse, data: bytes) -> None:
+    async def _pty_sender(self, ws: web.WebSocketResponse, queue: asyncio.Queue[bytes]) -> None:
+        """A socket's live output, in order, until it is unsubscribed (an empty item)."""
         with contextlib.suppress(ConnectionError, RuntimeError):
-            if not ws.closed:
+            while data := await queue.get():
+                if ws.closed:
+                    return
                 await ws.send_bytes(data)
 
     async def _send_exit(self, ws: web.WebSocketResponse, code: int) -> None:

@@ -34,7 +34,9 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     check_seconds,
 )
@@ -45,6 +47,7 @@ from ...errors import (
     UnsupportedOperationError,
 )
 from ..toolkit import CommandCheck, Secret, ShellTrap, require_credential, wait_for_verdict
+from . import durable as durable_cf
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command
@@ -159,6 +162,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             connect_timeout_s=float(connect_timeout_s),
         )
         self._files = WorkerFiles(self._client)
+        # Kept for a ref, which keeps it only when it is a bare origin (`durable`).
+        self._worker_url = url_text
         self._requested_id = sandbox_id
         self.keep = bool(keep)
         self.request_timeout_s = float(request_timeout_s)
@@ -183,26 +188,42 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        """Attach (`GET .../running`) or create (`POST /v1/sandbox`, as our own task)."""
+        """Attach (`GET .../running`) or create (`POST /v1/sandbox`, as our own task),
+        then mark the container (a bridge session: `durable.mark`), so that a resume can
+        tell it from a fresh one the bridge gives the same id."""
+        if self._requested_id is not None:
+            await self._attach_sandbox()
+        else:
+            await self._create_sandbox()
+        await durable_cf.mark(self)
+
+    async def _attach_sandbox(self) -> None:
+        """Open the client and check the requested sandbox runs."""
         client = self._client
         client.sandbox_id = None
         client.open()
-        if self._requested_id is not None:
-            # The id is adopted only once the check succeeded: a failed attach must not
-            # make the cleanup delete a sandbox we never held.
-            _, body = await client.call(
-                "GET", client.url(self._requested_id, "running"), "attach to the sandbox"
+        requested = self._requested_id
+        assert requested is not None
+        # The id is adopted only once the check succeeded: a failed attach must not make
+        # the cleanup delete a sandbox we never held.
+        _, body = await client.call(
+            "GET", client.url(requested, "running"), "attach to the sandbox"
+        )
+        # The bridge answers 200 either way; `running` says whether the sandbox's
+        # container answered a `true` exec.
+        if json_object(body.decode("utf-8", "replace")).get("running") is not True:
+            raise ProviderError(
+                f"could not attach to the sandbox {requested!r}: it is not running "
+                "(stopped, or no such sandbox)",
+                retryable=False,
             )
-            # The bridge answers 200 either way; `running` says whether the sandbox's
-            # container answered a `true` exec.
-            if json_object(body.decode("utf-8", "replace")).get("running") is not True:
-                raise ProviderError(
-                    f"could not attach to the sandbox {self._requested_id!r}: it is not "
-                    "running (stopped, or no such sandbox)",
-                    retryable=False,
-                )
-            client.sandbox_id = self._requested_id
-            return
+        client.sandbox_id = requested
+
+    async def _create_sandbox(self) -> None:
+        """Open the client and create a sandbox."""
+        client = self._client
+        client.sandbox_id = None
+        client.open()
         # The create runs as our own task: if this caller is cancelled after the Worker
         # made the sandbox, `_stop_backend` waits for the answer and deletes it.
         create = asyncio.ensure_future(
@@ -225,6 +246,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
                     client.sandbox_id = _created_id(create.result()[1])
         sandbox_id = client.sandbox_id
         try:
+            if self.keep:
+                await durable_cf.unmark(self)
             if client.http is not None and sandbox_id is not None and not self.keep:
                 # Idempotence: forget the id first, so the delete is attempted only once.
                 client.sandbox_id = None
@@ -350,6 +373,38 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         """Frames already received sit in aiohttp's queue: let the reader take them."""
         for _ in range(3):
             await asyncio.sleep(0)
+
+    # ---- durable (see backends.cloudflare.durable) -----------------------------------
+
+    _keeps_processes = True
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_cf.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_cf.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_cf.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
+        return durable_cf.ref_process(entry)
+
+    def _lease_store(self) -> durable_cf.SandboxLease:
+        return durable_cf.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_cf.resume(self)
+
+    async def _reattach_process(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
+        await durable_cf.reattach(self, entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[PtyHandle]) -> None:
+        await durable_cf.release(self, entry)
+
+    async def _detach_backend(self) -> None:
+        await durable_cf.detach(self)
 
     # ---- files ---------------------------------------------------------------------
 
