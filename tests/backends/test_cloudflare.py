@@ -377,7 +377,22 @@ async def test_keep_then_attach_then_delete(server: CloudflareWorkerServer) -> N
 
 
 async def test_attach_to_unknown_sandbox(server: CloudflareWorkerServer) -> None:
-    s = open_cf(server, sandbox_id="missing")
+    """warm-pool.ts `getContainer`: the bridge gives an id without a running container
+    (never made, deleted, stopped) a fresh one at its first request, so an attach to it
+    succeeds with an empty /workspace; nothing in the bridge tells it apart. (A resume
+    does: it looks for its session's container mark, tests/durable.)"""
+    async with open_cf(server, sandbox_id="missing") as s:
+        assert server.allocated == ["missing"]
+        assert (await s.list_dir(".")) == []
+    assert server.deleted == ["missing"]
+
+
+async def test_attach_to_a_sandbox_that_is_not_running(server: CloudflareWorkerServer) -> None:
+    async with open_cf(server, keep=True) as first:
+        sandbox_id = first.sandbox_id
+    assert sandbox_id is not None
+    server.stop_sandbox(sandbox_id)
+    s = open_cf(server, sandbox_id=sandbox_id)
     with pytest.raises(sandbox.ProviderError, match="not running") as info:
         await s.start()
     assert not info.value.retryable

@@ -10,9 +10,11 @@ docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 `POST   /v1/sandbox`                        ``{"id": ...}``: 26 base32 characters
                                             (routes.ts); the sandbox's directory plays
                                             ``/workspace`` (its cwd and HOME)
-`DELETE /v1/sandbox/{id}`                   kills everything, 204 (also for an unknown id)
+`DELETE /v1/sandbox/{id}`                   kills everything, 204 (also for an unknown id,
+                                            without making a container: warm-pool.ts
+                                            `lookupContainer`)
 `GET    /v1/sandbox/{id}/running`           ``{"running": true|false}``, always 200
-                                            (routes.ts); unknown ids are not running
+                                            (routes.ts)
 `POST   /v1/sandbox/{id}/session`           ``{"id": sid}`` (body ``{"id"?}``); 502 when
                                             the id exists
 `DELETE /v1/sandbox/{id}/session/{sid}`     ends the session and its PTY (SIGHUP, then
@@ -40,6 +42,9 @@ docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 
 Every request must carry ``Authorization: Bearer <api_key>`` (else 401), and an id in
 ``/v1/sandbox/{id}/...`` must match ``^[a-z2-7]{1,128}$`` (else 400), as in routes.ts.
+Any such request for an id with no running container (never made, deleted, or
+replaced) gets a fresh, empty one, as the bridge's pool does (warm-pool.ts
+`getContainer`); `allocated` lists those ids.
 
 Like the real container, and unlike older bridges:
 
@@ -47,6 +52,13 @@ Like the real container, and unlike older bridges:
   (each new connection gets the buffered output first); closing a socket only
   unsubscribes it: the PTY and its processes keep running until the session is deleted
   (or the sandbox);
+- the PTY keeps the newest 256 KiB of its output (pty.ts, utils/ring-buffer.ts) whether
+  or not a socket listens, and after its shell exited (only a session delete clears
+  it); a socket that connects later gets exactly that ring, then ``ready``, then live
+  output, with nothing lost or repeated between them (pty-ws-handler.ts `onOpen` reads
+  the ring and subscribes in one synchronous step): what a resumed client relies on;
+- creating a session that exists answers 502 ``Session '<id>' already exists``
+  (session-manager.ts `createSession`);
 - no ``exit`` frame is ever sent: when the shell exits the socket simply stays open
   (`legacy_exit_frame=True` sends ``{"type": "exit", "code": N}`` and closes, as older
   bridges did);
@@ -108,6 +120,7 @@ so the server's own memory stays small):
 
 What a test can look at: `sandboxes` (live ones, with their `root` directory, the
 ``/workspace``, and their `sessions`), `deleted` (ids), `replaced` (ids), `deleted_sessions`,
+`allocated` (ids given a fresh container by a request),
 `requests` (method, path, endpoint, authorized, client port, session id: never other
 headers), `exec_bodies`, `live_processes()` and `open_terminals()`.
 
@@ -369,6 +382,7 @@ class CloudflareWorkerServer:
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
         self.replaced: list[str] = []
+        self.allocated: list[str] = []
         self.deleted_sessions: list[str] = []
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
@@ -622,14 +636,18 @@ class CloudflareWorkerServer:
         await self._faults.park(point)
 
     def _sandbox(self, request: web.Request) -> FakeSandbox:
-        sandbox = self.sandboxes.get(request.match_info["id"])
+        """The container a `/v1/sandbox/{id}/...` request reaches: routes.ts resolves
+        every such request through the pool's `getContainer` (warm-pool.ts), which
+        gives an id without a running container (never made, deleted, stopped) a fresh
+        one, with an empty /workspace."""
+        sandbox_id = request.match_info["id"]
+        sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
-            # The real pool would assign a fresh container to any well-formed id; a
-            # loopback cannot run one it never created, so it says "pool error" (502).
-            raise web.HTTPBadGateway(
-                text=json.dumps({"error": "pool error: no such sandbox", "code": "pool_error"}),
-                content_type="application/json",
-            )
+            assert self._root is not None
+            root = os.path.join(self._root, sandbox_id)
+            os.makedirs(root, exist_ok=True)
+            sandbox = self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, root)
+            self.allocated.append(sandbox_id)
         return sandbox
 
     def _env(self, sandbox: FakeSandbox, *, tty: bool) -> dict[str, str]:
@@ -772,9 +790,9 @@ class CloudflareWorkerServer:
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
-        """routes.ts: always 200; ``running`` is whether `exec('true')` worked."""
-        sandbox = self.sandboxes.get(request.match_info["id"])
-        return web.json_response({"running": sandbox is not None and sandbox.running})
+        """routes.ts: always 200; ``running`` is whether `exec('true')` worked (in the
+        container the pool gives the id: a fresh one for an unknown id)."""
+        return web.json_response({"running": self._sandbox(request).running})
 
     # ---- sessions ----------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 Sandbox Worker (the bridge of cloudflare/sandbox-sdk) over HTTP and WebSocket.
 
 The protocol lives beside this module: `client` (requests, control execs), `execs`
-(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`.
+(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`,
+`durable` (detach, resume: a process's terminal session outlives the client).
 Every fact and its upstream source is in docs/providers.md, "Cloudflare".
 
 - A one-shot command is a `WorkerExec` (`execs`): the base session times it out and
@@ -379,31 +380,40 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     _keeps_processes = True
 
     def _ref_sandbox(self) -> dict[str, Any]:
+        """The sandbox id and `keep`."""
         return durable_cf.ref_sandbox(self)
 
     def _ref_options(self) -> dict[str, Any]:
+        """The base's options, the timeouts, the Worker URL if a bare origin; no key."""
         return durable_cf.ref_options(self, super()._ref_options())
 
     @classmethod
     def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """Attach to the ref's sandbox, kept or not as the first session was."""
         return durable_cf.options_from_ref(ref)
 
     def _ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
+        """The bridge session, trap token, shell pid and command position."""
         return durable_cf.ref_process(entry)
 
     def _lease_store(self) -> durable_cf.SandboxLease:
+        """A lease file in the sandbox, through control execs."""
         return durable_cf.SandboxLease(self)
 
     async def _resume_backend(self, ref: SessionRef) -> None:
+        """Attach, then find the session's container mark (else `SessionGoneError`)."""
         await durable_cf.resume(self)
 
     async def _reattach_process(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
+        """Reconnect the process's terminal session: its ring replayed, then live."""
         await durable_cf.reattach(self, entry, process)
 
     async def _release_entry(self, entry: PtyEntry[PtyHandle]) -> None:
+        """Close the socket and stop the reader; the session and command stay."""
         await durable_cf.release(self, entry)
 
     async def _detach_backend(self) -> None:
+        """Close the HTTP client; the sandbox stays."""
         await durable_cf.detach(self)
 
     # ---- files ---------------------------------------------------------------------
