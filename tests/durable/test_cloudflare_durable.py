@@ -268,3 +268,53 @@ async def test_sigkilled_client_leaves_its_process_running_until_the_resume(serv
         assert "after" in update.output  # printed after the crash, while nobody read
     assert sandbox_id in server.deleted
     assert await eventually(lambda: host_pids_with_arg(marker) == [])
+
+
+async def test_a_resume_that_won_the_lease_makes_the_old_close_let_go(server):
+    old = _open(server)
+    await old.start()
+    started = await old.pty_exec_start("cat", tty=True, yield_time_s=0.2)
+    ref = old.ref()
+    new = _resume(ref)
+    gate = HookGate(new, "_reattach_process")  # the lease is the new client's by now
+    starting = asyncio.ensure_future(new.start())
+    await gate.reached.wait()
+    await old.aclose()  # its claim fails: it lets go, deletes nothing
+    assert server.deleted == [] and server.deleted_sessions == []
+    gate.release()
+    await starting
+    async with new:
+        echoed = await new.pty_write_stdin(started.process_id, "still\n", until="still")
+        assert "still" in echoed.output
+    assert server.deleted == [ref.sandbox["sandbox_id"]]
+
+
+@pytest.mark.parametrize("point", ["running", "session_create", "exec", "pty_ready"])
+async def test_a_resume_cancelled_inside_a_request_leaves_the_ref_the_owner(server, point):
+    """Each request of a resume (the attach, the mark's and the session's looks, the
+    lease, the terminal's handshake) parked at the Worker and cancelled there: nothing
+    is left open, and the ref resumes afterwards with its process still running."""
+    session = _open(server)
+    await session.start()
+    started = await session.pty_exec_start(
+        f"echo one; {WAIT.format(name='go')}; echo two", until="one", yield_time_s=10
+    )
+    ref = await session.detach()
+    stall = server.stall(point)
+    resumed = _resume(ref)
+    starting = asyncio.ensure_future(resumed.start())
+    await stall.reached.wait()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await stall.abandoned.wait()
+    stall.release()
+    assert resumed.state is sandbox.SessionState.NEW
+    assert await eventually(lambda: server.open_terminals() == 0)
+    [proc] = ref.processes
+    assert proc.handle["session"] in server.sandboxes[ref.sandbox["sandbox_id"]].sessions
+    server.faults.gates.clear()
+    async with _resume(ref) as again:
+        await again.write_file("go", b"")
+        update = await again.pty_write_stdin(started.process_id, "", yield_time_s=10)
+        assert "two" in update.output and "one" not in update.output
