@@ -35,6 +35,13 @@ KEY = "cf-durable-key-SECRET-90ab"
 WAIT = "while [ ! -e {name} ]; do sleep 0.02; done"
 
 
+@pytest.fixture(autouse=True)
+def _no_key_in_logs(caplog: pytest.LogCaptureFixture):
+    caplog.set_level("DEBUG")
+    yield
+    assert KEY not in caplog.text
+
+
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[CloudflareWorkerServer]:
     async with CloudflareWorkerServer(api_key=KEY, root=tmp_path / "worker") as worker:
