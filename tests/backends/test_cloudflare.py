@@ -1047,3 +1047,18 @@ async def test_resource_limits_are_unsupported(
     with pytest.raises(sandbox.UnsupportedOperationError, match=name):
         open_cf(server, **{name: value})
     assert server.requests == []
+
+
+async def test_no_snapshot_through_the_bridge(server: CloudflareWorkerServer) -> None:
+    """routes.ts routes no backup (createBackup/restoreBackup are the Durable Object's
+    only): refused before any request, and the file calls still run by exec (the bridge
+    routes no listFiles/mkdir/deleteFile either; docs/providers.md)."""
+    async with open_cf(server) as s:
+        asked = len(server.requests)
+        with pytest.raises(sandbox.UnsupportedOperationError, match="routes no backup"):
+            await s.snapshot()
+        assert len(server.requests) == asked
+        await s.make_dir("d/e")
+        assert [i.name for i in await s.list_dir("d")] == ["e"]
+        await s.remove("d", recursive=True)
+        assert {r.endpoint for r in server.requests[asked:]} == {"exec"}

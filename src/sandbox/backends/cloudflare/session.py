@@ -39,6 +39,7 @@ from ...backend import (
     PtyEntry,
     SessionRef,
     ShellFileOps,
+    SnapshotRef,
     check_seconds,
 )
 from ...errors import (
@@ -431,6 +432,15 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     async def _expose_port(self, port: int) -> ExposedPort:
         """A quick tunnel through the bridge (`workspace.expose`)."""
         return await expose(self._client, port)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """None through the bridge: `createBackup`/`restoreBackup` are methods of the
+        SDK's Durable Object (sandbox.ts), and routes.ts routes neither."""
+        raise UnsupportedOperationError(
+            "the cloudflare backend has no snapshots: the bridge Worker routes no backup "
+            "(createBackup/restoreBackup exist only on the SDK's Durable Object); "
+            "persist_workspace() and hydrate_workspace() carry a workspace anywhere"
+        )
 
     def _shell_ops(self) -> ShellFileOps:
         # Commands start in /workspace: the script finds it as ".".
