@@ -1062,3 +1062,30 @@ async def test_no_snapshot_through_the_bridge(server: CloudflareWorkerServer) ->
         assert [i.name for i in await s.list_dir("d")] == ["e"]
         await s.remove("d", recursive=True)
         assert {r.endpoint for r in server.requests[asked:]} == {"exec"}
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["created", "attached-kept"])
+async def test_a_start_cancelled_while_marking_its_container_leaves_nothing(
+    server: CloudflareWorkerServer, keep: bool
+) -> None:
+    """The container mark (`durable.mark`, a session create at start) is a new await
+    point of the start: cancelled there, the created sandbox is deleted; an attached,
+    kept one stays, without the mark."""
+    sandbox_id = None
+    if keep:
+        async with open_cf(server, keep=True) as first:
+            sandbox_id = first.sandbox_id
+    s = open_cf(server, sandbox_id=sandbox_id, keep=keep)
+    stall = server.stall("session_create")
+    starting = asyncio.ensure_future(s.start())
+    await stall.reached.wait()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    stall.release()
+    await server.wait_idle()
+    if keep:
+        assert sandbox_id is not None and server.sandboxes[sandbox_id].sessions == {}
+    else:
+        assert server.sandboxes == {} and len(server.deleted) == 1
+    assert s._client.http is None
