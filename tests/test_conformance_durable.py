@@ -37,6 +37,8 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
             "api_key": _fixture(backend).API_KEY,
             "daytona_class": session._client.options.daytona_class,
         }
+    if backend.name == "cloudflare":
+        return {"worker_url": session._worker_url, "api_key": session._client.key.reveal()}
     if backend.name == "modal":
         return {
             "sdk": session._sdk,

@@ -377,7 +377,22 @@ async def test_keep_then_attach_then_delete(server: CloudflareWorkerServer) -> N
 
 
 async def test_attach_to_unknown_sandbox(server: CloudflareWorkerServer) -> None:
-    s = open_cf(server, sandbox_id="missing")
+    """warm-pool.ts `getContainer`: the bridge gives an id without a running container
+    (never made, deleted, stopped) a fresh one at its first request, so an attach to it
+    succeeds with an empty /workspace; nothing in the bridge tells it apart. (A resume
+    does: it looks for its session's container mark, tests/durable.)"""
+    async with open_cf(server, sandbox_id="missing") as s:
+        assert server.allocated == ["missing"]
+        assert (await s.list_dir(".")) == []
+    assert server.deleted == ["missing"]
+
+
+async def test_attach_to_a_sandbox_that_is_not_running(server: CloudflareWorkerServer) -> None:
+    async with open_cf(server, keep=True) as first:
+        sandbox_id = first.sandbox_id
+    assert sandbox_id is not None
+    server.stop_sandbox(sandbox_id)
+    s = open_cf(server, sandbox_id=sandbox_id)
     with pytest.raises(sandbox.ProviderError, match="not running") as info:
         await s.start()
     assert not info.value.retryable
@@ -875,7 +890,8 @@ async def test_close_leaves_terminals_to_the_sandbox_delete_unless_kept(
         sandbox_id = s.sandbox_id
         execs_before = len(server.exec_bodies)
     endpoints = [r.endpoint for r in server.requests]
-    assert endpoints.count("session_delete") == (1 if keep else 0)
+    # A kept sandbox also loses the session's container mark (backends.cloudflare.durable).
+    assert endpoints.count("session_delete") == (2 if keep else 0)
     assert len(server.exec_bodies) - execs_before == (1 if keep else 0)
     assert (sandbox_id in server.sandboxes) is keep
     assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
@@ -1031,3 +1047,45 @@ async def test_resource_limits_are_unsupported(
     with pytest.raises(sandbox.UnsupportedOperationError, match=name):
         open_cf(server, **{name: value})
     assert server.requests == []
+
+
+async def test_no_snapshot_through_the_bridge(server: CloudflareWorkerServer) -> None:
+    """routes.ts routes no backup (createBackup/restoreBackup are the Durable Object's
+    only): refused before any request, and the file calls still run by exec (the bridge
+    routes no listFiles/mkdir/deleteFile either; docs/providers.md)."""
+    async with open_cf(server) as s:
+        asked = len(server.requests)
+        with pytest.raises(sandbox.UnsupportedOperationError, match="routes no backup"):
+            await s.snapshot()
+        assert len(server.requests) == asked
+        await s.make_dir("d/e")
+        assert [i.name for i in await s.list_dir("d")] == ["e"]
+        await s.remove("d", recursive=True)
+        assert {r.endpoint for r in server.requests[asked:]} == {"exec"}
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["created", "attached-kept"])
+async def test_a_start_cancelled_while_marking_its_container_leaves_nothing(
+    server: CloudflareWorkerServer, keep: bool
+) -> None:
+    """The container mark (`durable.mark`, a session create at start) is a new await
+    point of the start: cancelled there, the created sandbox is deleted; an attached,
+    kept one stays, without the mark."""
+    sandbox_id = None
+    if keep:
+        async with open_cf(server, keep=True) as first:
+            sandbox_id = first.sandbox_id
+    s = open_cf(server, sandbox_id=sandbox_id, keep=keep)
+    stall = server.stall("session_create")
+    starting = asyncio.ensure_future(s.start())
+    await stall.reached.wait()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    stall.release()
+    await server.wait_idle()
+    if keep:
+        assert sandbox_id is not None and server.sandboxes[sandbox_id].sessions == {}
+    else:
+        assert server.sandboxes == {} and len(server.deleted) == 1
+    assert s._client.http is None

@@ -76,3 +76,26 @@ class TestCloudflare(LiveSuite):
         assert (await live.exec("cat /workspace/notes-live.txt")).stdout == b"hello"
         with pytest.raises(sandbox.WorkspacePathError):
             await live.read_file("/etc/hostname")
+
+    async def test_detached_terminal_is_reattached_with_what_it_printed(self) -> None:
+        """The durable facts on the real Worker: a terminal session outlives the
+        client, its ring replays what it printed meanwhile (docs/providers.md)."""
+        REQUIRES.skip_if_missing()
+        first = sandbox.open_session("cloudflare")
+        await first.start()
+        try:
+            started = await first.pty_exec_start(
+                "echo early-live; while [ ! -e go-live ]; do sleep 0.1; done; "
+                "echo late-live; exit 4",
+                until="early-live",
+                yield_time_s=30,
+            )
+            ref = await first.detach()
+        except BaseException:
+            await first.aclose()
+            raise
+        async with sandbox.resume_session(ref) as resumed:
+            await resumed.write_file("go-live", b"")
+            update = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=30)
+            assert "late-live" in update.output and "early-live" not in update.output
+            assert update.exit_code == 4

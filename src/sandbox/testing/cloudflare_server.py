@@ -10,9 +10,11 @@ docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 `POST   /v1/sandbox`                        ``{"id": ...}``: 26 base32 characters
                                             (routes.ts); the sandbox's directory plays
                                             ``/workspace`` (its cwd and HOME)
-`DELETE /v1/sandbox/{id}`                   kills everything, 204 (also for an unknown id)
+`DELETE /v1/sandbox/{id}`                   kills everything, 204 (also for an unknown id,
+                                            without making a container: warm-pool.ts
+                                            `lookupContainer`)
 `GET    /v1/sandbox/{id}/running`           ``{"running": true|false}``, always 200
-                                            (routes.ts); unknown ids are not running
+                                            (routes.ts)
 `POST   /v1/sandbox/{id}/session`           ``{"id": sid}`` (body ``{"id"?}``); 502 when
                                             the id exists
 `DELETE /v1/sandbox/{id}/session/{sid}`     ends the session and its PTY (SIGHUP, then
@@ -40,6 +42,9 @@ docs/providers.md, "Cloudflare"); each behaviour below names the upstream file:
 
 Every request must carry ``Authorization: Bearer <api_key>`` (else 401), and an id in
 ``/v1/sandbox/{id}/...`` must match ``^[a-z2-7]{1,128}$`` (else 400), as in routes.ts.
+Any such request for an id with no running container (never made, deleted, or
+replaced) gets a fresh, empty one, as the bridge's pool does (warm-pool.ts
+`getContainer`); `allocated` lists those ids.
 
 Like the real container, and unlike older bridges:
 
@@ -47,6 +52,13 @@ Like the real container, and unlike older bridges:
   (each new connection gets the buffered output first); closing a socket only
   unsubscribes it: the PTY and its processes keep running until the session is deleted
   (or the sandbox);
+- the PTY keeps the newest 256 KiB of its output (pty.ts, utils/ring-buffer.ts) whether
+  or not a socket listens, and after its shell exited (only a session delete clears
+  it); a socket that connects later gets exactly that ring, then ``ready``, then live
+  output, with nothing lost or repeated between them (pty-ws-handler.ts `onOpen` reads
+  the ring and subscribes in one synchronous step): what a resumed client relies on;
+- creating a session that exists answers 502 ``Session '<id>' already exists``
+  (session-manager.ts `createSession`);
 - no ``exit`` frame is ever sent: when the shell exits the socket simply stays open
   (`legacy_exit_frame=True` sends ``{"type": "exit", "code": N}`` and closes, as older
   bridges did);
@@ -85,6 +97,8 @@ stalls are thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPl
   instead of ``ready``.
 - ``await server.send_pty_error("message")``: an ``error`` frame to every terminal.
 - ``server.stop_sandbox(id)``: its ``running`` answers false from now on.
+- ``await server.replace_container(id)``: its container stopped (it sleeps after 10
+  minutes without a request) and the id gets a fresh, empty one (warm-pool.ts).
 - ``server.legacy_exit_frame = True``: the older bridge's ``exit`` frame.
 
 Peers that send too much or too little (each sends at most `flood_bytes`, default
@@ -105,7 +119,8 @@ so the server's own memory stays small):
 - A peer that accepts and never answers: ``server.stall(endpoint)``.
 
 What a test can look at: `sandboxes` (live ones, with their `root` directory, the
-``/workspace``, and their `sessions`), `deleted` (ids), `deleted_sessions`,
+``/workspace``, and their `sessions`), `deleted` (ids), `replaced` (ids), `deleted_sessions`,
+`allocated` (ids given a fresh container by a request),
 `requests` (method, path, endpoint, authorized, client port, session id: never other
 headers), `exec_bodies`, `live_processes()` and `open_terminals()`.
 
@@ -219,11 +234,12 @@ class _Connection:
 
 @dataclass(eq=False)
 class FakePty:
-    """A session's one PTY (pty.ts): the shell, its output ring, who listens."""
+    """A session's one PTY (pty.ts): the shell, its output ring, who listens (each
+    socket with the queue of output its sender writes in order)."""
 
     proc: LocalProcess
     buffer: bytearray = field(default_factory=bytearray)
-    listeners: set[web.WebSocketResponse] = field(default_factory=set)
+    listeners: dict[web.WebSocketResponse, asyncio.Queue[bytes]] = field(default_factory=dict)
     exit_code: int | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -365,6 +381,8 @@ class CloudflareWorkerServer:
         self.flooded = 0
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
+        self.replaced: list[str] = []
+        self.allocated: list[str] = []
         self.deleted_sessions: list[str] = []
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
@@ -618,14 +636,18 @@ class CloudflareWorkerServer:
         await self._faults.park(point)
 
     def _sandbox(self, request: web.Request) -> FakeSandbox:
-        sandbox = self.sandboxes.get(request.match_info["id"])
+        """The container a `/v1/sandbox/{id}/...` request reaches: routes.ts resolves
+        every such request through the pool's `getContainer` (warm-pool.ts), which
+        gives an id without a running container (never made, deleted, stopped) a fresh
+        one, with an empty /workspace."""
+        sandbox_id = request.match_info["id"]
+        sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
-            # The real pool would assign a fresh container to any well-formed id; a
-            # loopback cannot run one it never created, so it says "pool error" (502).
-            raise web.HTTPBadGateway(
-                text=json.dumps({"error": "pool error: no such sandbox", "code": "pool_error"}),
-                content_type="application/json",
-            )
+            assert self._root is not None
+            root = os.path.join(self._root, sandbox_id)
+            os.makedirs(root, exist_ok=True)
+            sandbox = self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, root)
+            self.allocated.append(sandbox_id)
         return sandbox
 
     def _env(self, sandbox: FakeSandbox, *, tty: bool) -> dict[str, str]:
@@ -726,10 +748,29 @@ class CloudflareWorkerServer:
             }
         )
 
+    async def replace_container(self, sandbox_id: str) -> None:
+        """The sandbox's container stopped (sandbox.ts: it sleeps after `sleepAfter`,
+        10 minutes without a request, or it crashed) and the bridge's pool gives the id
+        a fresh container at its next request (warm-pool.ts `getContainer`: an
+        assignment whose container is not running is dropped). Every session, PTY,
+        exec and file of the old one is gone; the id answers again, with an empty
+        /workspace. (Files this server's processes wrote outside the sandbox
+        directory, in the host's /tmp, cannot be told apart and stay.)"""
+        await self._teardown(self.sandboxes[sandbox_id])
+        os.makedirs(self.sandboxes[sandbox_id].root)
+        self.sandboxes[sandbox_id] = FakeSandbox(sandbox_id, self.sandboxes[sandbox_id].root)
+        self.replaced.append(sandbox_id)
+
     async def _destroy(self, sandbox_id: str) -> None:
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             return
+        await self._teardown(sandbox)
+        self.sandboxes.pop(sandbox_id, None)
+        self.deleted.append(sandbox_id)
+
+    async def _teardown(self, sandbox: FakeSandbox) -> None:
+        """End everything of a sandbox's container and remove its files."""
         tunnels, sandbox.tunnels = list(sandbox.tunnels.values()), {}
         for proxy in tunnels:
             await proxy.close()
@@ -746,14 +787,12 @@ class CloudflareWorkerServer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await conn.done.wait()
-        self.sandboxes.pop(sandbox_id, None)
-        self.deleted.append(sandbox_id)
         shutil.rmtree(sandbox.root, ignore_errors=True)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
-        """routes.ts: always 200; ``running`` is whether `exec('true')` worked."""
-        sandbox = self.sandboxes.get(request.match_info["id"])
-        return web.json_response({"running": sandbox is not None and sandbox.running})
+        """routes.ts: always 200; ``running`` is whether `exec('true')` worked (in the
+        container the pool gives the id: a fresh one for an unknown id)."""
+        return web.json_response({"running": self._sandbox(request).running})
 
     # ---- sessions ----------------------------------------------------------------------
 
@@ -766,11 +805,15 @@ class CloudflareWorkerServer:
             body = await request.json()
         wanted = body.get("id") if isinstance(body, dict) else None
         sid = wanted if isinstance(wanted, str) and wanted else "session-" + secrets.token_hex(6)
-        if not SESSION_ID_RE.fullmatch(sid) or ".." in sid or sid in sandbox.sessions:
+        if sid in sandbox.sessions:
+            # session-manager.ts `createSession`: SESSION_ALREADY_EXISTS, whose message
+            # the bridge passes on with its 502.
             return _error_json(
-                f"session create failed: session '{sid}' already exists or is invalid",
-                "session_error",
-                502,
+                f"session create failed: Session '{sid}' already exists", "session_error", 502
+            )
+        if not SESSION_ID_RE.fullmatch(sid) or ".." in sid:
+            return _error_json(
+                f"session create failed: invalid session id '{sid}'", "session_error", 502
             )
         sandbox.sessions[sid] = FakeSession(sid)
         return web.json_response({"id": sid})
@@ -794,6 +837,8 @@ class CloudflareWorkerServer:
         pty, session.pty = session.pty, None
         if pty is None:
             return
+        for queue in pty.listeners.values():
+            queue.put_nowait(b"")
         for ws in list(pty.listeners):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -1015,10 +1060,16 @@ class CloudflareWorkerServer:
                 )
                 await ws.close()
                 return ws
-            if pty.buffer:
-                await ws.send_bytes(bytes(pty.buffer))
-            pty.listeners.add(ws)
+            # pty-ws-handler.ts `onOpen`: the ring is read and the socket subscribed in
+            # one synchronous step, so nothing printed meanwhile is lost or sent twice:
+            # the ring, `ready`, then live output in order (queued while these go out).
+            ring = bytes(pty.buffer)
+            queue: asyncio.Queue[bytes] = asyncio.Queue()
+            pty.listeners[ws] = queue
+            if ring:
+                await ws.send_bytes(ring)
             await ws.send_str(json.dumps({"type": "ready"}))
+            self._background(self._pty_sender(ws, queue))
             if flood == "frame":
                 await self._huge_frame(request)
             if self.legacy_exit_frame and pty.exit_code is not None:
@@ -1028,7 +1079,9 @@ class CloudflareWorkerServer:
             pass  # the client went away: the PTY goes on
         finally:
             if pty is not None:
-                pty.listeners.discard(ws)
+                queue_of = pty.listeners.pop(ws, None)
+                if queue_of is not None:
+                    queue_of.put_nowait(b"")  # ends its sender
             try:
                 if not ws.closed:
                     with contextlib.suppress(Exception):
@@ -1063,8 +1116,8 @@ class CloudflareWorkerServer:
             pty = holder[0]
             pty.buffer += data
             del pty.buffer[: max(0, len(pty.buffer) - PTY_BUFFER_BYTES)]
-            for ws in list(pty.listeners):
-                self._background(self._send_data(ws, data))
+            for queue in pty.listeners.values():
+                queue.put_nowait(data)
 
         def on_exit(code: int) -> None:
             pty = holder[0]
@@ -1089,9 +1142,12 @@ class CloudflareWorkerServer:
             pty.buffer += self.pre_ready_output
         return pty
 
-    async def _send_data(self, ws: web.WebSocketResponse, data: bytes) -> None:
+    async def _pty_sender(self, ws: web.WebSocketResponse, queue: asyncio.Queue[bytes]) -> None:
+        """A socket's live output, in order, until it is unsubscribed (an empty item)."""
         with contextlib.suppress(ConnectionError, RuntimeError):
-            if not ws.closed:
+            while data := await queue.get():
+                if ws.closed:
+                    return
                 await ws.send_bytes(data)
 
     async def _send_exit(self, ws: web.WebSocketResponse, code: int) -> None:

@@ -9,6 +9,8 @@ cloudflare/sandbox-sdk), over HTTP and WebSocket with aiohttp.
 - `files`: files under /workspace, stat'ed first;
 - `scripts`: the terminal's session kill and the stat, beside the toolkit's scripts;
 - `sse`: the incremental server-sent-event decoder of the exec stream;
+- `durable`: detach and resume (terminal sessions reattached by id, the container mark,
+  the lease in the sandbox);
 - `bounds`: every byte count and deadline applied to what the Worker sends.
 """
 

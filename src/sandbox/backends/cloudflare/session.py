@@ -2,7 +2,8 @@
 Sandbox Worker (the bridge of cloudflare/sandbox-sdk) over HTTP and WebSocket.
 
 The protocol lives beside this module: `client` (requests, control execs), `execs`
-(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`.
+(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`,
+`durable` (detach, resume: a process's terminal session outlives the client).
 Every fact and its upstream source is in docs/providers.md, "Cloudflare".
 
 - A one-shot command is a `WorkerExec` (`execs`): the base session times it out and
@@ -34,8 +35,11 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
+    SnapshotRef,
     check_seconds,
 )
 from ...errors import (
@@ -45,6 +49,7 @@ from ...errors import (
     UnsupportedOperationError,
 )
 from ..toolkit import CommandCheck, Secret, ShellTrap, require_credential, wait_for_verdict
+from . import durable as durable_cf
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command
@@ -159,6 +164,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             connect_timeout_s=float(connect_timeout_s),
         )
         self._files = WorkerFiles(self._client)
+        # Kept for a ref, which keeps it only when it is a bare origin (`durable`).
+        self._worker_url = url_text
         self._requested_id = sandbox_id
         self.keep = bool(keep)
         self.request_timeout_s = float(request_timeout_s)
@@ -183,26 +190,42 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        """Attach (`GET .../running`) or create (`POST /v1/sandbox`, as our own task)."""
+        """Attach (`GET .../running`) or create (`POST /v1/sandbox`, as our own task),
+        then mark the container (a bridge session: `durable.mark`), so that a resume can
+        tell it from a fresh one the bridge gives the same id."""
+        if self._requested_id is not None:
+            await self._attach_sandbox()
+        else:
+            await self._create_sandbox()
+        await durable_cf.mark(self)
+
+    async def _attach_sandbox(self) -> None:
+        """Open the client and check the requested sandbox runs."""
         client = self._client
         client.sandbox_id = None
         client.open()
-        if self._requested_id is not None:
-            # The id is adopted only once the check succeeded: a failed attach must not
-            # make the cleanup delete a sandbox we never held.
-            _, body = await client.call(
-                "GET", client.url(self._requested_id, "running"), "attach to the sandbox"
+        requested = self._requested_id
+        assert requested is not None
+        # The id is adopted only once the check succeeded: a failed attach must not make
+        # the cleanup delete a sandbox we never held.
+        _, body = await client.call(
+            "GET", client.url(requested, "running"), "attach to the sandbox"
+        )
+        # The bridge answers 200 either way; `running` says whether the sandbox's
+        # container answered a `true` exec.
+        if json_object(body.decode("utf-8", "replace")).get("running") is not True:
+            raise ProviderError(
+                f"could not attach to the sandbox {requested!r}: it is not running "
+                "(stopped, or no such sandbox)",
+                retryable=False,
             )
-            # The bridge answers 200 either way; `running` says whether the sandbox's
-            # container answered a `true` exec.
-            if json_object(body.decode("utf-8", "replace")).get("running") is not True:
-                raise ProviderError(
-                    f"could not attach to the sandbox {self._requested_id!r}: it is not "
-                    "running (stopped, or no such sandbox)",
-                    retryable=False,
-                )
-            client.sandbox_id = self._requested_id
-            return
+        client.sandbox_id = requested
+
+    async def _create_sandbox(self) -> None:
+        """Open the client and create a sandbox."""
+        client = self._client
+        client.sandbox_id = None
+        client.open()
         # The create runs as our own task: if this caller is cancelled after the Worker
         # made the sandbox, `_stop_backend` waits for the answer and deletes it.
         create = asyncio.ensure_future(
@@ -225,6 +248,8 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
                     client.sandbox_id = _created_id(create.result()[1])
         sandbox_id = client.sandbox_id
         try:
+            if self.keep:
+                await durable_cf.unmark(self)
             if client.http is not None and sandbox_id is not None and not self.keep:
                 # Idempotence: forget the id first, so the delete is attempted only once.
                 client.sandbox_id = None
@@ -351,6 +376,47 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         for _ in range(3):
             await asyncio.sleep(0)
 
+    # ---- durable (see backends.cloudflare.durable) -----------------------------------
+
+    _keeps_processes = True
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        """The sandbox id and `keep`."""
+        return durable_cf.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        """The base's options, the timeouts, the Worker URL if a bare origin; no key."""
+        return durable_cf.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """Attach to the ref's sandbox, kept or not as the first session was."""
+        return durable_cf.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
+        """The bridge session, trap token, shell pid and command position."""
+        return durable_cf.ref_process(entry)
+
+    def _lease_store(self) -> durable_cf.SandboxLease:
+        """A lease file in the sandbox, through control execs."""
+        return durable_cf.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        """Attach, then find the session's container mark (else `SessionGoneError`)."""
+        await durable_cf.resume(self)
+
+    async def _reattach_process(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
+        """Reconnect the process's terminal session: its ring replayed, then live."""
+        await durable_cf.reattach(self, entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[PtyHandle]) -> None:
+        """Close the socket and stop the reader; the session and command stay."""
+        await durable_cf.release(self, entry)
+
+    async def _detach_backend(self) -> None:
+        """Close the HTTP client; the sandbox stays."""
+        await durable_cf.detach(self)
+
     # ---- files ---------------------------------------------------------------------
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
@@ -366,6 +432,15 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     async def _expose_port(self, port: int) -> ExposedPort:
         """A quick tunnel through the bridge (`workspace.expose`)."""
         return await expose(self._client, port)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """None through the bridge: `createBackup`/`restoreBackup` are methods of the
+        SDK's Durable Object (sandbox.ts), and routes.ts routes neither."""
+        raise UnsupportedOperationError(
+            "the cloudflare backend has no snapshots: the bridge Worker routes no backup "
+            "(createBackup/restoreBackup exist only on the SDK's Durable Object); "
+            "persist_workspace() and hydrate_workspace() carry a workspace anywhere"
+        )
 
     def _shell_ops(self) -> ShellFileOps:
         # Commands start in /workspace: the script finds it as ".".

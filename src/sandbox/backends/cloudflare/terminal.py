@@ -196,6 +196,17 @@ class PtyHandle:
     drop: bool = False
     shell_pid: int | None = None
     pid_scan: bytes = b""
+    # Where this client's positions start (a resume: the ref's output position and the
+    # command's bytes already returned by then), and the notes of our own fed since
+    # (absolute position, length): a ref counts only the command's bytes (`durable`).
+    base_position: int = 0
+    base_command: int = 0
+    notes: list[tuple[int, int]] = field(default_factory=list)
+
+    def note(self, entry: PtyEntry[PtyHandle], text: bytes) -> None:
+        """Feed a note of ours (not the command's output) into the entry."""
+        self.notes.append((entry.output.end_pos, len(text)))
+        entry.feed(text)
 
     def scan_for_pid(self, raw: bytes) -> None:
         """Look for the shell's pid marker in the output before the trap's start."""
@@ -306,7 +317,9 @@ async def pump(entry: PtyEntry[PtyHandle], handle: PtyHandle, redact: Callable[[
                 handle.errors.append(message)
                 logger.warning("cloudflare terminal error: %s", message)
                 eol = "\r\n" if entry.tty else "\n"
-                entry.feed(f"{eol}[sandbox: the Worker reported an error: {message}]{eol}".encode())
+                handle.note(
+                    entry, f"{eol}[sandbox: the Worker reported an error: {message}]{eol}".encode()
+                )
             else:
                 if not entry.exited and not handle.closing:
                     last = f"; last error: {handle.errors[-1]}" if handle.errors else ""
