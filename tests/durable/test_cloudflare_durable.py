@@ -325,3 +325,29 @@ async def test_a_resume_cancelled_inside_a_request_leaves_the_ref_the_owner(serv
         await again.write_file("go", b"")
         update = await again.pty_write_stdin(started.process_id, "", yield_time_s=10)
         assert "two" in update.output and "one" not in update.output
+
+
+async def test_a_close_that_cannot_read_the_lease_lets_go_and_says_so(
+    server: CloudflareWorkerServer, tmp_path: Path
+) -> None:
+    """The lease read at the start of a close fails: the close cannot tell whether a new
+    owner holds the sandbox, so it tears nothing down, releases its own clients (strict
+    pytest fails on a socket left open), keeps the ref file, and raises the reason."""
+    ref_file = tmp_path / "ref.json"
+    session = _open(server, ref_file=ref_file)
+    await session.start()
+    marker = unique_seconds()
+    update = await session.pty_exec_start(f"exec sleep {marker}", tty=False, yield_time_s=0.1)
+    sandbox_id = session.ref().sandbox["sandbox_id"]
+    server.fail("exec", 500, times=1)  # the close's lease read
+    with pytest.raises(sandbox.CleanupError, match="left running") as info:
+        await session.aclose()
+    assert "the API key" not in str(info.value) and KEY not in str(info.value)
+    assert session.state is sandbox.SessionState.CLOSED
+    assert host_pids_with_arg(marker), "the close killed what it could not prove it owns"
+    assert server.open_terminals() == 0
+    # The ref file still finds the sandbox and its process: the next client closes it.
+    async with _resume(sandbox.read_ref_file(ref_file)) as resumed:
+        assert resumed.ref().sandbox["sandbox_id"] == sandbox_id
+        assert [p.process_id for p in resumed.pty_processes()] == [update.process_id]
+    assert await eventually(lambda: not host_pids_with_arg(marker))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import SandboxError, SessionTakenOverError
+from ..errors import CleanupError, SandboxError, SessionTakenOverError
 from ..process_entry import CommandSpec, ProcessSpec, PtyEntry
 from ..settle import settle
 from . import lease
@@ -293,15 +293,24 @@ async def claim_close(session: DurableSession) -> bool:
     return True
 
 
-async def let_go(session: DurableSession, entries: list[PtyEntry[Any]]) -> list[BaseException]:
+async def let_go(
+    session: DurableSession, entries: list[PtyEntry[Any]], *, keep_ref_file: bool = False
+) -> list[BaseException]:
     """The close of a taken-over session: release every entry (no kill: the new owner
-    decides), then the backend's clients. Returns the errors met."""
+    decides), then the backend's clients. Returns the errors met. `keep_ref_file`: leave
+    the ref file holding the last ref (the sandbox stays, and is found again from it)."""
     errors = await session._owned.settle_all(entries, let_go={e.process_id for e in entries})
     try:
         await session._detach_backend()
     except Exception as exc:
         errors.append(exc)
-    finish_ref_file(session, None)
+    if keep_ref_file:
+        close_store(session)
+        ref_file, session._durable.ref_file = session._durable.ref_file, None
+        if ref_file is not None:
+            ref_file.close()
+    else:
+        finish_ref_file(session, None)
     return errors
 
 
@@ -309,7 +318,21 @@ async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]])
     """In a close, with `entries` taken: whether it may tear the sandbox down. If
     another client took it over, let go of `entries` and the backend's clients instead
     (the failures are logged) and answer False."""
-    if await claim_close(session):
+    try:
+        owner = await claim_close(session)
+    except Exception as exc:
+        # Who owns the sandbox cannot be told (the lease read failed): tearing it down
+        # could destroy what a new owner holds, so this client only lets go, and says so;
+        # the ref file keeps the last ref, to resume or close the sandbox from.
+        errors = await let_go(session, entries, keep_ref_file=True)
+        session._recordings.close()
+        raise CleanupError(
+            f"closing the {session.backend_name} session: could not check whether another "
+            f"client took the sandbox over ({exc}); the sandbox was left running and this "
+            "client let go of it",
+            [exc, *errors],
+        ) from None
+    if owner:
         return True
     errors = await let_go(session, entries)
     session._recordings.close()
