@@ -1259,7 +1259,7 @@ class BlaxelServer:
             found = shell if "/" in shell else shutil.which(shell)
             if found is None:
                 return None, f'exec: "{shell}": executable file not found in $PATH'
-            if not os.access(found, os.X_OK) or os.path.isdir(found):
+            if not await asyncio.to_thread(_executable, found):
                 return None, f"fork/exec {shell}: no such file or directory"
         cwd = working_dir or self.root
         if not await asyncio.to_thread(os.path.isdir, cwd):
@@ -1543,6 +1543,10 @@ class BlaxelServer:
         if box is None:
             return {}
         return {sid: not s.exited for sid, s in box.term_sessions.items()}
+
+
+def _executable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
 
 
 def _append_ring(ring: bytearray, data: bytes) -> None:
