@@ -46,9 +46,19 @@ behaviour has a knob that restores the stand-in's older one:
   both answered with an `error` frame, as before). When the shell exits, its session's
   processes are killed, but the socket stays OPEN: the server only notices between
   client messages, so it closes after the next one (`close_terminal_on_exit=True`:
-  it closes at once). Output is read from the PTY `read_size` (4096) bytes at a time
-  and each read becomes one frame through `string(buf[:n])` and Go's JSON encoder,
-  which replaces every byte of an invalid or split UTF-8 sequence with one U+FFFD
+  it closes at once). Sessions outlive their sockets (`session_manager.go`): one is
+  found again by `sessionId` (a dead one is replaced by a new shell), resized to the
+  new client's size, and its output ring (`TERMINAL_RING_BYTES`, 100 KiB, its front
+  cut at a line) is replayed first as one `output` frame after `ANSI_RESET`; the
+  `shell` query parameter names the program of a NEW session only (one that cannot
+  start answers an `error` frame and closes). A session without clients is closed
+  `terminal_idle_s` (600) after its last output or client, swept every
+  `terminal_cleanup_s` (30); `cleanup_terminals(idle_s=0)` runs the sweep as if
+  that time had passed. `GET /sandboxes/{name}` answers a deleted sandbox with status
+  TERMINATED (the SDK's `SandboxInstance.get`; `terminated` holds them). Output
+  is read from the PTY `read_size` (4096) bytes at a time and each read becomes one
+  frame through `string(buf[:n])` and Go's JSON encoder, which replaces every byte of
+  an invalid or split UTF-8 sequence with one U+FFFD
   (`go_utf8=False`: an incremental decoder that never splits a character). Frames are
   further cut to at most `output_frame_chars` characters.
 
@@ -97,7 +107,8 @@ each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a `POST /process`
   the terminal ends. `terminal_tasks()` counts the handlers and pumps still running.
 
 Inspection: `requests` (method and path of every call), `terminals` (the query of every
-terminal handshake), `sandboxes`, `live_processes()` (local processes still running).
+terminal handshake), `sandboxes`, `terminal_sessions(name)` (each session id and whether
+its shell runs), `live_processes()` (local processes still running).
 """
 
 from __future__ import annotations
@@ -1635,11 +1646,15 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 __all__ = [
+    "ANSI_RESET",
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
     "GET_OUTPUT_TAIL",
     "OUTPUT_RETAIN",
+    "TERMINAL_CLEANUP_S",
+    "TERMINAL_IDLE_S",
+    "TERMINAL_RING_BYTES",
     "BlaxelServer",
     "FakeSandbox",
     "FloodingPeer",

@@ -10,6 +10,8 @@
 - `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
 - `files`: files through the sandbox API, regular files only;
 - `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
+- `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
+  id with their replayed output, the lease in the sandbox.
 """
 
 from __future__ import annotations
