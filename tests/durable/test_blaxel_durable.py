@@ -208,6 +208,36 @@ async def test_a_resume_racing_the_old_clients_close(server: BlaxelServer, tmp_p
     assert server.sandboxes == {}
 
 
+@pytest.mark.parametrize("endpoint", ["get", "terminal", "terminal_output"])
+async def test_a_resume_cancelled_inside_a_call_leaves_the_ref_the_owner(
+    server: BlaxelServer, tmp_path: Path, endpoint: str
+) -> None:
+    # The await points inside the hooks: finding the sandbox, the terminal's handshake,
+    # and the wait for its replay.
+    async with _open(server, tmp_path) as s:
+        started = await s.pty_exec_start("echo ready; sleep 600", yield_time_s=5, until="ready")
+        ref = await s.detach()
+        name, sid = s.sandbox_name, ref.processes[0].handle["session_id"]
+        resumed = _resume(ref)
+        blocked = server.stall(endpoint)
+        starting = asyncio.ensure_future(resumed.start())
+        await blocked.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        server.release()
+        assert resumed.state is sandbox.SessionState.NEW
+        assert resumed._client.http is None and resumed._client.instance is None
+        # Nothing was killed, and no connection is left to the session.
+        assert await eventually(lambda: server.terminal_tasks() == 0)
+        assert _sessions(server, name) == {sid: True}
+        async with _resume(ref) as again:
+            [info] = again.pty_processes()
+            assert (info.process_id, info.running) == (started.process_id, True)
+            await again.pty_terminate(started.process_id)
+            assert await eventually(lambda: _sessions(server, name).get(sid) is not True)
+
+
 async def test_gone_sandbox_is_session_gone(server: BlaxelServer, tmp_path: Path) -> None:
     async with _open(server, tmp_path) as s:
         await s.pty_exec_start("sleep 600", yield_time_s=0.2)

@@ -1301,6 +1301,7 @@ class BlaxelServer:
     async def _replay(self, term: _Terminal, ring: bytes) -> None:
         """The ring, as ONE `output` frame after `ANSI_RESET` (`GetBuffer`, then
         `conn.WriteJSON` in `HandleTerminalWS`): one conversion of the whole ring."""
+        await self._faults.park("terminal_output")  # a stalled output holds the replay too
         data = ANSI_RESET + ring
         text = go_terminal_text(data) if self.go_utf8 else data.decode("utf-8", "replace")
         term.sent.append(text)
