@@ -135,6 +135,7 @@ from aiohttp import WSMsgType, web
 from ..local import tree as process_tree
 from ..local.process import LocalProcess
 from . import faults
+from .preview_proxy import PreviewProxy
 from .special_files import wait_forever_on_special_file
 
 ENDPOINTS = (
@@ -196,6 +197,8 @@ TERMINAL_RING_BYTES = 100 * 1024
 ANSI_RESET = b"\x1b[0m"
 TERMINAL_IDLE_S = 10 * 60.0
 TERMINAL_CLEANUP_S = 30.0
+# The header a private preview's token travels in (blaxel==0.4.24 `SandboxPreviewToken`).
+PREVIEW_TOKEN_HEADER = "X-Blaxel-Preview-Token"
 _CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
 
 
@@ -420,6 +423,8 @@ class FakeSandbox:
     terminals: set[_Terminal] = field(default_factory=set)
     # Terminal sessions by `sessionId`: they outlive their connections.
     term_sessions: dict[str, _TerminalSession] = field(default_factory=dict)
+    # Previews by name, each with the loopback forwarder that serves its URL.
+    previews: dict[str, tuple[dict[str, Any], PreviewProxy]] = field(default_factory=dict)
 
 
 class BlaxelServer:
@@ -749,6 +754,11 @@ class BlaxelServer:
         app.router.add_post("/v0/sandboxes", self._create)
         app.router.add_get("/v0/sandboxes/{name}", self._get)
         app.router.add_delete("/v0/sandboxes/{name}", self._delete)
+        previews = "/v0/sandboxes/{name}/previews"
+        app.router.add_post(previews, self._preview_create)
+        app.router.add_get(previews + "/{preview}", self._preview_get)
+        app.router.add_delete(previews + "/{preview}", self._preview_delete)
+        app.router.add_post(previews + "/{preview}/tokens", self._preview_token)
         app.router.add_post(box + "/process", self._exec)
         app.router.add_get(box + "/process/{id}", self._process_get)
         app.router.add_get(box + "/process/{id}/wait", self._process_wait)
@@ -873,7 +883,11 @@ class BlaxelServer:
         return web.json_response(self.terminated[box.name])
 
     async def _destroy(self, box: FakeSandbox) -> None:
-        """Kill everything `box` runs: one-shot processes and terminal sessions."""
+        """Kill everything `box` runs: one-shot processes and terminal sessions (and
+        stop serving its previews)."""
+        for _record, proxy in list(box.previews.values()):
+            await proxy.close()
+        box.previews.clear()
         for session in list(box.term_sessions.values()):
             await self._close_session(box, session)
         for term in list(box.terminals):
@@ -884,6 +898,92 @@ class BlaxelServer:
         for record in box.processes.values():
             if record.proc is not None:
                 await record.proc.terminate(0)
+
+    # ---- previews (the control plane's `/sandboxes/{name}/previews`) ----------------------
+
+    async def _preview_box(
+        self, request: web.Request
+    ) -> tuple[FakeSandbox | None, web.StreamResponse | None]:
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return None, self._unauthorized("get")
+        box = self.sandboxes.get(request.match_info["name"])
+        if box is None:
+            return None, self._error("get", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        return box, None
+
+    async def _preview_create(self, request: web.Request) -> web.StreamResponse:
+        """A preview publishes one port of the sandbox (blaxel==0.4.24
+        `SandboxPreviews.create`: `{metadata: {name}, spec: {port, public}}`): here a
+        loopback forwarder to that port, which a private preview guards with the
+        `X-Blaxel-Preview-Token` header (the SDK's `SandboxPreviewToken`). 409 for a
+        name in use."""
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        body = await request.json()
+        name = str((body.get("metadata") or {}).get("name") or "")
+        spec = dict(body.get("spec") or {})
+        port = spec.get("port")
+        if not name or isinstance(port, bool) or not isinstance(port, int):
+            return self._error("get", 400, "BAD_REQUEST", "a preview needs a name and a port")
+        if name in box.previews:
+            return self._error("get", 409, "CONFLICT", f"preview {name} exists")
+        public = bool(spec.get("public"))
+        header = None if public else PREVIEW_TOKEN_HEADER
+        # A private preview accepts only the tokens minted for it (`allow`).
+        proxy = await PreviewProxy(port, header=header, token=secrets.token_hex(32)).start()
+        spec.update(public=public, url=proxy.url)
+        # The SDK mints tokens under `metadata.resourceName` (`SandboxPreviewTokens`):
+        # the API's record names the sandbox that owns the preview.
+        metadata = {
+            "name": name,
+            "resourceName": box.name,
+            "resourceType": "Sandbox",
+            "workspace": self.workspace,
+        }
+        record = {"metadata": metadata, "spec": spec, "status": "DEPLOYED"}
+        box.previews[name] = (record, proxy)
+        return web.json_response(record)
+
+    async def _preview_get(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.get(request.match_info["preview"])
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        return web.json_response(found[0])
+
+    async def _preview_delete(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.pop(request.match_info["preview"], None)
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        await found[1].close()
+        return web.json_response(found[0])
+
+    async def _preview_token(self, request: web.Request) -> web.StreamResponse:
+        """A new token for a private preview (`SandboxPreviewTokens.create`), valid
+        until its `expiresAt` (expiry is not enforced here)."""
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.get(request.match_info["preview"])
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        body = await request.json()
+        expires = str((body.get("spec") or {}).get("expiresAt") or "")
+        token = f"bl-preview-{secrets.token_hex(16)}"
+        found[1].allow(token)
+        return web.json_response(
+            {
+                "metadata": {"name": f"token-{secrets.token_hex(4)}"},
+                "spec": {"token": token, "expiresAt": expires, "expired": False},
+            }
+        )
 
     # ---- processes ----------------------------------------------------------------------
 
@@ -1653,6 +1753,7 @@ __all__ = [
     "GARBAGE_FRAMES",
     "GET_OUTPUT_TAIL",
     "OUTPUT_RETAIN",
+    "PREVIEW_TOKEN_HEADER",
     "TERMINAL_CLEANUP_S",
     "TERMINAL_IDLE_S",
     "TERMINAL_RING_BYTES",

@@ -21,6 +21,7 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
+    ExposedPort,
     FileInfo,
     OneShotProcess,
     ProcessRef,
@@ -33,7 +34,7 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError, SandboxError
 from ..toolkit import CommandCheck, ShellTrap, require_credential, wait_for_verdict
-from . import bounds, limits, terminal
+from . import bounds, limits, terminal, workspace
 from . import durable as durable_blaxel
 from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request
@@ -386,6 +387,10 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         await durable_blaxel.detach(self)
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """A private Blaxel preview of `port` and a token for it (see `workspace`)."""
+        return await workspace.expose_port(self._client, port)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self.workdir)
