@@ -120,8 +120,8 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     name = ref.sandbox.get("name")
     if not isinstance(name, str) or not name:
         raise SessionGoneError("the blaxel ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if k != "heartbeat_s" and v is not None}
-    options["heartbeat_s"] = ref.options.get("heartbeat_s")
+    # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
+    options = {k: v for k, v in ref.options.items() if v is not None or k == "heartbeat_s"}
     options["name"] = name
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
