@@ -12,6 +12,7 @@
 - `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
 - `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
   id with their replayed output, the lease in the sandbox.
+- `workspace`: exposed ports (private previews and their tokens).
 """
 
 from __future__ import annotations
