@@ -111,8 +111,7 @@ class TestBlaxel(LiveSuite):
         REQUIRES.skip_if_missing()
         async with sandbox.open_session("blaxel", **_options()) as first:
             running = await first.pty_exec_start(
-                "echo one; while [ ! -e go-live ]; do sleep 0.1; done; echo two; "
-                "sleep 2; exit 6",
+                "echo one; while [ ! -e go-live ]; do sleep 0.1; done; echo two; sleep 2; exit 6",
                 yield_time_s=30,
                 until="one",
             )
