@@ -46,6 +46,9 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
             "token_secret": session._token_secret.reveal(),
             "state_dir": posixpath.dirname(session._commands.state_dir),
         }
+    if backend.name == "blaxel":
+        client = session._client
+        return {"api_key": client._api_key.reveal(), "workspace": client._workspace.reveal()}
     return {}
 
 

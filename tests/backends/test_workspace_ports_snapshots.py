@@ -135,7 +135,7 @@ async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
         sandbox.open_session("unix_local", snapshot=ref)
 
 
-@pytest.mark.parametrize("name", ["e2b", "daytona", "cloudflare"])
+@pytest.mark.parametrize("name", ["e2b", "daytona", "cloudflare", "blaxel"])
 async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_path: Path) -> None:
     import importlib
 
@@ -153,12 +153,18 @@ async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_pat
         assert update.process_id is not None
         exposed = await session.expose_port(port)
         assert await _fetch(exposed, "hello.txt") == b"through the preview"
-        if name == "daytona":
-            token = exposed.headers["X-Daytona-Preview-Token"]
+        if name in ("daytona", "blaxel"):
+            header = "X-Daytona-Preview-Token" if name == "daytona" else "X-Blaxel-Preview-Token"
+            token = exposed.headers[header]
             assert token and token not in repr(exposed)
             bare = sandbox.ExposedPort(exposed.url, exposed.host, exposed.port)
             with pytest.raises(urllib.error.HTTPError, match="401"):
                 await _fetch(bare, "hello.txt")
+        if name == "blaxel":
+            # The preview is made once; each call mints a new token, and both work.
+            again = await session.expose_port(port)
+            assert again.url == exposed.url and again.headers[header] != token
+            assert await _fetch(again, "hello.txt") == b"through the preview"
         if name == "cloudflare":
             with pytest.raises(sandbox.UnsupportedOperationError, match="3000"):
                 await session.expose_port(3000)

@@ -103,3 +103,23 @@ class TestBlaxel(LiveSuite):
             assert getattr(exc, "status_code", None) == 404 or getattr(exc, "status", None) == 404
         else:
             assert str(box.status) in ("TERMINATED", "DELETING")
+
+    async def test_detach_and_resume_reattach_a_terminal_session(self) -> None:
+        # The facts docs/providers.md (Blaxel, durable sessions) takes from the server's
+        # source: a terminal session outlives its socket, a reconnect by `sessionId`
+        # replays its ring, and the lingering wrapper keeps a finished command's exit.
+        REQUIRES.skip_if_missing()
+        async with sandbox.open_session("blaxel", **_options()) as first:
+            running = await first.pty_exec_start(
+                "echo one; while [ ! -e go-live ]; do sleep 0.1; done; echo two; sleep 2; exit 6",
+                yield_time_s=30,
+                until="one",
+            )
+            ref = await first.detach()
+        assert os.environ["BL_API_KEY"] not in ref.to_json()
+        async with sandbox.resume_session(ref) as resumed:
+            assert [p.process_id for p in resumed.pty_processes()] == [running.process_id]
+            await resumed.write_file("go-live", b"")
+            last = await resumed.pty_write_stdin(running.process_id, "", yield_time_s=60)
+            assert "two" in last.output and "one" not in last.output
+            assert last.exit_code == 6

@@ -46,9 +46,19 @@ behaviour has a knob that restores the stand-in's older one:
   both answered with an `error` frame, as before). When the shell exits, its session's
   processes are killed, but the socket stays OPEN: the server only notices between
   client messages, so it closes after the next one (`close_terminal_on_exit=True`:
-  it closes at once). Output is read from the PTY `read_size` (4096) bytes at a time
-  and each read becomes one frame through `string(buf[:n])` and Go's JSON encoder,
-  which replaces every byte of an invalid or split UTF-8 sequence with one U+FFFD
+  it closes at once). Sessions outlive their sockets (`session_manager.go`): one is
+  found again by `sessionId` (a dead one is replaced by a new shell), resized to the
+  new client's size, and its output ring (`TERMINAL_RING_BYTES`, 100 KiB, its front
+  cut at a line) is replayed first as one `output` frame after `ANSI_RESET`; the
+  `shell` query parameter names the program of a NEW session only (one that cannot
+  start answers an `error` frame and closes). A session without clients is closed
+  `terminal_idle_s` (600) after its last output or client, swept every
+  `terminal_cleanup_s` (30); `cleanup_terminals(idle_s=0)` runs the sweep as if
+  that time had passed. `GET /sandboxes/{name}` answers a deleted sandbox with status
+  TERMINATED (the SDK's `SandboxInstance.get`; `terminated` holds them). Output
+  is read from the PTY `read_size` (4096) bytes at a time and each read becomes one
+  frame through `string(buf[:n])` and Go's JSON encoder, which replaces every byte of
+  an invalid or split UTF-8 sequence with one U+FFFD
   (`go_utf8=False`: an incremental decoder that never splits a character). Frames are
   further cut to at most `output_frame_chars` characters.
 
@@ -97,7 +107,8 @@ each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a `POST /process`
   the terminal ends. `terminal_tasks()` counts the handlers and pumps still running.
 
 Inspection: `requests` (method and path of every call), `terminals` (the query of every
-terminal handshake), `sandboxes`, `live_processes()` (local processes still running).
+terminal handshake), `sandboxes`, `terminal_sessions(name)` (each session id and whether
+its shell runs), `live_processes()` (local processes still running).
 """
 
 from __future__ import annotations
@@ -124,6 +135,7 @@ from aiohttp import WSMsgType, web
 from ..local import tree as process_tree
 from ..local.process import LocalProcess
 from . import faults
+from .preview_proxy import PreviewProxy
 from .special_files import wait_forever_on_special_file
 
 ENDPOINTS = (
@@ -177,6 +189,16 @@ _OUTPUT_HIGH_WATER = 1024 * 1024
 # `list` the last 64 KB of each stream).
 OUTPUT_RETAIN = 4 * 1024 * 1024
 GET_OUTPUT_TAIL = 64 * 1024
+# The terminal's session manager (handler/terminal/session_manager.go): the output ring
+# replayed to a new connection (`maxBufferSize`), prefixed with `ansiReset`; a session
+# with no client is closed this long after its last activity (`sessionIdleTimeout`),
+# checked this often (`sessionCleanupInterval`).
+TERMINAL_RING_BYTES = 100 * 1024
+ANSI_RESET = b"\x1b[0m"
+TERMINAL_IDLE_S = 10 * 60.0
+TERMINAL_CLEANUP_S = 30.0
+# The header a private preview's token travels in (blaxel==0.4.24 `SandboxPreviewToken`).
+PREVIEW_TOKEN_HEADER = "X-Blaxel-Preview-Token"
 _CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
 
 
@@ -283,28 +305,60 @@ class _Process:
 
 
 @dataclass(eq=False)
+class _TerminalSession:
+    """One terminal session: the shell on its PTY, kept across WebSocket connections by
+    `sessionId`, as `ManagedSession` (handler/terminal/session_manager.go) keeps it."""
+
+    id: str
+    proc: LocalProcess | None = None
+    # The output ring replayed to each new connection (`maxBufferSize`, cut at a line).
+    ring: bytearray = field(default_factory=bytearray)
+    # The connections subscribed to the output now.
+    conns: set[_Terminal] = field(default_factory=set)
+    paused: bool = False
+    # The shell is gone (it exited, or the session was closed and killed).
+    exited: bool = False
+    eof: bool = False
+    # The shell exited and its session was killed (`markDead`): no more output, the
+    # ring is frozen, and a connection to this id creates a new session.
+    dead: bool = False
+    # `lastActivity`: the last output appended or client leaving (loop time).
+    last_activity: float = 0.0
+
+
+@dataclass(eq=False)
 class _Terminal:
-    """One terminal WebSocket and the shell behind it."""
+    """One terminal WebSocket connection, subscribed to a `_TerminalSession`."""
 
     ws: web.WebSocketResponse
     transport: asyncio.Transport | None
-    proc: LocalProcess | None = None
+    session: _TerminalSession | None = None
+    # Output not yet sent on this connection.
     buffer: bytearray = field(default_factory=bytearray)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
     )
-    paused: bool = False
-    exited: bool = False
-    eof: bool = False
-    # The shell exited and its session was killed: no more output, the socket closes
-    # after the client's next message (the real server notices only then).
-    dead: bool = False
     closed: bool = False
     frames: int = 0
     drop_after: int | None = None
     # Every output text sent, in order (what the real server would have produced).
     sent: list[str] = field(default_factory=list)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the shell behind this connection is gone."""
+        return self.session is None or self.session.exited
+
+    @property
+    def dead(self) -> bool:
+        """Whether the session behind this connection is dead (see `_TerminalSession`)."""
+        return self.session is not None and self.session.dead
+
+    @property
+    def eof(self) -> bool:
+        """Whether the shell's output ended."""
+        return self.session is None or self.session.eof
 
 
 # A flood stops by itself after this many bytes (the client is expected to give up
@@ -367,6 +421,10 @@ class FakeSandbox:
     record: dict[str, Any]
     processes: dict[str, _Process] = field(default_factory=dict)
     terminals: set[_Terminal] = field(default_factory=set)
+    # Terminal sessions by `sessionId`: they outlive their connections.
+    term_sessions: dict[str, _TerminalSession] = field(default_factory=dict)
+    # Previews by name, each with the loopback forwarder that serves its URL.
+    previews: dict[str, tuple[dict[str, Any], PreviewProxy]] = field(default_factory=dict)
 
 
 class BlaxelServer:
@@ -390,6 +448,8 @@ class BlaxelServer:
         close_terminal_on_exit: bool = False,
         go_utf8: bool = True,
         read_size: int = 4096,
+        terminal_idle_s: float = TERMINAL_IDLE_S,
+        terminal_cleanup_s: float = TERMINAL_CLEANUP_S,
     ) -> None:
         self.api_key = api_key or f"bl-test-{secrets.token_hex(16)}"
         self.workspace = workspace
@@ -409,6 +469,12 @@ class BlaxelServer:
         self.close_terminal_on_exit = close_terminal_on_exit
         self.go_utf8 = go_utf8
         self.read_size = max(1, read_size)
+        self.terminal_idle_s = terminal_idle_s
+        self.terminal_cleanup_s = terminal_cleanup_s
+        self._cleanup: asyncio.Task[None] | None = None
+        # Deleted sandboxes: `GET` still answers them, status TERMINATED (the SDK,
+        # `SandboxInstance.get`: "until its terminated_retention (5 minutes by default)").
+        self.terminated: dict[str, dict[str, Any]] = {}
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.requests: list[tuple[str, str]] = []
         self.terminals: list[dict[str, str]] = []
@@ -454,10 +520,15 @@ class BlaxelServer:
         site = web.SockSite(runner, sock)
         self._runner = runner
         await site.start()
+        self._cleanup = asyncio.create_task(self._cleanup_loop(), name="blaxel-server-cleanup")
 
     async def close(self) -> None:
         """Unblock stalled calls, kill every process of every sandbox, stop serving."""
         self.release()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup.cancel()
+            await asyncio.gather(cleanup, return_exceptions=True)
         for box in list(self.sandboxes.values()):
             await self._destroy(box)
         self.sandboxes.clear()
@@ -510,7 +581,7 @@ class BlaxelServer:
         count = 0
         for box in self.sandboxes.values():
             count += sum(1 for p in box.processes.values() if not p.done.is_set())
-            count += sum(1 for t in box.terminals if not t.exited)
+            count += sum(1 for t in box.term_sessions.values() if not t.exited)
         return count
 
     # ---- fault knobs -----------------------------------------------------------------
@@ -683,6 +754,11 @@ class BlaxelServer:
         app.router.add_post("/v0/sandboxes", self._create)
         app.router.add_get("/v0/sandboxes/{name}", self._get)
         app.router.add_delete("/v0/sandboxes/{name}", self._delete)
+        previews = "/v0/sandboxes/{name}/previews"
+        app.router.add_post(previews, self._preview_create)
+        app.router.add_get(previews + "/{preview}", self._preview_get)
+        app.router.add_delete(previews + "/{preview}", self._preview_delete)
+        app.router.add_post(previews + "/{preview}/tokens", self._preview_token)
         app.router.add_post(box + "/process", self._exec)
         app.router.add_get(box + "/process/{id}", self._process_get)
         app.router.add_get(box + "/process/{id}/wait", self._process_wait)
@@ -772,6 +848,7 @@ class BlaxelServer:
             "status": "DEPLOYED",
             "events": [],
         }
+        self.terminated.pop(name, None)  # a TERMINATED one is replaced
         self.sandboxes[name] = FakeSandbox(name, record)
         return web.json_response(record)
 
@@ -782,8 +859,12 @@ class BlaxelServer:
         early = await self._gate("get", request)
         if early is not None:
             return early
-        box = self.sandboxes.get(request.match_info["name"])
+        name = request.match_info["name"]
+        box = self.sandboxes.get(name)
         if box is None:
+            terminated = self.terminated.get(name)
+            if terminated is not None:
+                return web.json_response(terminated)
             return self._error("get", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
         return web.json_response(box.record)
 
@@ -798,15 +879,111 @@ class BlaxelServer:
         if box is None:
             return self._error("delete", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
         await self._destroy(box)
-        return web.json_response({**box.record, "status": "TERMINATED"})
+        self.terminated[box.name] = {**box.record, "status": "TERMINATED"}
+        return web.json_response(self.terminated[box.name])
 
     async def _destroy(self, box: FakeSandbox) -> None:
-        """Kill everything `box` runs: one-shot processes and terminal sessions."""
+        """Kill everything `box` runs: one-shot processes and terminal sessions (and
+        stop serving its previews)."""
+        for _record, proxy in list(box.previews.values()):
+            await proxy.close()
+        box.previews.clear()
+        for session in list(box.term_sessions.values()):
+            await self._close_session(box, session)
         for term in list(box.terminals):
-            await self._end_terminal(term)
+            if not term.ws.closed:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await term.ws.close()
         for record in box.processes.values():
             if record.proc is not None:
                 await record.proc.terminate(0)
+
+    # ---- previews (the control plane's `/sandboxes/{name}/previews`) ----------------------
+
+    async def _preview_box(
+        self, request: web.Request
+    ) -> tuple[FakeSandbox | None, web.StreamResponse | None]:
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return None, self._unauthorized("get")
+        box = self.sandboxes.get(request.match_info["name"])
+        if box is None:
+            return None, self._error("get", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        return box, None
+
+    async def _preview_create(self, request: web.Request) -> web.StreamResponse:
+        """A preview publishes one port of the sandbox (blaxel==0.4.24
+        `SandboxPreviews.create`: `{metadata: {name}, spec: {port, public}}`): here a
+        loopback forwarder to that port, which a private preview guards with the
+        `X-Blaxel-Preview-Token` header (the SDK's `SandboxPreviewToken`). 409 for a
+        name in use."""
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        body = await request.json()
+        name = str((body.get("metadata") or {}).get("name") or "")
+        spec = dict(body.get("spec") or {})
+        port = spec.get("port")
+        if not name or isinstance(port, bool) or not isinstance(port, int):
+            return self._error("get", 400, "BAD_REQUEST", "a preview needs a name and a port")
+        if name in box.previews:
+            return self._error("get", 409, "CONFLICT", f"preview {name} exists")
+        public = bool(spec.get("public"))
+        header = None if public else PREVIEW_TOKEN_HEADER
+        # A private preview accepts only the tokens minted for it (`allow`).
+        proxy = await PreviewProxy(port, header=header, token=secrets.token_hex(32)).start()
+        spec.update(public=public, url=proxy.url)
+        # The SDK mints tokens under `metadata.resourceName` (`SandboxPreviewTokens`):
+        # the API's record names the sandbox that owns the preview.
+        metadata = {
+            "name": name,
+            "resourceName": box.name,
+            "resourceType": "Sandbox",
+            "workspace": self.workspace,
+        }
+        record = {"metadata": metadata, "spec": spec, "status": "DEPLOYED"}
+        box.previews[name] = (record, proxy)
+        return web.json_response(record)
+
+    async def _preview_get(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.get(request.match_info["preview"])
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        return web.json_response(found[0])
+
+    async def _preview_delete(self, request: web.Request) -> web.StreamResponse:
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.pop(request.match_info["preview"], None)
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        await found[1].close()
+        return web.json_response(found[0])
+
+    async def _preview_token(self, request: web.Request) -> web.StreamResponse:
+        """A new token for a private preview (`SandboxPreviewTokens.create`), valid
+        until its `expiresAt` (expiry is not enforced here)."""
+        box, early = await self._preview_box(request)
+        if box is None or early is not None:
+            return early or self._not_found("get")
+        found = box.previews.get(request.match_info["preview"])
+        if found is None:
+            return self._error("get", 404, "NOT_FOUND", "preview not found")
+        body = await request.json()
+        expires = str((body.get("spec") or {}).get("expiresAt") or "")
+        token = f"bl-preview-{secrets.token_hex(16)}"
+        found[1].allow(token)
+        return web.json_response(
+            {
+                "metadata": {"name": f"token-{secrets.token_hex(4)}"},
+                "spec": {"token": token, "expiresAt": expires, "expired": False},
+            }
+        )
 
     # ---- processes ----------------------------------------------------------------------
 
@@ -1109,6 +1286,12 @@ class BlaxelServer:
     # ---- the terminal ---------------------------------------------------------------------
 
     async def _terminal(self, request: web.Request) -> web.StreamResponse:
+        """`HandleTerminalWS` (handler/terminal.go): the upgrade, then the session of
+        `sessionId` (default "default"): a live one is reattached (and resized to this
+        client's size), else a new one is made with `shell` (default: the server's
+        shell); a shell that cannot start answers an `error` frame and closes. The
+        ring of the session is replayed first, as one `output` frame prefixed with
+        `ANSI_RESET`; a client leaving only unsubscribes (the session lingers)."""
         self._record(request)
         query = request.query
         self.terminals.append(dict(query))
@@ -1125,41 +1308,117 @@ class BlaxelServer:
             rows = int(query.get("rows", "24"))
         except ValueError:
             return web.json_response({"error": "bad terminal size"}, status=400)
-        cwd = query.get("workingDir") or self.root
+        ws = web.WebSocketResponse(max_msg_size=16 * 1024 * 1024, autoping=True)
+        await ws.prepare(request)
+        if request.transport is None or request.transport.is_closing():
+            return ws  # the client left before the upgrade completed: no session
+        session_id = query.get("sessionId") or "default"
+        session = box.term_sessions.get(session_id)
+        fresh = session is None or session.dead
+        if fresh:
+            session, failure = await self._new_terminal_session(
+                box, session_id, query.get("shell") or None, query.get("workingDir"), rows, cols
+            )
+            if session is None:
+                await ws.send_str(json.dumps({"type": "error", "data": failure}))
+                await ws.close()
+                return ws
+        assert session is not None
+        if not fresh and cols > 0 and rows > 0 and session.proc is not None:
+            session.proc.resize(rows, cols)
+        term = _Terminal(
+            ws=ws, transport=request.transport, session=session, drop_after=self._drop_after
+        )
+        self._terminal_sent.append(term.sent)
+        session.conns.add(term)
+        box.terminals.add(term)
+        self._serving += 1
+        try:
+            if session.ring:
+                await self._replay(term, bytes(session.ring))
+            await self._serve(term)
+        except* TerminalFault:
+            # A failure inside the server ends its terminal (as a crash of the handler
+            # would): the session is closed, everything in it killed.
+            await self._close_session(box, session)
+        except* ConnectionError:
+            pass  # the client went away: the session lingers
+        finally:
+            self._serving -= 1
+            self._unsubscribe(box, term)
+            if not ws.closed:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await ws.close()
+        return ws
+
+    async def _new_terminal_session(
+        self,
+        box: FakeSandbox,
+        session_id: str,
+        shell: str | None,
+        working_dir: str | None,
+        rows: int,
+        cols: int,
+    ) -> tuple[_TerminalSession | None, str]:
+        """`GetOrCreate`'s create (`NewTerminalSession`, handler/terminal/terminal.go):
+        `exec.Command(shell)` with no arguments; a shell that cannot be started is the
+        error text Go gives, and the session is not made (a dead one of the same id
+        stays as it was)."""
+        argv = self.shell if shell is None else [shell]
+        if shell is not None:
+            found = shell if "/" in shell else shutil.which(shell)
+            if found is None:
+                return None, f'exec: "{shell}": executable file not found in $PATH'
+            if not await asyncio.to_thread(_executable, found):
+                return None, f"fork/exec {shell}: no such file or directory"
+        cwd = working_dir or self.root
         if not await asyncio.to_thread(os.path.isdir, cwd):
             cwd = self.root  # the shell starts in its default directory, like a real one
-        ws = web.WebSocketResponse(max_msg_size=16 * 1024 * 1024, autoping=True)
-        term = _Terminal(ws=ws, transport=request.transport, drop_after=self._drop_after)
-        self._terminal_sent.append(term.sent)
-        await ws.prepare(request)
+        loop = asyncio.get_running_loop()
+        session = _TerminalSession(id=session_id, last_activity=loop.time())
         env = self._environment({"TERM": "xterm-256color", "PS1": r"\u@sandbox:\w\$ "})
         try:
-            term.proc = LocalProcess.spawn(
-                self.shell,
+            session.proc = LocalProcess.spawn(
+                argv,
                 tty=True,
                 env=env,
                 cwd=cwd,
                 rows=rows,
                 cols=cols,
-                on_stdout=lambda data: self._on_shell_output(term, data),
-                on_exit=lambda _code: self._on_shell_exit(term),
-                on_eof=lambda: self._on_shell_eof(term),
+                on_stdout=lambda data: self._on_shell_output(session, data),
+                on_exit=lambda _code: self._on_shell_exit(session),
+                on_eof=lambda: self._on_shell_eof(session),
             )
         except OSError as exc:
-            await ws.send_str(json.dumps({"type": "error", "data": f"cannot start shell: {exc}"}))
-            await ws.close()
-            return ws
-        box.terminals.add(term)
-        self._serving += 1
-        try:
-            await self._serve(term)
-        except* (TerminalFault, ConnectionError):
-            pass  # an injected fault, or the client went away: the terminal just ends
-        finally:
-            self._serving -= 1
-            box.terminals.discard(term)
-            await self._end_terminal(term)
-        return ws
+            return None, f"fork/exec {argv[0]}: {exc.strerror or exc}"
+        old = box.term_sessions.get(session_id)
+        if old is not None:
+            await self._release_session(old)
+        box.term_sessions[session_id] = session
+        return session, ""
+
+    async def _replay(self, term: _Terminal, ring: bytes) -> None:
+        """The ring, as ONE `output` frame after `ANSI_RESET` (`GetBuffer`, then
+        `conn.WriteJSON` in `HandleTerminalWS`): one conversion of the whole ring."""
+        await self._faults.park("terminal_output")  # a stalled output holds the replay too
+        data = ANSI_RESET + ring
+        text = go_terminal_text(data) if self.go_utf8 else data.decode("utf-8", "replace")
+        term.sent.append(text)
+        await self._send_output(term, text)
+
+    def _unsubscribe(self, box: FakeSandbox, term: _Terminal) -> None:
+        """`Unsubscribe`: the connection leaves its session, which records the activity
+        and lingers (finally-safe: no await)."""
+        term.closed = True
+        box.terminals.discard(term)
+        session = term.session
+        if session is None:
+            return
+        session.conns.discard(term)
+        session.last_activity = asyncio.get_running_loop().time()
+        self._resume(session)
+        term.wake.set()
 
     async def _serve(self, term: _Terminal) -> None:
         """Both directions of one terminal, side by side: client messages are read until
@@ -1173,46 +1432,65 @@ class BlaxelServer:
             await self._read_input(term)
             pump.cancel()
 
-    def _on_shell_output(self, term: _Terminal, data: bytes) -> None:
-        if term.dead:
+    def _on_shell_output(self, session: _TerminalSession, data: bytes) -> None:
+        """`readLoop`: each read goes to the ring (`appendBuffer`, which also records
+        the activity) and to every connection subscribed now."""
+        if session.dead:
             return  # the real server closed the PTY when the shell exited
-        term.buffer.extend(data)
-        term.wake.set()
-        proc = term.proc
-        if len(term.buffer) > _OUTPUT_HIGH_WATER and not term.paused and proc is not None:
+        _append_ring(session.ring, data)
+        session.last_activity = asyncio.get_running_loop().time()
+        for term in session.conns:
+            term.buffer.extend(data)
+            term.wake.set()
+        proc = session.proc
+        if (
+            any(len(t.buffer) > _OUTPUT_HIGH_WATER for t in session.conns)
+            and not session.paused
+            and proc is not None
+            and proc.master_fd is not None
+        ):
             # Backpressure: stop reading the PTY until the client took the output.
-            if proc.master_fd is not None:
-                asyncio.get_running_loop().remove_reader(proc.master_fd)
-                term.paused = True
+            asyncio.get_running_loop().remove_reader(proc.master_fd)
+            session.paused = True
 
-    def _resume(self, term: _Terminal) -> None:
-        proc = term.proc
-        if term.paused and proc is not None and proc.master_fd is not None and not term.closed:
-            term.paused = False
+    def _resume(self, session: _TerminalSession) -> None:
+        proc = session.proc
+        if (
+            session.paused
+            and proc is not None
+            and proc.master_fd is not None
+            and not session.exited
+            and all(len(t.buffer) <= _OUTPUT_HIGH_WATER for t in session.conns)
+        ):
+            session.paused = False
             asyncio.get_running_loop().add_reader(proc.master_fd, proc.drain_now)
 
-    def _on_shell_exit(self, term: _Terminal) -> None:
+    def _on_shell_exit(self, session: _TerminalSession) -> None:
         """As `watchShellExit` (handler/terminal/session_manager.go): the shell's exit
         closes the session at once, killing every process of it; output still unread
-        then is lost. The WebSocket is left open (see `_read_input`)."""
-        term.exited = True
-        proc = term.proc
-        if proc is not None and not term.paused:
+        then is lost. The WebSockets are left open (see `_read_input`)."""
+        proc = session.proc
+        if proc is not None and not session.paused:
             proc.drain_now()
+        session.exited = True
         if proc is not None and proc.pid > 0:
             _kill_session(proc.pid)
-        term.dead = True
-        term.eof = True
-        term.wake.set()
+        session.dead = True
+        session.eof = True
+        for term in session.conns:
+            term.wake.set()
 
-    def _on_shell_eof(self, term: _Terminal) -> None:
-        term.eof = True
-        term.wake.set()
+    def _on_shell_eof(self, session: _TerminalSession) -> None:
+        session.eof = True
+        for term in session.conns:
+            term.wake.set()
 
     async def _pump_output(self, term: _Terminal) -> None:
         """Send the shell's output as quirky frames, one PTY read (`read_size` bytes at
         most) at a time. When the shell has exited: no exit message, and the socket
         stays open (`close_terminal_on_exit=True`: it closes)."""
+        session = term.session
+        assert session is not None
         while True:
             await term.wake.wait()
             term.wake.clear()
@@ -1220,8 +1498,8 @@ class BlaxelServer:
             await self._faults.park("terminal_output")
             chunk = bytes(term.buffer)
             term.buffer.clear()
-            self._resume(term)
-            final = term.eof and not term.buffer
+            self._resume(session)
+            final = session.eof and not term.buffer
             for text in self._reads_as_text(term, chunk, final):
                 term.sent.append(text)
                 for at in range(0, len(text), self.output_frame_chars):
@@ -1294,7 +1572,8 @@ class BlaxelServer:
             if not self.terminal_resize:  # the older stand-in answered with an error
                 await term.ws.send_str(json.dumps({"type": "error", "data": "invalid message"}))
             return
-        proc = term.proc
+        session = term.session
+        proc = None if session is None else session.proc
         if kind == "resize" and self.terminal_resize:
             cols, rows = frame.get("cols"), frame.get("rows")
             sizes = (cols, rows)
@@ -1317,22 +1596,83 @@ class BlaxelServer:
         with contextlib.suppress(Exception):
             await proc.write(data.encode("utf-8", "surrogateescape"))
 
-    async def _end_terminal(self, term: _Terminal) -> None:
-        """Kill the terminal's whole session and release its PTY."""
-        if term.closed:
-            return
-        term.closed = True
-        proc = term.proc
+    async def _close_session(self, box: FakeSandbox, session: _TerminalSession) -> None:
+        """`SessionManager.Remove` / the cleanup's `Close`: kill the whole session, drop
+        it from the sandbox, close its connections."""
+        if box.term_sessions.get(session.id) is session:
+            del box.term_sessions[session.id]
+        for term in list(session.conns):
+            term.wake.set()
+        await self._release_session(session)
+        for term in list(session.conns):
+            if not term.ws.closed:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await term.ws.close()
+
+    async def _release_session(self, session: _TerminalSession) -> None:
+        """Kill the session's processes and release its PTY."""
+        proc = session.proc
+        session.dead = True
+        session.eof = True
         if proc is not None:
-            if proc.pid > 0:
+            if proc.pid > 0 and not session.exited:
                 _kill_session(proc.pid)
             await proc.terminate(0)
-            term.exited = True
-        if not term.ws.closed:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await term.ws.close()
-        term.wake.set()
+            # The real server kills the session by its id (`killSessionProcesses`):
+            # what a dead shell left behind goes too.
+            if proc.pid > 0:
+                _kill_session(proc.pid)
+        session.exited = True
+
+    async def _cleanup_loop(self) -> None:
+        """`cleanupLoop`: every `terminal_cleanup_s`, `cleanup_terminals()`."""
+        while True:
+            await asyncio.sleep(self.terminal_cleanup_s)
+            await self.cleanup_terminals()
+
+    async def cleanup_terminals(self, *, idle_s: float | None = None) -> int:
+        """One pass of the server's cleanup (`SessionManager.cleanup`): a dead session
+        without clients is dropped; one without clients for longer than `idle_s`
+        (default `terminal_idle_s`, `sessionIdleTimeout`: 10 minutes) since its last
+        activity is closed, killing what it runs. Returns how many went. A test passes
+        `idle_s=0` to age every unattached session past the timeout at once."""
+        limit = self.terminal_idle_s if idle_s is None else idle_s
+        now = asyncio.get_running_loop().time()
+        gone = 0
+        for box in list(self.sandboxes.values()):
+            for session in list(box.term_sessions.values()):
+                if session.conns:
+                    continue
+                if session.dead or now - session.last_activity >= limit:
+                    await self._close_session(box, session)
+                    gone += 1
+        return gone
+
+    def terminal_sessions(self, name: str) -> dict[str, bool]:
+        """The terminal sessions sandbox `name` keeps: id -> whether its shell runs."""
+        box = self.sandboxes.get(name)
+        if box is None:
+            return {}
+        return {sid: not s.exited for sid, s in box.term_sessions.items()}
+
+
+def _executable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def _append_ring(ring: bytearray, data: bytes) -> None:
+    """`appendBuffer`: keep at most `TERMINAL_RING_BYTES`, cutting the front at the
+    first newline within 256 bytes past the excess (else at the excess)."""
+    ring += data
+    if len(ring) <= TERMINAL_RING_BYTES:
+        return
+    excess = len(ring) - TERMINAL_RING_BYTES
+    cut = excess
+    newline = ring.find(b"\n", excess, min(len(ring), excess + 256))
+    if newline >= 0:
+        cut = newline + 1
+    del ring[:cut]
 
 
 def _read_bytes(path: str) -> bytes:
@@ -1407,11 +1747,16 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 __all__ = [
+    "ANSI_RESET",
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
     "GET_OUTPUT_TAIL",
     "OUTPUT_RETAIN",
+    "PREVIEW_TOKEN_HEADER",
+    "TERMINAL_CLEANUP_S",
+    "TERMINAL_IDLE_S",
+    "TERMINAL_RING_BYTES",
     "BlaxelServer",
     "FakeSandbox",
     "FloodingPeer",

@@ -22,6 +22,8 @@ class PreviewProxy:
         self.target = target
         self._header = header
         self._token = token
+        # The tokens the check accepts (`allow` adds one: providers mint several).
+        self.tokens = {token}
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -44,6 +46,10 @@ class PreviewProxy:
         self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
         return self
 
+    def allow(self, token: str) -> None:
+        """Accept `token` too (a provider that mints a new token per request)."""
+        self.tokens.add(token)
+
     async def close(self) -> None:
         """Stop listening."""
         runner, self._runner = self._runner, None
@@ -51,7 +57,7 @@ class PreviewProxy:
             await runner.cleanup()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if self._header is not None and request.headers.get(self._header) != self._token:
+        if self._header is not None and request.headers.get(self._header) not in self.tokens:
             return web.Response(status=401, text="missing or wrong preview token")
         body = await request.read()
         url = f"http://127.0.0.1:{self.target}{request.rel_url}"

@@ -10,6 +10,9 @@
 - `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
 - `files`: files through the sandbox API, regular files only;
 - `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
+- `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
+  id with their replayed output, the lease in the sandbox.
+- `workspace`: exposed ports (private previews and their tokens).
 """
 
 from __future__ import annotations

@@ -17,13 +17,17 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import aiohttp
 import yarl
 
-from ...errors import SandboxError
+from ...errors import SandboxError, SessionGoneError
 from ..toolkit import Secret, redact, transport_error
 from .bounds import answer_limit, bound_client
 from .errors import SERVICE, BlaxelAPIError, map_error
 from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop
 
 T = TypeVar("T")
+
+# Sandbox statuses (blaxel==0.4.24 `client/models/status.py`) after which nothing it ran
+# is left to resume.
+GONE_STATUSES = frozenset({"TERMINATED", "DELETING", "FAILED"})
 
 
 class BlaxelClient:
@@ -112,13 +116,37 @@ class BlaxelClient:
             f"create the Blaxel sandbox {name!r}",
             lambda: SandboxInstance.create_if_not_exists(config, timeout=create_timeout),
         )
+        self._bind(created)
+
+    def _bind(self, found: SandboxInstance) -> None:
+        """Keep an instance bound to the sandbox's URL with this session's headers."""
         # `process.url` honours the sandbox's own URL and BL_SANDBOXES_<NAME>_URL.
-        url: str = created.process.url
+        url: str = found.process.url
         self.sandbox_url = url
-        instance = SandboxInstance(created.sandbox, force_url=url, headers=self.auth_headers())
+        instance = SandboxInstance(found.sandbox, force_url=url, headers=self.auth_headers())
         for action in (instance.process, instance.fs):
             bound_client(action.get_client())
         self.instance = instance
+
+    async def attach(self, name: str) -> None:
+        """Attach to the existing sandbox `name` (a resume): `SessionGoneError` when
+        Blaxel has no such sandbox, or only its TERMINATED, DELETING or FAILED record
+        (`SandboxInstance.get` answers a deleted sandbox with status TERMINATED for a
+        while). Never creates one. `close` undoes a half-done attach."""
+        track_loop(self)
+        self.http = aiohttp.ClientSession()
+        try:
+            found = await self.call(
+                f"find the Blaxel sandbox {name!r}", lambda: SandboxInstance.get(name)
+            )
+        except BlaxelAPIError as exc:
+            if exc.status != 404:
+                raise
+            raise SessionGoneError(f"the Blaxel sandbox {name!r} no longer exists") from None
+        status = str(found.status or "").upper()
+        if status in GONE_STATUSES:
+            raise SessionGoneError(f"the Blaxel sandbox {name!r} is gone (status {status})")
+        self._bind(found)
 
     async def delete(self, name: str) -> None:
         """Delete the sandbox `name` (one already gone is fine)."""
@@ -145,19 +173,22 @@ class BlaxelClient:
                 await http.close()
             await release_shared_client(self)
 
-    def terminal_url(self, session_id: str, rows: int, cols: int, cwd: str) -> yarl.URL:
-        """The terminal WebSocket URL. It holds the API key: never log or raise it."""
+    def terminal_url(
+        self, session_id: str, rows: int, cols: int, cwd: str, shell: str | None = None
+    ) -> yarl.URL:
+        """The terminal WebSocket URL (`shell`: the program a NEW session runs). It
+        holds the API key: never log or raise it."""
         base = urlsplit(self.sandbox_url or "")
         scheme = {"https": "wss", "http": "ws"}.get(base.scheme, base.scheme)
-        query = urlencode(
-            {
-                "token": self._api_key.reveal(),
-                "cols": cols,
-                "rows": rows,
-                "sessionId": session_id,
-                "workingDir": cwd,
-            },
-            quote_via=quote,
-        )
+        params: dict[str, str | int] = {
+            "token": self._api_key.reveal(),
+            "cols": cols,
+            "rows": rows,
+            "sessionId": session_id,
+            "workingDir": cwd,
+        }
+        if shell is not None:
+            params["shell"] = shell
+        query = urlencode(params, quote_via=quote)
         path = base.path.rstrip("/") + "/terminal/ws"
         return yarl.URL(urlunsplit((scheme, base.netloc, path, query, "")), encoded=True)

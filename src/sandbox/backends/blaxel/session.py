@@ -21,9 +21,12 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
+    ExposedPort,
     FileInfo,
     OneShotProcess,
+    ProcessRef,
     PtyEntry,
+    SessionRef,
     ShellFileOps,
     check_env,
     check_seconds,
@@ -31,7 +34,8 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError, SandboxError
 from ..toolkit import CommandCheck, ShellTrap, require_credential, wait_for_verdict
-from . import bounds, limits, terminal
+from . import bounds, limits, terminal, workspace
+from . import durable as durable_blaxel
 from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request
 from .files import BlaxelFiles
@@ -318,6 +322,8 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
                     else:  # its connection was already gone: best effort only
                         logger.info("could not kill a lost Blaxel terminal: %s", exc)
         finally:
+            if term.trap.done:  # the wrapper lingers until released (see `terminal`)
+                await terminal.release_shell(entry, self._terminal_options.close_timeout_s)
             await terminal.close(term, self._terminal_options.close_timeout_s)
         if error is not None:
             raise error
@@ -348,7 +354,43 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         )
         terminal.check_kill_report(response.stdout, what)
 
+    # ---- durable (see backends.blaxel.durable) ---------------------------------------------
+
+    _keeps_processes = True
+
+    def _ref_sandbox(self) -> dict[str, Any]:
+        return durable_blaxel.ref_sandbox(self)
+
+    def _ref_options(self) -> dict[str, Any]:
+        return durable_blaxel.ref_options(self, super()._ref_options())
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return durable_blaxel.options_from_ref(ref)
+
+    def _ref_process(self, entry: PtyEntry[Terminal]) -> dict[str, Any]:
+        return durable_blaxel.ref_process(entry)
+
+    def _lease_store(self) -> durable_blaxel.SandboxLease:
+        return durable_blaxel.SandboxLease(self)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await durable_blaxel.resume(self)
+
+    async def _reattach_process(self, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
+        await durable_blaxel.reattach(self, entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[Terminal]) -> None:
+        await durable_blaxel.release(self, entry)
+
+    async def _detach_backend(self) -> None:
+        await durable_blaxel.detach(self)
+
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+
+    async def _expose_port(self, port: int) -> ExposedPort:
+        """A private Blaxel preview of `port` and a token for it (see `workspace`)."""
+        return await workspace.expose_port(self._client, port)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self.workdir)

@@ -22,6 +22,13 @@
 - `tty=False` runs the command on real pipes inside that terminal (stdin /dev/null,
   stdout and stderr merged); Ctrl-C still reaches it through the terminal's line
   discipline, which keeps signal generation on.
+- Lingering: the server forgets a session's output once its shell exits
+  (`watchShellExit` closes it, a later connection to its id starts a new shell), so
+  the wrapper does not exit after the end marker: it waits for the release line (the
+  trap's token), which the reader types as soon as it saw the marker. A command that
+  ends while no client is attached thus keeps its output and exit status in the
+  session's ring until a resume reads them (`durable`), or until the server's idle
+  cleanup closes the session.
 """
 
 from __future__ import annotations
@@ -163,6 +170,19 @@ class Terminal:
     closing: bool = False
     # A liveness probe was sent and no frame came since.
     probed: bool = False
+    # The release line was typed (the lingering wrapper may exit).
+    released: bool = False
+    # Output bytes still to drop before showing any (a reattach skips what the earlier
+    # client had returned, counted from the command's start).
+    skip: int = 0
+
+    def visible(self, shown: bytes) -> bytes:
+        """`shown` (what the trap let through) minus what is still to be skipped."""
+        if self.skip <= 0:
+            return shown
+        dropped = min(self.skip, len(shown))
+        self.skip -= dropped
+        return shown[dropped:]
 
     def typed_line(self, spec: CommandSpec, tty: bool, cwd: str, check: CommandCheck | None) -> str:
         """The line to type: the tag exported, then the trap line. With a `check`, the
@@ -178,13 +198,36 @@ class Terminal:
                 argv = ["env", *(f"{k}={v}" for k, v in spec.env.items()), *argv]
             command = "exec " + shlex.join(argv)
         line = self.trap.line(
-            command, tty=tty, cwd=None if check else cwd, isolate=True, announced=bool(check)
+            command,
+            tty=tty,
+            cwd=None if check else cwd,
+            isolate=True,
+            announced=bool(check),
+            linger=linger_step(self.trap.token),
         )
         return f"export {TAG_VARIABLE}={self.tag}; {line}"
 
     def kill_argv(self, grace_s: float) -> list[str]:
         """The toolkit's kill script for this terminal's tagged session."""
         return kill_script([self.tag], ticks=grace_ticks(grace_s))
+
+
+def linger_step(token: str) -> str:
+    """The wrapper's last step: read lines until the release line (`token`) or the end
+    of input, so the session outlives the command until a client saw its end."""
+    return f'while read -r line; do [ "$line" = {token} ] && break; done'
+
+
+async def release_shell(entry: PtyEntry[Terminal], timeout: float | None = None) -> None:
+    """Type the release line once (best effort, within `timeout`): the lingering
+    wrapper exits, and the server closes the terminal session."""
+    term = entry.handle
+    if not isinstance(term, Terminal) or term.released or term.ws is None or term.ws.closed:
+        return
+    term.released = True
+    with contextlib.suppress(SandboxError, TimeoutError):
+        async with asyncio.timeout(timeout):
+            await send_input(entry, f"{term.trap.token}\n".encode())
 
 
 async def connect(
@@ -280,7 +323,7 @@ class TerminalReader:
             term.started.set()
         if term.trap.done or term.closing:
             return
-        tail = term.trap.flush()
+        tail = term.visible(term.trap.flush())
         if tail:
             entry.feed(tail)
         if reason is None and term.probed:
@@ -307,6 +350,8 @@ class TerminalReader:
             if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
                 self._term.probed = False
                 self._on_frame(msg.data)
+                if self._term.trap.done and not self._term.released:
+                    await release_shell(self._entry)
             elif msg.type is aiohttp.WSMsgType.ERROR:
                 if (
                     isinstance(msg.data, aiohttp.WebSocketError)
@@ -352,7 +397,7 @@ class TerminalReader:
             return
         if term.trap.done:
             return
-        shown = term.trap.feed(text_to_bytes(data))
+        shown = term.visible(term.trap.feed(text_to_bytes(data)))
         if term.trap.started:
             term.started.set()
         if shown:

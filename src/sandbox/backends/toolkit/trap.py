@@ -96,6 +96,7 @@ class ShellTrap:
         cwd: str | None = None,
         isolate: bool = False,
         announced: bool = False,
+        linger: str | None = None,
     ) -> str:
         """The line to type into the shell to run `command` (a POSIX shell string).
 
@@ -112,6 +113,10 @@ class ShellTrap:
         not), discards the shell's own "Killed"/"Terminated" notices, and with
         `tty=False` gives the command real pipes (stdout and stderr merged in arrival
         order, so `isatty()` is false and nothing pages) instead of the terminal.
+
+        `linger` (isolated lines only): a shell step run after the end marker, before
+        the wrapper exits (a provider that forgets a session once its shell exits can
+        then be read again: see the blaxel backend).
         """
         if cwd:
             # Inside the command, after the start marker: a bad cwd shows its error in
@@ -119,7 +124,9 @@ class ShellTrap:
             command = f"cd {shlex.quote(cwd)} || exit 1\n{command}"
             cwd = None
         if isolate and self.report_exit:
-            return self._isolated_line(command, tty=tty, cwd=cwd, announced=announced)
+            return self._isolated_line(
+                command, tty=tty, cwd=cwd, announced=announced, linger=linger
+            )
         parts = []
         if not tty:
             parts.append("stty -echo -opost 2>/dev/null")
@@ -138,7 +145,9 @@ class ShellTrap:
             parts.append(f"exec {body}")
         return keystroke_safe("; ".join(parts) + "\n")
 
-    def _isolated_line(self, command: str, *, tty: bool, cwd: str | None, announced: bool) -> str:
+    def _isolated_line(
+        self, command: str, *, tty: bool, cwd: str | None, announced: bool, linger: str | None
+    ) -> str:
         start = ":" if announced else f"printf '\\036S%s\\036' {self.token}"
         end = f"printf '\\036E%s:%d\\036' {self.token} $?"
         # Traps that catch a signal are reset in subshells, so the command (run in its
@@ -154,6 +163,8 @@ class ShellTrap:
             # overtake it; `cat` ignores Ctrl-C so output after an interrupt is kept.
             producer = f"{{ trap : INT QUIT; (exec {run} </dev/null 2>&1 3>&-); {end}; }}"
             steps = [start, f"{producer} | (trap '' INT QUIT; exec cat)"]
+        if linger:
+            steps.append(linger)
         inner = "; ".join(["trap : INT QUIT", "exec 3>&2 2>/dev/null", *steps])
         parts = []
         if not tty:

@@ -1,0 +1,284 @@
+"""Detach and resume for `blaxel`: terminal sessions outlive their client.
+
+Facts (the sandbox API, github.com/blaxel-ai/sandbox at bfecd2e7da6a,
+`sandbox-api/src/handler/terminal.go` and `handler/terminal/session_manager.go`; the
+SDK, blaxel==0.4.24):
+
+- A terminal session is kept by its `sessionId` across WebSocket disconnects
+  (`ManagedSession`: "keeps the terminal session alive across WebSocket disconnects");
+  a connection with the same id reattaches to it (`GetOrCreate`), resizes it to its own
+  size, and first gets the session's output ring replayed as ONE `output` frame: at
+  most 100 KiB (`maxBufferSize`), its front cut at a line start, prefixed with
+  `ESC [0m` (`GetBuffer`); then the live output. So every process of a session keeps
+  running with no client, and `keeps_processes` is True.
+- A session with no client is closed, everything in it SIGKILLed, once it has had no
+  activity for 10 minutes (`sessionIdleTimeout`, checked every 30 s; activity is output
+  appended or a client leaving): a detached process silent that long is lost.
+- When the shell exits the session is closed at once and marked dead; a connection to
+  a dead id starts a new shell. The wrapper therefore lingers after the end marker
+  (`terminal`, "Lingering") until a client has read it, so a command that ended while
+  no client was attached is still in its ring, with its exit status.
+- `GetOrCreate` uses the `shell` query parameter only to make a NEW session. A reattach
+  names a shell that does not exist: a session that is gone then answers an `error`
+  frame (Go's "fork/exec ...") and closes, instead of a fresh shell under the old id.
+
+A reattached process replays the ring through a new `ShellTrap` of the same token and
+skips the `output_position` bytes the earlier client had returned; where the ring was
+cut before the command's start marker, what it printed first is lost: a note says so,
+and the ring's whole remainder follows (it may repeat output returned before).
+Positions are counted on the replay: a UTF-8 character split between two PTY reads
+arrived as U+FFFDs live but whole in the replay, so a few bytes may repeat or be
+skipped around one. The sandbox is found again by name (`SandboxInstance.get`, never a
+create: a deleted sandbox is `SessionGoneError`). The lease is a file in the sandbox
+(`sandbox.backends.toolkit.lease`), read and swapped by a waited `process.exec`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from typing import Any
+
+import aiohttp
+
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...errors import ProviderError, SessionGoneError
+from ..toolkit import (
+    ShellTrap,
+    check_tag,
+    lease_line,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+)
+from . import terminal
+from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
+
+# `BlaxelSession`, untyped here: its module imports this one, and an import back (even a
+# type-only one) would close a cycle (tests/meta/test_layering.py).
+BlaxelSession = Any
+
+# A shell no sandbox has: a reattach must never start a new session (see above).
+MISSING_SHELL = "/nonexistent/sandbox-reattach-only"
+# What `GetBuffer` puts before the replayed ring.
+REPLAY_PREFIX = "\x1b[0m"
+HEX = re.compile(r"[0-9a-f]{8,64}")
+REF_OPTIONS = (
+    "api_timeout_s",
+    "connect_timeout_s",
+    "close_timeout_s",
+    "heartbeat_s",
+    "probe_interval_s",
+    "terminate_grace_s",
+    "max_response_bytes",
+    "max_terminal_frame_bytes",
+)
+GONE_NOTE = (
+    "Blaxel no longer has this terminal session: its shell ended, or the sandbox closed "
+    "it after 10 minutes without a client or output"
+)
+CUT_NOTE = (
+    "Blaxel keeps the last 100 KiB of a terminal's output: what this process printed "
+    "before that is not shown"
+)
+NO_REPLAY_NOTE = "Blaxel replayed none of this terminal's output: what it printed is not shown"
+LEASE_TIMEOUT_S = 30
+
+
+def ref_sandbox(session: BlaxelSession) -> dict[str, Any]:
+    """The sandbox's name, and whether the close deletes it."""
+    return {"name": session.sandbox_name, "keep": session.keep}
+
+
+def ref_options(session: BlaxelSession, base: dict[str, Any]) -> dict[str, Any]:
+    """The base options plus `workdir`, the API URL and the bounds (never the API key,
+    the workspace, `labels` or the create options)."""
+    options = dict(base)
+    options["workdir"] = session.workdir
+    term = session._terminal_options
+    values = {
+        "api_timeout_s": session._client.api_timeout_s,
+        "connect_timeout_s": term.connect_timeout_s,
+        "close_timeout_s": term.close_timeout_s,
+        "heartbeat_s": term.heartbeat_s,
+        "probe_interval_s": term.probe_interval_s,
+        "terminate_grace_s": session.terminate_grace_s,
+        "max_response_bytes": session._client.max_response_bytes,
+        "max_terminal_frame_bytes": term.max_frame_bytes,
+    }
+    options.update({name: values[name] for name in REF_OPTIONS})
+    url = session._client._api_url
+    if isinstance(url, str) and "@" not in url:  # never a URL with credentials in it
+        options["api_url"] = url
+    return options
+
+
+def options_from_ref(ref: SessionRef) -> dict[str, Any]:
+    """Reattach by name, deleted on close unless the first session kept it."""
+    name = ref.sandbox.get("name")
+    if not isinstance(name, str) or not name:
+        raise SessionGoneError("the blaxel ref names no sandbox")
+    # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
+    options = {k: v for k, v in ref.options.items() if v is not None or k == "heartbeat_s"}
+    options["name"] = name
+    options["keep"] = bool(ref.sandbox.get("keep"))
+    return options
+
+
+def ref_process(entry: PtyEntry[Terminal]) -> dict[str, Any]:
+    """The terminal's session id, the tag of its tree and the trap's token."""
+    term = entry.require_handle()
+    return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
+
+
+async def resume(session: BlaxelSession) -> None:
+    """Find the sandbox by name (`SessionGoneError` when it is gone) and bind to it;
+    closing the resumed session deletes it as the first one's close would have."""
+    session._create_attempted = False
+    await session._client.attach(session.sandbox_name)
+    session._create_attempted = True
+    session._deleted = False
+
+
+def _handle(process: ProcessRef) -> tuple[str, str, str]:
+    handle = process.handle
+    sid, tag, token = handle.get("session_id"), handle.get("tag"), handle.get("token")
+    if not all(isinstance(v, str) and HEX.fullmatch(v) for v in (sid, token)):
+        raise ProcessNotReattached("the ref holds no blaxel terminal session for this process")
+    assert isinstance(sid, str) and isinstance(token, str)
+    try:
+        checked = check_tag(tag) if isinstance(tag, str) else None
+    except ValueError:
+        checked = None
+    if checked is None:
+        raise ProcessNotReattached("the ref holds no blaxel terminal session for this process")
+    return sid, checked, token
+
+
+async def reattach(session: BlaxelSession, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
+    """Reconnect to the process's terminal session (never a new one), replay its ring
+    past `output_position`, then follow it as a spawn does."""
+    sid, tag, token = _handle(process)
+    client, options = session._client, session._terminal_options
+    term = Terminal(trap=ShellTrap(report_exit=True, token=token), session_id=sid, tag=tag)
+    term.line_sent = True
+    entry.handle = term  # from here a cancelled reattach closes the socket, kills nothing
+    http = client.http
+    if http is None:
+        raise ProviderError("the blaxel session is not started", retryable=False)
+    term.ws = await terminal.connect(
+        http,
+        client.terminal_url(sid, process.rows, process.cols, session.workdir, MISSING_SHELL),
+        client.auth_headers(),
+        options,
+        f"reconnect to a terminal in the Blaxel sandbox {session.sandbox_name!r}",
+    )
+    replay = await _first_output(term.ws, options.connect_timeout_s)
+    if replay is None:
+        await terminal.close(term, options.close_timeout_s)
+        entry.handle = None
+        raise ProcessNotReattached(GONE_NOTE)
+    _show_replay(entry, term, replay, process.output_position)
+    if term.trap.done:
+        assert term.trap.exit_code is not None
+        entry.report_exit(term.trap.exit_code)
+        entry.report_eof()
+        await terminal.release_shell(entry, options.close_timeout_s)
+    reader = TerminalReader(entry, term, options, client.redact)
+    term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
+
+
+async def _first_output(ws: aiohttp.ClientWebSocketResponse, timeout: float) -> str | None:
+    """The replay frame's text ("" when none came in `timeout`), or None when the
+    session is gone (an `error` frame, or the socket closed first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            msg = await ws.receive(timeout=max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return ""
+        if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+            return None  # closed, or failed: nothing to follow
+        frame = parse_terminal_frame(msg.data)
+        if frame is None:
+            continue  # a malformed frame is skipped, as the reader does
+        kind, data = frame
+        return data if kind == "output" else None
+
+
+def _show_replay(entry: PtyEntry[Terminal], term: Terminal, replay: str, position: int) -> None:
+    """Feed the ring through the trap: from the command's start when the ring still
+    holds it (minus the `position` bytes returned before), else after a note."""
+    data = text_to_bytes(replay.removeprefix(REPLAY_PREFIX))
+    if replay.startswith(REPLAY_PREFIX):
+        probe = ShellTrap(report_exit=True, token=term.trap.token)
+        shown = probe.feed(data)
+        if probe.started:
+            term.trap = probe
+            term.started.set()
+            term.skip = position
+            visible = term.visible(shown)
+            if visible:
+                entry.feed(visible)
+            return
+    # The start marker is not in the ring: the ring was cut past it.
+    note = CUT_NOTE if replay.startswith(REPLAY_PREFIX) else NO_REPLAY_NOTE
+    entry.feed(f"\n[sandbox: {note}]\n".encode())
+    term.trap.started = True
+    term.trap.decided.set()
+    term.started.set()
+    shown = term.trap.feed(data)
+    if shown:
+        entry.feed(shown)
+
+
+async def release(session: BlaxelSession, entry: PtyEntry[Terminal]) -> None:
+    """Stop following the process (its reader, its socket); the session keeps it. The
+    release line is not typed: the ref's next owner still has to read the ring."""
+    term = entry.handle
+    if not isinstance(term, Terminal):
+        return
+    term.closing = True
+    await terminal.close(term, session._terminal_options.close_timeout_s)
+
+
+async def detach(session: BlaxelSession) -> None:
+    """Release the clients; the sandbox stays (no close of this client deletes it)."""
+    session._create_attempted = False
+    await session._client.close()
+
+
+class SandboxLease:
+    """The lease in the sandbox, through a waited `process.exec` (a `LeaseStore`)."""
+
+    def __init__(self, session: BlaxelSession) -> None:
+        self._session = session
+        self._path = lease_path(session._durable.session_id)
+
+    async def _run(self, argv: list[str]) -> str | None:
+        client = self._session._client
+        instance = client.sandbox()
+        response = await client.call(
+            "check the session's lease",
+            lambda: instance.process.exec(
+                {
+                    "command": lease_line(argv),
+                    "name": f"lease-{secrets.token_hex(6)}",
+                    "wait_for_completion": True,
+                    "timeout": LEASE_TIMEOUT_S,
+                }
+            ),
+            timeout=min(client.api_timeout_s, LEASE_TIMEOUT_S + 10.0),
+        )
+        return parse_lease(response.stdout or "", response.exit_code, "blaxel")
+
+    async def read(self) -> str | None:
+        """The lease's value."""
+        return await self._run(lease_read_argv(self._path))
+
+    async def swap(self, expected: str | None, new: str) -> str | None:
+        """Compare-and-set under the script's lock; what the lease was."""
+        return await self._run(lease_swap_argv(self._path, expected, new))
