@@ -12,6 +12,7 @@ import re
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -26,6 +27,7 @@ from sandbox.backends.blaxel import (
     is_retryable,
     parse_terminal_frame,
 )
+from sandbox.backends.blaxel.sdk import close_shared_sdk_client
 from sandbox.backends.toolkit.credentials import REDACTED
 from sandbox.testing.blaxel_server import GARBAGE_FRAMES, BlaxelServer
 from tests.helpers import eventually, host_pids_with_arg, open_fds, unique_seconds
@@ -710,27 +712,40 @@ async def test_the_stand_in_answers_like_the_sandbox_api(tmp_path: Path) -> None
     async with BlaxelServer(root=str(tmp_path), edge_cut_s=0.5) as server:
         server.configure_sdk()
         box = await SandboxInstance.create_if_not_exists({"name": "fidelity"})
-        killed = await box.process.exec({"command": "kill -9 $$", "wait_for_completion": True})
-        assert (killed.status, killed.exit_code) == ("failed", -1)
-        marker = unique_seconds()
-        with pytest.raises(Exception) as info:
-            await box.process.exec(
-                {"command": f"exec sleep {marker}", "wait_for_completion": True, "timeout": 1}
-            )
-        assert info.value.response.status_code == 504  # type: ignore[attr-defined]
+        try:
+            await _drive_the_stand_in(server, box)
+        finally:
+            # The SDK never closes a helper's client, nor its process-wide one.
+            for action in (box.process, box.fs):
+                await action.get_client().aclose()
+            await close_shared_sdk_client(asyncio.get_running_loop())
+
+
+async def _drive_the_stand_in(server: BlaxelServer, box: Any) -> None:
+    """Each fact of the stand-in, through the SDK instance `box`."""
+    from blaxel.core.sandbox import SandboxInstance
+
+    killed = await box.process.exec({"command": "kill -9 $$", "wait_for_completion": True})
+    assert (killed.status, killed.exit_code) == ("failed", -1)
+    marker = unique_seconds()
+    with pytest.raises(Exception) as info:
         await box.process.exec(
-            {"name": "late", "command": "sleep 0.3; exit 4", "wait_for_completion": False}
+            {"command": f"exec sleep {marker}", "wait_for_completion": True, "timeout": 1}
         )
-        assert host_pids_with_arg(marker), "the command outlived the edge's 504"
-        server.edge_cut_s = None
-        with pytest.raises(Exception) as info:
-            await box.process.exec(
-                {"command": "exec sleep 30", "wait_for_completion": True, "timeout": 1}
-            )
-        assert info.value.response.status_code == 422  # type: ignore[attr-defined]
-        assert "process timed out after 1 seconds" in str(info.value)
-        assert host_pids_with_arg(marker) and server.live_processes() >= 2, "nothing killed"
-        await SandboxInstance.delete("fidelity")
+    assert info.value.response.status_code == 504  # type: ignore[attr-defined]
+    await box.process.exec(
+        {"name": "late", "command": "sleep 0.3; exit 4", "wait_for_completion": False}
+    )
+    assert host_pids_with_arg(marker), "the command outlived the edge's 504"
+    server.edge_cut_s = None
+    with pytest.raises(Exception) as info:
+        await box.process.exec(
+            {"command": "exec sleep 30", "wait_for_completion": True, "timeout": 1}
+        )
+    assert info.value.response.status_code == 422  # type: ignore[attr-defined]
+    assert "process timed out after 1 seconds" in str(info.value)
+    assert host_pids_with_arg(marker) and server.live_processes() >= 2, "nothing killed"
+    await SandboxInstance.delete("fidelity")
 
 
 async def test_a_long_silent_exec_outlives_the_edge_cut(tmp_path: Path) -> None:

@@ -21,7 +21,13 @@ from ...errors import SandboxError, SessionGoneError
 from ..toolkit import Secret, redact, transport_error
 from .bounds import answer_limit, bound_client
 from .errors import SERVICE, BlaxelAPIError, map_error
-from .sdk import SandboxInstance, configure_sdk, release_shared_client, track_loop
+from .sdk import (
+    SandboxInstance,
+    configure_sdk,
+    pool_generated_clients,
+    release_shared_client,
+    track_loop,
+)
 
 T = TypeVar("T")
 
@@ -126,6 +132,7 @@ class BlaxelClient:
         instance = SandboxInstance(found.sandbox, force_url=url, headers=self.auth_headers())
         for action in (instance.process, instance.fs):
             bound_client(action.get_client())
+            pool_generated_clients(action)
         self.instance = instance
 
     async def attach(self, name: str) -> None:

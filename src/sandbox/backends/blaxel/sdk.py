@@ -17,8 +17,9 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
-from .bounds import with_hooks
+from .bounds import HOOKS, with_hooks
 
 
 @contextlib.contextmanager
@@ -49,6 +50,7 @@ __all__ = [
     "CredentialsError",
     "SandboxInstance",
     "configure_sdk",
+    "pool_generated_clients",
     "release_shared_client",
     "track_loop",
 ]
@@ -99,3 +101,29 @@ async def close_shared_sdk_client(loop: asyncio.AbstractEventLoop) -> None:
     sdk_client._async_client_loop = None
     with contextlib.suppress(Exception):
         await http.aclose()
+
+
+def pool_generated_clients(action: Any) -> None:
+    """Make `action`'s generated-API calls (`process.get`, `write_stdin`, ...) reuse its
+    pooled, bounded httpx client, or open a bounded one they close themselves.
+
+    blaxel 0.4.24 builds a fresh generated `Client` per call (`get_api_client`). For
+    `process.get` it hands that client the helper's pooled httpx client through
+    `set_async_httpx_client`, which does not record the event loop, so the next
+    `get_async_httpx_client` discards it and opens a new httpx client that nothing
+    closes (a socket left to the garbage collector on every call) and that has none of
+    our answer bounds. Stamping the running loop on each new generated client keeps the
+    handed-over pooled client; the calls that build their own (`async with`) close it
+    on exit, and both carry the bound hooks.
+    """
+    build = action.get_api_client
+
+    def get_api_client() -> Any:
+        api = build()
+        api.with_event_hooks(async_hooks=with_hooks(dict(HOOKS)))
+        # The SDK's own attribute (attrs field `_async_client_loop`): what it compares
+        # with the running loop before trusting a client it was given.
+        api._async_client_loop = asyncio.get_running_loop()
+        return api
+
+    action.get_api_client = get_api_client
