@@ -20,11 +20,13 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import docker
+import docker.constants
 import docker.utils
 
 from ...errors import SandboxError
@@ -148,6 +150,7 @@ class Engine:
         kwargs["timeout"] = self._api_timeout
         if self._api_version is not None:
             kwargs["version"] = self._api_version
+        _probe_unix_socket(kwargs.get("base_url"), self._api_timeout)
         return docker.APIClient(**kwargs)
 
     def _adopt_client(self, future: asyncio.Future[Any]) -> None:
@@ -343,3 +346,24 @@ def _mark_retrieved(future: asyncio.Future[Any]) -> None:
     # keeps asyncio from logging "exception was never retrieved" for it.
     if not future.cancelled():
         future.exception()
+
+
+def _probe_unix_socket(base_url: object, timeout: float | None) -> None:
+    """Connect once to the engine's unix socket with a socket closed right after, so an
+    engine that is not there fails here (`engine_error`: "cannot reach").
+
+    docker 7.1's `UnixHTTPConnection.connect` does not close a socket whose `connect`
+    failed: it is left to the garbage collector (a `ResourceWarning`). With the probe,
+    only an engine that goes away between the probe and the client's first request can
+    still leak one that way.
+    """
+    url = base_url if isinstance(base_url, str) else docker.constants.DEFAULT_UNIX_SOCKET
+    for scheme in ("http+unix://", "unix://"):
+        if url.startswith(scheme):
+            path = url[len(scheme) :]
+            break
+    else:
+        return  # tcp, ssh, npipe: not docker-py's unix connection
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout)
+        probe.connect(path)
