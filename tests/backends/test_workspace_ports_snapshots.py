@@ -267,6 +267,10 @@ async def test_daytona_snapshot_reopens_as_a_new_sandbox(tmp_path: Path) -> None
         assert fake.live_sandbox_ids() == [] and list(fake.snapshots) == [ref.snapshot_id]
         with pytest.raises(sandbox.InvalidArgumentError, match="replaces image"):
             sandbox.open_session("daytona", snapshot=ref, image="debian:12", **options)  # type: ignore[arg-type]
+        # A plain name (not a ref's JSON) is Daytona's own `snapshot` option.
+        async with sandbox.open_session("daytona", snapshot="stock-snapshot", **options):  # type: ignore[arg-type]
+            (state,) = fake.sandboxes.values()
+            assert state.params.snapshot == "stock-snapshot"
 
 
 async def test_e2b_snapshot_cancelled_while_made_deletes_it(tmp_path: Path) -> None:
