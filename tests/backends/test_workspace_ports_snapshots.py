@@ -308,3 +308,27 @@ async def test_daytona_snapshot_cancelled_while_made_deletes_it(tmp_path: Path) 
             assert fake.snapshots == {}
             assert (await s.exec("echo still here")).stdout == b"still here\n"
         assert fake.live_sandbox_ids() == []
+
+
+async def test_snapshot_refusals_are_mapped_and_leave_nothing(tmp_path: Path) -> None:
+    import e2b
+    from daytona import DaytonaConflictError
+
+    from sandbox.testing.daytona_fake import FakeDaytona
+    from sandbox.testing.e2b_fake import FakeE2B
+
+    async with FakeE2B(api_key="k", root=tmp_path / "e2b") as fake:
+        async with sandbox.open_session("e2b", api_key="k", sandbox_class=fake.AsyncSandbox) as s:
+            refusal = e2b.SandboxException("400: snapshot_filesystem_only_disabled")
+            fake.fail("create_snapshot", refusal)
+            with pytest.raises(sandbox.SandboxError, match="snapshot the sandbox"):
+                await s.snapshot()
+            assert fake.snapshot_ids() == []
+    (tmp_path / "dt").mkdir()
+    async with FakeDaytona(api_key="k", root=tmp_path / "dt") as fake:
+        session = sandbox.open_session("daytona", api_key="k", daytona_class=fake.AsyncDaytona)
+        async with session as s:
+            fake.fail("create_snapshot", DaytonaConflictError("name in use", status_code=409))
+            with pytest.raises(sandbox.ProviderError, match="snapshot the sandbox"):
+                await s.snapshot()
+            assert fake.snapshots == {}
