@@ -144,9 +144,6 @@ FAULT_POINTS = frozenset(
         "files.read",
         "files.write",
         "files.get_info",
-        "files.list",
-        "files.remove",
-        "files.make_dir",
         "create_snapshot",
         "stream",
     }

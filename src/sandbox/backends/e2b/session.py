@@ -30,7 +30,8 @@ request), `start_timeout_s` (bound on creating/attaching and on starting a proce
 gives each process stream, one-shot commands included; 0 means unlimited),
 `call_timeout_s` (bound on each other call, over the whole call: a file transfer, typed
 input, a resize; default 120 s), `snapshot_mode` (what `snapshot()` keeps: None for the
-API's default, "full" or "filesystem"; see `workspace`), `metadata`
+API's default, "full" or "filesystem"; see `workspace`; the call is bounded by
+`start_timeout_s`), `metadata`
 and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
