@@ -951,9 +951,12 @@ class FakeFilesystem:
     async def get_info(
         self, path: str, user: str | None = None, request_timeout: float | None = None
     ) -> EntryInfo:
-        """envd's stat: the entry itself (a symlink is reported as one, with its target);
-        a FIFO, socket or device has no type. Missing: `FileNotFoundException`; under a
-        file: a plain `SandboxException` (envd answers 500 for ENOTDIR)."""
+        """envd's stat: the entry itself (a symlink is reported as one, with its target,
+        and the permission bits of what it points at, 0 when dangling), `mode` the
+        permission bits only and `permissions` Go's mode string of the entry
+        (shared/pkg/filesystem/entry.go); a FIFO, socket or device has no type.
+        Missing: `FileNotFoundException`; under a file: a plain `SandboxException`
+        (envd answers 500 for ENOTDIR)."""
         await self._service._knobs.checkpoint("files.get_info", after=False, subject=None)
         self._service._check_alive(self._state)
         real = self._state.resolve(path)
@@ -967,19 +970,24 @@ class FakeFilesystem:
                 raise SandboxException(f"error getting file info: {exc.strerror}") from None
             kind: FileType | None = None
             target = None
+            perm = info.st_mode & 0o777  # Go's FileMode.Perm()
             if stat_module.S_ISREG(info.st_mode):
                 kind = FileType.FILE
             elif stat_module.S_ISDIR(info.st_mode):
                 kind = FileType.DIR
             elif stat_module.S_ISLNK(info.st_mode):
                 kind, target = FileType.SYMLINK, os.readlink(real)
+                try:  # envd gives a symlink the permission bits of its target
+                    perm = os.stat(real).st_mode & 0o777
+                except OSError:
+                    perm = 0
             return EntryInfo(
                 name=os.path.basename(real),
                 type=kind,
                 path=real,
                 size=info.st_size,
-                mode=info.st_mode,
-                permissions=stat_module.filemode(info.st_mode)[1:],
+                mode=perm,
+                permissions=_go_file_mode(info.st_mode),
                 owner=str(info.st_uid),
                 group=str(info.st_gid),
                 modified_time=datetime.fromtimestamp(info.st_mtime, tz=UTC),
@@ -1534,6 +1542,32 @@ class FakeE2B:
         self._handles.clear()
         if self._own_root:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+def _go_file_mode(mode: int) -> str:
+    """Go's `os.FileMode.String()` of an lstat mode, as envd sends it in `permissions`
+    (type letters in Go's order, then rwx: "drwxr-xr-x", "Lrwxrwxrwx", "urwxr-xr-x")."""
+    letters = ""
+    if stat_module.S_ISDIR(mode):
+        letters += "d"
+    if stat_module.S_ISLNK(mode):
+        letters += "L"
+    if stat_module.S_ISBLK(mode) or stat_module.S_ISCHR(mode):
+        letters += "D"
+    if stat_module.S_ISFIFO(mode):
+        letters += "p"
+    if stat_module.S_ISSOCK(mode):
+        letters += "S"
+    if mode & stat_module.S_ISUID:
+        letters += "u"
+    if mode & stat_module.S_ISGID:
+        letters += "g"
+    if stat_module.S_ISCHR(mode):
+        letters += "c"
+    if mode & stat_module.S_ISVTX:
+        letters += "t"
+    rwx = "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return (letters or "-") + rwx
 
 
 def _copy_tree(source: str, target: str) -> None:
