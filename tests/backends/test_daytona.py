@@ -42,6 +42,7 @@ from daytona import (
 )
 from daytona._async.filesystem import AsyncFileSystem
 from daytona._async.process import AsyncProcess
+from daytona._async.snapshot import AsyncSnapshotService
 from daytona.common.errors import DaytonaConnectionTimeoutError
 from daytona.common.process import ExecuteResponse, SessionExecuteResponse
 from daytona.common.pty import PtyResult
@@ -60,6 +61,7 @@ from sandbox.testing.daytona_fake import (
     FakeAsyncProcess,
     FakeAsyncPtyHandle,
     FakeAsyncSandbox,
+    FakeAsyncSnapshotService,
     FakeDaytona,
 )
 from sandbox.testing.drift import surface_problems
@@ -131,6 +133,7 @@ FAKE_PAIRS = [
     (FakeAsyncProcess, AsyncProcess),
     (FakeAsyncFileSystem, AsyncFileSystem),
     (FakeAsyncPtyHandle, AsyncPtyHandle),
+    (FakeAsyncSnapshotService, AsyncSnapshotService),
 ]
 
 

@@ -217,3 +217,124 @@ async def test_modal_exposes_ports_declared_at_create(tmp_path: Path) -> None:
         assert secure.tls and secure.url.startswith("https://")
         with pytest.raises(sandbox.UnsupportedOperationError, match="encrypted_ports"):
             await session.expose_port(9999)
+
+
+# ---- E2B and Daytona snapshots (through their SDK fakes) ------------------------------
+
+
+async def _snapshot_round_trip(
+    backend: str, options: dict[str, object], secret: str
+) -> sandbox.SnapshotRef:
+    """Write files, snapshot, close; reopen from the ref's JSON and read them back."""
+    async with sandbox.open_session(backend, **options) as session:  # type: ignore[arg-type]
+        await session.write_file("state/kept.txt", b"kept by the snapshot")
+        await session.exec("ln -s kept.txt state/alias && chmod 700 state/kept.txt")
+        ref = await session.snapshot()
+        await session.write_file("state/after.txt", b"written after the snapshot")
+    text = ref.to_json()
+    assert secret not in text and json.loads(text)["backend"] == backend
+    assert sandbox.SnapshotRef.from_json(text) == ref
+    async with sandbox.open_session(backend, snapshot=text, **options) as reopened:  # type: ignore[arg-type]
+        assert await reopened.read_file("state/kept.txt") == b"kept by the snapshot"
+        link = await reopened.stat("state/alias")
+        assert (link.kind, link.link_target) == ("symlink", "kept.txt")
+        assert (await reopened.stat("state/kept.txt")).mode == 0o700
+        with pytest.raises(sandbox.SandboxFileNotFoundError):
+            await reopened.stat("state/after.txt")
+    return ref
+
+
+async def test_e2b_snapshot_reopens_as_a_new_sandbox(tmp_path: Path) -> None:
+    from sandbox.testing.e2b_fake import FakeE2B
+
+    async with FakeE2B(api_key="e2b-snap-key", root=tmp_path) as fake:
+        options = {"api_key": "e2b-snap-key", "sandbox_class": fake.AsyncSandbox}
+        ref = await _snapshot_round_trip("e2b", options, "e2b-snap-key")
+        # The snapshot is a template: it outlives both sandboxes, which are gone.
+        assert fake.live_sandbox_ids() == [] and fake.snapshot_ids() == [ref.snapshot_id]
+        assert fake.snapshot_modes[ref.snapshot_id] == "full"  # the API's default
+        with pytest.raises(sandbox.InvalidArgumentError, match="replaces template"):
+            sandbox.open_session("e2b", snapshot=ref, template="base", **options)  # type: ignore[arg-type]
+        filesystem = sandbox.open_session("e2b", snapshot_mode="filesystem", **options)  # type: ignore[arg-type]
+        async with filesystem as session:
+            ref = await session.snapshot()
+        assert fake.snapshot_modes[ref.snapshot_id] == "filesystem"
+        assert ref.details["mode"] == "filesystem"
+        with pytest.raises(sandbox.InvalidArgumentError, match="snapshot_mode"):
+            sandbox.open_session("e2b", snapshot_mode="memory", **options)  # type: ignore[arg-type]
+
+
+async def test_daytona_snapshot_reopens_as_a_new_sandbox(tmp_path: Path) -> None:
+    from sandbox.testing.daytona_fake import FakeDaytona
+
+    async with FakeDaytona(api_key="dtn-snap-key", root=tmp_path) as fake:
+        options = {"api_key": "dtn-snap-key", "daytona_class": fake.AsyncDaytona}
+        ref = await _snapshot_round_trip("daytona", options, "dtn-snap-key")
+        assert fake.live_sandbox_ids() == [] and list(fake.snapshots) == [ref.snapshot_id]
+        with pytest.raises(sandbox.InvalidArgumentError, match="replaces image"):
+            sandbox.open_session("daytona", snapshot=ref, image="debian:12", **options)  # type: ignore[arg-type]
+        # A plain name (not a ref's JSON) is Daytona's own `snapshot` option.
+        async with sandbox.open_session("daytona", snapshot="stock-snapshot", **options):  # type: ignore[arg-type]
+            (state,) = fake.sandboxes.values()
+            assert state.params.snapshot == "stock-snapshot"
+
+
+async def test_e2b_snapshot_cancelled_while_made_deletes_it(tmp_path: Path) -> None:
+    from sandbox.testing.e2b_fake import FakeE2B
+
+    async with FakeE2B(api_key="k", root=tmp_path) as fake:
+        async with sandbox.open_session("e2b", api_key="k", sandbox_class=fake.AsyncSandbox) as s:
+            gate = fake.block("create_snapshot", after=True)  # made, the answer held back
+            call = asyncio.ensure_future(s.snapshot())
+            await gate.reached.wait()
+            assert len(fake.snapshot_ids()) == 1
+            call.cancel()
+            gate.release()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert fake.snapshot_ids() == []  # the cancelled call's snapshot is gone
+            assert (await s.exec("echo still here")).stdout == b"still here\n"
+        assert fake.live_sandbox_ids() == []
+
+
+async def test_daytona_snapshot_cancelled_while_made_deletes_it(tmp_path: Path) -> None:
+    from sandbox.testing.daytona_fake import FakeDaytona
+
+    async with FakeDaytona(api_key="k", root=tmp_path) as fake:
+        session = sandbox.open_session("daytona", api_key="k", daytona_class=fake.AsyncDaytona)
+        async with session as s:
+            gate = fake.block("create_snapshot", after=True)
+            call = asyncio.ensure_future(s.snapshot())
+            await gate.reached.wait()
+            assert len(fake.snapshots) == 1
+            call.cancel()
+            gate.release()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert fake.snapshots == {}
+            assert (await s.exec("echo still here")).stdout == b"still here\n"
+        assert fake.live_sandbox_ids() == []
+
+
+async def test_snapshot_refusals_are_mapped_and_leave_nothing(tmp_path: Path) -> None:
+    import e2b
+    from daytona import DaytonaConflictError
+
+    from sandbox.testing.daytona_fake import FakeDaytona
+    from sandbox.testing.e2b_fake import FakeE2B
+
+    async with FakeE2B(api_key="k", root=tmp_path / "e2b") as fake:
+        async with sandbox.open_session("e2b", api_key="k", sandbox_class=fake.AsyncSandbox) as s:
+            refusal = e2b.SandboxException("400: snapshot_filesystem_only_disabled")
+            fake.fail("create_snapshot", refusal)
+            with pytest.raises(sandbox.SandboxError, match="snapshot the sandbox"):
+                await s.snapshot()
+            assert fake.snapshot_ids() == []
+    (tmp_path / "dt").mkdir()
+    async with FakeDaytona(api_key="k", root=tmp_path / "dt") as fake:
+        session = sandbox.open_session("daytona", api_key="k", daytona_class=fake.AsyncDaytona)
+        async with session as s:
+            fake.fail("create_snapshot", DaytonaConflictError("name in use", status_code=409))
+            with pytest.raises(sandbox.ProviderError, match="snapshot the sandbox"):
+                await s.snapshot()
+            assert fake.snapshots == {}

@@ -166,7 +166,10 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
     Use it as `async with open_session(...) as session:`.
     """
     cls = load_backend(backend)
-    if options.get("snapshot") is not None:
+    own = options.get("snapshot")
+    if isinstance(own, str) and not own.lstrip().startswith("{"):
+        pass  # not a ref's JSON: a backend's own option (Daytona's snapshot name)
+    elif own is not None:
         # `snapshot=` (a `SnapshotRef` or its JSON) opens what `session.snapshot()` made.
         from ..workspace.snapshots import SnapshotRef
 
@@ -175,7 +178,8 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
         if not isinstance(ref, SnapshotRef) or ref.backend != backend:
             raise InvalidArgumentError(f"snapshot must be a SnapshotRef of the {backend} backend")
         options = cls._snapshot_options(ref, options)
-    options.pop("snapshot", None)
+    elif "snapshot" in options:
+        options.pop("snapshot")  # `snapshot=None`: none
     try:
         return cls(**options)
     except TypeError as exc:

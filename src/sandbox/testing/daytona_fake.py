@@ -19,10 +19,11 @@ and async-ness: `AsyncDaytona(config).create/get/close`; the sandbox's `id`, `na
 `state`, `process`, `fs`, `start()` and `delete()`; `process.exec`,
 `create_session/execute_session_command/get_session_command_logs_async/
 get_session_command/delete_session`, `create_pty_session/kill_pty_session/
-resize_pty_session`; the PTY handle's `send_input/wait/disconnect/exit_code/error`; and
-`fs.download_file/upload_file`. `tests/backends/test_daytona.py` checks that surface
-against the installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it
-fails the tests. The fake raises the SDK's own exception classes and returns the SDK's
+resize_pty_session`; the PTY handle's `send_input/wait/disconnect/exit_code/error`;
+`fs.download_file/upload_file`; `sandbox.create_snapshot` and the client's
+`snapshot.delete`. `tests/backends/test_daytona.py` checks that surface against the
+installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the
+tests. The fake raises the SDK's own exception classes and returns the SDK's
 own data types (`ExecuteResponse`, `SessionExecuteResponse`, `Command`, `PtyResult`,
 `PtySessionInfo`).
 
@@ -72,7 +73,15 @@ code FILE_NOT_FOUND), or a plain `DaytonaError` without status with
 `download_error_details=False`; `upload_file` into a missing folder:
 `DaytonaNotFoundError`, over a directory: `DaytonaBadRequestError` (400);
 `get_file_info` of a missing path: `DaytonaNotFoundError`, under a file:
-`DaytonaBadRequestError`.
+`DaytonaBadRequestError`; `create_snapshot` with a name in use: `DaytonaConflictError`
+(409), `snapshot.delete` of an unknown one: `DaytonaNotFoundError`.
+
+Snapshots: `sandbox.create_snapshot(name)` (daytona `_async/sandbox.py`, `POST
+/sandbox/{id}/snapshot`, "captures the Sandbox's filesystem into a reusable snapshot")
+copies the sandbox's folder (symlinks kept, FIFOs made anew); `create()` with
+`CreateSandboxFromSnapshotParams(snapshot=<that name>)` starts a sandbox with those
+files (another snapshot name is taken as a stock snapshot: an empty folder);
+`daytona.snapshot.delete(name)` removes it. `snapshots` maps the names to the folders.
 
 Leak checks: `leftover_pids()` lists live local processes started in any sandbox of the
 fake, `open_streams()` the PTY handles and log streams still running,
@@ -136,6 +145,8 @@ FAULT_POINTS = (
     "download_file",
     "upload_file",
     "get_file_info",
+    "create_snapshot",
+    "delete_snapshot",
     "stream",
 )
 ALIASES = {
@@ -962,6 +973,20 @@ class FakeAsyncFileSystem:
         )
 
 
+def _copy_tree(source: str, target: str) -> None:
+    """Copy a sandbox's files as a snapshot keeps them: symlinks as links, FIFOs made
+    anew (never opened), sockets and devices left out."""
+
+    def copy(src: str, dst: str) -> None:
+        info = os.lstat(src)
+        if stat_module.S_ISFIFO(info.st_mode):
+            os.mkfifo(dst, stat_module.S_IMODE(info.st_mode))
+        elif stat_module.S_ISREG(info.st_mode):
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=copy, dirs_exist_ok=True)
+
+
 def _go_mode_string(mode: int) -> str:
     """Go's `os.FileMode.String()` for an st_mode (the type letters Go uses)."""
     if stat_module.S_ISDIR(mode):
@@ -1031,6 +1056,26 @@ class FakeAsyncSandbox:
             self._state.previews[port] = await proxy.start()
         return PortPreviewUrl(sandbox_id=self.id, url=proxy.url, token=proxy._token)
 
+    async def create_snapshot(self, name: str, timeout: float | None = 60) -> None:
+        """Capture the sandbox's files as the snapshot `name` (`POST
+        /sandbox/{id}/snapshot`); the sandbox is `SNAPSHOTTING` meanwhile and then back
+        in its state. A name in use: `DaytonaConflictError` (409)."""
+        await self._service._knobs.checkpoint("create_snapshot")
+        self._state.require_alive()
+        if name in self._service.snapshots:
+            raise DaytonaConflictError(
+                f"Failed to create snapshot: snapshot with name {name} already exists",
+                status_code=409,
+            )
+        before, self._state.state = self._state.state, SandboxState.SNAPSHOTTING
+        folder = os.path.join(self._service.root, "snapshots", secrets.token_hex(8))
+        try:
+            await asyncio.to_thread(_copy_tree, self._state.root, folder)
+        finally:
+            self._state.state = before
+        self._service.snapshots[name] = folder
+        await self._service._knobs.checkpoint("create_snapshot", after=True)
+
     async def delete(self, timeout: float | None = 60, wait: bool = False) -> None:
         """Delete the sandbox and everything running in it."""
         await self._service._knobs.checkpoint("delete")
@@ -1038,6 +1083,28 @@ class FakeAsyncSandbox:
         await self._service._delete(self._state)
         self.state = SandboxState.DESTROYED
         await self._service._knobs.checkpoint("delete", after=True)
+
+
+class FakeAsyncSnapshotService:
+    """Stands in for `daytona._async.snapshot.AsyncSnapshotService` (`daytona.snapshot`):
+    deleting the snapshots `create_snapshot` made."""
+
+    def __init__(self, client: FakeAsyncDaytona) -> None:
+        self._client = client
+
+    async def delete(self, snapshot: Any) -> None:
+        """Delete a snapshot by name (or a `Snapshot`'s `name`); unknown:
+        `DaytonaNotFoundError` (404)."""
+        self._client._authorize()
+        service = self._client._service
+        await service._knobs.checkpoint("delete_snapshot")
+        name = snapshot if isinstance(snapshot, str) else str(getattr(snapshot, "name", ""))
+        folder = service.snapshots.pop(name, None)
+        if folder is None:
+            raise DaytonaNotFoundError(
+                f"Failed to delete snapshot: Snapshot {name} not found", status_code=404
+            )
+        await asyncio.to_thread(shutil.rmtree, folder, True)
 
 
 class FakeAsyncDaytona:
@@ -1055,6 +1122,7 @@ class FakeAsyncDaytona:
             )
         self._key = key
         self._closed = False
+        self.snapshot = FakeAsyncSnapshotService(self)
 
     def __repr__(self) -> str:
         return "<FakeAsyncDaytona>"
@@ -1095,6 +1163,9 @@ class FakeAsyncDaytona:
             )
         state = self._service._new_sandbox(name)
         state.params = params  # what the create asked for (resources, labels, ...)
+        snapshot = self._service.snapshots.get(getattr(params, "snapshot", None) or "")
+        if snapshot is not None:  # a snapshot `create_snapshot` made: its files
+            await asyncio.to_thread(_copy_tree, snapshot, state.root)
         await self._service._knobs.checkpoint("create", after=True)
         return FakeAsyncSandbox(self._service, state)
 
@@ -1122,6 +1193,7 @@ class FakeAsyncDaytona:
 # annotations with it).
 SDK_NAMES = {
     "FakeAsyncDaytona": "AsyncDaytona",
+    "FakeAsyncSnapshotService": "AsyncSnapshotService",
     "FakeAsyncSandbox": "AsyncSandbox",
     "FakeAsyncProcess": "AsyncProcess",
     "FakeAsyncFileSystem": "AsyncFileSystem",
@@ -1164,6 +1236,7 @@ class FakeDaytona:
         )
         os.makedirs(self.root, exist_ok=True)
         self.sandboxes: dict[str, _SandboxState] = {}
+        self.snapshots: dict[str, str] = {}  # snapshot name -> the folder of its files
         self._knobs = faults.FaultPlan(FAULT_POINTS)
         self._log_streams: dict[asyncio.Task[Any], asyncio.Future[str]] = {}
         self._handles: list[FakeAsyncPtyHandle] = []
@@ -1291,6 +1364,7 @@ __all__ = [
     "FakeAsyncProcess",
     "FakeAsyncPtyHandle",
     "FakeAsyncSandbox",
+    "FakeAsyncSnapshotService",
     "FakeDaytona",
     "Gate",
 ]

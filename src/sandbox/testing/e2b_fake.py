@@ -13,6 +13,7 @@ async with FakeE2B(api_key="test-key") as fake:
 ```
 
 Only the SDK surface the backend uses is imitated (`AsyncSandbox.create/connect/kill/list`,
+`create_snapshot/delete_snapshot`,
 `.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write/get_info`, the
 command handle's `pid/exit_code/wait/kill/disconnect`), with the SDK's own names,
 parameters and async-ness; `tests/backends/test_e2b.py` checks that against the installed
@@ -65,7 +66,16 @@ Exceptions, as the SDK (2.63) raises them in each situation the fake models:
   `InvalidArgumentException`; `files.write` over a directory: `InvalidArgumentException`,
   under a file: `SandboxException`; `files.get_info` of a missing path:
   `FileNotFoundException`, under a file: `SandboxException`;
-- an invalid `idempotency_key`: `InvalidArgumentException` (the SDK's own check).
+- an invalid `idempotency_key`: `InvalidArgumentException` (the SDK's own check);
+- `create_snapshot` of an unknown or killed sandbox: `SandboxNotFoundException` (the
+  API's 404), an unknown `mode`: `InvalidArgumentException` (the SDK's own check).
+
+Snapshots (`create_snapshot`, e2b `sandbox_async/main.py`) copy the sandbox's home
+folder (symlinks kept, FIFOs made anew, sockets and devices left out) under an id
+`<name>:v<n>` (`SnapshotInfo.snapshot_id`); `create(template=<that id>)`, or the bare
+name for its newest build, starts a sandbox with those files. The fake keeps no memory,
+so a "full" snapshot (the API's default) restores no process. `snapshot_ids()` lists
+the snapshots not deleted (they outlive their sandbox, as on E2B).
 
 `where` is a predicate on the `FakeProcess` the call concerns (for process calls), so a
 knob can target, say, only terminal processes. Leak checks: `leftover_pids()` lists
@@ -103,10 +113,12 @@ from e2b import (
     SandboxException,
     SandboxNotFoundException,
     SandboxNotRunningException,
+    SnapshotInfo,
     TimeoutException,
 )
 from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
+from e2b.sandbox.sandbox_api import resolve_snapshot_memory
 
 from ..local.process import LocalProcess
 from . import faults, procfs
@@ -132,6 +144,7 @@ FAULT_POINTS = frozenset(
         "files.read",
         "files.write",
         "files.get_info",
+        "create_snapshot",
         "stream",
     }
 )
@@ -938,9 +951,12 @@ class FakeFilesystem:
     async def get_info(
         self, path: str, user: str | None = None, request_timeout: float | None = None
     ) -> EntryInfo:
-        """envd's stat: the entry itself (a symlink is reported as one, with its target);
-        a FIFO, socket or device has no type. Missing: `FileNotFoundException`; under a
-        file: a plain `SandboxException` (envd answers 500 for ENOTDIR)."""
+        """envd's stat: the entry itself (a symlink is reported as one, with its target,
+        and the permission bits of what it points at, 0 when dangling), `mode` the
+        permission bits only and `permissions` Go's mode string of the entry
+        (shared/pkg/filesystem/entry.go); a FIFO, socket or device has no type.
+        Missing: `FileNotFoundException`; under a file: a plain `SandboxException`
+        (envd answers 500 for ENOTDIR)."""
         await self._service._knobs.checkpoint("files.get_info", after=False, subject=None)
         self._service._check_alive(self._state)
         real = self._state.resolve(path)
@@ -954,19 +970,24 @@ class FakeFilesystem:
                 raise SandboxException(f"error getting file info: {exc.strerror}") from None
             kind: FileType | None = None
             target = None
+            perm = info.st_mode & 0o777  # Go's FileMode.Perm()
             if stat_module.S_ISREG(info.st_mode):
                 kind = FileType.FILE
             elif stat_module.S_ISDIR(info.st_mode):
                 kind = FileType.DIR
             elif stat_module.S_ISLNK(info.st_mode):
                 kind, target = FileType.SYMLINK, os.readlink(real)
+                try:  # envd gives a symlink the permission bits of its target
+                    perm = os.stat(real).st_mode & 0o777
+                except OSError:
+                    perm = 0
             return EntryInfo(
                 name=os.path.basename(real),
                 type=kind,
                 path=real,
                 size=info.st_size,
-                mode=info.st_mode,
-                permissions=stat_module.filemode(info.st_mode)[1:],
+                mode=perm,
+                permissions=_go_file_mode(info.st_mode),
                 owner=str(info.st_uid),
                 group=str(info.st_gid),
                 modified_time=datetime.fromtimestamp(info.st_mtime, tz=UTC),
@@ -1098,18 +1119,22 @@ class FakeAsyncSandbox:
         idempotency_key: str | None = None,
         **opts: Any,
     ) -> FakeAsyncSandbox:
-        """Create a sandbox (a fresh home directory). With `idempotency_key`, a key seen
-        before returns that sandbox (as the API does for the SDK's retries); see
-        `FakeE2B.retry_creates` for the retries that make a second sandbox without one."""
+        """Create a sandbox (a fresh home directory; a `template` naming a snapshot of
+        `create_snapshot`: a copy of the snapshot's files). With `idempotency_key`, a
+        key seen before returns that sandbox (as the API does for the SDK's retries);
+        see `FakeE2B.retry_creates` for the retries that make a second sandbox without
+        one."""
         service = cls._bound()
         key = resolve_idempotency_key(idempotency_key)  # the SDK's own validation
         service._authorize(opts)
         await service._knobs.checkpoint("create", after=False, subject=None)
-        state = service._create(template or "base", metadata or {}, envs or {}, key)
+        template = template or "base"
+        snapshot = service._snapshot_of(template)
+        state = await service._create(template, metadata or {}, envs or {}, key, snapshot)
         for _ in range(service._take_create_retries()):
             # The answer was a gateway error: the SDK's transport sends the same request
             # again (same Idempotency-Key header, if any).
-            state = service._create(template or "base", metadata or {}, envs or {}, key)
+            state = await service._create(template, metadata or {}, envs or {}, key, snapshot)
         await service._knobs.checkpoint("create", after=True, subject=None)
         return cls(state)
 
@@ -1176,6 +1201,44 @@ class FakeAsyncSandbox:
         await service._knobs.checkpoint("kill", after=True, subject=None)
         return found
 
+    @overload  # type: ignore[misc]  # the SDK mixes an instance and a static form
+    async def create_snapshot(
+        self, name: str | None = None, *, mode: str | None = None, **opts: Any
+    ) -> SnapshotInfo: ...
+
+    @overload
+    @staticmethod
+    async def create_snapshot(
+        sandbox_id: str, name: str | None = None, *, mode: str | None = None, **opts: Any
+    ) -> SnapshotInfo: ...
+
+    @_InstanceOrClassMethod("_cls_create_snapshot")
+    async def create_snapshot(
+        self, name: str | None = None, *, mode: str | None = None, **opts: Any
+    ) -> SnapshotInfo:
+        """Snapshot this sandbox (`POST /sandboxes/{id}/snapshots`): a template new
+        sandboxes are created from; it outlives the sandbox."""
+        return await type(self)._cls_create_snapshot(self.sandbox_id, name, mode=mode, **opts)
+
+    @classmethod
+    async def _cls_create_snapshot(
+        cls, sandbox_id: str, name: str | None = None, *, mode: str | None = None, **opts: Any
+    ) -> SnapshotInfo:
+        service = cls._bound()
+        resolve_snapshot_memory("mode", mode)  # type: ignore[arg-type]  # the SDK checks it
+        service._authorize(opts)
+        await service._knobs.checkpoint("create_snapshot", after=False, subject=None)
+        info = await service._take_snapshot(sandbox_id, name, mode or "full")
+        await service._knobs.checkpoint("create_snapshot", after=True, subject=None)
+        return info
+
+    @classmethod
+    async def delete_snapshot(cls, snapshot_id: str, **opts: Any) -> bool:
+        """Delete a snapshot (`DELETE /templates/{id}`): False when there is none."""
+        service = cls._bound()
+        service._authorize(opts)
+        return await service._delete_snapshot(snapshot_id)
+
     @classmethod
     def list(
         cls,
@@ -1208,6 +1271,8 @@ class FakeE2B:
         self._handles: set[FakeCommandHandle] = set()
         self._idempotent: dict[str, _SandboxState] = {}
         self._create_retries = 0
+        self._snapshots: dict[str, str] = {}  # snapshot id -> the folder of its files
+        self.snapshot_modes: dict[str, str] = {}  # snapshot id -> "full" / "filesystem"
         self.created: list[str] = []
         self.processes: list[FakeProcess] = []
         self.AsyncSandbox: type[FakeAsyncSandbox] = type(
@@ -1284,6 +1349,10 @@ class FakeE2B:
         """Sandboxes created (or attached) and not killed."""
         return [s.sandbox_id for s in self._sandboxes.values() if not s.killed]
 
+    def snapshot_ids(self) -> list[str]:
+        """Snapshots made by `create_snapshot` and not deleted."""
+        return list(self._snapshots)
+
     def sandbox_home(self, sandbox_id: str) -> str:
         """The home directory of a fake sandbox on this machine."""
         return self._sandboxes[sandbox_id].home
@@ -1323,12 +1392,21 @@ class FakeE2B:
         if self.api_key is not None and key != self.api_key:
             raise AuthenticationException("Unauthorized, please check your credentials.")
 
-    def _create(
-        self, template: str, metadata: dict[str, str], envs: dict[str, str], key: str | None
+    async def _create(
+        self,
+        template: str,
+        metadata: dict[str, str],
+        envs: dict[str, str],
+        key: str | None,
+        snapshot: str | None = None,
     ) -> _SandboxState:
         if key is not None and key in self._idempotent:
             return self._idempotent[key]
         state = self._new_sandbox(template, metadata, envs)
+        if snapshot is not None:
+            # A sandbox created from a snapshot starts with its files (the fake keeps
+            # no memory: a "full" snapshot's processes are not restored).
+            await asyncio.to_thread(_copy_tree, snapshot, state.home)
         if key is not None:
             self._idempotent[key] = state
         return state
@@ -1343,6 +1421,35 @@ class FakeE2B:
         self._sandboxes[sandbox_id] = state
         self.created.append(sandbox_id)
         return state
+
+    def _snapshot_of(self, template: str) -> str | None:
+        """The folder of the snapshot `template` names (its id, or its name for the
+        newest build), or None for a plain template."""
+        if template in self._snapshots:
+            return self._snapshots[template]
+        builds = [sid for sid in self._snapshots if sid.rpartition(":")[0] == template]
+        return self._snapshots[builds[-1]] if builds else None
+
+    async def _take_snapshot(self, sandbox_id: str, name: str | None, mode: str) -> SnapshotInfo:
+        state = self._sandboxes.get(sandbox_id)
+        if state is None or state.killed:
+            raise SandboxNotFoundException(f"Sandbox {sandbox_id} not found")
+        base = name or "snapshot-" + secrets.token_hex(6)
+        builds = sum(1 for sid in self._snapshots if sid.rpartition(":")[0] == base)
+        snapshot_id = f"{base}:v{builds + 1}"
+        folder = os.path.join(self.root, "snapshots", secrets.token_hex(8))
+        await asyncio.to_thread(_copy_tree, state.home, folder)
+        self._snapshots[snapshot_id] = folder
+        self.snapshot_modes[snapshot_id] = mode
+        return SnapshotInfo(snapshot_id=snapshot_id, names=[f"fake-team/{snapshot_id}"])
+
+    async def _delete_snapshot(self, snapshot_id: str) -> bool:
+        folder = self._snapshots.pop(snapshot_id, None)
+        if folder is None:
+            return False
+        self.snapshot_modes.pop(snapshot_id, None)
+        await asyncio.to_thread(shutil.rmtree, folder, True)
+        return True
 
     def _check_alive(self, state: _SandboxState) -> None:
         if state.killed:
@@ -1437,8 +1544,46 @@ class FakeE2B:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
 
 
-# The SDK class each fake class stands for, by name (the drift check maps return
-# annotations with it).
+def _go_file_mode(mode: int) -> str:
+    """Go's `os.FileMode.String()` of an lstat mode, as envd sends it in `permissions`
+    (type letters in Go's order, then rwx: "drwxr-xr-x", "Lrwxrwxrwx", "urwxr-xr-x")."""
+    letters = ""
+    if stat_module.S_ISDIR(mode):
+        letters += "d"
+    if stat_module.S_ISLNK(mode):
+        letters += "L"
+    if stat_module.S_ISBLK(mode) or stat_module.S_ISCHR(mode):
+        letters += "D"
+    if stat_module.S_ISFIFO(mode):
+        letters += "p"
+    if stat_module.S_ISSOCK(mode):
+        letters += "S"
+    if mode & stat_module.S_ISUID:
+        letters += "u"
+    if mode & stat_module.S_ISGID:
+        letters += "g"
+    if stat_module.S_ISCHR(mode):
+        letters += "c"
+    if mode & stat_module.S_ISVTX:
+        letters += "t"
+    rwx = "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return (letters or "-") + rwx
+
+
+def _copy_tree(source: str, target: str) -> None:
+    """Copy a sandbox's files as a filesystem snapshot keeps them: symlinks as links,
+    FIFOs made anew (never opened), sockets and devices left out."""
+
+    def copy(src: str, dst: str) -> None:
+        info = os.lstat(src)
+        if stat_module.S_ISFIFO(info.st_mode):
+            os.mkfifo(dst, stat_module.S_IMODE(info.st_mode))
+        elif stat_module.S_ISREG(info.st_mode):
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=copy, dirs_exist_ok=True)
+
+
 class FakeFileStreamReader:
     """Imitates `e2b.sandbox.filesystem.filesystem.AsyncFileStreamReader`: the chunks of
     a download as the server sends them (here: read from the file as it is now, so a

@@ -28,6 +28,7 @@ from ...backend import (
     PtyEntry,
     SessionRef,
     ShellFileOps,
+    SnapshotRef,
     check_env,
     check_seconds,
     check_str,
@@ -50,7 +51,7 @@ from .errors import API_KEY_ENV
 from .handles import DaytonaHandle, PipeState
 from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
-from .workspace import exposed_from_preview
+from .workspace import exposed_from_preview, snapshot_options, take_snapshot
 
 
 class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
@@ -312,7 +313,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         self._in_workspace(path)
         await files.write(self._client, path, data)
 
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
+    # ---- workspace (file operations: `sandbox.workspace.shell_ops`, a POSIX sh) -----------
 
     async def _expose_port(self, port: int) -> ExposedPort:
         """`sandbox.get_preview_link(port)`: its URL, and its token as the header
@@ -323,6 +324,16 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         except DaytonaError as exc:
             raise self._client.error(exc, what) from None
         return exposed_from_preview(preview)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """`sandbox.create_snapshot(name)`: the sandbox's filesystem as a named snapshot
+        new sandboxes are created from (see `workspace`)."""
+        return await take_snapshot(self._client)
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A fresh sandbox created from the snapshot (the `snapshot` option)."""
+        return snapshot_options(snapshot, options)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self._client.workdir)

@@ -29,7 +29,9 @@ request), `start_timeout_s` (bound on creating/attaching and on starting a proce
 `kill_timeout_s` (bound on each teardown call), `process_timeout_s` (the lifetime E2B
 gives each process stream, one-shot commands included; 0 means unlimited),
 `call_timeout_s` (bound on each other call, over the whole call: a file transfer, typed
-input, a resize; default 120 s), `metadata`
+input, a resize; default 120 s), `snapshot_mode` (what `snapshot()` keeps: None for the
+API's default, "full" or "filesystem"; see `workspace`; the call is bounded by
+`start_timeout_s`), `metadata`
 and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
@@ -55,6 +57,7 @@ from ...backend import (
     PtyEntry,
     SessionRef,
     ShellFileOps,
+    SnapshotRef,
     cancel_and_wait,
     check_env,
     check_seconds,
@@ -78,7 +81,7 @@ from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
-from .workspace import exposed_from_host
+from .workspace import check_snapshot_mode, exposed_from_host, snapshot_options, take_snapshot
 
 API_KEY_ENV = "E2B_API_KEY"
 
@@ -104,6 +107,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         metadata: Mapping[str, str] | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
+        snapshot_mode: str | None = None,
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
@@ -156,6 +160,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         self._metadata = dict(metadata or {})
         self._envs = dict(envs or {})
         self._sandbox_class: Any = sandbox_class if sandbox_class is not None else AsyncSandbox
+        self._snapshot_mode = check_snapshot_mode(snapshot_mode)
         self._start_task: asyncio.Task[Any] | None = None
         self._start_token: str | None = None
 
@@ -459,6 +464,17 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         edge (the SDK's debug mode answers `localhost:<port>`, plain HTTP)."""
         host = str(self._client.sandbox.get_host(port))
         return exposed_from_host(host, port)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """`create_snapshot` (a template new sandboxes start from; `workspace`)."""
+        return await take_snapshot(
+            self._client, self._api_params(), self._snapshot_mode, self._client.start_timeout
+        )
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A fresh sandbox whose template is the snapshot."""
+        return snapshot_options(snapshot, options)
 
     async def _shell_ops(self) -> ShellFileOps:
         await files.in_workspace(self._client, ".")  # learns the home, once
