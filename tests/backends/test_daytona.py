@@ -1029,7 +1029,9 @@ async def test_cancel_during_kill_still_leaves_nothing(
     fake: FakeDaytona, tty: bool, point: str, after: bool
 ) -> None:
     marker = unique_seconds()
-    async with open_daytona(fake, teardown_timeout_s=0.5) as session:
+    # A deadline far past the kill's own work: the gate after it must be reached on a
+    # loaded machine too (with 0.5 s the kill script could time out before its answer).
+    async with open_daytona(fake, teardown_timeout_s=30.0) as session:
         update = await session.pty_exec_start(
             f"sleep {marker} & echo ready; exec sleep {marker}", tty=tty, until="ready"
         )
