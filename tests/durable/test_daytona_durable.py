@@ -191,3 +191,55 @@ async def test_a_cancelled_reconnect_lets_go_of_the_terminal(tmp_path):
         async with sandbox.resume_session(ref, **_options(fake)) as again:
             [info] = again.pty_processes()
             assert info.process_id == started.process_id and info.running
+
+
+# ---- crash survival: the fake stays in this process, the SIGKILLed client in a child ---
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "terminal"])
+async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
+    from sandbox.testing.remote_fake import FakeServer
+    from tests.durable.crash import crash_with_a_process, socket_path
+
+    ref_file = tmp_path / "ref.json"
+    script = (
+        "echo before; while [ ! -e go ]; do sleep 0.02; done; echo during; touch printed; "
+        "while [ ! -e go2 ]; do sleep 0.02; done; echo after; exit 6"
+    )
+    with socket_path() as path:
+        async with (
+            FakeDaytona(api_key=API_KEY, root=tmp_path / "daytona") as fake,
+            FakeServer(fake.AsyncDaytona, path) as server,
+        ):
+            process_id = await crash_with_a_process(
+                "daytona",
+                {"api_key": API_KEY, "terminate_grace_s": 0.3},
+                ref_file,
+                ["sh", "-c", script],
+                remote=(path, "daytona_class", None),
+                tty=tty,
+            )
+            await server.wait_idle()  # the dead client's connections are closed
+            assert fake.open_streams() == []
+            ref = sandbox.read_ref_file(ref_file)
+            [proc] = ref.processes
+            assert proc.process_id == process_id and proc.running
+            [sandbox_id] = fake.live_sandbox_ids()
+            root = Path(fake.sandboxes[sandbox_id].root)
+            # The daemon keeps the command (or terminal) running with nobody connected.
+            (root / "go").touch()
+            assert await eventually(lambda: (root / "printed").exists())
+            async with sandbox.resume_session(ref, **_options(fake)) as s:
+                [info] = s.pty_processes()
+                assert info.process_id == process_id and info.running
+                await s.write_file("go2", b"")
+                last = await s.pty_write_stdin(process_id, "", yield_time_s=10)
+                assert "after" in last.output and last.exit_code == 6
+                if tty:  # the daemon sent what the terminal printed meanwhile to nobody
+                    assert "printed meanwhile is not shown" in last.output
+                    assert "during" not in last.output
+                else:  # a session command's log is kept whole: replayed from the ref's position
+                    assert "during" in last.output
+            assert fake.live_sandbox_ids() == []
+            assert await eventually(lambda: fake.leftover_pids() == [])
+            assert fake.open_streams() == []
