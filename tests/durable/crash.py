@@ -61,7 +61,12 @@ async def crash_with_a_process(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps([backend, options, str(ref_file), argv, spec, tty])],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            json.dumps([backend, options, str(ref_file), argv, spec, tty]),
+        ],
         stdout=subprocess.PIPE,
         env=env,
     )

@@ -123,7 +123,11 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path):
                 "e2b",
                 {"api_key": API_KEY, "kill_timeout_s": 5.0},
                 ref_file,
-                ["sh", "-c", "echo before; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7"],
+                [
+                    "sh",
+                    "-c",
+                    "echo before; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7",
+                ],
                 remote=(path, "sandbox_class", None),
             )
             await server.wait_idle()  # the dead client's SDK objects are gone with it

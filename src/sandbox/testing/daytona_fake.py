@@ -19,7 +19,8 @@ and async-ness: `AsyncDaytona(config).create/get/close`; the sandbox's `id`, `na
 `state`, `process`, `fs`, `start()` and `delete()`; `process.exec`,
 `create_session/execute_session_command/get_session_command_logs_async/
 get_session_command/delete_session`, `create_pty_session/connect_pty_session/
-kill_pty_session/resize_pty_session/get_pty_session_info/list_pty_sessions`; the PTY handle's `send_input/wait/disconnect/exit_code/error`; and
+kill_pty_session/resize_pty_session/get_pty_session_info/list_pty_sessions`; the PTY
+handle's `send_input/wait/disconnect/exit_code/error`; and
 `fs.download_file/upload_file`. `tests/backends/test_daytona.py` checks that surface
 against the installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it
 fails the tests. The fake raises the SDK's own exception classes and returns the SDK's

@@ -364,6 +364,7 @@ class FakeServer:
         self.release = release
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.clients_served = 0
@@ -398,6 +399,7 @@ class FakeServer:
         self._handlers.add(task)
         self._idle.clear()
         self.clients_served += 1
+        self._writers.add(writer)
         connection = _Connection(self, writer)
         try:
             while True:
@@ -416,6 +418,7 @@ class FakeServer:
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
                 self._handlers.discard(task)
+                self._writers.discard(writer)
                 if not self._handlers:
                     self._idle.set()
 
@@ -424,9 +427,11 @@ class FakeServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        # Each client's connection is cut (its handler then cleans up as for a client
+        # gone), rather than its handler cancelled: the stream protocol would log that.
+        for writer in list(self._writers):
+            writer.transport.abort()
         handlers = list(self._handlers)
-        for task in handlers:
-            task.cancel()
         if handlers:
             await asyncio.wait(handlers)
         if server is not None:
@@ -618,7 +623,8 @@ class RemoteFakeClient:
         try:
             self._send(("await", rid, number))
             try:
-                message = await future
+                # Shielded: a cancel must leave the future to the server's answer.
+                message = await asyncio.shield(future)
             except asyncio.CancelledError:
                 if not future.done() and not self._closed:
                     self._send(("cancel", rid, number))
@@ -644,7 +650,7 @@ class RemoteFakeClient:
                     result = func(*message[2], **message[3])
                     if inspect.isawaitable(result):
                         await result
-                except Exception:  # noqa: S112 - a callback's failure is its own
+                except Exception:  # a callback's failure is its own (as in the SDKs' readers)
                     continue
             elif message[0] == "lost":
                 for future in self._futures.values():
@@ -653,9 +659,9 @@ class RemoteFakeClient:
                             ConnectionResetError("the remote fake server went away")
                         )
             else:
-                future = self._futures.get(message[1])
-                if future is not None and not future.done():
-                    future.set_result(message)
+                waiting = self._futures.get(message[1])
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(message)
 
     async def aclose(self) -> None:
         """Close the connection (the server cleans up as for a client gone)."""

@@ -138,9 +138,7 @@ async def reconnect(
         # The SDK reports an unknown session as a connection error (the daemon's error
         # control message, no status): its REST info says 404 when it is really gone.
         try:
-            await client.timed(
-                "look the terminal up", client.process.get_pty_session_info(pty_id)
-            )
+            await client.timed("look the terminal up", client.process.get_pty_session_info(pty_id))
         except DaytonaError as info_exc:
             if is_not_found(info_exc):
                 entry.handle = None
