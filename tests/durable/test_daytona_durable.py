@@ -243,3 +243,27 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
             assert fake.live_sandbox_ids() == []
             assert await eventually(lambda: fake.leftover_pids() == [])
             assert fake.open_streams() == []
+
+
+async def test_a_reconnect_cancelled_while_looking_the_terminal_up_lets_go(tmp_path):
+    from daytona import DaytonaConnectionError
+
+    async with FakeDaytona(api_key=API_KEY, root=tmp_path) as fake:
+        session = sandbox.open_session("daytona", **_options(fake))
+        await session.start()
+        started = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+        ref = await session.detach()
+        fake.fail("connect_pty_session", DaytonaConnectionError("connection reset by peer"))
+        gate = fake.block("get_pty_session_info")
+        resumed = sandbox.resume_session(ref, **_options(fake))
+        starting = asyncio.ensure_future(resumed.start())
+        await gate.reached.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        gate.release()
+        assert resumed.state is sandbox.SessionState.NEW
+        assert fake.open_streams() == []
+        async with sandbox.resume_session(ref, **_options(fake)) as again:
+            echoed = await again.pty_write_stdin(started.process_id, "x2\n", until="x2")
+            assert "x2" in echoed.output

@@ -72,6 +72,7 @@ import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+# A frame's header: the length of the pickle that follows.
 FRAME = struct.Struct("!I")
 # No single message of a test comes near this; beyond it a peer is broken.
 MAX_FRAME = 256 * 1024 * 1024
@@ -684,4 +685,12 @@ def connect(path: str | os.PathLike[str]) -> RemoteFakeClient:
     return RemoteFakeClient(sock)
 
 
-__all__ = ["FRAME", "MAX_FRAME", "FakeServer", "RemoteFakeClient", "RemoteObject", "connect"]
+__all__ = [
+    "FRAME",
+    "MAX_FRAME",
+    "RELEASE_TIMEOUT_S",
+    "FakeServer",
+    "RemoteFakeClient",
+    "RemoteObject",
+    "connect",
+]
