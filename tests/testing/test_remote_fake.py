@@ -47,7 +47,7 @@ class Service:
         self.cancelled = False
         self.made: Any = None
 
-    def add(self, a: int, b: int = 1) -> int:
+    def add(self, a: Any, b: Any = 1) -> Any:
         return a + b
 
     async def result(self, code: int) -> Result:
@@ -119,6 +119,7 @@ async def test_attributes_calls_awaits_and_values_cross(served):
         child = root.child
         assert isinstance(child, RemoteObject) and root.child is child  # one proxy per object
         result = await root.result(3)
+        assert root.add(b"a", b=memoryview(b"b")) == b"ab"  # a memoryview crosses as bytes
         return root.name, root.add(2, b=5), result, child.disconnected
 
     name, total, result, flag = await _in_another_loop(server.path, body)

@@ -37,8 +37,10 @@ a pickle):
   the fake's objects, functions and methods, coroutines, classes made by the fake.
   The client's own callables passed as arguments (output callbacks) become references
   too: the server calls them by sending a message, and the client runs them (awaiting
-  those that return an awaitable) in the order they were sent, before any later answer
-  is delivered, so output reaches the caller before the exit that follows it.
+  those that return an awaitable) in the order they were sent, before the answer of
+  any await that follows them is delivered, so output reaches the caller before the
+  exit that follows it (an attribute read is answered at once and may overtake them).
+  A `memoryview` argument crosses as bytes.
 
 When a client goes away (closed, or killed) the server does what the death of the SDK
 objects in that client would do, and nothing more: it cancels the client's pending
@@ -115,6 +117,8 @@ def _rebuild_exception(
 def _reduce_exception(obj: Any) -> Any:
     if isinstance(obj, BaseException):
         return (_rebuild_exception, (type(obj), obj.args, dict(vars(obj))))
+    if isinstance(obj, memoryview):  # accepted where bytes are (a file write), unpicklable
+        return (bytes, (obj.tobytes(),))
     return NotImplemented
 
 
@@ -408,7 +412,12 @@ class FakeServer:
                 (size,) = FRAME.unpack(header)
                 if size > MAX_FRAME:
                     break
-                connection.handle(connection.loads(await reader.readexactly(size)))
+                payload = await reader.readexactly(size)
+                try:
+                    message = connection.loads(payload)
+                except Exception:  # a client that sends what cannot be read is dropped
+                    break
+                connection.handle(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away (closed, or killed)
         finally:
