@@ -132,6 +132,7 @@ async def test_a_terminal_that_ended_while_detached_is_reported_with_a_note(tmp_
             assert info.process_id == started.process_id and not info.running
             done = await resumed.pty_write_stdin(started.process_id, "")
             assert "no longer has this terminal" in done.output
+            assert "printed meanwhile" not in done.output  # nothing was reattached
             assert done.process_id is None
         assert fake.open_streams() == []
 

@@ -114,8 +114,8 @@ async def reattach(
         pty_id = _safe(process, "pty_id")
         if pty_id is None or pidfile is None:
             raise ProcessNotReattached("the ref holds no daytona PTY session for this process")
-        entry.feed(f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode())
-        if not await terminal.reconnect(client, entry, pty_id, pidfile):
+        note = f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode()
+        if not await terminal.reconnect(client, entry, pty_id, pidfile, note):
             raise ProcessNotReattached(PTY_GONE_NOTE)
         return
     session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")

@@ -105,15 +105,16 @@ async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
 
 
 async def reconnect(
-    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], pty_id: str, pidfile: str
+    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], pty_id: str, pidfile: str, note: bytes
 ) -> bool:
     """Connect again to a PTY session an earlier client started, and follow it; False
     when the daemon no longer has it (it ended: the daemon deletes a PTY session, and
     its exit status, when its process ends).
 
     The command was typed (and its start marker passed, or about to) by the earlier
-    client, so the trap shows everything from now on. A connect that fails otherwise
-    (a transport error) is raised: the process may still be running."""
+    client, so the trap shows everything from now on, after `note` (fed before the
+    first byte, which may come before the connect returns). A connect that fails
+    otherwise (a transport error) is raised: the process may still be running."""
     state = PtyState(
         pty_id=pty_id,
         pidfile=pidfile,
@@ -123,9 +124,12 @@ async def reconnect(
     )
     state.trap.started = True
     state.trap.decided.set()
+    pending = [note]
 
     def on_data(data: bytes) -> None:
         shown = state.trap.feed(data)
+        if pending:
+            entry.feed(pending.pop())
         if shown:
             entry.feed(shown)
 
@@ -144,6 +148,8 @@ async def reconnect(
                 entry.handle = None
                 return False
         raise client.error(exc, "reconnect to the terminal") from None
+    if pending:
+        entry.feed(pending.pop())
     state.waiter = asyncio.create_task(_wait(client, entry, state))
     return True
 
