@@ -109,7 +109,8 @@ async def test_cancelled_reattach_releases_without_killing(tmp_path):
             assert info.process_id == update.process_id and info.running
 
 
-async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path):
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "terminal"])
+async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
     from sandbox.testing.remote_fake import FakeServer
     from tests.durable.crash import crash_with_a_process, socket_path
 
@@ -129,6 +130,7 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path):
                     "echo before; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7",
                 ],
                 remote=(path, "sandbox_class", None),
+                tty=tty,
             )
             await server.wait_idle()  # the dead client's SDK objects are gone with it
             assert fake.open_streams() == []
