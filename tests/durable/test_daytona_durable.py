@@ -4,6 +4,9 @@ PTY sessions reconnected (their output while detached is not kept)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,18 @@ def _options(fake: FakeDaytona) -> dict[str, object]:
     return {"api_key": API_KEY, "daytona_class": fake.AsyncDaytona, "terminate_grace_s": 0.3}
 
 
+def _printed_and_read(fake: FakeDaytona, sandbox_id: str, pty_id: str, flag: Path) -> bool:
+    """The terminal touched `flag` after printing, and the fake's daemon has read all
+    it printed (nothing left on the terminal's master), so it was sent to nobody."""
+    if not flag.exists():
+        return False
+    pty = fake.sandboxes[sandbox_id].ptys.get(pty_id)
+    if pty is None or pty.local.master_fd is None:
+        return True
+    unread = fcntl.ioctl(pty.local.master_fd, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(unread, sys.byteorder) == 0
+
+
 async def test_a_detached_terminal_keeps_running_and_is_reattached(tmp_path):
     async with FakeDaytona(api_key=API_KEY, root=tmp_path) as fake:
         session = sandbox.open_session("daytona", **_options(fake))
@@ -85,7 +100,9 @@ async def test_a_detached_terminal_keeps_running_and_is_reattached(tmp_path):
         assert fake.pty_ids(ref.sandbox["sandbox_id"]) == [proc.handle["pty_id"]]  # ... not the PTY
         # It prints with no client connected: the daemon sends that to nobody.
         (Path(root) / "go").touch()
-        assert await eventually(lambda: (Path(root) / "printed").exists())
+        flag = Path(root) / "printed"
+        sandbox_id, pty_id = ref.sandbox["sandbox_id"], proc.handle["pty_id"]
+        assert await eventually(lambda: _printed_and_read(fake, sandbox_id, pty_id, flag))
         async with sandbox.resume_session(ref, **_options(fake)) as resumed:
             [info] = resumed.pty_processes()
             assert info.process_id == started.process_id and info.running
@@ -229,7 +246,9 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
             root = Path(fake.sandboxes[sandbox_id].root)
             # The daemon keeps the command (or terminal) running with nobody connected.
             (root / "go").touch()
-            assert await eventually(lambda: (root / "printed").exists())
+            pty_id = proc.handle.get("pty_id", "")
+            flag = root / "printed"
+            assert await eventually(lambda: _printed_and_read(fake, sandbox_id, pty_id, flag))
             async with sandbox.resume_session(ref, **_options(fake)) as s:
                 [info] = s.pty_processes()
                 assert info.process_id == process_id and info.running
