@@ -1,4 +1,5 @@
-"""Detach and resume for `daytona`: session commands outlive the client, with their logs.
+"""Detach and resume for `daytona`: session commands (with their logs) and PTY sessions
+(without their output) outlive the client.
 
 Facts (daytona SDK, pinned): a pipe process is a session command started with
 `run_async=True` (`process.execute_session_command`); it runs in the sandbox's daemon,
