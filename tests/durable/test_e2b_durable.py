@@ -107,3 +107,46 @@ async def test_cancelled_reattach_releases_without_killing(tmp_path):
         async with _resume(fake, ref) as again:
             [info] = again.pty_processes()
             assert info.process_id == update.process_id and info.running
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipes", "terminal"])
+async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
+    from sandbox.testing.remote_fake import FakeServer
+    from tests.durable.crash import crash_with_a_process, socket_path
+
+    ref_file = tmp_path / "ref.json"
+    with socket_path() as path:
+        async with (
+            FakeE2B(api_key=API_KEY, root=tmp_path / "e2b") as fake,
+            FakeServer(fake.AsyncSandbox, path) as server,
+        ):
+            process_id = await crash_with_a_process(
+                "e2b",
+                {"api_key": API_KEY, "kill_timeout_s": 5.0},
+                ref_file,
+                [
+                    "sh",
+                    "-c",
+                    "echo before; while [ ! -e go ]; do sleep 0.02; done; echo after; exit 7",
+                ],
+                remote=(path, "sandbox_class", None),
+                tty=tty,
+            )
+            await server.wait_idle()  # the dead client's SDK objects are gone with it
+            assert fake.open_streams() == []
+            ref = sandbox.read_ref_file(ref_file)
+            [proc] = ref.processes
+            assert proc.process_id == process_id and proc.running
+            # envd keeps the process running with nobody connected.
+            assert fake.live_sandbox_ids() == [ref.sandbox["sandbox_id"]]
+            assert fake.process(proc.handle["pid"]).running
+            async with _resume(fake, ref) as s:
+                [info] = s.pty_processes()
+                assert info.process_id == process_id and info.running
+                await s.write_file("go", b"")
+                last = await s.pty_write_stdin(process_id, "", yield_time_s=10)
+                assert "printed meanwhile is not shown" in last.output
+                assert "after" in last.output and last.exit_code == 7
+            assert fake.live_sandbox_ids() == []
+            assert await eventually(lambda: fake.leftover_pids() == [])
+            assert server.clients_served == 1

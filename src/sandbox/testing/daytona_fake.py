@@ -18,12 +18,13 @@ Only the SDK surface the backend uses is imitated, with the SDK's own names, par
 and async-ness: `AsyncDaytona(config).create/get/close`; the sandbox's `id`, `name`,
 `state`, `process`, `fs`, `start()` and `delete()`; `process.exec`,
 `create_session/execute_session_command/get_session_command_logs_async/
-get_session_command/delete_session`, `create_pty_session/kill_pty_session/
-resize_pty_session`; the PTY handle's `send_input/wait/disconnect/exit_code/error`;
+get_session_command/delete_session`, `create_pty_session/connect_pty_session/
+kill_pty_session/resize_pty_session/get_pty_session_info/list_pty_sessions`; the PTY
+handle's `send_input/wait/disconnect/exit_code/error`;
 `fs.download_file/upload_file`; `sandbox.create_snapshot` and the client's
-`snapshot.delete`. `tests/backends/test_daytona.py` checks that surface against the
-installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the
-tests. The fake raises the SDK's own exception classes and returns the SDK's
+`snapshot.delete`. `tests/backends/test_daytona.py` checks that surface
+against the installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it
+fails the tests. The fake raises the SDK's own exception classes and returns the SDK's
 own data types (`ExecuteResponse`, `SessionExecuteResponse`, `Command`, `PtyResult`,
 `PtySessionInfo`).
 
@@ -35,6 +36,17 @@ the way the Daytona daemon runs them, as pessimistically as it plausibly behaves
   shell process only, never its children; a process that died of signal N is reported
   like Go's `exec` reports it (exit code -1, reason `signal: <name>`; pass
   `signal_exit="shell"` for 128+N instead);
+- a PTY session outlives its connections, as the daemon's does (daytona v0.190.0,
+  `apps/daemon/pkg/toolbox/process/pty/`): `disconnect()` (or a client that dies)
+  only unregisters that connection; what the terminal prints is sent to the clients
+  connected at that moment and kept nowhere else (`broadcast`), so output printed
+  while none is connected is lost; `connect_pty_session(id, on_data)` registers a new
+  connection that sees output from then on, and the exit status when the process
+  ends. When the process ends the daemon deletes the session (`ptyManager.Delete`):
+  the exit status is lost with it for anyone not connected then, a later
+  `connect_pty_session` fails the way the SDK reports the daemon's error control
+  message (`DaytonaConnectionError("... PTY session <id> not found")`) and
+  `get_pty_session_info` is a 404 (`DaytonaNotFoundError`);
 - a session command is run by a shell whose stdin is a pipe that never reaches EOF (the
   daemon's session shell), so a command that reads stdin hangs unless it redirects it;
   stdout and stderr are streamed as text decoded per stream by an incremental UTF-8
@@ -67,7 +79,8 @@ deleted one: `DaytonaNotFoundError` (404); `create` with a name in use:
 exited, or the connection dropped): `DaytonaConnectionError("PTY is not connected")`,
 a failed send: `DaytonaConnectionError("Failed to send input to PTY: ...")`; a PTY or log
 stream that drops: `DaytonaConnectionError` (recorded in the handle's `error` for a
-PTY); `kill_pty_session`/`resize_pty_session` of an unknown PTY: `DaytonaNotFoundError`;
+PTY); `kill_pty_session`/`resize_pty_session`/`get_pty_session_info` of an unknown PTY:
+`DaytonaNotFoundError`; `connect_pty_session` to one: `DaytonaConnectionError`;
 `download_file` of a missing path or a directory: `DaytonaFileNotFoundError` (404,
 code FILE_NOT_FOUND), or a plain `DaytonaError` without status with
 `download_error_details=False`; `upload_file` into a missing folder:
@@ -138,8 +151,11 @@ FAULT_POINTS = (
     "get_session_command",
     "delete_session",
     "create_pty_session",
+    "connect_pty_session",
     "kill_pty_session",
     "resize_pty_session",
+    "get_pty_session_info",
+    "list_pty_sessions",
     "send_input",
     "wait",
     "download_file",
@@ -154,6 +170,7 @@ ALIASES = {
     "send": "send_input",
     "kill": "kill_pty_session",
     "logs": "get_session_command_logs_async",
+    "reconnect": "connect_pty_session",
 }
 
 # Set in every fake process's environment, so a leak check can find them by it.
@@ -318,9 +335,10 @@ class _FakePty:
         self.cwd = sandbox.resolve(cwd) if cwd else sandbox.root
         self.rows = rows
         self.cols = cols
-        # Output for the connected client; None marks the end, a str a dropped connection.
-        self.queue: asyncio.Queue[bytes | str | None] = asyncio.Queue()
-        self.attached = True
+        self.created_at = datetime.datetime.now(datetime.UTC).isoformat()
+        # One queue per connected client (the daemon's `clients`): output goes to those
+        # connected now and nowhere else; None marks the end, a str a dropped connection.
+        self.clients: list[asyncio.Queue[bytes | str | None]] = []
         self.exit_code: int | None = None
         self.exit_reason: str | None = None
         self.finished = asyncio.Event()
@@ -338,9 +356,34 @@ class _FakePty:
         )
         self.pid = self.local.pid
 
+    def attach(self) -> asyncio.Queue[bytes | str | None]:
+        """Register a connection; its queue gets the output from now on."""
+        queue: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+        self.clients.append(queue)
+        return queue
+
+    def detach(self, queue: asyncio.Queue[bytes | str | None]) -> None:
+        """Unregister a connection (the process keeps running)."""
+        if queue in self.clients:
+            self.clients.remove(queue)
+
+    def info(self) -> PtySessionInfo:
+        """The session as `get_pty_session_info` describes it."""
+        return PtySessionInfo(
+            active=not self.finished.is_set(),
+            cols=self.cols,
+            created_at=self.created_at,
+            cwd=self.cwd,
+            envs={},
+            id=self.id,
+            lazy_start=False,
+            rows=self.rows,
+        )
+
     def _on_output(self, data: bytes) -> None:
-        if self.attached:
-            self.queue.put_nowait(data)
+        # The daemon's broadcast: the connected clients get it, nobody keeps it.
+        for queue in self.clients:
+            queue.put_nowait(data)
 
     def _on_exit(self, code: int) -> None:
         self._finisher = asyncio.get_running_loop().create_task(self._finish(code))
@@ -361,7 +404,9 @@ class _FakePty:
         # The daemon reaps its shell; children the shell left behind stay alive.
         self.local.close(kill_group=False)
         self.sandbox.ptys.pop(self.id, None)
-        self.queue.put_nowait(None)
+        clients, self.clients = self.clients, []
+        for queue in clients:
+            queue.put_nowait(None)
         self.finished.set()
 
     async def write(self, data: bytes) -> None:
@@ -512,6 +557,7 @@ class FakeAsyncPtyHandle:
     ) -> None:
         self._service = service
         self._pty = pty
+        self._queue = pty.attach()
         self._on_data = on_data
         self._exit_code: int | None = None
         self._error: str | None = None
@@ -535,7 +581,7 @@ class FakeAsyncPtyHandle:
             if isinstance(failure, BaseException):
                 raise failure
             while True:
-                item = await self._pty.queue.get()
+                item = await self._queue.get()
                 if isinstance(item, str):
                     raise DaytonaConnectionError(item)
                 if item is None:
@@ -552,7 +598,7 @@ class FakeAsyncPtyHandle:
 
     def _break(self, reason: str) -> None:
         if not self._wait.done():
-            self._pty.queue.put_nowait(reason)
+            self._queue.put_nowait(reason)
 
     async def send_input(self, data: str | bytes) -> None:
         """Send input to the terminal."""
@@ -574,7 +620,7 @@ class FakeAsyncPtyHandle:
 
     async def disconnect(self) -> None:
         """Close the connection; the process on the daemon keeps running."""
-        self._pty.attached = False
+        self._pty.detach(self._queue)
         if not self._wait.done():
             self._wait.cancel()
             await asyncio.wait([self._wait])
@@ -778,6 +824,51 @@ class FakeAsyncProcess:
             raise
         return handle
 
+    async def connect_pty_session(
+        self,
+        session_id: str,
+        on_data: Callable[[bytes], None] | Callable[[bytes], Awaitable[None]],
+    ) -> FakeAsyncPtyHandle:
+        """Connect to a running PTY session: its output from now on, then its exit. The
+        daemon upgrades the WebSocket first and reports an unknown (or ended, hence
+        deleted) session in an error control message, which the SDK raises from
+        `wait_for_connection` as a `DaytonaConnectionError` (no status code)."""
+        await self._check("connect_pty_session")
+        pty = self._sandbox.ptys.get(session_id)
+        if pty is None:
+            raise DaytonaConnectionError(
+                "Failed to connect PTY session: Failed to connect to PTY session: "
+                f"PTY session {session_id} not found"
+            )
+        handle = FakeAsyncPtyHandle(self._service, pty, on_data)
+        try:
+            await self._service._knobs.checkpoint("connect_pty_session", after=True)
+        except BaseException:
+            # As the SDK does: a connect that fails or is cancelled closes its socket.
+            await handle.disconnect()
+            raise
+        return handle
+
+    async def list_pty_sessions(self, request_timeout: float | None = None) -> list[PtySessionInfo]:
+        """The sandbox's PTY sessions (those whose process has not ended)."""
+        await self._check("list_pty_sessions")
+        infos = [pty.info() for pty in self._sandbox.ptys.values()]
+        await self._service._knobs.checkpoint("list_pty_sessions", after=True)
+        return infos
+
+    async def get_pty_session_info(
+        self, session_id: str, request_timeout: float | None = None
+    ) -> PtySessionInfo:
+        """One PTY session; an unknown (or ended, hence deleted) one is a 404."""
+        await self._check("get_pty_session_info")
+        pty = self._sandbox.ptys.get(session_id)
+        if pty is None:
+            raise DaytonaNotFoundError(
+                "Failed to get PTY session info: PTY session not found", status_code=404
+            )
+        await self._service._knobs.checkpoint("get_pty_session_info", after=True)
+        return pty.info()
+
     async def kill_pty_session(self, session_id: str, request_timeout: float | None = None) -> None:
         """SIGKILL a PTY session's shell (its children are left alone, as the daemon does)."""
         await self._check("kill_pty_session")
@@ -797,16 +888,7 @@ class FakeAsyncProcess:
         pty.local.resize(pty_size.rows, pty_size.cols)
         pty.rows, pty.cols = pty_size.rows, pty_size.cols
         await self._service._knobs.checkpoint("resize_pty_session", after=True)
-        return PtySessionInfo(
-            active=True,
-            cols=pty.cols,
-            created_at=datetime.datetime.now(datetime.UTC).isoformat(),
-            cwd=pty.cwd,
-            envs={},
-            id=pty.id,
-            lazy_start=False,
-            rows=pty.rows,
-        )
+        return pty.info()
 
 
 class FakeAsyncFileSystem:

@@ -1,4 +1,5 @@
-"""Detach and resume for `daytona`: session commands outlive the client, with their logs.
+"""Detach and resume for `daytona`: session commands (with their logs) and PTY sessions
+(without their output) outlive the client.
 
 Facts (daytona SDK, pinned): a pipe process is a session command started with
 `run_async=True` (`process.execute_session_command`); it runs in the sandbox's daemon,
@@ -9,9 +10,14 @@ ended). So a reattached pipe process replays its log, skips what the earlier cli
 already returned (the ref's `output_position`), and gets everything it printed while
 no client was attached, and its exit code (`keeps_processes` is True).
 
-PTY sessions are not reattached yet (the SDK has `connect_pty_session`; the fake does not
-model it): `detach()` ends them as `pty_terminate` does, and a resume after a crash
-kills the PTY session the ref names, reporting it ended with a note.
+A PTY session also outlives its client (daytona v0.190.0, the daemon's
+`apps/daemon/pkg/toolbox/process/pty/`): a connection that closes only unregisters
+itself, and `process.connect_pty_session(id, on_data)` connects again. But the daemon
+keeps none of its output (it is broadcast to the clients connected at that moment), so
+a reattached terminal starts with an omission note and shows what it prints from then
+on; and when its process ends the daemon deletes the session with its exit status, so
+a terminal that ended while no client was connected is reported ended with a note.
+`detach()` disconnects PTYs and stops the log readers of pipes; nothing is killed.
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
 `process.exec`.
@@ -35,9 +41,13 @@ DaytonaSession = Any
 
 SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
-PTY_NOTE = (
-    "reattaching a daytona PTY session is not supported yet: the terminal the earlier "
-    "client started was killed at resume"
+PTY_NOT_KEPT = (
+    "daytona keeps no output of a terminal while no client is connected: what it "
+    "printed meanwhile is not shown"
+)
+PTY_GONE_NOTE = (
+    "daytona no longer has this terminal: it ended while no client was connected (the "
+    "daemon deletes a PTY session, with its exit status, when its process ends)"
 )
 GONE_NOTE = "daytona no longer has this session command (its session was deleted)"
 LEASE_TIMEOUT_S = 30.0
@@ -97,16 +107,18 @@ def _safe(process: ProcessRef, key: str) -> str | None:
 async def reattach(
     session: DaytonaSession, entry: PtyEntry[DaytonaHandle], process: ProcessRef
 ) -> None:
-    """Pipes: replay the command's log past `output_position`; PTYs: killed, noted."""
+    """Pipes: replay the command's log past `output_position`; PTYs: connect again,
+    output from now on after a note (see the module docstring)."""
     client = session._client
     pidfile = _safe(process, "pidfile")
     if process.tty:
         pty_id = _safe(process, "pty_id")
-        if pty_id is not None:
-            await terminal._kill_pty(client, pty_id)
-        if pidfile is not None:
-            await commands.signal_group(client, pidfile, wait_s=0.0, grace_s=0.0)
-        raise ProcessNotReattached(PTY_NOTE)
+        if pty_id is None or pidfile is None:
+            raise ProcessNotReattached("the ref holds no daytona PTY session for this process")
+        note = f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode()
+        if not await terminal.reconnect(client, entry, pty_id, pidfile, note):
+            raise ProcessNotReattached(PTY_GONE_NOTE)
+        return
     session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")
     if session_id is None or cmd_id is None or pidfile is None:
         raise ProcessNotReattached("the ref holds no daytona session command for this process")
@@ -126,11 +138,16 @@ async def reattach(
 
 
 async def release(session: DaytonaSession, entry: PtyEntry[DaytonaHandle]) -> None:
-    """Stop following a pipe command (its log reader); the daemon keeps it. A PTY is
-    torn down (see the module docstring)."""
+    """Stop following a process without ending it: a pipe command's log reader, a PTY
+    session's connection; the daemon keeps both."""
     state = entry.handle
-    if isinstance(state, PtyState) or state is None:
-        await session._terminate_pty_entry(entry)
+    if state is None:
+        return
+    if isinstance(state, PtyState):
+        if not state.line_sent:  # half-started: its command never ran, nothing to keep
+            await session._terminate_pty_entry(entry)
+            return
+        await terminal.release(session._client, state)
         return
     pump = state.pump
     if pump is not None and not pump.done():

@@ -104,6 +104,69 @@ async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
         await wait_for_verdict(entry, state.trap, check)
 
 
+async def reconnect(
+    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], pty_id: str, pidfile: str, note: bytes
+) -> bool:
+    """Connect again to a PTY session an earlier client started, and follow it; False
+    when the daemon no longer has it (it ended: the daemon deletes a PTY session, and
+    its exit status, when its process ends).
+
+    The command was typed (and its start marker passed, or about to) by the earlier
+    client, so the trap shows everything from now on, after `note` (fed before the
+    first byte, which may come before the connect returns). A connect that fails
+    otherwise (a transport error) is raised: the process may still be running."""
+    state = PtyState(
+        pty_id=pty_id,
+        pidfile=pidfile,
+        trap=ShellTrap(report_exit=False),
+        connect_attempted=True,
+        line_sent=True,
+    )
+    state.trap.started = True
+    state.trap.decided.set()
+    pending = [note]
+
+    def on_data(data: bytes) -> None:
+        shown = state.trap.feed(data)
+        if pending:
+            entry.feed(pending.pop())
+        if shown:
+            entry.feed(shown)
+
+    entry.handle = state
+    try:
+        state.handle = await client.timed(
+            "reconnect to the terminal", client.process.connect_pty_session(pty_id, on_data)
+        )
+    except DaytonaError as exc:
+        # The SDK reports an unknown session as a connection error (the daemon's error
+        # control message, no status): its REST info says 404 when it is really gone.
+        try:
+            await client.timed("look the terminal up", client.process.get_pty_session_info(pty_id))
+        except DaytonaError as info_exc:
+            if is_not_found(info_exc):
+                entry.handle = None
+                return False
+        raise client.error(exc, "reconnect to the terminal") from None
+    if pending:
+        entry.feed(pending.pop())
+    state.waiter = asyncio.create_task(_wait(client, entry, state))
+    return True
+
+
+async def release(client: DaytonaClient, state: PtyState) -> None:
+    """Stop following a PTY session without ending it: our waiter, then the SDK's
+    connection (the daemon keeps the session and its process)."""
+    waiter = state.waiter
+    if waiter is not None:
+        await cancel_and_wait([waiter])
+    if state.handle is not None:
+        try:
+            await client.bounded(state.handle.disconnect())
+        except Exception as exc:
+            raise client.teardown_error(exc, "disconnect from the terminal") from None
+
+
 async def _wait(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: PtyState) -> None:
     """Wait for the PTY's end and report it (or the lost connection)."""
     try:
