@@ -214,7 +214,8 @@ def test_regex_text_arriving_at_once_is_searched_in_pieces() -> None:
 def test_regex_gap_restarts_the_window() -> None:
     m, recorder = counting(r"zz")
     assert not m.feed([b"ab", b"cd"])
-    assert recorder.searches == [("ab", 0), ("cd", 0)]
+    # After the gap the search starts after the stand-in for the unseen character.
+    assert recorder.searches == [("ab", 0), ("\ufffdcd", 1)]
     assert not matcher(re.compile("bc")).feed([b"ab", b"cd"])
 
 
@@ -269,3 +270,39 @@ def test_a_substring_matcher_keeps_only_its_overlap() -> None:
     m = matcher("abc")
     assert not m.feed([b"x" * 10_000])
     assert m._window == "xx"  # memory stays bounded by the pattern, not the output
+
+
+# --- line and window starts after a gap ------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", [r"^x", r"\Ax", r"(?m)^x", r"(?<![^\n])x"])
+def test_a_gap_is_neither_a_line_nor_a_window_start(pattern: str) -> None:
+    m = matcher(re.compile(pattern))
+    assert not m.feed([b"a", b"x"])  # the text after the gap goes on mid-line
+    assert not m.feed([b"y", b"x"])  # a later gap in the same window: the same
+    assert not m.feed([b"q" * (REGEX_LOOKBEHIND + 10), b"x"])  # whatever came before
+
+
+def test_a_gap_before_the_first_arrival_is_still_no_start() -> None:
+    m = matcher(re.compile(r"\Ax"))
+    assert not m.feed([b"", b"x"])
+
+
+def test_after_a_gap_a_real_line_start_still_matches() -> None:
+    m = matcher(re.compile(r"(?m)^x"))
+    assert not m.feed([b"a", b"x"])
+    assert m.feed([b"\nx"])
+    m = matcher(re.compile(r"(?m)^x"))
+    assert m.feed([b"a", b"yy\nx"])  # within the segment after the gap
+
+
+def test_a_word_starts_after_a_gap() -> None:
+    # The character before the gap's text is unknown, taken as no word character.
+    assert matcher(re.compile(r"\bx")).feed([b"a", b"x"])
+
+
+def test_the_window_start_is_still_a_line_and_window_start() -> None:
+    for pattern in (r"^x", r"\Ax", r"(?m)^x"):
+        m = matcher(re.compile(pattern))
+        assert not m.feed([b""])  # nothing yet: the start has not moved
+        assert m.feed([b"x"])
