@@ -26,16 +26,24 @@ class Truncated:
     original_token_count: int | None
 
 
+def _continues(byte: int) -> bool:
+    """Whether `byte` is a UTF-8 continuation byte (10xxxxxx): no cut may land before it."""
+    return byte & 0xC0 == 0x80
+
+
 def _head_on_boundary(data: bytes, budget: int) -> bytes:
-    end = min(budget, len(data))
-    while 0 < end < len(data) and 0x80 <= data[end] < 0xC0:
+    # Called with a budget below len(data): data[end] is the first byte left out. The
+    # text's first byte never continues a character, so the loop stops by 0.
+    end = budget
+    while end and _continues(data[end]):
         end -= 1
     return data[:end]
 
 
 def _tail_on_boundary(data: bytes, budget: int) -> bytes:
-    start = max(0, len(data) - budget)
-    while start < len(data) and 0x80 <= data[start] < 0xC0:
+    # Called with a budget below len(data), so the tail starts inside it.
+    start = len(data) - budget
+    while start < len(data) and _continues(data[start]):
         start += 1
     return data[start:]
 
