@@ -85,6 +85,22 @@ async def test_until_never_takes_dropped_output_for_a_window_start() -> None:
     assert update.output.endswith("\nDONE")
 
 
+async def test_until_is_not_joined_across_output_dropped_between_two_looks() -> None:
+    # The window saw "rea"; then more arrived at once than the tail keeps, so what it
+    # sees next ("dy...") does not follow "rea": "ready" was never printed.
+    entry = PtyEntry(1234, _entry().spec, output_limit=16)  # 8 of head, 8 of tail
+    entry.feed(b"x" * 8 + b"rea")
+    window = asyncio.ensure_future(collect_window(entry, LONG, "ready", None, final_drain=Drains()))
+    await asyncio.sleep(0)
+    assert not window.done()
+    entry.feed(b"Z" * 20 + b"dy123456")  # the tail keeps "dy123456" only
+    await asyncio.sleep(0)
+    assert not window.done(), "matched text that was never printed"
+    entry.feed(b"ready")
+    update, _ = await window
+    assert update.output.endswith("ready")
+
+
 async def test_the_deadline_drains_once_and_keeps_what_the_drain_brought() -> None:
     entry = _entry()
     entry.feed(b"early ")
