@@ -156,10 +156,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "BoundedOutput.append: `0` -> `-1` (#2)",
     ): "excess is an int: > -1 is >= 0, and an excess of 0 changes nothing",
     (
-        "output_buffer",
-        "BoundedOutput.since: `pos < self.end_pos` -> `pos <= self.end_pos`",
-    ): "at end_pos the tail segment is empty, and empty segments are filtered out",
-    (
         "until_match",
         "UntilMatcher.__init__: `1` -> `0`",
     ): "keeping one character more of text already searched finds nothing new",

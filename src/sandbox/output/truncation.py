@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decoding import continues
+
 BYTES_PER_TOKEN = 4
 
 
@@ -26,16 +28,11 @@ class Truncated:
     original_token_count: int | None
 
 
-def _continues(byte: int) -> bool:
-    """Whether `byte` is a UTF-8 continuation byte (10xxxxxx): no cut may land before it."""
-    return byte & 0xC0 == 0x80
-
-
 def _head_on_boundary(data: bytes, budget: int) -> bytes:
     # Called with a budget below len(data): data[end] is the first byte left out. The
     # text's first byte never continues a character, so the loop stops by 0.
     end = budget
-    while end and _continues(data[end]):
+    while end and continues(data[end]):
         end -= 1
     return data[:end]
 
@@ -43,7 +40,7 @@ def _head_on_boundary(data: bytes, budget: int) -> bytes:
 def _tail_on_boundary(data: bytes, budget: int) -> bytes:
     # Called with a budget below len(data), so the tail starts inside it.
     start = len(data) - budget
-    while start < len(data) and _continues(data[start]):
+    while start < len(data) and continues(data[start]):
         start += 1
     return data[start:]
 
