@@ -505,14 +505,18 @@ def baseline(target: Target) -> dict[str, Any]:
     return result
 
 
-def run_mutant(target: Target, mutant: Mutant, tests: list[str], timeout: float) -> str:
-    """`caught`, `survived`, `timeout` or `crashed` for one mutant."""
+def run_mutant(
+    target: Target, mutant: Mutant, tests: list[str], timeout: float, per_test: float
+) -> str:
+    """`caught`, `survived`, `timeout` or `crashed` for one mutant. Each test gets
+    `per_test` seconds (pytest-timeout: a test that hangs fails, so the mutant is
+    caught by a failing test, not by the child's clock), the child `timeout` in all."""
     code = compile(mutant.tree, str(target.path), "exec")
 
     def run() -> int:
         _forget_ours()
         sys.meta_path.insert(0, _MutantFinder(target.module, target.path, code))
-        return _run_pytest(tests, [])
+        return _run_pytest([f"--timeout={per_test:.0f}", *tests], [])
 
     how, result = _in_child(run, timeout)
     if how != "ok":
@@ -543,8 +547,8 @@ def score(
     name: str, target: Target, *, show: bool, budget_factor: float = 5.0
 ) -> tuple[int, int, list[str], int]:
     """(caught, counted, survivors, timeouts) for one target; `timeouts` are among the
-    caught (a mutant that overran its budget twice, the second time a long one, loops
-    forever: it is caught), listed so that a loaded machine shows."""
+    caught (a child that overran its whole budget), listed so that a loaded machine
+    shows."""
     base = baseline(target)
     by_line: dict[int, list[str]] = {}
     for test, lines in base["lines"].items():
@@ -565,15 +569,14 @@ def score(
         if not tests:
             survivors.append(f"line {mutant.line}: {mutant.key} (no test runs it)")
             continue
-        # The budget scales with the tests' unmutated time; on a loaded machine raise
-        # `--budget-factor`, since an overrun counts as caught.
-        budget = 10 + budget_factor * sum(base["durations"].get(t, 1.0) for t in tests)
-        outcome = run_mutant(target, mutant, tests, budget)
-        if outcome == "timeout":
-            # Once more with far more time: a child starved by a busy machine (the budget
-            # does not count its imports and collection) must not pass for a caught
-            # mutant; one that loops forever overruns again.
-            outcome = run_mutant(target, mutant, tests, 120 + 4 * budget)
+        # A test hanging on a mutant fails at its own timeout, scaled from the slowest
+        # selected test's unmutated time (raise `--budget-factor` on a loaded machine);
+        # the child's clock only stops a run that hangs outside any test, and counts
+        # its imports and collection, which a busy machine slows down.
+        slowest = max(base["durations"].get(t, 1.0) for t in tests)
+        per_test = 10 + budget_factor * slowest
+        budget = 120 + 2 * per_test + sum(base["durations"].get(t, 1.0) for t in tests) * 4
+        outcome = run_mutant(target, mutant, tests, budget, per_test)
         if outcome == "survived":
             survivors.append(f"line {mutant.line}: {mutant.key}")
         else:
@@ -595,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-factor",
         type=float,
         default=5.0,
-        help="a mutant's time budget: 10 s + this times its tests' unmutated time (default 5)",
+        help="a test's time budget on a mutant: 10 s + this times the slowest selected "
+        "test's unmutated time (default 5)",
     )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
