@@ -306,3 +306,17 @@ def test_the_window_start_is_still_a_line_and_window_start() -> None:
         m = matcher(re.compile(pattern))
         assert not m.feed([b""])  # nothing yet: the start has not moved
         assert m.feed([b"x"])
+
+
+def test_the_stand_in_before_a_gap_is_never_matched_itself() -> None:
+    # Only text that was printed matches: the unknown character is context, not text.
+    assert not matcher(re.compile(r"\W")).feed([b"a", b"x"])
+    assert not matcher(re.compile(".x")).feed([b"a", b"x"])
+    assert not matcher("\ufffdx").feed([b"a", b"x"])  # a substring neither
+    assert not matcher("\ufffd").feed([b"a", b"x"])
+
+
+def test_the_first_character_after_a_gap_is_searched() -> None:
+    assert matcher(re.compile("x")).feed([b"a", b"x"])
+    assert matcher(re.compile(r"x\Z")).feed([b"a", b"x"])
+    assert matcher("x").feed([b"a", b"x"])
