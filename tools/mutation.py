@@ -431,8 +431,9 @@ class _LineRecorder:
 _PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-o", "addopts=--strict-markers", "-x"]
 
 
-def _in_child(run: Any, timeout: float) -> tuple[str, Any]:
-    """Run `run()` in a forked child; (how it ended, its JSON result)."""
+def _in_child(run: Any, timeout: float, failed: Path | None = None) -> tuple[str, Any]:
+    """Run `run()` in a forked child; (how it ended, its JSON result). When the file
+    `failed` appears (a test failed), the child is stopped at once: ("failed", None)."""
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         pid = os.fork()
         if pid == 0:  # the child: never returns
@@ -457,6 +458,11 @@ def _in_child(run: Any, timeout: float) -> tuple[str, Any]:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
+            if failed is not None and failed.exists():
+                # The verdict is in; a teardown that hangs on the mutant need not end.
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "failed", None
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -512,16 +518,31 @@ def run_mutant(
     `per_test` seconds (pytest-timeout: a test that hangs fails, so the mutant is
     caught by a failing test, not by the child's clock), the child `timeout` in all."""
     code = compile(mutant.tree, str(target.path), "exec")
+    with tempfile.TemporaryDirectory() as folder:
+        failed = Path(folder) / "failed"
 
-    def run() -> int:
-        _forget_ours()
-        sys.meta_path.insert(0, _MutantFinder(target.module, target.path, code))
-        return _run_pytest([f"--timeout={per_test:.0f}", *tests], [])
+        def run() -> int:
+            _forget_ours()
+            sys.meta_path.insert(0, _MutantFinder(target.module, target.path, code))
+            return _run_pytest([f"--timeout={per_test:.0f}", *tests], [_FirstFailure(failed)])
 
-    how, result = _in_child(run, timeout)
+        how, result = _in_child(run, timeout, failed)
+    if how == "failed":
+        return "caught"
     if how != "ok":
         return how
     return "survived" if result == 0 else "caught"
+
+
+class _FirstFailure:
+    """A pytest plugin (in the child) that creates `path` when a test fails."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.failed:
+            self.path.touch()
 
 
 def _function_spans(path: Path) -> list[tuple[int, int]]:
@@ -575,7 +596,7 @@ def score(
         # its imports and collection, which a busy machine slows down.
         slowest = max(base["durations"].get(t, 1.0) for t in tests)
         per_test = 10 + budget_factor * slowest
-        budget = 120 + 2 * per_test + sum(base["durations"].get(t, 1.0) for t in tests) * 4
+        budget = 120 + 2 * per_test + 4 * sum(base["durations"].get(t, 1.0) for t in tests)
         outcome = run_mutant(target, mutant, tests, budget, per_test)
         if outcome == "survived":
             survivors.append(f"line {mutant.line}: {mutant.key}")
