@@ -165,8 +165,16 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ): "the overlap is only read for substrings; a regex never uses it",
     (
         "until_match",
+        "UntilMatcher.__init__: `0` -> `1` (#2)",
+    ): "the overlap is only read for substrings; a regex never uses it",
+    (
+        "until_match",
         "UntilMatcher.feed: `time.monotonic() >= stop` -> `time.monotonic() > stop`",
     ): "the clock landing exactly on the stop instant is not observable",
+    (
+        "until_match",
+        "UntilMatcher.feed_async: `now >= deadline` -> `now > deadline`",
+    ): "the clock landing exactly on the deadline is not observable",
     (
         "until_match",
         "UntilMatcher.feed_async: `now >= slice_end` -> `now > slice_end`",

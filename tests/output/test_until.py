@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sandbox.errors import InvalidArgumentError
+from sandbox.output import until as until_module
 from sandbox.output.decoding import StreamDecoder
 from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
 
@@ -248,7 +249,7 @@ def test_a_budget_left_searches_everything() -> None:
 async def test_feed_async_past_its_deadline_keeps_context_and_gaps() -> None:
     loop = asyncio.get_running_loop()
     m = matcher("abc")
-    assert not await m.feed_async([b"xab"], loop.time() - 1)
+    assert await m.feed_async([b"xab"], loop.time() - 1) is False  # a bool, not falsy
     assert await m.feed_async([b"c"], loop.time() + 60)
     m = matcher("abc")
     assert not await m.feed_async([b"a", b"b"], loop.time() - 1)
@@ -320,3 +321,31 @@ def test_the_first_character_after_a_gap_is_searched() -> None:
     assert matcher(re.compile("x")).feed([b"a", b"x"])
     assert matcher(re.compile(r"x\Z")).feed([b"a", b"x"])
     assert matcher("x").feed([b"a", b"x"])
+
+
+def test_a_lead_byte_before_a_gap_never_joins_what_comes_later() -> None:
+    # "é" was cut by the gap (its C3 before, its A9 dropped with the rest); a later
+    # stray A9 must not complete it into a character that was never printed.
+    m = matcher("é")
+    assert not m.feed([b"a\xc3", b"\xa9"])
+    assert not m.feed([b"\xa9"])
+
+
+async def test_a_deadline_that_passes_while_others_run_stops_the_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every search yields first (no slice left); while it yields, another task runs
+    # until the deadline has passed: the matcher must look at the clock again before
+    # it searches, and search nothing.
+    monkeypatch.setattr(until_module, "SLICE_S", 0.0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.2
+
+    async def busy_until_the_deadline() -> None:
+        while loop.time() < deadline:
+            pass  # holds the loop: the matcher's task cannot run meanwhile
+
+    busy = asyncio.ensure_future(busy_until_the_deadline())
+    m = matcher("ready")
+    assert await m.feed_async([b"ready"], deadline) is False
+    await busy
