@@ -177,8 +177,9 @@ class UntilMatcher:
         else:
             found = self._pattern.search(self._window, self._start) is not None
         if found:
+            # What is still pending is never searched: a match is sticky (`feed`), and
+            # the window that made this matcher ends with it.
             self.matched = True
-            self._pending.clear()
             return True
         self._trim()
         return False
