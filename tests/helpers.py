@@ -7,12 +7,15 @@ these names are the short spellings the tests use.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sandbox
 from sandbox.testing import procfs
 from sandbox.testing.conformance import eventually, maybe_started, unique_seconds
 from sandbox.testing.faults import Gate, park_calls
 
 __all__ = [
+    "DeadlineCount",
     "HookGate",
     "children_of_me",
     "describe_pids",
@@ -58,3 +61,32 @@ def HookGate(session: sandbox.BaseSandboxSession, hook: str, *, after: bool = Fa
     against a start, a spawn or an exec): the real hook still does all the work.
     """
     return park_calls(session, hook, after=after)
+
+
+class DeadlineCount:
+    """Counts the windows of one session that ran to their deadline.
+
+    The deadline is the only way a window reaches the backend's `_final_drain` hook, so
+    this wraps that hook on the session (the real one still runs): a test that expects
+    `until`, `until_screen`, an exit or a preemption to end its windows asserts
+    `count == 0` afterwards, with no clock read. `close()` puts the hook back.
+    """
+
+    def __init__(self, session: sandbox.BaseSandboxSession) -> None:
+        self.count = 0
+        self._session = session
+        self._previous = vars(session).get("_final_drain")
+        real = session._final_drain
+
+        async def counted(entry: Any) -> None:
+            self.count += 1
+            await real(entry)
+
+        session._final_drain = counted  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        """Stop counting: the session's own hook again."""
+        if self._previous is None:
+            del self._session._final_drain
+        else:
+            self._session._final_drain = self._previous  # type: ignore[method-assign]

@@ -67,9 +67,9 @@ async def _sleeping_on_a_tty(session: UnixLocalSession) -> tuple[int, str]:
 
 async def test_write_to_a_full_terminal_ends_at_its_window(session: UnixLocalSession) -> None:
     pid, marker = await _sleeping_on_a_tty(session)
-    started = time.monotonic()
+    # The process never reads: a write that outlived its window would never return
+    # (pytest's timeout), and one cut short says what it did not write.
     update = await session.pty_write_stdin(pid, TEN_MB, yield_time_s=1)
-    assert time.monotonic() - started < 10, "the write outlived its window"
     assert update.process_id == pid
     # The terminal took what fits in its queue, the rest was dropped and said so.
     assert 0 < update.unwritten_bytes < len(TEN_MB)

@@ -41,9 +41,10 @@ async def settle(cleanup: Awaitable[T]) -> T:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError as exc:
-            # A done task here means the cleanup itself was cancelled (loop shutdown),
-            # not our caller: only the caller's cancellations are recorded.
-            if cancel is None and (not task.done() or _caller_cancelled()):
+            # The first one is kept (its message). The shield raises it for our caller's
+            # cancellation, or for the cleanup's own (loop shutdown): that one ends as
+            # a cancellation either way, so the two need not be told apart.
+            if cancel is None:
                 cancel = exc
     if task.cancelled():
         raise cancel if cancel is not None else asyncio.CancelledError()
@@ -53,11 +54,6 @@ async def settle(cleanup: Awaitable[T]) -> T:
     if cancel is not None:
         raise asyncio.CancelledError(*cancel.args)
     return task.result()
-
-
-def _caller_cancelled() -> bool:
-    current = asyncio.current_task()
-    return current is not None and current.cancelling() > 0
 
 
 async def attempt_all(
@@ -78,13 +74,13 @@ async def attempt_all(
 
     batch = list(items)
     if len(batch) == 1:
-        await one(batch[0])  # the common batch of one: no task and no gather to schedule
+        await one(*batch)  # the common batch of one: no task and no gather to schedule
     else:
         # Teardowns are the one fan-out that must not stop at the first failure: every
         # item is attempted (each branch catches its own error), so nothing is cancelled.
         await asyncio.gather(*(one(item) for item in batch), return_exceptions=True)
     if len(errors) == 1:
-        raise errors[0]
+        raise errors.pop()
     if errors:
         raise CleanupError(f"{len(errors)} teardowns failed: {errors[0]}", errors)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger("sandbox")
 
@@ -20,21 +20,23 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel `tasks` and wait until every one has finished; their results and errors
     are consumed (an error is only logged: the caller is already handling one, or is
     tearing down). Re-raises the caller's own cancellation."""
-    current = asyncio.current_task()
+    # An awaited coroutine under asyncio always runs in a task.
+    current = cast("asyncio.Task[Any]", asyncio.current_task())
     # Our caller's cancellations are counted, not told apart by the error: one that lands
-    # while we await a task is passed on to that task, and comes back as the task's own.
-    before = current.cancelling() if current is not None else 0
+    # while we await a task is passed on to that task, and comes back as the task's own;
+    # one that lands as a task ends is raised at once, at that `await`. Either way it is
+    # re-raised only after every task finished.
+    before = current.cancelling()
     for task in tasks:
         task.cancel()
     for task in tasks:
         try:
             await task
         except asyncio.CancelledError:
-            if not task.cancelled():  # our own cancellation, not the task's
-                raise
+            pass  # the task's own, or our caller's: that one is counted, raised below
         except Exception as exc:
             logger.debug("a background task failed while stopped: %s", type(exc).__name__)
-    if current is not None and current.cancelling() > before:
+    if current.cancelling() > before:
         raise asyncio.CancelledError
 
 

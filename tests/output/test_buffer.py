@@ -135,9 +135,12 @@ def test_since_with_a_gap_gives_head_and_tail_apart() -> None:
     assert buffer.since(0) == [b"abc", b"hij"]
     assert buffer.since(1) == [b"bc", b"hij"]
     assert buffer.since(2) == [b"c", b"hij"]
-    assert buffer.since(3) == [b"hij"]  # the head is behind; the tail starts after a gap
-    assert buffer.since(5) == [b"hij"]  # inside the gap: from the tail
-    assert buffer.since(7) == [b"hij"]
+    # The head is behind and bytes from there on were dropped: an empty first segment
+    # says the tail does not go on from `pos`.
+    assert buffer.since(3) == [b"", b"hij"]
+    assert buffer.since(5) == [b"", b"hij"]  # inside the gap: the same
+    assert buffer.since(6) == [b"", b"hij"]
+    assert buffer.since(7) == [b"hij"]  # the tail's first byte: nothing dropped after it
     assert buffer.since(8) == [b"ij"]
     assert buffer.since(9) == [b"j"]
     assert buffer.since(10) == []
@@ -156,7 +159,8 @@ def test_since_counts_from_the_start_after_a_drain() -> None:
 
 def test_since_with_only_a_tail() -> None:
     buffer = filled(1, b"abc")  # head 0 bytes, tail 1
-    assert buffer.since(0) == [b"c"]
+    assert buffer.since(0) == [b"", b"c"]  # "ab" was dropped: a gap before "c"
+    assert buffer.since(1) == [b"", b"c"]
     assert buffer.since(2) == [b"c"]
     assert buffer.since(3) == []
 
@@ -168,3 +172,24 @@ def test_a_flood_keeps_memory_bounded() -> None:
     assert buffer.retained == 1000
     assert buffer.omitted == 997 * 1000 - 1000
     assert len(buffer) == 997 * 1000
+
+
+def test_since_marks_a_gap_when_the_tail_rolled_past_the_position() -> None:
+    # A reader that scanned up to the end, then more arrived than the tail keeps: the
+    # bytes it had not seen yet were partly dropped, and `since` says so.
+    buffer = BoundedOutput(6)  # 3 of head, 3 of tail
+    buffer.append(b"abcdef")
+    scanned = buffer.end_pos
+    assert buffer.since(scanned) == []
+    buffer.append(b"ghij")  # "defg" leaves the tail: "g" was never seen
+    assert buffer.since(scanned) == [b"", b"hij"]
+    buffer.append(b"k")
+    assert buffer.since(buffer.end_pos - 1) == [b"k"]  # still in the tail: no gap
+
+
+def test_since_of_a_buffer_that_keeps_nothing_is_empty() -> None:
+    buffer = BoundedOutput(0)
+    buffer.append(b"xyz")
+    assert buffer.omitted == 3
+    assert buffer.since(0) == []
+    assert buffer.since(2) == []

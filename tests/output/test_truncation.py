@@ -134,3 +134,25 @@ def test_every_continuation_byte_value_is_a_cut_to_avoid(char: str) -> None:
     head, _, rest = body.partition("…")
     tail = rest.partition("…")[2]
     assert set(head) == {char} and set(tail) == {char}
+
+
+def test_the_line_count_is_dropped_at_exactly_half_the_budget() -> None:
+    # "Total output lines: 10\n\n" is 24 characters: twice that is a budget of exactly
+    # 12 tokens (48 bytes), which drops it; 13 tokens keep it.
+    text = "w" * 100 + "\n" * 9
+    prefix = "Total output lines: 10\n\n"
+    assert len(prefix) * 2 == 12 * BYTES_PER_TOKEN
+    at = truncate_to_tokens(text, 12)
+    assert at.text.startswith("w" * 24 + "…")
+    assert truncate_to_tokens(text, 13).text.startswith(prefix + "w" * 14 + "…")
+
+
+@pytest.mark.parametrize("char", ["\x7f", "\u0080", "\u2000", "\U00010000"])
+def test_bytes_that_start_a_character_or_are_ascii_are_cut_points(char: str) -> None:
+    # Only continuation bytes (0x80..0xBF) move a cut: ASCII (0x7F, DEL, the highest)
+    # and lead bytes (0xC2, 0xE2, 0xF0 here) are where a character starts.
+    text = "a" * 8 + char * 20 + "b" * 8
+    result = truncate_to_tokens(text, 4)  # 16 bytes: 8 of head, 8 of tail
+    head, _, tail = result.text.partition("…")
+    assert head == "a" * 8  # cut right before the character, not before its lead byte
+    assert tail.endswith("b" * 8)

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sandbox.errors import InvalidArgumentError
+from sandbox.output import until as until_module
 from sandbox.output.decoding import StreamDecoder
 from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
 
@@ -214,7 +215,8 @@ def test_regex_text_arriving_at_once_is_searched_in_pieces() -> None:
 def test_regex_gap_restarts_the_window() -> None:
     m, recorder = counting(r"zz")
     assert not m.feed([b"ab", b"cd"])
-    assert recorder.searches == [("ab", 0), ("cd", 0)]
+    # After the gap the search starts after the stand-in for the unseen character.
+    assert recorder.searches == [("ab", 0), ("\ufffdcd", 1)]
     assert not matcher(re.compile("bc")).feed([b"ab", b"cd"])
 
 
@@ -247,7 +249,7 @@ def test_a_budget_left_searches_everything() -> None:
 async def test_feed_async_past_its_deadline_keeps_context_and_gaps() -> None:
     loop = asyncio.get_running_loop()
     m = matcher("abc")
-    assert not await m.feed_async([b"xab"], loop.time() - 1)
+    assert await m.feed_async([b"xab"], loop.time() - 1) is False  # a bool, not falsy
     assert await m.feed_async([b"c"], loop.time() + 60)
     m = matcher("abc")
     assert not await m.feed_async([b"a", b"b"], loop.time() - 1)
@@ -269,3 +271,81 @@ def test_a_substring_matcher_keeps_only_its_overlap() -> None:
     m = matcher("abc")
     assert not m.feed([b"x" * 10_000])
     assert m._window == "xx"  # memory stays bounded by the pattern, not the output
+
+
+# --- line and window starts after a gap ------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", [r"^x", r"\Ax", r"(?m)^x", r"(?<![^\n])x"])
+def test_a_gap_is_neither_a_line_nor_a_window_start(pattern: str) -> None:
+    m = matcher(re.compile(pattern))
+    assert not m.feed([b"a", b"x"])  # the text after the gap goes on mid-line
+    assert not m.feed([b"y", b"x"])  # a later gap in the same window: the same
+    assert not m.feed([b"q" * (REGEX_LOOKBEHIND + 10), b"x"])  # whatever came before
+
+
+def test_a_gap_before_the_first_arrival_is_still_no_start() -> None:
+    m = matcher(re.compile(r"\Ax"))
+    assert not m.feed([b"", b"x"])
+
+
+def test_after_a_gap_a_real_line_start_still_matches() -> None:
+    m = matcher(re.compile(r"(?m)^x"))
+    assert not m.feed([b"a", b"x"])
+    assert m.feed([b"\nx"])
+    m = matcher(re.compile(r"(?m)^x"))
+    assert m.feed([b"a", b"yy\nx"])  # within the segment after the gap
+
+
+def test_a_word_starts_after_a_gap() -> None:
+    # The character before the gap's text is unknown, taken as no word character.
+    assert matcher(re.compile(r"\bx")).feed([b"a", b"x"])
+
+
+def test_the_window_start_is_still_a_line_and_window_start() -> None:
+    for pattern in (r"^x", r"\Ax", r"(?m)^x"):
+        m = matcher(re.compile(pattern))
+        assert not m.feed([b""])  # nothing yet: the start has not moved
+        assert m.feed([b"x"])
+
+
+def test_the_stand_in_before_a_gap_is_never_matched_itself() -> None:
+    # Only text that was printed matches: the unknown character is context, not text.
+    assert not matcher(re.compile(r"\W")).feed([b"a", b"x"])
+    assert not matcher(re.compile(".x")).feed([b"a", b"x"])
+    assert not matcher("\ufffdx").feed([b"a", b"x"])  # a substring neither
+    assert not matcher("\ufffd").feed([b"a", b"x"])
+
+
+def test_the_first_character_after_a_gap_is_searched() -> None:
+    assert matcher(re.compile("x")).feed([b"a", b"x"])
+    assert matcher(re.compile(r"x\Z")).feed([b"a", b"x"])
+    assert matcher("x").feed([b"a", b"x"])
+
+
+def test_a_lead_byte_before_a_gap_never_joins_what_comes_later() -> None:
+    # "é" was cut by the gap (its C3 before, its A9 dropped with the rest); a later
+    # stray A9 must not complete it into a character that was never printed.
+    m = matcher("é")
+    assert not m.feed([b"a\xc3", b"\xa9"])
+    assert not m.feed([b"\xa9"])
+
+
+async def test_a_deadline_that_passes_while_others_run_stops_the_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every search yields first (no slice left); while it yields, another task runs
+    # until the deadline has passed: the matcher must look at the clock again before
+    # it searches, and search nothing.
+    monkeypatch.setattr(until_module, "SLICE_S", 0.0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.2
+
+    async def busy_until_the_deadline() -> None:
+        while loop.time() < deadline:
+            pass  # holds the loop: the matcher's task cannot run meanwhile
+
+    busy = asyncio.ensure_future(busy_until_the_deadline())
+    m = matcher("ready")
+    assert await m.feed_async([b"ready"], deadline) is False
+    await busy

@@ -223,3 +223,45 @@ async def test_attempt_all_on_its_own_is_not_settled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def _cancel_when_done(cleanup: asyncio.Task[object], caller: list[asyncio.Task[object]]) -> None:
+    # Registered before `settle` shields the cleanup, so it runs first when the cleanup
+    # ends: the caller is cancelled in that same step, its wake-up still pending.
+    cleanup.add_done_callback(lambda _: caller[0].cancel("caller"))
+
+
+async def test_a_caller_cancelled_as_the_cleanup_ends_is_still_cancelled() -> None:
+    release = asyncio.Event()
+
+    async def cleanup() -> str:
+        await release.wait()
+        return "done"
+
+    inner: asyncio.Task[object] = asyncio.create_task(cleanup())
+    caller: list[asyncio.Task[object]] = []
+    _cancel_when_done(inner, caller)
+    caller.append(asyncio.create_task(settle(inner)))
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(asyncio.CancelledError) as info:
+        await caller[0]
+    assert info.value.args == ("caller",)
+    assert inner.result() == "done"
+
+
+async def test_a_cleanup_error_in_the_step_its_caller_is_cancelled_wins() -> None:
+    release = asyncio.Event()
+
+    async def cleanup() -> None:
+        await release.wait()
+        raise OSError("teardown failed")
+
+    inner: asyncio.Task[object] = asyncio.create_task(cleanup())
+    caller: list[asyncio.Task[object]] = []
+    _cancel_when_done(inner, caller)
+    caller.append(asyncio.create_task(settle(inner)))
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(OSError, match="teardown failed"):
+        await caller[0]

@@ -195,3 +195,42 @@ async def test_cancelling_first_failure_cancels_and_awaits_everything() -> None:
         await waiter
     assert stopped == ["child"]
     assert until.cancelled()
+
+
+async def test_a_cancellation_as_a_task_ends_still_waits_for_the_rest() -> None:
+    # The caller is cancelled in the very step the first task ends (its done callback,
+    # registered first, runs before the caller wakes): the cancellation is raised at
+    # that `await`, and must still wait for the second task before it leaves.
+    stopping, release = asyncio.Event(), asyncio.Event()
+
+    async def quick() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "stopped"  # ends cleanly when cancelled
+        return "never"
+
+    async def slow() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopping.set()
+            await release.wait()
+
+    first = asyncio.create_task(quick())
+    second = asyncio.create_task(slow())
+    waiter: asyncio.Task[None] | None = None
+
+    def cancel_the_caller(_: object) -> None:
+        assert waiter is not None
+        waiter.cancel()
+
+    first.add_done_callback(cancel_the_caller)
+    waiter = asyncio.create_task(cancel_and_wait([first, second]))
+    await stopping.wait()
+    assert first.result() == "stopped"
+    assert not waiter.done()  # still waiting for the second task
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert second.done()

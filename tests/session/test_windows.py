@@ -68,6 +68,39 @@ async def test_until_matches_output_that_arrives_while_waiting() -> None:
     assert (update.output, finished) == ("listening on port 8080\n", False)
 
 
+async def test_until_never_takes_dropped_output_for_a_window_start() -> None:
+    # 16 bytes kept (8 head, 8 tail): "\A" and "^" may match the window's first byte,
+    # never the text after the bytes the bound dropped, though it shows after a line.
+    entry = PtyEntry(1234, _entry().spec, output_limit=16)
+    entry.feed(b"x" * 8 + b"y" * 40 + b"tail1234")  # the tail kept starts at "tail"
+    drain = Drains()
+    window = asyncio.ensure_future(
+        collect_window(entry, LONG, re.compile(r"(?m)\Atail|^tail|^DONE"), None, final_drain=drain)
+    )
+    await asyncio.sleep(0)
+    assert not window.done()  # "tail" after the gap is no start: the window goes on
+    entry.feed(b"\nDONE")  # a real line start ends the window
+    update, _ = await window
+    assert update.output.startswith("x" * 8 + "\n[... ")
+    assert update.output.endswith("\nDONE")
+
+
+async def test_until_is_not_joined_across_output_dropped_between_two_looks() -> None:
+    # The window saw "rea"; then more arrived at once than the tail keeps, so what it
+    # sees next ("dy...") does not follow "rea": "ready" was never printed.
+    entry = PtyEntry(1234, _entry().spec, output_limit=16)  # 8 of head, 8 of tail
+    entry.feed(b"x" * 8 + b"rea")
+    window = asyncio.ensure_future(collect_window(entry, LONG, "ready", None, final_drain=Drains()))
+    await asyncio.sleep(0)
+    assert not window.done()
+    entry.feed(b"Z" * 20 + b"dy123456")  # the tail keeps "dy123456" only
+    await asyncio.sleep(0)
+    assert not window.done(), "matched text that was never printed"
+    entry.feed(b"ready")
+    update, _ = await window
+    assert update.output.endswith("ready")
+
+
 async def test_the_deadline_drains_once_and_keeps_what_the_drain_brought() -> None:
     entry = _entry()
     entry.feed(b"early ")

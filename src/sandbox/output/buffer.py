@@ -93,21 +93,23 @@ class BoundedOutput:
         """Retained bytes at absolute positions >= `pos`, as contiguous segments.
 
         A new segment starts after a gap of dropped bytes, so a matcher can tell that
-        the text is not continuous there.
+        the text is not continuous there. When bytes from `pos` on were dropped before
+        the first retained one (the tail rolled past `pos`), the first segment is empty:
+        what follows does not go on from `pos`.
         """
         segments: list[bytes] = []
         head_end = self._start + len(self._head)
+        tail_start = self.end_pos - len(self._tail)
         if pos < head_end:
             offset = max(0, pos - self._start)
-            if self._omitted:
-                segments.append(bytes(self._head[offset:]))
-            else:
-                segments.append(bytes(self._head[offset:]) + bytes(self._tail))
-                return segments
-        tail_start = self.end_pos - len(self._tail)
+            if not self._omitted:
+                return [bytes(self._head[offset:]) + bytes(self._tail)]
+            segments.append(bytes(self._head[offset:]))
+        elif self._tail and pos < tail_start:
+            segments.append(b"")  # dropped from `pos` on: a gap before the tail
         if self._tail and pos < self.end_pos:
             segments.append(bytes(self._tail[max(0, pos - tail_start) :]))
-        return [s for s in segments if s]
+        return segments
 
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""

@@ -32,10 +32,16 @@ def _incomplete_suffix_len(data: bytes | bytearray) -> int:
     return 0
 
 
+def continues(byte: int) -> bool:
+    """Whether `byte` is a UTF-8 continuation byte (10xxxxxx): it never starts a
+    character, so no cut may land before it."""
+    return byte & 0xC0 == 0x80
+
+
 def leading_continuation_len(data: bytes | bytearray) -> int:
     """Count of continuation bytes (10xxxxxx) at the start of `data`, at most 3."""
     n = 0
-    while n < min(3, len(data)) and 0x80 <= data[n] < 0xC0:
+    while n < min(3, len(data)) and continues(data[n]):
         n += 1
     return n
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decoding import continues
+
 BYTES_PER_TOKEN = 4
 
 
@@ -27,15 +29,18 @@ class Truncated:
 
 
 def _head_on_boundary(data: bytes, budget: int) -> bytes:
-    end = min(budget, len(data))
-    while 0 < end < len(data) and 0x80 <= data[end] < 0xC0:
+    # Called with a budget below len(data): data[end] is the first byte left out. The
+    # text's first byte never continues a character, so the loop stops by 0.
+    end = budget
+    while end and continues(data[end]):
         end -= 1
     return data[:end]
 
 
 def _tail_on_boundary(data: bytes, budget: int) -> bytes:
-    start = max(0, len(data) - budget)
-    while start < len(data) and 0x80 <= data[start] < 0xC0:
+    # Called with a budget below len(data), so the tail starts inside it.
+    start = len(data) - budget
+    while start < len(data) and continues(data[start]):
         start += 1
     return data[start:]
 

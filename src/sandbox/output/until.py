@@ -35,6 +35,11 @@ SLICE_S = 0.01
 
 UntilPattern = str | re.Pattern[str]
 
+# What a regex search sees as the character before text that follows a gap of dropped
+# bytes (U+FFFD, the replacement character: an unknown character, neither a line break
+# nor a word character).
+GAP_CONTEXT = "\ufffd"
+
 
 def check_until(until: object) -> UntilPattern | None:
     """Validate an `until` argument, raising `InvalidArgumentError` when unusable."""
@@ -71,8 +76,11 @@ class UntilMatcher:
     - `$` and `\Z` match at the end of a search string: the end of the text received so
       far (or of a 4096-character piece of it, when more arrives at once);
     - `^` matches at a real line start or the window's start, `\A` only at the window's
-      start, and `\b` and a one-character look-behind see the character before the kept
-      text: a cut in the text is never mistaken for a line start.
+      start (the start of the text this window returns, wherever the process's line
+      was), and `\b` and a one-character look-behind see the character before the kept
+      text: a cut in the text is never mistaken for a line start. After a gap of
+      dropped bytes that character is unknown: it is taken as U+FFFD (`GAP_CONTEXT`),
+      so neither `^` nor `\A` matches right after the gap, and `\b` does before a word.
 
     One search costs at most what the pattern costs on 8 KiB of text (a catastrophic
     pattern, exponential in its input, can still be slow on that). `feed` checks its
@@ -169,8 +177,9 @@ class UntilMatcher:
         else:
             found = self._pattern.search(self._window, self._start) is not None
         if found:
+            # What is still pending is never searched: a match is sticky (`feed`), and
+            # the window that made this matcher ends with it.
             self.matched = True
-            self._pending.clear()
             return True
         self._trim()
         return False
@@ -188,8 +197,14 @@ class UntilMatcher:
     def _restart(self) -> None:
         # The decoder was reset when the gap was queued (`_enqueue`), not here: by now
         # it may hold the start of a character that the next arrival completes.
-        self._window = ""
-        self._start = 0
+        if isinstance(self._pattern, str):
+            self._window = ""
+            return
+        # The text after a gap goes on from a character nobody saw: a regex search then
+        # starts after a stand-in for it (no line break, no word character), so neither
+        # `^` nor `\A` takes the cut for a line or window start.
+        self._window = GAP_CONTEXT
+        self._start = 1
 
     def _trim(self) -> None:
         """Keep what the next search needs: for a substring, the overlap; for a regex,

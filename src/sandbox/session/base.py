@@ -1,39 +1,34 @@
 """`BaseSandboxSession`: the public face of a session, orchestrating its collaborators.
 
-Options, the lifecycle (`start`, `aclose`) and the public calls (`exec`, files, `pty_*`)
-live here, each a few steps handed to a collaborator that owns its state: the
-`ProcessRegistry` (`self._processes`: ids, slots, who owns each entry), `OwnedTasks`
-(`self._owned`: owned tasks and every teardown), `Recordings`, `collect_window`,
-`run_one_shot` and `write_within`. The hooks a backend implements are inherited from
-`SessionHooks` (`hooks.py`); a backend never touches anything else here.
+Options, the lifecycle (`start`, `aclose`, `detach`) and the public calls (`exec`,
+files, workspace, `pty_*`) live here, each a check or two handed to a collaborator
+that owns its state: the `ProcessRegistry` (`self._processes`: ids, slots, who owns
+each entry), `OwnedTasks` (`self._owned`: owned tasks and every teardown),
+`Recordings`, `PtyCalls` (`self._pty`), `FileCalls`, `WorkspaceCalls`, and the
+functions of `lifecycle`, `run_one_shot` and `sandbox.durable.ops`. The hooks a
+backend implements are inherited from `SessionHooks` (`hooks.py`); a backend never
+touches anything else here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import enum
 import os
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .. import arguments
 from ..durable import ops as durable_ops
 from ..durable.refs import SessionRef
 from ..durable.state import DurableState
 from ..errors import (
-    CleanupError,
-    FileTooLargeError,
     InvalidArgumentError,
-    ProcessExitedError,
-    SandboxError,
     SessionClosedError,
     SessionNotStartedError,
     SessionStateError,
-    StdinClosedError,
     UnsupportedOperationError,
 )
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
@@ -44,32 +39,24 @@ from ..process_entry import H, ProcessSpec, PtyEntry
 from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
 from ..terminal.screen_limit import check_screen_cells
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
-from ..workspace import calls as ws_calls
 from ..workspace import extract as ws_extract
-from ..workspace import ports as ws_ports
 from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
+from . import file_calls, lifecycle, workspace_calls
 from .hooks import SessionHooks
+from .lifecycle import SessionState
 from .oneshot import run_one_shot
-from .ownership import OwnedTasks, closed_error, finished
+from .ownership import OwnedTasks, finished
+from .pty_calls import PtyCalls
 from .recordings import Recordings
 from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
-from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
-from .writes import write_within
+from .windows import check_until_screen
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..terminal.screen import ScreenSnapshot
-
-
-class SessionState(enum.Enum):
-    """Where a session is in its life."""
-
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 class BaseSandboxSession(SessionHooks[H]):
@@ -143,6 +130,21 @@ class BaseSandboxSession(SessionHooks[H]):
                 f"ref_file: the {self.backend_name} backend cannot detach or resume sessions"
             )
         self._durable = DurableState(ref_file)
+        # The file and workspace calls: argument checks, then one hook each.
+        self._file_calls = file_calls.FileCalls(
+            self, ready=self._require_running, guard=self._durable_guard
+        )
+        self._workspace_calls = workspace_calls.WorkspaceCalls(self, ready=self._require_running)
+        # What the `pty_*` calls do once their arguments are checked.
+        self._pty: PtyCalls[H] = PtyCalls(
+            self,
+            self._processes,
+            self._owned,
+            recordings,
+            ready=self._require_running,
+            guard=self._durable_guard,
+            closing=self._is_closing,
+        )
 
     @property
     def record_dir(self) -> str | None:
@@ -193,7 +195,7 @@ class BaseSandboxSession(SessionHooks[H]):
             raise SessionStateError("start() is already in progress")
         self._recordings.open()  # before the sandbox runs anything (`recordings.py`)
         self._state = SessionState.STARTING
-        task = asyncio.ensure_future(self._run_start())
+        task = asyncio.ensure_future(lifecycle.run_start(self))
         self._owned.start_task = task
         try:
             await self._owned.wait(task)
@@ -202,7 +204,7 @@ class BaseSandboxSession(SessionHooks[H]):
                 if task.done() and not task.cancelled() and task.exception() is None:
                     # The backend came up just as our caller was cancelled: undo it.
                     try:
-                        await settle(self._durable_undo_start())
+                        await settle(lifecycle.undo_start(self))
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self._state = SessionState.NEW
@@ -217,19 +219,6 @@ class BaseSandboxSession(SessionHooks[H]):
         self._state = SessionState.RUNNING
         durable_ops.changed(self)
 
-    async def _run_start(self) -> None:
-        try:
-            if self._durable.resuming:
-                await durable_ops.resume(self)
-            else:
-                await self._start_backend()
-        except BaseException as exc:
-            try:
-                await settle(self._durable_undo_start())
-            except Exception as cleanup_exc:
-                exc.add_note(f"cleaning up the failed start also failed: {cleanup_exc}")
-            raise
-
     async def aclose(self) -> None:
         """Cancel whatever is starting or running (a `start()`, one-shot commands, spawns),
         terminate every process, then stop the sandbox. Returns only when nothing is
@@ -241,53 +230,19 @@ class BaseSandboxSession(SessionHooks[H]):
         if self._closing is not None:
             await settle(finished(self._closing))
             return
-        previous = self._state
+        await self._run_closing(lifecycle.close_everything(self, self._state))
+
+    async def _run_closing(self, work: Coroutine[Any, Any, T]) -> T:
+        # A close (or detach) is a task of its own: a cancelled caller leaves it to run
+        # to its end (settled), and a second `aclose()` awaits the same one.
         self._state = SessionState.CLOSING
-        closing = asyncio.ensure_future(self._close_everything(previous))
-        self._closing = closing
+        task = asyncio.ensure_future(work)
+        self._closing = task
         try:
-            await settle(closing)
+            await settle(task)
         finally:
             self._state = SessionState.CLOSED
-
-    async def _close_everything(self, previous: SessionState) -> None:
-        errors: list[BaseException] = []
-        backend_up = previous is SessionState.RUNNING
-        start = self._owned.start_task
-        if previous is SessionState.STARTING and start is not None:
-            start.cancel()  # the start's own failure path stops what it made
-            await asyncio.wait({start})
-            backend_up = not start.cancelled() and start.exception() is None
-        # Calls in flight lose: their hooks see the cancellation and undo what they made.
-        await self._owned.cancel_in_flight()
-        entries = self._processes.take_everything()
-        if backend_up and not await durable_ops.close_or_let_go(self, entries):
-            return  # another client resumed the sandbox: it was only let go of
-        for entry in entries:
-            entry.sandbox_stopping = True
-        try:
-            await self._owned.settle_batch(entries)
-        except CleanupError as exc:
-            errors.extend(exc.errors)
-        except Exception as exc:
-            errors.append(exc)
-        # Teardowns other calls own (a terminate, a prune) finish before the backend stops.
-        await self._owned.wait_teardowns()
-        if backend_up:
-            try:
-                await self._stop_backend()
-            except Exception as exc:
-                errors.append(exc)
-        self._recordings.close()
-        durable_ops.finish_ref_file(self, None)
-        if len(errors) == 1:
-            raise errors[0]
-        if errors:
-            raise CleanupError(
-                f"closing the {self.backend_name} session failed {len(errors)} ways: "
-                + "; ".join(str(e) for e in errors),
-                errors,
-            )
+        return task.result()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -313,7 +268,7 @@ class BaseSandboxSession(SessionHooks[H]):
             "or await session.start()"
         )
 
-    # ---- one-shot commands and files -----------------------------------------------
+    # ---- one-shot commands and files (`FileCalls`) ------------------------------------
 
     async def exec(
         self,
@@ -359,26 +314,13 @@ class BaseSandboxSession(SessionHooks[H]):
         `read_limit_bytes`, 64 MiB) raises `FileTooLargeError`, before it is read where
         the backend can tell its size; stream big files with `read_file_chunks`.
         """
-        self._require_running()
-        await self._durable_guard()
-        path = files.check_path(path)
-        limit = self.read_limit_bytes
-        if max_bytes is not None:
-            limit = files.check_byte_count(max_bytes, "max_bytes")
-        data = await self._read_file(path, limit)
-        if len(data) > limit:  # backends that cannot tell the size first
-            raise FileTooLargeError.over(path, len(data), limit)
-        return data
+        return await self._file_calls.read_file(path, max_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a regular file in the sandbox (str is UTF-8 encoded), creating parent
         folders. Writing over a directory, FIFO, socket or device, or under a path whose
         parent is a file, raises `NotAFileError` and changes nothing."""
-        self._require_running()
-        await self._durable_guard()
-        path = files.check_path(path)
-        payload = arguments.to_input_bytes(data)
-        await self._write_file(path, payload)
+        await self._file_calls.write_file(path, data)
 
     def read_file_chunks(
         self, path: str, *, chunk_size: int = files.DEFAULT_CHUNK_SIZE
@@ -390,70 +332,52 @@ class BaseSandboxSession(SessionHooks[H]):
         first, bounded by `read_limit_bytes`. Stop early with `contextlib.aclosing` so the
         file is closed at once. Same errors as `read_file`, raised by the first chunk.
         """
-        self._require_running()
-        path = files.check_path(path)
-        size = files.check_chunk_size(chunk_size)
-        return files.at_most(self._read_file_chunks(path, size), size)
+        return self._file_calls.read_file_chunks(path, chunk_size)
 
-    async def write_file_chunks(
-        self,
-        path: str,
-        chunks: AsyncIterable[bytes | bytearray | memoryview | str]
-        | Iterable[bytes | bytearray | memoryview | str],
-    ) -> None:
-        """Write a regular file from an iterable or async iterable of chunks (str is
-        UTF-8 encoded), creating parent folders; same rules as `write_file`.
+    async def write_file_chunks(self, path: str, chunks: file_calls.Chunks) -> None:
+        """Write a regular file from an iterable or async iterable of chunks (bytes,
+        bytearray, memoryview or str, which is UTF-8 encoded), creating parent folders;
+        same rules as `write_file`.
 
         unix_local and docker never hold the whole file (docker spools it to a temporary
         file first, as its archive needs the size up front); elsewhere the chunks are
         joined, then written. If `chunks` fails, its error propagates and the file may
         hold part of the data."""
-        self._require_running()
-        await self._durable_guard()
-        path = files.check_path(path)
-        await self._write_file_chunks(path, files.chunks_of(chunks, path))
+        await self._file_calls.write_file_chunks(path, chunks)
 
-    # ---- workspace -----------------------------------------------------------------
-    # File operations, archives, ports and snapshots (`sandbox.workspace`; the rules are
-    # in docs/workspaces.md). Paths follow the file calls' rules: relative ones are in
-    # the workspace, nothing outside it is reached.
+    # ---- workspace (`WorkspaceCalls`; the rules are in docs/workspaces.md) ----------
+    # Paths follow the file calls' rules: relative ones are in the workspace, nothing
+    # outside it is reached.
 
     async def stat(self, path: str) -> FileInfo:
         """What `path` names (a symlink is described, not followed): a `FileInfo`.
         `SandboxFileNotFoundError` when nothing is there."""
-        self._require_running()
-        return await self._stat(files.check_path(path))
+        return await self._workspace_calls.stat(path)
 
     async def list_dir(self, path: str = ".") -> list[FileInfo]:
         """The entries of the directory `path` (not `.`/`..`), sorted by name."""
-        self._require_running()
-        entries = await self._list_dir(files.check_path(path))
-        return sorted(entries, key=lambda info: info.name)
+        return await self._workspace_calls.list_dir(path)
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file, symlink (not its target) or directory; a non-empty directory
         needs `recursive=True` (else `InvalidArgumentError`, nothing removed).
         `SandboxFileNotFoundError` when nothing is there."""
-        self._require_running()
-        await self._remove(files.check_path(path), ws_calls.check_flag(recursive, "recursive"))
+        await self._workspace_calls.remove(path, recursive)
 
     async def make_dir(self, path: str, *, parents: bool = True) -> None:
         """Make the directory `path`; with `parents` (the default) missing parents are
         made and an existing directory is fine, like `mkdir -p`."""
-        self._require_running()
-        await self._make_dir(files.check_path(path), ws_calls.check_flag(parents, "parents"))
+        await self._workspace_calls.make_dir(path, parents)
 
     def persist_workspace(self, path: str = ".") -> AsyncIterator[bytes]:
         """Stream the workspace (or the subtree `path`) as a POSIX pax tar: relative
         member names, modes, symlinks (stored, not followed) and empty directories
         kept; FIFOs, sockets and devices left out. Memory stays bounded."""
-        self._require_running()
-        return self._persist_workspace(files.check_path(path))
+        return self._workspace_calls.persist_workspace(path)
 
     async def hydrate_workspace(
         self,
-        chunks: AsyncIterable[bytes | bytearray | memoryview]
-        | Iterable[bytes | bytearray | memoryview],
+        chunks: workspace_calls.Archive,
         path: str = ".",
         *,
         max_members: int = ws_extract.DEFAULT_MAX_MEMBERS,
@@ -464,27 +388,19 @@ class BaseSandboxSession(SessionHooks[H]):
         links, devices, FIFOs and members through a symlink the archive made are refused
         with an `InvalidArgumentError` naming the member, before it lands; so are more
         than `max_members` members or `max_bytes` of file data."""
-        self._require_running()
-        root = files.check_path(path)
-        limits = (
-            ws_calls.check_limit(max_members, "max_members"),
-            ws_calls.check_limit(max_bytes, "max_bytes"),
-        )
-        return await self._hydrate_workspace(ws_calls.archive_chunks(chunks), root, *limits)
+        return await self._workspace_calls.hydrate_workspace(chunks, path, max_members, max_bytes)
 
     async def expose_port(self, port: int) -> ExposedPort:
         """How a client outside the sandbox reaches a server listening on `port`
         inside: an `ExposedPort` (url, host, port, tls, headers to send). A port the
         backend cannot expose is an `UnsupportedOperationError` saying why."""
-        self._require_running()
-        return await self._expose_port(ws_ports.check_port(port))
+        return await self._workspace_calls.expose_port(port)
 
     async def snapshot(self) -> SnapshotRef:
         """Snapshot the sandbox with the provider's own means (docker: an image); open
         it later with `open_session(backend, snapshot=ref)`. Backends without one raise
         `UnsupportedOperationError` (`persist_workspace` is the portable way)."""
-        self._require_running()
-        return await self._snapshot()
+        return await self._workspace_calls.snapshot()
 
     # ---- the PTY API ---------------------------------------------------------------
 
@@ -537,26 +453,9 @@ class BaseSandboxSession(SessionHooks[H]):
         screen_pattern = check_until_screen(until_screen, spec.screen)
         if screen_pattern is not None:
             check_screen_cells(rows, cols)
-
-        entry, victim = await self._processes.reserve(
-            spec,
-            check_open=self._require_running,
-            name_taken=self._recordings.name_taken if spec.tty and record is None else None,
+        return await self._pty.start(
+            spec, window, pattern, max_tokens, screen_pattern, record, record_input
         )
-
-        def prepare() -> None:  # after the victim went, before the spawn
-            if spec.tty:
-                self._recordings.start(entry, record, record_input, closed=self._closed_error())
-
-        await self._owned.start_process(entry, victim, prepare=prepare, spawn=self._spawn_process)
-        try:
-            async with entry.call_lock:
-                return await self._collect(
-                    entry, window, pattern, max_tokens, until_screen=screen_pattern
-                )
-        except asyncio.CancelledError:
-            await self._owned.discard(entry)
-            raise
 
     async def pty_write_stdin(
         self,
@@ -586,80 +485,18 @@ class BaseSandboxSession(SessionHooks[H]):
             )
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
-        entry = self._lookup(process_id)
-        await self._durable_guard()
-        screen_pattern = check_until_screen(until_screen, entry.screen is not None)
-        if screen_pattern is not None and entry.screen is not None:
-            entry.screen.check_size()
-        if data and not entry.tty:
-            raise StdinClosedError(
-                f"process {process_id} was started with tty=False, so its stdin is closed; "
-                "start it with tty=True to write to it (empty chars still polls it)"
-            )
-        if data and entry.call_lock.locked():
-            # Keystrokes must not wait behind a long poll of the same process: the poll
-            # ends now with what it has, then this write runs.
-            entry.preempt_poll()
-        async with entry.call_lock:
-            if entry.removed:
-                raise self._gone(entry)
-            entry.touch()
-            unwritten = 0
-            window_end = asyncio.get_running_loop().time() + window
-            if data:
-                if entry.exited:
-                    raise ProcessExitedError(
-                        f"process {process_id} has exited; poll it with empty chars to "
-                        "collect its remaining output and exit code"
-                    )
-                entry.record_input(data)
-                unwritten = await write_within(
-                    entry,
-                    data,
-                    window_end,
-                    write_nowait=self._write_stdin_nowait,
-                    write=self._write_stdin,
-                    gone=self._gone,
-                )
-            remaining = max(0.0, window_end - asyncio.get_running_loop().time())
-            update = await self._collect(
-                entry, remaining, pattern, max_tokens, poll=not data, until_screen=screen_pattern
-            )
-            if unwritten:
-                update = dataclasses.replace(update, unwritten_bytes=unwritten)
-            return update
+        return await self._pty.write(process_id, data, window, pattern, max_tokens, until_screen)
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
         cannot, `InvalidArgumentError` for a process without a terminal)."""
         arguments.check_terminal_size(rows, cols)
-        entry = self._lookup(process_id)
-        await self._durable_guard()
-        if not entry.tty:
-            raise InvalidArgumentError(f"process {process_id} has no terminal (tty=False)")
-        entry.touch()
-        if entry.exited:
-            return
-        await self._resize(entry, rows, cols)
-        entry.resize_terminal(rows, cols)
+        await self._pty.resize(process_id, rows, cols)
 
     async def pty_interrupt(self, process_id: int) -> None:
         """Send Ctrl-C: the interrupt character on a terminal, SIGINT to a pipe process's
         group. Does not wait for a window: poll afterwards to see the effect."""
-        entry = self._lookup(process_id)
-        await self._durable_guard()
-        entry.touch()
-        if entry.exited:
-            return
-        write = entry.write_task
-        if write is not None and not write.done():
-            # Ctrl-C never queues behind input the process is not reading: the pending
-            # write ends (its caller learns how much was not written), then this goes.
-            write.cancel()
-            await asyncio.wait({write})
-        if entry.tty:
-            entry.record_input(b"\x03")
-        await self._interrupt(entry)
+        await self._pty.interrupt(process_id)
 
     async def pty_screen(self, process_id: int) -> ScreenSnapshot:
         """The rendered screen of a tty process: what a person at its terminal would see
@@ -668,16 +505,7 @@ class BaseSandboxSession(SessionHooks[H]):
         `InvalidArgumentError` for a process without a terminal or started with
         `screen=False`. Does not wait for a write or a poll in progress.
         """
-        entry = self._lookup(process_id)
-        screen = entry.screen
-        if screen is None:
-            if not entry.tty:
-                raise InvalidArgumentError(
-                    f"process {process_id} has no terminal (tty=False), so no screen"
-                )
-            raise InvalidArgumentError(f"process {process_id} was started with screen=False")
-        entry.touch()
-        return await screen.render(SCREEN_CHECK_SLICE_S)
+        return await self._pty.screen(process_id)
 
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
@@ -723,14 +551,7 @@ class BaseSandboxSession(SessionHooks[H]):
         its caller is cancelled (then `ref()` still returns the ref)."""
         self._require_running()
         await self._durable_guard()
-        self._state = SessionState.CLOSING
-        detaching = asyncio.ensure_future(durable_ops.detach_everything(self))
-        self._closing = detaching
-        try:
-            await settle(detaching)
-        finally:
-            self._state = SessionState.CLOSED
-        return detaching.result()
+        return await self._run_closing(durable_ops.detach_everything(self))
 
     async def _durable_guard(self) -> None:
         await durable_ops.guard(self)
@@ -740,29 +561,13 @@ class BaseSandboxSession(SessionHooks[H]):
         if self._state is SessionState.RUNNING:
             durable_ops.changed(self)
 
-    async def _durable_undo_start(self) -> None:
-        # A start that failed or was cancelled: a resume lets go (the sandbox stays the
-        # ref's), a fresh start stops what it made.
-        if self._durable.resuming:
-            await durable_ops.abandon_resume(self)
-        else:
-            await self._stop_backend()
-
     # ---- what the calls share ------------------------------------------------------
-
-    def _closed_error(self) -> SessionClosedError:
-        return closed_error(self.backend_name)
 
     def _is_closing(self) -> bool:
         return self._state in (SessionState.CLOSING, SessionState.CLOSED)
 
-    def _gone(self, entry: PtyEntry[H]) -> SandboxError:
-        """The error for a call that finds its process removed while it waited."""
-        return self._closed_error() if self._is_closing() else self._processes.gone(entry)
-
     def _lookup(self, process_id: int) -> PtyEntry[H]:
-        self._require_running()
-        return self._processes.lookup(process_id)
+        return self._pty.lookup(process_id)
 
     def __del__(self) -> None:
         # Like an unclosed aiohttp session: say so, and let the backend kill what it can
@@ -780,29 +585,3 @@ class BaseSandboxSession(SessionHooks[H]):
         )
         with contextlib.suppress(Exception):
             self._abandon(self._processes.entries())
-
-    # ---- collection windows --------------------------------------------------------
-
-    async def _collect(
-        self,
-        entry: PtyEntry[H],
-        window_s: float,
-        until: UntilPattern | None,
-        max_tokens: int | None,
-        *,
-        poll: bool = False,
-        until_screen: UntilPattern | None = None,
-    ) -> PtyUpdate:
-        """One window over `entry` (`windows.collect_window`); a finished entry leaves."""
-        update, finished = await collect_window(
-            entry,
-            window_s,
-            until,
-            max_tokens,
-            final_drain=self._final_drain,
-            poll=poll,
-            until_screen=until_screen,
-        )
-        if finished:
-            await self._owned.discard(entry)
-        return update

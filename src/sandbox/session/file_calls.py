@@ -1,0 +1,79 @@
+"""`FileCalls`: the session's file calls, from the caller's arguments to the backend's hook.
+
+Each call checks that the session may be used (`ready`, then the durable `guard` where
+the call changes or reads state another client could have taken over), checks its
+arguments (`sandbox.files.arguments`), then calls one file hook of `SessionHooks`. The
+bound a backend cannot apply before reading (`FileTooLargeError` on the returned
+length) and the re-cutting of chunks a backend made too long are done here, for every
+backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+from .. import arguments
+from ..errors import FileTooLargeError
+from ..files import arguments as files
+from .hooks import SessionHooks
+
+Chunks = (
+    AsyncIterable[bytes | bytearray | memoryview | str]
+    | Iterable[bytes | bytearray | memoryview | str]
+)
+
+
+class FileCalls:
+    """`read_file`, `write_file`, `read_file_chunks`, `write_file_chunks` over `hooks`.
+
+    `ready()` raises when the session is not running; `guard()` when another client
+    took the sandbox over. The default read limit is `hooks.read_limit_bytes`, read at
+    each call (it is the session's option)."""
+
+    def __init__(
+        self,
+        hooks: SessionHooks[Any],
+        *,
+        ready: Callable[[], None],
+        guard: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._hooks = hooks
+        self._ready = ready
+        self._guard = guard
+
+    async def _enter(self) -> None:
+        self._ready()
+        await self._guard()
+
+    async def read_file(self, path: str, max_bytes: int | None) -> bytes:
+        """`BaseSandboxSession.read_file`."""
+        await self._enter()
+        path = files.check_path(path)
+        limit = self._hooks.read_limit_bytes
+        if max_bytes is not None:
+            limit = files.check_byte_count(max_bytes, "max_bytes")
+        data = await self._hooks._read_file(path, limit)
+        if len(data) > limit:  # backends that cannot tell the size first
+            raise FileTooLargeError.over(path, len(data), limit)
+        return data
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """`BaseSandboxSession.write_file`."""
+        await self._enter()
+        path = files.check_path(path)
+        payload = arguments.to_input_bytes(data)
+        await self._hooks._write_file(path, payload)
+
+    def read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
+        """`BaseSandboxSession.read_file_chunks` (a plain call: it returns the stream)."""
+        self._ready()
+        path = files.check_path(path)
+        size = files.check_chunk_size(chunk_size)
+        return files.at_most(self._hooks._read_file_chunks(path, size), size)
+
+    async def write_file_chunks(self, path: str, chunks: Chunks) -> None:
+        """`BaseSandboxSession.write_file_chunks`."""
+        await self._enter()
+        path = files.check_path(path)
+        await self._hooks._write_file_chunks(path, files.chunks_of(chunks, path))

@@ -1,0 +1,232 @@
+"""`PtyCalls`: the work of the session's `pty_*` calls once their arguments are checked.
+
+A start reserves an id (settling the pruned victim), opens the recording, spawns
+through `OwnedTasks` and collects the first window; a write writes within the window
+(`write_within`) and collects the rest of it; resize, interrupt and screen look the
+process up and call one hook. The session checks the arguments first (they are its
+public signature's meaning); the registry, the owned tasks and the recordings each keep
+their own state, and the hooks are looked up at each call (a test's `HookGate` may wrap
+one on the session later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Generic
+
+from ..errors import (
+    InvalidArgumentError,
+    ProcessExitedError,
+    SandboxError,
+    SessionClosedError,
+    StdinClosedError,
+)
+from ..output.until import UntilPattern
+from ..process_entry import H, ProcessSpec, PtyEntry
+from ..types import PtyUpdate
+from .hooks import SessionHooks
+from .ownership import OwnedTasks, closed_error
+from .recordings import Recordings
+from .registry import ProcessRegistry
+from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
+from .writes import write_within
+
+if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
+    from ..terminal.screen import ScreenSnapshot
+
+
+class PtyCalls(Generic[H]):
+    """The `pty_*` work of one session over its collaborators and `hooks`.
+
+    `ready()` raises when the session is not running, `guard()` when another client
+    took it over, and `closing()` says whether the session is closing (a removed
+    process is then reported as the session's close)."""
+
+    def __init__(
+        self,
+        hooks: SessionHooks[H],
+        processes: ProcessRegistry[H],
+        owned: OwnedTasks[H],
+        recordings: Recordings,
+        *,
+        ready: Callable[[], None],
+        guard: Callable[[], Awaitable[None]],
+        closing: Callable[[], bool],
+    ) -> None:
+        self._hooks = hooks
+        self._processes = processes
+        self._owned = owned
+        self._recordings = recordings
+        self._ready = ready
+        self._guard = guard
+        self._closing = closing
+
+    def closed_error(self) -> SessionClosedError:
+        """The error a call gets when the session closed under it."""
+        return closed_error(self._hooks.backend_name)
+
+    def gone(self, entry: PtyEntry[H]) -> SandboxError:
+        """The error for a call that finds its process removed while it waited."""
+        return self.closed_error() if self._closing() else self._processes.gone(entry)
+
+    def lookup(self, process_id: int) -> PtyEntry[H]:
+        """The registered entry of `process_id` (the session must be running)."""
+        self._ready()
+        return self._processes.lookup(process_id)
+
+    async def start(
+        self,
+        spec: ProcessSpec,
+        window: float,
+        until: UntilPattern | None,
+        max_tokens: int | None,
+        until_screen: UntilPattern | None,
+        record: str | os.PathLike[str] | None,
+        record_input: bool,
+    ) -> PtyUpdate:
+        """`pty_exec_start` after its checks: reserve, (settle the victim), record,
+        spawn, admit, then the first window. A cancelled caller tears the process down:
+        nobody would know its id."""
+        entry, victim = await self._processes.reserve(
+            spec,
+            check_open=self._ready,
+            name_taken=self._recordings.name_taken if spec.tty and record is None else None,
+        )
+
+        def prepare() -> None:  # after the victim went, before the spawn
+            if spec.tty:
+                self._recordings.start(entry, record, record_input, closed=self.closed_error())
+
+        hooks = self._hooks
+        await self._owned.start_process(entry, victim, prepare=prepare, spawn=hooks._spawn_process)
+        try:
+            async with entry.call_lock:
+                return await self.collect(
+                    entry, window, until, max_tokens, until_screen=until_screen
+                )
+        except asyncio.CancelledError:
+            await self._owned.discard(entry)
+            raise
+
+    async def write(
+        self,
+        process_id: int,
+        data: bytes,
+        window: float,
+        until: UntilPattern | None,
+        max_tokens: int | None,
+        until_screen: object,
+    ) -> PtyUpdate:
+        """`pty_write_stdin` after its argument checks: `data` written within the window
+        (empty: a poll), then the rest of the window collected."""
+        entry = self.lookup(process_id)
+        await self._guard()
+        screen_pattern = check_until_screen(until_screen, entry.screen is not None)
+        if screen_pattern is not None and entry.screen is not None:
+            entry.screen.check_size()
+        if data and not entry.tty:
+            raise StdinClosedError(
+                f"process {process_id} was started with tty=False, so its stdin is closed; "
+                "start it with tty=True to write to it (empty chars still polls it)"
+            )
+        if data and entry.call_lock.locked():
+            # Keystrokes must not wait behind a long poll of the same process: the poll
+            # ends now with what it has, then this write runs.
+            entry.preempt_poll()
+        async with entry.call_lock:
+            if entry.removed:
+                raise self.gone(entry)
+            entry.touch()
+            unwritten = 0
+            window_end = asyncio.get_running_loop().time() + window
+            if data:
+                if entry.exited:
+                    raise ProcessExitedError(
+                        f"process {process_id} has exited; poll it with empty chars to "
+                        "collect its remaining output and exit code"
+                    )
+                entry.record_input(data)
+                unwritten = await write_within(
+                    entry,
+                    data,
+                    window_end,
+                    write_nowait=self._hooks._write_stdin_nowait,
+                    write=self._hooks._write_stdin,
+                    gone=self.gone,
+                )
+            remaining = max(0.0, window_end - asyncio.get_running_loop().time())
+            update = await self.collect(
+                entry, remaining, until, max_tokens, poll=not data, until_screen=screen_pattern
+            )
+            if unwritten:
+                update = dataclasses.replace(update, unwritten_bytes=unwritten)
+            return update
+
+    async def resize(self, process_id: int, rows: int, cols: int) -> None:
+        """`pty_resize` after its size check."""
+        entry = self.lookup(process_id)
+        await self._guard()
+        if not entry.tty:
+            raise InvalidArgumentError(f"process {process_id} has no terminal (tty=False)")
+        entry.touch()
+        if entry.exited:
+            return
+        await self._hooks._resize(entry, rows, cols)
+        entry.resize_terminal(rows, cols)
+
+    async def interrupt(self, process_id: int) -> None:
+        """`pty_interrupt`: a pending write ends first, then the hook."""
+        entry = self.lookup(process_id)
+        await self._guard()
+        entry.touch()
+        if entry.exited:
+            return
+        write = entry.write_task
+        if write is not None and not write.done():
+            # Ctrl-C never queues behind input the process is not reading: the pending
+            # write ends (its caller learns how much was not written), then this goes.
+            write.cancel()
+            await asyncio.wait({write})
+        if entry.tty:
+            entry.record_input(b"\x03")
+        await self._hooks._interrupt(entry)
+
+    async def screen(self, process_id: int) -> ScreenSnapshot:
+        """`pty_screen`: the entry's screen rendered a slice at a time."""
+        entry = self.lookup(process_id)
+        screen = entry.screen
+        if screen is None:
+            if not entry.tty:
+                raise InvalidArgumentError(
+                    f"process {process_id} has no terminal (tty=False), so no screen"
+                )
+            raise InvalidArgumentError(f"process {process_id} was started with screen=False")
+        entry.touch()
+        return await screen.render(SCREEN_CHECK_SLICE_S)
+
+    async def collect(
+        self,
+        entry: PtyEntry[H],
+        window_s: float,
+        until: UntilPattern | None,
+        max_tokens: int | None,
+        *,
+        poll: bool = False,
+        until_screen: UntilPattern | None = None,
+    ) -> PtyUpdate:
+        """One window over `entry` (`windows.collect_window`); a finished entry leaves."""
+        update, finished = await collect_window(
+            entry,
+            window_s,
+            until,
+            max_tokens,
+            final_drain=self._hooks._final_drain,
+            poll=poll,
+            until_screen=until_screen,
+        )
+        if finished:
+            await self._owned.discard(entry)
+        return update
