@@ -7,7 +7,8 @@ run here):
 
 - control plane, under `api_url` (`http://127.0.0.1:<port>/v0`):
   `POST /sandboxes[?createIfNotExist=true]`, `GET /sandboxes/{name}`,
-  `DELETE /sandboxes/{name}` (which kills everything the sandbox runs);
+  `DELETE /sandboxes/{name}` (which kills everything the sandbox runs), the previews,
+  and snapshots (see "Snapshots");
 - sandbox API, under each sandbox's `metadata.url`
   (`http://127.0.0.1:<port>/run/<workspace>/sandboxes/<name>`):
   `POST /process` (with `waitForCompletion`, `timeout`, `env`, `workingDir`),
@@ -61,6 +62,30 @@ behaviour has a knob that restores the stand-in's older one:
   an invalid or split UTF-8 sequence with one U+FFFD
   (`go_utf8=False`: an incremental decoder that never splits a character). Frames are
   further cut to at most `output_frame_chars` characters.
+
+Snapshots (blaxel==0.4.24 `core/sandbox/default/snapshot.py`, `core/snapshot/snapshot.py`,
+the generated `client/api/compute/*snapshot*.py` and `client/models/sandbox_snapshot*.py`;
+the states from blaxel-ai/sdk-python's integration test
+`test_workspace_snapshots.py`): `POST /sandboxes/{name}/snapshots` answers the record
+at once with status "pending" (409 for a name the sandbox's snapshots already use,
+404 for an unknown sandbox); the capture runs beside it and the status becomes "ready"
+(or "failed"). `GET /snapshots/{id}`, `GET /sandboxes/{name}/snapshots`,
+`DELETE /snapshots/{id}` and `DELETE /sandboxes/{name}/snapshots/{id}` (204; 404
+`NOT_FOUND` when unknown); a snapshot outlives its sandbox (`source.deleted`).
+`POST /snapshots/{id}/fork` with `{targetName, targetType: "sandbox"}` makes the
+sandbox at once, status "DEPLOYING", answers `{name, snapshotId, type}`, and puts the
+snapshot's files in place before the status becomes "DEPLOYED" (a fork of a snapshot
+not "ready" is refused with 409: an assumption; a fork into an application is not
+modelled). A stand-in sandbox is this machine, so "its files" are one folder, the
+`workdir` knob (default None: snapshots hold nothing): a snapshot copies that tree
+(symlinks as links, modes kept, FIFOs made anew, sockets and devices left out), a fork
+replaces the folder's contents with it, and deleting the last sandbox removes the
+folder (its filesystem goes with it). Every sandbox of one server shares the folder.
+Fault points: `snapshot_create`, `snapshot_get`, `snapshot_delete`, `snapshot_fork` (a
+gate with `after=True` on `snapshot_create` or `snapshot_fork` holds the answer of a
+snapshot or fork already made), `snapshot_capture` (a stall keeps a snapshot
+"pending", a planned failure makes it "failed") and `fork_deploy` (likewise
+"DEPLOYING" or "FAILED").
 
 Authentication: HTTP calls must carry `X-Blaxel-Authorization: Bearer <api_key>` (and,
 on the control plane, `X-Blaxel-Workspace`); the terminal checks `?token=`. The access
@@ -1976,26 +2001,6 @@ def _write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-__all__ = [
-    "ANSI_RESET",
-    "ENDPOINTS",
-    "FLOOD_LIMIT",
-    "GARBAGE_FRAMES",
-    "GET_OUTPUT_TAIL",
-    "OUTPUT_RETAIN",
-    "PREVIEW_TOKEN_HEADER",
-    "TERMINAL_CLEANUP_S",
-    "TERMINAL_IDLE_S",
-    "TERMINAL_RING_BYTES",
-    "BlaxelServer",
-    "FakeSandbox",
-    "FloodingPeer",
-    "TerminalFault",
-    "TricklingPeer",
-    "go_terminal_text",
-]
-
-
 def _copy_files(source: str | None, target: str) -> None:
     """Copy a workdir tree as a snapshot keeps it: symlinks as links, modes and times
     kept, FIFOs made anew (never opened), sockets and devices left out. No source (or
@@ -2018,3 +2023,24 @@ def _restore_files(folder: str, workdir: str) -> None:
     """Make `workdir` hold exactly the snapshot's files."""
     shutil.rmtree(workdir, ignore_errors=True)
     _copy_files(folder, workdir)
+
+
+__all__ = [
+    "ANSI_RESET",
+    "ENDPOINTS",
+    "FLOOD_LIMIT",
+    "GARBAGE_FRAMES",
+    "GET_OUTPUT_TAIL",
+    "OUTPUT_RETAIN",
+    "PREVIEW_TOKEN_HEADER",
+    "TERMINAL_CLEANUP_S",
+    "TERMINAL_IDLE_S",
+    "TERMINAL_RING_BYTES",
+    "BlaxelServer",
+    "FakeSandbox",
+    "FakeSnapshot",
+    "FloodingPeer",
+    "TerminalFault",
+    "TricklingPeer",
+    "go_terminal_text",
+]

@@ -10,17 +10,19 @@ preview `preview-<port>`, private (the SDK's default), found again if it already
 ("or, for browser navigation, the `bl_preview_token` query parameter"). The token is a
 secret: it travels only in `ExposedPort.headers`, which the repr hides.
 
-Snapshots: `sandbox.snapshots.create(name)` (`POST /sandboxes/{name}/snapshots`)
-answers a `SandboxSnapshot` at once; its `status` is "pending", then "ready" or
-"failed" (the model's own list), and "only a ready snapshot holds the filesystem it
-captured" (blaxel-ai/sdk-python `tests/integration/core/sandbox/test_workspace_snapshots.py`,
-which polls `Snapshot.get(id)` until "ready"). So `take_snapshot` polls the same way
+Snapshots: `snapshots.create(name)` on the SDK's sandbox
+(`POST /sandboxes/{name}/snapshots`) answers a `SandboxSnapshot` at once; its
+`status` is "pending", then "ready" or "failed" (the model's own list), and "only a
+ready snapshot holds the filesystem it captured" (blaxel-ai/sdk-python's integration
+test `test_workspace_snapshots.py`, which polls `Snapshot.get(id)` until "ready").
+So `take_snapshot` polls the same way
 (`GET /snapshots/{id}`, a growing interval, at most `SNAPSHOT_READY_TIMEOUT_S`). A
 snapshot is a workspace resource: it outlives the sandbox (`Snapshot` docstring), and
 `Snapshot.fork(target_name)` (`POST /snapshots/{id}/fork`) "works after the sandbox the
-snapshot was captured from has been deleted", so `open_fork` forks by the snapshot,
-never by its source. The fork answers before the new sandbox is up (the SDK's own fork
-test waits for DEPLOYED): `open_fork` polls `SandboxInstance.get` until it is. The
+snapshot was captured from has been deleted", so `fork` forks by the snapshot, never
+by its source; it is the creating call, which the session runs as its own task. The
+fork answers before the new sandbox is up (the SDKs' fork tests wait for DEPLOYED):
+`bind_when_deployed` polls `SandboxInstance.get` until it is. The
 snapshot's name is ours (`sandbox-pty-snapshot-<random>`: unique among the sandbox's
 snapshots, as the API asks); the ref holds its id (what the workspace routes take),
 its name, the source sandbox and the workdir, nothing secret.
