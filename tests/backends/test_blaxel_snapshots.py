@@ -111,7 +111,7 @@ async def test_a_snapshot_that_failed_is_an_error_and_is_deleted(
 ) -> None:
     async with sandbox.open_session("blaxel", **options(server, tmp_path)) as session:
         server.fail("snapshot_capture", 500)
-        with pytest.raises(sandbox.ProviderError, match="is failed"):
+        with pytest.raises(sandbox.ProviderError, match="ended 'failed'"):
             await session.snapshot()
         assert server.snapshots == {}
         server.fail("snapshot_create", 404)

@@ -152,7 +152,7 @@ async def take_snapshot(client: BlaxelClient, sandbox_name: str, workdir: str) -
     if _status(record) != "ready":
         await _delete_quietly(client, str(made.id))
         raise ProviderError(
-            f"could not {what}: the snapshot {made.id} is {_status(record) or 'unknown'}",
+            f"could not {what}: the snapshot {made.id} ended {_status(record) or 'unknown'!r}",
             retryable=True,
         )
     details = {"name": str(record.name), "sandbox": sandbox_name, "workdir": workdir}
