@@ -7,7 +7,8 @@ run here):
 
 - control plane, under `api_url` (`http://127.0.0.1:<port>/v0`):
   `POST /sandboxes[?createIfNotExist=true]`, `GET /sandboxes/{name}`,
-  `DELETE /sandboxes/{name}` (which kills everything the sandbox runs);
+  `DELETE /sandboxes/{name}` (which kills everything the sandbox runs), the previews,
+  and snapshots (see "Snapshots");
 - sandbox API, under each sandbox's `metadata.url`
   (`http://127.0.0.1:<port>/run/<workspace>/sandboxes/<name>`):
   `POST /process` (with `waitForCompletion`, `timeout`, `env`, `workingDir`),
@@ -61,6 +62,30 @@ behaviour has a knob that restores the stand-in's older one:
   an invalid or split UTF-8 sequence with one U+FFFD
   (`go_utf8=False`: an incremental decoder that never splits a character). Frames are
   further cut to at most `output_frame_chars` characters.
+
+Snapshots (blaxel==0.4.24 `core/sandbox/default/snapshot.py`, `core/snapshot/snapshot.py`,
+the generated `client/api/compute/*snapshot*.py` and `client/models/sandbox_snapshot*.py`;
+the states from blaxel-ai/sdk-python's integration test
+`test_workspace_snapshots.py`): `POST /sandboxes/{name}/snapshots` answers the record
+at once with status "pending" (409 for a name the sandbox's snapshots already use,
+404 for an unknown sandbox); the capture runs beside it and the status becomes "ready"
+(or "failed"). `GET /snapshots/{id}`, `GET /sandboxes/{name}/snapshots`,
+`DELETE /snapshots/{id}` and `DELETE /sandboxes/{name}/snapshots/{id}` (204; 404
+`NOT_FOUND` when unknown); a snapshot outlives its sandbox (`source.deleted`).
+`POST /snapshots/{id}/fork` with `{targetName, targetType: "sandbox"}` makes the
+sandbox at once, status "DEPLOYING", answers `{name, snapshotId, type}`, and puts the
+snapshot's files in place before the status becomes "DEPLOYED" (a fork of a snapshot
+not "ready" is refused with 409: an assumption; a fork into an application is not
+modelled). A stand-in sandbox is this machine, so "its files" are one folder, the
+`workdir` knob (default None: snapshots hold nothing): a snapshot copies that tree
+(symlinks as links, modes kept, FIFOs made anew, sockets and devices left out), a fork
+replaces the folder's contents with it, and deleting the last sandbox removes the
+folder (its filesystem goes with it). Every sandbox of one server shares the folder.
+Fault points: `snapshot_create`, `snapshot_get`, `snapshot_delete`, `snapshot_fork` (a
+gate with `after=True` on `snapshot_create` or `snapshot_fork` holds the answer of a
+snapshot or fork already made), `snapshot_capture` (a stall keeps a snapshot
+"pending", a planned failure makes it "failed") and `fork_deploy` (likewise
+"DEPLOYING" or "FAILED").
 
 Authentication: HTTP calls must carry `X-Blaxel-Authorization: Bearer <api_key>` (and,
 on the control plane, `X-Blaxel-Workspace`); the terminal checks `?token=`. The access
@@ -154,6 +179,12 @@ ENDPOINTS = (
     "terminal",
     "terminal_output",
     "terminal_input",
+    "snapshot_create",
+    "snapshot_get",
+    "snapshot_delete",
+    "snapshot_fork",
+    "snapshot_capture",
+    "fork_deploy",
 )
 
 # Frames mixed into terminal output with `quirks=True`: none of them is a valid frame.
@@ -199,7 +230,10 @@ TERMINAL_IDLE_S = 10 * 60.0
 TERMINAL_CLEANUP_S = 30.0
 # The header a private preview's token travels in (blaxel==0.4.24 `SandboxPreviewToken`).
 PREVIEW_TOKEN_HEADER = "X-Blaxel-Preview-Token"
-_CONTROL_ENDPOINTS = frozenset({"create", "get", "delete"})
+_CONTROL_ENDPOINTS = frozenset(
+    {"create", "get", "delete", "snapshot_create", "snapshot_get", "snapshot_delete"}
+    | {"snapshot_fork"}
+)
 
 
 def _go_replace(error: UnicodeError) -> tuple[str, int]:
@@ -427,6 +461,16 @@ class FakeSandbox:
     previews: dict[str, tuple[dict[str, Any], PreviewProxy]] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class FakeSnapshot:
+    """A snapshot of the server: its record (blaxel==0.4.24 `SandboxSnapshot`) and the
+    folder holding the files it captured (the `workdir` tree, once it is "ready")."""
+
+    id: str
+    record: dict[str, Any]
+    folder: str
+
+
 class BlaxelServer:
     """The loopback Blaxel server (see the module docstring). Use it as
     `async with BlaxelServer(...) as server:`, or `await start()` / `await close()`."""
@@ -450,6 +494,7 @@ class BlaxelServer:
         read_size: int = 4096,
         terminal_idle_s: float = TERMINAL_IDLE_S,
         terminal_cleanup_s: float = TERMINAL_CLEANUP_S,
+        workdir: str | None = None,
     ) -> None:
         self.api_key = api_key or f"bl-test-{secrets.token_hex(16)}"
         self.workspace = workspace
@@ -472,6 +517,12 @@ class BlaxelServer:
         self.terminal_idle_s = terminal_idle_s
         self.terminal_cleanup_s = terminal_cleanup_s
         self._cleanup: asyncio.Task[None] | None = None
+        # The folder standing in for each sandbox's own files (see "Snapshots").
+        self.workdir = os.path.realpath(workdir) if workdir is not None else None
+        self.snapshots: dict[str, FakeSnapshot] = {}
+        self._snapshot_root = ""
+        # Captures and fork deployments under way (they outlive their request).
+        self._background: set[asyncio.Task[None]] = set()
         # Deleted sandboxes: `GET` still answers them, status TERMINATED (the SDK,
         # `SandboxInstance.get`: "until its terminated_retention (5 minutes by default)").
         self.terminated: dict[str, dict[str, Any]] = {}
@@ -508,6 +559,7 @@ class BlaxelServer:
     async def start(self) -> None:
         """Bind 127.0.0.1 on a free port and start serving."""
         self.root = self._given_root or tempfile.mkdtemp(prefix="blaxel-server-")
+        self._snapshot_root = tempfile.mkdtemp(prefix="blaxel-snapshots-")
         app = web.Application(client_max_size=64 * 1024 * 1024)
         self._routes(app)
         # No access log: the terminal URL carries the API key in its query.
@@ -529,6 +581,10 @@ class BlaxelServer:
         if cleanup is not None:
             cleanup.cancel()
             await asyncio.gather(cleanup, return_exceptions=True)
+        background, self._background = list(self._background), set()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         for box in list(self.sandboxes.values()):
             await self._destroy(box)
         self.sandboxes.clear()
@@ -537,6 +593,9 @@ class BlaxelServer:
             await runner.cleanup()
         if not self._given_root and self.root:
             shutil.rmtree(self.root, ignore_errors=True)
+        self.snapshots.clear()
+        if self._snapshot_root:
+            shutil.rmtree(self._snapshot_root, ignore_errors=True)
 
     @property
     def url(self) -> str:
@@ -759,6 +818,12 @@ class BlaxelServer:
         app.router.add_get(previews + "/{preview}", self._preview_get)
         app.router.add_delete(previews + "/{preview}", self._preview_delete)
         app.router.add_post(previews + "/{preview}/tokens", self._preview_token)
+        app.router.add_post("/v0/sandboxes/{name}/snapshots", self._snapshot_create)
+        app.router.add_get("/v0/sandboxes/{name}/snapshots", self._snapshot_list)
+        app.router.add_delete("/v0/sandboxes/{name}/snapshots/{id}", self._snapshot_delete)
+        app.router.add_get("/v0/snapshots/{id}", self._snapshot_get)
+        app.router.add_delete("/v0/snapshots/{id}", self._snapshot_delete)
+        app.router.add_post("/v0/snapshots/{id}/fork", self._snapshot_fork)
         app.router.add_post(box + "/process", self._exec)
         app.router.add_get(box + "/process/{id}", self._process_get)
         app.router.add_get(box + "/process/{id}/wait", self._process_wait)
@@ -880,6 +945,13 @@ class BlaxelServer:
             return self._error("delete", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
         await self._destroy(box)
         self.terminated[box.name] = {**box.record, "status": "TERMINATED"}
+        for snap in self.snapshots.values():  # they outlive it (`source.deleted`)
+            if snap.record["sandboxName"] == box.name:
+                snap.record["source"]["deleted"] = True
+        if self.workdir is not None and not self.sandboxes:
+            # The sandbox's filesystem goes with it (the folder is the files of every
+            # sandbox here: it goes with the last one).
+            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
         return web.json_response(self.terminated[box.name])
 
     async def _destroy(self, box: FakeSandbox) -> None:
@@ -984,6 +1056,189 @@ class BlaxelServer:
                 "spec": {"token": token, "expiresAt": expires, "expired": False},
             }
         )
+
+    # ---- snapshots (the control plane's `/sandboxes/{name}/snapshots`, `/snapshots`) ----
+
+    def _in_background(self, work: Any, name: str) -> None:
+        """Run `work` beside the request (the close cancels and awaits it)."""
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _control(self, request: web.Request, endpoint: str) -> web.StreamResponse | None:
+        """The checks of a control-plane call: auth, then the faults (body read first,
+        so a stalled call was received)."""
+        self._record(request)
+        if not self._authorized(request, control=True):
+            return self._unauthorized(endpoint)
+        if request.body_exists:
+            await request.read()
+        return await self._gate(endpoint, request)
+
+    def _snapshot_not_found(self, endpoint: str, ident: str) -> web.Response:
+        return self._error(endpoint, 404, "NOT_FOUND", f"snapshot {ident} not found")
+
+    async def _snapshot_create(self, request: web.Request) -> web.StreamResponse:
+        """`POST /sandboxes/{name}/snapshots` (`SandboxSnapshots.create`): the record
+        at once, status "pending"; the capture runs beside it (`_capture`). 404 for an
+        unknown sandbox, 409 for a name its snapshots already use ("unique among the
+        snapshots of the sandbox it was captured from")."""
+        early = await self._control(request, "snapshot_create")
+        if early is not None:
+            return early
+        box = self.sandboxes.get(request.match_info["name"])
+        if box is None:
+            return self._error("snapshot_create", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        body = await request.json() if request.body_exists else {}
+        snap_id = f"snap_{secrets.token_hex(8)}"
+        name = str((body or {}).get("name") or snap_id)
+        for other in self.snapshots.values():
+            if other.record["sandboxName"] == box.name and other.record["name"] == name:
+                return self._error(
+                    "snapshot_create", 409, "CONFLICT", f"snapshot {name} already exists"
+                )
+        spec = dict(box.record.get("spec") or {})
+        runtime = dict(spec.get("runtime") or {})
+        carried = {
+            "image": runtime.get("image"),
+            "memory": runtime.get("memory"),
+            "region": spec.get("region"),
+        }
+        record: dict[str, Any] = {
+            "id": snap_id,
+            "name": name,
+            "status": "pending",
+            "workspace": self.workspace,
+            "createdAt": _http_date(),
+            "sandboxName": box.name,
+            "source": {"name": box.name, "kind": "sandbox", "deleted": False},
+            "spec": {key: value for key, value in carried.items() if value is not None},
+        }
+        snap = FakeSnapshot(snap_id, record, os.path.join(self._snapshot_root, snap_id))
+        self.snapshots[snap_id] = snap
+        self._in_background(self._capture(snap), f"blaxel-snapshot-{snap_id}")
+        await self._faults.park("snapshot_create", after=True)  # made, the answer held
+        return web.json_response(record)
+
+    async def _capture(self, snap: FakeSnapshot) -> None:
+        """Copy the `workdir` tree into the snapshot, then "ready" ("failed" when a
+        failure of `snapshot_capture` is planned). Parks at `snapshot_capture` first:
+        a stall keeps the snapshot "pending"."""
+        failure = self._faults.take("snapshot_capture")
+        await self._faults.park("snapshot_capture")
+        if self.snapshots.get(snap.id) is not snap:
+            return  # deleted meanwhile
+        if failure is not None:
+            snap.record["status"] = "failed"
+            return
+        try:
+            await asyncio.to_thread(_copy_files, self.workdir, snap.folder)
+        except OSError:
+            snap.record["status"] = "failed"
+            return
+        if self.snapshots.get(snap.id) is not snap:  # deleted while it was copied
+            await asyncio.to_thread(shutil.rmtree, snap.folder, True)
+            return
+        snap.record["status"] = "ready"
+
+    async def _snapshot_get(self, request: web.Request) -> web.StreamResponse:
+        """`GET /snapshots/{id}` (`Snapshot.get`): the record, 404 when unknown."""
+        early = await self._control(request, "snapshot_get")
+        if early is not None:
+            return early
+        snap = self.snapshots.get(request.match_info["id"])
+        if snap is None:
+            return self._snapshot_not_found("snapshot_get", request.match_info["id"])
+        return web.json_response(snap.record)
+
+    async def _snapshot_list(self, request: web.Request) -> web.StreamResponse:
+        """`GET /sandboxes/{name}/snapshots` (`SandboxSnapshots.list`): a bare array."""
+        early = await self._control(request, "snapshot_get")
+        if early is not None:
+            return early
+        name = request.match_info["name"]
+        if name not in self.sandboxes:
+            return self._error("snapshot_get", 404, "WORKLOAD_NOT_FOUND", "Sandbox not found")
+        found = [s.record for s in self.snapshots.values() if s.record["sandboxName"] == name]
+        return web.json_response(found)
+
+    async def _snapshot_delete(self, request: web.Request) -> web.StreamResponse:
+        """`DELETE /snapshots/{id}` (`Snapshot.delete`, workspace-wide) or
+        `DELETE /sandboxes/{name}/snapshots/{id or name}`: 204, 404 when unknown; the
+        files it kept go with it."""
+        early = await self._control(request, "snapshot_delete")
+        if early is not None:
+            return early
+        ident = request.match_info["id"]
+        owner = request.match_info.get("name")
+        snap = self.snapshots.get(ident)
+        if owner is not None:
+            mine = [s for s in self.snapshots.values() if s.record["sandboxName"] == owner]
+            snap = next((s for s in mine if ident in (s.id, s.record["name"])), None)
+        if snap is None:
+            return self._snapshot_not_found("snapshot_delete", ident)
+        del self.snapshots[snap.id]
+        await asyncio.to_thread(shutil.rmtree, snap.folder, True)
+        return web.Response(status=204)
+
+    async def _snapshot_fork(self, request: web.Request) -> web.StreamResponse:
+        """`POST /snapshots/{id}/fork` (`Snapshot.fork`, `SandboxForkRequest`): a new
+        sandbox named `targetName`, "DEPLOYING" until the snapshot's files are in its
+        workdir (`_deploy_fork`), answered at once with `SandboxForkResponse`. 404 for an
+        unknown snapshot, 409 for a name in use; a snapshot not yet "ready" is refused
+        with 409 (an assumption: the public source does not say), a fork into an
+        application with 400 (not modelled)."""
+        early = await self._control(request, "snapshot_fork")
+        if early is not None:
+            return early
+        snap = self.snapshots.get(request.match_info["id"])
+        if snap is None:
+            return self._snapshot_not_found("snapshot_fork", request.match_info["id"])
+        body = await request.json() if request.body_exists else {}
+        target = str((body or {}).get("targetName") or "")
+        kind = str((body or {}).get("targetType") or "sandbox")
+        if not target or kind != "sandbox":
+            return self._error("snapshot_fork", 400, "BAD_REQUEST", "a sandbox target needed")
+        if snap.record["status"] != "ready":
+            return self._error("snapshot_fork", 409, "CONFLICT", f"snapshot {snap.id} not ready")
+        if target in self.sandboxes:
+            return self._error(
+                "snapshot_fork", 409, "SANDBOX_ALREADY_EXISTS", f"{target} already exists"
+            )
+        carried = snap.record.get("spec") or {}
+        runtime = {key: carried[key] for key in ("image", "memory") if key in carried}
+        spec: dict[str, Any] = {"runtime": runtime}
+        if "region" in carried:
+            spec["region"] = carried["region"]
+        metadata = {"name": target, "url": self.sandbox_url(target), "workspace": self.workspace}
+        record = {"metadata": metadata, "spec": spec, "status": "DEPLOYING", "events": []}
+        self.terminated.pop(target, None)
+        box = self.sandboxes[target] = FakeSandbox(target, record)
+        self._in_background(self._deploy_fork(box, snap), f"blaxel-fork-{target}")
+        await self._faults.park("snapshot_fork", after=True)  # made, the answer held
+        return web.json_response({"name": target, "snapshotId": snap.id, "type": "sandbox"})
+
+    async def _deploy_fork(self, box: FakeSandbox, snap: FakeSnapshot) -> None:
+        """Put the snapshot's files in the workdir (replacing what it held), then
+        "DEPLOYED" ("FAILED" when a failure of `fork_deploy` is planned). Parks at
+        `fork_deploy` first: a stall keeps the sandbox "DEPLOYING"."""
+        failure = self._faults.take("fork_deploy")
+        await self._faults.park("fork_deploy")
+        if self.sandboxes.get(box.name) is not box:
+            return  # deleted meanwhile
+        if failure is not None:
+            box.record["status"] = "FAILED"
+            return
+        if self.workdir is not None:
+            try:
+                await asyncio.to_thread(_restore_files, snap.folder, self.workdir)
+            except OSError:
+                box.record["status"] = "FAILED"
+                return
+            if self.sandboxes.get(box.name) is not box and not self.sandboxes:
+                await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+                return
+        box.record["status"] = "DEPLOYED"
 
     # ---- processes ----------------------------------------------------------------------
 
@@ -1746,6 +2001,30 @@ def _write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
+def _copy_files(source: str | None, target: str) -> None:
+    """Copy a workdir tree as a snapshot keeps it: symlinks as links, modes and times
+    kept, FIFOs made anew (never opened), sockets and devices left out. No source (or
+    none there): an empty folder."""
+
+    def copy(src: str, dst: str) -> None:
+        info = os.lstat(src)
+        if stat_module.S_ISFIFO(info.st_mode):
+            os.mkfifo(dst, stat_module.S_IMODE(info.st_mode))
+        elif stat_module.S_ISREG(info.st_mode):
+            shutil.copy2(src, dst, follow_symlinks=False)
+
+    if source is None or not os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+        return
+    shutil.copytree(source, target, symlinks=True, copy_function=copy)
+
+
+def _restore_files(folder: str, workdir: str) -> None:
+    """Make `workdir` hold exactly the snapshot's files."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    _copy_files(folder, workdir)
+
+
 __all__ = [
     "ANSI_RESET",
     "ENDPOINTS",
@@ -1759,6 +2038,7 @@ __all__ = [
     "TERMINAL_RING_BYTES",
     "BlaxelServer",
     "FakeSandbox",
+    "FakeSnapshot",
     "FloodingPeer",
     "TerminalFault",
     "TricklingPeer",

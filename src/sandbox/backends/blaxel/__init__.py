@@ -12,7 +12,8 @@
 - `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
 - `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
   id with their replayed output, the lease in the sandbox.
-- `workspace`: exposed ports (private previews and their tokens).
+- `workspace`: exposed ports (private previews and their tokens) and snapshots
+  (`snapshots.create`, polled until ready; forks of them).
 """
 
 from __future__ import annotations

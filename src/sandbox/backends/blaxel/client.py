@@ -113,18 +113,23 @@ class BlaxelClient:
             error = map_error(exc, what, self.secrets)
         raise error
 
+    def prepare(self) -> None:
+        """Open the terminals' aiohttp session and note the loop (before a create, an
+        attach or a fork; `close` undoes it)."""
+        track_loop(self)
+        self.http = aiohttp.ClientSession()
+
     async def open(self, name: str, config: dict[str, Any], create_timeout: int | None) -> None:
         """Create (or attach to) the sandbox `name` and bind an instance to its URL with
         this session's headers. `close` undoes a half-done open."""
-        track_loop(self)
-        self.http = aiohttp.ClientSession()
+        self.prepare()
         created = await self.call(
             f"create the Blaxel sandbox {name!r}",
             lambda: SandboxInstance.create_if_not_exists(config, timeout=create_timeout),
         )
-        self._bind(created)
+        self.bind(created)
 
-    def _bind(self, found: SandboxInstance) -> None:
+    def bind(self, found: SandboxInstance) -> None:
         """Keep an instance bound to the sandbox's URL with this session's headers."""
         # `process.url` honours the sandbox's own URL and BL_SANDBOXES_<NAME>_URL.
         url: str = found.process.url
@@ -140,8 +145,7 @@ class BlaxelClient:
         Blaxel has no such sandbox, or only its TERMINATED, DELETING or FAILED record
         (`SandboxInstance.get` answers a deleted sandbox with status TERMINATED for a
         while). Never creates one. `close` undoes a half-done attach."""
-        track_loop(self)
-        self.http = aiohttp.ClientSession()
+        self.prepare()
         try:
             found = await self.call(
                 f"find the Blaxel sandbox {name!r}", lambda: SandboxInstance.get(name)
@@ -153,7 +157,7 @@ class BlaxelClient:
         status = str(found.status or "").upper()
         if status in GONE_STATUSES:
             raise SessionGoneError(f"the Blaxel sandbox {name!r} is gone (status {status})")
-        self._bind(found)
+        self.bind(found)
 
     async def delete(self, name: str) -> None:
         """Delete the sandbox `name` (one already gone is fine)."""

@@ -45,10 +45,12 @@ with _logging_untouched():
     from blaxel.core.client.client import client as sdk_client
     from blaxel.core.common.settings import settings as sdk_settings
     from blaxel.core.sandbox import SandboxInstance
+    from blaxel.core.snapshot import Snapshot
 
 __all__ = [
     "CredentialsError",
     "SandboxInstance",
+    "Snapshot",
     "configure_sdk",
     "pool_generated_clients",
     "release_shared_client",

@@ -28,6 +28,7 @@ from ...backend import (
     PtyEntry,
     SessionRef,
     ShellFileOps,
+    SnapshotRef,
     check_env,
     check_seconds,
     check_str,
@@ -40,6 +41,7 @@ from .client import BlaxelClient
 from .execs import BlaxelOneShot, exec_request
 from .files import BlaxelFiles
 from .terminal import Terminal, TerminalOptions, TerminalReader
+from .workspace import NOT_WITH_SNAPSHOT
 
 logger = logging.getLogger("sandbox.blaxel")
 
@@ -66,6 +68,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
       `bounds`; past either the call fails with a `ProviderError`);
     - `workdir`: the directory relative paths, `cwd`s and commands start in (created at
       start; default `/workspace`);
+    - `snapshot`: the id of a Blaxel snapshot to fork the new sandbox from (what
+      `snapshot()` made: `open_session("blaxel", snapshot=ref)` sets it, and the ref's
+      workdir as the default one); the fork keeps the snapshot's image, memory and
+      region, so `image`, `memory`, `memory_limit_bytes`, `ttl` and `labels` are
+      refused beside it (see `workspace`);
     - `api_timeout_s` (default 120): bound on each API call; `connect_timeout_s`
       (default 30): bound on a terminal handshake; `close_timeout_s` (default 2): bound
       on a WebSocket close; `heartbeat_s` (default 30): WebSocket ping interval, so a
@@ -95,6 +102,7 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         labels: Mapping[str, str] | None = None,
         create_timeout_s: int | None = None,
         workdir: str = DEFAULT_WORKDIR,
+        snapshot: str | None = None,
         api_timeout_s: float = 120.0,
         connect_timeout_s: float = 30.0,
         close_timeout_s: float = 2.0,
@@ -136,8 +144,23 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             ("image", image),
             ("region", region),
             ("ttl", ttl),
+            ("snapshot", snapshot),
         ):
             check_str(option, text)
+        if snapshot is not None:
+            given = {
+                "image": image,
+                "memory": memory,
+                "memory_limit_bytes": memory_limit_bytes,
+                "ttl": ttl,
+                "labels": labels,
+            }
+            refused = [option for option in NOT_WITH_SNAPSHOT if given[option]]
+            if refused:
+                raise InvalidArgumentError(
+                    f"snapshot= replaces {'=, '.join(refused)}= (a fork runs with the "
+                    "snapshot's image, memory and region)"
+                )
         labels = check_env(labels, name="labels", variables=False)
         for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
             if number is not None and (
@@ -184,6 +207,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             if value is not None:
                 self._create_config[option] = value
         self._create_timeout_s = create_timeout_s
+        self._region = region
+        self._snapshot_id = snapshot
+        # The fork's creating call, as our own task: a cancelled start leaves it to
+        # `_stop_backend`, which waits for it before deleting by name.
+        self._fork_task: asyncio.Future[None] | None = None
         self._create_attempted = False
         self._deleted = False
 
@@ -200,13 +228,27 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """Create (or attach to) the sandbox, then its working directory."""
         self._create_attempted = True
         self._deleted = False
-        await self._client.open(
-            self.sandbox_name, dict(self._create_config), self._create_timeout_s
-        )
+        if self._snapshot_id is None:
+            await self._client.open(
+                self.sandbox_name, dict(self._create_config), self._create_timeout_s
+            )
+        else:
+            self._client.prepare()
+            fork = workspace.fork(self._client, self.sandbox_name, self._snapshot_id, self._region)
+            self._fork_task = asyncio.ensure_future(fork)
+            await asyncio.shield(self._fork_task)
+            self._fork_task = None
+            seconds = self._create_timeout_s or workspace.FORK_READY_TIMEOUT_S
+            await workspace.bind_when_deployed(self._client, self.sandbox_name, seconds)
         await self._files.mkdir(self.workdir)
 
     async def _stop_backend(self) -> None:
-        """Delete the sandbox (unless kept; tolerating one never made), release clients."""
+        """Delete the sandbox (unless kept; tolerating one never made), release clients.
+        After a cancelled fork, its task is awaited first: the sandbox it made is then
+        deleted by name."""
+        fork, self._fork_task = self._fork_task, None
+        if fork is not None and not fork.done():
+            await asyncio.wait([fork])
         try:
             if self._create_attempted and not self.keep and not self._deleted:
                 await self._client.delete(self.sandbox_name)
@@ -391,6 +433,15 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
     async def _expose_port(self, port: int) -> ExposedPort:
         """A private Blaxel preview of `port` and a token for it (see `workspace`)."""
         return await workspace.expose_port(self._client, port)
+
+    async def _snapshot(self) -> SnapshotRef:
+        """A Blaxel snapshot of the sandbox, once ready (see `workspace`)."""
+        return await workspace.take_snapshot(self._client, self.sandbox_name, self.workdir)
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A new sandbox forked from the snapshot (the `snapshot` option)."""
+        return workspace.snapshot_options(snapshot, options)
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self.workdir)
