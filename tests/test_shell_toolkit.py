@@ -325,3 +325,27 @@ def test_a_session_led_by_an_untagged_process_is_spared(sh_path: str) -> None:
         assert read_line(daemon) == "daemon-alive"
         assert daemon.poll() is None
     assert tagged_pids(tag) == []
+
+
+def test_running_tags_keeps_only_running_processes_with_a_safe_tag() -> None:
+    """A ref is caller data: only a running process's tag that the kill script accepts
+    may reach it (no missing, non-string or pattern-breaking tag)."""
+    from sandbox.backend import ProcessRef
+    from sandbox.backends.toolkit import running_tags
+
+    def ref(pid: int, running: bool, tag: object) -> ProcessRef:
+        handle = {} if tag is None else {"tag": tag}
+        return ProcessRef(
+            process_id=pid, command="sleep 1", tty=False, running=running, handle=handle
+        )
+
+    good = "a" * 32
+    refs = [
+        ref(1, True, good),
+        ref(2, False, "b" * 32),
+        ref(3, True, None),
+        ref(4, True, 12345678),
+        ref(5, True, "x|y*" + "c" * 10),
+        ref(6, True, "short"),
+    ]
+    assert running_tags(refs) == [good]

@@ -25,12 +25,12 @@ from typing import Any
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
 from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
-    check_tag,
     grace_ticks,
     lease_path,
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
+    running_tags,
 )
 from .errors import is_not_found
 from .execs import DockerExec, run_kill_script
@@ -99,22 +99,10 @@ async def resume(session: DockerSession, ref: SessionRef) -> None:
     created = ref.sandbox.get("created_name")
     session._created_name = created if isinstance(created, str) else None
     session._keep_container = bool(ref.sandbox.get("keep_container"))
-    tags = [tag for p in ref.processes if p.running and (tag := _safe_tag(p)) is not None]
+    tags = running_tags(ref.processes)
     if tags:
         engine, options = session._require_engine()
         await run_kill_script(engine, options, tags, "term", grace_ticks(0))
-
-
-def _safe_tag(process: ProcessRef) -> str | None:
-    """The process's toolkit tag, if the ref holds one the kill script accepts (a ref
-    is caller data: never pasted into a script unchecked)."""
-    tag = process.handle.get("tag")
-    if not isinstance(tag, str):
-        return None
-    try:
-        return check_tag(tag)
-    except ValueError:
-        return None
 
 
 async def reattach(entry: PtyEntry[DockerExec], process: ProcessRef) -> None:

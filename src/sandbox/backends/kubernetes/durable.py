@@ -41,13 +41,13 @@ from typing import Any
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, SessionState
 from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
-    check_tag,
     grace_ticks,
     kill_script,
     lease_path,
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
+    running_tags,
 )
 from . import bounds
 from .execs import KubeProcess, run_control
@@ -140,24 +140,12 @@ async def resume(session: KubernetesSession, ref: SessionRef) -> None:
     label = ref.sandbox.get("session_label")
     if isinstance(label, str) and label:
         session._session_label = label
-    tags = [tag for p in ref.processes if p.running and (tag := _safe_tag(p)) is not None]
+    tags = running_tags(ref.processes)
     if tags:
         client, target = session._require()
         await run_control(
             client, target, kill_script(tags, ticks=grace_ticks(0)), "kill the earlier processes"
         )
-
-
-def _safe_tag(process: ProcessRef) -> str | None:
-    """The process's toolkit tag, if the ref holds one the kill script accepts (a ref
-    is caller data: never pasted into a script unchecked)."""
-    tag = process.handle.get("tag")
-    if not isinstance(tag, str):
-        return None
-    try:
-        return check_tag(tag)
-    except ValueError:
-        return None
 
 
 async def reattach(entry: PtyEntry[KubeProcess], process: ProcessRef) -> None:

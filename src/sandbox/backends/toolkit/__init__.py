@@ -61,6 +61,7 @@ from .shell import (
     kill_script,
     new_tag,
     parse_kill_report,
+    running_tags,
     tag_environment,
     wrapper_argv,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "redact",
     "refuse_unsupported",
     "require_credential",
+    "running_tags",
     "signal_from_reason",
     "tag_environment",
     "transport_error",

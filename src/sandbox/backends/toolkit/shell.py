@@ -39,6 +39,7 @@ import re
 import secrets
 import shlex
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 TAG_VARIABLE = "SANDBOX_PROCESS_TAG"
 WRAPPER_NAME = "sandbox-exec"
@@ -137,6 +138,19 @@ def check_tag(tag: str) -> str:
     if not isinstance(tag, str) or not _TAG_RE.fullmatch(tag):
         raise ValueError(f"a process tag is 8 to 64 letters or digits, got {tag!r}")
     return tag
+
+
+def running_tags(processes: Iterable[Any]) -> list[str]:
+    """The toolkit tags of the running processes in a ref's `processes` (each with
+    `.running` and `.handle`) that the kill script accepts. A ref is caller data: a tag
+    that is missing or not one `check_tag` passes is left out, never pasted into a
+    script."""
+    tags = []
+    for process in processes:
+        tag = process.handle.get("tag") if process.running else None
+        if isinstance(tag, str) and _TAG_RE.fullmatch(tag):
+            tags.append(tag)
+    return tags
 
 
 def tag_environment(tag: str) -> dict[str, str]:
