@@ -69,6 +69,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cli_options.add_backend_arguments(copy)
     copy.add_argument("src", metavar="SRC", help="what to copy (:PATH in the sandbox)")
     copy.add_argument("dst", metavar="DST", help="where to (:PATH in the sandbox)")
+    cli_durable.add_session_argument(copy)
 
     commands.add_parser("backends", help="list the backends, installed or not, credentials")
     commands.add_parser("demo", help="an agent-style session on unix_local, step by step")

@@ -8,6 +8,10 @@ as `cp -r SRC/. DST` would put them. A file is streamed (`read_file_chunks` /
 name. On the host both sides stay beneath the folder named (the same beneath-the-root
 opens as unix_local's workspace: no symlink leads a copy out of DST). A progress line
 goes to stderr for copies over `PROGRESS_FROM` bytes when stderr is a terminal.
+
+With `--session REF_FILE` the copy goes into or out of the sandbox `sandbox open` left
+running (resumed, then detached again, its ref rewritten); otherwise a fresh session is
+opened for the copy and closed after it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ..session import BaseSandboxSession
 from ..workspace.extract import extract
 from ..workspace.info import FileInfo
 from ..workspace.persist import walk_tar
-from .session import open_cli_session
+from .durable import cli_session
 
 CHUNK = 1024 * 1024
 PROGRESS_FROM = 8 * 1024 * 1024
@@ -126,7 +130,7 @@ async def copy_command(args: argparse.Namespace) -> int:
         )
     backend, options = cli_options.options_from_args(args)
     progress = Progress(sys.stderr, f"{args.src} -> {args.dst}")
-    async with open_cli_session(backend, options) as session:
+    async with cli_session(backend, options, args.session) as session:
         if src_in:
             await _out_of(session, src, dst, progress)
         else:

@@ -1,7 +1,7 @@
-"""`sandbox open` and `sandbox close`, and the `--session REF_FILE` of `run` and `shell`.
+"""`sandbox open` and `sandbox close`, and the `--session REF_FILE` of `run`, `shell`, `cp`.
 
 `sandbox open [--backend ...] > ref.json` starts a session, detaches from it and prints
-its ref (one JSON line): the sandbox keeps running, owned by the ref. `run`/`shell
+its ref (one JSON line): the sandbox keeps running, owned by the ref. `run`/`shell`/`cp
 --session ref.json` resume it, take it over, and detach again at the end, writing the
 new ref back to the file (`ref_file`: replaced atomically, mode 0600). `sandbox close
 ref.json` resumes and closes it (the sandbox is deleted as by `aclose()`) and removes the
@@ -25,7 +25,7 @@ from .session import open_cli_session
 
 
 def add_session_argument(parser: argparse.ArgumentParser) -> None:
-    """`--session REF_FILE` for `run` and `shell`."""
+    """`--session REF_FILE` for `run`, `shell` and `cp`."""
     parser.add_argument(
         "--session",
         metavar="REF_FILE",
@@ -50,7 +50,7 @@ def add_commands(commands: Any) -> None:
 async def cli_session(
     backend: str, options: dict[str, Any], session_file: str | None
 ) -> AsyncIterator[BaseSandboxSession]:
-    """The session of `run`/`shell`: a fresh one (closed at the end), or with
+    """The session of `run`/`shell`/`cp`: a fresh one (closed at the end), or with
     `--session` the resumed one (detached at the end, its new ref in the file)."""
     if session_file is None:
         async with open_cli_session(backend, options) as session:
