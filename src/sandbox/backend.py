@@ -31,7 +31,8 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   walks (the unix_local backend's race-free file access builds on them).
 - Workspaces (docs/workspaces.md): a `_stat`/`_list_dir` answers `FileInfo` (its
   `kind` a `FileKind`; `kind_of_mode` reads a stat mode, `child_path` names an entry);
-  `ShellFileOps` does the file operations through a POSIX sh in the sandbox;
+  `ShellFileOps` does the file operations through a POSIX sh in the sandbox, and
+  `ShellFileHooks` makes the six file hooks of them (a backend defines `_shell_ops`);
   `_expose_port` answers an `ExposedPort` (`http_url`, `exposed_from_url`) and
   `_snapshot` a `SnapshotRef`. A backend with its own archive API streams through the
   pax pieces: `walk_tar` (a tree into a tar), `exact_chunks`, `dir_header`,
@@ -73,7 +74,7 @@ from .workspace.info import FileInfo, FileKind, child_path, kind_of_mode
 from .workspace.persist import exact as exact_chunks
 from .workspace.persist import walk_tar
 from .workspace.ports import ExposedPort, exposed_from_url, http_url
-from .workspace.shell_ops import ShellFileOps
+from .workspace.shell_ops import ShellFileHooks, ShellFileOps
 from .workspace.snapshots import SnapshotRef
 from .workspace.tar_reader import TarStream
 from .workspace.tar_writer import END as TAR_END
@@ -104,6 +105,7 @@ __all__ = [
     "SessionHooks",
     "SessionRef",
     "SessionState",
+    "ShellFileHooks",
     "ShellFileOps",
     "ShellTrap",
     "SnapshotRef",

@@ -199,3 +199,39 @@ def _error(code: int, path: str, stderr: bytes) -> SandboxError:
         return NotAFileError(f"cannot make {path!r}: a file is in the way")
     detail = stderr.decode("utf-8", "replace").strip()[:200]
     return SandboxError(f"file operation on {path!r} failed (exit {code}): {detail}")
+
+
+class ShellFileHooks:
+    """The six workspace file hooks (`_stat`, `_list_dir`, `_remove`, `_make_dir`,
+    `_make_symlink`, `_set_mode`) done by `ShellFileOps`, for a backend whose provider
+    has no call for them. Put it before `BaseSandboxSession` among the backend class's
+    bases and define `_shell_ops`; the hooks' contract is `SessionHooks`'s."""
+
+    async def _shell_ops(self) -> ShellFileOps:
+        """The `ShellFileOps` of this session (its exec and its workspace)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _shell_ops")
+
+    async def _stat(self, path: str) -> FileInfo:
+        """`stat` without following, in the folder entered with `cd -P` (kept inside
+        the workspace)."""
+        return await (await self._shell_ops()).stat(path)
+
+    async def _list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's names and their `stat`, NUL-separated."""
+        return await (await self._shell_ops()).list_dir(path)
+
+    async def _remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` on the name itself."""
+        await (await self._shell_ops()).remove(path, recursive)
+
+    async def _make_dir(self, path: str, parents: bool) -> None:
+        """`mkdir` one name at a time, each folder checked to be inside."""
+        await (await self._shell_ops()).make_dir(path, parents)
+
+    async def _make_symlink(self, path: str, target: str) -> None:
+        """`ln -s` in the link's folder."""
+        await (await self._shell_ops()).make_symlink(path, target)
+
+    async def _set_mode(self, path: str, mode: int) -> None:
+        """`chmod` (symlinks left alone)."""
+        await (await self._shell_ops()).set_mode(path, mode)

@@ -22,11 +22,11 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     ExposedPort,
-    FileInfo,
     OneShotProcess,
     ProcessRef,
     PtyEntry,
     SessionRef,
+    ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
     check_env,
@@ -50,7 +50,7 @@ API_KEY_ENV = "BL_API_KEY"
 WORKSPACE_ENV = "BL_WORKSPACE"
 
 
-class BlaxelSession(BaseSandboxSession[Terminal]):
+class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
     """A Blaxel sandbox.
 
     Options:
@@ -443,30 +443,6 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """A new sandbox forked from the snapshot (the `snapshot` option)."""
         return workspace.snapshot_options(snapshot, options)
 
-    def _shell_ops(self) -> ShellFileOps:
+    async def _shell_ops(self) -> ShellFileOps:
+        """The shell file operations in this sandbox's workspace."""
         return ShellFileOps(self.exec, self.workdir)
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`stat` without following, in the folder entered with `cd -P` (kept inside
-        `workdir`)."""
-        return await self._shell_ops().stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's names and their `stat`, NUL-separated."""
-        return await self._shell_ops().list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` on the name itself."""
-        await self._shell_ops().remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdir` one name at a time, each folder checked to be inside."""
-        await self._shell_ops().make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`ln -s` in the link's folder."""
-        await self._shell_ops().make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` (symlinks left alone)."""
-        await self._shell_ops().set_mode(path, mode)

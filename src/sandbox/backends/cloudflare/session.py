@@ -33,11 +33,11 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     ExposedPort,
-    FileInfo,
     OneShotProcess,
     ProcessRef,
     PtyEntry,
     SessionRef,
+    ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
     check_seconds,
@@ -81,7 +81,7 @@ def _created_id(body: bytes) -> str:
     return sandbox_id
 
 
-class CloudflareSession(BaseSandboxSession[PtyHandle]):
+class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
     """Runs commands in a sandbox of a user-deployed Cloudflare Sandbox Worker.
 
     Options:
@@ -442,31 +442,7 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             "persist_workspace() and hydrate_workspace() carry a workspace anywhere"
         )
 
-    def _shell_ops(self) -> ShellFileOps:
+    async def _shell_ops(self) -> ShellFileOps:
+        """The shell file operations in this sandbox's workspace."""
         # Commands start in /workspace: the script finds it as ".".
         return ShellFileOps(self.exec, "/workspace", shell_root=".")
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`stat` without following, in the folder entered with `cd -P` (kept inside
-        /workspace)."""
-        return await self._shell_ops().stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's names and their `stat`, NUL-separated."""
-        return await self._shell_ops().list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` on the name itself."""
-        await self._shell_ops().remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdir` one name at a time, each folder checked to be inside."""
-        await self._shell_ops().make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`ln -s` in the link's folder."""
-        await self._shell_ops().make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` (symlinks left alone)."""
-        await self._shell_ops().set_mode(path, mode)

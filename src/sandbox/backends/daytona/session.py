@@ -22,11 +22,11 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     ExposedPort,
-    FileInfo,
     OneShotProcess,
     ProcessRef,
     PtyEntry,
     SessionRef,
+    ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
     check_env,
@@ -54,7 +54,7 @@ from .scripts import PIDFILE_WAIT_S, interrupt_script
 from .workspace import exposed_from_preview, snapshot_options, take_snapshot
 
 
-class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
+class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
     """Runs commands in a Daytona sandbox through the async SDK.
 
     Options:
@@ -335,30 +335,6 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         """A fresh sandbox created from the snapshot (the `snapshot` option)."""
         return snapshot_options(snapshot, options)
 
-    def _shell_ops(self) -> ShellFileOps:
+    async def _shell_ops(self) -> ShellFileOps:
+        """The shell file operations in this sandbox's workspace."""
         return ShellFileOps(self.exec, self._client.workdir)
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`stat` without following, in the folder entered with `cd -P` (kept inside
-        `workdir`)."""
-        return await self._shell_ops().stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's names and their `stat`, NUL-separated."""
-        return await self._shell_ops().list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` on the name itself."""
-        await self._shell_ops().remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdir` one name at a time, each folder checked to be inside."""
-        await self._shell_ops().make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`ln -s` in the link's folder."""
-        await self._shell_ops().make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` (symlinks left alone)."""
-        await self._shell_ops().set_mode(path, mode)

@@ -51,11 +51,11 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     ExposedPort,
-    FileInfo,
     OneShotProcess,
     ProcessRef,
     PtyEntry,
     SessionRef,
+    ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
     cancel_and_wait,
@@ -86,7 +86,7 @@ from .workspace import check_snapshot_mode, exposed_from_host, snapshot_options,
 API_KEY_ENV = "E2B_API_KEY"
 
 
-class E2BSession(BaseSandboxSession[E2BProcess]):
+class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
     """Runs commands in an E2B sandbox (see the module docstring for the options)."""
 
     backend_name = "e2b"
@@ -480,28 +480,3 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         await files.in_workspace(self._client, ".")  # learns the home, once
         assert self._client.home is not None
         return ShellFileOps(self.exec, self._client.home)
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`stat` without following, in the folder entered with `cd -P` (kept inside
-        the sandbox user's home)."""
-        return await (await self._shell_ops()).stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's names and their `stat`, NUL-separated."""
-        return await (await self._shell_ops()).list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` on the name itself."""
-        await (await self._shell_ops()).remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdir` one name at a time, each folder checked to be inside."""
-        await (await self._shell_ops()).make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`ln -s` in the link's folder."""
-        await (await self._shell_ops()).make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` (symlinks left alone)."""
-        await (await self._shell_ops()).set_mode(path, mode)

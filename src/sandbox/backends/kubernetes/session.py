@@ -21,11 +21,11 @@ from ...backend import (
     CommandCheck,
     CommandSpec,
     ExecCapture,
-    FileInfo,
     OneShotProcess,
     ProcessRef,
     PtyEntry,
     SessionRef,
+    ShellFileHooks,
     ShellFileOps,
     ShellTrap,
     check_env,
@@ -55,7 +55,7 @@ logger = logging.getLogger("sandbox.kubernetes")
 DEFAULT_TERM = "xterm-256color"
 
 
-class KubernetesSession(BaseSandboxSession[KubeProcess]):
+class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
     """Runs commands in a Kubernetes pod.
 
     Exactly one of:
@@ -467,32 +467,8 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the container) ----------
 
-    def _shell_ops(self) -> ShellFileOps:
+    async def _shell_ops(self) -> ShellFileOps:
+        """The shell file operations in this sandbox's workspace."""
         # Commands start in the workdir (the prelude enters it): the script finds it as
         # "." (the stand-in plays it with a folder of its own).
         return ShellFileOps(self.exec, self._workdir, shell_root=".")
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`stat` without following, in the folder entered with `cd -P` (kept inside
-        `workdir`)."""
-        return await self._shell_ops().stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's names and their `stat`, NUL-separated."""
-        return await self._shell_ops().list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` on the name itself."""
-        await self._shell_ops().remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdir` one name at a time, each folder checked to be inside."""
-        await self._shell_ops().make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`ln -s` in the link's folder."""
-        await self._shell_ops().make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` (symlinks left alone)."""
-        await self._shell_ops().set_mode(path, mode)
