@@ -32,8 +32,8 @@ import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ...backend import extract_archive
 from ...errors import InvalidArgumentError, NotAFileError
-from ...workspace import extract as ws_extract
 from .safe_open import (
     DIR_FLAGS,
     WRITE_FLAGS,
@@ -281,7 +281,7 @@ async def hydrate(
     sink = BatchSink(Lander(root, base, resolver))
     try:
         try:
-            count = await ws_extract.extract(
+            count = await extract_archive(
                 chunks, sink, max_members=max_members, max_bytes=max_bytes
             )
         except InvalidArgumentError:

@@ -30,8 +30,8 @@ import stat
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
+from ...backend import TAR_END, dir_header, file_header, symlink_header, tar_padding
 from ...errors import SandboxError
-from ...workspace.tar_writer import END, dir_header, file_header, padding, symlink_header
 from .safe_open import DIR_FLAGS, READ_FLAGS, io_error, open_directory_raw, relative_inside
 from .workspace_files import MAX_ENTRIES, explain
 
@@ -96,7 +96,7 @@ class TarWalk:
                 out += b"\0" * self._pad
                 self._pad = 0
             if not self._folders:
-                out += END
+                out += TAR_END
                 self._done = True
                 break
             self._next_entry(out)
@@ -223,7 +223,7 @@ class TarWalk:
         if not current.left:
             os.close(current.fd)
             self._file = None
-            self._pad = len(padding(current.size))
+            self._pad = len(tar_padding(current.size))
         return data
 
 
