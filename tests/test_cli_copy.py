@@ -1,15 +1,21 @@
 """`sandbox cp`, driven as a person would (real subprocesses): folders as archives both
 ways, files streamed, a folder DST receiving a file under its name, bad usage, and the
-progress line on a terminal."""
+progress line on a terminal; a file and a folder into a real docker container and back."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from sandbox.cli.copy import PROGRESS_FROM, Progress
+from tests.backend_fixtures import docker as docker_fixture
+from tests.conftest import skip_or_fail
 from tests.test_cli import run_cli
 
 
@@ -112,3 +118,57 @@ def test_progress_line_only_for_large_copies_on_a_terminal() -> None:
     plain = io.StringIO()
     assert asyncio.run(pump(plain, PROGRESS_FROM * 2)).total == PROGRESS_FROM * 2
     assert plain.getvalue() == ""
+
+
+# ---- docker: into a real container and back ------------------------------------------
+
+
+@pytest.fixture
+def container_workdir() -> Iterator[list[str]]:
+    """The backend options of `sandbox cp` for the shared test container (built locally
+    by the docker fixture), in a fresh folder removed afterwards; skips without docker."""
+    if reason := docker_fixture.skip_reason():
+        skip_or_fail(f"docker: {reason}")
+    container = docker_fixture.shared_container()
+    workdir = f"/tmp/cp-{secrets.token_hex(6)}"
+    try:
+        yield ["--backend", "docker", "--container", container, "--opt", f"workdir={workdir}"]
+    finally:
+        api = docker_fixture._client()
+        api.exec_start(api.exec_create(container, ["rm", "-rf", workdir])["Id"])
+
+
+def _in_container(options: list[str], command: str) -> str:
+    result = run_cli("run", *options, "--", command)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_docker_a_file_travels_in_and_back_byte_exact(
+    tmp_path: Path, container_workdir: list[str]
+) -> None:
+    data = bytes(range(256)) * 4096 + b"\0tail\r\n"  # 1 MiB of every byte value
+    (tmp_path / "blob.bin").write_bytes(data)
+    into = run_cli("cp", *container_workdir, str(tmp_path / "blob.bin"), ":blob.bin")
+    assert into.returncode == 0, into.stderr
+    assert _in_container(container_workdir, "wc -c < blob.bin").strip() == str(len(data))
+    back = run_cli("cp", *container_workdir, ":blob.bin", str(tmp_path / "back.bin"))
+    assert back.returncode == 0, back.stderr
+    assert (tmp_path / "back.bin").read_bytes() == data
+
+
+def test_docker_a_folder_travels_in_and_back_byte_exact(
+    tmp_path: Path, container_workdir: list[str]
+) -> None:
+    source = _source(tmp_path / "src")
+    into = run_cli("cp", *container_workdir, str(source), ":landed")
+    assert into.returncode == 0, into.stderr
+    # In the container itself: the symlink is a symlink, the empty folder is there.
+    listing = _in_container(
+        container_workdir,
+        "readlink landed/alias; test -d landed/empty && echo empty-dir; stat -c %a landed/run.sh",
+    )
+    assert listing.split() == ["deep/data.bin", "empty-dir", "750"]
+    back = run_cli("cp", *container_workdir, ":landed", str(tmp_path / "back"))
+    assert back.returncode == 0, back.stderr
+    assert _tree(tmp_path / "back") == _tree(source)

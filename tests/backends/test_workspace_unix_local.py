@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox.backends.unix_local import safe_open
+from sandbox.backends.unix_local import safe_open, tar_land
 from sandbox.backends.unix_local.workspace_files import LocalTree
-from tests.helpers import HookGate, open_fds
+from sandbox.workspace.tar_writer import file_header, padding
+from tests.helpers import open_fds
 from tests.test_workspace_race import SWAPPER
 
 ROUNDS = 1500
@@ -193,18 +194,28 @@ async def test_persist_closed_early_leaks_no_fd(tmp_path: Path) -> None:
 
 
 async def test_hydrate_cancelled_inside_a_write_leaks_nothing(tmp_path: Path) -> None:
+    """Cancelled while a file is half written (its fd open in the lander, a batch of its
+    data flushed): every fd is closed, and the session hydrates again."""
     async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
-        data = _tar("one.txt", b"1") + _tar("two.txt", b"2")[:-1024]
+        size = 3 * tar_land.BATCH_BYTES
+        blocked = asyncio.Event()
+
+        async def source() -> AsyncIterator[bytes]:
+            yield file_header("one.txt", size=1, mode=0o644, mtime=0) + b"1" + padding(1)
+            yield file_header("two.bin", size=size, mode=0o644, mtime=0)
+            yield b"2" * (2 * tar_land.BATCH_BYTES)  # a batch flushed, two.bin open
+            blocked.set()
+            await asyncio.Event().wait()  # the peer stops sending mid-file
+            yield b""
+
         before = open_fds()
-        gate = HookGate(session, "_write_file_chunks")
-        task = asyncio.create_task(session.hydrate_workspace([data]))
-        await gate.reached.wait()
+        task = asyncio.create_task(session.hydrate_workspace(source()))
+        await blocked.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        gate.release()
         assert open_fds() == before
-        assert "one.txt" not in {e.name for e in await session.list_dir(".")}
+        assert (tmp_path / "ws" / "one.txt").read_bytes() == b"1"  # a full batch landed
         assert await session.hydrate_workspace([_tar("after.txt", b"a")]) == 1
 
 

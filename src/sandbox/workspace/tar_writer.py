@@ -2,7 +2,10 @@
 
 Headers are made by the standard library's `tarfile.TarInfo.tobuf` (pax format: long
 names, big sizes and UTF-8 names get an extended header); nothing here holds more than
-one header in memory. Names are relative; directories end in "/".
+one header in memory. Names are relative; directories end in "/". The common member (an
+ASCII name and link under 100 bytes, a size and mtime that fit their octal fields) skips
+`TarInfo` and is packed here, to the same bytes `tobuf` makes (a test compares them):
+`TarInfo` costs tens of microseconds a member, which a walk of many small files feels.
 """
 
 from __future__ import annotations
@@ -13,7 +16,43 @@ BLOCK = 512
 END = b"\0" * (2 * BLOCK)
 
 
+_USTAR_MAGIC = b"ustar\x0000"
+_ZERO_ID = b"0000000\x00"
+_MAX_OCTAL_11 = 8**11  # size and mtime: 11 octal digits and a NUL
+
+
+def _ustar(name: str, kind: bytes, size: int, mode: int, mtime: int, link: str) -> bytes | None:
+    """The plain ustar header `tobuf` would make, or None when the member needs pax."""
+    if not (name.isascii() and link.isascii()):
+        return None
+    raw_name = name.encode("ascii")
+    raw_link = link.encode("ascii")
+    if len(raw_name) >= 100 or len(raw_link) >= 100 or b"\0" in raw_name + raw_link:
+        return None
+    if not (0 <= size < _MAX_OCTAL_11 and 0 <= mtime < _MAX_OCTAL_11):
+        return None
+    head = b"".join(
+        (
+            raw_name.ljust(100, b"\0"),
+            b"%07o\x00" % mode,
+            _ZERO_ID,
+            _ZERO_ID,
+            b"%011o\x00" % size,
+            b"%011o\x00" % mtime,
+            b" " * 8,
+            kind,
+            raw_link.ljust(100, b"\0"),
+            _USTAR_MAGIC,
+        )
+    ).ljust(BLOCK, b"\0")
+    # The checksum: the sum of the header's bytes with its own field read as spaces.
+    return head[:148] + b"%06o\x00 " % sum(head) + head[156:]
+
+
 def _header(name: str, kind: bytes, *, size: int, mode: int, mtime: float, link: str) -> bytes:
+    fast = _ustar(name, kind, size, mode & 0o7777, int(mtime), link)
+    if fast is not None:
+        return fast
     info = tarfile.TarInfo(name)
     info.type = kind
     info.size = size

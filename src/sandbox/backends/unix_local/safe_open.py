@@ -156,7 +156,7 @@ def open_regular(root: str, path: str, *, write: bool, resolver: str = "auto") -
     try:
         root_fd = os.open(root, DIR_FLAGS)
     except OSError as exc:
-        raise _error(exc, path, write=write) from None
+        raise open_error(exc, path, write=write) from None
     try:
         if use_openat2:
             try:
@@ -170,7 +170,7 @@ def open_regular(root: str, path: str, *, write: bool, resolver: str = "auto") -
         else:
             fd = _open_walk(root_fd, rel, write=write, root=root)
     except OSError as exc:
-        raise _error(exc, path, write=write) from None
+        raise open_error(exc, path, write=write) from None
     finally:
         os.close(root_fd)
     try:
@@ -322,7 +322,7 @@ def _link_target(name: str, here: int, failure: OSError) -> str:
 # ---- errors and bounded reading -----------------------------------------------------
 
 
-def _error(exc: OSError, path: str, *, write: bool) -> SandboxError:
+def open_error(exc: OSError, path: str, *, write: bool) -> SandboxError:
     """The `SandboxError` for an `OSError` met while opening `path`."""
     code = exc.errno
     if code == errno.EXDEV:

@@ -42,7 +42,7 @@ from ...local import cgroups, spawn_helper
 from ...local import tree as process_tree
 from ...local.process import LocalProcess
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
-from . import cgroup_limits, local_files
+from . import cgroup_limits, local_files, tar_land, tar_walk
 from . import confine as jail
 from . import durable as durable_local
 from .workspace import Workspace
@@ -427,6 +427,19 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _set_mode(self, path: str, mode: int) -> None:
         """`fchmodat` relative to the holding folder's fd (symlinks left alone)."""
         await asyncio.to_thread(self._tree().set_mode, path, mode)
+
+    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
+        """A walk by dir fds, a batch of archive per executor call (`tar_walk`)."""
+        return tar_walk.persist(self._workspace.path, path)
+
+    async def _hydrate_workspace(
+        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
+    ) -> int:
+        """The shared extractor's rules, what it lands batched by dir fds (`tar_land`)."""
+        await self._make_dir(path, True)
+        return await tar_land.hydrate(
+            self._workspace.path, path, chunks, max_members=max_members, max_bytes=max_bytes
+        )
 
     async def _expose_port(self, port: int) -> ExposedPort:
         """The host's loopback: unconfined processes (and a jail with `network=True`)

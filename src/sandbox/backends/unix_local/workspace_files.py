@@ -35,7 +35,8 @@ T = TypeVar("T")
 MAX_ENTRIES = 1_000_000  # a listing bigger than this is refused, not held
 
 
-def _explain(exc: OSError, path: str) -> SandboxError:
+def explain(exc: OSError, path: str) -> SandboxError:
+    """The `SandboxError` for an `OSError` met by a workspace call on `path`."""
     code = exc.errno
     if code == errno.EXDEV:
         return WorkspacePathError(
@@ -75,17 +76,17 @@ class LocalTree:
         try:
             root_fd = os.open(self._root, DIR_FLAGS)
         except OSError as exc:
-            raise _explain(exc, path) from None
+            raise explain(exc, path) from None
         try:
             fd = open_directory_raw(root_fd, folder, root=self._root, resolver=self._resolver)
         except OSError as exc:
-            raise _explain(exc, path) from None
+            raise explain(exc, path) from None
         finally:
             os.close(root_fd)
         try:
             return work(fd)
         except OSError as exc:
-            raise _explain(exc, path) from None
+            raise explain(exc, path) from None
         finally:
             os.close(fd)
 
