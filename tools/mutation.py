@@ -85,6 +85,7 @@ TARGETS: dict[str, Target] = {
         functions=(
             "new_tag",
             "check_tag",
+            "running_tags",
             "tag_environment",
             "wrapper_argv",
             "grace_ticks",
