@@ -85,6 +85,7 @@ TARGETS: dict[str, Target] = {
         functions=(
             "new_tag",
             "check_tag",
+            "running_tags",
             "tag_environment",
             "wrapper_argv",
             "grace_ticks",
@@ -121,6 +122,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "text_decoding",
         "_incomplete_suffix_len: `4` -> `3`",
     ): "a lead byte 4 back ends a complete (or invalid) sequence: 0 either way",
+    (
+        "arguments",
+        "build_command: `0` -> `-1`",
+    ): "`parts[0]` is read only when `len(parts) == 1`, where `parts[-1]` is the same part",
     # BoundedOutput.append: the early exits and strict bounds only save work.
     (
         "output_buffer",

@@ -3,7 +3,10 @@ argv, the kill scripts' arguments, quoting and the kill report."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -123,6 +126,47 @@ def test_command_line_round_trips_through_a_shell_lexer(argv: list[str]) -> None
     line = shell.command_line(argv)
     assert shlex.split(line) == argv
     assert "\n" not in line or "'" in line
+
+
+def test_command_line_quotes_exactly() -> None:
+    assert shell.command_line(["echo", "a b"]) == "echo 'a b'"
+    assert shell.command_line(["printf", "it's"]) == "printf 'it'\"'\"'s'"
+    assert shell.command_line(["x", ""]) == "x ''"
+    assert shell.command_line(["ls", "-l"]) == "ls -l"  # safe words stay bare
+
+
+# What a real shell must hand back intact: blanks, quotes, expansions, globs, operators,
+# a newline, an empty word, a leading dash and a non-ASCII word.
+_HOSTILE_WORDS = [
+    "a b",
+    "it's",
+    'say "hi"',
+    "$HOME",
+    "`id`",
+    "$(id)",
+    "*",
+    "~",
+    "a;b|c&d>e<f",
+    "line\nnext",
+    "",
+    "-n",
+    "tab\there",
+    "back\\slash",
+    "caf\u00e9",
+    "!x",
+]
+
+
+def test_command_line_reaches_a_real_shell_byte_for_byte() -> None:
+    # The program prints its arguments NUL-separated, so the test sees the exact words
+    # `sh -c` handed it, not a second lexer's opinion of them.
+    echo_args = (
+        "import os, sys; sys.stdout.buffer.write(b'\\0'.join(map(os.fsencode, sys.argv[1:])))"
+    )
+    line = shell.command_line([sys.executable, "-c", echo_args, *_HOSTILE_WORDS])
+    done = subprocess.run(["sh", "-c", line], capture_output=True, check=True, cwd="/")
+    assert done.stdout.split(b"\0") == [os.fsencode(word) for word in _HOSTILE_WORDS]
+    assert done.stderr == b""
 
 
 def test_kill_report_parsing() -> None:
