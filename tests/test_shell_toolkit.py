@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -114,6 +115,19 @@ def tagged_pids(tag: str) -> list[int]:
 
 def zombie(pid: int) -> bool:
     return not procfs.alive(pid)
+
+
+def foreground_sleep(tag: str, timeout: float = TIMEOUT_S) -> bool:
+    """Whether a tagged `sleep` runs (its exec done) within `timeout`: nothing signals
+    an exec, so /proc is looked at every few milliseconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in tagged_pids(tag):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                    return True
+        time.sleep(0.005)
+    return False
 
 
 def wait_gone(pid: int, timeout: float = TIMEOUT_S) -> bool:
@@ -241,6 +255,9 @@ def test_interrupt_reaches_the_commands_trap_and_its_foreground_child(sh_path: s
     proc = start(sh_path, tag, command)
     with cleanup(proc):
         assert read_line(proc) == "ready"
+        # Interrupted between its fork and the exec of sleep, the child is still a copy
+        # of the shell, trap included, and would answer too: wait for the sleep itself.
+        assert foreground_sleep(tag), "the shell never started its foreground sleep"
         run_script(sh_path, shell.interrupt_script([tag]))
         code, out, err = finish(proc)
     assert (code, out, err) == (7, b"got-int\n", b"")
