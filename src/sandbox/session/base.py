@@ -39,10 +39,11 @@ from . import file_calls, lifecycle, workspace_calls
 from .hooks import SessionHooks
 from .lifecycle import SessionState
 from .oneshot import run_one_shot
+from .options import SessionOptions
 from .ownership import OwnedTasks
 from .pty_calls import PtyCalls
 from .recordings import Recordings
-from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
+from .registry import MAX_PROCESSES, ProcessRegistry
 from .windows import check_until_screen
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
@@ -79,27 +80,24 @@ class BaseSandboxSession(SessionHooks[H]):
         ref_file: str | os.PathLike[str] | None = None,
     ) -> None:
         recordings = Recordings(record_dir)
-        for name, value, least in (
-            ("max_processes", max_processes, PROTECTED_RECENT + 1),
-            ("output_limit_bytes", output_limit_bytes, 1024),
-            ("teardown_concurrency", teardown_concurrency, 1),
-        ):
-            # Checked here, not at teardown: a bad option must fail when it is given.
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
-            if value < least:
-                raise InvalidArgumentError(f"{name} must be at least {least}, not {value}")
-        self.output_limit_bytes = output_limit_bytes
-        self.read_limit_bytes = files.check_byte_count(read_limit_bytes, "read_limit_bytes")
-        # Per stream, for one-shot `exec` (head + tail kept, see `sandbox.exec_output`).
-        self.exec_output_limit_bytes = arguments.check_output_limit(
-            "exec_output_limit_bytes", exec_output_limit_bytes
+        # Checked here, not at teardown: a bad option must fail when it is given.
+        options = self._session_options = SessionOptions(
+            max_processes=max_processes,
+            output_limit_bytes=output_limit_bytes,
+            teardown_concurrency=teardown_concurrency,
+            read_limit_bytes=read_limit_bytes,
+            exec_output_limit_bytes=exec_output_limit_bytes,
         )
+        self.output_limit_bytes = options.output_limit_bytes
+        self.read_limit_bytes = options.read_limit_bytes
+        self.exec_output_limit_bytes = options.exec_output_limit_bytes
         # The state, the start and close tasks, the checks each call makes first.
         self._lifecycle = lifecycle.Lifecycle(self)
         # Which processes exist and who owns each (`registry.py` states the rule).
         self._processes: ProcessRegistry[H] = ProcessRegistry(
-            self.backend_name, max_processes=max_processes, output_limit_bytes=output_limit_bytes
+            self.backend_name,
+            max_processes=options.max_processes,
+            output_limit_bytes=options.output_limit_bytes,
         )
         # The start, spawn and one-shot tasks it owns, and every teardown batch.
         self._owned: OwnedTasks[H] = OwnedTasks(
@@ -107,7 +105,7 @@ class BaseSandboxSession(SessionHooks[H]):
             # Looked up at each teardown: a test's `HookGate` may wrap the hook later.
             lambda entry: self._terminate_pty_entry(entry),
             closing=self._lifecycle.is_closing,
-            concurrency=teardown_concurrency,
+            concurrency=options.teardown_concurrency,
             release=lambda entry: self._release_entry(entry),
             changed=self._lifecycle.changed,
         )
