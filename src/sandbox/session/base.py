@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .. import arguments
 from ..durable import ops as durable_ops
@@ -489,3 +489,10 @@ class BaseSandboxSession(SessionHooks[H]):
         life = getattr(self, "_lifecycle", None)  # None: the constructor raised
         if life is not None:
             life.unclosed()
+
+
+def durable_session_id(session: BaseSandboxSession[Any]) -> str:
+    """The id that names `session` across its clients: new with the session, or its
+    ref's at a resume (then set before `_resume_backend` runs), stable afterwards. A
+    backend names its lease and its provider-side marks with it."""
+    return session._durable.session_id
