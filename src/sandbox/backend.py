@@ -42,7 +42,8 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
 - Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
   `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
   `ProcessNotReattached` for a process the provider lost; `HostLease` is the lease kept
-  in a host folder for a backend whose sandbox is on this host (unix_local).
+  in a host folder for a backend whose sandbox is on this host (unix_local);
+  `durable_session_id` is the id a backend names its lease and marks with.
 
 docs/architecture.md walks through a whole backend written with these names only.
 """
@@ -66,7 +67,7 @@ from .files.remote import (
 )
 from .local.process import LocalProcess
 from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, ProcessSpec, PtyEntry
-from .session import BaseSandboxSession, SessionHooks, SessionState
+from .session import BaseSandboxSession, SessionHooks, SessionState, durable_session_id
 from .settle import settle, settle_each
 from .tasks import cancel_and_wait, first_failure
 from .workspace.extract import extract as extract_archive
@@ -116,6 +117,7 @@ __all__ = [
     "check_str",
     "child_path",
     "dir_header",
+    "durable_session_id",
     "exact_chunks",
     "explain_write_failure",
     "exposed_from_url",

@@ -18,7 +18,6 @@ import re
 import secrets
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -33,7 +32,7 @@ from sandbox.backends.docker.stream import RawStream
 from sandbox.testing import procfs
 from tests.backend_fixtures import docker as fx
 from tests.conftest import skip_or_fail
-from tests.helpers import eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import DeadlineCount, eventually, host_pids_with_arg, unique_seconds
 
 TEST_LABEL = "sandbox.test.case"
 
@@ -367,11 +366,12 @@ async def test_silent_engine_times_out_retryably() -> None:
         session = sandbox.open_session(
             "docker", image="x", base_url=f"tcp://127.0.0.1:{port}", api_timeout=0.5
         )
-        started = time.monotonic()
-        with pytest.raises(sandbox.ProviderError, match="did not answer in time") as info:
-            await session.start()
+        # The engine client's own timeout is 60 s: a start that ignored `api_timeout`
+        # would meet this deadline first (TimeoutError, not the ProviderError).
+        async with asyncio.timeout(10):
+            with pytest.raises(sandbox.ProviderError, match="did not answer in time") as info:
+                await session.start()
         assert info.value.retryable is True
-        assert time.monotonic() - started < 10
     assert await eventually(lambda: docker_threads() == [])
 
 
@@ -545,10 +545,9 @@ async def test_64_ptys_at_once_and_one_shot_exec_does_not_starve() -> None:
         assert None not in pids and len(set(pids)) == 64
         # 64 open streams hold no thread: the engine's pool and event reader only.
         assert threading.active_count() <= threads + 10
-        started = time.monotonic()
-        results = await asyncio.gather(*(s.exec(f"echo {i}") for i in range(4)))
+        # Starved, an exec would meet its own deadline (`ExecTimeoutError`).
+        results = await asyncio.gather(*(s.exec(f"echo {i}", timeout=10) for i in range(4)))
         assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(4)]
-        assert time.monotonic() - started < 10
         # Each window ends at its echo; the maximum only matters on a loaded machine, where
         # 64 round trips through the engine can outlast the default 0.25 s write window.
         echoes = await asyncio.gather(
@@ -574,13 +573,15 @@ async def test_container_killed_mid_stream(api: Any, case: str) -> None:
         quiet = await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
         assert quiet.process_id is not None
         api.kill(s.container_id)
-        started = time.monotonic()
+        deadlines = DeadlineCount(s)
         for process_id in (pid, quiet.process_id):
             final = await s.pty_write_stdin(process_id, "", yield_time_s=20)
             while final.process_id is not None:
                 final = await s.pty_write_stdin(process_id, "", yield_time_s=20)
             assert final.exit_code == 137 or "container stopped" in final.output
-        assert time.monotonic() - started < 15
+        # The kill ended every poll: none ran to its 20 s deadline.
+        assert deadlines.count == 0
+        deadlines.close()
         with pytest.raises(sandbox.ProviderError, match="not running") as info:
             await s.exec("true")
         assert info.value.retryable is False

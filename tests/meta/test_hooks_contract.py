@@ -121,8 +121,19 @@ def test_the_hooks_are_the_backend_contract() -> None:
     for name in HOOKS - {"_keeps_processes"}:  # a flag, described by its comment
         assert inspect.getdoc(getattr(SessionHooks, name)), f"{name} has no contract docstring"
     # The base session's internals live in its collaborators, not beside the hooks.
-    assert {"_processes", "_owned"} <= BASE_ATTRIBUTES
-    assert not {"_registry", "_starting", "_lock", "_execs", "_teardowns"} & BASE_ATTRIBUTES
+    assert {"_processes", "_owned", "_lifecycle", "_session_options"} <= BASE_ATTRIBUTES
+    assert (
+        not {
+            "_registry",
+            "_starting",
+            "_lock",
+            "_execs",
+            "_teardowns",
+            "_state",
+            "_closing",
+        }
+        & BASE_ATTRIBUTES
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))

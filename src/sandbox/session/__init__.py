@@ -8,7 +8,7 @@ each live in their own module beside it. Only the names below are imported from
 `sandbox.session`.
 """
 
-from .base import BaseSandboxSession
+from .base import BaseSandboxSession, durable_session_id
 from .hooks import SessionHooks
 from .lifecycle import SessionState
 from .registry import ID_RANGE, MAX_PROCESSES, PROTECTED_RECENT, WARN_PROCESSES
@@ -23,4 +23,5 @@ __all__ = [
     "BaseSandboxSession",
     "SessionHooks",
     "SessionState",
+    "durable_session_id",
 ]

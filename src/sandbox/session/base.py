@@ -2,41 +2,33 @@
 
 Options, the lifecycle (`start`, `aclose`, `detach`) and the public calls (`exec`,
 files, workspace, `pty_*`) live here, each a check or two handed to a collaborator
-that owns its state: the `ProcessRegistry` (`self._processes`: ids, slots, who owns
-each entry), `OwnedTasks` (`self._owned`: owned tasks and every teardown),
-`Recordings`, `PtyCalls` (`self._pty`), `FileCalls`, `WorkspaceCalls`, and the
-functions of `lifecycle`, `run_one_shot` and `sandbox.durable.ops`. The hooks a
+that owns its state: the `Lifecycle` (`self._lifecycle`: the state, the start and
+close tasks, the check each call makes first), the `ProcessRegistry`
+(`self._processes`: ids, slots, who owns each entry), `OwnedTasks` (`self._owned`:
+owned tasks and every teardown), `Recordings`, `PtyCalls` (`self._pty`), `FileCalls`,
+`WorkspaceCalls`, and the functions of `run_one_shot` and `sandbox.durable.ops`. The hooks a
 backend implements are inherited from `SessionHooks` (`hooks.py`); a backend never
 touches anything else here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import warnings
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 from .. import arguments
 from ..durable import ops as durable_ops
 from ..durable.refs import SessionRef
 from ..durable.state import DurableState
-from ..errors import (
-    InvalidArgumentError,
-    SessionClosedError,
-    SessionNotStartedError,
-    SessionStateError,
-    UnsupportedOperationError,
-)
+from ..errors import InvalidArgumentError, UnsupportedOperationError
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from ..files import arguments as files
 from ..output.buffer import DEFAULT_OUTPUT_LIMIT
 from ..output.until import UntilPattern, check_until
 from ..process_entry import H, ProcessSpec, PtyEntry
-from ..settle import DEFAULT_BATCH_CONCURRENCY, settle
+from ..settle import DEFAULT_BATCH_CONCURRENCY
 from ..terminal.screen_limit import check_screen_cells
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
 from ..workspace import extract as ws_extract
@@ -47,13 +39,12 @@ from . import file_calls, lifecycle, workspace_calls
 from .hooks import SessionHooks
 from .lifecycle import SessionState
 from .oneshot import run_one_shot
-from .ownership import OwnedTasks, finished
+from .options import SessionOptions
+from .ownership import OwnedTasks
 from .pty_calls import PtyCalls
 from .recordings import Recordings
-from .registry import MAX_PROCESSES, PROTECTED_RECENT, ProcessRegistry
+from .registry import MAX_PROCESSES, ProcessRegistry
 from .windows import check_until_screen
-
-T = TypeVar("T")
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..terminal.screen import ScreenSnapshot
@@ -89,40 +80,37 @@ class BaseSandboxSession(SessionHooks[H]):
         ref_file: str | os.PathLike[str] | None = None,
     ) -> None:
         recordings = Recordings(record_dir)
-        for name, value, least in (
-            ("max_processes", max_processes, PROTECTED_RECENT + 1),
-            ("output_limit_bytes", output_limit_bytes, 1024),
-            ("teardown_concurrency", teardown_concurrency, 1),
-        ):
-            # Checked here, not at teardown: a bad option must fail when it is given.
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgumentError(f"{name} must be an int, not {value!r}")
-            if value < least:
-                raise InvalidArgumentError(f"{name} must be at least {least}, not {value}")
-        self.output_limit_bytes = output_limit_bytes
-        self.read_limit_bytes = files.check_byte_count(read_limit_bytes, "read_limit_bytes")
-        # Per stream, for one-shot `exec` (head + tail kept, see `sandbox.exec_output`).
-        self.exec_output_limit_bytes = arguments.check_output_limit(
-            "exec_output_limit_bytes", exec_output_limit_bytes
+        # Checked here, not at teardown: a bad option must fail when it is given.
+        options = self._session_options = SessionOptions(
+            max_processes=max_processes,
+            output_limit_bytes=output_limit_bytes,
+            teardown_concurrency=teardown_concurrency,
+            read_limit_bytes=read_limit_bytes,
+            exec_output_limit_bytes=exec_output_limit_bytes,
         )
-        self._state = SessionState.NEW
+        self.output_limit_bytes = options.output_limit_bytes
+        self.read_limit_bytes = options.read_limit_bytes
+        self.exec_output_limit_bytes = options.exec_output_limit_bytes
+        # The state, the start and close tasks, the checks each call makes first.
+        self._lifecycle = lifecycle.Lifecycle(self)
         # Which processes exist and who owns each (`registry.py` states the rule).
         self._processes: ProcessRegistry[H] = ProcessRegistry(
-            self.backend_name, max_processes=max_processes, output_limit_bytes=output_limit_bytes
+            self.backend_name,
+            max_processes=options.max_processes,
+            output_limit_bytes=options.output_limit_bytes,
         )
         # The start, spawn and one-shot tasks it owns, and every teardown batch.
         self._owned: OwnedTasks[H] = OwnedTasks(
             self._processes,
             # Looked up at each teardown: a test's `HookGate` may wrap the hook later.
             lambda entry: self._terminate_pty_entry(entry),
-            closing=self._is_closing,
-            concurrency=teardown_concurrency,
+            closing=self._lifecycle.is_closing,
+            concurrency=options.teardown_concurrency,
             release=lambda entry: self._release_entry(entry),
-            changed=self._durable_changed,
+            changed=self._lifecycle.changed,
         )
         # `record_dir` and its fd, from `start()` to the close.
         self._recordings = recordings
-        self._closing: asyncio.Future[Any] | None = None
         # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
         # opened now, before the sandbox runs anything.
         if ref_file is not None and type(self)._ref_sandbox is SessionHooks._ref_sandbox:
@@ -132,18 +120,20 @@ class BaseSandboxSession(SessionHooks[H]):
         self._durable = DurableState(ref_file)
         # The file and workspace calls: argument checks, then one hook each.
         self._file_calls = file_calls.FileCalls(
-            self, ready=self._require_running, guard=self._durable_guard
+            self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
         )
-        self._workspace_calls = workspace_calls.WorkspaceCalls(self, ready=self._require_running)
+        self._workspace_calls = workspace_calls.WorkspaceCalls(
+            self, ready=self._lifecycle.require_running
+        )
         # What the `pty_*` calls do once their arguments are checked.
         self._pty: PtyCalls[H] = PtyCalls(
             self,
             self._processes,
             self._owned,
             recordings,
-            ready=self._require_running,
-            guard=self._durable_guard,
-            closing=self._is_closing,
+            ready=self._lifecycle.require_running,
+            guard=self._lifecycle.check_lease,
+            closing=self._lifecycle.is_closing,
         )
 
     @property
@@ -168,7 +158,7 @@ class BaseSandboxSession(SessionHooks[H]):
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} backend={self.backend_name!r} state={self._state.value} "
+            f"<{type(self).__name__} backend={self.backend_name!r} state={self.state.value} "
             f"processes={len(self._processes)}>"
         )
 
@@ -177,7 +167,7 @@ class BaseSandboxSession(SessionHooks[H]):
     @property
     def state(self) -> SessionState:
         """The session's lifecycle state."""
-        return self._state
+        return self._lifecycle.state
 
     async def start(self) -> None:
         """Start the sandbox. A no-op when already running.
@@ -187,37 +177,7 @@ class BaseSandboxSession(SessionHooks[H]):
         If `aclose()` is called meanwhile, the start is cancelled, the close tears down
         whatever it made, and this raises `SessionClosedError`.
         """
-        if self._state is SessionState.RUNNING:
-            return
-        if self._state in (SessionState.CLOSING, SessionState.CLOSED):
-            raise SessionClosedError(f"the {self.backend_name} session is closed")
-        if self._state is SessionState.STARTING:
-            raise SessionStateError("start() is already in progress")
-        self._recordings.open()  # before the sandbox runs anything (`recordings.py`)
-        self._state = SessionState.STARTING
-        task = asyncio.ensure_future(lifecycle.run_start(self))
-        self._owned.start_task = task
-        try:
-            await self._owned.wait(task)
-        except BaseException as exc:
-            if self._state is SessionState.STARTING:
-                if task.done() and not task.cancelled() and task.exception() is None:
-                    # The backend came up just as our caller was cancelled: undo it.
-                    try:
-                        await settle(lifecycle.undo_start(self))
-                    except Exception as cleanup_exc:
-                        exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
-                self._state = SessionState.NEW
-                self._recordings.close()
-            raise
-        finally:
-            if self._owned.start_task is task:
-                self._owned.start_task = None
-        if self._state is not SessionState.STARTING:
-            # The close came after the backend was up: it stops the backend, we lost.
-            raise SessionClosedError(f"the {self.backend_name} session was closed while starting")
-        self._state = SessionState.RUNNING
-        durable_ops.changed(self)
+        await self._lifecycle.start()
 
     async def aclose(self) -> None:
         """Cancel whatever is starting or running (a `start()`, one-shot commands, spawns),
@@ -225,24 +185,7 @@ class BaseSandboxSession(SessionHooks[H]):
         left. Idempotent; safe after a failed start; completes even if the caller is
         cancelled (then re-raises that). Several failures come back together as a
         `CleanupError`."""
-        if self._state is SessionState.CLOSED:
-            return
-        if self._closing is not None:
-            await settle(finished(self._closing))
-            return
-        await self._run_closing(lifecycle.close_everything(self, self._state))
-
-    async def _run_closing(self, work: Coroutine[Any, Any, T]) -> T:
-        # A close (or detach) is a task of its own: a cancelled caller leaves it to run
-        # to its end (settled), and a second `aclose()` awaits the same one.
-        self._state = SessionState.CLOSING
-        task = asyncio.ensure_future(work)
-        self._closing = task
-        try:
-            await settle(task)
-        finally:
-            self._state = SessionState.CLOSED
-        return task.result()
+        await self._lifecycle.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -255,18 +198,6 @@ class BaseSandboxSession(SessionHooks[H]):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-    def _require_running(self) -> None:
-        if self._durable.taken_over:
-            raise durable_ops.taken_over_error(self)
-        if self._state is SessionState.RUNNING:
-            return
-        if self._state in (SessionState.CLOSING, SessionState.CLOSED):
-            raise SessionClosedError(f"the {self.backend_name} session is closed")
-        raise SessionNotStartedError(
-            f"the {self.backend_name} session is not started: use `async with session:` "
-            "or await session.start()"
-        )
 
     # ---- one-shot commands and files (`FileCalls`) ------------------------------------
 
@@ -292,8 +223,7 @@ class BaseSandboxSession(SessionHooks[H]):
         `shell=False`, a program that does not exist or is not executable raises
         `CommandNotFoundError` (with `shell=True` that is the shell's exit 127).
         """
-        self._require_running()
-        await self._durable_guard()
+        await self._lifecycle.guard()
         spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
         checked_timeout = arguments.check_timeout(timeout)
         limit = (
@@ -435,8 +365,7 @@ class BaseSandboxSession(SessionHooks[H]):
         always to a new file: anything at its name, or a symlink on the way of a
         `record` path, fails the start with `HostPathError` (`sandbox.files.host`).
         """
-        self._require_running()
-        await self._durable_guard()
+        await self._lifecycle.guard()
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
         spec = ProcessSpec(
@@ -509,14 +438,12 @@ class BaseSandboxSession(SessionHooks[H]):
 
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
-        self._require_running()
-        await self._durable_guard()
+        await self._lifecycle.guard()
         await self._owned.settle_batch([self._processes.take(process_id)])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
-        self._require_running()
-        await self._durable_guard()
+        await self._lifecycle.guard()
         await self._owned.settle_batch(self._processes.take_all())
 
     def pty_processes(self) -> list[PtyProcessInfo]:
@@ -539,7 +466,7 @@ class BaseSandboxSession(SessionHooks[H]):
         sandbox over (`SessionTakenOverError`). A detached session returns its final ref."""
         if self._durable.detached is not None:
             return self._durable.detached
-        self._require_running()
+        self._lifecycle.require_running()
         self._durable.shared = True
         return durable_ops.make_ref(self)
 
@@ -549,39 +476,23 @@ class BaseSandboxSession(SessionHooks[H]):
         the others are torn down as by `pty_terminate` and listed as ended with their
         exit codes. Afterwards every call raises `SessionClosedError`. Completes when
         its caller is cancelled (then `ref()` still returns the ref)."""
-        self._require_running()
-        await self._durable_guard()
-        return await self._run_closing(durable_ops.detach_everything(self))
-
-    async def _durable_guard(self) -> None:
-        await durable_ops.guard(self)
-
-    def _durable_changed(self) -> None:
-        # After a process was admitted or a teardown batch ended: the ref file follows.
-        if self._state is SessionState.RUNNING:
-            durable_ops.changed(self)
+        await self._lifecycle.guard()
+        return await self._lifecycle.run_closing(durable_ops.detach_everything(self))
 
     # ---- what the calls share ------------------------------------------------------
-
-    def _is_closing(self) -> bool:
-        return self._state in (SessionState.CLOSING, SessionState.CLOSED)
 
     def _lookup(self, process_id: int) -> PtyEntry[H]:
         return self._pty.lookup(process_id)
 
     def __del__(self) -> None:
-        # Like an unclosed aiohttp session: say so, and let the backend kill what it can
-        # synchronously (unix_local kills its process groups); a remote sandbox is left
-        # to the provider's own timeout.
-        state = getattr(self, "_state", SessionState.CLOSED)
-        if state in (SessionState.NEW, SessionState.CLOSED):
-            return
-        warnings.warn(
-            f"unclosed {self.backend_name} session (state {state.value}): use "
-            "`async with session:` or await session.aclose()",
-            ResourceWarning,
-            source=self,
-            stacklevel=1,
-        )
-        with contextlib.suppress(Exception):
-            self._abandon(self._processes.entries())
+        # Warn and kill what can be killed synchronously, if it was started and not closed.
+        life = getattr(self, "_lifecycle", None)  # None: the constructor raised
+        if life is not None:
+            life.unclosed()
+
+
+def durable_session_id(session: BaseSandboxSession[Any]) -> str:
+    """The id that names `session` across its clients: new with the session, or its
+    ref's at a resume (then set before `_resume_backend` runs), stable afterwards. A
+    backend names its lease and its provider-side marks with it."""
+    return session._durable.session_id

@@ -1,23 +1,38 @@
-"""The work a session's start and close run, as tasks the session owns.
+"""A session's life: its state, its start and close tasks, and the check every call makes.
 
-`BaseSandboxSession.start()` / `aclose()` / `detach()` keep the state machine
-(`SessionState`) and the tasks; what those tasks do is here, in order: a start that
-creates or resumes the sandbox and undoes itself when it fails; a close that cancels
-what is in flight, takes every entry, tears them down as one settled batch, waits for
-teardowns other calls own, then stops the backend. The session is typed as
-`LifecycleSession`, the part of it used here (the session imports this module, so this
-one must not import it back).
+`Lifecycle` is the collaborator `BaseSandboxSession` holds as `_lifecycle`: it owns the
+state machine (`SessionState`) and the close task, runs `start()` / `aclose()` /
+`detach()`'s closing, answers "may a call run now?" (`require_running`, `guard`) and
+"is the session closing?", keeps the ref file current after a change, and does the
+work of an unclosed session's `__del__`. What the start and close tasks do is in the
+functions below it, in order: a start that creates or resumes the sandbox and undoes
+itself when it fails; a close that cancels what is in flight, takes every entry, tears
+them down as one settled batch, waits for teardowns other calls own, then stops the
+backend. The session is typed as `LifecycleSession`, the part of it used here (the
+session imports this module, so this one must not import it back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from typing import Protocol
+import warnings
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
 
 from ..durable import ops as durable_ops
-from ..errors import CleanupError
+from ..errors import (
+    CleanupError,
+    SessionClosedError,
+    SessionNotStartedError,
+    SessionStateError,
+)
+from ..process_entry import PtyEntry
 from ..settle import settle
+from .ownership import finished
+
+T = TypeVar("T")
 
 
 class SessionState(enum.Enum):
@@ -37,6 +52,8 @@ class LifecycleSession(durable_ops.DurableSession, Protocol):
     async def _start_backend(self) -> None: ...
 
     async def _stop_backend(self) -> None: ...
+
+    def _abandon(self, entries: list[PtyEntry[Any]]) -> None: ...
 
 
 async def undo_start(session: LifecycleSession) -> None:
@@ -105,3 +122,135 @@ async def close_everything(session: LifecycleSession, previous: SessionState) ->
             + "; ".join(str(e) for e in errors),
             errors,
         )
+
+
+class Lifecycle:
+    """The state and the start/close work of one session (`session`).
+
+    `state` moves NEW -> STARTING -> RUNNING -> CLOSING -> CLOSED (a failed or
+    cancelled start goes back to NEW). The start and the close each run as a task of
+    their own, so that a cancelled caller never leaves half a start or half a close.
+    """
+
+    def __init__(self, session: LifecycleSession) -> None:
+        self._session = session
+        self.state = SessionState.NEW
+        # The close (or detach) task once one began: a second `aclose()` awaits it.
+        self._closing: asyncio.Future[Any] | None = None
+
+    def is_closing(self) -> bool:
+        """Whether a close (or detach) began: calls that lose to it raise
+        `SessionClosedError`."""
+        return self.state in (SessionState.CLOSING, SessionState.CLOSED)
+
+    def require_running(self) -> None:
+        """Raise unless calls may run now: `SessionTakenOverError` once another client
+        resumed the sandbox, `SessionClosedError` once closing, else
+        `SessionNotStartedError` before the start completed."""
+        name = self._session.backend_name
+        if self._session._durable.taken_over:
+            raise durable_ops.taken_over_error(self._session)
+        if self.state is SessionState.RUNNING:
+            return
+        if self.is_closing():
+            raise SessionClosedError(f"the {name} session is closed")
+        raise SessionNotStartedError(
+            f"the {name} session is not started: use `async with session:` or await session.start()"
+        )
+
+    async def check_lease(self) -> None:
+        """Raise `SessionTakenOverError` if another client took the (shared) sandbox
+        over: one read of the lease, nothing when no ref was handed out."""
+        await durable_ops.guard(self._session)
+
+    async def guard(self) -> None:
+        """What a call that changes the sandbox checks first: `require_running`, then
+        the lease (`check_lease`)."""
+        self.require_running()
+        await self.check_lease()
+
+    def changed(self) -> None:
+        """After a process was admitted or a teardown batch ended: the ref file follows
+        (only while running: the start and the close write it themselves)."""
+        if self.state is SessionState.RUNNING:
+            durable_ops.changed(self._session)
+
+    async def start(self) -> None:
+        """`BaseSandboxSession.start`: the start task, run to its end or undone."""
+        session = self._session
+        if self.state is SessionState.RUNNING:
+            return
+        if self.is_closing():
+            raise SessionClosedError(f"the {session.backend_name} session is closed")
+        if self.state is SessionState.STARTING:
+            raise SessionStateError("start() is already in progress")
+        session._recordings.open()  # before the sandbox runs anything (`recordings.py`)
+        self.state = SessionState.STARTING
+        task = asyncio.ensure_future(run_start(session))
+        session._owned.start_task = task
+        try:
+            await session._owned.wait(task)
+        except BaseException as exc:
+            if self.state is SessionState.STARTING:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    # The backend came up just as our caller was cancelled: undo it.
+                    try:
+                        await settle(undo_start(session))
+                    except Exception as cleanup_exc:
+                        exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
+                self.state = SessionState.NEW
+                session._recordings.close()
+            raise
+        finally:
+            if session._owned.start_task is task:
+                session._owned.start_task = None
+        if self.state is not SessionState.STARTING:
+            # The close came after the backend was up: it stops the backend, we lost.
+            raise SessionClosedError(
+                f"the {session.backend_name} session was closed while starting"
+            )
+        self.state = SessionState.RUNNING
+        durable_ops.changed(session)
+
+    async def close(self) -> None:
+        """`BaseSandboxSession.aclose`: the close task (the one already running, if a
+        close or detach began)."""
+        if self.state is SessionState.CLOSED:
+            return
+        if self._closing is not None:
+            await settle(finished(self._closing))
+            return
+        await self.run_closing(close_everything(self._session, self.state))
+
+    async def run_closing(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` (a close or a detach) as the closing task and return its result.
+
+        A task of its own: a cancelled caller leaves it to run to its end (settled), and
+        a second `aclose()` awaits the same one. The state is CLOSED afterwards, even
+        when `work` failed."""
+        self.state = SessionState.CLOSING
+        task = asyncio.ensure_future(work)
+        self._closing = task
+        try:
+            await settle(task)
+        finally:
+            self.state = SessionState.CLOSED
+        return task.result()
+
+    def unclosed(self) -> None:
+        """The `__del__` of a session that was started and never closed: warn (like an
+        unclosed aiohttp session) and let the backend kill what it can synchronously
+        (`_abandon`: unix_local kills its process groups; a remote sandbox is left to
+        the provider's own timeout). Nothing for a session never started or closed."""
+        if self.state in (SessionState.NEW, SessionState.CLOSED):
+            return
+        session = self._session
+        warnings.warn(
+            f"unclosed {session.backend_name} session (state {self.state.value}): use "
+            "`async with session:` or await session.aclose()",
+            ResourceWarning,
+            source=session,
+            stacklevel=2,
+        )
+        with contextlib.suppress(Exception):
+            session._abandon(session._processes.entries())

@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
     ShellTrap,
@@ -256,7 +256,7 @@ class SandboxLease:
 
     def __init__(self, session: BlaxelSession) -> None:
         self._session = session
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         client = self._session._client

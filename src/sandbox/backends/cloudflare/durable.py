@@ -42,7 +42,7 @@ from typing import Any
 
 from yarl import URL
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import ShellTrap, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .client import WorkerClient
@@ -176,7 +176,7 @@ async def _delete_session(client: WorkerClient, name: str) -> None:
 async def mark(session: CloudflareSession) -> None:
     """Mark the container this session runs in (see the module docstring)."""
     await _create_session(
-        session._client, mark_id(session._durable.session_id), "mark the sandbox's container"
+        session._client, mark_id(durable_session_id(session)), "mark the sandbox's container"
     )
 
 
@@ -184,7 +184,7 @@ async def unmark(session: CloudflareSession) -> None:
     """Remove the mark of a kept sandbox at close (its control shell is no use now)."""
     client = session._client
     if client.http is not None and client.sandbox_id is not None:
-        await _delete_session(client, mark_id(session._durable.session_id))
+        await _delete_session(client, mark_id(durable_session_id(session)))
 
 
 async def resume(session: CloudflareSession) -> None:
@@ -197,7 +197,7 @@ async def resume(session: CloudflareSession) -> None:
         if "not running" in str(exc):
             raise SessionGoneError(GONE.format(id=session._requested_id)) from None
         raise
-    name = mark_id(session._durable.session_id)
+    name = mark_id(durable_session_id(session))
     if await _create_session(client, name, "look for the sandbox's container mark"):
         # A fresh container: our create made the mark just now. Undo that; the
         # container is not ours to delete (the sandbox id may be in use by another).
@@ -300,7 +300,7 @@ class SandboxLease:
 
     def __init__(self, session: CloudflareSession) -> None:
         self._client: WorkerClient = session._client
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         code, out = await self._client.control(argv, "check the session's lease")

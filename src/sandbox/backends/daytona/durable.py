@@ -29,7 +29,7 @@ import asyncio
 import re
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from . import commands, terminal
@@ -176,7 +176,7 @@ class SandboxLease:
 
     def __init__(self, session: DaytonaSession) -> None:
         self._session = session
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         client = self._session._client

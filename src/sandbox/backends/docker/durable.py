@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
     grace_ticks,
@@ -129,7 +129,7 @@ class ContainerLease:
 
     def __init__(self, session: DockerSession) -> None:
         self._session = session
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         engine, options = self._session._require_engine()

@@ -23,7 +23,7 @@ from typing import Any
 
 from e2b import NotFoundException
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import (
     check_tag,
@@ -171,7 +171,7 @@ class SandboxLease:
 
     def __init__(self, session: E2BSession) -> None:
         self._session = session
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         client = self._session._client

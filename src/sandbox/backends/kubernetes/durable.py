@@ -38,7 +38,14 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, SessionState
+from ...backend import (
+    ProcessNotReattached,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    SessionState,
+    durable_session_id,
+)
 from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
     grace_ticks,
@@ -178,7 +185,7 @@ class PodLease:
 
     def __init__(self, session: KubernetesSession) -> None:
         self._session = session
-        self._name = posixpath.basename(lease_path(session._durable.session_id))
+        self._name = posixpath.basename(lease_path(durable_session_id(session)))
 
     async def _run(self, argv: list[str]) -> str | None:
         # The toolkit's `sh -c SCRIPT sh FILE ARGS...`, its FILE named relative to the

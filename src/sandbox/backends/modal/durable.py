@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import check_tag, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .commands import Command, read_stream
@@ -122,7 +122,7 @@ class SandboxLease:
 
     def __init__(self, session: ModalSession) -> None:
         self._session = session
-        self._path = lease_path(session._durable.session_id)
+        self._path = lease_path(durable_session_id(session))
 
     async def _run(self, argv: list[str]) -> str | None:
         sandbox = self._session._commands.require_sandbox()
