@@ -16,7 +16,14 @@ import asyncio
 import os
 from typing import Any
 
-from ...backend import HostLease, ProcessNotReattached, ProcessRef, PtyEntry, SessionRef
+from ...backend import (
+    HostLease,
+    ProcessNotReattached,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    durable_session_id,
+)
 from ...errors import SessionGoneError
 from ...local import cgroups
 from ...local import tree as process_tree
@@ -138,4 +145,4 @@ async def detach(session: UnixLocalSession) -> None:
 
 def lease_store(session: UnixLocalSession) -> HostLease:
     """The lease on this host."""
-    return HostLease(session._durable.session_id)
+    return HostLease(durable_session_id(session))
