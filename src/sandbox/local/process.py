@@ -26,7 +26,11 @@ from ..errors import ProcessExitedError, SandboxError
 from . import cgroups, spawn_helper
 from . import tree as process_tree
 
-READ_CHUNK = 256 * 1024
+# A pipe holds 64 KiB and a terminal less, so a bigger read only costs more: glibc serves
+# an allocation past its mmap threshold (128 KiB at first) with an mmap and a munmap per
+# read, and faults its pages in fresh each time, where 64 KiB reuses the same heap
+# memory. Measured on a 50 MB pipe drain: 80-116 ms at 64 KiB against 144-198 at 256.
+READ_CHUNK = 64 * 1024
 READS_PER_WAKEUP = 8
 KILL_WAIT_S = 5.0
 

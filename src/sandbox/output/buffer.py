@@ -71,13 +71,26 @@ class BoundedOutput:
         """Append bytes; anything beyond the bound is dropped from the middle."""
         if not data:
             return
-        view = memoryview(data)
-        room = self._head_limit - len(self._head)
-        if room > 0 and not self._tail and not self._omitted:
-            self._head += view[:room]
-            view = view[room:]
-            if not view:
+        head = self._head
+        if not self._tail and not self._omitted:
+            # Nothing dropped yet: all of it stays in the head, one piece, however far
+            # past `limit // 2` (a drain then hands it over without a join, and `since`
+            # slices it once). It splits into head and tail only when the bound is hit.
+            if len(head) + len(data) <= self._head_limit + self._tail_limit:
+                head += data
                 return
+            spill = len(head) - self._head_limit
+            if spill > 0:
+                if len(data) < self._tail_limit:
+                    self._tail = head[self._head_limit :]  # the start of the tail
+                else:
+                    self._omitted = spill  # the chunk alone fills the tail
+                del head[self._head_limit :]
+            else:
+                room = -spill
+                head += memoryview(data)[:room]
+                data = memoryview(data)[room:]
+        view = memoryview(data)
         if len(view) >= self._tail_limit:
             self._omitted += len(self._tail) + len(view) - self._tail_limit
             self._tail = bytearray(view[len(view) - self._tail_limit :])
@@ -102,8 +115,8 @@ class BoundedOutput:
         tail_start = self.end_pos - len(self._tail)
         if pos < head_end:
             offset = max(0, pos - self._start)
-            if not self._omitted:
-                return [bytes(self._head[offset:]) + bytes(self._tail)]
+            if not self._omitted:  # then the tail is empty: all of it is in the head
+                return [bytes(self._head[offset:])]
             segments.append(bytes(self._head[offset:]))
         elif self._tail and pos < tail_start:
             segments.append(b"")  # dropped from `pos` on: a gap before the tail
@@ -114,13 +127,9 @@ class BoundedOutput:
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         end = self.end_pos
-        # The buffers are handed over, not copied: fresh ones replace them below.
-        if not self._omitted:
-            if self._tail:
-                self._head += self._tail
-            out = DrainedOutput(self._head, 0, b"")
-        else:
-            out = DrainedOutput(self._head, self._omitted, self._tail)
+        # The buffers are handed over, not copied: fresh ones replace them below. Without
+        # a drop, everything is in the head (see `append`) and the tail is empty.
+        out = DrainedOutput(self._head, self._omitted, self._tail)
         self._start = end
         self._head = bytearray()
         self._tail = bytearray()
