@@ -110,14 +110,16 @@ class BoundedOutput:
         the first retained one (the tail rolled past `pos`), the first segment is empty:
         what follows does not go on from `pos`.
         """
+        if not self._omitted:  # nothing dropped: all of it is in the head, one piece
+            offset = pos - self._start
+            if offset >= len(self._head):
+                return []
+            return [bytes(self._head[max(0, offset) :])]
         segments: list[bytes] = []
         head_end = self._start + len(self._head)
         tail_start = self.end_pos - len(self._tail)
         if pos < head_end:
-            offset = max(0, pos - self._start)
-            if not self._omitted:  # then the tail is empty: all of it is in the head
-                return [bytes(self._head[offset:])]
-            segments.append(bytes(self._head[offset:]))
+            segments.append(bytes(self._head[max(0, pos - self._start) :]))
         elif self._tail and pos < tail_start:
             segments.append(b"")  # dropped from `pos` on: a gap before the tail
         if self._tail and pos < self.end_pos:

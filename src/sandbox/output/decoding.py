@@ -66,6 +66,11 @@ class StreamDecoder:
     def __init__(self) -> None:
         self._pending = b""
 
+    @property
+    def pending(self) -> bytes:
+        """The partial character held back for the next input (at most 3 bytes)."""
+        return self._pending
+
     def snapshot(self) -> StreamDecoder:
         """A copy with the same pending partial character, for look-ahead decoding."""
         twin = StreamDecoder()
@@ -77,7 +82,7 @@ class StreamDecoder:
         pending = self._pending
         if not pending:
             text, used = _utf_8_decode(data, "replace", final)
-            self._pending = bytes(data[used:]) if used < len(data) else b""
+            self._pending = bytes(data[used:])  # nothing, or a partial character
             return text
         # Finish the held-back character from the first bytes of `data`: it started
         # with a lead byte and was valid so far, so it ends (complete or not) within the
