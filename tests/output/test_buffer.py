@@ -157,6 +157,8 @@ def test_since_counts_from_the_start_after_a_drain() -> None:
     assert buffer.since(4) == [b"ef", b"ijk"]
     assert buffer.since(9) == [b"jk"]
     assert buffer.since(10) == [b"k"]
+    # A position before the buffer's start (bytes drained already) gives all it holds.
+    assert buffer.since(0) == [b"def", b"ijk"]
 
 
 def test_since_with_only_a_tail() -> None:
