@@ -111,12 +111,15 @@ async def collect_window(
         snapshot = await render_by(entry, loop.time() + SCREEN_CHECK_SLICE_S)
     finished = entry.output_done
     text = entry.decoder.decode_drained(output.drain(), final=finished)
-    truncated = truncate_to_tokens(text, max_tokens)
+    original_tokens = None
+    if max_tokens is not None:
+        truncated = truncate_to_tokens(text, max_tokens)
+        text, original_tokens = truncated.text, truncated.original_token_count
     update = PtyUpdate(
         process_id=None if finished else entry.process_id,
-        output=truncated.text,
+        output=text,
         exit_code=entry.exit_code if entry.exited else None,
-        original_token_count=truncated.original_token_count,
+        original_token_count=original_tokens,
         screen=snapshot,
     )
     return update, finished
