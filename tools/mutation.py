@@ -220,6 +220,18 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "until_match",
         "UntilMatcher._trim: delete `return`",
     ): "the substring window is already cut to the overlap, so the regex cut is a no-op",
+    (
+        "until_match",
+        "UntilMatcher._step: `return False` -> `return None` (#3)",
+    ): "callers only test the result's truth",
+    (
+        "until_match",
+        "byte_needle: delete `return None` (#2)",
+    ): "the function then ends, which returns None all the same",
+    (
+        "until_match",
+        "byte_needle: delete `return None` (#3)",
+    ): "the function then ends, which returns None all the same",
 }
 
 # --- mutants ---------------------------------------------------------------------------

@@ -278,6 +278,7 @@ def test_a_substring_matcher_keeps_only_its_overlap() -> None:
     m = matcher("abc")
     assert not m.feed([b"x" * 10_000])
     assert m._bytes == b"xx"  # memory stays bounded by the pattern, not the output
+    assert m._window == ""  # and nothing was decoded for it
     m = matcher("a\ufffdc")  # searched in the text: its overlap is characters
     assert not m.feed([b"x" * 10_000])
     assert m._window == "xx"
@@ -439,3 +440,32 @@ def test_a_needle_matches_where_the_text_does(seed: int) -> None:
     m = UntilMatcher(pattern, start.snapshot())
     got = next((i for i, segments in enumerate(arrivals) if m.feed(segments)), -1)
     assert got == want
+
+
+# --- substrings searched in the text (they hold U+FFFD) ------------------------------
+
+
+def test_a_text_substring_is_not_matched_across_a_gap() -> None:
+    m = matcher("\ufffdb")
+    assert not m.feed([b"a\xff", b"b"])  # U+FFFD before the gap, "b" after it
+    assert m.feed([b"\xffb"])
+
+
+def test_a_character_cut_by_a_gap_leaves_nothing_for_the_text_after_it() -> None:
+    # The lead byte of "é" before the gap must not make U+FFFD with what comes later.
+    m = matcher("\ufffdx")
+    assert not m.feed([b"a\xc3", b"\xa9"])
+    assert not m.feed([b"x"])
+
+
+@pytest.mark.parametrize("pattern", ["\ufffd", re.compile("ok")])
+def test_a_text_or_regex_match_is_sticky(pattern: str | re.Pattern[str]) -> None:
+    m = matcher(pattern)
+    assert m.feed([b"\xffok"])
+    assert m.feed([b"zz"])
+
+
+def test_text_skipped_for_the_budget_is_cut_to_the_overlap() -> None:
+    m = matcher("\ufffdbc")
+    assert not m.feed([b"\xffbc"], budget_s=-1)  # kept as look-behind, not searched
+    assert not m.feed([b"x"])  # ... and only "bc" of it: no late match

@@ -220,10 +220,9 @@ class UntilMatcher:
         if piece is None:
             self._restart()
             return False
-        if isinstance(piece, bytes):
-            assert self._needle is not None  # only a needle queues bytes
+        if isinstance(piece, bytes):  # only a needle queues bytes
             self._bytes += piece
-            if self._needle in self._bytes:
+            if self._needle is not None and self._needle in self._bytes:
                 self.matched = True
                 return True
             self._trim_bytes()
