@@ -4,7 +4,8 @@ A process that nobody reads (or that prints faster than it is read) must never m
 library's memory grow without bound. `BoundedOutput` keeps the first `limit // 2` bytes,
 then a rolling tail of the last `limit - limit // 2` bytes, and counts the bytes dropped
 in between. Positions are absolute (bytes ever appended), so a reader can ask for what
-arrived since a position it saw earlier.
+arrived since a position it saw earlier. Until something has to be dropped, all of it is
+held as one piece (the head), which a drain hands over without a copy.
 """
 
 from __future__ import annotations
