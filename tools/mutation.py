@@ -101,6 +101,31 @@ TARGETS: dict[str, Target] = {
 # Mutants that cannot change behaviour: (target, mutant description) -> why. Keep it small;
 # each entry is a claim a reviewer can check by reading the line.
 EQUIVALENT: dict[tuple[str, str], str] = {
+    # BoundedOutput.append: where the one-piece head splits, the boundaries only save work.
+    (
+        "output_buffer",
+        "BoundedOutput.append: `spill > 0` -> `spill >= 0`",
+    ): "a head of exactly its half spills nothing: an empty tail, then the same rolling",
+    (
+        "output_buffer",
+        "BoundedOutput.append: `len(data) < self._tail_limit` -> `len(data) <= self._tail_limit`",
+    ): "a chunk of exactly the tail's size then pushes the spilled bytes out of the tail:"
+    " the same bytes dropped, the same count",
+    (
+        "output_buffer",
+        "BoundedOutput.since: delete `return [bytes(self._head[max(0, offset):])]`",
+    ): "without a drop the general path below returns the same one segment of the head",
+    # StreamDecoder.decode: finishing a held-back character.
+    (
+        "text_decoding",
+        "<module>: `3` -> `4`",
+    ): "one byte more than the held-back character can need: the decoder stops past it"
+    " all the same, and the rest is decoded from there",
+    (
+        "text_decoding",
+        "StreamDecoder.decode: `len(data) <= _COMPLETION` -> `len(data) < _COMPLETION`",
+    ): "three more bytes always finish the held-back character, so the general path"
+    " then gives the same text and keeps the same partial character",
     # truncate_to_tokens: the fast path returns what the exact path below it returns.
     (
         "truncation",
@@ -200,6 +225,18 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "until_match",
         "UntilMatcher._trim: delete `return`",
     ): "the substring window is already cut to the overlap, so the regex cut is a no-op",
+    (
+        "until_match",
+        "UntilMatcher._step: `return False` -> `return None` (#3)",
+    ): "callers only test the result's truth",
+    (
+        "until_match",
+        "byte_needle: delete `return None` (#2)",
+    ): "the function then ends, which returns None all the same",
+    (
+        "until_match",
+        "byte_needle: delete `return None` (#3)",
+    ): "the function then ends, which returns None all the same",
 }
 
 # --- mutants ---------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from sandbox.output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput, DrainedOutput
@@ -155,6 +157,8 @@ def test_since_counts_from_the_start_after_a_drain() -> None:
     assert buffer.since(4) == [b"ef", b"ijk"]
     assert buffer.since(9) == [b"jk"]
     assert buffer.since(10) == [b"k"]
+    # A position before the buffer's start (bytes drained already) gives all it holds.
+    assert buffer.since(0) == [b"def", b"ijk"]
 
 
 def test_since_with_only_a_tail() -> None:
@@ -193,3 +197,68 @@ def test_since_of_a_buffer_that_keeps_nothing_is_empty() -> None:
     assert buffer.omitted == 3
     assert buffer.since(0) == []
     assert buffer.since(2) == []
+
+
+def _model(limit: int, chunks: list[bytes]) -> DrainedOutput:
+    """What the bound keeps, from the whole stream at once: the first `limit // 2`
+    bytes and the last `limit - limit // 2`, or everything when it fits."""
+    data = b"".join(chunks)
+    if len(data) <= limit:
+        return DrainedOutput(data, 0, b"")
+    head, tail = limit // 2, limit - limit // 2
+    return DrainedOutput(data[:head], len(data) - limit, data[len(data) - tail :])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_any_sequence_of_appends_keeps_what_the_bound_says(seed: int) -> None:
+    # Chunks of every size around the bound and its halves, so the one-piece head
+    # splits at every point: before, at and after `limit // 2`, by small and huge chunks.
+    rng = random.Random(seed)
+    limit = rng.randrange(0, 24)
+    chunks = [
+        bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 2, limit // 2, limit, 30))))
+        for _ in range(rng.randrange(1, 8))
+    ]
+    buffer = BoundedOutput(limit)
+    for index, chunk in enumerate(chunks):
+        buffer.append((bytes, bytearray, memoryview)[index % 3](chunk))
+    want = _model(limit, chunks)
+    assert buffer.retained == len(want.head) + len(want.tail)
+    assert buffer.omitted == want.omitted
+    segments = buffer.since(0)
+    if want.omitted:
+        # Head and tail apart; an empty head still stands for the bytes before the gap.
+        kept = [want.head] if want.head or want.tail else []
+        assert segments == kept + ([want.tail] if want.tail else [])
+    else:
+        assert b"".join(segments) == want.head
+    drained = buffer.drain()
+    assert (bytes(drained.head), drained.omitted, bytes(drained.tail)) == (
+        want.head,
+        want.omitted,
+        want.tail,
+    )
+
+
+def test_under_the_bound_the_head_is_one_piece_past_its_half() -> None:
+    # No split at `limit // 2` until something must be dropped: the drain hands over
+    # one buffer (no join) and `since` gives one segment.
+    buffer = filled(10, b"0123", b"4567", b"89")
+    assert buffer.since(3) == [b"3456789"]
+    drained = buffer.drain()
+    assert drained == DrainedOutput(b"0123456789", 0, b"")
+    assert isinstance(drained.head, bytearray) and drained.tail == b""
+
+
+def test_a_one_piece_head_splits_when_the_bound_is_passed() -> None:
+    # The head is 8 bytes (past its half of 5) when a 3-byte chunk overflows: its bytes
+    # past 5 become the start of the tail, which then rolls.
+    buffer = filled(10, b"01234567", b"abc")
+    assert buffer.since(0) == [b"01234", b"67abc"]
+    assert buffer.drain() == DrainedOutput(b"01234", 1, b"67abc")
+    # A chunk as big as the tail drops the spilled bytes and takes the tail alone.
+    buffer = filled(10, b"01234567", b"VWXYZ")
+    assert buffer.drain() == DrainedOutput(b"01234", 3, b"VWXYZ")
+    # A head still short of its half takes its share of the overflowing chunk first.
+    buffer = filled(10, b"012", b"abcdefghij")
+    assert buffer.drain() == DrainedOutput(b"012ab", 3, b"fghij")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
+import random
+
 import pytest
 
 from sandbox.output.buffer import DrainedOutput
@@ -143,3 +146,60 @@ def test_a_gap_leaves_nothing_pending_from_before_it() -> None:
 def test_a_gap_with_a_final_window_flushes_the_tail() -> None:
     text = StreamDecoder().decode_drained(DrainedOutput(b"a", 1, b"b\xc3"), final=True)
     assert text == "a" + omission_marker(1) + "b\ufffd"
+
+
+# Bytes that make every UTF-8 case: ASCII, continuations, 2/3/4-byte leads (valid and
+# not: 0xC0, 0xE0 needs A0.., 0xED excludes surrogates, 0xF4 caps at U+10FFFF, 0xF5..FF
+# never lead), so random strings of them hit complete, cut and invalid sequences.
+_ALPHABET = b"a\x80\x8f\x90\x9f\xa0\xbf\xc0\xc3\xdf\xe0\xe6\xed\xef\xf0\xf4\xf5\xff"
+
+
+def _reference(pieces: list[bytes], final: bool) -> str:
+    reference = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out = [reference.decode(piece) for piece in pieces[:-1]]
+    return "".join(out) + reference.decode(pieces[-1], final)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_decoding_in_pieces_equals_the_standard_incremental_decoder(seed: int) -> None:
+    # The in-place decoder must agree with codecs' own, byte for byte, however the
+    # stream is cut: at every length of a held-back character and of the next input.
+    rng = random.Random(seed)
+    data = bytes(rng.choice(_ALPHABET) for _ in range(rng.randrange(1, 60)))
+    cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randrange(1, 12))))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    for final in (False, True):
+        decoder = StreamDecoder()
+        kinds = (bytes, bytearray, memoryview)
+        got = [decoder.decode(kinds[i % 3](p)) for i, p in enumerate(pieces[:-1])]
+        got.append(decoder.decode(pieces[-1], final=final))
+        assert "".join(got) == _reference(pieces, final)
+    assert decoder.decode(b"") == ""  # a final decode leaves nothing pending
+
+
+@pytest.mark.parametrize(
+    "first", [b"\xc3", b"\xe6", b"\xe6\xbc", b"\xf0", b"\xf0\x9f", b"\xf0\x9f\x98"]
+)
+@pytest.mark.parametrize(
+    "rest", [b"", b"\x80", b"\xa9abc", b"\x80\x80", b"\x80\x80\x80", b"\x80\x80\x80xyz", b"zz"]
+)
+def test_a_held_back_character_is_finished_from_the_next_input(first: bytes, rest: bytes) -> None:
+    for final in (False, True):
+        decoder = StreamDecoder()
+        got = decoder.decode(first) + decoder.decode(rest, final=final)
+        assert got == _reference([first, rest], final)
+        if not final:  # what is still held back comes out on the next input
+            assert got + decoder.decode(b"", final=True) == (first + rest).decode(
+                "utf-8", "replace"
+            )
+
+
+def test_a_drained_head_is_decoded_without_being_copied() -> None:
+    # A bytearray handed over by the buffer is read in place: decoding exports a view,
+    # so a resize of the buffer while the text is made would fail; after it, none is held.
+    head = bytearray(b"abc\xc3")
+    assert StreamDecoder().decode_drained(DrainedOutput(head, 2, bytearray(b"\xa9d"))) == (
+        "abc" + omission_marker(2 + 1 + 1) + "d"
+    )
+    head += b"more"  # no view of it is left behind
+    assert bytes(head) == b"abc\xc3more"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 
 import pytest
@@ -10,7 +11,13 @@ import pytest
 from sandbox.errors import InvalidArgumentError
 from sandbox.output import until as until_module
 from sandbox.output.decoding import StreamDecoder
-from sandbox.output.until import REGEX_LOOKBEHIND, REGEX_PIECE, UntilMatcher, check_until
+from sandbox.output.until import (
+    REGEX_LOOKBEHIND,
+    REGEX_PIECE,
+    UntilMatcher,
+    byte_needle,
+    check_until,
+)
 
 
 def matcher(pattern: str | re.Pattern[str]) -> UntilMatcher:
@@ -270,7 +277,11 @@ def test_text_skipped_for_the_budget_is_context_not_searched() -> None:
 def test_a_substring_matcher_keeps_only_its_overlap() -> None:
     m = matcher("abc")
     assert not m.feed([b"x" * 10_000])
-    assert m._window == "xx"  # memory stays bounded by the pattern, not the output
+    assert m._bytes == b"xx"  # memory stays bounded by the pattern, not the output
+    assert m._window == ""  # and nothing was decoded for it
+    m = matcher("a\ufffdc")  # searched in the text: its overlap is characters
+    assert not m.feed([b"x" * 10_000])
+    assert m._window == "xx"
 
 
 # --- line and window starts after a gap ------------------------------------------------
@@ -349,3 +360,112 @@ async def test_a_deadline_that_passes_while_others_run_stops_the_search(
     m = matcher("ready")
     assert await m.feed_async([b"ready"], deadline) is False
     await busy
+
+
+# --- substrings searched as bytes ------------------------------------------------------
+
+
+def test_which_substrings_are_searched_as_bytes() -> None:
+    assert byte_needle("é$ ") == "é$ ".encode()
+    assert byte_needle(re.compile("x")) is None
+    assert byte_needle("a\ufffd") is None  # U+FFFD also stands for invalid bytes
+    assert byte_needle("a\ud800") is None  # a lone surrogate has no bytes
+
+
+def test_a_needle_split_inside_a_character_is_found() -> None:
+    m = matcher("é!")
+    assert not m.feed([b"x\xc3"])
+    assert m.feed([b"\xa9!"])
+
+
+def test_a_needle_may_start_in_the_partial_character_held_back() -> None:
+    # The last window ended inside 漢 (E6 BC A2): this window's text starts with it.
+    decoder = StreamDecoder()
+    assert decoder.decode(b"a\xe6\xbc") == "a"
+    m = UntilMatcher("漢x", decoder.snapshot())
+    assert m.feed([b"\xa2x"])
+    # After a gap the held-back bytes are not the text before: no match.
+    m = UntilMatcher("漢x", decoder.snapshot())
+    assert not m.feed([b"", b"\xa2x"])
+
+
+def test_invalid_bytes_before_a_needle_do_not_hide_it() -> None:
+    m = matcher("ab")
+    assert m.feed([b"\xe6ab"])  # the lead byte becomes U+FFFD, then "ab"
+    m = matcher("\u00e9")
+    assert not m.feed([b"\xc3\xc3"])  # two lead bytes: no é
+    assert m.feed([b"\xa9"])  # the second one completes it
+
+
+def _text_matches(decoder: StreamDecoder, arrivals: list[list[bytes]], pattern: str) -> int:
+    """The first arrival after which `pattern` is in the window's text, read as the
+    decoder shows it (a gap ends a text and skips the continuation bytes after it);
+    -1 for none."""
+    texts = [""]
+    for index, segments in enumerate(arrivals):
+        for position, chunk in enumerate(segments):
+            if position:
+                texts.append("")
+                decoder.reset()
+                chunk = chunk[len(chunk) - len(chunk.lstrip(bytes(range(0x80, 0xC0)))) :]
+            texts[-1] += decoder.decode(chunk)
+        if any(pattern in text for text in texts):
+            return index
+    return -1
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_a_needle_matches_where_the_text_does(seed: int) -> None:
+    rng = random.Random(seed)
+    alphabet = ["a", "b", "é", "漢", "\U0001f600", "\n"]
+    pattern = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 4)))
+    stream = "".join(rng.choice(alphabet) for _ in range(30)).encode()
+    # Sprinkle invalid bytes: lone leads and continuations.
+    noisy = bytearray()
+    for byte in stream:
+        if rng.random() < 0.1:
+            noisy.append(rng.choice((0x80, 0xBF, 0xC3, 0xE6, 0xF0, 0xFF)))
+        noisy.append(byte)
+    cuts = sorted(rng.sample(range(1, len(noisy)), 8))
+    chunks = [bytes(noisy[a:b]) for a, b in zip([0, *cuts], [*cuts, len(noisy)], strict=True)]
+    arrivals: list[list[bytes]] = []
+    for chunk in chunks:
+        if arrivals and rng.random() < 0.25:
+            arrivals[-1].append(chunk)  # after a gap of dropped bytes
+        else:
+            arrivals.append([chunk])
+    start = StreamDecoder()
+    start.decode(rng.choice((b"", b"\xc3", b"\xe6\xbc", b"\xf0\x9f")))  # held back
+    want = _text_matches(start.snapshot(), arrivals, pattern)
+    m = UntilMatcher(pattern, start.snapshot())
+    got = next((i for i, segments in enumerate(arrivals) if m.feed(segments)), -1)
+    assert got == want
+
+
+# --- substrings searched in the text (they hold U+FFFD) ------------------------------
+
+
+def test_a_text_substring_is_not_matched_across_a_gap() -> None:
+    m = matcher("\ufffdb")
+    assert not m.feed([b"a\xff", b"b"])  # U+FFFD before the gap, "b" after it
+    assert m.feed([b"\xffb"])
+
+
+def test_a_character_cut_by_a_gap_leaves_nothing_for_the_text_after_it() -> None:
+    # The lead byte of "é" before the gap must not make U+FFFD with what comes later.
+    m = matcher("\ufffdx")
+    assert not m.feed([b"a\xc3", b"\xa9"])
+    assert not m.feed([b"x"])
+
+
+@pytest.mark.parametrize("pattern", ["\ufffd", re.compile("ok")])
+def test_a_text_or_regex_match_is_sticky(pattern: str | re.Pattern[str]) -> None:
+    m = matcher(pattern)
+    assert m.feed([b"\xffok"])
+    assert m.feed([b"", b"zz"])  # even where the text after a gap would not match
+
+
+def test_text_skipped_for_the_budget_is_cut_to_the_overlap() -> None:
+    m = matcher("\ufffdbc")
+    assert not m.feed([b"\xffbc"], budget_s=-1)  # kept as look-behind, not searched
+    assert not m.feed([b"x"])  # ... and only "bc" of it: no late match

@@ -26,7 +26,11 @@ from ..errors import ProcessExitedError, SandboxError
 from . import cgroups, spawn_helper
 from . import tree as process_tree
 
-READ_CHUNK = 256 * 1024
+# A pipe holds 64 KiB and a terminal less, so a bigger read only costs more: glibc serves
+# an allocation past its mmap threshold (128 KiB at first) with an mmap and a munmap per
+# read, and faults its pages in fresh each time, where 64 KiB reuses the same heap
+# memory. Measured on a 50 MB pipe drain: 80-116 ms at 64 KiB against 144-198 at 256.
+READ_CHUNK = 64 * 1024
 READS_PER_WAKEUP = 8
 KILL_WAIT_S = 5.0
 
@@ -364,6 +368,17 @@ class LocalProcess:
                 self._close_stream(fd)
                 return
             callback(data)
+            if not self._more_waiting(fd, len(data)):
+                return
+
+    def _more_waiting(self, fd: int, got: int) -> bool:
+        """Whether another read of `fd` now may find bytes. A pipe read returns all the
+        pipe holds up to `READ_CHUNK`, so a shorter one drained it: reading again would
+        only raise BlockingIOError, which costs more than the read itself. A terminal is
+        read again: its non-blocking read first waits for the line discipline to take
+        what the writer already sent (FIONREAD does not), so a second read often finds
+        more, and stopping early cost a PTY drain a third of its speed."""
+        return got >= READ_CHUNK or fd == self.master_fd
 
     def drain_now(self) -> None:
         """Read whatever output is already waiting in the kernel, without blocking."""

@@ -4,7 +4,8 @@ A process that nobody reads (or that prints faster than it is read) must never m
 library's memory grow without bound. `BoundedOutput` keeps the first `limit // 2` bytes,
 then a rolling tail of the last `limit - limit // 2` bytes, and counts the bytes dropped
 in between. Positions are absolute (bytes ever appended), so a reader can ask for what
-arrived since a position it saw earlier.
+arrived since a position it saw earlier. Until something has to be dropped, all of it is
+held as one piece (the head), which a drain hands over without a copy.
 """
 
 from __future__ import annotations
@@ -71,13 +72,26 @@ class BoundedOutput:
         """Append bytes; anything beyond the bound is dropped from the middle."""
         if not data:
             return
-        view = memoryview(data)
-        room = self._head_limit - len(self._head)
-        if room > 0 and not self._tail and not self._omitted:
-            self._head += view[:room]
-            view = view[room:]
-            if not view:
+        head = self._head
+        if not self._tail and not self._omitted:
+            # Nothing dropped yet: all of it stays in the head, one piece, however far
+            # past `limit // 2` (a drain then hands it over without a join, and `since`
+            # slices it once). It splits into head and tail only when the bound is hit.
+            if len(head) + len(data) <= self._head_limit + self._tail_limit:
+                head += data
                 return
+            spill = len(head) - self._head_limit
+            if spill > 0:
+                if len(data) < self._tail_limit:
+                    self._tail = head[self._head_limit :]  # the start of the tail
+                else:
+                    self._omitted = spill  # the chunk alone fills the tail
+                del head[self._head_limit :]
+            else:
+                room = -spill
+                head += memoryview(data)[:room]
+                data = memoryview(data)[room:]
+        view = memoryview(data)
         if len(view) >= self._tail_limit:
             self._omitted += len(self._tail) + len(view) - self._tail_limit
             self._tail = bytearray(view[len(view) - self._tail_limit :])
@@ -97,14 +111,16 @@ class BoundedOutput:
         the first retained one (the tail rolled past `pos`), the first segment is empty:
         what follows does not go on from `pos`.
         """
+        if not self._omitted:  # nothing dropped: all of it is in the head, one piece
+            offset = pos - self._start
+            if offset >= len(self._head):
+                return []
+            return [bytes(self._head[max(0, offset) :])]
         segments: list[bytes] = []
         head_end = self._start + len(self._head)
         tail_start = self.end_pos - len(self._tail)
         if pos < head_end:
-            offset = max(0, pos - self._start)
-            if not self._omitted:
-                return [bytes(self._head[offset:]) + bytes(self._tail)]
-            segments.append(bytes(self._head[offset:]))
+            segments.append(bytes(self._head[max(0, pos - self._start) :]))
         elif self._tail and pos < tail_start:
             segments.append(b"")  # dropped from `pos` on: a gap before the tail
         if self._tail and pos < self.end_pos:
@@ -114,13 +130,9 @@ class BoundedOutput:
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         end = self.end_pos
-        # The buffers are handed over, not copied: fresh ones replace them below.
-        if not self._omitted:
-            if self._tail:
-                self._head += self._tail
-            out = DrainedOutput(self._head, 0, b"")
-        else:
-            out = DrainedOutput(self._head, self._omitted, self._tail)
+        # The buffers are handed over, not copied: fresh ones replace them below. Without
+        # a drop, everything is in the head (see `append`) and the tail is empty.
+        out = DrainedOutput(self._head, self._omitted, self._tail)
         self._start = end
         self._head = bytearray()
         self._tail = bytearray()

@@ -9,7 +9,7 @@ replacement characters, and the marker counts every byte that was not shown.
 
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode as _utf_8_decode
 
 from .buffer import DrainedOutput
 
@@ -46,36 +46,68 @@ def leading_continuation_len(data: bytes | bytearray) -> int:
     return n
 
 
-class StreamDecoder:
-    """A per-process incremental UTF-8 decoder (invalid bytes become U+FFFD)."""
+# Bytes a held-back partial character may still need: a sequence is at most 4 bytes, and
+# at least its lead byte is held back.
+_COMPLETION = 3
 
-    __slots__ = ("_decoder",)
+
+class StreamDecoder:
+    """A per-process incremental UTF-8 decoder (invalid bytes become U+FFFD).
+
+    It decodes the caller's buffer in place (`codecs.utf_8_decode` reads a bytearray or
+    memoryview as it is), where the standard incremental decoder first copies its input
+    onto the bytes it held back: for a window of 50 MB that copy cost as much as the
+    decoding itself. Only the partial character at the end of an input (at most 3
+    bytes) is kept, as `_pending`.
+    """
+
+    __slots__ = ("_pending",)
 
     def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = b""
+
+    @property
+    def pending(self) -> bytes:
+        """The partial character held back for the next input (at most 3 bytes)."""
+        return self._pending
 
     def snapshot(self) -> StreamDecoder:
         """A copy with the same pending partial character, for look-ahead decoding."""
         twin = StreamDecoder()
-        twin._decoder.setstate(self._decoder.getstate())
+        twin._pending = self._pending
         return twin
 
-    def decode(self, data: bytes, *, final: bool = False) -> str:
+    def decode(self, data: bytes | bytearray | memoryview, *, final: bool = False) -> str:
         """Decode the next bytes of the stream."""
-        return self._decoder.decode(data, final)
+        pending = self._pending
+        if not pending:
+            text, used = _utf_8_decode(data, "replace", final)
+            self._pending = bytes(data[used:])  # nothing, or a partial character
+            return text
+        # Finish the held-back character from the first bytes of `data`: it started
+        # with a lead byte and was valid so far, so it ends (complete or not) within the
+        # next `_COMPLETION` bytes, and the decoder stops past it. Where it stops is a
+        # character boundary of `data` itself, from which the rest decodes in place.
+        joined = pending + bytes(data[:_COMPLETION])
+        if len(data) <= _COMPLETION:
+            text, used = _utf_8_decode(joined, "replace", final)
+            self._pending = joined[used:]
+            return text
+        first, used = _utf_8_decode(joined, "replace", False)
+        self._pending = b""
+        return first + self.decode(memoryview(data)[used - len(pending) :], final=final)
 
     def reset(self) -> None:
         """Forget any pending partial character (the stream was cut)."""
-        self._decoder.reset()
+        self._pending = b""
 
     def decode_drained(self, drained: DrainedOutput, *, final: bool = False) -> str:
         """Decode one window's drained output, inserting the omission marker if needed."""
         if not drained.omitted:
-            return self._decoder.decode(drained.head, final)
+            return self.decode(drained.head, final=final)
         cut = _incomplete_suffix_len(drained.head)
-        head = drained.head[: len(drained.head) - cut] if cut else drained.head
+        head = memoryview(drained.head)[: len(drained.head) - cut]
         skip = leading_continuation_len(drained.tail)
-        text = self._decoder.decode(head, True)
-        self._decoder.reset()
+        text = self.decode(head, final=True)
         marker = omission_marker(drained.omitted + cut + skip)
-        return text + marker + self._decoder.decode(drained.tail[skip:], final)
+        return text + marker + self.decode(memoryview(drained.tail)[skip:], final=final)

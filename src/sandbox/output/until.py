@@ -4,7 +4,9 @@ Text is fed as it arrives, and the work per arrival is bounded so that a window 
 maximum wait even for a pathological pattern on a flood of output.
 
 A substring is searched in the new text plus just enough of the previous text to catch a
-match straddling two chunks (`len(pattern) - 1` characters): exact, and linear.
+match straddling two chunks (`len(pattern) - 1` characters): exact, and linear. Unless it
+holds U+FFFD, it is searched as its UTF-8 bytes in the raw output, without decoding (see
+`byte_needle`: the same matches).
 
 A regular expression cannot be searched that way (it may need any amount of context, and
 a backtracking search can cost the square of its input or worse), so each search is
@@ -39,6 +41,27 @@ UntilPattern = str | re.Pattern[str]
 # bytes (U+FFFD, the replacement character: an unknown character, neither a line break
 # nor a word character).
 GAP_CONTEXT = "\ufffd"
+
+
+def byte_needle(pattern: UntilPattern) -> bytes | None:
+    """The UTF-8 bytes to search the raw output for, when that finds exactly the matches
+    of the substring `pattern` in the decoded text; None for a regex, or a substring
+    holding U+FFFD or a lone surrogate (searched in the text instead).
+
+    Exact because decoding never joins a byte that starts a character to the sequence
+    before it (an invalid sequence becomes U+FFFD up to, not including, such a byte):
+    the needle starts with one and is made of whole, valid sequences, so wherever its
+    bytes occur the text holds the pattern, and a pattern without U+FFFD in the text
+    came from exactly those bytes. The decoder's held-back partial character is put
+    before the window's bytes (it may start the match), and after a gap the search
+    starts afresh, as the text does.
+    """
+    if not isinstance(pattern, str) or "\ufffd" in pattern:
+        return None
+    try:
+        return pattern.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
 
 
 def check_until(until: object) -> UntilPattern | None:
@@ -88,7 +111,17 @@ class UntilMatcher:
     the event loop breathe between searches.
     """
 
-    __slots__ = ("_decoder", "_keep", "_pattern", "_pending", "_start", "_window", "matched")
+    __slots__ = (
+        "_bytes",
+        "_decoder",
+        "_keep",
+        "_needle",
+        "_pattern",
+        "_pending",
+        "_start",
+        "_window",
+        "matched",
+    )
 
     def __init__(self, pattern: UntilPattern, decoder: StreamDecoder) -> None:
         self._pattern = pattern
@@ -99,9 +132,19 @@ class UntilMatcher:
         # see the real context; `_start` is 0 only while the line began the window.
         self._window = ""
         self._start = 0
-        # Decoded text not searched yet, in pieces; None marks a gap of dropped bytes.
-        self._pending: deque[str | None] = deque()
-        self._keep = len(pattern) - 1 if isinstance(pattern, str) else 0  # substring overlap
+        # A substring searched as bytes (`byte_needle`): the raw bytes kept from earlier
+        # arrivals, starting with the partial character the decoder holds back.
+        self._needle = byte_needle(pattern)
+        self._bytes = decoder.pending
+        # Text (or, for a needle, bytes) not searched yet, in pieces; None marks a gap of
+        # dropped bytes.
+        self._pending: deque[str | bytes | None] = deque()
+        # The overlap a substring keeps: one unit short of the pattern, in its own units.
+        self._keep = 0
+        if self._needle is not None:
+            self._keep = len(self._needle) - 1
+        elif isinstance(pattern, str):
+            self._keep = len(pattern) - 1
         self.matched = False
 
     def feed(self, segments: list[bytes], *, budget_s: float | None = None) -> bool:
@@ -147,6 +190,12 @@ class UntilMatcher:
         return False
 
     def _enqueue(self, segments: list[bytes]) -> None:
+        if self._needle is not None:  # searched as they are: nothing to decode
+            for index, chunk in enumerate(segments):
+                if index:
+                    self._pending.append(None)
+                self._pending.append(chunk)
+            return
         for index, chunk in enumerate(segments):
             if index:  # bytes were dropped between segments: the text is not continuous
                 self._pending.append(None)
@@ -171,6 +220,13 @@ class UntilMatcher:
         if piece is None:
             self._restart()
             return False
+        if isinstance(piece, bytes):  # only a needle queues bytes
+            self._bytes += piece
+            if self._needle is not None and self._needle in self._bytes:
+                self.matched = True
+                return True
+            self._trim_bytes()
+            return False
         self._window += piece
         if isinstance(self._pattern, str):
             found = self._pattern in self._window
@@ -190,6 +246,9 @@ class UntilMatcher:
             piece = self._pending.popleft()
             if piece is None:
                 self._restart()
+            elif isinstance(piece, bytes):
+                self._bytes += piece
+                self._trim_bytes()
             else:
                 self._window += piece
                 self._trim()
@@ -199,12 +258,17 @@ class UntilMatcher:
         # it may hold the start of a character that the next arrival completes.
         if isinstance(self._pattern, str):
             self._window = ""
+            self._bytes = b""  # nor does the partial character from before the gap
             return
         # The text after a gap goes on from a character nobody saw: a regex search then
         # starts after a stand-in for it (no line break, no word character), so neither
         # `^` nor `\A` takes the cut for a line or window start.
         self._window = GAP_CONTEXT
         self._start = 1
+
+    def _trim_bytes(self) -> None:
+        """Keep the overlap of a needle: one byte short of it."""
+        self._bytes = self._bytes[max(0, len(self._bytes) - self._keep) :]
 
     def _trim(self) -> None:
         """Keep what the next search needs: for a substring, the overlap; for a regex,

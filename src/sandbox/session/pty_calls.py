@@ -141,7 +141,8 @@ class PtyCalls(Generic[H]):
                 raise self.gone(entry)
             entry.touch()
             unwritten = 0
-            window_end = asyncio.get_running_loop().time() + window
+            loop = asyncio.get_running_loop()
+            window_end = loop.time() + window
             if data:
                 if entry.exited:
                     raise ProcessExitedError(
@@ -157,7 +158,7 @@ class PtyCalls(Generic[H]):
                     write=self._hooks._write_stdin,
                     gone=self.gone,
                 )
-            remaining = max(0.0, window_end - asyncio.get_running_loop().time())
+            remaining = max(0.0, window_end - loop.time())
             update = await self.collect(
                 entry, remaining, until, max_tokens, poll=not data, until_screen=screen_pattern
             )

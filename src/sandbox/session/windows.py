@@ -75,25 +75,28 @@ async def collect_window(
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + window_s
+    output = entry.output
     matcher = UntilMatcher(until, entry.decoder.snapshot()) if until is not None else None
-    scanned = entry.output.start_pos
+    scanned = output.start_pos
     # The screen is checked once there is output this window returns (like `until`,
     # which searches it), and after every change; a poll checks it at once.
-    screen_checked = -1 if poll else entry.output.start_pos
+    screen_checked = -1 if poll else scanned
     snapshot: ScreenSnapshot | None = None
+    wants_data = matcher is not None or until_screen is not None
     if not poll:
         entry.poll_preempted = False
     while True:
         if poll and entry.poll_preempted:
             entry.poll_preempted = False
             break
-        if matcher is not None:
-            segments = entry.output.since(scanned)
-            scanned = entry.output.end_pos
-            if segments and await matcher.feed_async(segments, deadline):
+        # Only new bytes are searched (a write's window first looks before any came).
+        if matcher is not None and output.end_pos != scanned:
+            segments = output.since(scanned)
+            scanned = output.end_pos
+            if await matcher.feed_async(segments, deadline):
                 break
-        if until_screen is not None and entry.output.end_pos != screen_checked:
-            screen_checked = entry.output.end_pos
+        if until_screen is not None and output.end_pos != screen_checked:
+            screen_checked = output.end_pos
             snapshot = await render_by(entry, deadline)
             if snapshot is not None and screen_matches(until_screen, snapshot):
                 break
@@ -102,20 +105,21 @@ async def collect_window(
         if loop.time() >= deadline:
             await final_drain(entry)
             break
-        await entry.wait_for_change(
-            deadline, wants_data=matcher is not None or until_screen is not None
-        )
+        await entry.wait_for_change(deadline, wants_data=wants_data)
     if until_screen is not None:
         # What the model sees with the output: the screen at the window's end.
         snapshot = await render_by(entry, loop.time() + SCREEN_CHECK_SLICE_S)
     finished = entry.output_done
-    text = entry.decoder.decode_drained(entry.output.drain(), final=finished)
-    truncated = truncate_to_tokens(text, max_tokens)
+    text = entry.decoder.decode_drained(output.drain(), final=finished)
+    original_tokens = None
+    if max_tokens is not None:
+        truncated = truncate_to_tokens(text, max_tokens)
+        text, original_tokens = truncated.text, truncated.original_token_count
     update = PtyUpdate(
         process_id=None if finished else entry.process_id,
-        output=truncated.text,
+        output=text,
         exit_code=entry.exit_code if entry.exited else None,
-        original_token_count=truncated.original_token_count,
+        original_token_count=original_tokens,
         screen=snapshot,
     )
     return update, finished
