@@ -6,8 +6,11 @@
   read from the one-member archive of the link.
 - `list_dir`: the folder's archive, headers only (data is skipped as it streams); the
   cost grows with the subtree, but nothing runs in the container.
-- `make_dir`, `make_symlink`, hydration: tar members put into the deepest existing
-  folder (with `noOverwriteDirNonDir`), modes and the session's owner in the headers.
+- `make_dir`, `make_symlink`: tar members put into the deepest existing folder (with
+  `noOverwriteDirNonDir`), modes and the session's owner in the headers.
+- hydration (`hydrate`, `DockerSink`): the same members gathered into one tar per
+  existing folder and put in batches; stats only for names in folders the container
+  held (see `DockerSink`).
 - `persist_workspace`: the folder's archive as the engine streams it, names re-rooted
   (the engine prefixes the folder's name), FIFOs, sockets and devices dropped, a hard
   link (the engine emits one for a second name of an inode) sent as a copy of the
@@ -658,6 +661,7 @@ class DockerSink:
         self._folders: dict[str, _Folder] = {}
         self._spool = Spool()
         self._base: str | None = None
+        self._failed = False
 
     def _path(self, path: str) -> str:
         return path if self._root in ("", ".") else f"{self._root.rstrip('/')}/{path}"
@@ -668,9 +672,15 @@ class DockerSink:
         self._folders[""] = _Folder(folder, "", made)
 
     async def flush(self) -> None:
-        """Put the members gathered so far."""
-        if self._spool.members and self._base is not None:
+        """Put the members gathered so far (nothing more once a put failed: the batch it
+        held is not sent twice)."""
+        if self._failed or not self._spool.members or self._base is None:
+            return
+        try:
             await self._tree.put_batch(self._base, self._spool)
+        except Exception:
+            self._failed = True
+            raise
 
     def close(self) -> None:
         """Drop what was not put; the spool is closed once nothing uses it."""
