@@ -212,3 +212,49 @@ async def test_a_hard_link_travels_as_a_copy(docker_ready: None, tmp_path: Path)
             assert members["second.txt"].isfile() and members["first.txt"].isfile()
             second = tar.extractfile(members["second.txt"])
             assert second is not None and second.read() == b"shared inode"
+
+
+class _EngineCalls:
+    """Counts the SDK's stat (HEAD) and put requests of one session (the real engine
+    still answers each)."""
+
+    def __init__(self, session: sandbox.BaseSandboxSession) -> None:
+        self.api = session._tree()._engine.api  # type: ignore[attr-defined]
+        self.heads = self.puts = 0
+        real_head, real_put = self.api.head, self.api._put
+
+        def head(*args: object, **kwargs: object) -> object:
+            self.heads += 1
+            return real_head(*args, **kwargs)
+
+        def put(*args: object, **kwargs: object) -> object:
+            self.puts += 1
+            return real_put(*args, **kwargs)
+
+        self.api.head, self.api._put = head, put
+
+    def close(self) -> None:
+        del self.api.head, self.api._put
+
+
+async def test_hydrate_states_only_names_the_container_held(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    members = [(f"top{k}.txt", b"t") for k in range(30)]
+    members += [(f"tree/d{k % 3}/f{k}.txt", b"f") for k in range(300)]
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
+        calls = _EngineCalls(session)
+        try:
+            # A folder this hydration makes: nothing in it can be there already.
+            assert await session.hydrate_workspace([_tar(*members)], "fresh") == len(members)
+            assert calls.heads <= 4 and calls.puts == 2, (calls.heads, calls.puts)
+            # A folder that exists: one stat for each name directly in it, none below
+            # the folders the hydration makes there.
+            await session.make_dir("held")
+            calls.heads = calls.puts = 0
+            assert await session.hydrate_workspace([_tar(*members)], "held") == len(members)
+            assert 31 <= calls.heads <= 31 + 4 and calls.puts == 1, (calls.heads, calls.puts)
+        finally:
+            calls.close()
+        found = await session.exec("find fresh held -type f | wc -l")
+        assert found.stdout.strip() == b"%d" % (2 * len(members))
