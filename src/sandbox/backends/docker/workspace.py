@@ -336,6 +336,12 @@ class ContainerTree:
         whether this call made it (then it holds nothing yet)."""
         return await self._engine.call(f"make the folder {path!r}", self._root_blocking, path)
 
+    async def folder_at(self, path: str) -> str:
+        """The absolute folder `path` leads to (symlinks followed inside the workspace;
+        one out of it is a `WorkspacePathError`)."""
+        parts = workspace_parts(self._workspace, path)
+        return await self._engine.call(f"stat {path!r}", self._folder, parts, path)
+
     async def kind_at(self, full: str) -> FileKind | None:
         """What is at the absolute `full` (not followed), None when nothing is: one stat."""
         return await self._engine.call(f"stat {full!r}", self._kind_blocking, full)
@@ -647,10 +653,12 @@ class DockerSink:
     what the hydration put there); in a folder that existed, its name is stated first
     (one HEAD: what was already there), and a batch goes to one existing folder only, so
     the engine never follows a symlink on a member's way. Anything but the plain case
-    (nothing there, or a folder under a folder member, a file under a file member) puts
-    the batch first and goes through the per-member calls (`ContainerTree`), which walk
-    the container's real state: a symlink out of the workspace, a FIFO or a file in the
-    way is refused there, as by `write_file` and `make_dir`.
+    (nothing at the name, a folder where a folder member goes, a file where a file
+    member goes) puts the batch first and walks the container's real state: a folder
+    member over a symlink to a folder inside the workspace follows it (what goes below
+    it is batched into that folder), the rest goes through the per-member calls
+    (`ContainerTree`), where a symlink out of the workspace, a FIFO or a file in the way
+    is refused, as by `write_file` and `make_dir`.
 
     `open` before the members, `flush` after them (what came before a refused member
     lands), `close` in any case (the spool, now or once its put ends)."""
@@ -697,13 +705,7 @@ class DockerSink:
 
     async def _walked(self, path: str, parent: _Folder | None) -> _Folder:
         """The record of the existing folder `path` as the container's walk finds it."""
-        full = self._path(path)
-        folder = await self._tree._engine.call(
-            f"stat {full!r}",
-            self._tree._folder,
-            workspace_parts(self._tree._workspace, full),
-            full,
-        )
+        folder = await self._tree.folder_at(self._path(path))
         if parent is not None:
             same = posixpath.join(parent.base, parent.member(posixpath.basename(path)))
             if folder == same:
