@@ -1,6 +1,7 @@
 """docker's workspace calls: the engine's archive streamed in bounded memory, a consumer
 that stops early or a cancelled hydration leaving nothing behind (no engine stream, no
-spool, no running exec), and hard links sent as copies."""
+spool, no running exec), hydration in batches that still never goes through a symlink
+out of the workspace the container already held, and hard links sent as copies."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import sandbox
+from sandbox.backends.docker.workspace import BATCH_BYTES, BATCH_MEMBERS, SPILL_BYTES
 from tests.backend_fixtures import docker as docker_fixture
 from tests.conftest import skip_or_fail
 from tests.helpers import HookGate, open_fds
@@ -81,28 +84,40 @@ async def test_persist_stopped_early_releases_the_stream(
         assert [e.name for e in await session.list_dir("t")] == ["big.bin"]
 
 
-async def test_hydrate_cancelled_inside_a_put_leaks_nothing(
-    docker_ready: None, tmp_path: Path
+def _tar(*members: tuple[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+# Past the size a batch keeps in memory: its spool is a temporary file.
+SPILLED = b"s" * (SPILL_BYTES + 4096)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-the-put", "after-the-put"])
+async def test_hydrate_cancelled_at_a_put_leaks_nothing(
+    docker_ready: None, tmp_path: Path, after: bool
 ) -> None:
     async with docker_fixture.BACKEND.session(tmp_path) as session:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name in ("one.txt", "two.txt"):
-                info = tarfile.TarInfo(name)
-                info.size = 3
-                tar.addfile(info, io.BytesIO(b"abc"))
+        data = _tar(("one.txt", b"abc"), ("big.bin", SPILLED))
         tree = session._tree()  # type: ignore[attr-defined]
-        gate = HookGate(tree, "write_file")
+        gate = HookGate(tree, "put_batch", after=after)
         session._tree = lambda: tree  # type: ignore[attr-defined]
         spools = _spools()  # pytest's own captures are deleted temporary files too
-        task = asyncio.create_task(session.hydrate_workspace([out.getvalue()], "dest"))
+        task = asyncio.create_task(session.hydrate_workspace([data], "dest"))
         await gate.reached.wait()
+        assert len(_spools()) == len(spools) + 1  # the batch is spooled to a file
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         gate.release()
-        assert _spools() == spools  # no member's spool left open (engine sockets are pooled)
-        assert await session.list_dir("dest") == []
+        assert _spools() == spools  # the batch's spool is closed (engine sockets are pooled)
+        landed = sorted(e.name for e in await session.list_dir("dest"))
+        assert landed == (["big.bin", "one.txt"] if after else [])
         assert (await session.exec("echo alive")).stdout == b"alive\n"
 
 
@@ -110,16 +125,11 @@ async def test_hydrate_cancelled_while_its_source_blocks_closes_the_spool(
     docker_ready: None, tmp_path: Path
 ) -> None:
     async with docker_fixture.BACKEND.session(tmp_path) as session:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            info = tarfile.TarInfo("big.bin")
-            info.size = 200_000
-            tar.addfile(info, io.BytesIO(b"z" * 200_000))
-        data = out.getvalue()
+        data = _tar(("big.bin", SPILLED + SPILLED))
         blocked = asyncio.Event()
 
         async def source() -> AsyncIterator[bytes]:
-            yield data[:100_000]  # the header and part of the file: its spool is open
+            yield data[: len(SPILLED) + 1024]  # past the memory part: the spool is a file
             blocked.set()
             await asyncio.Event().wait()
             yield b""
@@ -139,6 +149,60 @@ async def test_hydrate_cancelled_while_its_source_blocks_closes_the_spool(
         assert await session.list_dir("dest") == []
 
 
+async def test_hydrate_in_batches_keeps_every_member(docker_ready: None, tmp_path: Path) -> None:
+    # More members than one batch takes, and a file larger than one batch's bytes.
+    big = os.urandom(BATCH_BYTES + 12345)
+    small = [(f"many/d{k % 7}/f{k}.txt", b"%d" % k) for k in range(BATCH_MEMBERS + 150)]
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
+        data = _tar(("first.txt", b"1"), *small, ("big/blob.bin", big), ("last.txt", b"z"))
+        assert await session.hydrate_workspace([data], "copy") == len(small) + 3
+        listing = await session.exec("cd copy && find . -type f | wc -l && cat many/d3/f10.txt")
+        assert listing.stdout.split() == [b"%d" % (len(small) + 3), b"10"]
+        assert await session.read_file("copy/big/blob.bin", max_bytes=len(big)) == big
+        assert await session.read_file("copy/last.txt") == b"z"
+
+
+async def _link_out(session: sandbox.BaseSandboxSession, where: str) -> None:
+    result = await session.exec(f"mkdir -p dest/sub && ln -s /etc {where}")
+    assert result.exit_code == 0, result
+
+
+@pytest.mark.parametrize(
+    ("link", "culprit"),
+    [("dest/link", "link/x"), ("dest/sub/link", "sub/link/x"), ("dest/link", "link")],
+    ids=["through-a-link", "through-a-nested-link", "onto-a-link"],
+)
+async def test_hydrate_never_follows_a_link_out_the_container_held(
+    docker_ready: None, tmp_path: Path, link: str, culprit: str
+) -> None:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
+        await _link_out(session, link)
+        members = [(f"sub/before{k}.txt", b"b") for k in range(20)]
+        data = _tar(*members, (culprit, b"evil"), ("after.txt", b"late"))
+        with pytest.raises(sandbox.WorkspacePathError, match="out of the workspace"):
+            await session.hydrate_workspace([data], "dest")
+        # What the batch held before the refused member landed, nothing after it did.
+        landed = {e.name for e in await session.list_dir("dest/sub")}
+        assert {f"before{k}.txt" for k in range(20)} <= landed
+        assert "after.txt" not in {e.name for e in await session.list_dir("dest")}
+        escaped = await session.exec("ls /etc/x /etc/link 2>/dev/null; cat /etc/passwd")
+        assert b"evil" not in escaped.stdout and b"root:" in escaped.stdout
+
+
+async def test_hydrate_follows_a_link_the_container_held_inside(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
+        result = await session.exec("mkdir -p dest other && ln -s ../other dest/in")
+        assert result.exit_code == 0, result
+        data = _tar(("a.txt", b"a"), ("in/x.txt", b"x"), ("in/deep/y.txt", b"y"), ("b.txt", b"b"))
+        assert await session.hydrate_workspace([data], "dest") == 4
+        assert await session.read_file("other/x.txt") == b"x"
+        assert await session.read_file("other/deep/y.txt") == b"y"
+        assert sorted(e.name for e in await session.list_dir("dest")) == ["a.txt", "b.txt", "in"]
+        assert (await session.stat("dest/in")).kind == "symlink"
+
+
 async def test_a_hard_link_travels_as_a_copy(docker_ready: None, tmp_path: Path) -> None:
     async with docker_fixture.BACKEND.session(tmp_path) as session:
         await session.write_file("h/first.txt", b"shared inode")
@@ -148,3 +212,49 @@ async def test_a_hard_link_travels_as_a_copy(docker_ready: None, tmp_path: Path)
             assert members["second.txt"].isfile() and members["first.txt"].isfile()
             second = tar.extractfile(members["second.txt"])
             assert second is not None and second.read() == b"shared inode"
+
+
+class _EngineCalls:
+    """Counts the SDK's stat (HEAD) and put requests of one session (the real engine
+    still answers each)."""
+
+    def __init__(self, session: sandbox.BaseSandboxSession) -> None:
+        self.api = session._tree()._engine.api  # type: ignore[attr-defined]
+        self.heads = self.puts = 0
+        real_head, real_put = self.api.head, self.api._put
+
+        def head(*args: object, **kwargs: object) -> object:
+            self.heads += 1
+            return real_head(*args, **kwargs)
+
+        def put(*args: object, **kwargs: object) -> object:
+            self.puts += 1
+            return real_put(*args, **kwargs)
+
+        self.api.head, self.api._put = head, put
+
+    def close(self) -> None:
+        del self.api.head, self.api._put
+
+
+async def test_hydrate_states_only_names_the_container_held(
+    docker_ready: None, tmp_path: Path
+) -> None:
+    members = [(f"top{k}.txt", b"t") for k in range(30)]
+    members += [(f"tree/d{k % 3}/f{k}.txt", b"f") for k in range(300)]
+    async with docker_fixture.BACKEND.session(tmp_path) as session:
+        calls = _EngineCalls(session)
+        try:
+            # A folder this hydration makes: nothing in it can be there already.
+            assert await session.hydrate_workspace([_tar(*members)], "fresh") == len(members)
+            assert calls.heads <= 4 and calls.puts == 2, (calls.heads, calls.puts)
+            # A folder that exists: one stat for each name directly in it, none below
+            # the folders the hydration makes there.
+            await session.make_dir("held")
+            calls.heads = calls.puts = 0
+            assert await session.hydrate_workspace([_tar(*members)], "held") == len(members)
+            assert 31 <= calls.heads <= 31 + 4 and calls.puts == 1, (calls.heads, calls.puts)
+        finally:
+            calls.close()
+        found = await session.exec("find fresh held -type f | wc -l")
+        assert found.stdout.strip() == b"%d" % (2 * len(members))

@@ -35,7 +35,6 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
-    extract_archive,
     settle,
 )
 from ...errors import (
@@ -58,7 +57,7 @@ from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 from .files import ContainerFiles
 from .ports import commit_snapshot, exposed_port, snapshot_options
 from .stream import StreamClosedError
-from .workspace import ContainerTree, DockerSink
+from .workspace import ContainerTree, hydrate
 
 logger = logging.getLogger("sandbox.docker")
 
@@ -526,11 +525,10 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     async def _hydrate_workspace(
         self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
     ) -> int:
-        """The extractor's members put through the archive endpoint, modes in headers."""
-        tree = self._tree()
-        await tree.make_dir(path, True)
-        return await extract_archive(
-            chunks, DockerSink(tree, path), max_members=max_members, max_bytes=max_bytes
+        """The extractor's members put through the archive endpoint in batches, modes in
+        headers (`workspace.DockerSink`)."""
+        return await hydrate(
+            self._tree(), path, chunks, max_members=max_members, max_bytes=max_bytes
         )
 
 

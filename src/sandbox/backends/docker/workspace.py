@@ -6,8 +6,11 @@
   read from the one-member archive of the link.
 - `list_dir`: the folder's archive, headers only (data is skipped as it streams); the
   cost grows with the subtree, but nothing runs in the container.
-- `make_dir`, `make_symlink`, hydration: tar members put into the deepest existing
-  folder (with `noOverwriteDirNonDir`), modes and the session's owner in the headers.
+- `make_dir`, `make_symlink`: tar members put into the deepest existing folder (with
+  `noOverwriteDirNonDir`), modes and the session's owner in the headers.
+- hydration (`hydrate`, `DockerSink`): the same members gathered into one tar per
+  existing folder and put in batches; stats only for names in folders the container
+  held (see `DockerSink`).
 - `persist_workspace`: the folder's archive as the engine streams it, names re-rooted
   (the engine prefixes the folder's name), FIFOs, sockets and devices dropped, a hard
   link (the engine emits one for a second name of an inode) sent as a copy of the
@@ -36,6 +39,7 @@ from ...backend import (
     child_path,
     dir_header,
     exact_chunks,
+    extract_archive,
     file_header,
     symlink_header,
     tar_padding,
@@ -44,11 +48,13 @@ from ...backend import (
 from ...errors import (
     InvalidArgumentError,
     NotAFileError,
+    ProviderError,
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
 from .archive import MODE_DIR, MODE_SYMLINK, put_tar, stat_path
 from .engine import Engine
+from .errors import is_not_found
 from .files import MAX_SYMLINK_HOPS, ContainerFiles, _below, workspace_parts
 
 READ_CHUNK = 1024 * 1024
@@ -228,21 +234,23 @@ class ContainerTree:
     def _put_members(self, folder: str, headers: list[bytes]) -> None:
         put_tar(self._engine.api, self._id, folder, iter([*headers, TAR_END]))
 
-    def _header(self, name: str, kind: bytes, mode: int, link: str = "") -> bytes:
+    def _header(self, name: str, kind: bytes, mode: int, link: str = "", size: int = 0) -> bytes:
         info = tarfile.TarInfo(name)
         info.type = kind
+        info.size = size
         info.mode = mode & 0o7777
         info.uid, info.gid = self._owner
         info.linkname = link
         info.mtime = int(datetime.datetime.now().timestamp())
         return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
 
-    def _make_dir_blocking(self, path: str, parents: bool, mode: int | None) -> None:
+    def _make_dir_blocking(self, path: str, parents: bool, mode: int | None) -> bool:
+        """Make the folder; whether it was missing (and so was made here)."""
         parts = workspace_parts(self._workspace, path)
         if not parts:
             if not parents:
                 raise InvalidArgumentError(f"{path!r} exists (it is the workspace)")
-            return
+            return False
         api = self._engine.api
         existing = 0
         for k in range(1, len(parts) + 1):
@@ -259,7 +267,7 @@ class ContainerTree:
             if mode is not None:  # a folder member over it sets its mode
                 parent = self._folder(parts[:-1], path)
                 self._put_members(parent, [self._header(parts[-1], tarfile.DIRTYPE, mode)])
-            return
+            return False
         if existing < len(parts) - 1 and not parents:
             raise SandboxFileNotFoundError(f"cannot make {path!r}: its parent is missing")
         base = self._folder(parts[:existing], path) if existing else self._workspace
@@ -276,6 +284,15 @@ class ContainerTree:
             for depth in range(1, len(missing) + 1)
         ]
         self._put_members(base, headers)
+        return True
+
+    def _root_blocking(self, path: str) -> tuple[str, bool]:
+        made = self._make_dir_blocking(path, True, None)
+        return self._folder(workspace_parts(self._workspace, path), path), made
+
+    def _kind_blocking(self, full: str) -> FileKind | None:
+        stat = stat_path(self._engine.api, self._id, full)
+        return None if stat is None else go_mode(int(stat.get("mode", 0)))[0]
 
     def _symlink_blocking(self, path: str, target: str) -> None:
         folder, name = self._located_parent(path)
@@ -313,6 +330,50 @@ class ContainerTree:
     async def make_symlink(self, path: str, target: str) -> None:
         """Put a symlink member where `path` leads."""
         await self._engine.call(f"make the symlink {path!r}", self._symlink_blocking, path, target)
+
+    async def extraction_root(self, path: str) -> tuple[str, bool]:
+        """The absolute folder `path` leads to, made (with its parents) when missing, and
+        whether this call made it (then it holds nothing yet)."""
+        return await self._engine.call(f"make the folder {path!r}", self._root_blocking, path)
+
+    async def folder_at(self, path: str) -> str:
+        """The absolute folder `path` leads to (symlinks followed inside the workspace;
+        one out of it is a `WorkspacePathError`)."""
+        parts = workspace_parts(self._workspace, path)
+        return await self._engine.call(f"stat {path!r}", self._folder, parts, path)
+
+    async def kind_at(self, full: str) -> FileKind | None:
+        """What is at the absolute `full` (not followed), None when nothing is: one stat."""
+        return await self._engine.call(f"stat {full!r}", self._kind_blocking, full)
+
+    def member_header(
+        self, name: str, kind: bytes, mode: int, *, link: str = "", size: int = 0
+    ) -> bytes:
+        """The tar header of one member with the session's owner (pax when it must)."""
+        return self._header(name, kind, mode, link, size)
+
+    async def put_batch(self, folder: str, spool: Spool) -> None:
+        """Put the members `spool` holds (one tar, its end added) into the absolute,
+        existing `folder`: one engine call. Cancelled, the call goes on and the spool is
+        closed when it ends; the spool is emptied for the next batch once it landed."""
+        api, tail = self._engine.api, spool.tail()
+
+        def put() -> None:
+            put_tar(api, self._id, folder, spool.pieces(tail))
+            spool.rewind()
+
+        call = self._engine.submit(f"hydrate into {folder!r}", put)
+        spool.hold(call)
+        await asyncio.wait({call})  # a cancelled caller leaves the call to end
+        try:
+            call.result()
+        except ProviderError as exc:
+            if is_not_found(exc) and "could not find the file" in str(exc).lower():
+                raise SandboxFileNotFoundError(
+                    f"cannot hydrate into {folder!r}: it disappeared while hydrating"
+                ) from None
+            raise
+        spool.landed()
 
     async def write_file(self, path: str, chunks: AsyncIterator[bytes], mode: int) -> None:
         """Spool `chunks`, then put one file member with `mode` (and the session's owner).
@@ -449,28 +510,321 @@ class _Pull:
             call.add_done_callback(lambda _: self._stream.close())
 
 
+# ---- hydration ------------------------------------------------------------------------
+
+# A batch is put once it holds this many members or bytes (its spool is on disk past
+# SPILL_BYTES, so memory stays near SPILL_BYTES plus one chunk whatever the archive).
+BATCH_MEMBERS = 1000
+BATCH_BYTES = 8 * 1024 * 1024
+SPILL_BYTES = 1024 * 1024
+
+
+class Spool:
+    """The tar members of one batch: the first bytes in memory, the rest spilled to a
+    temporary file. Only complete members are sent (`commit` marks where the last one
+    ends): an archive cut inside a file leaves no half member in a put.
+
+    `close` closes the file now, or once the pool call using it (a write to it, or the
+    put reading it) ends: a blocking call cannot be stopped, and must not find it
+    closed."""
+
+    def __init__(self) -> None:
+        self._file: Any = None
+        self._buffer = bytearray()
+        self._spilled = 0
+        self._committed = 0
+        self._busy: asyncio.Future[Any] | None = None
+        self._closed = False
+        self.members = 0
+
+    @property
+    def size(self) -> int:
+        """The bytes of the complete members held."""
+        return self._committed
+
+    async def write(self, data: bytes) -> None:
+        """Add `data` at the end (spilled to the file once enough is in memory)."""
+        self._buffer += data
+        if len(self._buffer) < SPILL_BYTES:
+            return
+        if self._file is None:
+            call = asyncio.ensure_future(asyncio.to_thread(tempfile.TemporaryFile))
+            call.add_done_callback(self._adopt)
+            await self._wait(call)
+        data, self._buffer = bytes(self._buffer), bytearray()
+        await self._wait(asyncio.ensure_future(asyncio.to_thread(self._file.write, data)))
+        self._spilled += len(data)
+
+    def commit(self) -> None:
+        """The bytes written so far are whole members (one more than before)."""
+        self._committed = self._spilled + len(self._buffer)
+        self.members += 1
+
+    def tail(self) -> bytes:
+        """The committed bytes still in memory (taken on the loop, before a put)."""
+        return bytes(self._buffer[: max(0, self._committed - self._spilled)])
+
+    def pieces(self, tail: bytes) -> Iterator[bytes]:
+        """The committed members and the archive's end (iterated on the pool)."""
+        if self._file is not None:
+            self._file.seek(0)
+            left = min(self._spilled, self._committed)
+            while left:
+                piece = self._file.read(min(READ_CHUNK, left))
+                if not piece:
+                    raise ProviderError("the hydration's spool ended early", retryable=False)
+                left -= len(piece)
+                yield piece
+        yield tail
+        yield TAR_END
+
+    def rewind(self) -> None:
+        """Empty the file for the next batch (on the pool, after the put)."""
+        if self._file is not None:
+            self._file.seek(0)
+            self._file.truncate()
+
+    def landed(self) -> None:
+        """The batch was put: start the next one empty."""
+        self._buffer.clear()
+        self._spilled = self._committed = self.members = 0
+
+    def hold(self, call: asyncio.Future[Any]) -> None:
+        """`call` (on the pool) uses the file until it ends."""
+        self._busy = call
+
+    def close(self) -> None:
+        """Close the file now, or when the pool call using it ends."""
+        self._closed = True
+        busy = self._busy
+        if busy is not None and not busy.done():
+            busy.add_done_callback(lambda _: self._close_file())
+        else:
+            self._close_file()
+
+    async def _wait(self, call: asyncio.Future[Any]) -> Any:
+        self._busy = call
+        await asyncio.wait({call})  # cancelled, the call still ends; `close` waits for it
+        return call.result()
+
+    def _adopt(self, call: asyncio.Future[Any]) -> None:
+        if call.cancelled() or call.exception() is not None:
+            return
+        self._file = call.result()
+        if self._closed:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+class _Folder:
+    """What the sink knows of one folder of the extraction: the existing container
+    folder its members are put into (`base`) and its name below it (`rel`: "" for the
+    base itself; every folder between is a real folder, none a symlink), whether this
+    hydration made it (`fresh`: nothing is in it but what `names` lists), and the names
+    in it that this hydration put or saw, by kind."""
+
+    __slots__ = ("base", "fresh", "names", "rel")
+
+    def __init__(self, base: str, rel: str, fresh: bool) -> None:
+        self.base, self.rel, self.fresh = base, rel, fresh
+        self.names: dict[str, FileKind] = {}
+
+    def child(self, name: str, fresh: bool) -> _Folder:
+        """The record of its real subfolder `name`."""
+        return _Folder(self.base, posixpath.join(self.rel, name) if self.rel else name, fresh)
+
+    def member(self, name: str) -> str:
+        """The tar name of its entry `name`, below `base`."""
+        return posixpath.join(self.rel, name) if self.rel else name
+
+
 class DockerSink:
-    """`extract.Sink` for docker: members put through the archive endpoint with their
-    modes and the session's owner, below the folder `root`."""
+    """`extract.Sink` for docker: members gathered into tars put through the archive
+    endpoint (one engine call per batch), with their modes and the session's owner, below
+    the folder `root`.
+
+    The extractor has refused bad names and anything through a link the archive made;
+    what is left is what the container already held. A member goes into the batch
+    without an engine call when its folder was made by this hydration (it holds only
+    what the hydration put there); in a folder that existed, its name is stated first
+    (one HEAD: what was already there), and a batch goes to one existing folder only, so
+    the engine never follows a symlink on a member's way. Anything but the plain case
+    (nothing at the name, a folder where a folder member goes, a file where a file
+    member goes) puts the batch first and walks the container's real state: a folder
+    member over a symlink to a folder inside the workspace follows it (what goes below
+    it is batched into that folder), the rest goes through the per-member calls
+    (`ContainerTree`), where a symlink out of the workspace, a FIFO or a file in the way
+    is refused, as by `write_file` and `make_dir`.
+
+    `open` before the members, `flush` after them (what came before a refused member
+    lands), `close` in any case (the spool, now or once its put ends)."""
 
     def __init__(self, tree: ContainerTree, root: str) -> None:
         self._tree = tree
         self._root = root
+        self._folders: dict[str, _Folder] = {}
+        self._spool = Spool()
+        self._base: str | None = None
+        self._failed = False
 
     def _path(self, path: str) -> str:
         return path if self._root in ("", ".") else f"{self._root.rstrip('/')}/{path}"
 
+    async def open(self) -> None:
+        """Make the root folder when it is missing, and learn where it leads."""
+        folder, made = await self._tree.extraction_root(self._root or ".")
+        self._folders[""] = _Folder(folder, "", made)
+
+    async def flush(self) -> None:
+        """Put the members gathered so far (nothing more once a put failed: the batch it
+        held is not sent twice)."""
+        if self._failed or not self._spool.members or self._base is None:
+            return
+        try:
+            await self._tree.put_batch(self._base, self._spool)
+        except Exception:
+            self._failed = True
+            raise
+
+    def close(self) -> None:
+        """Drop what was not put; the spool is closed once nothing uses it."""
+        self._spool.close()
+
+    async def _parent(self, path: str) -> tuple[_Folder, str]:
+        """The record of `path`'s folder (made before it by the extractor) and its name."""
+        folder, _, name = path.rpartition("/")
+        record = self._folders.get(folder)
+        if record is None:  # not made through this sink: as the container's walk finds it
+            await self.flush()
+            record = self._folders[folder] = await self._walked(folder, None)
+        return record, name
+
+    async def _walked(self, path: str, parent: _Folder | None) -> _Folder:
+        """The record of the existing folder `path` as the container's walk finds it."""
+        folder = await self._tree.folder_at(self._path(path))
+        if parent is not None:
+            same = posixpath.join(parent.base, parent.member(posixpath.basename(path)))
+            if folder == same:
+                return parent.child(posixpath.basename(path), False)
+        return _Folder(folder, "", False)
+
+    async def _kind(self, parent: _Folder, name: str) -> FileKind | None:
+        """What is at `name` in `parent` (a stat only when the container may hold it)."""
+        kind = parent.names.get(name)
+        if kind is not None or parent.fresh:
+            return kind
+        return await self._tree.kind_at(posixpath.join(parent.base, parent.member(name)))
+
+    async def _into(self, base: str) -> None:
+        """Start on a batch for the folder `base` (the one before is put first)."""
+        if self._base != base:
+            await self.flush()
+            self._base = base
+
+    async def _after_member(self) -> None:
+        self._spool.commit()
+        if self._spool.members >= BATCH_MEMBERS or self._spool.size >= BATCH_BYTES:
+            await self.flush()
+
     async def make_dir(self, path: str, mode: int) -> None:
         """A folder member with `mode` (over an existing folder: its mode is set)."""
-        await self._tree.make_dir(self._path(path), True, mode)
+        parent, name = await self._parent(path)
+        kind = await self._kind(parent, name)
+        if kind == "symlink":
+            # One the container held: followed when it leads to a folder inside the
+            # workspace (the walk refuses any other), its mode left alone, as unix_local
+            # does; what goes below it is put into the folder it leads to.
+            await self.flush()  # the walk sees the container as it is
+            self._folders[path] = await self._walked(path, None)
+            parent.names[name] = "symlink"
+            return
+        if kind not in (None, "dir"):
+            await self.flush()  # the per-member call sees the container as it is
+            await self._tree.make_dir(self._path(path), True, mode)
+            self._folders[path] = await self._walked(path, parent)
+            return
+        record = self._folders.get(path) or parent.child(name, kind is None)
+        await self._into(parent.base)
+        await self._spool.write(
+            self._tree.member_header(parent.member(name), tarfile.DIRTYPE, mode)
+        )
+        await self._after_member()
+        parent.names[name] = "dir"
+        self._folders[path] = record
 
     async def write_file(
         self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
     ) -> None:
-        """One file member (spooled first: the header needs the size)."""
-        del size
-        await self._tree.write_file(self._path(path), chunks, mode)
+        """One file member, its data streamed into the batch."""
+        parent, name = await self._parent(path)
+        kind = await self._kind(parent, name)
+        if kind not in (None, "file"):
+            await self.flush()
+            await self._tree.write_file(self._path(path), chunks, mode)
+            return
+        await self._into(parent.base)
+        spool = self._spool
+        await spool.write(
+            self._tree.member_header(parent.member(name), tarfile.REGTYPE, mode, size=size)
+        )
+        written = 0
+        async for chunk in chunks:
+            written += len(chunk)
+            if written > size:
+                break
+            await spool.write(chunk)
+        if written != size:
+            raise ProviderError(f"{path!r}: {written} bytes where the archive said {size}")
+        await spool.write(tar_padding(size))
+        await self._after_member()
+        parent.names[name] = "file"
 
     async def make_symlink(self, path: str, target: str) -> None:
         """A symlink member."""
-        await self._tree.make_symlink(self._path(path), target)
+        parent, name = await self._parent(path)
+        kind = await self._kind(parent, name)
+        depth = len(parent.rel.split("/")) if parent.rel else 0
+        # The engine refuses a link climbing above the folder the tar goes into.
+        if kind == "dir" or _climb(target) > depth:
+            await self.flush()
+            await self._tree.make_symlink(self._path(path), target)
+            parent.names[name] = "symlink"
+            return
+        await self._into(parent.base)
+        await self._spool.write(
+            self._tree.member_header(parent.member(name), tarfile.SYMTYPE, 0o777, link=target)
+        )
+        await self._after_member()
+        parent.names[name] = "symlink"
+
+
+async def hydrate(
+    tree: ContainerTree,
+    root: str,
+    chunks: AsyncIterator[bytes],
+    *,
+    max_members: int,
+    max_bytes: int,
+) -> int:
+    """Extract the tar `chunks` into the folder `root` (made when missing) through a
+    `DockerSink`; the member count. A refused member (or any failure but a cancel)
+    still lands what came before it, as a member-by-member extraction would."""
+    sink = DockerSink(tree, root)
+    try:
+        await sink.open()
+        try:
+            count = await extract_archive(
+                chunks, sink, max_members=max_members, max_bytes=max_bytes
+            )
+        except Exception:
+            with contextlib.suppress(Exception):  # the first failure is the one to tell
+                await sink.flush()
+            raise
+        await sink.flush()
+        return count
+    finally:
+        sink.close()
