@@ -123,49 +123,73 @@ async def test_feed_async_matches_like_feed_and_stops_at_its_deadline() -> None:
     assert m.feed([b"!"]) is False  # the gap cut the context: "ready" was before it
 
 
-async def test_feed_async_lets_the_loop_run_during_a_flood() -> None:
-    """Between two turns of the loop, searches start within one slice: checked on the
-    loop's own clock (what the slices are cut by), not on how long the host took, so a
-    busy machine cannot fail it and a matcher that never yields cannot pass it."""
-    loop = asyncio.get_running_loop()
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when told to (`advance`): what the matcher's
+    slices and deadline are cut by, so a test of them reads no host time at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+# Each search "costs" this much of the virtual clock.
+SEARCH_COST_S = SLICE_S / 2
+
+
+def test_feed_async_lets_the_loop_run_during_a_flood() -> None:
+    """Between two turns of the other task, the matcher searches for at most one slice
+    (plus the search that crossed it), and it stops at the window's deadline: counted on
+    a virtual clock each search moves by `SEARCH_COST_S`, so a busy machine cannot fail
+    it and a matcher that never yields cannot pass it."""
+    loop = VirtualClockLoop()
     window = 1.0
-    searches: list[float] = []
-    turns: list[float] = []
+    searches: list[int] = []  # the other task's turn count at each search
+    turns = 0
     done = False
 
-    class TimedPattern(RecordingPattern):
+    class CostlyPattern(RecordingPattern):
         def search(self, text: str, pos: int = 0) -> re.Match[str] | None:
-            searches.append(loop.time())
+            searches.append(turns)
+            loop.advance(SEARCH_COST_S)
             return super().search(text, pos)
 
     async def other_task() -> None:
+        nonlocal turns
         while not done:
-            turns.append(loop.time())
+            turns += 1
             await asyncio.sleep(0)
 
-    ticking = asyncio.create_task(other_task())
-    await asyncio.sleep(0)
-    begin = loop.time()
-    # 1 MB at once (a poll of a full output buffer): about 250 pathological searches.
-    m = matcher(TimedPattern(PATHOLOGICAL))
-    assert not await m.feed_async([b"x" * 1_000_000], begin + window)
-    done = True
-    await ticking
-    assert len(searches) >= 2
-    assert searches[-1] < begin + window + SLICE_S, "it searched on past its deadline"
-    assert len(searches) < 1_000_000 // REGEX_PIECE, "the deadline did not stop the searches"
-    # Cut the searches by the other task's turns: each run between two turns is a slice.
-    slices: list[list[float]] = [[]]
-    turn_index = 0
-    for at in searches:
-        while turn_index < len(turns) and turns[turn_index] <= at:
-            turn_index += 1
-            slices.append([])
-        slices[-1].append(at)
-    runs = [run for run in slices if run]
+    async def flood() -> bool:
+        nonlocal done
+        ticking = asyncio.create_task(other_task())
+        await asyncio.sleep(0)
+        # 1 MB at once (a poll of a full output buffer): 245 pieces, more than the window
+        # lets it search at SEARCH_COST_S each.
+        m = matcher(CostlyPattern(re.compile(r"ready\$ $")))
+        matched = await m.feed_async([b"x" * 1_000_000], loop.time() + window)
+        done = True
+        await ticking
+        return matched
+
+    try:
+        assert not loop.run_until_complete(flood())
+    finally:
+        loop.close()
+    pieces = -(-1_000_000 // REGEX_PIECE)
+    assert len(searches) < pieces, "the deadline did not stop the searches"
+    assert len(searches) == pytest.approx(window / SEARCH_COST_S, abs=2), "it stopped early"
+    runs: dict[int, int] = {}
+    for turn in searches:
+        runs[turn] = runs.get(turn, 0) + 1
     assert len(runs) >= 2, "the other task never ran during the flood"
-    longest = max(run[-1] - run[0] for run in runs)
-    assert longest < 2 * SLICE_S, f"searches went on for {longest:.3f}s without a turn"
+    per_slice = round(SLICE_S / SEARCH_COST_S)
+    assert max(runs.values()) <= per_slice + 1, f"searched on for {max(runs.values())} searches"
 
 
 async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) -> None:
