@@ -171,8 +171,10 @@ async def test_output_past_the_ring_is_noted_and_its_tail_kept(server):
     [proc] = ref.processes
     sandbox_id = ref.sandbox["sandbox_id"]
     _touch(server, sandbox_id, "go")
+    # The echo's own line: the typed command line, which the terminal echoes into the
+    # ring at once, holds "the-end;" but not this.
     assert await eventually(
-        lambda: b"the-end" in _ring(server, sandbox_id, proc.handle["session"]), timeout=20
+        lambda: b"\nthe-end\n" in _ring(server, sandbox_id, proc.handle["session"]), timeout=20
     )
     async with _resume(ref) as resumed:
         update = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=10)
