@@ -71,7 +71,7 @@ async def test_output_printed_while_detached_comes_on_the_first_poll(
         assert _sessions(server, s.sandbox_name) == {proc.handle["session_id"]: True}
         (ws / "go").touch()
         name, sid = s.sandbox_name, proc.handle["session_id"]
-        assert await eventually(lambda: b"during" in _ring(server, name, sid))
+        assert await eventually(lambda: b"\nduring" in _ring(server, name, sid))
 
         async with _resume(ref) as resumed:
             [info] = resumed.pty_processes()
@@ -129,7 +129,7 @@ async def test_the_ring_kept_less_than_was_printed_an_omission_within_the_limit(
         ref = await s.detach()
         (ws / "go").touch()
         name, sid = s.sandbox_name, ref.processes[0].handle["session_id"]
-        assert await eventually(lambda: b"end-of-output" in _ring(server, name, sid), 20)
+        assert await eventually(lambda: b"\nend-of-output" in _ring(server, name, sid), 20)
         assert len(_ring(server, name, sid)) <= TERMINAL_RING_BYTES
         async with _resume(ref) as resumed:
             done = await resumed.pty_write_stdin(pid, "", yield_time_s=10)

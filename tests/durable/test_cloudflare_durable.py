@@ -83,7 +83,7 @@ async def test_output_written_while_detached_comes_once_on_the_first_poll(server
     assert server.open_terminals() == 0  # released: sockets closed, nothing killed
     # "late" and the exit are printed with no client attached.
     _touch(server, sandbox_id, "go")
-    assert await eventually(lambda: b"late" in _ring(server, sandbox_id, proc.handle["session"]))
+    assert await eventually(lambda: b"\nlate" in _ring(server, sandbox_id, proc.handle["session"]))
     async with _resume(ref) as resumed:
         update = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=10)
         assert "late" in update.output and "early" not in update.output
