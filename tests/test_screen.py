@@ -17,6 +17,7 @@ import pytest
 
 import sandbox
 from sandbox.terminal.screen import ScreenSnapshot, TerminalScreen
+from sandbox.testing import procfs
 from tests.conftest import skip_or_fail
 from tests.pty_harness import CURSES_PROGRAM, PtyProgram
 
@@ -354,14 +355,6 @@ def _flood_blocks(rng: random.Random) -> list[bytes]:
     return [yes, lines, b"".join(redraw)]
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_50_mb_flood_keeps_memory_bounded_and_ends_on_the_right_screen() -> None:
     rng = random.Random(7)
     blocks = _flood_blocks(rng)
@@ -385,7 +378,7 @@ def test_a_50_mb_flood_keeps_memory_bounded_and_ends_on_the_right_screen() -> No
         finally:
             gc.enable()
 
-    rss_before = _rss()
+    rss_before = procfs.rss_bytes()
     rss_peak = rss_before
     started = time.perf_counter()
     while fed < total:
@@ -399,7 +392,7 @@ def test_a_50_mb_flood_keeps_memory_bounded_and_ends_on_the_right_screen() -> No
             timed(processes, screen.process)
             fed += len(chunk)
             assert screen.pending_bytes <= 2 * 256 * 1024  # trimmed back at twice the bound
-        rss_peak = max(rss_peak, _rss())
+        rss_peak = max(rss_peak, procfs.rss_bytes())
     tail = b"".join(b"tail %d\r\n" % i for i in range(30))
     screen.feed(tail)
     while screen.pending_bytes:

@@ -21,6 +21,7 @@ import pytest
 import sandbox
 from sandbox.backends.unix_local import safe_open, tar_land, tar_walk
 from sandbox.backends.unix_local.workspace_files import LocalTree
+from sandbox.testing import procfs
 from sandbox.testing.conformance import eventually
 from sandbox.workspace import tar_writer
 from sandbox.workspace.persist import walk_tar
@@ -452,14 +453,6 @@ async def test_fast_hydrate_holds_against_the_swap_loop(tmp_path: Path, resolver
     assert "ok" in outcomes and len(set(outcomes)) > 1, set(outcomes)
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 async def test_hydrate_400_mib_in_bounded_memory(tmp_path: Path) -> None:
     size = 100 * 1024 * 1024
     piece = b"\0" * (1024 * 1024)
@@ -472,13 +465,13 @@ async def test_hydrate_400_mib_in_bounded_memory(tmp_path: Path) -> None:
         yield tar_writer.END
 
     async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
-        before = _rss_kib()
+        before = procfs.rss_bytes() // 1024
         peak = before
 
         async def watched() -> AsyncIterator[bytes]:
             nonlocal peak
             for chunk in archive():
-                peak = max(peak, _rss_kib())
+                peak = max(peak, (procfs.rss_bytes() // 1024))
                 yield chunk
 
         assert await session.hydrate_workspace(watched()) == 4

@@ -17,6 +17,7 @@ import pytest
 
 import sandbox
 from sandbox.backends.docker.workspace import BATCH_BYTES, BATCH_MEMBERS, SPILL_BYTES
+from sandbox.testing import procfs
 from tests.backend_fixtures import docker as docker_fixture
 from tests.conftest import skip_or_fail
 from tests.helpers import HookGate, open_fds
@@ -40,14 +41,6 @@ def _spools() -> list[str]:
     return found
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 async def test_persist_400_mib_from_the_engine_in_bounded_memory(
     docker_ready: None, tmp_path: Path
 ) -> None:
@@ -56,11 +49,11 @@ async def test_persist_400_mib_from_the_engine_in_bounded_memory(
             "mkdir -p big && for k in 0 1 2 3; do truncate -s 100M big/part$k.bin; done"
         )
         assert result.exit_code == 0, result
-        before = peak = _rss_kib()
+        before = peak = procfs.rss_bytes() // 1024
         total = 0
         async for chunk in session.persist_workspace("big"):
             total += len(chunk)
-            peak = max(peak, _rss_kib())
+            peak = max(peak, (procfs.rss_bytes() // 1024))
         assert total > 400 * 1024 * 1024
         assert peak - before <= 64 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
         await session.remove("big", recursive=True)

@@ -21,6 +21,7 @@ import pytest
 import sandbox
 from sandbox.backends.unix_local import safe_open, tar_land
 from sandbox.backends.unix_local.workspace_files import LocalTree
+from sandbox.testing import procfs
 from sandbox.workspace.tar_writer import file_header, padding
 from tests.helpers import open_fds
 from tests.test_workspace_race import SWAPPER
@@ -154,14 +155,6 @@ async def test_hydrate_onto_a_fifo_is_refused_without_hanging(tmp_path: Path) ->
                 await session.hydrate_workspace([_tar("pipe", b"data")])
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 async def test_persist_400_mib_in_bounded_memory(tmp_path: Path) -> None:
     async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
         for k in range(4):  # sparse files: 400 MiB of data, hardly any disk
@@ -172,12 +165,12 @@ async def test_persist_400_mib_in_bounded_memory(tmp_path: Path) -> None:
                 handle.write(b"head")
         for k in range(200):
             await session.write_file(f"small/{k % 10}/f{k}.txt", f"file {k}\n")
-        before = _rss_kib()
+        before = procfs.rss_bytes() // 1024
         peak = before
         total = 0
         async for chunk in session.persist_workspace():
             total += len(chunk)
-            peak = max(peak, _rss_kib())
+            peak = max(peak, (procfs.rss_bytes() // 1024))
         assert total > 400 * 1024 * 1024
         assert (peak - before) <= 64 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
 

@@ -80,3 +80,11 @@ def test_fds_are_listed_with_their_targets() -> None:
         os.close(read_end)
         os.close(write_end)
     assert str(read_end) not in procfs.fd_targets() and str(write_end) not in procfs.open_fds()
+
+
+def test_rss_follows_memory_this_process_touches() -> None:
+    before = procfs.rss_bytes()
+    block = bytearray(64 * 1024 * 1024)  # zero-filled: every page is touched
+    grown = procfs.rss_bytes()
+    del block
+    assert grown - before >= 60 * 1024 * 1024

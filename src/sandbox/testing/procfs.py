@@ -27,6 +27,7 @@ __all__ = [
     "pids_where",
     "pids_with_arg",
     "pids_with_env",
+    "rss_bytes",
     "stat",
 ]
 
@@ -176,3 +177,12 @@ def fd_targets() -> set[str]:
         except OSError:
             continue
     return found
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (`VmRSS` of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmRSS line")
