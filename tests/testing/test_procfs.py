@@ -84,7 +84,9 @@ def test_fds_are_listed_with_their_targets() -> None:
 
 def test_rss_follows_memory_this_process_touches() -> None:
     before = procfs.rss_bytes()
-    block = bytearray(64 * 1024 * 1024)  # zero-filled: every page is touched
+    # A zeroed allocation can come from calloc's untouched pages; a non-zero fill
+    # writes every page, so each one is resident.
+    block = b"\x01" * (64 * 1024 * 1024)
     grown = procfs.rss_bytes()
     del block
     assert grown - before >= 60 * 1024 * 1024
