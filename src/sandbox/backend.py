@@ -37,7 +37,8 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   `_snapshot` a `SnapshotRef`. A backend with its own archive API streams through the
   pax pieces: `walk_tar` (a tree into a tar), `exact_chunks`, `dir_header`,
   `file_header`, `symlink_header`, `tar_padding`, `TAR_END`; reads one with `TarStream`
-  and extracts under the safe extractor's rules with `extract_archive`.
+  and extracts under the safe extractor's rules with `extract_archive` (or
+  `extract_archive_batched` for a sink that queues its operations).
 
 - Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
   `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
@@ -71,6 +72,7 @@ from .session import BaseSandboxSession, SessionHooks, SessionState, durable_ses
 from .settle import settle, settle_each
 from .tasks import cancel_and_wait, first_failure
 from .workspace.extract import extract as extract_archive
+from .workspace.extract import extract_batched as extract_archive_batched
 from .workspace.info import FileInfo, FileKind, child_path, kind_of_mode
 from .workspace.persist import exact as exact_chunks
 from .workspace.persist import walk_tar
@@ -122,6 +124,7 @@ __all__ = [
     "explain_write_failure",
     "exposed_from_url",
     "extract_archive",
+    "extract_archive_batched",
     "file_header",
     "file_kind",
     "first_failure",

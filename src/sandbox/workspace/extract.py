@@ -16,6 +16,7 @@ docker's walked stats, the remote backends' workspace check).
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import tarfile
 from collections.abc import AsyncIterator
@@ -44,6 +45,13 @@ class Sink(Protocol):
 
     async def make_symlink(self, path: str, target: str) -> None:
         """Make the symlink `path` pointing at `target` (relative, checked)."""
+
+
+class BatchingSink(Sink, Protocol):
+    """A `Sink` that queues its operations and runs them at `flush()`."""
+
+    async def flush(self) -> None:
+        """Run the operations queued so far."""
 
 
 def member_path(member: Member) -> str:
@@ -140,6 +148,30 @@ async def extract(
             raise refused(member, "FIFOs are not accepted")
         else:
             raise refused(member, f"members of type {kind!r} are not accepted")
+    return count
+
+
+async def extract_batched(
+    chunks: AsyncIterator[bytes],
+    sink: BatchingSink,
+    *,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> int:
+    """`extract` into a sink that queues its operations, flushed at the end.
+
+    What came before a failure lands, as a member-by-member extraction would have
+    landed it: on a refused member, a failing source or a failing operation (any
+    `Exception`, not a cancellation) the queue is flushed before the error goes on,
+    and a failure of that flush does not hide the first one.
+    """
+    try:
+        count = await extract(chunks, sink, max_members=max_members, max_bytes=max_bytes)
+    except Exception:
+        with contextlib.suppress(Exception):
+            await sink.flush()
+        raise
+    await sink.flush()
     return count
 
 

@@ -39,7 +39,7 @@ from ...backend import (
     child_path,
     dir_header,
     exact_chunks,
-    extract_archive,
+    extract_archive_batched,
     file_header,
     symlink_header,
     tar_padding,
@@ -816,15 +816,8 @@ async def hydrate(
     sink = DockerSink(tree, root)
     try:
         await sink.open()
-        try:
-            count = await extract_archive(
-                chunks, sink, max_members=max_members, max_bytes=max_bytes
-            )
-        except Exception:
-            with contextlib.suppress(Exception):  # the first failure is the one to tell
-                await sink.flush()
-            raise
-        await sink.flush()
-        return count
+        return await extract_archive_batched(
+            chunks, sink, max_members=max_members, max_bytes=max_bytes
+        )
     finally:
         sink.close()

@@ -32,8 +32,8 @@ import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ...backend import extract_archive
-from ...errors import InvalidArgumentError, NotAFileError
+from ...backend import extract_archive_batched
+from ...errors import NotAFileError
 from .safe_open import (
     DIR_FLAGS,
     WRITE_FLAGS,
@@ -280,16 +280,8 @@ async def hydrate(
     workspace `root`; the member count."""
     sink = BatchSink(Lander(root, base, resolver))
     try:
-        try:
-            count = await extract_archive(
-                chunks, sink, max_members=max_members, max_bytes=max_bytes
-            )
-        except InvalidArgumentError:
-            # A refused member: what the archive held before it lands, as with the
-            # default sink (its operations were queued, not yet run).
-            await sink.flush()
-            raise
-        await sink.flush()
-        return count
+        return await extract_archive_batched(
+            chunks, sink, max_members=max_members, max_bytes=max_bytes
+        )
     finally:
         sink.close()
