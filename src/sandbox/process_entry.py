@@ -120,12 +120,23 @@ class PtyEntry(Generic[H]):
         self.call_lock = asyncio.Lock()
         self._waiter: asyncio.Future[None] | None = None
         self._waiter_wants_data = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.screen: TerminalScreen | None = None
         if self.spec.tty and self.spec.screen:
             # Imported here: `screen` imports `arguments`, which imports this module.
             from .terminal.screen import TerminalScreen
 
             self.screen = TerminalScreen(self.spec.rows, self.spec.cols)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the entry's calls run in, looked up once: on Linux
+        `asyncio.get_running_loop()` makes a `getpid` system call each time, several
+        times a round trip otherwise."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     # ---- what a backend calls -------------------------------------------------------
 
@@ -244,7 +255,7 @@ class PtyEntry(Generic[H]):
     async def wait_for_change(self, deadline: float, *, wants_data: bool) -> None:
         """Sleep until the loop time `deadline`, an exit/EOF report, or (if `wants_data`)
         new output. Only one waiter at a time: calls on one entry are serialized."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if self.exited and not self.eof:
             deadline = min(deadline, self._exit_grace_loop_deadline(loop))
         waiter: asyncio.Future[None] = loop.create_future()

@@ -166,15 +166,22 @@ class UntilMatcher:
                 return True
         return False
 
-    async def feed_async(self, segments: list[bytes], deadline: float) -> bool:
+    async def feed_async(
+        self,
+        segments: list[bytes],
+        deadline: float,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> bool:
         """`feed` for a window's loop: stop searching at `deadline` (in the running loop's
         time), and let the loop run other tasks after every `SLICE_S` of searching, so
         that much output arriving at once never stalls it for longer than that plus one
-        (bounded) search."""
+        (bounded) search. `loop` is the running loop, when the caller has it at hand."""
         if self.matched:
             return True
         self._enqueue(segments)
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         slice_end = loop.time() + SLICE_S
         while self._pending:
             now = loop.time()

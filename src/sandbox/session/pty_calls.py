@@ -141,7 +141,7 @@ class PtyCalls(Generic[H]):
                 raise self.gone(entry)
             entry.touch()
             unwritten = 0
-            loop = asyncio.get_running_loop()
+            loop = entry.loop
             window_end = loop.time() + window
             if data:
                 if entry.exited:

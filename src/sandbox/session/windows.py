@@ -9,7 +9,6 @@ entry whose window says it finished.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -73,7 +72,7 @@ async def collect_window(
     process is finished (its output done: the caller then removes the entry, and the
     update carries no `process_id`).
     """
-    loop = asyncio.get_running_loop()
+    loop = entry.loop
     deadline = loop.time() + window_s
     output = entry.output
     matcher = UntilMatcher(until, entry.decoder.snapshot()) if until is not None else None
@@ -93,7 +92,7 @@ async def collect_window(
         if matcher is not None and output.end_pos != scanned:
             segments = output.since(scanned)
             scanned = output.end_pos
-            if await matcher.feed_async(segments, deadline):
+            if await matcher.feed_async(segments, deadline, loop=loop):
                 break
         if until_screen is not None and output.end_pos != screen_checked:
             screen_checked = output.end_pos
