@@ -232,3 +232,44 @@ async def test_signal_death_codes(session: UnixLocalSession) -> None:
     for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV):
         result = await session.exec(f"kill -{int(sig)} $$")
         assert result.exit_code == 128 + sig
+
+
+SIGNAL_COUNTER = """
+import os, signal, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+def record(sig, frame):
+    os.write(fd, signal.Signals(sig).name.encode() + b"\\n")
+for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
+    signal.signal(sig, record)
+os.write(fd, b"ready\\n")
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "tag"])
+async def test_terminate_sends_each_polite_signal_once_to_every_process(
+    tmp_path: Path, containment: str
+) -> None:
+    # The leader is in the group the terminate signals; its child left for a session of
+    # its own. Both outlive the polite signals (SIGKILL ends them after the grace), so
+    # each records every signal that reached it: each exactly once.
+    counter = tmp_path / "counter.py"
+    counter.write_text(SIGNAL_COUNTER)
+    leader, child = tmp_path / "leader.txt", tmp_path / "child.txt"
+    async with UnixLocalSession(
+        workspace=tmp_path / "ws", containment=containment, terminate_grace_s=0.3
+    ) as s:
+        update = await s.pty_exec_start(
+            f"setsid {sys.executable} {counter} {child} & exec {sys.executable} {counter} {leader}",
+            yield_time_s=0.25,
+        )
+        assert update.process_id is not None
+
+        def both_ready() -> bool:
+            return all(p.exists() and p.read_text().startswith("ready") for p in (leader, child))
+
+        assert await eventually(both_ready)
+        await s.pty_terminate(update.process_id)
+    for path in (leader, child):
+        assert sorted(path.read_text().split()[1:]) == ["SIGCONT", "SIGHUP", "SIGTERM"], path.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -83,10 +84,12 @@ def test_fds_are_listed_with_their_targets() -> None:
 
 
 def test_rss_follows_memory_this_process_touches() -> None:
-    before = procfs.rss_bytes()
-    # A zeroed allocation can come from calloc's untouched pages; a non-zero fill
-    # writes every page, so each one is resident.
-    block = b"\x01" * (64 * 1024 * 1024)
-    grown = procfs.rss_bytes()
-    del block
+    # A fresh anonymous mapping, each page written: an allocation from the heap could
+    # reuse pages a long-lived process (the whole suite) already holds resident.
+    size = 64 * 1024 * 1024
+    with mmap.mmap(-1, size) as block:
+        before = procfs.rss_bytes()
+        for offset in range(0, size, mmap.PAGESIZE):
+            block[offset] = 1
+        grown = procfs.rss_bytes()
     assert grown - before >= 60 * 1024 * 1024

@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .tree import outside_group
+
 KILL_WAIT_S = 5.0
 RMDIR_TRIES = 50  # the kernel may need a moment after the last exit before rmdir works
 _NAME = re.compile(r"sandbox-(\d+)-[0-9a-f]+")
@@ -329,9 +331,11 @@ class Leaf:
         """The processes in it now."""
         return pids_in(self.path)
 
-    def signal(self, *signals: int) -> None:
-        """Send each of `signals` to every process in it (the polite part of a kill)."""
-        for pid in self.pids():
+    def signal(self, *signals: int, signalled_group: int | None = None) -> None:
+        """Send each of `signals` to every process in it (the polite part of a kill),
+        but not to members of `signalled_group`, which the caller already sent them to
+        (a program must not see one polite signal twice)."""
+        for pid in outside_group(self.pids(), signalled_group):
             for sig in signals:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)

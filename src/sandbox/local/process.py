@@ -479,15 +479,19 @@ class LocalProcess:
         if self.master_fd is not None and not self._closed:
             set_window_size(self.master_fd, rows, cols)
 
-    def signal_group(self, sig: int) -> None:
-        """Send `sig` to the child's whole process group (ignoring a group that is gone).
+    def signal_group(self, sig: int) -> bool:
+        """Send `sig` to the child's whole process group (ignoring a group that is gone);
+        whether it was sent to the group.
 
         Safe while the leader is unreaped: its zombie keeps the group id from reuse.
         """
         if self.pid <= 0 or self._reaped:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+            return False
+        try:
             os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     async def terminate(self, grace_s: float, *, escapees: bool = True) -> None:
         """Stop the whole tree: polite signals, up to `grace_s` for the leader to go,
@@ -502,13 +506,15 @@ class LocalProcess:
         try:
             if not self.exited and grace_s > 0:
                 polite = (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT)
-                for sig in polite:
-                    self.signal_group(sig)
+                sent = [self.signal_group(sig) for sig in polite]
+                # The rest of the tree (what left the group) gets them too, but no
+                # process twice: a trap would run twice for one terminate.
+                group = self.pid if all(sent) else None
                 if self.leaf is not None:
-                    self.leaf.signal(*polite)
+                    self.leaf.signal(*polite, signalled_group=group)
                 elif not self._reaped:
                     tag = self.tag if escapees else None
-                    process_tree.signal_tree(self.pid, *polite, tag=tag)
+                    process_tree.signal_tree(self.pid, *polite, tag=tag, signalled_group=group)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace_s):
                         await self._exited.wait()

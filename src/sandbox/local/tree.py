@@ -28,7 +28,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # One name for the tag on every backend: the remote wrappers set the same variable.
 from ..backends.toolkit.shell import TAG_VARIABLE as TAG_VARIABLE
@@ -293,10 +293,30 @@ def signal_session(sid: int, *signals: int) -> None:
     _send({pid for pid, (_, s, _) in _read_table().items() if s == sid}, signals)
 
 
-def signal_tree(leader: int, *signals: int, tag: str | None = None) -> None:
+def outside_group(pids: Iterable[int], group: int | None) -> set[int]:
+    """The `pids` not in the process group `group` (all of them for None): those a
+    signal already sent to that group did not reach. A process that is gone is left
+    out too."""
+    if group is None:
+        return set(pids)
+    outside: set[int] = set()
+    for pid in pids:
+        try:
+            if os.getpgid(pid) != group:
+                outside.add(pid)
+        except ProcessLookupError:
+            pass
+    return outside
+
+
+def signal_tree(
+    leader: int, *signals: int, tag: str | None = None, signalled_group: int | None = None
+) -> None:
     """Send each of `signals` to every member of `leader`'s tree, as of a recent look at
-    /proc (best effort: for the polite signals before a sweep)."""
-    _send(tree_members(leader, tag=tag, fresh=False), signals)
+    /proc (best effort: for the polite signals before a sweep). Members of
+    `signalled_group`, which the caller already sent them to, are skipped: a program
+    must not see one polite signal twice."""
+    _send(outside_group(tree_members(leader, tag=tag, fresh=False), signalled_group), signals)
 
 
 def kill_tree(leader: int, *, tag: str | None = None) -> set[int]:
