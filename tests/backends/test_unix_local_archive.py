@@ -477,3 +477,26 @@ async def test_hydrate_400_mib_in_bounded_memory(tmp_path: Path) -> None:
         assert await session.hydrate_workspace(watched()) == 4
         assert (peak - before) <= 64 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
         assert os.path.getsize(tmp_path / "ws" / "big" / "part3.bin") == size
+
+
+@pytest.mark.parametrize("how", ["archive ends", "source fails"])
+async def test_a_member_cut_off_leaves_no_half_file(tmp_path: Path, how: str) -> None:
+    # The members before the cut land (they were queued, then flushed); the one the cut
+    # falls in was queued too, but never lands as a shorter file.
+    data = _tar((_info("before.txt", size=5), b"first"), (_info("cut.bin", size=3000), b"y" * 3000))
+    cut = data[: 1024 + 512 + 1000]  # inside cut.bin's data
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield cut
+        if how == "source fails":
+            raise ConnectionResetError("the peer went away")
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    error = sandbox.InvalidArgumentError if how == "archive ends" else ConnectionResetError
+    with pytest.raises(error):
+        await tar_land.hydrate(
+            os.path.realpath(root), ".", chunks(), max_members=10, max_bytes=1 << 20
+        )
+    assert sorted(os.listdir(root)) == ["before.txt"]
+    assert (root / "before.txt").read_bytes() == b"first"

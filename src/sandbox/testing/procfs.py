@@ -181,10 +181,9 @@ def fd_targets() -> set[str]:
 
 def rss_bytes() -> int:
     """This process's resident set size now, in bytes: the `Rss` of
-    /proc/self/smaps_rollup, counted from the page tables. `VmRSS` of
-    /proc/self/status is not used: the kernel folds each thread's counts into it
-    only every so many faults, so a 64 MiB block faulted in as 32 huge pages may not
-    show there yet."""
+    /proc/self/smaps_rollup, counted from the page tables at the moment of the read
+    (the `VmRSS` of /proc/self/status is kept from counters the kernel may fold in
+    late)."""
     with open("/proc/self/smaps_rollup") as rollup:
         for line in rollup:
             if line.startswith("Rss:"):

@@ -163,7 +163,8 @@ async def extract_batched(
     What came before a failure lands, as a member-by-member extraction would have
     landed it: on a refused member, a failing source or a failing operation (any
     `Exception`, not a cancellation) the queue is flushed before the error goes on,
-    and a failure of that flush does not hide the first one.
+    and a failure of that flush does not hide the first one. A member the failure cut
+    off is the sink's to leave out of its queue (both in-tree sinks do).
     """
     try:
         count = await extract(chunks, sink, max_members=max_members, max_bytes=max_bytes)

@@ -18,8 +18,10 @@ not regular), truncated, written and `fchmod`ed through its fd; a folder is made
 `mkdirat` and its mode set through an `O_NOFOLLOW` fd of it; a symlink with
 `symlinkat`. A symlink that was in the workspace before (not one the archive made:
 those are refused) at a file's name is followed as `write_file` follows it, through
-`safe_open.open_regular`, beneath the workspace. A refused member leaves what came
-before it landed (its operations are flushed) and nothing of it or after it.
+`safe_open.open_regular`, beneath the workspace. A refused member, or a source that
+fails, leaves what came before it landed (its operations are flushed) and nothing of
+it or after it (a file cut off is dropped from the queue; only one larger than a batch
+has had its start written already).
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ class BatchSink:
         self._lander = lander
         self._ops: list[_Op] = []
         self._bytes = 0
+        self._flushes = 0
         self._call: asyncio.Future[None] | None = None
 
     async def make_dir(self, path: str, mode: int) -> None:
@@ -223,12 +226,21 @@ class BatchSink:
     async def write_file(
         self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
     ) -> None:
-        """Queue the file `path` and its data (flushed as it piles up)."""
+        """Queue the file `path` and its data (flushed as it piles up). When its data
+        does not all come (the archive ends, the source fails), what of it is still
+        queued is dropped: a member cut off leaves no half file, unless it was larger
+        than a batch and its start has already landed."""
+        start, flushes = len(self._ops), self._flushes
         await self._queue(_Open(path, mode))
-        async for chunk in chunks:
-            if chunk:
-                self._bytes += len(chunk)
-                await self._queue(_Data(chunk))
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    self._bytes += len(chunk)
+                    await self._queue(_Data(chunk))
+        except BaseException:
+            if self._flushes == flushes:
+                del self._ops[start:]
+            raise
         await self._queue(_Close())
 
     async def make_symlink(self, path: str, target: str) -> None:
@@ -245,6 +257,7 @@ class BatchSink:
         ops, self._ops, self._bytes = self._ops, [], 0
         if not ops:
             return
+        self._flushes += 1
         self._call = asyncio.ensure_future(asyncio.to_thread(self._lander.run, ops))
         # wait() leaves the batch running when we are cancelled: `close()` then waits
         # for it before closing the lander's fds.
