@@ -7,6 +7,11 @@ cancelled (once, or three times); the teardown is released; then every teardown 
 have completed, the task must end in CancelledError with its message, and the registry
 must be as expected. The teardown still runs the real backend teardown, so the real
 processes must be gone too.
+
+These are the owned-task paths: unix_local's fast paths (`_spawn_process_nowait`, and
+`_terminate_pty_entry_nowait` for a process that exited with nothing left of it) never
+await, so they have nothing to cancel and skip them; the tests turn them off
+(`owned_paths_only`). tests/backends/test_unix_local_nowait.py covers the fast paths.
 """
 
 from __future__ import annotations
@@ -24,10 +29,18 @@ from sandbox.process_entry import PtyEntry
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 
+def owned_paths_only(session: UnixLocalSession) -> None:
+    """Turn the session's fast paths off: every spawn and teardown then goes through its
+    owned task and the settled cleanup, which is what these tests hold to."""
+    session._spawn_process_nowait = lambda entry: False  # type: ignore[method-assign]
+    session._terminate_pty_entry_nowait = lambda entry: False  # type: ignore[method-assign]
+
+
 class BlockingTeardown:
     """Stands in for `_terminate_pty_entry`: signals, blocks, then runs the real one."""
 
     def __init__(self, session: UnixLocalSession, *, fail_with: Exception | None = None) -> None:
+        owned_paths_only(session)
         self.real = session._terminate_pty_entry
         self.started = asyncio.Event()
         self.release = asyncio.Event()

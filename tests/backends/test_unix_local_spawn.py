@@ -268,3 +268,24 @@ def _v2() -> bool:
     except cgroups.CgroupUnavailable:
         return False
     return True
+
+
+async def test_each_start_sees_the_host_environment_of_its_moment(
+    tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The decoded copy of os.environ is reused between starts (`local.host_env`): a
+    # change, a removal or an undecodable value must still reach the next start.
+    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as s:
+        monkeypatch.setenv("SANDBOX_ENV_PROBE", "one")
+        first = await s.pty_exec_start('printf "%s" "$SANDBOX_ENV_PROBE"')
+        monkeypatch.setenv("SANDBOX_ENV_PROBE", "two é")
+        second = await s.pty_exec_start('printf "%s" "$SANDBOX_ENV_PROBE"')
+        monkeypatch.delenv("SANDBOX_ENV_PROBE")
+        third = await s.pty_exec_start('printf "%s" "${SANDBOX_ENV_PROBE-unset}"')
+        os.environb[b"SANDBOX_ENV_RAW"] = b"\xff\xfe"
+        try:
+            raw = await s.exec('printf "%s" "$SANDBOX_ENV_RAW" | od -An -tx1')
+        finally:
+            del os.environb[b"SANDBOX_ENV_RAW"]
+    assert [first.output, second.output, third.output] == ["one", "two é", "unset"]
+    assert raw.stdout.split() == [b"ff", b"fe"]

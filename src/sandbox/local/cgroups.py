@@ -315,6 +315,13 @@ class Leaf:
     def __init__(self, path: str) -> None:
         self.path = path
         self.killed = False
+        # Seen empty since its process started: it stays so (nothing enters a leaf but
+        # the process we start in it), so a teardown reads `cgroup.events` once.
+        self._seen_empty = False
+
+    def occupy(self) -> None:
+        """Mark it handed to a new process (it is not empty from now on)."""
+        self._seen_empty = False
 
     def open_join(self) -> int:
         """An fd of its `cgroup.procs`, opened by the parent and written by the child
@@ -348,17 +355,24 @@ class Leaf:
         is killed at birth (its kill count is compared with the parent's cgroup's).
         """
         with contextlib.suppress(FileNotFoundError):
-            if populated(self.path):
+            if self.populated():
                 self.killed = True
                 kill_all(self.path)
 
     def populated(self) -> bool:
         """Whether a live process is still in it."""
-        return populated(self.path)
+        if self._seen_empty:
+            return False
+        alive = populated(self.path)
+        self._seen_empty = not alive
+        return alive
 
     async def wait_empty(self, timeout: float = KILL_WAIT_S) -> bool:
         """Wait (bounded) until nothing in it is alive."""
-        return await wait_unpopulated(self.path, timeout)
+        if self._seen_empty:
+            return True
+        self._seen_empty = await wait_unpopulated(self.path, timeout)
+        return self._seen_empty
 
 
 class SessionCgroup:
@@ -400,7 +414,9 @@ class SessionCgroup:
         """An empty leaf for the next process (a reused one if any is free)."""
         if self._idle:
             # Empty when given back, and nothing enters a leaf but the process we start.
-            return self._idle.pop()
+            leaf = self._idle.pop()
+            leaf.occupy()
+            return leaf
         self._count += 1
         path = os.path.join(self.path, f"p{self._count}")
         os.mkdir(path)

@@ -533,6 +533,19 @@ class LocalProcess:
         if self._swept:
             await process_tree.wait_gone(self._swept)
 
+    def finish_now(self, *, escapees: bool = True) -> bool:
+        """`terminate` for a leader that has exited and whose cgroup leaf holds nobody
+        alive: nothing is left to wait for, so all of it happens now (the group's
+        SIGKILL, the reap, every fd closed, the leaf given back). Returns False, having
+        done nothing, for any other process: `terminate` must wait for it."""
+        if self._closed:
+            return True
+        leaf = self.leaf
+        if not self.exited or leaf is None or leaf.populated():
+            return False
+        self.close(sweep_tree=True, escapees=escapees)
+        return True
+
     def kill_now(self) -> None:
         """SIGKILL the group and the whole tree, synchronously, touching no event loop
         (for a session being garbage-collected)."""

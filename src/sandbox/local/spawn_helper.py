@@ -51,6 +51,7 @@ SOURCE = r"""
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -76,10 +77,16 @@ struct clone3_args {
         set_tid, set_tid_size, cgroup;
 };
 
+/* Each list (the program's candidate paths, argv, the environment) comes as one block
+   of NUL-terminated strings and their count: one bytes object from Python, where an
+   array of pointers built through ctypes cost a start more than all the rest. */
 struct sandbox_spawn_request {
-    const char *const *paths;
-    char *const *argv;
-    char *const *envp;
+    const char *paths;
+    int n_paths;
+    const char *argv;
+    int n_argv;
+    const char *envp;
+    int n_envp;
     const char *cwd;
     int fds[3];
     int tty;
@@ -93,7 +100,21 @@ struct sandbox_spawn_request {
 struct child_args {
     struct sandbox_spawn_request *req;
     sigset_t *old_mask;
+    char **paths, **argv, **envp;
 };
+
+/* The pointer array of a block's `n` strings, NULL-terminated (freed by the caller). */
+static char **split_block(const char *block, int n) {
+    char **out = malloc((size_t)(n + 1) * sizeof *out);
+    if (out == NULL) return NULL;
+    const char *p = block;
+    for (int i = 0; i < n; i++) {
+        out[i] = (char *)p;
+        p += strlen(p) + 1;
+    }
+    out[n] = NULL;
+    return out;
+}
 
 static void fail(struct sandbox_spawn_request *req, int stage) {
     req->err = errno ? errno : EINVAL;
@@ -138,8 +159,8 @@ static int child_main(void *arg) {
     }
     sigprocmask(SIG_SETMASK, ca->old_mask, NULL);
     int saved = 0;
-    for (const char *const *p = req->paths; *p != NULL; p++) {
-        execve(*p, req->argv, req->envp);
+    for (char **p = ca->paths; *p != NULL; p++) {
+        execve(*p, ca->argv, ca->envp);
         if (errno != ENOENT && errno != ENOTDIR && saved == 0) saved = errno;
     }
     if (saved) errno = saved;
@@ -171,9 +192,29 @@ static long clone3_run(struct clone3_args *cl, struct child_args *ca) {
     return ret;
 }
 
+static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct child_args *ca);
+
 long sandbox_spawn(struct sandbox_spawn_request *req, int *pidfd) {
     req->err = 0;
     req->stage = 0;
+    struct child_args ca = {req, NULL, NULL, NULL, NULL};
+    ca.paths = split_block(req->paths, req->n_paths);
+    ca.argv = split_block(req->argv, req->n_argv);
+    ca.envp = split_block(req->envp, req->n_envp);
+    long pid = -1;
+    if (ca.paths == NULL || ca.argv == NULL || ca.envp == NULL) {
+        req->err = ENOMEM;
+        req->stage = 1;
+    } else {
+        pid = spawn_split(req, pidfd, &ca);
+    }
+    free(ca.paths);
+    free(ca.argv);
+    free(ca.envp);
+    return pid;
+}
+
+static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct child_args *cap) {
     char *stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED) {
@@ -184,7 +225,8 @@ long sandbox_spawn(struct sandbox_spawn_request *req, int *pidfd) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    struct child_args ca = {req, &old};
+    struct child_args ca = *cap;
+    ca.old_mask = &old;
     struct clone3_args cl;
     memset(&cl, 0, sizeof cl);
     int fd = -1;
@@ -220,9 +262,12 @@ long sandbox_spawn(struct sandbox_spawn_request *req, int *pidfd) {
 
 class _Request(ctypes.Structure):
     _fields_ = [
-        ("paths", ctypes.POINTER(ctypes.c_char_p)),
-        ("argv", ctypes.POINTER(ctypes.c_char_p)),
-        ("envp", ctypes.POINTER(ctypes.c_char_p)),
+        ("paths", ctypes.c_char_p),
+        ("n_paths", ctypes.c_int),
+        ("argv", ctypes.c_char_p),
+        ("n_argv", ctypes.c_int),
+        ("envp", ctypes.c_char_p),
+        ("n_envp", ctypes.c_int),
         ("cwd", ctypes.c_char_p),
         ("fds", ctypes.c_int * 3),
         ("tty", ctypes.c_int),
@@ -266,26 +311,26 @@ class Helper:
         for a NUL byte or a bad variable name, `CloneRefused` if clone3 failed.
         """
         program = os.fsencode(argv[0])
-        if b"/" in program:
-            paths = [program]
-        else:
-            paths = [os.path.join(d, program) for d in _exec_dirs(env.get("PATH"))]
+        paths, n_paths = _candidates(program, env.get("PATH"))
         args = [os.fsencode(a) for a in argv]
-        environ = []
-        for key, value in env.items():
-            if not key or "=" in key:
-                raise ValueError("illegal environment variable name")
-            # One encode per variable (os.fsencode twice and a join cost a start more).
-            environ.append(f"{key}={value}".encode(_FS_ENCODING, _FS_ERRORS))
+        environ = [_variable(key, value) for key, value in env.items()]
         place = None if cwd is None else os.fsencode(cwd)
-        for item in (program, *args, *environ, place or b""):
-            if b"\0" in item:
-                raise ValueError("embedded null byte")
+        args_block, environ_block = _block(args), _block(environ)
+        # One count per block finds a NUL inside any of its strings.
+        if (
+            args_block.count(0) != len(args)
+            or environ_block.count(0) != len(environ)
+            or (place is not None and 0 in place)
+        ):
+            raise ValueError("embedded null byte")
         joins = (ctypes.c_int * max(len(join_fds), 1))(*join_fds)
         request = _Request(
-            _strings(paths),
-            _strings(args),
-            _strings(environ),
+            paths,
+            n_paths,
+            args_block,
+            len(args),
+            environ_block,
+            len(environ),
             place,
             (ctypes.c_int * 3)(*fds),
             int(tty),
@@ -316,8 +361,41 @@ def _exec_dirs(path: str | None) -> tuple[bytes, ...]:
     return tuple(os.fsencode(d) for d in os.get_exec_path({} if path is None else {"PATH": path}))
 
 
-def _strings(items: Sequence[bytes]) -> ctypes.Array[ctypes.c_char_p]:
-    return (ctypes.c_char_p * (len(items) + 1))(*items, None)
+@functools.lru_cache(maxsize=64)
+def _candidates(program: bytes, path: str | None) -> tuple[bytes, int]:
+    """Where `execve` tries `program` under this PATH, in order, as a block (`_block`)
+    and its count; cached, it is a pure function of the two."""
+    if b"/" in program:
+        return _block([program]), 1
+    paths = [os.path.join(d, program) for d in _exec_dirs(path)]
+    return _block(paths), len(paths)
+
+
+# `KEY=value` as bytes, by (key, value): most of a start's environment is the same at
+# every start, and encoding it again cost a start about 10 us. Bounded: emptied when full.
+_VARIABLES: dict[tuple[str, str], bytes] = {}
+_VARIABLES_MAX = 4096
+
+
+def _variable(key: str, value: str) -> bytes:
+    """One environment entry, encoded as `os.fsencode` would; ValueError for a name
+    that cannot be one."""
+    pair = (key, value)
+    encoded = _VARIABLES.get(pair)
+    if encoded is None:
+        if not key or "=" in key:
+            raise ValueError("illegal environment variable name")
+        encoded = f"{key}={value}".encode(_FS_ENCODING, _FS_ERRORS)
+        if len(_VARIABLES) >= _VARIABLES_MAX:
+            _VARIABLES.clear()
+        _VARIABLES[pair] = encoded
+    return encoded
+
+
+def _block(items: Sequence[bytes]) -> bytes:
+    """`items` as the helper reads a list: each string followed by a NUL (none holds
+    one: `spawn` checks)."""
+    return b"\0".join(items) + b"\0"
 
 
 class _State:

@@ -90,6 +90,14 @@ class SessionHooks(Generic[H]):
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
 
+    def _spawn_process_nowait(self, entry: PtyEntry[H]) -> bool:
+        """Optional fast path: do all of `_spawn_process` now, without awaiting
+        anything, and return True; or do nothing and return False (then
+        `_spawn_process` runs, as a task the session owns). Nothing can interleave with
+        a call that never awaits, so it needs no task, and a start saves the loop turns
+        of one. Default: False."""
+        return False
+
     def _write_stdin_nowait(self, entry: PtyEntry[H], data: bytes) -> int:
         """Optional fast path: write what the terminal takes right now, without waiting,
         and return how many bytes that was (the rest goes through `_write_stdin`).
@@ -122,6 +130,14 @@ class SessionHooks(Generic[H]):
         `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
         session's close): a backend whose sandbox deletion kills every process may skip
         the per-process kill then; it never reads the session's state itself."""
+
+    def _terminate_pty_entry_nowait(self, entry: PtyEntry[H]) -> bool:
+        """Optional fast path: do all of `_terminate_pty_entry` now, without awaiting
+        anything, and return True (the process's end is certain: it exited, and nothing
+        of it is left to wait for); or do nothing and return False (then the settled
+        teardown runs `_terminate_pty_entry`). Tried only where an exited process's
+        window hands it over, never by a close. Default: False."""
+        return False
 
     def _abandon(self, entries: list[PtyEntry[H]]) -> None:
         """Called (synchronously, best effort) when a session that was never closed is

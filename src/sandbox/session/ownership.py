@@ -43,6 +43,7 @@ class OwnedTasks(Generic[H]):
     `release` is the `_release_entry` hook, run instead of `terminate` for the entries a
     batch lets go of (a detach, a takeover: they stay the ref's); `changed()` is called
     after a process was admitted or a batch ended (the ref file follows).
+    `terminate_nowait` is the `_terminate_pty_entry_nowait` fast path, tried by `discard`.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class OwnedTasks(Generic[H]):
         concurrency: int = DEFAULT_BATCH_CONCURRENCY,
         release: Callable[[PtyEntry[H]], Awaitable[None]] | None = None,
         changed: Callable[[], None] | None = None,
+        terminate_nowait: Callable[[PtyEntry[H]], bool] | None = None,
     ) -> None:
         self.concurrency = concurrency
         # The `start()` in progress, if any (the close cancels it first).
@@ -61,6 +63,7 @@ class OwnedTasks(Generic[H]):
         self._processes = processes
         self._terminate = terminate
         self._release = release or terminate
+        self._terminate_nowait = terminate_nowait or (lambda entry: False)
         self._changed = changed or (lambda: None)
         self._letting_go: set[int] = set()  # ids whose teardown releases, not ends
         self._closing = closing
@@ -107,10 +110,13 @@ class OwnedTasks(Generic[H]):
         *,
         prepare: Callable[[], None],
         spawn: Callable[[PtyEntry[H]], Awaitable[None]],
+        spawn_nowait: Callable[[PtyEntry[H]], bool] = lambda entry: False,
     ) -> None:
         """Bring a reserved entry to the registry: tear the prune `victim` down (its
         failure is only logged: not this start's), `prepare()` (open the recording),
-        run `spawn(entry)` (the backend's hook) as an owned task, then admit it.
+        run `spawn(entry)` (the backend's hook) as an owned task, then admit it. If
+        `spawn_nowait(entry)` (the fast path) did the whole spawn, no task is made:
+        nothing could interleave with it.
 
         If anything fails or the caller is cancelled, the entry is torn down (settled)
         before the error propagates; if the close took the entry or came first, it is
@@ -123,9 +129,10 @@ class OwnedTasks(Generic[H]):
             if not self._processes.is_starting(entry):
                 raise lost  # closed while the victim went
             prepare()
-            task = asyncio.ensure_future(spawn(entry))
-            entry.spawn_task = task
-            await self.wait(task)
+            if not spawn_nowait(entry):
+                task = asyncio.ensure_future(spawn(entry))
+                entry.spawn_task = task
+                await self.wait(task)
         except BaseException as exc:
             if self._processes.take_starting(entry):  # still ours to undo
                 try:
@@ -185,9 +192,28 @@ class OwnedTasks(Generic[H]):
             self._changed()
 
     async def discard(self, entry: PtyEntry[H]) -> None:
-        """Take `entry` from the registry if it is still there, and tear it down."""
-        if self._processes.take_entry(entry):
+        """Take `entry` from the registry if it is still there, and tear it down: at
+        once if the backend's fast path can (`terminate_nowait`), else settled."""
+        if self._processes.take_entry(entry) and not self._teardown_nowait(entry):
             await self.settle_batch([entry])
+
+    def _teardown_nowait(self, entry: PtyEntry[H]) -> bool:
+        """`_teardown_entry` without a wait, if the backend's fast path takes the entry
+        (False: nothing was done). It never awaits, so no cancellation or close can come
+        between its steps: the one owner is this call, from start to end."""
+        write = entry.write_task
+        if (write is not None and not write.done()) or entry.process_id in self._letting_go:
+            return False
+        try:
+            if not self._terminate_nowait(entry):
+                return False
+        except BaseException:
+            self._finish_teardown(entry)
+            self._changed()
+            raise
+        self._finish_teardown(entry)
+        self._changed()
+        return True
 
     async def wait_teardowns(self) -> None:
         """Wait until no teardown batch is running (the close, before the backend stops:
@@ -208,12 +234,15 @@ class OwnedTasks(Generic[H]):
             else:
                 await self._terminate(entry)
         finally:
-            # The readers are stopped: the recording is complete (and valid) now.
-            entry.close_terminal()
-            self._processes.release(entry)
-            # A window still waiting on this entry (a poll racing a terminate) must end
-            # now, even if the backend could not report an exit status.
-            entry.report_torn_down()
+            self._finish_teardown(entry)
+
+    def _finish_teardown(self, entry: PtyEntry[H]) -> None:
+        # The readers are stopped: the recording is complete (and valid) now.
+        entry.close_terminal()
+        self._processes.release(entry)
+        # A window still waiting on this entry (a poll racing a terminate) must end
+        # now, even if the backend could not report an exit status.
+        entry.report_torn_down()
 
     async def settle_all(
         self, entries: list[PtyEntry[H]], *, let_go: Collection[int] = ()

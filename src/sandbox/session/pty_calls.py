@@ -101,7 +101,13 @@ class PtyCalls(Generic[H]):
                 self._recordings.start(entry, record, record_input, closed=self.closed_error())
 
         hooks = self._hooks
-        await self._owned.start_process(entry, victim, prepare=prepare, spawn=hooks._spawn_process)
+        await self._owned.start_process(
+            entry,
+            victim,
+            prepare=prepare,
+            spawn=hooks._spawn_process,
+            spawn_nowait=hooks._spawn_process_nowait,
+        )
         try:
             async with entry.call_lock:
                 return await self.collect(

@@ -40,6 +40,7 @@ from ...errors import (
 )
 from ...local import cgroups, spawn_helper
 from ...local import tree as process_tree
+from ...local.host_env import host_environment
 from ...local.process import LocalProcess
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from . import cgroup_limits, local_files, tar_land, tar_walk
@@ -49,6 +50,14 @@ from .workspace import Workspace
 from .workspace_files import LocalTree
 
 DEFAULT_TERM = "xterm-256color"
+
+
+def _own_hook(bound: Callable[..., Any], own: Callable[..., Any]) -> bool:
+    """Whether the session's hook `bound` is `own`, this class's: a fast path may stand
+    in only for the hook it was written beside."""
+    return getattr(bound, "__func__", None) is own
+
+
 CONTAINMENTS = ("auto", "cgroup", "tag")
 MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
 
@@ -205,7 +214,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
 
     def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
         if self._inherit_env:
-            env = dict(os.environ)
+            env = host_environment()
         else:
             env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
             if self.confine:
@@ -254,12 +263,33 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         return _LocalOneShot(proc, capture, self._memory_note)
 
+    def _spawn_process_nowait(self, entry: PtyEntry[LocalProcess]) -> bool:
+        """The spawn is one synchronous clone: done here, without a task, unless the
+        command check must run first in the jail (that waits for its verdict), or
+        `_spawn_process` is not this class's own (a subclass's, or a wrapper set on the
+        instance, such as a test's gate): then that one runs."""
+        if not _own_hook(self._spawn_process, UnixLocalSession._spawn_process):
+            return False
+        command, check = self._checked_command(entry.spec.command, announce=True)
+        if check is not None:
+            return False
+        self._spawn_local(entry, command, None)
+        return True
+
     async def _spawn_process(self, entry: PtyEntry[LocalProcess]) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
         shell) first runs the command check inside the jail and is waited for."""
-        spec = entry.spec
-        command, check = self._checked_command(spec.command, announce=True)
+        command, check = self._checked_command(entry.spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+        self._spawn_local(entry, command, trap)
+        if trap is not None and check is not None:
+            await wait_for_verdict(entry, trap, check)
+
+    def _spawn_local(
+        self, entry: PtyEntry[LocalProcess], command: CommandSpec, trap: ShellTrap | None
+    ) -> None:
+        """Start `command` (the entry's, checked) as the entry's `LocalProcess`."""
+        spec = entry.spec
 
         def on_stdout(data: bytes) -> None:
             # Only with a check: the trap strips its start marker (nothing precedes it).
@@ -291,8 +321,6 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             raise _start_error(
                 spec.command, self._workspace.cwd_for(spec.command.cwd), exc
             ) from None
-        if trap is not None and check is not None:
-            await wait_for_verdict(entry, trap, check)
 
     def _checked_command(
         self, spec: CommandSpec, *, announce: bool
@@ -329,6 +357,16 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             proc.interrupt_terminal()
         else:
             proc.signal_group(signal.SIGINT)
+
+    def _terminate_pty_entry_nowait(self, entry: PtyEntry[LocalProcess]) -> bool:
+        """An exited leader whose cgroup leaf holds nobody alive has nothing left to
+        wait for (`LocalProcess.finish_now`): the common end of a command that ran to
+        completion in its window. Not taken when `_terminate_pty_entry` is not this
+        class's own (see `_spawn_process_nowait`)."""
+        if not _own_hook(self._terminate_pty_entry, UnixLocalSession._terminate_pty_entry):
+            return False
+        proc: LocalProcess | None = entry.handle
+        return proc is None or proc.finish_now(escapees=not entry.sandbox_stopping)
 
     async def _terminate_pty_entry(self, entry: PtyEntry[LocalProcess]) -> None:
         proc: LocalProcess | None = entry.handle

@@ -1,0 +1,165 @@
+"""unix_local's fast paths: a spawn and a teardown that never await.
+
+A start on unix_local is one synchronous clone (`_spawn_process_nowait`), and a process
+that exited in its window with nothing of it left alive in its cgroup leaf is torn down
+at once (`_terminate_pty_entry_nowait`): no owned task, no settled batch. Each test
+counts the calls of the awaiting hooks (wrapped on the class, the real ones still run:
+a wrapper on the instance would turn the fast paths off, see `_own_hook`) to tell which
+path ran, and checks what either path must leave: the output and the exit status, no
+zombie, no fd, nothing alive, an empty registry. Where the fast path must refuse (a
+child still alive in the leaf, tag containment, a jail's command check, a hook replaced
+on the instance), the awaiting hook runs and the same holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.backends.unix_local import UnixLocalSession, confine
+from sandbox.process_entry import PtyEntry
+from tests.conftest import skip_or_fail
+from tests.helpers import children_of_me, host_pids_with_arg, open_fds, unique_seconds
+
+
+class HookCalls:
+    """Counts the calls of unix_local's awaiting spawn and teardown hooks."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.spawns = 0
+        self.teardowns = 0
+        real_spawn = UnixLocalSession._spawn_process
+        real_teardown = UnixLocalSession._terminate_pty_entry
+
+        async def spawn(session: UnixLocalSession, entry: PtyEntry[Any]) -> None:
+            self.spawns += 1
+            await real_spawn(session, entry)
+
+        async def teardown(session: UnixLocalSession, entry: PtyEntry[Any]) -> None:
+            self.teardowns += 1
+            await real_teardown(session, entry)
+
+        monkeypatch.setattr(UnixLocalSession, "_spawn_process", spawn)
+        monkeypatch.setattr(UnixLocalSession, "_terminate_pty_entry", teardown)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> HookCalls:
+    return HookCalls(monkeypatch)
+
+
+@pytest.fixture
+async def cgroup_session(tmp_path: Path) -> AsyncIterator[UnixLocalSession]:
+    s = UnixLocalSession(workspace=tmp_path / "ws", terminate_grace_s=0.3)
+    async with s:
+        if s.containment != "cgroup":
+            skip_or_fail("no cgroup can be made here: the fast teardown needs a leaf")
+        yield s
+
+
+def shell_pid(output: str) -> int:
+    return int(output.split()[0])
+
+
+@pytest.mark.parametrize("tty", [False, True])
+async def test_a_command_that_ends_in_its_window_takes_the_fast_paths(
+    cgroup_session: UnixLocalSession, calls: HookCalls, tty: bool
+) -> None:
+    s = cgroup_session
+    await s.pty_exec_start("true", tty=tty)  # the first start opens what later ones reuse
+    fds = open_fds()
+    for _ in range(20):
+        update = await s.pty_exec_start("echo $$; exit 3", tty=tty)
+        assert update.process_id is None and update.exit_code == 3
+        assert shell_pid(update.output) not in children_of_me(), "reaped at once"
+    assert (calls.spawns, calls.teardowns) == (0, 0)
+    assert open_fds() == fds
+    assert s.pty_processes() == [] and s._processes.reserved == set()
+
+
+async def test_a_child_left_alive_in_the_leaf_goes_through_the_settled_teardown(
+    cgroup_session: UnixLocalSession, calls: HookCalls
+) -> None:
+    s = cgroup_session
+    marker = unique_seconds()
+    update = await s.pty_exec_start(f"sleep {marker} > /dev/null 2>&1 & echo started")
+    assert update.process_id is None and update.output == "started\n"
+    assert calls.teardowns == 1, "a live child in the leaf: the teardown must wait for it"
+    assert host_pids_with_arg(marker) == []
+    assert s.pty_processes() == [] and s._processes.reserved == set()
+
+
+async def test_tag_containment_takes_the_settled_teardown(tmp_path: Path, calls: HookCalls) -> None:
+    async with UnixLocalSession(
+        workspace=tmp_path / "ws", terminate_grace_s=0.3, containment="tag"
+    ) as s:
+        fds = open_fds()
+        update = await s.pty_exec_start("echo $$")
+        assert update.process_id is None and update.exit_code == 0
+        assert shell_pid(update.output) not in children_of_me()
+        # No leaf to say nothing is left: the tree sweep (and its wait) runs.
+        assert (calls.spawns, calls.teardowns) == (0, 1)
+        assert open_fds() == fds
+
+
+async def test_a_jail_s_command_check_takes_the_owned_spawn(
+    tmp_path: Path, calls: HookCalls
+) -> None:
+    ok, reason = confine.availability()
+    if not ok:
+        skip_or_fail(f"confinement unavailable: {reason}")
+    async with UnixLocalSession(
+        workspace=tmp_path / "ws", confine=True, terminate_grace_s=0.3
+    ) as s:
+        await s.write_file("sub/keep", b"")
+        update = await s.pty_exec_start("pwd", cwd="sub")
+        assert update.exit_code == 0 and update.output.strip().endswith("/sub")
+        assert calls.spawns == 1, "the check's verdict is awaited: the owned spawn task"
+        no_check = await s.pty_exec_start("echo plain")
+        assert no_check.output == "plain\n"
+        assert calls.spawns == 1, "no check needed: the spawn is synchronous"
+
+
+async def test_hooks_replaced_on_the_instance_are_the_ones_called(
+    cgroup_session: UnixLocalSession,
+) -> None:
+    # A wrapper set on the instance (a test's gate, a tracer) stands for the hook: the
+    # fast paths, written beside the class's own hooks, step aside for it.
+    s = cgroup_session
+    seen: list[str] = []
+    real_spawn, real_teardown = s._spawn_process, s._terminate_pty_entry
+
+    async def spawn(entry: PtyEntry[Any]) -> None:
+        seen.append("spawn")
+        await real_spawn(entry)
+
+    async def teardown(entry: PtyEntry[Any]) -> None:
+        seen.append("teardown")
+        await real_teardown(entry)
+
+    s._spawn_process = spawn  # type: ignore[method-assign]
+    s._terminate_pty_entry = teardown  # type: ignore[method-assign]
+    update = await s.pty_exec_start("echo $$")
+    assert update.exit_code == 0
+    assert shell_pid(update.output) not in children_of_me()
+    assert seen == ["spawn", "teardown"]
+
+
+class TracedSession(UnixLocalSession):
+    """A subclass with its own spawn hook (it must be called, not skipped)."""
+
+    spawned = 0
+
+    async def _spawn_process(self, entry: PtyEntry[Any]) -> None:
+        TracedSession.spawned += 1
+        await super()._spawn_process(entry)
+
+
+async def test_a_subclass_s_own_spawn_hook_is_called(tmp_path: Path) -> None:
+    async with TracedSession(workspace=tmp_path / "ws", terminate_grace_s=0.3) as s:
+        update = await s.pty_exec_start("echo sub")
+        assert update.output == "sub\n"
+    assert TracedSession.spawned == 1
