@@ -1,6 +1,7 @@
 """A local child process on a PTY or on pipes, driven by the event loop without threads.
 
-Output is read from non-blocking fds with `loop.add_reader`; the exit is seen through a
+Output is read from non-blocking fds with `loop.add_reader` (or a session's
+`ReadinessHub`, one epoll set the loop watches as one fd); the exit is seen through a
 pidfd (Linux) that becomes readable when the child dies. The exit status is read with
 `WNOWAIT`, leaving the child a zombie until `close()` reaps it: while the zombie exists
 its pid, and so its process group id, cannot be reused, which makes the final
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..errors import ProcessExitedError, SandboxError
 from . import cgroups, spawn_helper
 from . import tree as process_tree
+from .readiness import Readers
 
 # A pipe holds 64 KiB and a terminal less, so a bigger read only costs more: glibc serves
 # an allocation past its mmap threshold (128 KiB at first) with an mmap and a munmap per
@@ -89,6 +91,8 @@ class LocalProcess:
         self.exit_code: int | None = None
         self.master_fd: int | None = None
         self._loop = asyncio.get_running_loop()
+        # Where the output fds and the pidfd are watched: the loop, or a session's hub.
+        self._readers: Readers = self._loop
         self._popen: subprocess.Popen[bytes] | None = None
         self._out_fds: dict[int, OutputCallback] = {}
         self._pidfd: int | None = None
@@ -121,6 +125,7 @@ class LocalProcess:
         tag: str | None = None,
         cgroup: cgroups.SessionCgroup | None = None,
         join_fds: Sequence[int] = (),
+        readers: Readers | None = None,
     ) -> LocalProcess:
         """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
         stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`).
@@ -130,8 +135,12 @@ class LocalProcess:
         With `cgroup`, the process starts in a leaf of that session cgroup (see
         `local.cgroups`) and its teardowns kill the leaf, never reading
         /proc; `join_fds` are more `cgroup.procs` fds (v1 limits) it joins before exec.
+        `readers` watches its fds instead of the event loop (a session's
+        `ReadinessHub`, which must outlive the process).
         """
         self = cls()
+        if readers is not None:
+            self._readers = readers
         self.tty = tty
         self.tag = tag
         self._cgroup = cgroup
@@ -186,7 +195,7 @@ class LocalProcess:
                 os.close(leaf_fd)
         for fd in self._out_fds:
             os.set_blocking(fd, False)
-            self._loop.add_reader(fd, self._on_readable, fd)
+            self._readers.add_reader(fd, self._on_readable, fd)
         self._watch_exit(pidfd)
         return self
 
@@ -300,7 +309,7 @@ class LocalProcess:
             except (AttributeError, OSError):
                 self._pidfd = None
         if self._pidfd is not None:
-            self._loop.add_reader(self._pidfd, self._check_exit)
+            self._readers.add_reader(self._pidfd, self._check_exit)
             return
 
         # No pidfd (old kernel, not Linux): one small thread blocks in waitid(WNOWAIT).
@@ -328,7 +337,7 @@ class LocalProcess:
                 return
             code = exit_code_from_wait(result.si_code, result.si_status)
         if self._pidfd is not None:
-            self._loop.remove_reader(self._pidfd)
+            self._readers.remove_reader(self._pidfd)
         self.exit_code = code
         self._exited.set()
         if self._on_exit is not None:
@@ -388,7 +397,7 @@ class LocalProcess:
     def _close_stream(self, fd: int) -> None:
         if self._out_fds.pop(fd, None) is None:
             return
-        self._loop.remove_reader(fd)
+        self._readers.remove_reader(fd)
         if fd != self.master_fd:  # the master stays open until close(): writes may race
             os.close(fd)
         if not self._out_fds:
@@ -591,7 +600,7 @@ class LocalProcess:
             if not waiter.done():
                 waiter.set_exception(ProcessExitedError(f"process {self.pid} was closed"))
         for fd in list(self._out_fds):
-            self._loop.remove_reader(fd)
+            self._readers.remove_reader(fd)
             if fd != self.master_fd:
                 os.close(fd)
         self._out_fds.clear()
@@ -599,7 +608,7 @@ class LocalProcess:
             with contextlib.suppress(OSError):
                 os.close(self.master_fd)
         if self._pidfd is not None:
-            self._loop.remove_reader(self._pidfd)
+            self._readers.remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
         self._reap()

@@ -133,6 +133,7 @@ async def reattach(entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
 
 async def detach(session: UnixLocalSession) -> None:
     """Remove the session's (now empty) cgroup; keep the workspace."""
+    session._close_readers()
     cgroup, session._cgroup = session._cgroup, None
     if cgroup is not None:
         cgroup.kill()  # the processes were torn down: this only catches a straggler

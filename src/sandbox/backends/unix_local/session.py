@@ -42,6 +42,7 @@ from ...local import cgroups, spawn_helper
 from ...local import tree as process_tree
 from ...local.host_env import host_environment
 from ...local.process import LocalProcess
+from ...local.readiness import ReadinessHub
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from . import cgroup_limits, local_files, tar_land, tar_walk
 from . import confine as jail
@@ -140,6 +141,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         )
         self._cgroup: cgroups.SessionCgroup | None = None
         self._applied: cgroup_limits.AppliedLimits | None = None
+        self._readers: ReadinessHub | None = None  # from the start to the stop
 
     @property
     def workspace(self) -> str:
@@ -164,6 +166,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         if self.confine:
             jail.check_workspace(self._workspace.path)
         self._make_cgroups()
+        self._readers = ReadinessHub(asyncio.get_running_loop())
 
     def _make_cgroups(self) -> None:
         """The session's cgroup (per `containment`) and its limits, in one synchronous
@@ -180,7 +183,14 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         if self._limits.wanted():
             self._applied = cgroup_limits.apply(self._limits, self._cgroup)
 
+    def _close_readers(self) -> None:
+        """Close the hub (at the stop or the detach: every process is torn down)."""
+        readers, self._readers = self._readers, None
+        if readers is not None:
+            readers.close()
+
     async def _stop_backend(self) -> None:
+        self._close_readers()
         cgroup, self._cgroup = self._cgroup, None
         if cgroup is not None:
             # Everything the session started is in its cgroup: one write kills it all.
@@ -198,10 +208,12 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         await asyncio.to_thread(self._workspace.cleanup)
 
     def _placement(self) -> dict[str, Any]:
-        """Where a new process goes: the session's cgroup, and the v1 limit groups."""
+        """Where a new process goes: the session's cgroup, and the v1 limit groups; and
+        what watches its fds (the session's hub)."""
         return {
             "cgroup": self._cgroup,
             "join_fds": () if self._applied is None else self._applied.join_fds,
+            "readers": self._readers,
         }
 
     def _memory_note(self, code: int) -> bytes:
