@@ -364,13 +364,16 @@ class LocalProcess:
         callback = self._out_fds.get(fd)
         if callback is None:
             return
+        if fd == self.master_fd:
+            self._read_terminal(fd, callback)
+            return
         for _ in range(READS_PER_WAKEUP):
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
                 return
             except OSError as exc:
-                if exc.errno != errno.EIO:  # EIO: the terminal's other side is closed
+                if exc.errno != errno.EIO:
                     raise
                 data = b""
             if not data:
@@ -380,14 +383,42 @@ class LocalProcess:
             if not self._more_waiting(fd, len(data)):
                 return
 
+    def _read_terminal(self, fd: int, callback: OutputCallback) -> None:
+        """`_on_readable` for the terminal: its reads are a few KiB each, so what one
+        wakeup reads goes to `callback` once, joined (a copy of a few KiB costs less than
+        the entry's per-chunk work: the buffer, the screen's tail, the wake-up check)."""
+        chunks: list[bytes] = []
+        ended = False
+        try:
+            for _ in range(READS_PER_WAKEUP):
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EIO:  # EIO: the terminal's other side is closed
+                        raise
+                    data = b""
+                if not data:
+                    ended = True
+                    break
+                chunks.append(data)
+        finally:
+            # What was read is handed over even if a read then failed.
+            if chunks:
+                callback(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if ended:
+            self._close_stream(fd)
+
     def _more_waiting(self, fd: int, got: int) -> bool:
-        """Whether another read of `fd` now may find bytes. A pipe read returns all the
-        pipe holds up to `READ_CHUNK`, so a shorter one drained it: reading again would
-        only raise BlockingIOError, which costs more than the read itself. A terminal is
-        read again: its non-blocking read first waits for the line discipline to take
-        what the writer already sent (FIONREAD does not), so a second read often finds
-        more, and stopping early cost a PTY drain a third of its speed."""
-        return got >= READ_CHUNK or fd == self.master_fd
+        """Whether another read of the pipe `fd` now may find bytes. A pipe read returns
+        all the pipe holds up to `READ_CHUNK`, so a shorter one drained it: reading again
+        would only raise BlockingIOError, which costs more than the read itself. (A
+        terminal is always read again, see `_read_terminal`: its non-blocking read first
+        waits for the line discipline to take what the writer already sent, which
+        FIONREAD does not, so a second read often finds more, and stopping early cost a
+        PTY drain a third of its speed.)"""
+        return got >= READ_CHUNK
 
     def drain_now(self) -> None:
         """Read whatever output is already waiting in the kernel, without blocking."""
