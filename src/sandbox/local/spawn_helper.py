@@ -313,7 +313,8 @@ class Helper:
         program = os.fsencode(argv[0])
         paths, n_paths = _candidates(program, env.get("PATH"))
         args = [os.fsencode(a) for a in argv]
-        environ = [_variable(key, value) for key, value in env.items()]
+        known = _VARIABLES.get  # the common case inline: a call per variable costs more
+        environ = [known(item) or _variable(*item) for item in env.items()]
         place = None if cwd is None else os.fsencode(cwd)
         args_block, environ_block = _block(args), _block(environ)
         # One count per block finds a NUL inside any of its strings.
