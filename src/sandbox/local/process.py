@@ -39,6 +39,19 @@ KILL_WAIT_S = 5.0
 OutputCallback = Callable[[bytes], None]
 
 
+def _read_once(fd: int) -> bytes | None:
+    """One non-blocking read: the bytes, b"" at the end (EIO: a terminal's other side
+    closed), None when nothing is there now."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
+        return b""
+
+
 def exit_code_from_wait(si_code: int, si_status: int) -> int:
     """Exit status as the contract reports it: the code, or 128+N for signal N."""
     if si_code == os.CLD_EXITED:
@@ -368,14 +381,9 @@ class LocalProcess:
             self._read_terminal(fd, callback)
             return
         for _ in range(READS_PER_WAKEUP):
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
+            data = _read_once(fd)
+            if data is None:
                 return
-            except OSError as exc:
-                if exc.errno != errno.EIO:
-                    raise
-                data = b""
             if not data:
                 self._close_stream(fd)
                 return
@@ -391,14 +399,9 @@ class LocalProcess:
         ended = False
         try:
             for _ in range(READS_PER_WAKEUP):
-                try:
-                    data = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
+                data = _read_once(fd)
+                if data is None:
                     break
-                except OSError as exc:
-                    if exc.errno != errno.EIO:  # EIO: the terminal's other side is closed
-                        raise
-                    data = b""
                 if not data:
                     ended = True
                     break
