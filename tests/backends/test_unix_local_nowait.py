@@ -13,6 +13,7 @@ on the instance), the awaiting hook runs and the same holds.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ import pytest
 from sandbox.backends.unix_local import UnixLocalSession, confine
 from sandbox.process_entry import PtyEntry
 from tests.conftest import skip_or_fail
-from tests.helpers import children_of_me, host_pids_with_arg, open_fds, unique_seconds
+from tests.helpers import (
+    children_of_me,
+    eventually,
+    host_pids_with_arg,
+    open_fds,
+    unique_seconds,
+)
 
 
 class HookCalls:
@@ -163,3 +170,26 @@ async def test_a_subclass_s_own_spawn_hook_is_called(tmp_path: Path) -> None:
         update = await s.pty_exec_start("echo sub")
         assert update.output == "sub\n"
     assert TracedSession.spawned == 1
+
+
+@pytest.mark.parametrize("cancels", [1, 3])
+async def test_a_fast_started_process_cancelled_in_its_window_is_torn_down(
+    cgroup_session: UnixLocalSession, calls: HookCalls, cancels: int
+) -> None:
+    # The spawn took the fast path (no task); the cancellation lands in the window, and
+    # the start's own teardown of the entry still runs to the end (settled: the process
+    # is alive, so not the fast teardown).
+    s = cgroup_session
+    marker = unique_seconds()
+    fds = open_fds()
+    task = asyncio.ensure_future(s.pty_exec_start(f"exec sleep {marker}", yield_time_s=30))
+    assert await eventually(lambda: bool(host_pids_with_arg(marker)))
+    for index in range(cancels):
+        task.cancel(f"stop-{index}")
+        await asyncio.sleep(0)  # let each cancellation land before the next
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls.spawns == 0 and calls.teardowns == 1
+    assert host_pids_with_arg(marker) == []
+    assert s.pty_processes() == [] and s._processes.reserved == set()
+    assert open_fds() == fds

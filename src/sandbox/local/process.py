@@ -584,8 +584,13 @@ class LocalProcess:
         if self._closed:
             return True
         leaf = self.leaf
-        if not self.exited or leaf is None or leaf.populated():
+        if not self.exited or leaf is None:
             return False
+        try:
+            if leaf.populated():
+                return False
+        except OSError:
+            return False  # unreadable: `terminate` kills it whole and waits
         self.close(sweep_tree=True, escapees=escapees)
         return True
 

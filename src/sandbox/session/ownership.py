@@ -204,16 +204,14 @@ class OwnedTasks(Generic[H]):
         write = entry.write_task
         if (write is not None and not write.done()) or entry.process_id in self._letting_go:
             return False
+        ended = True  # a hook that raised half-way ended the entry's teardown too
         try:
-            if not self._terminate_nowait(entry):
-                return False
-        except BaseException:
-            self._finish_teardown(entry)
-            self._changed()
-            raise
-        self._finish_teardown(entry)
-        self._changed()
-        return True
+            ended = self._terminate_nowait(entry)
+        finally:
+            if ended:
+                self._finish_teardown(entry)
+                self._changed()
+        return ended
 
     async def wait_teardowns(self) -> None:
         """Wait until no teardown batch is running (the close, before the backend stops:
