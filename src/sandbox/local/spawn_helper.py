@@ -133,7 +133,10 @@ static int child_main(void *arg) {
     for (int sig = 1; sig < NSIG; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) != 0) continue;
         /* Python's handlers must never run here; Python ignores SIGPIPE and SIGXFSZ
-           and a caller may ignore SIGINT/SIGQUIT: the command gets the defaults. */
+           and a caller may ignore SIGINT/SIGQUIT: the command gets the defaults. A
+           signal already at its default needs no call (most of them: half the calls
+           this loop made, all inside the parent's vfork wait). */
+        if (old.sa_handler == SIG_DFL) continue;
         int force = sig == SIGPIPE || sig == SIGXFSZ || sig == SIGINT || sig == SIGQUIT;
         if (force || old.sa_handler != SIG_IGN) sigaction(sig, &dfl, NULL);
     }
@@ -214,14 +217,35 @@ long sandbox_spawn(struct sandbox_spawn_request *req, int *pidfd) {
     return pid;
 }
 
+/* One child stack is kept for the next spawn: a stack is free again once clone3
+   returns (CLONE_VFORK: the child has exec'd or exited), and a fresh mapping, its guard
+   and its first faults cost each start a few microseconds. A spawn that finds the
+   spare taken (another thread's, at the same moment) maps its own. */
+static char *spare_stack;
+
+static char *take_stack(void) {
+    char *stack = __atomic_exchange_n(&spare_stack, NULL, __ATOMIC_ACQ_REL);
+    if (stack != NULL) return stack;
+    stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) return NULL;
+    mprotect(stack, GUARD_SIZE, PROT_NONE); /* an overflow faults instead of corrupting */
+    return stack;
+}
+
+static void give_back_stack(char *stack) {
+    char *none = NULL;
+    if (!__atomic_compare_exchange_n(&spare_stack, &none, stack, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        munmap(stack, STACK_SIZE);
+}
+
 static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct child_args *cap) {
-    char *stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED) {
+    char *stack = take_stack();
+    if (stack == NULL) {
         req->err = errno;
         return -1;
     }
-    mprotect(stack, GUARD_SIZE, PROT_NONE); /* an overflow faults instead of corrupting */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -241,7 +265,7 @@ static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct ch
     }
     long pid = clone3_run(&cl, &ca);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    munmap(stack, STACK_SIZE);
+    give_back_stack(stack);
     if (pid < 0) {
         req->err = (int)-pid;
         req->stage = 0;
