@@ -18,7 +18,13 @@ import pytest
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.local import cgroups as cg
-from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    HookGate,
+    eventually,
+    host_pids_with_arg,
+    open_fds,
+    unique_seconds,
+)
 
 
 def _cgroup_reason() -> str | None:
@@ -282,3 +288,44 @@ async def test_a_cancelled_close_still_kills_everything_and_removes_the_cgroup(
     await s.aclose()
     assert host_pids_with_arg(marker) == []
     assert not os.path.exists(directory)
+
+
+async def test_a_leaf_s_kept_events_file_follows_its_process(tmp_path: Path) -> None:
+    # The file is opened once and read again at offset 0: each read is the state now.
+    session = cg.SessionCgroup.create()
+    try:
+        leaf = session.new_leaf()
+        assert leaf._keep_events_open
+        assert not leaf.populated() and leaf._events_fd >= 0
+        kept = leaf._events_fd
+        child = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+        try:
+            Path(leaf.path, "cgroup.procs").write_text(str(child.pid))
+            leaf.occupy()
+            assert leaf.populated()
+        finally:
+            child.kill()
+            child.wait()
+        assert await leaf.wait_empty(5)
+        assert not leaf.populated() and leaf._events_fd == kept
+    finally:
+        session.remove()
+    assert leaf._events_fd == -1  # closed with its session
+
+
+async def test_a_session_keeps_a_bounded_number_of_events_files(tmp_path: Path) -> None:
+    fds = open_fds()
+    count = cg.KEPT_EVENTS_FILES + 8
+    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+        updates = await asyncio.gather(
+            *(s.pty_exec_start("echo r; exec sleep 30", until="r") for _ in range(count))
+        )
+        assert all(u.process_id is not None for u in updates)
+        await s.pty_terminate_all()
+        cgroup = s._cgroup
+        assert cgroup is not None
+        held = sum(leaf._events_fd >= 0 for leaf in cgroup._keeping)
+        assert held == cg.KEPT_EVENTS_FILES
+        # Leaves past the bound read the file by path, and their processes still end.
+        assert (await s.exec("true")).exit_code == 0
+    assert open_fds() == fds

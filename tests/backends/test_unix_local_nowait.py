@@ -181,6 +181,8 @@ async def test_a_fast_started_process_cancelled_in_its_window_is_torn_down(
     # is alive, so not the fast teardown).
     s = cgroup_session
     marker = unique_seconds()
+    await s.pty_exec_start("true")  # the leaf it reuses exists, its events file open
+    calls.spawns = calls.teardowns = 0
     fds = open_fds()
     task = asyncio.ensure_future(s.pty_exec_start(f"exec sleep {marker}", yield_time_s=30))
     assert await eventually(lambda: bool(host_pids_with_arg(marker)))

@@ -395,6 +395,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 proc.kill_now()
         if self._cgroup is not None:
             self._cgroup.kill()  # its directories stay until a later session cleans them
+            self._cgroup.close_files()
         else:
             process_tree.kill_session(self._session_tag)
 
