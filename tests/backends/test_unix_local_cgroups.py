@@ -102,7 +102,9 @@ async def test_an_env_i_setsid_child_dies_with_the_session(tmp_path: Path, confi
 
 async def test_terminate_kills_an_env_i_setsid_child_of_that_process(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    async with UnixLocalSession(
+        workspace=tmp_path, terminate_grace_s=0.3, max_processes=2 * count
+    ) as s:
         update = await s.pty_exec_start(
             f"{FULL_ESCAPE.format(m=marker)}; echo ready; exec sleep {marker}0",
             tty=True,
@@ -316,16 +318,37 @@ async def test_a_leaf_s_kept_events_file_follows_its_process(tmp_path: Path) -> 
 async def test_a_session_keeps_a_bounded_number_of_events_files(tmp_path: Path) -> None:
     fds = open_fds()
     count = cg.KEPT_EVENTS_FILES + 8
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    marker = unique_seconds()
+    async with UnixLocalSession(
+        workspace=tmp_path, terminate_grace_s=0.3, max_processes=2 * count
+    ) as s:
         updates = await asyncio.gather(
-            *(s.pty_exec_start("echo r; exec sleep 30", until="r") for _ in range(count))
+            *(s.pty_exec_start(f"echo r; exec sleep {marker}", until="r") for _ in range(count))
         )
+        assert len(host_pids_with_arg(marker)) == count
         assert all(u.process_id is not None for u in updates)
         await s.pty_terminate_all()
         cgroup = s._cgroup
         assert cgroup is not None
         held = sum(leaf._events_fd >= 0 for leaf in cgroup._keeping)
         assert held == cg.KEPT_EVENTS_FILES
-        # Leaves past the bound read the file by path, and their processes still end.
+        # The leaves past the bound read the file by path: their processes ended too.
+        assert host_pids_with_arg(marker) == []
         assert (await s.exec("true")).exit_code == 0
     assert open_fds() == fds
+
+
+async def test_a_kept_events_file_whose_directory_went_falls_back_to_the_path(
+    tmp_path: Path,
+) -> None:
+    session = cg.SessionCgroup.create()
+    try:
+        leaf = session.new_leaf()
+        assert not leaf.populated() and leaf._events_fd >= 0
+        fds = open_fds()
+        os.rmdir(leaf.path)  # removed under the open file, as a stranger could
+        leaf.occupy()
+        assert not leaf.populated()
+        assert leaf._events_fd == -1 and open_fds() == fds - 1
+    finally:
+        session.remove()
