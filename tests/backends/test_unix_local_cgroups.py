@@ -102,9 +102,7 @@ async def test_an_env_i_setsid_child_dies_with_the_session(tmp_path: Path, confi
 
 async def test_terminate_kills_an_env_i_setsid_child_of_that_process(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(
-        workspace=tmp_path, terminate_grace_s=0.3, max_processes=2 * count
-    ) as s:
+    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
         update = await s.pty_exec_start(
             f"{FULL_ESCAPE.format(m=marker)}; echo ready; exec sleep {marker}0",
             tty=True,
