@@ -19,9 +19,8 @@ released meanwhile (a ctypes call).
 
 Where it cannot be used (no compiler, not x86_64 Linux, `clone3` refused by a seccomp
 filter, `SANDBOX_SPAWN_HELPER=0`), `LocalProcess.spawn` keeps the `Popen` path. The
-library is built in a private cache directory (`SANDBOX_CACHE_DIR`, else
-`$XDG_CACHE_HOME/sandbox`, else `~/.cache/sandbox`, mode 0700, ours) under a name
-derived from its source, and loaded only if we own it and nobody else can write it.
+library is built and cached by `sandbox.native` (a private cache directory, a name
+derived from the source, loaded only if we own it and nobody else can write it).
 """
 
 from __future__ import annotations
@@ -29,20 +28,16 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import hashlib
 import os
 import platform
-import shutil
-import stat
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
+from .. import native
+
 DISABLE_VARIABLE = "SANDBOX_SPAWN_HELPER"
-CACHE_VARIABLE = "SANDBOX_CACHE_DIR"
-BUILD_TIMEOUT_S = 60.0
+CACHE_VARIABLE = native.CACHE_VARIABLE
 STAGE_CLONE, STAGE_SETUP, STAGE_CHDIR, STAGE_EXEC = 0, 1, 2, 3
 
 SOURCE = r"""
@@ -460,71 +455,15 @@ def prepare() -> Helper | None:
             try:
                 _State.helper = Helper(ctypes.CDLL(_library_path()))
                 _State.reason = ""
-            except (OSError, _Unusable) as exc:
+            except (OSError, native.Unusable) as exc:
                 _State.helper = None
                 _State.reason = str(exc)
         return _State.helper
 
 
-class _Unusable(Exception):
-    pass
-
-
 def _library_path() -> str:
     if os.environ.get(DISABLE_VARIABLE, "") == "0":
-        raise _Unusable(f"{DISABLE_VARIABLE}=0")
+        raise native.Unusable(f"{DISABLE_VARIABLE}=0")
     if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "amd64"):
-        raise _Unusable(f"written for x86_64 Linux, not {sys.platform} {platform.machine()}")
-    directory = _cache_directory()
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    path = os.path.join(directory, f"spawn-{digest}.so")
-    if not os.path.exists(path):
-        _build(directory, path)
-    _check_private(path, directory=False)
-    return path
-
-
-def _cache_directory() -> str:
-    chosen = os.environ.get(CACHE_VARIABLE)
-    if not chosen:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        chosen = os.path.join(base, "sandbox")
-    os.makedirs(chosen, mode=0o700, exist_ok=True)
-    _check_private(chosen, directory=True)
-    return chosen
-
-
-def _check_private(path: str, *, directory: bool) -> None:
-    """What we load or build into must be ours and writable by nobody else: a library
-    someone else could swap would run their code in this process."""
-    info = os.lstat(path)
-    kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
-    if not kind_ok or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise _Unusable(f"{path} is not a private {'directory' if directory else 'file'} of ours")
-
-
-def _build(directory: str, target: str) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise _Unusable("no C compiler (cc or gcc) to build it with")
-    with tempfile.TemporaryDirectory(dir=directory, prefix="build-") as work:
-        source = os.path.join(work, "spawn.c")
-        output = os.path.join(work, "spawn.so")
-        with open(source, "w", encoding="utf-8") as handle:
-            handle.write(SOURCE)
-        try:
-            done = subprocess.run(
-                [compiler, "-O2", "-shared", "-fPIC", "-o", output, source],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=BUILD_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise _Unusable(f"could not run {compiler}: {exc}") from None
-        if done.returncode != 0:
-            first = done.stderr.decode(errors="replace").strip().splitlines()[:1]
-            raise _Unusable(f"{compiler} failed: {' '.join(first)}")
-        os.chmod(output, 0o700)
-        # Atomic: a concurrent build of the same source renames the same bytes.
-        os.replace(output, target)
+        raise native.Unusable(f"written for x86_64 Linux, not {sys.platform} {platform.machine()}")
+    return native.cached_library("spawn", SOURCE, ["-O2"])
