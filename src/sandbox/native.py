@@ -20,14 +20,54 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 CACHE_VARIABLE = "SANDBOX_CACHE_DIR"
 BUILD_TIMEOUT_S = 60.0
 
 
+T = TypeVar("T")
+
+
 class Unusable(Exception):
     """A native part cannot be built or loaded here (the message says why)."""
+
+
+class NativePart(Generic[T]):
+    """One native part in this process: built and loaded at most once, by `prepare()`
+    (blocking: sessions call it from a thread), or the reason it is not in use."""
+
+    def __init__(self, load: Callable[[], T]) -> None:
+        self.lock = threading.Lock()
+        self.tried = False
+        self.value: T | None = None
+        self.why = "not built yet"
+        self._load = load
+
+    def prepare(self) -> T | None:
+        """Build and load it the first time (later calls return what that found). Never
+        raises: a failure is kept in `reason()` and the caller's pure-Python path runs."""
+        with self.lock:
+            if not self.tried:
+                self.tried = True
+                try:
+                    self.value = self._load()
+                    self.why = ""
+                except (OSError, ImportError, Unusable) as exc:
+                    self.value = None
+                    self.why = str(exc)
+            return self.value
+
+    def reason(self) -> str:
+        """Why it is not in use ("" when it is)."""
+        return "" if self.value is not None else self.why
+
+    def disable(self, why: str) -> None:
+        """Stop using it in this process."""
+        self.value = None
+        self.why = why
 
 
 def cached_library(stem: str, source: str, flags: Sequence[str], suffix: str = ".so") -> str:

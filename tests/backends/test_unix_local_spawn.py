@@ -30,14 +30,14 @@ SKIP_HELPER = None if HELPER is not None else f"no spawn helper here: {sh.reason
 @contextlib.contextmanager
 def _helper_state(helper: sh.Helper | None, why: str = "") -> Iterator[None]:
     """Run with the helper on (`helper`) or off, and put the process's own back."""
-    with sh._State.lock:
-        saved = (sh._State.tried, sh._State.helper, sh._State.reason)
-        sh._State.tried, sh._State.helper, sh._State.reason = True, helper, why
+    with sh._PART.lock:
+        saved = (sh._PART.tried, sh._PART.value, sh._PART.why)
+        sh._PART.tried, sh._PART.value, sh._PART.why = True, helper, why
     try:
         yield
     finally:
-        with sh._State.lock:
-            sh._State.tried, sh._State.helper, sh._State.reason = saved
+        with sh._PART.lock:
+            sh._PART.tried, sh._PART.value, sh._PART.why = saved
 
 
 @pytest.fixture(params=["helper", "popen"])
@@ -189,7 +189,7 @@ def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     cache = tmp_path / "cache"
     monkeypatch.setenv(sh.CACHE_VARIABLE, str(cache))
     with _helper_state(None, "not built yet"):
-        sh._State.tried = False
+        sh._PART.tried = False
         yield cache
 
 
@@ -255,7 +255,7 @@ async def test_a_start_cancelled_while_the_helper_builds_leaves_nothing(
     os.write(fd, b"go\n")
     os.close(fd)
     for _ in range(500):
-        if sh.tried() and not sh._State.lock.locked() and sh.reason() != "not built yet":
+        if sh.tried() and not sh._PART.lock.locked() and sh.reason() != "not built yet":
             break
         await asyncio.sleep(0.01)
     assert sh.loaded() is None and "failed" in sh.reason()

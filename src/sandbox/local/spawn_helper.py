@@ -31,7 +31,6 @@ import functools
 import os
 import platform
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 
 from .. import native
@@ -418,47 +417,37 @@ def _block(items: Sequence[bytes]) -> bytes:
     return b"\0".join(items) + b"\0"
 
 
-class _State:
-    lock = threading.Lock()
-    tried = False
-    helper: Helper | None = None
-    reason = "not built yet"
+def _load() -> Helper:
+    return Helper(ctypes.CDLL(_library_path()))
+
+
+_PART = native.NativePart(_load)
 
 
 def tried() -> bool:
     """Whether `prepare()` ran in this process (whatever it found)."""
-    return _State.tried
+    return _PART.tried
 
 
 def loaded() -> Helper | None:
     """The helper if `prepare()` made it usable (never builds: no blocking here)."""
-    return _State.helper
+    return _PART.value
 
 
 def reason() -> str:
     """Why the helper is not in use ("" when it is)."""
-    return "" if _State.helper is not None else _State.reason
+    return _PART.reason()
 
 
 def disable(why: str) -> None:
     """Stop using the helper in this process (clone3 was refused)."""
-    _State.helper = None
-    _State.reason = why
+    _PART.disable(why)
 
 
 def prepare() -> Helper | None:
     """Build (once per cache directory and source) and load the helper; blocking, so
     sessions call it from a thread. Never raises: a failure is kept in `reason()`."""
-    with _State.lock:
-        if not _State.tried:
-            _State.tried = True
-            try:
-                _State.helper = Helper(ctypes.CDLL(_library_path()))
-                _State.reason = ""
-            except (OSError, native.Unusable) as exc:
-                _State.helper = None
-                _State.reason = str(exc)
-        return _State.helper
+    return _PART.prepare()
 
 
 def _library_path() -> str:

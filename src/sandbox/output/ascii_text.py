@@ -31,7 +31,6 @@ import importlib.util
 import os
 import sys
 import sysconfig
-import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -238,42 +237,40 @@ class AsciiText(Protocol):
 AsciiTextFactory = Callable[[int], AsciiText]
 
 
-class _State:
-    lock = threading.Lock()
-    tried = False
-    factory: AsciiTextFactory | None = None
-    reason = "not built yet"
+def _load() -> AsciiTextFactory:
+    path = _library_path()
+    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
+    spec = importlib.util.spec_from_loader(MODULE_NAME, loader, origin=path)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    factory: AsciiTextFactory = module.AsciiText
+    return factory
+
+
+_PART = native.NativePart(_load)
 
 
 def tried() -> bool:
     """Whether `prepare()` ran in this process (whatever it found)."""
-    return _State.tried
+    return _PART.tried
 
 
 def loaded() -> AsciiTextFactory | None:
     """The `AsciiText` type if `prepare()` made it usable (never builds)."""
-    return _State.factory
+    return _PART.value
 
 
 def reason() -> str:
     """Why `AsciiText` is not in use ("" when it is)."""
-    return "" if _State.factory is not None else _State.reason
+    return _PART.reason()
 
 
 def prepare() -> AsciiTextFactory | None:
     """Build (once per cache directory, source and Python ABI) and load the type;
     blocking, so sessions call it from a thread. Never raises: a failure is kept in
     `reason()` and windows decode bytes instead."""
-    with _State.lock:
-        if not _State.tried:
-            _State.tried = True
-            try:
-                _State.factory = _load(_library_path())
-                _State.reason = ""
-            except (OSError, ImportError, native.Unusable) as exc:
-                _State.factory = None
-                _State.reason = str(exc)
-        return _State.factory
+    return _PART.prepare()
 
 
 def _library_path() -> str:
@@ -286,13 +283,3 @@ def _library_path() -> str:
         raise native.Unusable(f"no Python.h in {include} (Python's development headers)")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return native.cached_library("ascii-text", SOURCE, ["-O3", f"-I{include}"], suffix)
-
-
-def _load(path: str) -> AsciiTextFactory:
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
-    spec = importlib.util.spec_from_loader(MODULE_NAME, loader, origin=path)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    factory: AsciiTextFactory = module.AsciiText
-    return factory
