@@ -8,6 +8,7 @@ windows of a real session.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -23,6 +24,7 @@ from sandbox.output import ascii_text
 from sandbox.output.buffer import BoundedOutput
 from sandbox.output.decoding import StreamDecoder
 from tests.conftest import skip_or_fail
+from tests.helpers import eventually
 
 
 @pytest.fixture
@@ -264,3 +266,45 @@ async def test_ascii_then_utf8_and_until_in_one_window(
         assert update.output == "plain café done\nMARK"
         assert update.process_id is not None
         await s.pty_terminate_all()
+
+
+async def test_a_start_cancelled_while_it_builds_leaves_nothing(
+    make: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compiler that says it started, then waits until the test lets it fail.
+    started, release = tmp_path / "started", tmp_path / "release"
+    os.mkfifo(release)
+    compiler = tmp_path / "slow-cc"
+    compiler.write_text(f"#!/bin/sh\n: > {started}\nread x < {release}\nexit 1\n")
+    compiler.chmod(0o700)
+    monkeypatch.setenv("CC", str(compiler))
+    monkeypatch.setenv(native.CACHE_VARIABLE, str(tmp_path / "cache"))
+    part = ascii_text._PART
+    saved = (part.tried, part.value, part.why)
+    part.tried, part.value, part.why = False, None, "not built yet"
+    try:
+        workspace = tmp_path / "ws"
+        session = sandbox.open_session("unix_local", workspace=workspace)
+        task = asyncio.create_task(session.start())
+        # The gate: the build is under way and the start waits on it.
+        assert await eventually(started.exists, timeout=30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert session.state is sandbox.SessionState.NEW
+        assert not workspace.exists(), "the start made nothing before the build"
+        fd = os.open(release, os.O_WRONLY)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        assert await eventually(
+            lambda: not part.lock.locked() and part.why != "not built yet", timeout=30
+        )
+        assert ascii_text.loaded() is None and "failed" in ascii_text.reason()
+        # The session starts again, and its windows decode bytes.
+        async with session:
+            update = await session.pty_exec_start("echo plain", yield_time_s=5)
+            assert update.output == "plain\n" and update.exit_code == 0
+            assert session._processes.reserved == set()
+    finally:
+        with part.lock:
+            part.tried, part.value, part.why = saved
