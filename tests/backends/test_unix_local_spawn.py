@@ -21,7 +21,7 @@ import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.local import cgroups
 from sandbox.local import spawn_helper as sh
-from tests.helpers import children_of_me, eventually, open_fds
+from tests.helpers import SlowCompiler, children_of_me, eventually, open_fds
 
 HELPER = sh.prepare()
 SKIP_HELPER = None if HELPER is not None else f"no spawn helper here: {sh.reason()}"
@@ -231,19 +231,14 @@ def test_the_helper_can_be_switched_off(fresh_build: Path, monkeypatch: pytest.M
 async def test_a_start_cancelled_while_the_helper_builds_leaves_nothing(
     fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A compiler that says it started, then waits until the test lets it fail.
-    started, release = tmp_path / "started", tmp_path / "release"
-    os.mkfifo(release)
-    compiler = tmp_path / "slow-cc"
-    compiler.write_text(f"#!/bin/sh\n: > {started}\nread x < {release}\nexit 1\n")
-    compiler.chmod(0o700)
-    monkeypatch.setenv("CC", str(compiler))
+    compiler = SlowCompiler.make(tmp_path)
+    monkeypatch.setenv("CC", str(compiler.path))
     workspace = tmp_path / "ws"
     before = set(os.listdir(cgroups.own_v2_directory())) if _v2() else set()
     session = UnixLocalSession(workspace=workspace)
     task = asyncio.create_task(session.start())
     # The gate: the build is under way and the start waits on it.
-    assert await eventually(started.exists, timeout=30)
+    assert await eventually(compiler.started.exists, timeout=30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -251,9 +246,7 @@ async def test_a_start_cancelled_while_the_helper_builds_leaves_nothing(
     if _v2():
         assert set(os.listdir(cgroups.own_v2_directory())) == before
     # The build thread ends once the compiler does; the helper is then off.
-    fd = os.open(release, os.O_WRONLY)
-    os.write(fd, b"go\n")
-    os.close(fd)
+    compiler.release()
     for _ in range(500):
         if sh.tried() and not sh._PART.lock.locked() and sh.reason() != "not built yet":
             break

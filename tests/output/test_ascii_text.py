@@ -24,7 +24,7 @@ from sandbox.output import ascii_text
 from sandbox.output.buffer import BoundedOutput
 from sandbox.output.decoding import StreamDecoder
 from tests.conftest import skip_or_fail
-from tests.helpers import eventually
+from tests.helpers import SlowCompiler, eventually
 
 
 @pytest.fixture
@@ -271,13 +271,8 @@ async def test_ascii_then_utf8_and_until_in_one_window(
 async def test_a_start_cancelled_while_it_builds_leaves_nothing(
     make: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A compiler that says it started, then waits until the test lets it fail.
-    started, release = tmp_path / "started", tmp_path / "release"
-    os.mkfifo(release)
-    compiler = tmp_path / "slow-cc"
-    compiler.write_text(f"#!/bin/sh\n: > {started}\nread x < {release}\nexit 1\n")
-    compiler.chmod(0o700)
-    monkeypatch.setenv("CC", str(compiler))
+    compiler = SlowCompiler.make(tmp_path)
+    monkeypatch.setenv("CC", str(compiler.path))
     monkeypatch.setenv(native.CACHE_VARIABLE, str(tmp_path / "cache"))
     part = ascii_text._PART
     saved = (part.tried, part.value, part.why)
@@ -287,15 +282,13 @@ async def test_a_start_cancelled_while_it_builds_leaves_nothing(
         session = sandbox.open_session("unix_local", workspace=workspace)
         task = asyncio.create_task(session.start())
         # The gate: the build is under way and the start waits on it.
-        assert await eventually(started.exists, timeout=30)
+        assert await eventually(compiler.started.exists, timeout=30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert session.state is sandbox.SessionState.NEW
         assert not workspace.exists(), "the start made nothing before the build"
-        fd = os.open(release, os.O_WRONLY)
-        os.write(fd, b"go\n")
-        os.close(fd)
+        compiler.release()
         assert await eventually(
             lambda: not part.lock.locked() and part.why != "not built yet", timeout=30
         )
