@@ -12,6 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
@@ -73,6 +74,16 @@ def session(cfg: Config, **options: object) -> sandbox.BaseSandboxSession:
     return sandbox.open_session("unix_local", workspace=ws, terminate_grace_s=0.5, **options)
 
 
+async def drain_to_end(s: sandbox.BaseSandboxSession, command: str, **start: Any) -> list[str]:
+    """Start `command` and poll it until its output is done: each window's text."""
+    update = await s.pty_exec_start(command, yield_time_s=0.25, **start)
+    parts = [update.output]
+    while update.process_id is not None:
+        update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
+        parts.append(update.output)
+    return parts
+
+
 def payload_file(cfg: Config) -> tuple[Path, str, int]:
     """A file of printable bytes without newlines (a terminal passes them unchanged)."""
     size = cfg.drain_mb * 1_000_000
@@ -111,11 +122,7 @@ async def throughput(cfg: Config) -> list[Figure]:
         for _ in range(cfg.drain_rounds):
             async with session(cfg) as s:
                 t0 = time.perf_counter()
-                update = await s.pty_exec_start(f"cat {path}", tty=tty, yield_time_s=0.25)
-                parts = [update.output]
-                while update.process_id is not None:
-                    update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
-                    parts.append(update.output)
+                parts = await drain_to_end(s, f"cat {path}", tty=tty)
                 bounded.ours.append(size / 1e6 / (time.perf_counter() - t0))
                 # Each window that dropped bytes says how many, in its own marker: the
                 # bytes shown plus the bytes counted as dropped are the whole file.
@@ -128,17 +135,13 @@ async def throughput(cfg: Config) -> list[Figure]:
                 assert shown + sum(int(m.group(1)) for m in markers) == size
             async with session(cfg, output_limit_bytes=size + (1 << 20)) as s:
                 c0, t0 = cpu_seconds(), time.perf_counter()
-                update = await s.pty_exec_start(f"cat {path}", tty=tty, yield_time_s=0.25)
-                parts = [update.output]
-                while update.process_id is not None:
-                    update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
-                    parts.append(update.output)
+                parts = await drain_to_end(s, f"cat {path}", tty=tty)
                 elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
                 got = "".join(parts).encode()
                 assert hashlib.sha256(got).hexdigest() == digest, "bytes verified"
                 # Raw starts with none of our 100 MB still held (it measured up to twice
                 # as slow beside them: the allocator's state is part of a drain's cost).
-                del got, parts, update
+                del got, parts
             rate.ours.append(size / 1e6 / elapsed)
             text.ours.append(size / 1e6 / elapsed)
             cpu.ours.append(used)
@@ -175,15 +178,11 @@ async def utf8_drain(cfg: Config) -> list[Figure]:
     for _ in range(cfg.drain_rounds):
         async with session(cfg, output_limit_bytes=size + (1 << 20)) as s:
             t0 = time.perf_counter()
-            update = await s.pty_exec_start(f"cat {path}", yield_time_s=0.25)
-            parts = [update.output]
-            while update.process_id is not None:
-                update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
-                parts.append(update.output)
+            parts = await drain_to_end(s, f"cat {path}")
             fig.ours.append(size / 1e6 / (time.perf_counter() - t0))
             got = "".join(parts).encode()
             assert hashlib.sha256(got).hexdigest() == digest, "bytes verified"
-            del got, parts, update
+            del got, parts
         t0 = time.perf_counter()
         raw = RawChild(["cat", str(path)], tty=False)
         await raw.finish()
@@ -442,13 +441,7 @@ async def screens(cfg: Config) -> list[Figure]:
             async with session(cfg, output_limit_bytes=size + (1 << 20)) as s:
                 c0, t0 = cpu_seconds(), time.perf_counter()
                 with StallMeter() as meter:
-                    update = await s.pty_exec_start(
-                        f"cat {path}", tty=True, yield_time_s=0.25, screen=screen
-                    )
-                    parts = [update.output]
-                    while update.process_id is not None:
-                        update = await s.pty_write_stdin(update.process_id, "", yield_time_s=0.25)
-                        parts.append(update.output)
+                    parts = await drain_to_end(s, f"cat {path}", tty=True, screen=screen)
                 elapsed, used = time.perf_counter() - t0, cpu_seconds() - c0
                 assert hashlib.sha256("".join(parts).encode()).hexdigest() == digest
             rate.ours.append(size / 1e6 / elapsed)

@@ -134,12 +134,16 @@ static PyObject *AsciiText_append(AsciiText *self, PyObject *data) {
 static PyObject *AsciiText_take(AsciiText *self, PyObject *unused) {
     PyObject *text = self->text;
     Py_ssize_t len = self->len;
-    self->text = NULL;
-    self->len = self->cap = 0;
     if (text == NULL)
         return PyUnicode_New(0, 0);
+    Py_ssize_t cap = self->cap;
+    self->text = NULL;
+    self->len = self->cap = 0;
     if (PyUnicode_Resize(&text, len) < 0) {
-        Py_DECREF(text);
+        /* Nothing is lost: what was kept stays here for another try. */
+        self->text = text;
+        self->len = len;
+        self->cap = cap;
         return NULL;
     }
     return text;
@@ -277,7 +281,9 @@ def _library_path() -> str:
     if os.environ.get(DISABLE_VARIABLE, "") == "0":
         raise native.Unusable(f"{DISABLE_VARIABLE}=0")
     if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
-        raise native.Unusable(f"written for CPython on Linux, not {sys.implementation.name}")
+        raise native.Unusable(
+            f"written for CPython on Linux, not {sys.implementation.name} on {sys.platform}"
+        )
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise native.Unusable(f"no Python.h in {include} (Python's development headers)")

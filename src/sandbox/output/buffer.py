@@ -174,8 +174,9 @@ class BoundedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         end = self.end_pos
         if self._text is not None:
+            text = self._text.take()  # first: a failure leaves the window as it was
             self._start = end
-            return DrainedOutput(self._text.take(), 0, b"")
+            return DrainedOutput(text, 0, b"")
         # The buffers are handed over, not copied: fresh ones replace them below. Without
         # a drop, everything is in the head (see `append`) and the tail is empty.
         out = DrainedOutput(self._head, self._omitted, self._tail)
