@@ -170,6 +170,12 @@ class HostPathError(InvalidArgumentError):
         self.path = path
 
 
+class RefNotTrustedError(InvalidArgumentError):
+    """A session ref read back as JSON (a ref file, a state file, JSON text) carries no
+    valid seal: this user's library did not write it, or something (a process in the
+    sandbox, another user) changed it since. Nothing in it was used."""
+
+
 class FileTooLargeError(SandboxError):
     """`read_file` refused a file larger than its limit (`max_bytes`, or the session's
     `read_limit_bytes`). `size` is the file's size when known (else None: it grew past the

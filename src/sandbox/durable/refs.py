@@ -9,6 +9,12 @@ credentials are given again, or read from the environment, at resume.
 
 Equality and hashing are by value (the canonical JSON text); `to_json()` of equal refs
 is the same string.
+
+A ref read back as JSON (`from_json`, `from_dict`, a ref file) is untrusted: a sandbox
+can write the file it lives in. So `to_dict()`/`to_json()` add a `seal` (an HMAC under
+this user's key, `sandbox.durable.seal`) and reading one back checks it: a ref this
+user's library did not write, or one changed since, raises `RefNotTrustedError`. A
+`SessionRef` made in code is the caller's own and needs no seal.
 """
 
 from __future__ import annotations
@@ -20,11 +26,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, RefNotTrustedError
+from . import seal
 
 REF_VERSION = 1
 # A ref file or a ref passed on a command line is caller data: bounded before parsing.
 MAX_REF_BYTES = 1 << 20
+# Handles are small objects; a deeper one is not a ref this library wrote (and deep
+# nesting would exhaust the stack of the recursive copy below).
+MAX_REF_DEPTH = 32
 
 # Session ids key lease files and in-sandbox paths: kept to a safe alphabet.
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -32,8 +42,10 @@ SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
 
 
-def _plain(value: object, where: str) -> Any:
+def _plain(value: object, where: str, depth: int = 0) -> Any:
     """`value` as plain JSON data (dicts with str keys, lists, scalars), copied."""
+    if depth > MAX_REF_DEPTH:
+        raise InvalidArgumentError(f"{where} is nested more than {MAX_REF_DEPTH} levels deep")
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
@@ -43,13 +55,13 @@ def _plain(value: object, where: str) -> Any:
             raise InvalidArgumentError(f"{where} holds a non-finite number")
         return value
     if isinstance(value, list | tuple):
-        return [_plain(item, where) for item in value]
+        return [_plain(item, where, depth + 1) for item in value]
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidArgumentError(f"{where} has a key that is not a str: {key!r}")
-            out[key] = _plain(item, where)
+            out[key] = _plain(item, where, depth + 1)
         return out
     raise InvalidArgumentError(f"{where} holds a {type(value).__name__}, not JSON data")
 
@@ -169,8 +181,7 @@ class SessionRef:
         object.__setattr__(self, "options", _plain(self.options, "the ref's options"))
         object.__setattr__(self, "processes", tuple(self.processes))
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (`from_dict` reads it back)."""
+    def _unsealed(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "backend": self.backend,
@@ -181,13 +192,21 @@ class SessionRef:
             "processes": [p.to_dict() for p in self.processes],
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data with its `seal` (`from_dict` reads it back)."""
+        data = self._unsealed()
+        data["seal"] = seal.seal(seal.REF_PURPOSE, _canonical(data).encode())
+        return data
+
     def to_json(self) -> str:
-        """The ref as one line of canonical JSON (keys sorted)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """The ref as one line of canonical JSON (keys sorted), sealed."""
+        return _canonical(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SessionRef:
-        """Rebuild a ref; `InvalidArgumentError` for malformed data or another version."""
+        """Rebuild a ref from `to_dict()`'s data. `RefNotTrustedError` when its seal does
+        not match (not written by this user's library, or changed since);
+        `InvalidArgumentError` for malformed data or another version."""
         if not isinstance(data, Mapping):
             raise InvalidArgumentError("a session ref must be a JSON object")
         version = data.get("version")
@@ -195,6 +214,18 @@ class SessionRef:
             raise InvalidArgumentError(
                 f"this session ref has version {version!r}; this library reads version "
                 f"{REF_VERSION}"
+            )
+        unsealed = {k: v for k, v in data.items() if k != "seal"}
+        try:
+            text = _canonical(_plain(unsealed, "the session ref"))
+        except (TypeError, ValueError):
+            raise InvalidArgumentError("the session ref is not JSON data") from None
+        if not seal.is_sealed(seal.REF_PURPOSE, text.encode(), data.get("seal")):
+            raise RefNotTrustedError(
+                "this session ref was not written by this user's sandbox library, or was "
+                "changed since (its seal does not match): refusing to use it. A process in "
+                "the sandbox may have rewritten the file; refs are sealed with the key in "
+                f"{seal.state_folder()!r}"
             )
         where = "the session ref"
         processes = data.get("processes", [])
@@ -216,7 +247,7 @@ class SessionRef:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> SessionRef:
-        """Parse `to_json()`'s text (bounded: at most 1 MiB)."""
+        """Parse `to_json()`'s text (bounded: at most 1 MiB; the seal checked)."""
         if not isinstance(text, str | bytes):
             raise InvalidArgumentError("a session ref must be given as JSON text")
         if len(text) > MAX_REF_BYTES:
@@ -225,16 +256,22 @@ class SessionRef:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidArgumentError(f"not a session ref (bad JSON: {exc})") from None
+        except RecursionError:
+            raise InvalidArgumentError("not a session ref (JSON nested too deeply)") from None
         return cls.from_dict(data)
 
     def __hash__(self) -> int:
-        return hash(self.to_json())
+        return hash(_canonical(self._unsealed()))
 
     def __repr__(self) -> str:
         return (
             f"<SessionRef backend={self.backend!r} session_id={self.session_id!r} "
             f"processes={len(self.processes)}>"
         )
+
+
+def _canonical(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 class ProcessNotReattached(Exception):
