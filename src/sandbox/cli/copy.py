@@ -89,11 +89,13 @@ class _HostSource:
 
 
 class _HostSink:
-    """`extract.Sink` into a host folder, beneath it."""
+    """`extract.Sink` into a host folder, beneath it; never over `protected` (the
+    session's own ref file: a sandbox must not be able to rewrite what finds it)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, protected: str | None = None) -> None:
         self._root = root
         self._tree = LocalTree(root)
+        self._protected = protected
 
     async def make_dir(self, path: str, mode: int) -> None:
         await asyncio.to_thread(self._tree.make_dir, path, True)
@@ -103,11 +105,24 @@ class _HostSink:
         self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
     ) -> None:
         del size
+        _refuse_session_file(self._root, path, self._protected)
         await local_files.write_chunks(self._root, path, chunks)
         await asyncio.to_thread(self._tree.set_mode, path, mode & 0o777)
 
     async def make_symlink(self, path: str, target: str) -> None:
+        _refuse_session_file(self._root, path, self._protected)
         await asyncio.to_thread(self._tree.make_symlink, path, target)
+
+
+def _refuse_session_file(folder: str, name: str, protected: str | None) -> None:
+    """Refuse a host destination that is the session's ref file (`--session FILE`)."""
+    if protected is None:
+        return
+    if os.path.normpath(os.path.join(folder, name)) == protected:
+        raise InvalidArgumentError(
+            f"refusing to copy over {protected!r}: it is the ref file of the session the "
+            "copy comes from; choose another destination"
+        )
 
 
 def _split(spec: str) -> tuple[bool, str]:
@@ -130,9 +145,10 @@ async def copy_command(args: argparse.Namespace) -> int:
         )
     backend, options = cli_options.options_from_args(args)
     progress = Progress(sys.stderr, f"{args.src} -> {args.dst}")
+    protected = None if args.session is None else _session_file(args.session)
     async with cli_session(backend, options, args.session) as session:
         if src_in:
-            await _out_of(session, src, dst, progress)
+            await _out_of(session, src, dst, progress, protected)
         else:
             await _into(session, src, dst, progress)
     progress.done()
@@ -191,17 +207,30 @@ async def _into(session: BaseSandboxSession, host: str, inside: str, progress: P
         await _closing(chunks)
 
 
-async def _out_of(session: BaseSandboxSession, inside: str, host: str, progress: Progress) -> None:
-    """Sandbox -> host."""
+def _session_file(path: str) -> str:
+    """The `--session` ref file's real path (its folder's symlinks resolved)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(folder), name)
+
+
+async def _out_of(
+    session: BaseSandboxSession,
+    inside: str,
+    host: str,
+    progress: Progress,
+    protected: str | None = None,
+) -> None:
+    """Sandbox -> host (never over `protected`, the session's ref file)."""
     info = await session.stat(inside)
     folder, name = await asyncio.to_thread(_host_target, host, info.name, folder=info.kind == "dir")
     if info.kind == "dir":
         tar = session.persist_workspace(inside)
         try:
-            await extract(progress.count(tar), _HostSink(folder))
+            await extract(progress.count(tar), _HostSink(folder, protected))
         finally:
             await _closing(tar)
         return
+    _refuse_session_file(folder, name, protected)
     chunks = session.read_file_chunks(inside)
     try:
         await local_files.write_chunks(folder, name, progress.count(chunks))
