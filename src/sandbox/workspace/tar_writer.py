@@ -6,11 +6,22 @@ one header in memory. Names are relative; directories end in "/". The common mem
 ASCII name and link under 100 bytes, a size and mtime that fit their octal fields) skips
 `TarInfo` and is packed here, to the same bytes `tobuf` makes (a test compares them):
 `TarInfo` costs tens of microseconds a member, which a walk of many small files feels.
+
+What goes into a header often comes from a sandbox's `stat` answer, which is untrusted:
+a size that is not an int in 0..`MAX_MEMBER_SIZE`, an mtime that is not finite or is
+out of range, a NUL in a name or a target, are refused with an `InvalidArgumentError`
+(a `SandboxError`) before any byte of the member goes out, rather than written into a
+header the other side would choke on (a pax `size=-1`) or failing with a raw
+`ValueError`.
 """
 
 from __future__ import annotations
 
+import math
 import tarfile
+
+from ..errors import InvalidArgumentError
+from .tar_reader import MAX_ABS_MTIME, MAX_MEMBER_SIZE
 
 BLOCK = 512
 END = b"\0" * (2 * BLOCK)
@@ -49,15 +60,35 @@ def _ustar(name: str, kind: bytes, size: int, mode: int, mtime: int, link: str) 
     return head[:148] + b"%06o\x00 " % sum(head) + head[156:]
 
 
+def _checked(name: str, *, size: int, mode: int, mtime: float, link: str) -> int:
+    """The whole-second mtime of a member whose fields were checked (see the module
+    docstring)."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_MEMBER_SIZE:
+        raise InvalidArgumentError(f"cannot archive {name[:200]!r}: its size is {size!r}")
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode < 0:
+        raise InvalidArgumentError(f"cannot archive {name[:200]!r}: its mode is {mode!r}")
+    if (
+        isinstance(mtime, bool)
+        or not isinstance(mtime, int | float)
+        or not math.isfinite(mtime)
+        or abs(mtime) > MAX_ABS_MTIME
+    ):
+        raise InvalidArgumentError(f"cannot archive {name[:200]!r}: its mtime is {mtime!r}")
+    if "\0" in name or "\0" in link:
+        raise InvalidArgumentError(f"cannot archive {name[:200]!r}: a NUL in its name or target")
+    return int(mtime)
+
+
 def _header(name: str, kind: bytes, *, size: int, mode: int, mtime: float, link: str) -> bytes:
-    fast = _ustar(name, kind, size, mode & 0o7777, int(mtime), link)
+    whole = _checked(name, size=size, mode=mode, mtime=mtime, link=link)
+    fast = _ustar(name, kind, size, mode & 0o7777, whole, link)
     if fast is not None:
         return fast
     info = tarfile.TarInfo(name)
     info.type = kind
     info.size = size
     info.mode = mode & 0o7777
-    info.mtime = int(mtime)
+    info.mtime = whole
     info.linkname = link
     info.uname = info.gname = ""
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
