@@ -25,6 +25,7 @@ derived from the source, loaded only if we own it and nobody else can write it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -418,7 +419,8 @@ def _block(items: Sequence[bytes]) -> bytes:
 
 
 def _load() -> Helper:
-    return Helper(ctypes.CDLL(_library_path()))
+    with _library() as path:
+        return Helper(ctypes.CDLL(path))
 
 
 _PART = native.NativePart(_load)
@@ -444,13 +446,21 @@ def disable(why: str) -> None:
     _PART.disable(why)
 
 
-def prepare() -> Helper | None:
-    """Build (once per cache directory and source) and load the helper; blocking, so
+def prepare(wait_s: float | None = None) -> Helper | None:
+    """Build (once per cache directory and source) and load the helper in the
+    background, waiting for it at most `wait_s` (None: until done); blocking, so
     sessions call it from a thread. Never raises: a failure is kept in `reason()`."""
-    return _PART.prepare()
+    return _PART.prepare(wait_s)
 
 
-def _library_path() -> str:
+def prepare_for_start() -> Helper | None:
+    """`prepare` as a session start calls it (from a thread): it waits at most
+    `native.START_WAIT_S`, and the start goes on without it if it is not ready then (a
+    compiler that hangs holds no start up)."""
+    return _PART.prepare(native.START_WAIT_S)
+
+
+def _library() -> contextlib.AbstractContextManager[str]:
     if os.environ.get(DISABLE_VARIABLE, "") == "0":
         raise native.Unusable(f"{DISABLE_VARIABLE}=0")
     if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "amd64"):

@@ -26,6 +26,7 @@ Interface of an `AsciiText(bound)`: `append(data) -> bool`, `len()`, `bytes_from
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
@@ -242,12 +243,12 @@ AsciiTextFactory = Callable[[int], AsciiText]
 
 
 def _load() -> AsciiTextFactory:
-    path = _library_path()
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
-    spec = importlib.util.spec_from_loader(MODULE_NAME, loader, origin=path)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    with _library() as path:
+        loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, path)
+        spec = importlib.util.spec_from_loader(MODULE_NAME, loader, origin=path)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
     factory: AsciiTextFactory = module.AsciiText
     return factory
 
@@ -270,14 +271,22 @@ def reason() -> str:
     return _PART.reason()
 
 
-def prepare() -> AsciiTextFactory | None:
-    """Build (once per cache directory, source and Python ABI) and load the type;
-    blocking, so sessions call it from a thread. Never raises: a failure is kept in
-    `reason()` and windows decode bytes instead."""
-    return _PART.prepare()
+def prepare(wait_s: float | None = None) -> AsciiTextFactory | None:
+    """Build (once per cache directory, source and Python ABI) and load the type in the
+    background, waiting for it at most `wait_s` (None: until done); blocking, so
+    sessions call it from a thread. Never raises: a failure is kept in `reason()` and
+    windows decode bytes instead."""
+    return _PART.prepare(wait_s)
 
 
-def _library_path() -> str:
+def prepare_for_start() -> AsciiTextFactory | None:
+    """`prepare` as a session start calls it (from a thread): it waits at most
+    `native.START_WAIT_S`, and the start goes on without it if it is not ready then (a
+    compiler that hangs holds no start up)."""
+    return _PART.prepare(native.START_WAIT_S)
+
+
+def _library() -> contextlib.AbstractContextManager[str]:
     if os.environ.get(DISABLE_VARIABLE, "") == "0":
         raise native.Unusable(f"{DISABLE_VARIABLE}=0")
     if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):

@@ -72,7 +72,7 @@ async def run_start(session: LifecycleSession) -> None:
     try:
         if not ascii_text.tried():
             # Built (or loaded from its cache) once per process, off the event loop.
-            await asyncio.to_thread(ascii_text.prepare)
+            await asyncio.to_thread(ascii_text.prepare_for_start)
         if session._durable.resuming:
             await durable_ops.resume(session)
         else:

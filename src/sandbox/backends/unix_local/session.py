@@ -158,7 +158,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _start_backend(self) -> None:
         if not spawn_helper.tried():
             # Built (or loaded from its cache) once per process, off the event loop.
-            await asyncio.to_thread(spawn_helper.prepare)
+            await asyncio.to_thread(spawn_helper.prepare_for_start)
         if self.confine:
             self._bwrap = await asyncio.to_thread(jail.require_bwrap)
             self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
