@@ -30,7 +30,7 @@ from ..backends.unix_local import local_files
 from ..backends.unix_local.workspace_files import LocalTree
 from ..errors import InvalidArgumentError, SandboxFileNotFoundError
 from ..session import BaseSandboxSession
-from ..workspace.extract import extract
+from ..workspace.extract import extract, landing_mode
 from ..workspace.info import FileInfo
 from ..workspace.persist import walk_tar
 from .durable import cli_session
@@ -99,7 +99,8 @@ class _HostSink:
 
     async def make_dir(self, path: str, mode: int) -> None:
         await asyncio.to_thread(self._tree.make_dir, path, True)
-        await asyncio.to_thread(self._tree.set_mode, path, mode | 0o700)
+        # Masked here too (the extractor already did): this is the host's own folder.
+        await asyncio.to_thread(self._tree.set_mode, path, landing_mode(mode, folder=True))
 
     async def write_file(
         self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
@@ -107,7 +108,7 @@ class _HostSink:
         del size
         _refuse_session_file(self._root, path, self._protected)
         await local_files.write_chunks(self._root, path, chunks)
-        await asyncio.to_thread(self._tree.set_mode, path, mode & 0o777)
+        await asyncio.to_thread(self._tree.set_mode, path, landing_mode(mode, folder=False))
 
     async def make_symlink(self, path: str, target: str) -> None:
         _refuse_session_file(self._root, path, self._protected)

@@ -12,6 +12,7 @@ Needs `stat`, `readlink`, `rm`, `rmdir`, `mkdir`, `ln`, `chmod` (coreutils or bu
 
 from __future__ import annotations
 
+import math
 import posixpath
 import shlex
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from ..types import ExecResult
 from .info import FileInfo, child_path, kind_of_mode
 
 MAX_LISTING_BYTES = 32 * 1024 * 1024
+MAX_STAT_SIZE = 1 << 48  # a size a `stat` answer may give (the tar reader's bound too)
 TIMEOUT_S = 120.0
 
 # Exit codes of the script, each one error.
@@ -164,6 +166,10 @@ def _parse(out: bytes, parent: str) -> list[FileInfo]:
             name = fields[k + 1].decode("utf-8", "surrogateescape")
             link = fields[k + 2].decode("utf-8", "surrogateescape")
             kind = kind_of_mode(mode)
+            # The answer is the sandbox's: a size or an mtime no file can have (a `stat`
+            # that says -1) must not reach a tar header or a loop on the host.
+            if not 0 <= int(size) <= MAX_STAT_SIZE or not math.isfinite(float(mtime)):
+                raise ValueError(size)
             infos.append(
                 FileInfo(
                     name,

@@ -3,7 +3,9 @@ batched into few executor calls.
 
 The checks are `sandbox.workspace.extract`'s, unchanged: a member is refused (absolute
 name, `..`, a link pointing out, a hard link, a device, a FIFO, a path through a
-symlink the archive planted, the limits) before the `Sink` hears of it. What the
+symlink the archive planted or a link resolving out through one, the limits) before
+the `Sink` hears of it; the modes it hears are already masked (no setuid, setgid,
+sticky, group or world write: the extractor's `landing_mode`). What the
 default sink costs is executor round trips: a make-folder, a mode, an open and one call
 per chunk for every member, each resolving its path from the workspace's root again.
 `BatchSink` queues the operations instead and `flush()`es them in one executor call
