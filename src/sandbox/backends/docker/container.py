@@ -1,8 +1,9 @@
 """The session's container: how a fresh one is made, and the first exec that probes it.
 
 A created container runs a keepalive command (`sleep` for ever by default) under a tiny
-init, labelled with the backend and a session name; the session removes it by that
-name on close, so one whose creation was cut short goes too. The probe is one exec as
+init, labelled with the backend and the session's id (`durable_session_id`: what a
+resume checks before it takes on the container's removal); the session removes it by
+its name on close, so one whose creation was cut short goes too. The probe is one exec as
 the session's user, before any command: it proves the event subscription is live (its
 `exec_create` event must arrive), that the image has a shell, learns the uid/gid that
 files and folders written through the archive endpoint get, and makes the working
@@ -146,14 +147,19 @@ def container_spec(
 
 
 async def create_container(
-    engine: Engine, image: str, spec: ContainerSpec, claim: Callable[[str], None]
+    engine: Engine,
+    image: str,
+    spec: ContainerSpec,
+    claim: Callable[[str], None],
+    session_id: str,
 ) -> dict[str, Any]:
-    """Create and start a container from `image`; its inspect answer. `claim(name)` is
-    called before the create: from then on the container may exist even if this call is
-    cancelled or fails, and the caller removes it by that name."""
+    """Create and start a container from `image`, labelled with `session_id`; its
+    inspect answer. `claim(name)` is called before the create: from then on the
+    container may exist even if this call is cancelled or fails, and the caller removes
+    it by that name."""
     api = engine.api
     name = f"{spec.name_prefix}-{secrets.token_hex(6)}"
-    labels = {**spec.labels, LABEL_BACKEND: "docker", LABEL_SESSION: name}
+    labels = {**spec.labels, LABEL_BACKEND: "docker", LABEL_SESSION: session_id}
     host_config = api.create_host_config(
         init=spec.init or None,
         network_mode=spec.network_mode,
@@ -204,11 +210,12 @@ async def running_container(
     container: str | None,
     spec: ContainerSpec,
     claim: Callable[[str], None],
+    session_id: str,
 ) -> dict[str, Any]:
     """The inspect answer of the session's container: a fresh one from `image` (see
     `create_container`), else the existing `container`; it must be running."""
     if image is not None:
-        info = await create_container(engine, image, spec, claim)
+        info = await create_container(engine, image, spec, claim, session_id)
     else:
         assert container is not None
         info = await engine.call(

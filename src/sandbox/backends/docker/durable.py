@@ -15,15 +15,23 @@ container's main process only), so `keeps_processes` is False:
 
 The lease is a file in the container (`sandbox.backends.toolkit.lease`: one exec per read
 or swap, since the engine has no owner notion).
+
+What a ref says is checked, even when its seal is good (a program may build one from
+data it does not control): only the options of `REF_OPTIONS` are taken from it; the
+engine comes from the caller's `base_url=`/`client=` or the environment (DOCKER_HOST, else
+the local socket), and a ref made against another engine is refused unless the caller
+names it; a container the ref says the session created is removed by the resumed close
+only if the engine shows it carries our `sandbox.session` label with the ref's session id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
 from ..toolkit import (
     grace_ticks,
     lease_path,
@@ -32,6 +40,7 @@ from ..toolkit import (
     parse_lease,
     running_tags,
 )
+from .container import LABEL_BACKEND, LABEL_SESSION
 from .errors import is_not_found
 from .execs import DockerExec, run_kill_script
 
@@ -40,6 +49,26 @@ from .execs import DockerExec, run_kill_script
 DockerSession = Any
 
 REF_OPTIONS = ("terminate_grace_s", "detach_keys")
+# The options a resume takes from a ref: none of them names an engine, loads code or
+# holds a credential.
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        "terminate_grace_s",
+        "detach_keys",
+        "workdir",
+        "user",
+        "api_timeout",
+        "api_version",
+    }
+)
+# The docker SDK's default engine (`docker.constants.DEFAULT_UNIX_SOCKET`), as the CLI
+# spells it.
+DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 LEASE_TIMEOUT_S = 30.0
 NOT_REATTACHED = (
     "the Docker engine cannot reattach an exec's output stream: the process the "
@@ -47,13 +76,26 @@ NOT_REATTACHED = (
 )
 
 
+def engine_url(base_url: str | None) -> str:
+    """The engine a session with this `base_url` talks to: it, else DOCKER_HOST, else the
+    local socket (`unix://` however it was spelled)."""
+    url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
+    return "unix://" + url.removeprefix("http+unix://") if url.startswith("http+unix://") else url
+
+
 def ref_sandbox(session: DockerSession) -> dict[str, Any]:
-    """The container, and whether the session made it (then a close removes it)."""
-    return {
+    """The container, whether the session made it (then a close removes it), and the
+    engine it is on (a URL without credentials in it; none for a caller's `client=`)."""
+    data: dict[str, Any] = {
         "container_id": session._container_id,
         "created_name": session._created_name,
         "keep_container": session._keep_container,
     }
+    if session._client is None:
+        engine = engine_url(session._base_url)
+        if "@" not in engine:
+            data["engine"] = engine
+    return data
 
 
 def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
@@ -66,14 +108,13 @@ def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
     options["user"] = session._user or None
     options["api_timeout"] = session._api_timeout
     options["api_version"] = session._api_version
-    if session._base_url is not None and "@" not in session._base_url:
-        options["base_url"] = session._base_url
     return options
 
 
 def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen as an attached session (`container=`) of the ref's container."""
-    options = {k: v for k, v in ref.options.items() if v is not None}
+    """Reopen as an attached session (`container=`) of the ref's container, with the
+    ref's options of `TAKEN_FROM_REF` only (never an engine: see `check_engine`)."""
+    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
     container = ref.sandbox.get("container_id")
     if not isinstance(container, str) or not container:
         raise SessionGoneError("the docker ref names no container")
@@ -87,9 +128,54 @@ def ref_process(entry: PtyEntry[DockerExec]) -> dict[str, Any]:
     return {"tag": proc.tag, "exec_id": proc.exec_id}
 
 
+def check_engine(session: DockerSession, ref: SessionRef) -> None:
+    """Refuse a ref made against another engine than the one this client would use,
+    unless the caller named the engine (`base_url=` or `client=`)."""
+    if session._base_url is not None or session._client is not None:
+        return
+    recorded = ref.sandbox.get("engine", ref.options.get("base_url"))
+    if recorded is None:
+        return
+    used = engine_url(None)
+    if not isinstance(recorded, str) or engine_url(recorded) != used:
+        raise InvalidArgumentError(
+            f"the docker ref was made against the engine {recorded!r}; this client would use "
+            f"{used!r} (DOCKER_HOST or the local socket); pass base_url={recorded!r} to "
+            "resume it there"
+        )
+
+
+async def _check_created(session: DockerSession, ref: SessionRef, name: str) -> None:
+    """The ref says the session created the container `name`: the engine must show it
+    is the session's container, labelled by this library with the ref's session id."""
+    engine, _ = session._require_engine()
+    try:
+        info = await engine.call(
+            "look at the container's labels", engine.api.inspect_container, name
+        )
+    except ProviderError as exc:
+        if not is_not_found(exc):
+            raise
+        info = {}
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    if (
+        info.get("Id") != session._container_id
+        or labels.get(LABEL_BACKEND) != "docker"
+        or labels.get(LABEL_SESSION) != ref.session_id
+    ):
+        raise RefNotTrustedError(
+            f"the docker ref says its session created the container {name!r}, but the "
+            f"engine shows no {LABEL_SESSION} label of session {ref.session_id} on the "
+            "container it names: the library did not make it, so it is not resumed (and "
+            "not removed)"
+        )
+
+
 async def resume(session: DockerSession, ref: SessionRef) -> None:
     """Attach to the container (missing or stopped: `SessionGoneError`), take on its
-    removal if the first session made it, kill the trees a dead client left."""
+    removal if the first session made it (checked with the engine: `_check_created`),
+    kill the trees a dead client left."""
+    check_engine(session, ref)
     try:
         await session._start_backend()
     except ProviderError as exc:
@@ -97,7 +183,9 @@ async def resume(session: DockerSession, ref: SessionRef) -> None:
             raise SessionGoneError(f"the docker container of this ref is gone: {exc}") from None
         raise
     created = ref.sandbox.get("created_name")
-    session._created_name = created if isinstance(created, str) else None
+    if isinstance(created, str):
+        await _check_created(session, ref, created)
+        session._created_name = created
     session._keep_container = bool(ref.sandbox.get("keep_container"))
     tags = running_tags(ref.processes)
     if tags:

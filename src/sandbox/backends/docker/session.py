@@ -35,6 +35,7 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
     settle,
 )
 from ...errors import (
@@ -226,7 +227,12 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         )
         await engine.connect()
         info = await running_container(
-            engine, self.image, self.container_name, self._spec, self._claim
+            engine,
+            self.image,
+            self.container_name,
+            self._spec,
+            self._claim,
+            durable_session_id(self),
         )
         self._container_id = str(info["Id"])
         config = info.get("Config") or {}
