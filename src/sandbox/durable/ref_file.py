@@ -39,9 +39,9 @@ class RefFile:
         self.last: SessionRef | None = None
 
     def write(self, ref: SessionRef) -> None:
-        """Replace the file's content by `ref` (atomically; skipped when unchanged)."""
-        if ref == self.last:
-            return
+        """Replace the file's content by `ref` (atomically). Always written, even when
+        `ref` equals the last one: the file may sit where a sandboxed process can write,
+        and what it put there since must not survive this client's hold."""
         data = (ref.to_json() + "\n").encode()
         temporary = f".{self._name}.{secrets.token_hex(6)}.tmp"
         fd = self._folder.create_file(temporary, what="write the ref file")

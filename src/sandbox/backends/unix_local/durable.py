@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
+import tempfile
 from typing import Any
 
 from ...backend import (
@@ -24,11 +26,11 @@ from ...backend import (
     SessionRef,
     durable_session_id,
 )
-from ...errors import SessionGoneError
+from ...errors import InvalidArgumentError, SessionGoneError
 from ...local import cgroups
 from ...local import tree as process_tree
 from ...local.process import LocalProcess
-from .workspace import Workspace
+from .workspace import TEMPORARY_PREFIX, Workspace
 
 # `UnixLocalSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -84,9 +86,38 @@ async def resume(session: UnixLocalSession, ref: SessionRef) -> None:
         raise SessionGoneError("the unix_local ref names no workspace")
     if not await asyncio.to_thread(os.path.isdir, where):
         raise SessionGoneError(f"the unix_local workspace {where!r} no longer exists")
-    session._workspace = Workspace.adopted(where, temporary=bool(ref.sandbox.get("temporary")))
+    temporary = ref.sandbox.get("temporary") is True
+    if temporary:
+        await asyncio.to_thread(check_temporary, where)
+    session._workspace = Workspace.adopted(where, temporary=temporary)
     await session._start_backend()
     await asyncio.to_thread(_kill_leftovers, ref)
+
+
+def check_temporary(where: str) -> None:
+    """Refuse a ref whose `temporary` workspace (removed at close) is not one this
+    library makes: a folder `sandbox-ws-*` of this user, directly in the temporary
+    folder, reached without a symlink. Even a sealed ref is checked: the close deletes
+    the folder, and nothing but a folder `Workspace.create()` made may be deleted so."""
+    real = os.path.realpath(where)
+    top = os.path.realpath(tempfile.gettempdir())
+    try:
+        info = os.lstat(where)
+    except OSError:
+        info = None
+    if (
+        real != os.path.normpath(where)
+        or os.path.dirname(real) != top
+        or not os.path.basename(real).startswith(TEMPORARY_PREFIX)
+        or info is None
+        or not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+    ):
+        raise InvalidArgumentError(
+            f"the unix_local ref says its workspace {where!r} is a temporary one (deleted "
+            "at close), but this library makes temporary workspaces only as "
+            f"{os.path.join(top, TEMPORARY_PREFIX + '*')} of this user: refusing the ref"
+        )
 
 
 def _kill_leftovers(ref: SessionRef) -> None:

@@ -8,10 +8,14 @@ a race a process in the sandbox can win (by swapping a folder for a symlink mean
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 
-from ...errors import InvalidArgumentError
+from ...errors import CleanupError, InvalidArgumentError, SandboxError
+from ...files.remove_tree import remove_tree
+
+# The name of every temporary workspace begins so (a ref's `temporary` claim is checked
+# against it: `durable.check_temporary`).
+TEMPORARY_PREFIX = "sandbox-ws-"
 
 
 class Workspace:
@@ -47,7 +51,7 @@ class Workspace:
         """Create the directory (a fresh temporary one when no path was given)."""
         try:
             if self._path is None or not self._given:
-                self._path = tempfile.mkdtemp(prefix="sandbox-ws-")
+                self._path = tempfile.mkdtemp(prefix=TEMPORARY_PREFIX)
             else:
                 os.makedirs(self._path, exist_ok=True)
                 if not os.path.isdir(self._path):
@@ -61,9 +65,17 @@ class Workspace:
         return self._path
 
     def cleanup(self) -> None:
-        """Remove a temporary workspace; a given one is left as it is."""
+        """Remove a temporary workspace; a given one is left as it is. Raises
+        `CleanupError` when some of it cannot be removed (the path is then kept)."""
         if self.temporary and self._path is not None:
-            shutil.rmtree(self._path, ignore_errors=True)
+            try:
+                # What the sandbox left there is hostile (deep, symlinks, FIFOs): an
+                # iterative walk that follows nothing (`files.remove_tree`).
+                remove_tree(self._path)
+            except SandboxError as exc:
+                raise CleanupError(
+                    f"the temporary workspace {self._path!r} was not removed: {exc}", [exc]
+                ) from None
             self._path = None
 
     def cwd_for(self, cwd: str | None) -> str:
