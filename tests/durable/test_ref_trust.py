@@ -271,7 +271,7 @@ def test_mcp_refuses_a_forged_state_file_with_exit_2(tmp_path):
     state = tmp_path / "state.json"
     state.write_bytes(opened.stdout)
     workspace = json.loads(opened.stdout)["sandbox"]["workspace"]
-    _forge(state, options__inherit_env=True)
+    _forge(state, sandbox__temporary=False)
     served = subprocess.run(
         [sys.executable, "-m", "sandbox.cli", "mcp", "--state-file", str(state)],
         capture_output=True,
