@@ -43,6 +43,7 @@ _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, GNU_LONGNAME, GNU_LONGLINK)
 _PAX_KEPT = frozenset({"path", "linkpath", "size", "mtime"})
 # A pax number: decimal digits, an optional fraction (mtime), no sign games, no spaces.
 _PAX_INT = re.compile(rb"[0-9]{1,20}")
+_PAX_SIZE = re.compile(rb"-?[0-9]{1,20}")  # the sign read, to be refused by name
 _PAX_TIME = re.compile(rb"-?[0-9]{1,20}(\.[0-9]{0,30})?")
 
 
@@ -237,7 +238,7 @@ class _Extended:
         size = header.size
         if "size" in pax:
             raw = pax["size"].encode("utf-8", "surrogateescape")
-            if not _PAX_INT.fullmatch(raw):
+            if not _PAX_SIZE.fullmatch(raw):
                 raise malformed(f"a pax size that is not a number of bytes ({pax['size'][:40]!r})")
             size = check_size(int(raw), "a pax size")
         mtime = header.mtime

@@ -1,0 +1,1 @@
+"""Tests of the workspace archives: the tar reader, the extractor, the writer."""
