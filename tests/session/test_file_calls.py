@@ -89,7 +89,7 @@ class Checks:
 def _calls() -> tuple[Memory, Checks, FileCalls, WorkspaceCalls]:
     hooks, checks = Memory(), Checks()
     files = FileCalls(hooks, ready=checks.ready, guard=checks.guard)
-    return hooks, checks, files, WorkspaceCalls(hooks, ready=checks.ready)
+    return hooks, checks, files, WorkspaceCalls(hooks, ready=checks.ready, guard=checks.guard)
 
 
 async def test_read_bounds_what_the_backend_returned() -> None:
@@ -114,6 +114,20 @@ async def test_the_checks_run_before_any_hook() -> None:
         await files.read_file("a", None)
     with pytest.raises(SessionTakenOverError):
         await files.write_file("a", b"y")
+    # Every call that reaches the sandbox checks the lease alike (streams at their first
+    # chunk, as they return before anything is read).
+    with pytest.raises(SessionTakenOverError):
+        await workspace.remove("a", False)
+    with pytest.raises(SessionTakenOverError):
+        await workspace.make_dir("d", True)
+    with pytest.raises(SessionTakenOverError):
+        await workspace.stat("a")
+    with pytest.raises(SessionTakenOverError):
+        await workspace.expose_port(80)
+    with pytest.raises(SessionTakenOverError):
+        await anext(aiter(files.read_file_chunks("a", 4)))
+    with pytest.raises(SessionTakenOverError):
+        await anext(aiter(workspace.persist_workspace(".")))
     checks.taken_over, checks.running = False, False
     with pytest.raises(SessionClosedError):
         files.read_file_chunks("a", 4)

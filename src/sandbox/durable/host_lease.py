@@ -1,8 +1,11 @@
 """A lease kept on this host, for backends whose sandbox is this host (unix_local).
 
-One file per session in a folder only this user may use (`<tmp>/sandbox-leases-<uid>`,
-mode 0700, checked to be ours and no symlink): nothing a sandboxed process planted in
-its workspace can reach it. The value is replaced by a rename (readers never see half
+One file per session in a folder only this user may use: `leases` in this user's
+private state folder (`sandbox.durable.seal.state_folder()`), both made 0700 and
+checked to be ours and no symlink. Nothing a sandboxed process planted in its workspace
+can reach it, and no other user can take its place (a folder in the shared temporary
+folder could be made first by anyone). The records are sealed all the same
+(`sandbox.durable.lease`). The value is replaced by a rename (readers never see half
 of one) under an advisory lock on a second file, which makes `swap` atomic between
 clients on this host.
 """
@@ -15,10 +18,10 @@ import fcntl
 import os
 import secrets
 import stat
-import tempfile
 
 from ..errors import HostPathError
 from ..files.host import HostDirectory
+from . import seal
 
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -27,18 +30,45 @@ MAX_LEASE_BYTES = 4096
 LOCK_POLL_S = 0.001
 
 
-def lease_folder() -> str:
-    """This user's lease folder (created 0700 when missing; refused unless ours)."""
-    path = os.path.join(tempfile.gettempdir(), f"sandbox-leases-{os.getuid()}")
+LEASES = "leases"
+
+
+def _private(path: str) -> None:
+    """Make `path` (0700) when missing; refuse it unless it is a folder of this user
+    that nobody else may enter, reached through no symlink."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+    except OSError as exc:
         raise HostPathError(
-            f"cannot keep leases in {path!r}: not a private folder of this user", path=path
+            f"cannot keep leases in {path!r}: {exc.strerror or exc}", path=path
+        ) from None
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise HostPathError(
+            f"cannot keep leases in {path!r}: it must be a folder of this user that nobody "
+            "else may read or enter (not a symlink); remove it or `chmod 700` it if it is "
+            "yours, or set SANDBOX_STATE_DIR to a private folder",
+            path=path,
         )
+
+
+def lease_folder() -> str:
+    """This user's lease folder, `<state>/leases` (both made 0700 when missing, refused
+    unless private and ours)."""
+    state = seal.state_folder()
+    parent = os.path.dirname(state)
+    if parent and not os.path.isdir(parent):
+        try:
+            os.makedirs(parent, 0o700, exist_ok=True)
+        except OSError as exc:
+            raise HostPathError(
+                f"cannot keep leases under {parent!r}: {exc.strerror or exc}", path=parent
+            ) from None
+    _private(state)
+    path = os.path.join(state, LEASES)
+    _private(path)
     return path
 
 

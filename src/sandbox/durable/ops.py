@@ -13,13 +13,14 @@ The session is typed as `DurableSession`, the part of `BaseSandboxSession` used 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import CleanupError, SandboxError, SessionTakenOverError
 from ..process_entry import CommandSpec, ProcessSpec, PtyEntry
 from ..settle import settle
-from . import lease
+from . import lease, seal
 from .refs import ProcessNotReattached, ProcessRef, SessionRef
 from .state import DurableState
 
@@ -122,6 +123,30 @@ def _store(session: DurableSession) -> lease.LeaseStore | None:
     return durable.store
 
 
+def _holder(session: DurableSession) -> lease.Holder:
+    """This client's part in the lease (made once the session id is final: the
+    session's secret is derived from it)."""
+    durable = session._durable
+    if durable.holder is None:
+        key = seal.session_secret(durable.session_id)
+        durable.holder = lease.Holder(durable.token, key, lambda reason: _forged(session, reason))
+    return durable.holder
+
+
+def _forged(session: DurableSession, reason: str) -> None:
+    """Report, once per session, a lease value that failed the check."""
+    durable = session._durable
+    if durable.forged_seen:
+        return
+    durable.forged_seen = True
+    logger.warning(
+        "%s: its lease holds a record this library did not write (%s); a process in the "
+        "sandbox may have written it. It is not a takeover: this client keeps the sandbox",
+        _what(session),
+        reason,
+    )
+
+
 def close_store(session: DurableSession) -> None:
     """Release what the lease store holds (a folder fd), at the end of this client's hold."""
     store, session._durable.store = session._durable.store, None
@@ -144,16 +169,72 @@ def taken_over_error(session: DurableSession) -> SessionTakenOverError:
 
 async def guard(session: DurableSession) -> None:
     """Before a call of a shared session: raise `SessionTakenOverError` if another
-    client took it over (one read of the lease)."""
+    client took it over. Reads the lease only when the last check is older than the
+    hold (`lease.HOLD_MS`); while calls keep coming, a task of the session reads it
+    again before then (`_renew`), so a session in use pays no read per call."""
     durable = session._durable
     if durable.taken_over:
         raise taken_over_error(session)
     if not durable.shared:
         return
+    now = asyncio.get_running_loop().time()
+    durable.last_use = now
+    if now >= durable.valid_until:
+        await _refresh(session)
+        if durable.taken_over:
+            raise taken_over_error(session)
+    renewer = durable.renewer
+    if (renewer is None or renewer.done()) and not durable.renewing_stopped:
+        durable.renewer = asyncio.ensure_future(_renew(session))
+
+
+async def _refresh(session: DurableSession) -> None:
+    """One check of the lease: extend the deadline from when it began, or flip
+    `taken_over`."""
+    durable = session._durable
     store = _store(session)
-    if store is not None and not await lease.still_holds(store, durable.token):
+    if store is None:
+        durable.valid_until = float("inf")
+        return
+    holder = _holder(session)
+    started = asyncio.get_running_loop().time()
+    if not await lease.check(store, holder):
         durable.taken_over = True
-        raise taken_over_error(session)
+        return
+    # From when the read began: a takeover that landed after it waits out the hold
+    # from its own swap, which came later.
+    durable.last_read = max(durable.last_read, started)
+    durable.valid_until = max(durable.valid_until, started + holder.hold_ms / 1000)
+
+
+async def _renew(session: DurableSession) -> None:
+    """The session's renewer: reads the lease before the deadline runs out while calls
+    keep coming; ends when no call came since its last read (an idle session asks the
+    sandbox nothing), at a takeover, or when a read fails (the next call reads itself)."""
+    durable = session._durable
+    loop = asyncio.get_running_loop()
+    while not durable.taken_over:
+        hold_s = _holder(session).hold_ms / 1000
+        delay = durable.last_read + hold_s * lease.RENEW_AFTER - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if durable.taken_over or durable.last_use <= durable.last_read:
+            return
+        try:
+            await _refresh(session)
+        except (SandboxError, OSError) as exc:
+            logger.debug("%s: renewing the lease check failed: %s", _what(session), exc)
+            return
+
+
+async def stop_renewing(session: DurableSession) -> None:
+    """At a close or detach: end the renewer (cancelled and awaited) for good."""
+    durable = session._durable
+    durable.renewing_stopped = True
+    renewer, durable.renewer = durable.renewer, None
+    if renewer is not None and not renewer.done():
+        renewer.cancel()
+        await asyncio.wait({renewer})
 
 
 # ---- resume ----------------------------------------------------------------------------
@@ -184,7 +265,15 @@ async def resume(session: DurableSession) -> None:
     await session._resume_backend(ref)
     store = _store(session)
     if store is not None:
-        await lease.take_over(store, durable.token, _what(session))
+        holder = _holder(session)
+        wait_s = await lease.take_over(store, holder, _what(session))
+        swapped = asyncio.get_running_loop().time()
+        # Fencing: an earlier owner may act on a check it made before the swap for up
+        # to the hold its record announced; nothing here acts before that ran out.
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        durable.last_read = swapped
+        durable.valid_until = swapped + holder.hold_ms / 1000
     for pref in ref.processes:
         entry = _entry_for(session, pref)
         session._processes.adopt(entry)  # ours from now: a failure releases it
@@ -221,6 +310,7 @@ async def abandon_resume(session: DurableSession) -> None:
 
 async def detach_everything(session: DurableSession) -> SessionRef:
     """The work of `detach()` (run as the session's closing task, settled)."""
+    await stop_renewing(session)
     await session._owned.cancel_in_flight()
     starting = session._processes.take_all_starting()
     registered = sorted(session._processes.take_all(), key=lambda e: e.started_at)
@@ -240,6 +330,10 @@ async def detach_everything(session: DurableSession) -> SessionRef:
     ]
     ref = make_ref(session, processes)
     session._durable.detached = ref
+    try:
+        await _release_lease(session)
+    except Exception as exc:
+        errors.append(exc)
     try:
         await session._detach_backend()
     except Exception as exc:
@@ -276,9 +370,19 @@ def finish_ref_file(session: DurableSession, ref: SessionRef | None) -> None:
         ref_file.close()
 
 
+async def _release_lease(session: DurableSession) -> None:
+    """At a detach: tell the next resume it need not wait for this client's checks."""
+    durable = session._durable
+    if durable.shared and not durable.taken_over and durable.holder is not None:
+        store = _store(session)
+        if store is not None:
+            await lease.release(store, durable.holder)
+
+
 async def claim_close(session: DurableSession) -> bool:
     """At the start of a close: whether this client still owns the sandbox (and may
-    tear it down). False when another client resumed it: the close then only lets go."""
+    tear it down). False when another client resumed it: the close then only lets go.
+    A lease value that fails the check is no takeover (see `sandbox.durable.lease`)."""
     durable = session._durable
     if durable.taken_over:
         return False
@@ -287,7 +391,7 @@ async def claim_close(session: DurableSession) -> bool:
     store = _store(session)
     if store is None:
         return True
-    if not await lease.claim_close(store, durable.token):
+    if not await lease.claim_close(store, _holder(session)):
         durable.taken_over = True
         return False
     return True
@@ -318,6 +422,7 @@ async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]])
     """In a close, with `entries` taken: whether it may tear the sandbox down. If
     another client took it over, let go of `entries` and the backend's clients instead
     (the failures are logged) and answer False."""
+    await stop_renewing(session)
     try:
         owner = await claim_close(session)
     except Exception as exc:

@@ -124,7 +124,7 @@ class BaseSandboxSession(SessionHooks[H]):
             self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
         )
         self._workspace_calls = workspace_calls.WorkspaceCalls(
-            self, ready=self._lifecycle.require_running
+            self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
         )
         # What the `pty_*` calls do once their arguments are checked.
         self._pty: PtyCalls[H] = PtyCalls(

@@ -1,7 +1,7 @@
 """`FileCalls`: the session's file calls, from the caller's arguments to the backend's hook.
 
-Each call checks that the session may be used (`ready`, then the durable `guard` where
-the call changes or reads state another client could have taken over), checks its
+Each call checks that the session may be used (`ready`, then the durable `guard`: the
+lease of a shared session, for every call that reaches the sandbox), checks its
 arguments (`sandbox.files.arguments`), then calls one file hook of `SessionHooks`. The
 bound a backend cannot apply before reading (`FileTooLargeError` on the returned
 length) and the re-cutting of chunks a backend made too long are done here, for every
@@ -22,6 +22,21 @@ Chunks = (
     AsyncIterable[bytes | bytearray | memoryview | str]
     | Iterable[bytes | bytearray | memoryview | str]
 )
+
+
+async def guarded(
+    guard: Callable[[], Awaitable[None]], stream: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """`stream` once `guard()` passed (checked at the first chunk: a stream call returns
+    before anything is read); closing this closes `stream`."""
+    try:
+        await guard()
+        async for chunk in stream:
+            yield chunk
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 class FileCalls:
@@ -70,7 +85,8 @@ class FileCalls:
         self._ready()
         path = files.check_path(path)
         size = files.check_chunk_size(chunk_size)
-        return files.at_most(self._hooks._read_file_chunks(path, size), size)
+        stream = files.at_most(self._hooks._read_file_chunks(path, size), size)
+        return guarded(self._guard, stream)
 
     async def write_file_chunks(self, path: str, chunks: Chunks) -> None:
         """`BaseSandboxSession.write_file_chunks`."""

@@ -1,7 +1,8 @@
 """`WorkspaceCalls`: the session's workspace calls, from the caller's arguments to a hook.
 
 File operations, archives, ports and snapshots (`sandbox.workspace`; the rules are in
-docs/workspaces.md). Each call checks that the session runs (`ready`), checks its
+docs/workspaces.md). Each call checks that the session runs (`ready`) and, like every
+call that reaches the sandbox, the lease of a shared session (`guard`), checks its
 arguments (paths as the file calls do, flags, limits, ports), then calls one workspace
 hook of `SessionHooks`; `list_dir` sorts what the backend listed, so every backend
 answers in the same order.
@@ -9,7 +10,7 @@ answers in the same order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from ..files import arguments as files
@@ -18,6 +19,7 @@ from ..workspace import ports as ws_ports
 from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
+from .file_calls import guarded
 from .hooks import SessionHooks
 
 Archive = AsyncIterable[bytes | bytearray | memoryview] | Iterable[bytes | bytearray | memoryview]
@@ -25,45 +27,56 @@ Archive = AsyncIterable[bytes | bytearray | memoryview] | Iterable[bytes | bytea
 
 class WorkspaceCalls:
     """The workspace calls of a session over `hooks`; `ready()` raises when the session
-    is not running."""
+    is not running, `guard()` when another client took the sandbox over."""
 
-    def __init__(self, hooks: SessionHooks[Any], *, ready: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        hooks: SessionHooks[Any],
+        *,
+        ready: Callable[[], None],
+        guard: Callable[[], Awaitable[None]],
+    ) -> None:
         self._hooks = hooks
         self._ready = ready
+        self._guard = guard
+
+    async def _enter(self) -> None:
+        self._ready()
+        await self._guard()
 
     async def stat(self, path: str) -> FileInfo:
         """`BaseSandboxSession.stat`."""
-        self._ready()
+        await self._enter()
         return await self._hooks._stat(files.check_path(path))
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         """`BaseSandboxSession.list_dir`: the backend's entries, sorted by name."""
-        self._ready()
+        await self._enter()
         entries = await self._hooks._list_dir(files.check_path(path))
         return sorted(entries, key=lambda info: info.name)
 
     async def remove(self, path: str, recursive: bool) -> None:
         """`BaseSandboxSession.remove`."""
-        self._ready()
+        await self._enter()
         checked = files.check_path(path)
         await self._hooks._remove(checked, ws_calls.check_flag(recursive, "recursive"))
 
     async def make_dir(self, path: str, parents: bool) -> None:
         """`BaseSandboxSession.make_dir`."""
-        self._ready()
+        await self._enter()
         checked = files.check_path(path)
         await self._hooks._make_dir(checked, ws_calls.check_flag(parents, "parents"))
 
     def persist_workspace(self, path: str) -> AsyncIterator[bytes]:
         """`BaseSandboxSession.persist_workspace` (a plain call: it returns the stream)."""
         self._ready()
-        return self._hooks._persist_workspace(files.check_path(path))
+        return guarded(self._guard, self._hooks._persist_workspace(files.check_path(path)))
 
     async def hydrate_workspace(
         self, chunks: Archive, path: str, max_members: int, max_bytes: int
     ) -> int:
         """`BaseSandboxSession.hydrate_workspace`: the member count."""
-        self._ready()
+        await self._enter()
         root = files.check_path(path)
         members = ws_calls.check_limit(max_members, "max_members")
         size = ws_calls.check_limit(max_bytes, "max_bytes")
@@ -73,10 +86,10 @@ class WorkspaceCalls:
 
     async def expose_port(self, port: int) -> ExposedPort:
         """`BaseSandboxSession.expose_port`."""
-        self._ready()
+        await self._enter()
         return await self._hooks._expose_port(ws_ports.check_port(port))
 
     async def snapshot(self) -> SnapshotRef:
         """`BaseSandboxSession.snapshot`."""
-        self._ready()
+        await self._enter()
         return await self._hooks._snapshot()

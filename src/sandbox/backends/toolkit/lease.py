@@ -4,8 +4,13 @@ For providers with no owner notion of their own (Docker, E2B, ...): each read or
 is one command in the sandbox. The swap takes a `mkdir` lock (atomic on every POSIX
 file system), compares, writes a new file and renames it over the lease, so readers
 never see half a value. A lock left by a command killed half-way is broken after about
-4 s, so a crashed client cannot wedge every later one. The lease file is named by the
-session id (`[A-Za-z0-9_-]`, checked by `sandbox.backend.SessionRef`), under /tmp.
+4 s, and the swap then goes ahead whatever a process in the sandbox does to the lock,
+so neither a crashed client nor the sandbox can wedge a close. The lease file is named
+by the session id (`[A-Za-z0-9_-]`, checked by `sandbox.backend.SessionRef`), under /tmp.
+
+The sandbox can write the file: the script only carries text, and the host trusts a
+record only when its seal, made under a secret the sandbox never sees, matches
+(`sandbox.durable.lease`).
 
 Every reply starts with `=`: a reply without it is a failure, not an empty lease.
 """
@@ -23,7 +28,7 @@ f=$1
 if [ "$2" = read ]; then printf '='; cat "$f" 2>/dev/null; exit 0; fi
 d="$f.lock"; i=0
 until mkdir "$d" 2>/dev/null; do
-  i=$((i+1)); if [ "$i" -gt 400 ]; then rm -rf "$d"; fi
+  i=$((i+1)); if [ "$i" -gt 400 ]; then rm -rf "$d"; mkdir "$d" 2>/dev/null; break; fi
   sleep 0.01 2>/dev/null || sleep 1
 done
 cur=$(cat "$f" 2>/dev/null)
