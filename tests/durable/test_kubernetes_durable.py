@@ -26,7 +26,11 @@ ENV_SECRET = "env-value-SECRET-77d1"
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[KubernetesApiServer]:
+async def server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[KubernetesApiServer]:
+    # A resume takes no kubeconfig from the ref: this client's environment names it.
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     async with KubernetesApiServer(token=TOKEN, root=tmp_path / "cluster") as srv:
         yield srv
 

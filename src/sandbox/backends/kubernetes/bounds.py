@@ -18,6 +18,13 @@ MAX_CONTROL_OUTPUT_BYTES = 64 * 1024
 # What one stdin frame carries (a write is cut into frames of this size).
 STDIN_FRAME_BYTES = 32 * 1024
 
+# A kubeconfig file (the caller's, but parsed before any use): its size, how deeply its
+# YAML nests, and how many values it holds (counted through aliases, so a document of
+# repeated aliases cannot make the check itself run long).
+MAX_KUBECONFIG_BYTES = 4 * 1024 * 1024
+MAX_KUBECONFIG_DEPTH = 32
+MAX_KUBECONFIG_NODES = 200_000
+
 # A whole API call (connect, send, read the reply) that is not a stream.
 DEFAULT_API_TIMEOUT_S = 30.0
 # Loading the credentials (an exec credential plugin runs then).

@@ -29,8 +29,16 @@ The lease is a file in the container (`sandbox.backends.toolkit.lease`, one cont
 exec per read or swap: Kubernetes has no owner notion for a pod's users), under the
 container's `$TMPDIR` (else /tmp): every exec of a container shares its environment
 (the CRI runs an exec with the container's process spec), so every client finds the
-same file. The ref holds the kubeconfig path(s) and the context name, never a token or a
-client key: the credentials are loaded again from those files at resume.
+same file.
+
+The ref holds the API server's URL, the kubeconfig path(s) and the context name, never
+a token or a client key. A resume takes none of them from the ref (a kubeconfig can
+run code, an exec plugin, and names the credentials): they come from the caller
+(`kubeconfig=`, `context=`) or the environment (`KUBECONFIG`, ~/.kube/config, in-cluster).
+A ref made against another API server than the one they lead to is refused, unless the
+caller named the kubeconfig or context (`check_server`). A pod the ref says the session
+created is deleted by the resumed close only if it carries our `sandbox.session` label
+with the ref's session id (`check_created`).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from ...backend import (
     SessionState,
     durable_session_id,
 )
-from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
 from ..toolkit import (
     grace_ticks,
     kill_script,
@@ -58,7 +66,14 @@ from ..toolkit import (
 )
 from . import bounds
 from .execs import KubeProcess, run_control
-from .pods import CONTAINER_NAME, PodStartError, pod_uid, pods_path, readiness
+from .pods import (
+    CONTAINER_NAME,
+    SESSION_LABEL,
+    PodStartError,
+    pod_uid,
+    pods_path,
+    readiness,
+)
 
 # `KubernetesSession`, untyped here: its module imports this one, and an import back
 # (even a type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -73,6 +88,22 @@ CLOSED = "closed"
 # `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
 # on `${TMPDIR:-/tmp}/NAME`, the directory resolved in the container.
 LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "$@"'
+# The options a resume takes from a ref: none names a cluster, loads code or credentials
+# (never `kubeconfig` or `context`: see the module docstring).
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        "workdir",
+        "terminate_grace_s",
+        "api_timeout",
+        "delete_grace_s",
+        "protocols",
+    }
+)
 
 
 def ref_sandbox(session: KubernetesSession) -> dict[str, Any]:
@@ -86,7 +117,7 @@ def ref_sandbox(session: KubernetesSession) -> dict[str, Any]:
         "container": target.container if target is not None else session._container,
         "created": session._created,
         "keep_pod": session._keep_pod,
-        "session_label": session._session_label,
+        "server": session._server,
     }
 
 
@@ -107,8 +138,9 @@ def ref_options(session: KubernetesSession, base: dict[str, Any]) -> dict[str, A
 
 
 def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen as an attached session (`pod=`) of the ref's pod, in its namespace."""
-    options = {k: v for k, v in ref.options.items() if v is not None}
+    """Reopen as an attached session (`pod=`) of the ref's pod, in its namespace, with
+    the ref's options of `TAKEN_FROM_REF` only (never `kubeconfig` or `context`)."""
+    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
     pod = ref.sandbox.get("pod")
     namespace = ref.sandbox.get("namespace")
     if not isinstance(pod, str) or not pod or not isinstance(namespace, str) or not namespace:
@@ -128,25 +160,66 @@ def ref_process(entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
     return {"tag": entry.require_handle().tag}
 
 
+def check_server(session: KubernetesSession, server: str) -> None:
+    """Called by `_start_backend` once the credentials are loaded, before any request:
+    refuse a ref made against another API server than `server` (where the caller's or
+    the environment's kubeconfig leads), unless the caller named a kubeconfig or
+    context."""
+    expected = session._expected_server
+    if expected is None or session._kubeconfig is not None or session._context is not None:
+        return
+    recorded, kubeconfig, context = expected
+    if recorded.rstrip("/") == server.rstrip("/"):
+        return
+    how = f"kubeconfig={kubeconfig!r}" if kubeconfig else "kubeconfig="
+    if context:
+        how += f" and context={context!r}"
+    raise InvalidArgumentError(
+        f"the kubernetes ref was made against the API server {recorded!r}; this client's "
+        f"kubeconfig (KUBECONFIG or ~/.kube/config) leads to {server!r}; pass {how} to "
+        "resume it there"
+    )
+
+
+def check_created(session: KubernetesSession, ref: SessionRef, name: str) -> None:
+    """The ref says the session created the pod `name`: the pod found must carry our
+    `sandbox.session` label with the ref's session id."""
+    if session._pod_labels.get(SESSION_LABEL) != ref.session_id:
+        raise RefNotTrustedError(
+            f"the kubernetes ref says its session created the pod {name!r}, but the pod "
+            f"has no {SESSION_LABEL} label of session {ref.session_id}: the library did not "
+            "make it, so it is not resumed (and not deleted)"
+        )
+
+
 async def resume(session: KubernetesSession, ref: SessionRef) -> None:
     """Attach to the pod (missing, replaced, being deleted or ended: `SessionGoneError`),
-    take on its deletion if the first session created it, kill the trees a dead client
-    left."""
+    take on its deletion if the first session created it (checked: `check_created`),
+    kill the trees a dead client left."""
     name = session.pod_name
     uid = ref.sandbox.get("uid")
     # Checked by `_start_backend` as soon as it found the pod (before its probe).
     session._expected_uid = uid if isinstance(uid, str) and uid else None
+    server = ref.sandbox.get("server")
+    if isinstance(server, str) and server:
+        kubeconfig, context = ref.options.get("kubeconfig"), ref.options.get("context")
+        session._expected_server = (
+            server,
+            kubeconfig if isinstance(kubeconfig, str) else None,
+            context if isinstance(context, str) else None,
+        )
     try:
         await session._start_backend()
     except (InvalidArgumentError, PodStartError) as exc:
         # `existing_pod`: no such pod (404) or container, or a pod not running.
         raise SessionGoneError(f"the kubernetes pod {name!r} of this ref is gone: {exc}") from None
     created = ref.sandbox.get("created")
-    session._created = created if isinstance(created, str) and created == name else None
+    if isinstance(created, str) and created == name:
+        check_created(session, ref, created)
+        session._created = created
+    else:
+        session._created = None
     session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep_pod"))
-    label = ref.sandbox.get("session_label")
-    if isinstance(label, str) and label:
-        session._session_label = label
     tags = running_tags(ref.processes)
     if tags:
         client, target = session._require()

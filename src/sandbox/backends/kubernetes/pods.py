@@ -234,6 +234,12 @@ def pod_uid(pod: Mapping[str, Any]) -> str | None:
     return uid if isinstance(uid, str) and uid else None
 
 
+def pod_labels(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod's `metadata.labels` (empty when it has none)."""
+    labels = (pod.get("metadata") or {}).get("labels")
+    return dict(labels) if isinstance(labels, dict) else {}
+
+
 def container_workdir(pod: Mapping[str, Any], container: str) -> str | None:
     """The container's `workingDir`, when its spec sets one."""
     for spec in (pod.get("spec") or {}).get("containers") or []:

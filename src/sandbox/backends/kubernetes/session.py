@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
     settle,
     wait_for_verdict,
 )
@@ -182,7 +182,6 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         self._start_timeout = start_timeout
         self._api_timeout = timeout
         self._protocols = offered
-        self._session_label = secrets.token_hex(8)
         self._client: KubeClient | None = None
         self._created: str | None = None
         self._target: Target | None = None
@@ -191,8 +190,13 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         self._pod_uid: str | None = None
         self._kubeconfig_loaded: str | None = kubeconfig
         self._context_loaded: str | None = context
-        # A resume attaches only to the pod with this uid (the ref's).
+        # A resume attaches only to the pod with this uid (the ref's), and only on the
+        # API server the ref was made against unless the caller named a kubeconfig or
+        # context (`durable.check_server`); it reads the labels of the pod it found.
         self._expected_uid: str | None = None
+        self._expected_server: tuple[str, str | None, str | None] | None = None
+        self._pod_labels: dict[str, Any] = {}
+        self._server: str | None = None
 
     @property
     def workdir(self) -> str:
@@ -201,8 +205,10 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
 
     @property
     def session_label(self) -> str:
-        """The value of the `sandbox.session` label on a created pod."""
-        return self._session_label
+        """The value of the `sandbox.session` label on a created pod: the session's id
+        (`durable_session_id`), which a resume checks before it takes on the pod's
+        deletion."""
+        return durable_session_id(self)
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -221,14 +227,16 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
                 f"the Kubernetes credentials were not ready within {bounds.CONFIG_TIMEOUT_S:g} s "
                 "(an exec credential plugin did not finish)"
             ) from None
+        durable.check_server(self, cluster.server)
         self.namespace = cluster.namespace
+        self._server = cluster.server
         self._kubeconfig_loaded, self._context_loaded = cluster.kubeconfig, cluster.context
         self._client = client = KubeClient(
             cluster, api_timeout=self._api_timeout, protocols=self._protocols
         )
         if self.image is not None:
             name = pods.new_pod_name(self._pod_options.name_prefix)
-            manifest = pods.pod_manifest(name, self._session_label, self.image, self._pod_options)
+            manifest = pods.pod_manifest(name, self.session_label, self.image, self._pod_options)
             self._created = name  # from now on `_stop_backend` deletes it, by name
             self.pod_name = name
             await pods.create_pod(client, cluster.namespace, manifest)
@@ -243,6 +251,10 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
                 client, cluster.namespace, self.pod_name, self._container
             )
             self._pod_uid = pods.pod_uid(found)
+            labels = (
+                (found.get("metadata") or {}).get("labels") if isinstance(found, dict) else None
+            )
+            self._pod_labels = dict(labels) if isinstance(labels, dict) else {}
             if self._expected_uid is not None and self._pod_uid != self._expected_uid:
                 raise SessionGoneError(
                     f"the pod {self.pod_name!r} was deleted and made again (another uid): "
