@@ -100,7 +100,9 @@ class PtyEntry(Generic[H]):
     eof: bool = False
     lost_reason: str | None = None
     removed: bool = False
-    poll_preempted: bool = False
+    # How many writes wait for `call_lock` now: while any does, every poll window of the
+    # entry ends at once, so keystrokes never wait behind a poll (`call_turn`).
+    writers_waiting: int = 0
     # Set by the base session: the in-flight spawn and write (a close or terminate
     # cancels them), and how many bytes of the current write the terminal took (a
     # backend that writes in parts may count them here; see `count_input`).
@@ -214,10 +216,13 @@ class PtyEntry(Generic[H]):
         self.eof = True
         self._wake()
 
-    def preempt_poll(self) -> None:
-        """Ask a poll in progress on this entry to end its window now (a write waits)."""
-        self.poll_preempted = True
-        self._wake()
+    def call_turn(self, *, write: bool) -> CallTurn:
+        """`async with entry.call_turn(write=...)`: hold `call_lock` for one call. A write
+        counts itself in `writers_waiting` (and wakes a poll in progress) for as long as
+        it waits, so a poll that holds the lock or takes it meanwhile ends its window at
+        once, whichever came first; the lock is FIFO, so without that a write queued
+        behind a poll would wait out the poll's whole window."""
+        return CallTurn(self, write)
 
     def record_input(self, data: bytes) -> None:
         """Record keystrokes sent to the terminal (kept only if the recording asked)."""
@@ -280,6 +285,32 @@ class PtyEntry(Generic[H]):
             self._waiter = None
             self._waiter_wants_data = False
             _resolve(waiter)
+
+
+class CallTurn:
+    """The async context of `PtyEntry.call_turn`: `call_lock` held, taken by a write
+    counted in `writers_waiting` while it waits (a cancelled wait uncounts it too)."""
+
+    __slots__ = ("_entry", "_write")
+
+    def __init__(self, entry: PtyEntry[Any], write: bool) -> None:
+        self._entry = entry
+        self._write = write
+
+    async def __aenter__(self) -> None:
+        entry = self._entry
+        if not self._write:
+            await entry.call_lock.acquire()
+            return
+        entry.writers_waiting += 1
+        entry._wake()
+        try:
+            await entry.call_lock.acquire()
+        finally:
+            entry.writers_waiting -= 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._entry.call_lock.release()
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -138,26 +138,60 @@ async def test_an_exit_reported_while_waiting_ends_the_window() -> None:
     assert finished and update.exit_code == 0 and update.output == "x"
 
 
-async def test_a_preempted_poll_ends_at_once_and_clears_the_flag() -> None:
+async def _write_turn(entry: PtyEntry) -> None:
+    async with entry.call_turn(write=True):
+        pass
+
+
+async def test_a_poll_ends_at_once_while_a_write_waits_for_the_entry() -> None:
     entry = _entry(tty=True)
     entry.feed(b"partial")
-    entry.preempt_poll()
     drain = Drains()
+    await entry.call_lock.acquire()  # an earlier call holds the entry: the write waits
+    write = asyncio.ensure_future(_write_turn(entry))
+    await asyncio.sleep(0)
+    assert entry.writers_waiting == 1
+    # A poll whose window begins while the write waits (it took the lock first).
     update, finished = await collect_window(entry, LONG, None, None, final_drain=drain, poll=True)
     assert (update.output, finished, drain.calls) == ("partial", False, 0)
-    assert entry.poll_preempted is False
+    entry.call_lock.release()
+    await write
+    assert entry.writers_waiting == 0 and not entry.call_lock.locked()
 
 
-async def test_a_stale_preemption_does_not_end_a_write_window() -> None:
+async def test_a_write_that_starts_waiting_wakes_a_poll_in_progress() -> None:
     entry = _entry(tty=True)
-    entry.poll_preempted = True  # left over from an earlier poll
+    drain = Drains()
+    await entry.call_lock.acquire()  # the poll's call holds the entry
+    poll = asyncio.ensure_future(
+        collect_window(entry, LONG, None, None, final_drain=drain, poll=True)
+    )
+    await asyncio.sleep(0)
+    assert not poll.done()
+    write = asyncio.ensure_future(_write_turn(entry))
+    update, finished = await poll
+    assert (update.output, finished, drain.calls) == ("", False, 0)
+    entry.call_lock.release()
+    await write
+    assert entry.writers_waiting == 0
+
+
+async def test_a_waiting_write_does_not_end_a_write_window() -> None:
+    entry = _entry(tty=True)
+    entry.writers_waiting = 1  # another write queued behind this one
     window = asyncio.ensure_future(collect_window(entry, LONG, "done", None, final_drain=Drains()))
     await asyncio.sleep(0)
     assert not window.done()
-    assert entry.poll_preempted is False
     entry.feed(b"done")
     update, _ = await window
     assert update.output == "done"
+
+
+async def test_a_poll_runs_its_window_once_no_write_waits() -> None:
+    entry = _entry(tty=True)
+    drain = Drains()
+    update, _ = await collect_window(entry, 0.0, None, None, final_drain=drain, poll=True)
+    assert drain.calls == 1  # its deadline, not a preemption, ended it
 
 
 async def test_max_tokens_truncates_and_reports_the_original_count() -> None:

@@ -138,11 +138,9 @@ class PtyCalls(Generic[H]):
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
                 "start it with tty=True to write to it (empty chars still polls it)"
             )
-        if data and entry.call_lock.locked():
-            # Keystrokes must not wait behind a long poll of the same process: the poll
-            # ends now with what it has, then this write runs.
-            entry.preempt_poll()
-        async with entry.call_lock:
+        # Keystrokes never wait behind a poll of the same process, whichever came first:
+        # while this write waits for the entry, every poll window on it ends at once.
+        async with entry.call_turn(write=bool(data)):
             if entry.removed:
                 raise self.gone(entry)
             entry.touch()

@@ -1,8 +1,8 @@
 """The collection window: what one `pty_*` call waits for and returns.
 
 A window ends at its deadline, when the process's output is done, when `until` appears
-in the output, when `until_screen` appears on the rendered screen, or (a poll) when a
-write preempts it. `collect_window` runs that loop over one entry and builds the
+in the output, when `until_screen` appears on the rendered screen, or (a poll) while a
+write waits for the entry. `collect_window` runs that loop over one entry and builds the
 `PtyUpdate`; it owns no state and never touches the registry: the session removes an
 entry whose window says it finished.
 """
@@ -82,12 +82,9 @@ async def collect_window(
     screen_checked = -1 if poll else scanned
     snapshot: ScreenSnapshot | None = None
     wants_data = matcher is not None or until_screen is not None
-    if not poll:
-        entry.poll_preempted = False
     while True:
-        if poll and entry.poll_preempted:
-            entry.poll_preempted = False
-            break
+        if poll and entry.writers_waiting:
+            break  # keystrokes wait for this entry: a poll never holds them back
         # Only new bytes are searched (a write's window first looks before any came).
         if matcher is not None and output.end_pos != scanned:
             segments = output.since(scanned)
