@@ -385,7 +385,8 @@ async def test_delete_never_removes_a_folder_a_forged_state_claims(tmp_path: Pat
     payload["workspace_root_owned"] = True
     payload["manifest"]["root"] = str(victim)  # type: ignore[index]
     forged = await client.resume(client.deserialize_session_state(payload))
-    await client.delete(forged)
+    with pytest.raises(sandbox.RefNotTrustedError):
+        await client.delete(forged)
     assert (victim / "keep.txt").read_text() == "keep"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import tempfile
 import uuid
 import weakref
@@ -19,6 +18,9 @@ from agents.sandbox.session.sandbox_session_state import (
     SandboxSessionState as SdkSessionState,
 )
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
+
+from sandbox.errors import RefNotTrustedError
+from sandbox.files.remove_tree import remove_tree
 
 from .options import TYPE_NAME, SandboxClientOptions
 from .session import AgentsSessionAdapter, _default_root
@@ -89,6 +91,7 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
             exposed_ports=options.exposed_ports,
             workspace_root_owned=owned,
         )
+        state.reseal()
         self._private_by_session[session_id] = private
         inner = AgentsSessionAdapter(
             state=state, private_options={**self._resume_options, **private}
@@ -97,15 +100,39 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
-        """Close our session (if the SDK did not) and remove a workspace we made."""
+        """Close our session (if the SDK did not) and remove the workspace `create` made.
+
+        Only the sealed fields of the state decide what is removed (see
+        `SandboxSessionState`): a state this user's library did not write, or whose
+        backend, options, ref or ownership changed, raises `RefNotTrustedError` and
+        nothing is removed; so does an owned workspace the manifest's root disagrees
+        with. The removal never follows a symlink inside the folder."""
         inner = session._inner
         if not isinstance(inner, AgentsSessionAdapter):
             raise TypeError("SandboxClient.delete expects a session this client made")
+        # Our live session is ours whatever the state says: close it first.
         await inner._shutdown_backend()
         self._private_by_session.pop(inner.state.session_id, None)
-        root = inner.state.manifest.root
-        if inner.state.workspace_root_owned and _made_by_us(root):
-            await asyncio.to_thread(shutil.rmtree, root, True)
+        state = inner.state
+        state.check_trusted()
+        folder = state.owned_workspace()
+        if folder is None:
+            return session
+        root = state.manifest.root
+        if root not in ("", _default_root()) and not _same_folder(root, folder):
+            raise RefNotTrustedError(
+                "this session state's manifest root is not the workspace the client made "
+                "for it: refusing to remove anything"
+            )
+        if not await asyncio.to_thread(os.path.lexists, folder):
+            return session
+        if not _made_by_us(folder):
+            raise RefNotTrustedError(
+                f"the workspace {folder!r} of this session state is not a folder this "
+                f"client makes ({_WORKSPACE_PREFIX}* in the temporary folder): refusing "
+                "to remove it"
+            )
+        await asyncio.to_thread(remove_tree, folder)
         return session
 
     async def resume(self, state: SdkSessionState) -> SandboxSession:
@@ -113,6 +140,8 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         gone, a replacement the SDK restores from the state's snapshot at start."""
         if not isinstance(state, SandboxSessionState):
             raise TypeError("SandboxClient.resume expects this client's session state")
+        # Its backend and options pick what is opened on the host: only sealed ones.
+        state.check_trusted()
         private = {**self._resume_options, **self._private_by_session.get(state.session_id, {})}
         inner = AgentsSessionAdapter(state=state, private_options=private)
         self._adapters[state.session_id] = inner
@@ -130,9 +159,13 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         return self._deserialize_session_state_payload(payload, SandboxSessionState)
 
 
+def _same_folder(first: str, second: str) -> bool:
+    return os.path.realpath(first) == os.path.realpath(second)
+
+
 def _made_by_us(root: str) -> bool:
-    """Whether `root` is a workspace folder `create` made: a state can be edited, so its
-    `workspace_root_owned` alone never makes delete remove a folder elsewhere."""
+    """Whether `root` is a workspace folder `create` makes (defence in depth beside the
+    seal: delete never removes a folder of another kind)."""
     path = os.path.abspath(root)
     parent, name = os.path.split(path)
     return (

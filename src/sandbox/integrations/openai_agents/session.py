@@ -9,6 +9,7 @@ turns into its "start it with tty" hint.
 from __future__ import annotations
 
 import io
+import posixpath
 import re
 import tempfile
 import uuid
@@ -17,16 +18,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agents.sandbox.errors import (
-    ExecTimeoutError as SdkExecTimeoutError,
-)
-from agents.sandbox.errors import (
+    ExecNonZeroError,
     ExecTransportError,
     ExposedPortUnavailableError,
     PtySessionNotFoundError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
-    WorkspaceReadNotFoundError,
 )
+from agents.sandbox.errors import (
+    ExecTimeoutError as SdkExecTimeoutError,
+)
+from agents.sandbox.files import FileEntry
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession as SdkSession
 from agents.sandbox.session.pty_types import PtyExecUpdate
 from agents.sandbox.types import ExecResult, ExposedPortEndpoint, User
@@ -43,6 +45,7 @@ from sandbox.errors import (
 )
 from sandbox.types import PtyUpdate
 
+from .files import FILE_ERRORS, file_entry, move_error, resolve_inside, sdk_error, symlink_archive
 from .state import SandboxSessionState
 
 UntilPattern = str | re.Pattern[str]
@@ -70,6 +73,9 @@ class AgentsSessionAdapter(SdkSession):
         self._private_options = dict(private_options)
         self._ours: sandbox.BaseSandboxSession[Any] | None = None
         self._cwd: str | None = None
+        # The sandbox's workspace as it spells it (`pwd` there): our file calls take paths
+        # relative to it.
+        self._here: str | None = None
         self._owns_ours = True
 
     def __repr__(self) -> str:
@@ -94,6 +100,7 @@ class AgentsSessionAdapter(SdkSession):
         adapter = cls(state=state, private_options={})
         adapter._ours = session
         adapter._owns_ours = False
+        state.reseal()
         await adapter._settle_workspace_root()
         adapter.state.workspace_root_ready = True
         return adapter
@@ -140,6 +147,7 @@ class AgentsSessionAdapter(SdkSession):
             await session.start()
         except gone:
             self.state.session_ref = None
+            self.state.reseal()
             return None
         return session
 
@@ -148,6 +156,7 @@ class AgentsSessionAdapter(SdkSession):
         every tool path against it); a root the user chose becomes our cwd."""
         ours = self.sandbox_session
         here = (await ours.exec("pwd")).stdout.decode().strip()
+        self._here = here
         root = self.state.manifest.root
         if root in ("", _default_root()) or root == here:
             self.state.manifest = self.state.manifest.model_copy(update={"root": here})
@@ -169,6 +178,7 @@ class AgentsSessionAdapter(SdkSession):
             self.state.session_ref = ref().to_dict()
         except sandbox.UnsupportedOperationError:
             self.state.session_ref = None
+        self.state.reseal()
 
     async def _shutdown_backend(self) -> None:
         ours, self._ours = self._ours, None
@@ -272,13 +282,18 @@ class AgentsSessionAdapter(SdkSession):
                 return  # resumed elsewhere: the processes are the new owner's
 
     # ---- files ----
+    # Every SDK file operation goes through our session's file calls, which resolve the
+    # path inside the workspace on the backend's side and refuse one a symlink or `..`
+    # leads out of. The SDK's own defaults run `rm`/`mkdir`/`ls`/`mv`/`test -ef` in the
+    # sandbox after a lexical check only, following a link to any host folder.
 
-    def _sandbox_path(self, path: Path | str) -> str:
-        """The path our session's file calls take, after the SDK's own workspace check."""
-        normalized = PurePosixPath(str(self.normalize_path(path)))
-        root = PurePosixPath(self.state.manifest.root)
+    def _sandbox_path(self, path: Path | str, *, for_write: bool = False) -> str:
+        """The path our session's file calls take (relative to the workspace), after the
+        SDK's own lexical check."""
+        normalized = PurePosixPath(str(self.normalize_path(path, for_write=for_write)))
+        base = PurePosixPath(self._here or self.state.manifest.root)
         try:
-            return str(normalized.relative_to(root)) or "."
+            return str(normalized.relative_to(base)) or "."
         except ValueError:
             return str(normalized)
 
@@ -287,14 +302,193 @@ class AgentsSessionAdapter(SdkSession):
         _refuse_user(user, "read")
         try:
             data = await self.sandbox_session.read_file(self._sandbox_path(path))
-        except SandboxFileNotFoundError as error:
-            raise WorkspaceReadNotFoundError(path=path, cause=error) from error
+        except FILE_ERRORS as error:
+            raise sdk_error("read", path, error) from error
         return io.BytesIO(data)
+
+    async def _read_bounded(self, path: Path, *, max_bytes: int) -> bytes:
+        """At most `max_bytes` of the file's first bytes, streamed: a big file is never
+        read whole for a prefix."""
+        taken = bytearray()
+        chunks = self.sandbox_session.read_file_chunks(
+            self._sandbox_path(path), chunk_size=min(max_bytes, _HYDRATE_CHUNK_BYTES)
+        )
+        try:
+            async for chunk in chunks:
+                taken += chunk[: max_bytes - len(taken)]
+                if len(taken) >= max_bytes:
+                    break
+        except FILE_ERRORS as error:
+            raise sdk_error("read", path, error) from error
+        finally:
+            # Stopping early closes the file at once, not when the stream is collected.
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+        return bytes(taken)
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         """Write the stream's bytes to the file (streamed, parents made)."""
         _refuse_user(user, "write")
-        await self.sandbox_session.write_file_chunks(self._sandbox_path(path), _chunks(data))
+        try:
+            await self.sandbox_session.write_file_chunks(
+                self._sandbox_path(path, for_write=True), _chunks(data)
+            )
+        except FILE_ERRORS as error:
+            raise sdk_error("write", path, error) from error
+
+    async def _write_new_file(
+        self, path: Path, data: io.IOBase, *, user: str | User | None = None
+    ) -> None:
+        """`apply_patch`'s create: `FileExistsError` when something is at `path` (a
+        symlink included), else a write (parents made)."""
+        _refuse_user(user, "write")
+        ours = self.sandbox_session
+        relative = self._sandbox_path(path, for_write=True)
+        try:
+            await ours.stat(relative)
+        except SandboxFileNotFoundError:
+            pass
+        except FILE_ERRORS as error:
+            raise sdk_error("write", path, error) from error
+        else:
+            raise FileExistsError(f"{path} already exists")
+        try:
+            await ours.write_file_chunks(relative, _chunks(data))
+        except FILE_ERRORS as error:
+            raise sdk_error("write", path, error) from error
+
+    async def ls(self, path: Path | str, *, user: str | User | None = None) -> list[FileEntry]:
+        """The entries of a folder, by our `list_dir` (entries not followed; a path a
+        symlink leads out of is the SDK's `InvalidManifestPathError`)."""
+        _refuse_user(user, "ls")
+        shown = str(self.normalize_path(path))
+        try:
+            infos = await self.sandbox_session.list_dir(self._sandbox_path(path))
+        except FILE_ERRORS as error:
+            raise sdk_error("ls", path, error) from error
+        return [file_entry(info, posixpath.join(shown, info.name)) for info in infos]
+
+    async def mkdir(
+        self, path: Path | str, *, parents: bool = False, user: str | User | None = None
+    ) -> None:
+        """Make a folder (with `parents`, its missing parents; an existing one is fine),
+        by our `make_dir`."""
+        _refuse_user(user, "mkdir")
+        try:
+            await self.sandbox_session.make_dir(
+                self._sandbox_path(path, for_write=True), parents=parents
+            )
+        except FILE_ERRORS as error:
+            raise sdk_error("mkdir", path, error) from error
+
+    async def rm(
+        self, path: Path | str, *, recursive: bool = False, user: str | User | None = None
+    ) -> None:
+        """Remove a file, a symlink (never what it points at) or, with `recursive`, a
+        folder, by our `remove`. Missing: an error, except with `recursive` (`rm -rf`)."""
+        _refuse_user(user, "rm")
+        try:
+            await self.sandbox_session.remove(
+                self._sandbox_path(path, for_write=True), recursive=recursive
+            )
+        except SandboxFileNotFoundError as error:
+            if recursive:
+                return
+            raise sdk_error("rm", path, error) from error
+        except FILE_ERRORS as error:
+            raise sdk_error("rm", path, error) from error
+
+    async def mv(
+        self, source: Path | str, destination: Path | str, *, user: str | User | None = None
+    ) -> None:
+        """Move a regular file or a symlink onto `destination`, replacing a file or symlink
+        there (a folder there is refused), as the SDK's `mv` does.
+
+        Our sessions have no rename, so a file is copied (streamed through
+        `read_file_chunks`/`write_file_chunks`) and then removed, and a symlink is made
+        again through `hydrate_workspace` (which refuses a target leading out): every
+        step is one of our confined file calls. Not atomic: a failure part way leaves
+        the source in place (and the destination possibly partly written); the copy
+        gets the default permission bits."""
+        _refuse_user(user, "mv")
+        ours = self.sandbox_session
+        src = self._sandbox_path(source, for_write=True)
+        dst = self._sandbox_path(destination, for_write=True)
+        try:
+            info = await ours.stat(src)
+            if info.kind not in ("file", "symlink"):
+                raise move_error(
+                    "Move source must be a regular file or symlink", source, destination
+                )
+            if src == dst:
+                return
+            try:
+                there: sandbox.FileInfo | None = await ours.stat(dst)
+            except SandboxFileNotFoundError:
+                there = None
+            if there is not None:
+                if there.kind == "dir":
+                    raise move_error("Move destination is a directory", source, destination)
+                if await self._same_entry(src, dst):
+                    return  # rename(2) of two names of one file changes nothing
+                if there.kind == "symlink":
+                    await ours.remove(dst)  # the link is replaced, never written through
+            if info.kind == "file":
+                await ours.write_file_chunks(dst, ours.read_file_chunks(src))
+            else:
+                if info.link_target is None:
+                    raise move_error("cannot tell where the symlink points", source, destination)
+                await ours.hydrate_workspace([symlink_archive(dst, info.link_target)], ".")
+            await ours.remove(src)
+        except FILE_ERRORS as error:
+            raise sdk_error("mv", f"{source} -> {destination}", error) from error
+
+    async def same_file(
+        self,
+        left: Path | str,
+        right: Path | str,
+        *,
+        follow_symlinks: bool = True,
+        user: str | User | None = None,
+    ) -> bool:
+        """Whether two paths name one file. Symlinks are followed by our `stat`, one link
+        at a time inside the workspace (a link leading out is the SDK's
+        `InvalidManifestPathError`, never followed); with `follow_symlinks=False` a
+        symlink at either path answers False. A missing path answers False."""
+        _refuse_user(user, "same_file")
+        ours = self.sandbox_session
+        root = self._here or self.state.manifest.root
+        first = self._sandbox_path(left)
+        second = self._sandbox_path(right)
+        try:
+            if follow_symlinks:
+                first = await resolve_inside(ours, first, root)
+                second = await resolve_inside(ours, second, root)
+            kinds = {(await ours.stat(first)).kind, (await ours.stat(second)).kind}
+        except SandboxFileNotFoundError:
+            return False
+        except FILE_ERRORS as error:
+            raise sdk_error("same_file", f"{left} {right}", error) from error
+        if "symlink" in kinds:
+            return False
+        if first == second:
+            return True
+        return await self._same_entry(first, second)
+
+    async def _same_entry(self, first: str, second: str) -> bool:
+        """Whether two workspace paths our `stat` checked name one file (device and inode,
+        by `test -ef` in the sandbox: hard links, a case-folding file system). A symlink
+        swapped in at either name since answers False (`! -L`): nothing is followed."""
+        test = '[ ! -L "$1" ] && [ ! -L "$2" ] && [ "$1" -ef "$2" ]'
+        argv = ("sh", "-c", test, "sh", _dot(first), _dot(second))
+        result = await self.sandbox_session.exec(*argv, shell=False)
+        if result.exit_code in (0, 1):
+            return result.exit_code == 0
+        raise ExecNonZeroError(
+            ExecResult(stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code),
+            command=("sh", "-c", "<same_file_check>", first, second),
+        )
 
     # ---- workspace archives and ports ----
 
@@ -359,6 +553,11 @@ def _sdk_update(update: PtyUpdate) -> PtyExecUpdate:
         exit_code=update.exit_code,
         original_token_count=update.original_token_count,
     )
+
+
+def _dot(path: str) -> str:
+    """A relative path spelled so that no command reads it as an option."""
+    return path if path.startswith("/") else f"./{path}"
 
 
 async def _chunks(data: io.IOBase) -> AsyncIterator[bytes]:
