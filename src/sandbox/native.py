@@ -16,9 +16,10 @@ their code in this process (often root), so:
   walk really went, and a component swapped for a link meanwhile fails the walk.
 - The library is opened once, relative to the cache's fd (O_NOFOLLOW), checked on that
   fd (a regular file of ours or root's nobody else can write) and loaded through that
-  fd (`/proc/self/fd/N`), never re-opened by name. The fd stays open for the life of
-  the process: the dynamic loader and CPython recognise a library by its name, so an
-  `N` reused for another part would hand back the first one.
+  fd, never re-opened by name. The name given to the loader is
+  `/proc/self/task/<loading thread>/fd/N`, not `/proc/self/fd/N`: the dynamic loader
+  hands back a library already loaded under the same name, and the two parts would
+  often get the same `N` (each is loaded in its own thread, so the names differ).
 - A build runs in a private folder made inside the checked cache; the compiler's
   output is opened and checked there, then renamed into place relative to the fds.
 - The compiler runs in its own process group under one deadline for the whole build
@@ -129,8 +130,8 @@ def cached_library(
 ) -> Iterator[str]:
     """`source` built with `flags` as a shared library (built now into the cache if it
     is not there yet: blocking, call it off the event loop), checked, and open: yields a
-    `/proc/self/fd/N` path to load it from, valid inside the `with`. The fd stays open
-    once the block ends normally (see the module docstring). Raises `Unusable`."""
+    `/proc/self/task/<this thread>/fd/N` path to load it from in this thread, valid
+    inside the `with`. Raises `Unusable`."""
     deadline = time.monotonic() + BUILD_DEADLINE_S
     digest = hashlib.sha256("\0".join([source, *flags, suffix]).encode()).hexdigest()[:16]
     name = f"{stem}-{digest}{suffix}"
@@ -143,13 +144,8 @@ def cached_library(
         os.close(directory)
     try:
         yield _fd_path(fd, os.path.join(where, name))
-    except BaseException:
-        os.close(fd)
-        raise
-    _KEPT.append(fd)  # never closed: see the module docstring
-
-
-_KEPT: list[int] = []
+    finally:
+        os.close(fd)  # a loaded library stays mapped without it
 
 
 def open_cache_directory() -> tuple[int, str]:
@@ -231,12 +227,12 @@ def _open_library(directory: int, name: str, where: str) -> int | None:
 
 def _fd_path(fd: int, where: str) -> str:
     """The /proc path that opens the very file `fd` is (checked: /proc must be there)."""
-    path = f"/proc/self/fd/{fd}"
+    path = f"/proc/self/task/{threading.get_native_id()}/fd/{fd}"
     held, named = os.fstat(fd), None
     with contextlib.suppress(OSError):
         named = os.stat(path)
     if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-        raise Unusable(f"no /proc/self/fd to load {where} from its checked fd")
+        raise Unusable(f"no /proc/self/task/*/fd to load {where} from its checked fd")
     return path
 
 
