@@ -160,6 +160,10 @@ def ref_process(entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
     return {"tag": entry.require_handle().tag}
 
 
+class ServerRefused(InvalidArgumentError):
+    """The ref was made against another API server (`check_server`): not a pod gone."""
+
+
 def check_server(session: KubernetesSession, server: str) -> None:
     """Called by `_start_backend` once the credentials are loaded, before any request:
     refuse a ref made against another API server than `server` (where the caller's or
@@ -174,7 +178,7 @@ def check_server(session: KubernetesSession, server: str) -> None:
     how = f"kubeconfig={kubeconfig!r}" if kubeconfig else "kubeconfig="
     if context:
         how += f" and context={context!r}"
-    raise InvalidArgumentError(
+    raise ServerRefused(
         f"the kubernetes ref was made against the API server {recorded!r}; this client's "
         f"kubeconfig (KUBECONFIG or ~/.kube/config) leads to {server!r}; pass {how} to "
         "resume it there"
@@ -210,6 +214,8 @@ async def resume(session: KubernetesSession, ref: SessionRef) -> None:
         )
     try:
         await session._start_backend()
+    except ServerRefused:
+        raise
     except (InvalidArgumentError, PodStartError) as exc:
         # `existing_pod`: no such pod (404) or container, or a pod not running.
         raise SessionGoneError(f"the kubernetes pod {name!r} of this ref is gone: {exc}") from None
