@@ -55,7 +55,8 @@ def _fresh(*parts: native.NativePart[Any]) -> Iterator[None]:
         yield
     finally:
         for part, state in zip(parts, saved, strict=True):
-            part.prepare()  # a build this test started has ended (it has a deadline)
+            if part.tried:
+                part.prepare()  # the build this test started has ended (it has a deadline)
             with part.lock:
                 part.tried, part.value, part.why = state
 

@@ -317,7 +317,9 @@ def _compile(argv: list[str], work: int, errors: int, deadline: float) -> int:
             # Readable once it exits; it stays unreaped (so its group id cannot be reused)
             # until the group is killed below.
             try:
-                exited = bool(select.select([watch], [], [], remaining)[0])
+                poller = select.poll()  # not select(): the fd may be past FD_SETSIZE
+                poller.register(watch, select.POLLIN)
+                exited = bool(poller.poll(remaining * 1000))
             finally:
                 os.close(watch)
             _kill_group(process.pid)
@@ -329,6 +331,10 @@ def _compile(argv: list[str], work: int, errors: int, deadline: float) -> int:
                 exited = False
                 _kill_group(process.pid)
         status = process.wait()
+    except BaseException:
+        _kill_group(process.pid)
+        process.wait()
+        raise
     finally:
         with _RUNNING_LOCK:
             _RUNNING.discard(process.pid)
