@@ -2,9 +2,9 @@
 
 One API over seven backends: `open_session` opens one by name (`BACKENDS` lists them,
 each a `BackendInfo`), `load_backend` gives its session class. A session's results are
-`ExecResult`, `PtyUpdate` and `PtyProcessInfo`; `until` takes an `UntilPattern` (a str
-or a compiled regex); every error is a `SandboxError`. Backend authors use
-`sandbox.backend`.
+`ExecResult` (or an `ExecStream` of `ExecChunk`s), `PtyUpdate` and `PtyProcessInfo`;
+`until` takes an `UntilPattern` (a str or a compiled regex); every error is a
+`SandboxError`. Backend authors use `sandbox.backend`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,7 @@ from .errors import (
 )
 from .output.until import UntilPattern
 from .session import BaseSandboxSession, SessionState
+from .session.exec_stream import ExecChunk, ExecStream
 
 # Kept callable for old callers (the submodule of the same name would shadow them);
 # not part of the user face: backend authors use `sandbox.backend`.
@@ -86,7 +87,9 @@ __all__ = [
     "CommandNotFoundError",
     "ConnectionLostError",
     "CredentialsMissingError",
+    "ExecChunk",
     "ExecResult",
+    "ExecStream",
     "ExecTimeoutError",
     "ExposedPort",
     "FileInfo",
@@ -99,8 +102,8 @@ __all__ = [
     "ProviderError",
     "PtyProcessInfo",
     "PtyProcessNotFoundError",
-    "RefNotTrustedError",
     "PtyUpdate",
+    "RefNotTrustedError",
     "SandboxError",
     "SandboxFileNotFoundError",
     "ScreenSnapshot",

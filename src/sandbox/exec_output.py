@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .backends.toolkit.check import CHECK_FAILED_EXIT, CommandCheck
-from .errors import ExecTimeoutError
+from .errors import ExecTimeoutError, SandboxError
 from .output.buffer import BoundedOutput
 from .types import ExecResult
 
@@ -80,14 +80,22 @@ class ExecCapture:
         """Append a stderr chunk."""
         self.stderr.append(data)
 
-    def result(self, exit_code: int) -> ExecResult:
-        """The command's `ExecResult`; raises the check's error if the check failed."""
+    def check_error(self, exit_code: int) -> SandboxError | None:
+        """The check's error if the command check failed (`exit_code` is its status and
+        its marker is in the first bytes of a stream), else None."""
         if self.check is not None and exit_code == CHECK_FAILED_EXIT:
             # On stderr; on stdout for a provider that merges the two (old Blaxel APIs).
             for stream in (self.stderr, self.stdout):
                 error = self.check.failure_in(bytes(stream.start))
                 if error is not None:
-                    raise error
+                    return error
+        return None
+
+    def result(self, exit_code: int) -> ExecResult:
+        """The command's `ExecResult`; raises the check's error if the check failed."""
+        error = self.check_error(exit_code)
+        if error is not None:
+            raise error
         return ExecResult(
             stdout=self.stdout.value(),
             stderr=self.stderr.value(),

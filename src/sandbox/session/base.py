@@ -1,8 +1,8 @@
 """`BaseSandboxSession`: the public face of a session, orchestrating its collaborators.
 
 Options, the lifecycle (`start`, `aclose`, `detach`) and the public calls (`exec`,
-files, workspace, `pty_*`) live here, each a check or two handed to a collaborator
-that owns its state: the `Lifecycle` (`self._lifecycle`: the state, the start and
+`exec_stream`, files, workspace, `pty_*`) live here, each a check or two handed to a
+collaborator that owns its state: the `Lifecycle` (`self._lifecycle`: the state, the start and
 close tasks, the check each call makes first), the `ProcessRegistry`
 (`self._processes`: ids, slots, who owns each entry), `OwnedTasks` (`self._owned`:
 owned tasks and every teardown), `Recordings`, `PtyCalls` (`self._pty`), `FileCalls`,
@@ -36,6 +36,7 @@ from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
 from . import file_calls, lifecycle, workspace_calls
+from .exec_stream import DEFAULT_STREAM_BUFFER, ExecStream
 from .hooks import SessionHooks
 from .lifecycle import SessionState
 from .oneshot import run_one_shot
@@ -236,6 +237,39 @@ class BaseSandboxSession(SessionHooks[H]):
         # The session owns the command: close cancels it (its hook kills the tree).
         work = run_one_shot(self._start_exec, spec, checked_timeout, capture)
         return await self._owned.run(work)
+
+    def exec_stream(
+        self,
+        *command: str,
+        timeout: float | None = None,
+        shell: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        max_buffered_bytes: int = DEFAULT_STREAM_BUFFER,
+    ) -> ExecStream:
+        """Run a command to completion, taking its output as it comes::
+
+            async with session.exec_stream("make") as stream:
+                async for chunk in stream:  # ExecChunk("stdout" | "stderr", data, omitted)
+                    ...
+            stream.exit_code
+
+        The same command, options and errors as `exec` (the arguments are checked here,
+        the rest is raised by the iteration). Nothing is kept: memory is bounded by
+        `max_buffered_bytes` (8 MiB) of output not yet taken; beyond that the excess is
+        dropped and an omission chunk (`data` empty, `omitted` > 0) says so. Leaving the
+        `async with` early, or a cancellation, kills the command's tree first.
+        """
+        spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
+        bound = arguments.check_output_limit("max_buffered_bytes", max_buffered_bytes)
+        return ExecStream(
+            self._start_exec,
+            spec,
+            timeout=arguments.check_timeout(timeout),
+            max_buffered_bytes=bound,
+            guard=self._lifecycle.guard,
+            owned=self._owned,
+        )
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a whole regular file from the sandbox (relative paths are in the workspace).

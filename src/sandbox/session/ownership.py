@@ -98,10 +98,15 @@ class OwnedTasks(Generic[H]):
 
     async def run(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` (a one-shot command) as a task the close cancels and awaits."""
+        return await self.wait(self.begin(work))
+
+    def begin(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Start `work` as a task the close cancels and awaits, without waiting for it
+        (a streamed command: its caller takes its output as it comes, then `wait`s)."""
         task = asyncio.ensure_future(work)
         self._execs.add(task)
         task.add_done_callback(self._execs.discard)
-        return await self.wait(task)
+        return task
 
     async def start_process(
         self,

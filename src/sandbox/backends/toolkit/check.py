@@ -75,7 +75,8 @@ class CommandCheck:
         self._shown_cwd = spec.cwd if spec.cwd is not None else (cwd or "")
         self.program = None if spec.shell else spec.argv[0]
         self.token = token or secrets.token_hex(8)
-        self._failure_prefix = b"\x1eF" + self.token.encode() + b":"
+        # How a failure marker begins (a streamed exec holds back what may be one).
+        self.failure_prefix = b"\x1eF" + self.token.encode() + b":"
 
     @classmethod
     def needed(
@@ -105,10 +106,10 @@ class CommandCheck:
         Searched, not only matched at the start: a provider's login shell may print
         something first. The token makes a command's own output unable to fake it.
         """
-        at = start.find(self._failure_prefix)
+        at = start.find(self.failure_prefix)
         if at < 0:
             return None
-        begin = at + len(self._failure_prefix)
+        begin = at + len(self.failure_prefix)
         end = start.find(b"\x1e", begin)
         if end < 0:
             return None
