@@ -49,6 +49,7 @@ def extra_cases() -> list[object]:
         "bench.workspace_cases",
         "bench.core_cases",
         "bench.agents_cases",
+        "bench.lease_cases",
     )
     for module_name in optional:
         try:

@@ -185,7 +185,8 @@ async def guard(session: DurableSession) -> None:
             raise taken_over_error(session)
     renewer = durable.renewer
     if (renewer is None or renewer.done()) and not durable.renewing_stopped:
-        durable.renewer = asyncio.ensure_future(_renew(session))
+        if durable.holder is not None:  # None: the backend keeps no lease
+            durable.renewer = asyncio.ensure_future(_renew(session))
 
 
 async def _refresh(session: DurableSession) -> None:
