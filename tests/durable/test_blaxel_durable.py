@@ -38,7 +38,9 @@ def _open(server: BlaxelServer, tmp_path: Path, **extra: Any) -> Any:
 
 
 def _resume(ref: sandbox.SessionRef, **extra: Any) -> Any:
-    # Credentials are never in a ref: they are given again (or read from BL_*).
+    # Credentials are never in a ref: they are given again (or read from BL_*); so is the
+    # API they go to (a resume takes no endpoint from a ref).
+    extra.setdefault("api_url", ref.options["api_url"])
     return sandbox.resume_session(ref, api_key=API_KEY, workspace=WORKSPACE, **extra)
 
 

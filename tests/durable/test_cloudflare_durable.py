@@ -43,8 +43,12 @@ def _no_key_in_logs(caplog: pytest.LogCaptureFixture):
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[CloudflareWorkerServer]:
+async def server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CloudflareWorkerServer]:
     async with CloudflareWorkerServer(api_key=KEY, root=tmp_path / "worker") as worker:
+        # A resume takes no Worker URL from a ref: this client's environment names it.
+        monkeypatch.setenv("CLOUDFLARE_SANDBOX_WORKER_URL", worker.url)
         yield worker
         assert worker.live_processes() == 0 or await eventually(
             lambda: worker.live_processes() == 0

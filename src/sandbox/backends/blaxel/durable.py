@@ -31,6 +31,11 @@ arrived as U+FFFDs live but whole in the replay, so a few bytes may repeat or be
 skipped around one. The sandbox is found again by name (`SandboxInstance.get`, never a
 create: a deleted sandbox is `SessionGoneError`). The lease is a file in the sandbox
 (`sandbox.backends.toolkit.lease`), read and swapped by a waited `process.exec`.
+
+A ref keeps the control-plane URL (`api_url`) but a resume never takes it: the URL comes
+from the caller's `api_url=` or the SDK's default, and a ref made against another API is
+refused unless the caller passes its URL (the API key goes only where the caller or the
+environment says). Only the options of `TAKEN_FROM_REF` are read.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 import aiohttp
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
     ShellTrap,
     check_tag,
@@ -54,6 +59,7 @@ from ..toolkit import (
     parse_lease,
 )
 from . import terminal
+from .sdk import default_api_url
 from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
 
 # `BlaxelSession`, untyped here: its module imports this one, and an import back (even a
@@ -74,6 +80,18 @@ REF_OPTIONS = (
     "terminate_grace_s",
     "max_response_bytes",
     "max_terminal_frame_bytes",
+)
+# The options a resume takes from a ref (never an endpoint or a credential).
+TAKEN_FROM_REF = frozenset(
+    {
+        *REF_OPTIONS,
+        "workdir",
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+    }
 )
 GONE_NOTE = (
     "Blaxel no longer has this terminal session: its shell ended, or the sandbox closed "
@@ -109,7 +127,8 @@ def ref_options(session: BlaxelSession, base: dict[str, Any]) -> dict[str, Any]:
         "max_terminal_frame_bytes": term.max_frame_bytes,
     }
     options.update({name: values[name] for name in REF_OPTIONS})
-    url = session._client._api_url
+    # The control plane this session used (given, else the SDK's default).
+    url = session._client._api_url or default_api_url()
     if isinstance(url, str) and "@" not in url:  # never a URL with credentials in it
         options["api_url"] = url
     return options
@@ -121,7 +140,11 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     if not isinstance(name, str) or not name:
         raise SessionGoneError("the blaxel ref names no sandbox")
     # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
-    options = {k: v for k, v in ref.options.items() if v is not None or k == "heartbeat_s"}
+    options = {
+        k: v
+        for k, v in ref.options.items()
+        if k in TAKEN_FROM_REF and (v is not None or k == "heartbeat_s")
+    }
     options["name"] = name
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
@@ -133,13 +156,33 @@ def ref_process(entry: PtyEntry[Terminal]) -> dict[str, Any]:
     return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
 
 
-async def resume(session: BlaxelSession) -> None:
+def check_endpoint(session: BlaxelSession, ref: SessionRef) -> None:
+    """Refuse a ref made against another control plane than this client's, unless the
+    caller passed `api_url=` (before any request)."""
+    if session._client._api_url is not None:
+        return
+    refuse_other_endpoint("blaxel", "api_url", ref.options.get("api_url"), default_api_url())
+
+
+async def resume(session: BlaxelSession, ref: SessionRef) -> None:
     """Find the sandbox by name (`SessionGoneError` when it is gone) and bind to it;
     closing the resumed session deletes it as the first one's close would have."""
+    check_endpoint(session, ref)
     session._create_attempted = False
     await session._client.attach(session.sandbox_name)
     session._create_attempted = True
     session._deleted = False
+
+
+def refuse_other_endpoint(backend: str, option: str, recorded: object, used: str) -> None:
+    """Raise when the ref was made against another endpoint than the one this client
+    would use (its credentials go there only, never to the one a ref names)."""
+    if recorded is None or recorded == used:
+        return
+    raise InvalidArgumentError(
+        f"the {backend} ref was made against {recorded!r}; this client would use {used!r}; "
+        f"pass {option}={recorded!r} to resume it there"
+    )
 
 
 def _handle(process: ProcessRef) -> tuple[str, str, str]:

@@ -62,6 +62,11 @@ __all__ = [
 _LIVE: weakref.WeakKeyDictionary[object, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
 
 
+def default_api_url() -> str:
+    """The control-plane URL a session without `api_url=` uses (the SDK's)."""
+    return str(sdk_settings.base_url)
+
+
 def configure_sdk(*, api_key: str, workspace: str, api_url: str | None = None) -> None:
     """Point the Blaxel SDK's process-wide client at `api_url` with these credentials.
 

@@ -417,7 +417,7 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         return durable_blaxel.SandboxLease(self)
 
     async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_blaxel.resume(self)
+        await durable_blaxel.resume(self, ref)
 
     async def _reattach_process(self, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
         await durable_blaxel.reattach(self, entry, process)

@@ -32,6 +32,11 @@ returns exactly what came after (while the ring still holds the start marker).
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped
 by a control exec.
+
+A ref keeps the Worker's URL (a bare origin) but a resume never takes it: the URL comes
+from the caller's `worker_url=` or CLOUDFLARE_SANDBOX_WORKER_URL, and a ref made against
+another Worker is refused unless the caller passes its URL (the API key goes only where
+the caller or the environment says). Only the options of `TAKEN_FROM_REF` are read.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 from yarl import URL
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, SandboxError, SessionGoneError
 from ..toolkit import ShellTrap, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .client import WorkerClient
 from .scripts import PID_MARKER
@@ -56,6 +61,17 @@ CloudflareSession = Any
 # pty.ts `DEFAULT_BUFFER_SIZE`: the most of a terminal's output the container keeps.
 PTY_RING_BYTES = 256 * 1024
 REF_OPTIONS = ("request_timeout_s", "connect_timeout_s", "ready_timeout_s", "heartbeat_s")
+# The options a resume takes from a ref (never an endpoint or a credential).
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        *REF_OPTIONS,
+    }
+)
 # What a ref's handle may hold: our own session names and trap tokens only.
 SESSION_NAME = re.compile(r"sandbox-py-[0-9a-f]{16}")
 TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -116,7 +132,11 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     sandbox_id = ref.sandbox.get("sandbox_id")
     if not isinstance(sandbox_id, str) or not sandbox_id:
         raise SessionGoneError("the cloudflare ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if k != "heartbeat_s" and v is not None}
+    options = {
+        k: v
+        for k, v in ref.options.items()
+        if k in TAKEN_FROM_REF and k != "heartbeat_s" and v is not None
+    }
     if "heartbeat_s" in ref.options:
         options["heartbeat_s"] = ref.options["heartbeat_s"]  # None is a value here
     options["sandbox_id"] = sandbox_id
@@ -187,9 +207,19 @@ async def unmark(session: CloudflareSession) -> None:
         await _delete_session(client, mark_id(durable_session_id(session)))
 
 
-async def resume(session: CloudflareSession) -> None:
+def check_endpoint(session: CloudflareSession, ref: SessionRef) -> None:
+    """Refuse a ref made against another Worker than this client's, unless the caller
+    passed `worker_url=` (before any request)."""
+    if session._worker_url_given:
+        return
+    used = _kept_url(session._worker_url) or session._client.origin
+    refuse_other_endpoint("cloudflare", "worker_url", ref.options.get("worker_url"), used)
+
+
+async def resume(session: CloudflareSession, ref: SessionRef) -> None:
     """Attach to the sandbox; `SessionGoneError` when it is not running or its container
     is not the one the ref's session marked."""
+    check_endpoint(session, ref)
     client = session._client
     try:
         await session._attach_sandbox()
@@ -203,6 +233,17 @@ async def resume(session: CloudflareSession) -> None:
         # container is not ours to delete (the sandbox id may be in use by another).
         await _delete_session(client, name)
         raise SessionGoneError(GONE.format(id=client.sandbox_id))
+
+
+def refuse_other_endpoint(backend: str, option: str, recorded: object, used: str) -> None:
+    """Raise when the ref was made against another endpoint than the one this client
+    would use (its credentials go there only, never to the one a ref names)."""
+    if recorded is None or recorded == used:
+        return
+    raise InvalidArgumentError(
+        f"the {backend} ref was made against {recorded!r}; this client would use {used!r}; "
+        f"pass {option}={recorded!r} to resume it there"
+    )
 
 
 # ---- processes --------------------------------------------------------------------------

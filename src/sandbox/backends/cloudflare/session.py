@@ -166,6 +166,8 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         self._files = WorkerFiles(self._client)
         # Kept for a ref, which keeps it only when it is a bare origin (`durable`).
         self._worker_url = url_text
+        # A resume refuses a ref made against another Worker unless the caller named one.
+        self._worker_url_given = worker_url is not None
         self._requested_id = sandbox_id
         self.keep = bool(keep)
         self.request_timeout_s = float(request_timeout_s)
@@ -403,7 +405,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
 
     async def _resume_backend(self, ref: SessionRef) -> None:
         """Attach, then find the session's container mark (else `SessionGoneError`)."""
-        await durable_cf.resume(self)
+        await durable_cf.resume(self, ref)
 
     async def _reattach_process(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
         """Reconnect the process's terminal session: its ring replayed, then live."""

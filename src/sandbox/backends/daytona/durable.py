@@ -26,11 +26,12 @@ The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, SandboxError, SessionGoneError
 from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from . import commands, terminal
 from .handles import DaytonaHandle, PipeState, PtyState
@@ -41,6 +42,22 @@ DaytonaSession = Any
 
 SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
+# The options a resume takes from a ref: never `api_url` (see `check_endpoint`) or a
+# credential. `target` (a region of the same API) is kept.
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        *REF_OPTIONS,
+        "call_timeout_s",
+        "target",
+    }
+)
+# The SDK's API when neither `api_url=` nor DAYTONA_API_URL says (daytona `DaytonaConfig`).
+DEFAULT_API_URL = "https://app.daytona.io/api"
 PTY_NOT_KEPT = (
     "daytona keeps no output of a terminal while no client is connected: what it "
     "printed meanwhile is not shown"
@@ -63,11 +80,26 @@ def ref_options(session: DaytonaSession, base: dict[str, Any]) -> dict[str, Any]
     options = dict(base)
     options.update({name: getattr(session, name) for name in REF_OPTIONS})
     options["call_timeout_s"] = session._client.options.call_timeout_s
-    for name in ("api_url", "target"):
-        value = getattr(session._client.options, name)
+    # The API this session used (given, from the environment or the SDK's default).
+    for name, value in (
+        ("api_url", api_url_used(session)),
+        ("target", session._client.options.target),
+    ):
         if isinstance(value, str) and "@" not in value:
             options[name] = value
     return options
+
+
+def api_url_used(session: DaytonaSession) -> str:
+    """The API the SDK talks to: `api_url=`, else DAYTONA_API_URL (or the older
+    DAYTONA_SERVER_URL) from the process environment, else its default."""
+    given = session._client.options.api_url
+    return str(
+        given
+        or os.environ.get("DAYTONA_API_URL")
+        or os.environ.get("DAYTONA_SERVER_URL")
+        or DEFAULT_API_URL
+    )
 
 
 def options_from_ref(ref: SessionRef) -> dict[str, Any]:
@@ -75,10 +107,25 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     sandbox_id = ref.sandbox.get("sandbox_id")
     if not isinstance(sandbox_id, str) or not sandbox_id:
         raise SessionGoneError("the daytona ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if v is not None}
+    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
     options["sandbox_id"] = sandbox_id
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
+
+
+def check_endpoint(session: DaytonaSession, ref: SessionRef) -> None:
+    """Refuse a ref made against another API than this client's (`api_url_used`), unless
+    the caller passed `api_url=` (before any request)."""
+    if session._client.options.api_url is not None:
+        return
+    used = api_url_used(session)
+    recorded = ref.options.get("api_url")
+    if recorded is None or recorded == used:
+        return
+    raise InvalidArgumentError(
+        f"the daytona ref was made against {recorded!r}; this client would use {used!r}; "
+        f"pass api_url={recorded!r} to resume it there"
+    )
 
 
 def ref_process(entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
@@ -89,8 +136,10 @@ def ref_process(entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
     return {"pty_id": state.pty_id, "pidfile": state.pidfile}
 
 
-async def resume(session: DaytonaSession) -> None:
-    """Attach to the sandbox; a missing one is `SessionGoneError`."""
+async def resume(session: DaytonaSession, ref: SessionRef) -> None:
+    """Attach to the sandbox (the API checked first: `check_endpoint`); a missing one is
+    `SessionGoneError`."""
+    check_endpoint(session, ref)
     try:
         await session._start_backend()
     except SandboxError as exc:

@@ -285,7 +285,7 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
         return durable_daytona.SandboxLease(self)
 
     async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_daytona.resume(self)
+        await durable_daytona.resume(self, ref)
 
     async def _reattach_process(self, entry: PtyEntry[DaytonaHandle], process: ProcessRef) -> None:
         await durable_daytona.reattach(self, entry, process)

@@ -48,6 +48,19 @@ REF_OPTIONS = (
     ("process_timeout_s", "process_timeout"),
     ("call_timeout_s", "call_timeout"),
 )
+# The options a resume takes from a ref: never a credential, a class or an endpoint (the
+# SDK finds its domain in the environment).
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        *(option for option, _ in REF_OPTIONS),
+        "sandbox_timeout_s",
+    }
+)
 NOT_KEPT = (
     "e2b keeps no output of a process while no client is connected: what it printed "
     "meanwhile is not shown"
@@ -78,7 +91,7 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     sandbox_id = ref.sandbox.get("sandbox_id")
     if not isinstance(sandbox_id, str) or not sandbox_id:
         raise SessionGoneError("the e2b ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if v is not None}
+    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
     options["sandbox_id"] = sandbox_id
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options

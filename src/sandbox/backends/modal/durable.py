@@ -40,6 +40,19 @@ NOT_REATTACHED = (
     "client started was killed at resume"
 )
 LEASE_TIMEOUT_S = 30.0
+# The options a resume takes from a ref: never a token, a client or an SDK.
+TAKEN_FROM_REF = frozenset(
+    {
+        "max_processes",
+        "output_limit_bytes",
+        "teardown_concurrency",
+        "read_limit_bytes",
+        "exec_output_limit_bytes",
+        *REF_OPTIONS,
+        "call_timeout_s",
+        "term",
+    }
+)
 
 
 def ref_sandbox(session: ModalSession) -> dict[str, Any]:
@@ -61,7 +74,7 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     sandbox_id = ref.sandbox.get("sandbox_id")
     if not isinstance(sandbox_id, str) or not sandbox_id:
         raise SessionGoneError("the modal ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if v is not None}
+    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
     options["sandbox_id"] = sandbox_id
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
