@@ -5,7 +5,8 @@ Exit codes: the command's own when it ran to its end; `EXIT_TIMEOUT` (124, as ti
 when `--timeout` killed it; `EXIT_USAGE` (2) for bad usage (an unknown flag, a malformed
 or rejected option value); `EXIT_ERROR` (1) for any other error (a backend that is not
 installed, missing credentials, a workspace that cannot be used, a provider failure);
-`EXIT_INTERRUPTED` (130) on Ctrl-C; `EXIT_BROKEN_PIPE` (141, quietly) when the reader of
+128+N when signal N (SIGTERM, SIGHUP, SIGINT: 130 on Ctrl-C) stopped it, after the
+session was closed (`signals`); `EXIT_BROKEN_PIPE` (141, quietly) when the reader of
 the output went away. A closed stdout is one error line and `EXIT_ERROR`, a closed stderr
 `EXIT_ERROR` alone (`std_streams`).
 """
@@ -13,7 +14,6 @@ the output went away. A closed stdout is one error line and `EXIT_ERROR`, a clos
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 from collections.abc import Sequence
@@ -24,6 +24,7 @@ from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
 from . import durable as cli_durable
 from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
 from .run import command_words, run_command
+from .signals import run_command as run_until_signalled
 from .std_streams import error_line, flush_outputs, output_failure, plug_closed_fds, say
 
 
@@ -118,19 +119,19 @@ def _dispatch(words: list[str]) -> int:
     args = parser.parse_args(words)
     try:
         if args.command == "run":
-            return asyncio.run(run_command(args))
+            return run_until_signalled(run_command(args))
         if args.command == "shell":
             from .terminal import attach_shell
 
-            return asyncio.run(attach_shell(args, command_words(args.cmd)))
+            return run_until_signalled(attach_shell(args, command_words(args.cmd)))
         if args.command == "cp":
             from .copy import copy_command
 
-            return asyncio.run(copy_command(args))
+            return run_until_signalled(copy_command(args))
         if args.command == "open":
-            return asyncio.run(cli_durable.open_command(args))
+            return run_until_signalled(cli_durable.open_command(args))
         if args.command == "close":
-            return asyncio.run(cli_durable.close_command(args))
+            return run_until_signalled(cli_durable.close_command(args))
         if args.command == "backends":
             from .backends_report import print_backends
 
@@ -139,7 +140,7 @@ def _dispatch(words: list[str]) -> int:
         if args.command == "demo":
             from .demo import run_demo
 
-            return asyncio.run(run_demo(sys.stdout))
+            return run_until_signalled(run_demo(sys.stdout))
         parser.print_help()
         return EXIT_USAGE
     except (InvalidArgumentError, UnknownBackendError) as exc:

@@ -62,7 +62,10 @@ def _raw_terminal(fd: int) -> Iterator[None]:
         tty.setraw(fd, termios.TCSANOW)  # keep keys typed ahead of the attach
         yield
     finally:
-        termios.tcsetattr(fd, termios.TCSAFLUSH, saved)
+        # After a hangup (SIGHUP: the terminal was closed) there is no terminal left to
+        # restore, and the session must still be closed: that failure is not an error.
+        with contextlib.suppress(termios.error, OSError):
+            termios.tcsetattr(fd, termios.TCSAFLUSH, saved)
 
 
 class _Attachment:
