@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import tarfile
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import pytest
 
@@ -26,6 +27,7 @@ CASES = 3000
 EXTRACT_EVERY = 3  # every third case also goes through the extractor
 BLOCK = 512
 TYPES = [b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"g", b"x", b"L", b"K", b"S", b"Z"]
+FORMATS: list[Literal[0, 1, 2]] = [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
 COMMON = [b"0", b"5", b"2"]
 NAMES = ["a", "a/b", "./c", "../up", "/abs", "d/", "l1", "x/../y", "é", "n" * 150, "a\\b"]
 LINKS = [".", "..", "l1/../../..", "a", "/etc", "../../x", "", "l1/l1/l1", "b" * 120]
@@ -35,11 +37,12 @@ FIELDS = {"mode": (100, 8), "uid": (108, 8), "size": (124, 12), "mtime": (136, 1
 
 def rechecksum(block: bytes) -> bytes:
     head = block[:148] + b" " * 8 + block[156:]
-    return head[:148] + b"%06o\x00 " % sum(head) + head[156:]
+    checksum: bytes = b"%06o\x00 " % sum(head)
+    return head[:148] + checksum + head[156:]
 
 
 def base256(value: int, length: int) -> bytes:
-    body = (value % 256 ** (length - 1)).to_bytes(length - 1, "big")
+    body: bytes = (value % 256 ** (length - 1)).to_bytes(length - 1, "big")
     return (b"\xff" if value < 0 else b"\x80") + body
 
 
@@ -52,7 +55,7 @@ def header(rng: random.Random) -> tuple[bytes, int]:
     info.mode = rng.randrange(0o10000)
     info.mtime = rng.choice([0, 1_700_000_000, rng.randrange(8**11)])
     info.linkname = rng.choice(LINKS)
-    fmt = rng.choice([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+    fmt = rng.choice(FORMATS)
     try:
         block = info.tobuf(format=fmt, encoding="utf-8", errors="surrogateescape")
     except ValueError:  # a name too long for ustar
