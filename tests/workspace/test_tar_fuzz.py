@@ -23,7 +23,7 @@ from sandbox.workspace.extract import extract
 from sandbox.workspace.tar_reader import TarStream
 
 SEED = 33_3
-CASES = 3000
+CASES = 2000
 EXTRACT_EVERY = 3  # every third case also goes through the extractor
 BLOCK = 512
 TYPES = [b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7", b"g", b"x", b"L", b"K", b"S", b"Z"]
