@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..backends.toolkit.options import add_backend_arguments, options_from_args
 from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
+from ..cli.signals import StopSignals, signal_name
 from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
 from ..errors import InvalidArgumentError, SandboxError
 from ..session import BaseSandboxSession, SessionState
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sandbox.mcp")
 
 SERVER_NAME = "sandbox"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 # ---- tool arguments ------------------------------------------------------------------
@@ -591,52 +590,47 @@ async def serve(
     close it (settled: every process is torn down), or with `detach` detach from it
     (`--state-file`: it stays for the next server). Returns the exit status."""
     status = 0
-    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        starting = anyio.CancelScope()
-        stopping = False
+    starting = anyio.CancelScope()
+    tools = SandboxTools(session)
+    stopped = False
 
-        tools = SandboxTools(session)
+    def stop(signum: int) -> None:
+        # Every signal repeats the stop (each step is idempotent); none cancels the
+        # close, which runs shielded below.
+        nonlocal stopped
+        if not stopped:
+            logger.info("received %s: stopping", signal_name(signum))
+        stopped = True
+        starting.cancel()
+        tools.shut_down()
+        transport.stop()
 
-        async def watch_signals() -> None:
-            nonlocal stopping
-            # Keep receiving until the end: a second signal must not kill us while
-            # the session is being closed.
-            async for signum in signals:
-                if not stopping:
-                    stopping = True
-                    logger.info("received %s: stopping", signal.Signals(signum).name)
-                starting.cancel()
-                tools.shut_down()
-                transport.stop()
-
-        async with anyio.create_task_group() as watchers:
-            watchers.start_soon(watch_signals)
-            try:
-                with starting:
-                    await session.start()
-                if not stopping:
-                    server = build_server(tools, instructions=_instructions(backend, session))
-                    await transport.serve(server)
-            except SandboxError as exc:
-                say(error_line(exc))
-                status = EXIT_ERROR
-            except OSError as exc:
-                # Typically: the HTTP address could not be bound.
-                say(error_line(exc))
-                status = EXIT_ERROR
-            except Exception:
-                logger.exception("the MCP transport failed")
-                status = 1
-            finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        if detach and session.state is SessionState.RUNNING:
-                            await session.detach()  # --state-file: the next server resumes
-                        await session.aclose()
-                    except Exception as exc:
-                        say(error_line(f"closing the session failed: {exc}"))
-                        status = EXIT_ERROR
-            watchers.cancel_scope.cancel()
+    with StopSignals(stop) as signals:
+        try:
+            with starting:
+                await session.start()
+            if signals.first is None:
+                server = build_server(tools, instructions=_instructions(backend, session))
+                await transport.serve(server)
+        except SandboxError as exc:
+            say(error_line(exc))
+            status = EXIT_ERROR
+        except OSError as exc:
+            # Typically: the HTTP address could not be bound.
+            say(error_line(exc))
+            status = EXIT_ERROR
+        except Exception:
+            logger.exception("the MCP transport failed")
+            status = 1
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    if detach and session.state is SessionState.RUNNING:
+                        await session.detach()  # --state-file: the next server resumes
+                    await session.aclose()
+                except Exception as exc:
+                    say(error_line(f"closing the session failed: {exc}"))
+                    status = EXIT_ERROR
     return status
 
 
