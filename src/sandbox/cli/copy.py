@@ -208,6 +208,20 @@ async def _into(session: BaseSandboxSession, host: str, inside: str, progress: P
         await _closing(chunks)
 
 
+def _own_name(inside: str, answered: str) -> str:
+    """The name a file copied out lands under in a host folder: the last part of the
+    path the caller wrote, else the sandbox's answer if it is one plain name (the
+    sandbox's `stat` answer is not trusted to pick a host path)."""
+    name = posixpath.basename(posixpath.normpath(inside))
+    if name in ("", ".", "..", "/"):
+        name = answered
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise InvalidArgumentError(
+            f"cannot name the copy of {inside!r} on the host: give the destination's file name"
+        )
+    return name
+
+
 def _session_file(path: str) -> str:
     """The `--session` ref file's real path (its folder's symlinks resolved)."""
     folder, name = os.path.split(os.path.abspath(path))
@@ -223,7 +237,8 @@ async def _out_of(
 ) -> None:
     """Sandbox -> host (never over `protected`, the session's ref file)."""
     info = await session.stat(inside)
-    folder, name = await asyncio.to_thread(_host_target, host, info.name, folder=info.kind == "dir")
+    own = _own_name(inside, info.name)
+    folder, name = await asyncio.to_thread(_host_target, host, own, folder=info.kind == "dir")
     if info.kind == "dir":
         tar = session.persist_workspace(inside)
         try:
