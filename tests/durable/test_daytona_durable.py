@@ -4,6 +4,7 @@ PTY sessions reconnected (their output while detached is not kept)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import sys
 import termios
@@ -161,9 +162,10 @@ async def test_a_terminal_the_provider_lost_is_reported_not_dropped(tmp_path):
         started = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
         ref = await session.detach()
         # The daemon forgot it (restarted): the ref names a PTY session it does not know.
-        data = ref.to_dict()
-        data["processes"][0]["handle"]["pty_id"] = "sandbox-pty-tgone-000000000000"
-        lost = sandbox.SessionRef.from_dict(data)
+        # Made in code (a ref read back as JSON must carry the library's own seal).
+        first = ref.processes[0]
+        handle = {**first.handle, "pty_id": "sandbox-pty-tgone-000000000000"}
+        lost = dataclasses.replace(ref, processes=(dataclasses.replace(first, handle=handle),))
         async with sandbox.resume_session(lost, **_options(fake)) as resumed:
             done = await resumed.pty_write_stdin(started.process_id, "")
             assert "no longer has this terminal" in done.output
