@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
+from ..session.options import bad_option_error
 
 if TYPE_CHECKING:
     from ..session import BaseSandboxSession
@@ -183,5 +184,5 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
     try:
         return cls(**options)
     except TypeError as exc:
-        # An unknown or misspelled option: the message names the option, never a value.
-        raise InvalidArgumentError(f"bad option for the {backend} backend: {exc}") from None
+        # An unknown or misspelled option: named with the closest valid one, never a value.
+        raise bad_option_error(backend, cls, options, exc) from None

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..session.options import bad_option_error
 from .ref_file import read_ref_file
 from .refs import SessionRef
 
@@ -61,6 +62,6 @@ def resume_session(ref: SessionRef | str | bytes | os.PathLike[str], **options: 
     try:
         session = cls(**merged)
     except TypeError as exc:
-        raise InvalidArgumentError(f"bad option for the {ref.backend} backend: {exc}") from None
+        raise bad_option_error(ref.backend, cls, merged, exc) from None
     session._durable.begin_resume(ref)
     return session

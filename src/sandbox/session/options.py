@@ -9,6 +9,10 @@ first use or at teardown.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+import re
+from collections.abc import Iterable
 
 from .. import arguments
 from ..errors import InvalidArgumentError
@@ -57,3 +61,49 @@ class SessionOptions:
             _check_at_least(name, getattr(self, name), least)
         files.check_byte_count(self.read_limit_bytes, "read_limit_bytes")
         arguments.check_output_limit("exec_output_limit_bytes", self.exec_output_limit_bytes)
+
+
+def option_names(cls: type) -> list[str]:
+    """The keyword options `cls(...)` takes, sorted: the keyword parameters of each
+    `__init__` along its MRO, down to the first that passes no `**options` on."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            parameters = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):  # a C-level __init__ has no signature to read
+            continue
+        names.update(p.name for p in parameters if p.kind in _KEYWORD and p.name != "self")
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            break  # this __init__ forwards nothing, so no base's option reaches it
+    return sorted(names)
+
+
+_KEYWORD = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def bad_option_error(
+    backend: str, cls: type, given: Iterable[str], exc: TypeError
+) -> InvalidArgumentError:
+    """The error for `cls(**options)` having raised `exc`: an option it does not take
+    is named, with the closest valid name and the valid names; any other `TypeError`
+    keeps its own message. Option values never appear (one may be a secret)."""
+    valid = option_names(cls)
+    # Options a backend still reads from `**options` by an earlier name are accepted,
+    # so the name the TypeError gives comes first; any name outside the signatures next.
+    given = set(given)
+    named = _UNEXPECTED.search(str(exc))
+    unknown = sorted(given - set(valid))
+    if named is not None and named.group(1) in given:
+        unknown.insert(0, named.group(1))
+    name = unknown[0] if unknown else None
+    if name is None or name in valid:
+        return InvalidArgumentError(f"bad option for the {backend} backend: {exc}")
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InvalidArgumentError(
+        f"unknown option {name!r} for the {backend} backend{hint} (its options: {', '.join(valid)})"
+    )
