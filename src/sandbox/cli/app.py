@@ -144,13 +144,21 @@ def _dispatch(words: list[str]) -> int:
         parser.print_help()
         return EXIT_USAGE
     except (InvalidArgumentError, UnknownBackendError) as exc:
-        say(error_line(exc))
+        say(_error_line(exc))
         return EXIT_USAGE
     except SandboxError as exc:
-        say(error_line(exc))
+        say(_error_line(exc))
         return EXIT_ERROR
     except ValueError as exc:  # a malformed option (`--opt` without `=`)
-        say(error_line(exc))
+        say(_error_line(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _error_line(exc: BaseException) -> str:
+    """The error's line, its options spelt as flags or `--opt` (`spelling`)."""
+    from .spelling import cli_message
+
+    message = str(exc)
+    return error_line(cli_message(message) if message else exc)
