@@ -118,4 +118,6 @@ async def _until_signalled(main: Coroutine[Any, Any, int]) -> int:
         # The cleanup itself failed (a close the provider refused): worth a line, but
         # the status still says what stopped the command.
         say(error_line(exc))
+    except OSError:
+        pass  # our output went away with the terminal (SIGHUP): the status tells
     return 128 + signals.first
