@@ -44,4 +44,6 @@ BACKEND = conformance.Backend(
     # The terminal's `resize` message (sandbox-api/src/handler/terminal.go).
     capabilities={"files", "resize", "signals"},
     skip_reason=skip_reason,
+    # `process.exec` answers once the command ended, with all of its output.
+    exec_output_at_end=True,
 )

@@ -1,6 +1,7 @@
 """`sandbox run`: run one command in a fresh session, print its output, exit with its code.
 
-Without `--tty` the command is a one-shot `exec`; with it, a PTY process whose output is
+Without `--tty` the command is a one-shot `exec_stream`, its output written as it
+comes (stdout and stderr apart); with it, a PTY process whose output is
 streamed by polls that end as soon as anything arrives. `--timeout` covers the whole run
 and kills the command's tree when it elapses (exit code `EXIT_TIMEOUT`).
 """
@@ -43,14 +44,30 @@ async def run_command(args: argparse.Namespace) -> int:
         if args.tty:
             return await _run_tty(session, command, args.timeout, record)
         try:
-            result = await session.exec(*command, timeout=args.timeout)
-        except ExecTimeoutError as exc:
-            _write(sys.stdout.buffer, exc.stdout)
-            _write(sys.stderr.buffer, exc.stderr)
+            return await _run_streamed(session, command, args.timeout)
+        except ExecTimeoutError:
             return _timed_out(args.timeout)
-        _write(sys.stdout.buffer, result.stdout)
-        _write(sys.stderr.buffer, result.stderr)
-        return result.exit_code
+
+
+async def _run_streamed(
+    session: BaseSandboxSession, command: list[str], timeout: float | None
+) -> int:
+    """Write each chunk to our stdout or stderr as it comes, then the command's exit code.
+
+    The writes block the event loop, so the command's output waits in its pipe meanwhile
+    and the stream never drops any (an omission is still said, never silent). A write
+    that fails (the reader left: EPIPE) leaves the stream, which kills the command's
+    tree at once; `main` turns the error into its exit code (141, quietly).
+    """
+    async with session.exec_stream(*command, timeout=timeout) as stream:
+        async for chunk in stream:
+            if chunk.omitted:
+                say(f"sandbox: {chunk.omitted} bytes of the command's {chunk.stream} were lost")
+            elif chunk.stream == "stdout":
+                write_all(sys.stdout.buffer, chunk.data)
+            else:
+                write_all(sys.stderr.buffer, chunk.data)
+    return EXIT_ERROR if stream.exit_code is None else stream.exit_code
 
 
 async def _run_tty(

@@ -99,11 +99,10 @@ class StreamCapture(ExecCapture):
         self._pieces: deque[_Piece] = deque()
         self._buffered = 0
         # Per stream: the omission piece still queued with no data of that stream after
-        # it (more dropped bytes are added to it), the bytes held back as a possible
-        # check marker, and the count of bytes seen.
+        # it (more dropped bytes are added to it), and the bytes held back as a possible
+        # check marker.
         self._open_omission: dict[StreamName, _Piece | None] = {"stdout": None, "stderr": None}
         self._held: dict[StreamName, bytes] = {"stdout": b"", "stderr": b""}
-        self._seen: dict[StreamName, int] = {"stdout": 0, "stderr": 0}
 
     def add_stdout(self, data: bytes | bytearray | memoryview) -> None:
         """Queue a stdout chunk."""
@@ -153,8 +152,8 @@ class StreamCapture(ExecCapture):
         data = bytes(chunk)  # a backend may reuse its buffer once we return
         if not data:
             return
-        seen = self._seen[name]
-        self._seen[name] = seen + len(data)
+        seen = kept.total
+        kept.total += len(data)
         if seen < START_BYTES:
             kept.start += data[: START_BYTES - seen]
             if self.check is not None:

@@ -48,7 +48,10 @@ What the suite assumes, and how to say otherwise (`Backend`'s fields):
   this host's /proc (right for local processes, containers and stand-ins on this
   kernel); a remote backend passes its own lister, or None to skip those looks;
 - `waits_for_processes`: True when closing returns only once the processes are gone
-  (local backends), so leftovers are checked at once rather than within moments.
+  (local backends), so leftovers are checked at once rather than within moments;
+- `exec_output_at_end`: True when the provider hands over a one-shot command's output
+  only once it ended (`exec_stream` then delivers it all at the end): the check that
+  output arrives while the command runs is skipped.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class Backend:
     skip_reason: Callable[[], str | None] = lambda: None
     processes_with_arg: ProcessLister | None = procfs.pids_with_arg
     waits_for_processes: bool = False
+    exec_output_at_end: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))

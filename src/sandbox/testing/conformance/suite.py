@@ -54,6 +54,13 @@ __all__ = [
     "test_exec_output_keeps_head_and_tail",
     "test_exec_output_limit_is_checked",
     "test_exec_parts_are_quoted_with_shell",
+    "test_exec_stream_cancelled_while_waiting_kills_the_tree",
+    "test_exec_stream_delivers_output_while_the_command_runs",
+    "test_exec_stream_ends_with_the_session_close",
+    "test_exec_stream_keeps_each_stream_in_order",
+    "test_exec_stream_left_early_kills_the_tree",
+    "test_exec_stream_raises_what_cannot_start",
+    "test_exec_stream_timeout_kills_the_tree",
     "test_exec_timeout_keeps_a_flood_bounded",
     "test_exec_timeout_kills_the_tree",
     "test_exited_process_is_gone_after_final_poll",
@@ -809,6 +816,160 @@ async def test_screen_renders_tty_output_and_until_screen(session: BaseSandboxSe
     assert (snap.cursor_row, snap.cursor_col) == (2, 5)
     assert not snap.alternate_screen
     assert [i.has_screen for i in session.pty_processes()] == [True]
+
+
+# ---- streamed one-shot commands (`exec_stream`) -------------------------------------------
+
+STREAM_WAIT_S = 60.0  # a stream that never delivers fails here instead of hanging
+
+
+async def _stream_until(
+    stream: sandbox.ExecStream, seen: dict[str, bytearray], stream_name: str, text: bytes
+) -> None:
+    """Take chunks into `seen` until `stream_name` holds `text`."""
+    if text in seen[stream_name]:
+        return  # came already, before what the last call waited for
+    async with asyncio.timeout(STREAM_WAIT_S):
+        async for chunk in stream:
+            seen[chunk.stream] += chunk.data
+            assert not chunk.omitted
+            if text in seen[stream_name]:
+                return
+    raise AssertionError(f"the stream ended before {text!r} came: {seen}")
+
+
+async def test_exec_stream_delivers_output_while_the_command_runs(
+    session: BaseSandboxSession, backend_under_test: Backend
+) -> None:
+    if backend_under_test.exec_output_at_end:
+        pytest.skip(f"{backend_under_test.name} hands over a command's output at its end")
+    # The command prints, then waits on a FIFO only this test writes to: what it printed
+    # must arrive while it waits, stdout and stderr apart.
+    await session.exec("mkfifo gate")
+    seen: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    script = (
+        "echo first; echo err-first >&2; read x < gate; echo second; echo err-second >&2; exit 5"
+    )
+    async with session.exec_stream(script) as stream:
+        await _stream_until(stream, seen, "stdout", b"first\n")
+        await _stream_until(stream, seen, "stderr", b"err-first\n")
+        assert stream.exit_code is None
+        await session.exec("echo go > gate")
+        async with asyncio.timeout(STREAM_WAIT_S):
+            async for chunk in stream:
+                seen[chunk.stream] += chunk.data
+    assert seen == {"stdout": b"first\nsecond\n", "stderr": b"err-first\nerr-second\n"}
+    assert stream.exit_code == 5
+
+
+async def test_exec_stream_keeps_each_stream_in_order(session: BaseSandboxSession) -> None:
+    lines = 3000
+    script = f"i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo o$i; echo e$i >&2; done"
+    seen: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    async with session.exec_stream(script) as stream:
+        async for chunk in stream:
+            assert chunk.data and not chunk.omitted
+            seen[chunk.stream] += chunk.data
+    for name, prefix in (("stdout", "o"), ("stderr", "e")):
+        expected = "".join(f"{prefix}{i}\n" for i in range(1, lines + 1)).encode()
+        assert bytes(seen[name]) == expected, name
+    assert stream.exit_code == 0
+    assert (stream.stdout_omitted, stream.stderr_omitted) == (0, 0)
+
+
+async def test_exec_stream_timeout_kills_the_tree(
+    session: BaseSandboxSession, processes_with_arg: ProcessLister
+) -> None:
+    marker = unique_seconds()
+    got = bytearray()
+    with pytest.raises(sandbox.ExecTimeoutError) as info:
+        async with session.exec_stream(
+            f"echo before; sleep {marker} & sleep {marker}; wait", timeout=1.5
+        ) as stream:
+            async for chunk in stream:
+                got += chunk.data
+    assert got == b"before\n"
+    assert info.value.stdout == b""  # yielded already, not repeated
+    assert await eventually(lambda: not processes_with_arg(marker))
+    assert (await session.exec("echo still-here")).stdout == b"still-here\n"
+
+
+async def test_exec_stream_left_early_kills_the_tree(
+    session: BaseSandboxSession, processes_with_arg: ProcessLister
+) -> None:
+    marker = unique_seconds()
+    async with session.exec_stream(f"sleep {marker} & sleep {marker}; wait") as stream:
+        assert await eventually(lambda: len(processes_with_arg(marker)) == 2, STREAM_WAIT_S)
+    assert await eventually(lambda: not processes_with_arg(marker))
+    assert stream.exit_code is None
+    assert (await session.exec("echo still-here")).stdout == b"still-here\n"
+
+
+async def test_exec_stream_cancelled_while_waiting_kills_the_tree(
+    session: BaseSandboxSession, processes_with_arg: ProcessLister
+) -> None:
+    marker = unique_seconds()
+
+    async def consume() -> None:
+        async with session.exec_stream(f"sleep {marker} & sleep {marker}; wait") as stream:
+            async for _ in stream:
+                raise AssertionError("nothing was printed")
+
+    task = asyncio.ensure_future(consume())
+    try:
+        # The command prints nothing: once it runs, the consumer waits for a chunk.
+        assert await eventually(lambda: len(processes_with_arg(marker)) == 2, STREAM_WAIT_S)
+        assert not task.done()
+    finally:
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await eventually(lambda: not processes_with_arg(marker))
+
+
+async def test_exec_stream_ends_with_the_session_close(
+    backend_under_test: Backend, tmp_path: Path, processes_with_arg: ProcessLister
+) -> None:
+    marker = unique_seconds()
+    async with backend_under_test.session(tmp_path) as s:
+        async with s.exec_stream(f"exec sleep {marker}") as stream:
+            assert await eventually(lambda: bool(processes_with_arg(marker)), STREAM_WAIT_S)
+            closing = asyncio.ensure_future(s.aclose())
+            with pytest.raises(sandbox.SessionClosedError):
+                async for _ in stream:
+                    pass
+            await closing
+    assert await eventually(lambda: not processes_with_arg(marker))
+    with pytest.raises(sandbox.SessionClosedError):
+        async with s.exec_stream("true"):
+            pass
+
+
+async def test_exec_stream_raises_what_cannot_start(session: BaseSandboxSession) -> None:
+    await session.exec("touch a-file; mkdir -p sub")
+    for options, error in (
+        ({"cwd": "no-such-dir"}, sandbox.WorkdirError),
+        ({"cwd": "a-file", "shell": False}, sandbox.WorkdirError),
+    ):
+        chunks: list[sandbox.ExecChunk] = []
+        with pytest.raises(error):
+            async with session.exec_stream("pwd", **options) as stream:
+                chunks.extend([chunk async for chunk in stream])
+        assert chunks == []  # the check's marker is never output
+    with pytest.raises(sandbox.CommandNotFoundError):
+        async with session.exec_stream("no-such-program-5f2a", "x", shell=False) as stream:
+            chunks.extend([chunk async for chunk in stream])
+    assert chunks == []
+    # A check that passes leaves no trace in the output.
+    got: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    command = ("sh", "-c", "echo err >&2; pwd; exit 4")
+    async with session.exec_stream(*command, shell=False, cwd="sub") as stream:
+        async for chunk in stream:
+            got[chunk.stream] += chunk.data
+    assert got["stderr"] == b"err\n" and got["stdout"].endswith(b"/sub\n")
+    assert stream.exit_code == 4
+    with pytest.raises(sandbox.InvalidArgumentError, match="max_buffered_bytes"):
+        session.exec_stream("true", max_buffered_bytes=-1)
 
 
 mark_async_tests(globals())
