@@ -4,13 +4,18 @@ For speed every session attaches (`container=`) to one shared container, started
 test run from the locally built busybox image; each session gets its own fresh working
 directory, so it sees a clean state. On exit the fixture checks through the Docker API
 that the session left no exec running and no process beyond the container's own, then
-removes the session's directory. The shared container is removed when the run ends.
+removes the session's directory. The shared container is removed when the run ends, and
+a run stopped before it could remove it (SIGTERM, SIGKILL) leaves one labelled with its
+owner (`OWNER_LABEL`: the pid namespace, pid and start time of the run's process): the
+next run removes those whose owner is gone from this pid namespace, and no other
+container.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -19,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
-from sandbox.testing import conformance
+from sandbox.testing import conformance, procfs
 
 SHARED_LABEL = "sandbox.test.shared"
+OWNER_LABEL = "sandbox.test.owner"
 KEEPALIVE = ["sleep", "2147483647"]
 
 
@@ -64,11 +70,12 @@ def _client() -> Any:
 def shared_container() -> str:
     """The id of the container every conformance session attaches to."""
     api = _client()
+    remove_leftovers()
     info = api.create_container(
         image(),
         command=KEEPALIVE[1:],
         entrypoint=KEEPALIVE[:1],
-        labels={SHARED_LABEL: "1"},
+        labels={SHARED_LABEL: "1", OWNER_LABEL: owner_token(os.getpid())},
         host_config=api.create_host_config(init=True, network_mode="none"),
         detach=True,
     )
@@ -76,6 +83,41 @@ def shared_container() -> str:
     atexit.register(_remove, container_id)
     api.start(container_id)
     return container_id
+
+
+def _pid_namespace() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
+def owner_token(pid: int) -> str:
+    """`pid:[N] PID START`: names one process of this pid namespace for as long as it
+    lives (the start time tells a reused pid apart); "" for a process that is gone."""
+    info = procfs.stat(pid)
+    return "" if info is None else f"{_pid_namespace()} {pid} {info.start_time}"
+
+
+def _owner_gone(token: str) -> bool:
+    """Whether the run `token` names has ended. Only a token of our pid namespace can be
+    judged; a container without one (made before owners were labelled, or by a run
+    elsewhere on the same engine) is not ours to judge."""
+    namespace, _, rest = token.rpartition(" ")[0].partition(" ")
+    if namespace != _pid_namespace() or not rest.isdigit():
+        return False
+    return owner_token(int(rest)) != token
+
+
+def remove_leftovers() -> list[str]:
+    """Remove the shared containers of earlier runs that ended without removing theirs;
+    their ids. Only containers with `SHARED_LABEL` whose owner is gone: never one of a
+    run still going, never any other container."""
+    api = _client()
+    removed = []
+    for container in api.containers(all=True, filters={"label": SHARED_LABEL}):
+        labels = container.get("Labels") or {}
+        if SHARED_LABEL in labels and _owner_gone(labels.get(OWNER_LABEL, "")):
+            _remove(container["Id"])
+            removed.append(str(container["Id"]))
+    return removed
 
 
 def _remove(container_id: str) -> None:
