@@ -251,12 +251,12 @@ async def _no_sandbox_left(server: CloudflareWorkerServer) -> None:
 async def test_cp_mid_copy_is_closed_by_a_signal(
     tmp_path: Path, worker: CloudflareWorkerServer, sig: int
 ) -> None:
-    """The copy's upload is parked at the provider when the signal comes: the fresh
-    sandbox is deleted all the same."""
-    source = tmp_path / "big"
-    source.write_bytes(os.urandom(1 << 20))
-    proc = await _start("cp", *_cloudflare(worker), str(source), ":big", env=dict(os.environ))
-    code, _, err = await _signal_when_parked(proc, worker, "file_put", sig)
+    """The copy's first call (the stat of what is copied out) is parked at the provider
+    when the signal comes: the fresh sandbox is deleted all the same. (A copy into a
+    fresh sandbox is refused before any session is made: tests/test_cli_guidance.py.)"""
+    out = str(tmp_path / "out")
+    proc = await _start("cp", *_cloudflare(worker), ":big", out, env=dict(os.environ))
+    code, _, err = await _signal_when_parked(proc, worker, "exec", sig)
     _status(code, err, sig)
     assert len(worker.deleted) == 1
     await _no_sandbox_left(worker)

@@ -33,6 +33,7 @@ from ..session import BaseSandboxSession
 from ..workspace.extract import extract, landing_mode
 from ..workspace.info import FileInfo
 from ..workspace.persist import walk_tar
+from .cp_guard import refuse_throwaway_target
 from .durable import cli_session
 
 CHUNK = 1024 * 1024
@@ -145,6 +146,8 @@ async def copy_command(args: argparse.Namespace) -> int:
             "cp copies between the host and the sandbox: write exactly one side as :PATH"
         )
     backend, options = cli_options.options_from_args(args)
+    if dst_in:
+        refuse_throwaway_target(backend, options, args.session)
     progress = Progress(sys.stderr, f"{args.src} -> {args.dst}")
     protected = None if args.session is None else _session_file(args.session)
     async with cli_session(backend, options, args.session) as session:
