@@ -22,7 +22,13 @@ from typing import NoReturn
 from ..backends.toolkit import options as cli_options
 from ..errors import InvalidArgumentError, SandboxError, UnknownBackendError
 from . import durable as cli_durable
-from .exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TIMEOUT, EXIT_USAGE
+from .exit_codes import (
+    EXIT_BROKEN_PIPE,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
 from .run import command_words, run_command
 from .signals import run_command as run_until_signalled
 from .std_streams import error_line, flush_outputs, output_failure, plug_closed_fds, say
@@ -33,8 +39,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# What `sandbox --help` says (the module docstring is for the code's readers).
+DESCRIPTION = """\
+Run commands in a sandbox: local processes, a Docker container, a Kubernetes pod
+or a cloud provider's sandbox, one interface for all. An error is one line on
+stderr. `sandbox COMMAND --help` describes each command."""
+EPILOG = f"""exit status:
+  the command's own  when it ran to its end
+  {EXIT_TIMEOUT}                --timeout elapsed and the command was killed (as timeout(1))
+  {EXIT_USAGE}                  bad usage: an unknown flag, a malformed or refused option value
+  {EXIT_ERROR}                  any other error: a backend not installed, missing credentials,
+                     a workspace that cannot be used, a provider failure
+  128+N              signal N stopped it (130 on Ctrl-C), after the session was closed
+  {EXIT_BROKEN_PIPE}                the reader of the output went away (nothing is printed)
+"""
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sandbox", description=__doc__)
+    parser = _Parser(
+        prog="sandbox",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser("run", help="run a command, print its output, exit with its code")

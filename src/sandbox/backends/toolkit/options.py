@@ -14,7 +14,10 @@ from .. import BACKENDS
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--backend`, the common backend options and the generic `--opt KEY=VALUE`."""
     parser.add_argument(
-        "--backend", default="unix_local", choices=sorted(BACKENDS), help="backend to use"
+        "--backend",
+        default="unix_local",
+        choices=sorted(BACKENDS),
+        help="backend to use (default: %(default)s)",
     )
     parser.add_argument("--workspace", help="unix_local: workspace directory")
     parser.add_argument(
