@@ -10,7 +10,10 @@ session joins before exec as well (`join_fds`). Neither: `UnsupportedOperationEr
 naming the option.
 
 A process the memory limit kills dies of SIGKILL (137); the kernel's `oom_kill` counter
-(v2 `memory.events`, v1 `memory.oom_control`) tells the session it was the limit.
+(v2 `memory.events`, v1 `memory.oom_control`) tells the session it was the limit. The
+process limit kills nothing: a fork past it fails (EAGAIN), and the process that could
+not fork usually gives up with an error; the `max` counter of `pids.events` (v1 and v2)
+tells the session the limit refused a fork.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class AppliedLimits:
         self._dirs: list[str] = []
         self._oom_file: str | None = None
         self._oom_seen = 0
+        self._pids_file: str | None = None
+        self._pids_seen = 0
 
     def _oom_count(self) -> int:
         if self._oom_file is None:
@@ -90,6 +95,21 @@ class AppliedLimits:
         count = self._oom_count()
         fresh = count > self._oom_seen
         self._oom_seen = count
+        return fresh
+
+    def _pids_count(self) -> int:
+        if self._pids_file is None:
+            return 0
+        for line in cgroups.read_file(self._pids_file).splitlines():
+            if line.startswith("max "):
+                return int(line.split()[1])
+        return 0
+
+    def process_limit_hit(self) -> bool:
+        """Whether the process limit refused a fork since the last call."""
+        count = self._pids_count()
+        fresh = count > self._pids_seen
+        self._pids_seen = count
         return fresh
 
     def remove(self) -> None:
@@ -114,6 +134,8 @@ def apply(limits: Limits, session: cgroups.SessionCgroup | None) -> AppliedLimit
                 applied.enforced[option] = "cgroup v2"
                 if controller == "memory":
                     applied._oom_file = os.path.join(session.path, "memory.events")
+                if controller == "pids":
+                    applied._pids_file = os.path.join(session.path, "pids.events")
                 continue
             directory = _v1_directory(controller, None if session is None else session.path)
             if directory is None:
@@ -133,10 +155,13 @@ def apply(limits: Limits, session: cgroups.SessionCgroup | None) -> AppliedLimit
             applied.enforced[option] = "cgroup v1"
             if controller == "memory":
                 applied._oom_file = os.path.join(directory, "memory.oom_control")
+            if controller == "pids":
+                applied._pids_file = os.path.join(directory, "pids.events")
     except BaseException:
         applied.remove()
         raise
     applied.memory_killed()  # start counting from now
+    applied.process_limit_hit()
     return applied
 
 

@@ -61,6 +61,7 @@ def _own_hook(bound: Callable[..., Any], own: Callable[..., Any]) -> bool:
 
 CONTAINMENTS = ("auto", "cgroup", "tag")
 MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
+PROCESS_NOTE = b"\n[sandbox: the session's process limit (process_limit) refused a new process]\n"
 
 
 class UnixLocalSession(BaseSandboxSession[LocalProcess]):
@@ -217,9 +218,12 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         }
 
     def _memory_note(self, code: int) -> bytes:
-        """The note a process killed by the memory limit gets (b"" otherwise)."""
+        """The note a process killed by the memory limit gets, or one that failed after
+        the process limit refused it a fork (b"" otherwise)."""
         if code == 137 and self._applied is not None and self._applied.memory_killed():
             return MEMORY_NOTE
+        if code != 0 and self._applied is not None and self._applied.process_limit_hit():
+            return PROCESS_NOTE
         return b""
 
     # ---- commands ------------------------------------------------------------------
