@@ -1,12 +1,21 @@
 """The table printed by `sandbox backends`: each backend, whether its extra is installed
-and whether its credentials were found. Only presence is reported, never a value."""
+and whether its credentials were found. Only presence is reported, never a value.
+
+For unix_local what this user can really use is probed, the way a session would use it:
+a jail made (bubblewrap), a session cgroup made, each limit put in force on it and
+removed again, and the native parts built and loaded; each that cannot be used says why.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TextIO
 
 from ..backends import BACKENDS
+
+# How long the probe waits for a native part's build (a compiler run, once per cache).
+NATIVE_WAIT_S = 60.0
 
 
 def _confinement_note() -> str:
@@ -21,14 +30,74 @@ def _confinement_note() -> str:
 def _containment_note() -> str:
     try:
         cgroups = importlib.import_module("sandbox.local.cgroups")
-        limits = importlib.import_module("sandbox.backends.unix_local.cgroup_limits")
     except ImportError:
         return ""
     ok, reason = cgroups.availability()
     note = "; containment: cgroup" if ok else f"; containment: tag (no cgroup: {reason})"
-    support = limits.support()
-    enforced = [f"{name} ({how})" for name, how in support.items() if how is not None]
-    return note + ("; limits: " + ", ".join(enforced) if enforced else "; no limits")
+    return note + "; limits: " + ", ".join(limit_notes())
+
+
+# What each limit is probed with: well above what the probe's empty cgroup uses.
+_PROBES = (
+    ("memory_limit_bytes", {"memory_bytes": 1 << 30}),
+    ("process_limit", {"processes": 1024}),
+    ("cpu_limit", {"cpus": 1.0}),
+)
+
+
+def limit_notes() -> list[str]:
+    """For each limit option, how a session here enforces it, or why it cannot: each is
+    put in force on a session cgroup made for the probe (or the v1 hierarchy alone, as
+    a session without one does), then removed."""
+    from ..backends.unix_local import cgroup_limits
+    from ..errors import UnsupportedOperationError
+    from ..local import cgroups
+
+    notes = []
+    for option, asked in _PROBES:
+        try:
+            session = cgroups.SessionCgroup.create()
+        except (cgroups.CgroupUnavailable, OSError):
+            session = None
+        try:
+            applied = cgroup_limits.apply(cgroup_limits.Limits(**asked), session)
+        except (UnsupportedOperationError, OSError) as exc:
+            notes.append(f"{option} unusable ({_why_not(exc)})")
+        else:
+            notes.append(f"{option} ({applied.enforced[option]})")
+            applied.remove()
+        finally:
+            if session is not None:
+                session.remove()
+    return notes
+
+
+def _why_not(exc: BaseException) -> str:
+    why = str(exc).removeprefix("memory_limit_bytes").removeprefix("process_limit")
+    why = why.removeprefix("cpu_limit").lstrip(": ").strip() or type(exc).__name__
+    if os.geteuid() != 0:
+        # The cgroups a non-root user may write are the ones delegated to it.
+        why += (
+            "; as a non-root user, run in a delegated cgroup (systemd-run --user -p Delegate=yes)"
+        )
+    return why
+
+
+def native_notes(wait_s: float = NATIVE_WAIT_S) -> str:
+    """Whether the native start helper and text part are in use, and what runs
+    instead when one is not (each is built, or found built, and loaded for the probe)."""
+    from ..local import spawn_helper
+    from ..output import ascii_text
+
+    notes = []
+    for part, name, instead in (
+        (spawn_helper, "native start helper", "PTY starts take the slower pure-Python path"),
+        (ascii_text, "native text part", "output is decoded by the slower pure-Python path"),
+    ):
+        part.prepare(wait_s)
+        why = part.reason()
+        notes.append(f"; {name}: in use" if not why else f"; {name}: not in use ({why}): {instead}")
+    return "".join(notes)
 
 
 def _kubeconfig_note() -> str:
@@ -62,7 +131,7 @@ def backend_rows() -> list[tuple[str, str, str, str]]:
             creds = f"found ({names})" if found else f"missing ({names})"
         notes = info.description
         if info.name == "unix_local":
-            notes += _confinement_note() + _containment_note()
+            notes += _confinement_note() + _containment_note() + native_notes()
         rows.append((info.name, installed, creds, notes))
     return rows
 
