@@ -347,3 +347,36 @@ async def test_mcp_stops_on_a_signal(tmp_path: Path, sig: int) -> None:
         await _kill_leftover(proc)
     assert code == 0, err
     await _nothing_left(arg, workspace, tmp)
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=_ids)
+async def test_a_second_signal_does_not_cut_the_close_short(
+    tmp_path: Path, worker: CloudflareWorkerServer, second: int
+) -> None:
+    """Ctrl-C, then another signal while the close waits on the provider: said once on
+    stderr, and the close still runs to its end before `sandbox` exits 130 (the first
+    signal's status)."""
+    first_call, delete = worker.stall("exec"), worker.stall("delete")
+    out = str(tmp_path / "out")
+    proc = await _start("cp", *_cloudflare(worker), ":big", out, env=dict(os.environ))
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(30):
+            await first_call.reached.wait()
+            proc.send_signal(signal.SIGINT)
+            await delete.reached.wait()  # the close has begun
+            proc.send_signal(second)
+            line = (await proc.stderr.readline()).decode()
+        assert line == (
+            f"sandbox: {signal.Signals(second).name}: still closing the session, please wait\n"
+        )
+        delete.release()
+        code, _, err = await _finish(proc)
+    finally:
+        first_call.release()
+        delete.release()
+        await _kill_leftover(proc)
+    _status(code, err, signal.SIGINT)
+    assert "still closing" not in err  # once
+    assert len(worker.deleted) == 1
+    await _no_sandbox_left(worker)
