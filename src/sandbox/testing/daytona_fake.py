@@ -268,6 +268,8 @@ class _SandboxState:
         self.retired: list[_FakeSession] = []  # deleted sessions whose shells may linger
         self.deleted = False
         self.params: Any = None
+        # What the create was given, as the API keeps it (`SandboxDto.labels`).
+        self.labels: dict[str, str] = {}
         self.previews: dict[int, PreviewProxy] = {}  # port -> its preview forwarder
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -1092,6 +1094,7 @@ class FakeAsyncSandbox:
     id: str = ""
     name: str = ""
     state: Any = None
+    labels: dict[str, str]
 
     def __init__(self, service: FakeDaytona, state: _SandboxState) -> None:
         self._service = service
@@ -1099,6 +1102,8 @@ class FakeAsyncSandbox:
         self.id = state.id
         self.name = state.name
         self.state = state.state
+        # A copy, as each SDK object holds the labels of the answer it was made from.
+        self.labels = dict(state.labels)
         self._process = FakeAsyncProcess(service, state)
         self._fs = FakeAsyncFileSystem(service, state)
 
@@ -1245,6 +1250,13 @@ class FakeAsyncDaytona:
             )
         state = self._service._new_sandbox(name)
         state.params = params  # what the create asked for (resources, labels, ...)
+        # daytona `AsyncDaytona._create` adds the language label (`code-toolbox-language`,
+        # "python" unless `params.language` says otherwise) to the labels it sends.
+        language = str(getattr(params, "language", None) or "python")
+        state.labels = {
+            **(getattr(params, "labels", None) or {}),
+            "code-toolbox-language": language,
+        }
         snapshot = self._service.snapshots.get(getattr(params, "snapshot", None) or "")
         if snapshot is not None:  # a snapshot `create_snapshot` made: its files
             await asyncio.to_thread(_copy_tree, snapshot, state.root)

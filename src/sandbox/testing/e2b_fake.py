@@ -132,6 +132,7 @@ FAULT_POINTS = frozenset(
         "create",
         "connect",
         "kill",
+        "get_info",
         "list",
         "commands.run",
         "commands.kill",
@@ -1200,6 +1201,31 @@ class FakeAsyncSandbox:
         found = await service._kill_sandbox(sandbox_id)
         await service._knobs.checkpoint("kill", after=True, subject=None)
         return found
+
+    @overload  # type: ignore[misc]  # the SDK mixes an instance and a static form
+    async def get_info(self, **opts: Any) -> FakeSandboxInfo: ...
+
+    @overload
+    @staticmethod
+    async def get_info(sandbox_id: str, **opts: Any) -> FakeSandboxInfo: ...
+
+    @_InstanceOrClassMethod("_cls_get_info")
+    async def get_info(self, **opts: Any) -> FakeSandboxInfo:
+        """This sandbox's id, template and metadata (`GET /sandboxes/{id}`)."""
+        return await type(self)._cls_get_info(self.sandbox_id, **opts)
+
+    @classmethod
+    async def _cls_get_info(cls, sandbox_id: str, **opts: Any) -> FakeSandboxInfo:
+        # e2b==2.63.0 `SandboxApi._cls_get_info`: 404 is `SandboxNotFoundException`;
+        # the answer carries the metadata the create was given, as stored.
+        service = cls._bound()
+        service._authorize(opts)
+        await service._knobs.checkpoint("get_info", after=False, subject=None)
+        state = service._sandboxes.get(sandbox_id)
+        if state is None or state.killed:
+            raise SandboxNotFoundException(f"Sandbox {sandbox_id} not found")
+        await service._knobs.checkpoint("get_info", after=True, subject=None)
+        return FakeSandboxInfo(state.sandbox_id, state.template, dict(state.metadata))
 
     @overload  # type: ignore[misc]  # the SDK mixes an instance and a static form
     async def create_snapshot(

@@ -128,6 +128,8 @@ OPS = (
     "stat",
     "snapshot",
     "tunnels",
+    "get_tags",
+    "set_tags",
 )
 
 # Picks the call a `Gate` or fault applies to, by its arguments.
@@ -457,6 +459,9 @@ class FakeSandbox:
         # Shared by every handle of this sandbox (`from_id` / `from_name` make a new
         # handle each time, as the SDK hydrates a new object); `_attached` is per handle.
         self._shared = {"terminated": False}
+        # The sandbox's tags (modal `Sandbox.create(tags=...)`, `set_tags`): one dict
+        # shared by every handle, as they live on the server.
+        self._tags: dict[str, str] = dict(options.get("tags") or {})  # type: ignore[call-overload]
         self._attached = True
         self._filesystem = FakeSandboxFilesystem(self)
         self._tunnels: dict[int, PreviewProxy] = {}
@@ -696,6 +701,21 @@ class FakeSandbox:
         await self._fake._check("terminate")
         await self._shutdown()
         return 137 if wait else None
+
+    @_AioMethod
+    async def get_tags(self) -> dict[str, str]:
+        """The sandbox's tags, from the server (modal `SandboxTagsGet`)."""
+        self._ensure_attached()
+        await self._fake._check("get_tags")
+        return dict(self._tags)
+
+    @_AioMethod
+    async def set_tags(self, tags: dict[str, str], *, client: FakeClient | None = None) -> None:
+        """Replace the sandbox's whole tag set (modal `SandboxTagsSet`; {} clears it)."""
+        self._ensure_attached()
+        await self._fake._check("set_tags")
+        self._tags.clear()
+        self._tags.update(tags)
 
     @_AioMethod
     async def poll(self) -> int | None:

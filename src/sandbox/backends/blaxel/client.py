@@ -34,6 +34,9 @@ T = TypeVar("T")
 # Sandbox statuses (blaxel==0.4.24 `client/models/status.py`) after which nothing it ran
 # is left to resume.
 GONE_STATUSES = frozenset({"TERMINATED", "DELETING", "FAILED"})
+# The label that marks a sandbox this library created, with the durable session's id: a
+# resume checks it before it takes on the sandbox's deletion (`durable.check_created`).
+SESSION_LABEL = "sandbox.session"
 
 
 class BlaxelClient:
@@ -128,6 +131,17 @@ class BlaxelClient:
             lambda: SandboxInstance.create_if_not_exists(config, timeout=create_timeout),
         )
         self.bind(created)
+
+    def labels(self) -> dict[str, str]:
+        """The sandbox's labels as Blaxel last answered them (its `metadata.labels`: the
+        create's, or the attach's `SandboxInstance.get`)."""
+        metadata = getattr(self.sandbox(), "metadata", None)
+        labels: Any = getattr(metadata, "labels", None)
+        if hasattr(labels, "to_dict"):  # the SDK's `MetadataLabels`
+            labels = labels.to_dict()
+        if not isinstance(labels, dict):  # UNSET or None: no labels
+            return {}
+        return {str(k): v for k, v in labels.items() if isinstance(v, str)}
 
     def bind(self, found: SandboxInstance) -> None:
         """Keep an instance bound to the sandbox's URL with this session's headers."""

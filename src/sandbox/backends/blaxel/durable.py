@@ -36,6 +36,14 @@ A ref keeps the control-plane URL (`api_url`) but a resume never takes it: the U
 from the caller's `api_url=` or the SDK's default, and a ref made against another API is
 refused unless the caller passes its URL (the API key goes only where the caller or the
 environment says). Only the options of `TAKEN_FROM_REF` are read.
+
+A ref says whether its session created the sandbox (`created`) and whether the close
+deletes it (`keep`). A created sandbox carries our `sandbox.session` label with the
+durable session's id (`metadata.labels`, given to the create). Before a resumed session
+takes on deleting the sandbox, `check_created` reads its labels as `SandboxInstance.get`
+answered them at the attach: without that label and the ref's session id the resume
+fails (`RefNotTrustedError`) and nothing is deleted: the library deletes only a sandbox
+it shows it made, whatever a ref claims.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from typing import Any
 import aiohttp
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
 from ..toolkit import (
     ShellTrap,
     check_tag,
@@ -59,6 +67,7 @@ from ..toolkit import (
     parse_lease,
 )
 from . import terminal
+from .client import SESSION_LABEL
 from .sdk import default_api_url
 from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
 
@@ -106,8 +115,9 @@ LEASE_TIMEOUT_S = 30
 
 
 def ref_sandbox(session: BlaxelSession) -> dict[str, Any]:
-    """The sandbox's name, and whether the close deletes it."""
-    return {"name": session.sandbox_name, "keep": session.keep}
+    """The sandbox's name, whether the session created it, and whether the close deletes
+    it."""
+    return {"name": session.sandbox_name, "created": session._created, "keep": session.keep}
 
 
 def ref_options(session: BlaxelSession, base: dict[str, Any]) -> dict[str, Any]:
@@ -170,8 +180,30 @@ async def resume(session: BlaxelSession, ref: SessionRef) -> None:
     check_endpoint(session, ref)
     session._create_attempted = False
     await session._client.attach(session.sandbox_name)
+    if not session.keep:
+        check_created(session, ref)
+    session._created = ref.sandbox.get("created") is True
     session._create_attempted = True
     session._deleted = False
+
+
+def check_created(session: BlaxelSession, ref: SessionRef) -> None:
+    """The resumed close would delete the sandbox: its labels must carry our
+    `sandbox.session` label with the ref's session id, else `RefNotTrustedError` (raised
+    before the session takes on the deletion: the resume then only detaches)."""
+    if session._client.labels().get(SESSION_LABEL) == ref.session_id:
+        return
+    claim = (
+        "says its session created"
+        if ref.sandbox.get("created") is True
+        else "says the close deletes (the session attached to it)"
+    )
+    raise RefNotTrustedError(
+        f"the blaxel ref {claim} the sandbox {session.sandbox_name!r}, but Blaxel shows no "
+        f"{SESSION_LABEL} label of session {ref.session_id} on it: the library did not make "
+        "it, so it is not resumed (and not deleted); to resume it and leave it running, "
+        "pass keep=True"
+    )
 
 
 def refuse_other_endpoint(backend: str, option: str, recorded: object, used: str) -> None:

@@ -32,12 +32,13 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
 )
 from ...errors import InvalidArgumentError, SandboxError
 from ..toolkit import CommandCheck, ShellTrap, require_credential, wait_for_verdict
 from . import bounds, limits, terminal, workspace
 from . import durable as durable_blaxel
-from .client import BlaxelClient
+from .client import SESSION_LABEL, BlaxelClient
 from .execs import BlaxelOneShot, exec_request
 from .files import BlaxelFiles
 from .terminal import Terminal, TerminalOptions, TerminalReader
@@ -60,7 +61,10 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
     - `api_url`: the control-plane API (default: the SDK's; point it at a
       `BlaxelServer` for provider-free tests);
     - `image`, `memory` (MB), `region`, `ttl`, `labels`, `create_timeout_s` (1-50 s):
-      passed to the sandbox creation;
+      passed to the sandbox creation (the label `sandbox.session` is the library's: a
+      created sandbox carries the durable session's id there, which a resume checks
+      before it takes on deleting the sandbox; a fork from a snapshot carries none, so
+      its ref resumes only with `keep=True`);
     - `memory_limit_bytes`: the portable form of `memory` (a whole number of MiB);
       `cpu_limit` and `process_limit` raise `UnsupportedOperationError` (see `limits`);
     - `max_response_bytes` (default 32 MiB): bound on one API answer;
@@ -162,6 +166,11 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
                     "snapshot's image, memory and region)"
                 )
         labels = check_env(labels, name="labels", variables=False)
+        if labels and SESSION_LABEL in labels:
+            raise InvalidArgumentError(
+                f"labels[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
+                "creates: choose another label"
+            )
         for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
             if number is not None and (
                 isinstance(number, bool) or not isinstance(number, int) or number <= 0
@@ -214,6 +223,9 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         self._fork_task: asyncio.Future[None] | None = None
         self._create_attempted = False
         self._deleted = False
+        # Whether this session's start created the sandbox: the sandbox Blaxel answered
+        # carries our label (a name that already existed is attached to, and does not).
+        self._created = False
 
     def __repr__(self) -> str:
         # The base's repr (backend, state, processes) plus the sandbox: never the key.
@@ -229,9 +241,11 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         self._create_attempted = True
         self._deleted = False
         if self._snapshot_id is None:
-            await self._client.open(
-                self.sandbox_name, dict(self._create_config), self._create_timeout_s
-            )
+            session_id = durable_session_id(self)
+            config = dict(self._create_config)
+            config["labels"] = {**(config.get("labels") or {}), SESSION_LABEL: session_id}
+            await self._client.open(self.sandbox_name, config, self._create_timeout_s)
+            self._created = self._client.labels().get(SESSION_LABEL) == session_id
         else:
             self._client.prepare()
             fork = workspace.fork(self._client, self.sandbox_name, self._snapshot_id, self._region)

@@ -65,6 +65,11 @@ class ClientOptions:
     labels: dict[str, str] = field(default_factory=lambda: {"created-by": "agent-sandbox-pty"})
 
 
+# The label that marks a sandbox this library created, with the durable session's id: a
+# resume checks it before it takes on the sandbox's deletion (`durable.check_created`).
+SESSION_LABEL = "sandbox.session"
+
+
 class DaytonaClient:
     """One session's client and sandbox. `sandbox` is the SDK's `AsyncSandbox` once
     started; `workdir` and `state_dir` are learned by `start`."""
@@ -152,8 +157,9 @@ class DaytonaClient:
 
     # ---- lifecycle ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Create the sandbox (or attach to one), then learn its directories."""
+    async def start(self, session_id: str) -> None:
+        """Create the sandbox (labelled with `session_id`) or attach to one, then learn
+        its directories."""
         opts = self.options
         config = DaytonaConfig(
             api_key=opts.api_key.reveal(), api_url=opts.api_url, target=opts.target
@@ -177,8 +183,13 @@ class DaytonaClient:
             self._create_name = f"sandbox-pty-{secrets.token_hex(6)}"
             params: CreateSandboxFromSnapshotParams | CreateSandboxFromImageParams
             extra = dict(opts.create_options)
-            # The caller's labels join ours (one `labels` keyword, not two).
-            labels = {**opts.labels, **(extra.pop("labels", None) or {})}
+            # The caller's labels join ours (one `labels` keyword, not two); the session
+            # label is always ours (the session refuses a caller's value for it).
+            labels = {
+                **opts.labels,
+                **(extra.pop("labels", None) or {}),
+                SESSION_LABEL: session_id,
+            }
             if opts.image is None:
                 params = CreateSandboxFromSnapshotParams(
                     name=self._create_name,

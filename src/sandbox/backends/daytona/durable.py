@@ -21,6 +21,13 @@ a terminal that ended while no client was connected is reported ended with a not
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
 `process.exec`.
+
+A ref says whether its session created the sandbox (`created`) and whether the close
+deletes it (`keep`). A created sandbox carries our `sandbox.session` label with the
+durable session's id. Before a resumed session takes on deleting the sandbox,
+`check_created` reads its labels as the attach's `get` answered them: without that
+label and the ref's session id the resume fails (`RefNotTrustedError`) and nothing is
+deleted: the library deletes only a sandbox it shows it made, whatever a ref claims.
 """
 
 from __future__ import annotations
@@ -31,9 +38,16 @@ import re
 from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import InvalidArgumentError, ProviderError, SandboxError, SessionGoneError
+from ...errors import (
+    InvalidArgumentError,
+    ProviderError,
+    RefNotTrustedError,
+    SandboxError,
+    SessionGoneError,
+)
 from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from . import commands, terminal
+from .client import SESSION_LABEL
 from .handles import DaytonaHandle, PipeState, PtyState
 
 # `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
@@ -71,8 +85,8 @@ LEASE_TIMEOUT_S = 30.0
 
 
 def ref_sandbox(session: DaytonaSession) -> dict[str, Any]:
-    """The sandbox id, and whether the close deletes it."""
-    return {"sandbox_id": session.sandbox_id, "keep": session.keep}
+    """The sandbox id, whether the session created it, and whether the close deletes it."""
+    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
 
 
 def ref_options(session: DaytonaSession, base: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +160,30 @@ async def resume(session: DaytonaSession, ref: SessionRef) -> None:
         if "not found" in str(exc).lower() or "404" in str(exc):
             raise SessionGoneError(f"the daytona sandbox of this ref is gone: {exc}") from None
         raise
+    if not session.keep:
+        check_created(session, ref)
+    session._created = ref.sandbox.get("created") is True
+
+
+def check_created(session: DaytonaSession, ref: SessionRef) -> None:
+    """The resumed close would delete the sandbox: its labels (as `AsyncDaytona.get`
+    answered them at the attach) must carry our `sandbox.session` label with the ref's
+    session id, else `RefNotTrustedError` (the resume then only detaches)."""
+    labels = getattr(session._client.sandbox, "labels", None)
+    mark = labels.get(SESSION_LABEL) if isinstance(labels, dict) else None
+    if mark == ref.session_id:
+        return
+    claim = (
+        "says its session created"
+        if ref.sandbox.get("created") is True
+        else "says the close deletes (the session attached to it)"
+    )
+    raise RefNotTrustedError(
+        f"the daytona ref {claim} the sandbox {session.sandbox_id!r}, but Daytona shows no "
+        f"{SESSION_LABEL} label of session {ref.session_id} on it: the library did not make "
+        "it, so it is not resumed (and not deleted); to resume it and leave it running, "
+        "pass keep=True"
+    )
 
 
 def _safe(process: ProcessRef, key: str) -> str | None:

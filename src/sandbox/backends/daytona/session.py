@@ -32,6 +32,7 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
     settle,
 )
 from ...errors import InvalidArgumentError
@@ -46,7 +47,7 @@ from ..toolkit import (
 )
 from . import commands, files, terminal
 from . import durable as durable_daytona
-from .client import ClientOptions, DaytonaClient
+from .client import SESSION_LABEL, ClientOptions, DaytonaClient
 from .errors import API_KEY_ENV
 from .handles import DaytonaHandle, PipeState
 from .limits import create_resources
@@ -67,7 +68,9 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
       created or attached, as the other cloud backends do). A start that fails or is
       cancelled deletes what it created and never an attached sandbox;
     - `snapshot`, `create_options` (extra `CreateSandboxFromSnapshotParams` fields, e.g.
-      `{"auto_stop_interval": 30}`), `create_timeout_s`: how to create the sandbox;
+      `{"auto_stop_interval": 30}`), `create_timeout_s`: how to create the sandbox (a
+      created sandbox is labelled `sandbox.session` with the durable session's id, which
+      a resume checks before it takes on deleting it: that label is not the caller's);
     - `image`: create from this image instead (`CreateSandboxFromImageParams`), which
       is what `memory_limit_bytes` (whole GiB) and `cpu_limit` (whole cores) need:
       Daytona takes resources only there; `process_limit` is refused (see `limits`);
@@ -138,7 +141,15 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
             check_env(create_options["env_vars"], name="create_options['env_vars']")
         if create_options and "labels" in create_options:
             check_env(create_options["labels"], name="create_options['labels']", variables=False)
+            if SESSION_LABEL in (create_options["labels"] or {}):
+                raise InvalidArgumentError(
+                    f"create_options['labels'][{SESSION_LABEL!r}] is the library's own mark of "
+                    "the sandboxes it creates: choose another label"
+                )
         self.keep = bool(keep)
+        # Whether this session's start created the sandbox (a resume: its ref said so and
+        # the sandbox's label confirmed it).
+        self._created = False
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s
         self.teardown_timeout_s = teardown_timeout_s
@@ -179,7 +190,8 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
 
     async def _start_backend(self) -> None:
         """Create the sandbox (or attach to one), then prepare it."""
-        await self._client.start()
+        await self._client.start(durable_session_id(self))
+        self._created = self._client.options.attach_id is None
 
     async def _stop_backend(self) -> None:
         """Delete the sandbox unless kept, then close the client (every call bounded)."""

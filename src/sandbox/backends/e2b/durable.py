@@ -14,6 +14,13 @@ cut the stream: the session passes its `process_timeout_s` as on a start.
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped by
 a short `commands.run`.
+
+A ref says whether its session created the sandbox (`created`) and whether the close
+deletes it (`keep`). A created sandbox carries our `sandbox.session` metadata key with the
+durable session's id (set by the create). Before a resumed session takes on deleting the
+sandbox, `check_created` reads the sandbox's metadata back (`get_info`): without that
+key and the ref's session id the resume fails (`RefNotTrustedError`) and nothing is
+deleted: the library deletes only a sandbox it shows it made, whatever a ref claims.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 from e2b import NotFoundException
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import ProviderError, RefNotTrustedError, SandboxError, SessionGoneError
 from ..toolkit import (
     check_tag,
     lease_line,
@@ -36,6 +43,7 @@ from ..toolkit import (
 )
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
+from .sandboxes import SESSION_LABEL
 
 # `E2BSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -72,8 +80,8 @@ GONE_NOTE = (
 
 
 def ref_sandbox(session: E2BSession) -> dict[str, Any]:
-    """The sandbox id, and whether the close deletes it."""
-    return {"sandbox_id": session.sandbox_id, "keep": session._keep}
+    """The sandbox id, whether the session created it, and whether the close deletes it."""
+    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session._keep}
 
 
 def ref_options(session: E2BSession, base: dict[str, Any]) -> dict[str, Any]:
@@ -103,14 +111,53 @@ def ref_process(entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
     return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
 
 
-async def resume(session: E2BSession) -> None:
-    """Connect to the sandbox; a missing one is `SessionGoneError`."""
+async def resume(session: E2BSession, ref: SessionRef) -> None:
+    """Connect to the sandbox (a missing one is `SessionGoneError`), and check it is the
+    library's before taking on its deletion (`check_created`)."""
     try:
         await session._start_backend()
     except SandboxError as exc:
         if isinstance(exc.__cause__, GONE) or "not found" in str(exc).lower():
             raise SessionGoneError(f"the e2b sandbox of this ref is gone: {exc}") from None
         raise
+    if not session._keep:
+        await check_created(session, ref)
+    session._created = ref.sandbox.get("created") is True
+
+
+async def check_created(session: E2BSession, ref: SessionRef) -> None:
+    """The resumed close would kill the sandbox: E2B must show our `sandbox.session`
+    metadata with the ref's session id on it (`AsyncSandbox.get_info`), else
+    `RefNotTrustedError` (the resume then only detaches: nothing is killed)."""
+    client = session._client
+    sandbox_id = session.sandbox_id
+    try:
+        info = await client.timed(
+            client.sandbox.get_info(**session._api_params()), "read the sandbox's metadata"
+        )
+    except SandboxError:
+        raise
+    except Exception as exc:
+        session._errors.fail(exc, "read the sandbox's metadata")
+    metadata = getattr(info, "metadata", None)
+    mark = metadata.get(SESSION_LABEL) if isinstance(metadata, dict) else None
+    if mark != ref.session_id:
+        raise RefNotTrustedError(not_ours("e2b", sandbox_id, ref, SESSION_LABEL, "metadata"))
+
+
+def not_ours(backend: str, sandbox_id: object, ref: SessionRef, key: str, field: str) -> str:
+    """Why a resume refused to take on deleting a sandbox the library did not mark."""
+    claim = (
+        "says its session created"
+        if ref.sandbox.get("created") is True
+        else "says the close deletes (the session attached to it)"
+    )
+    return (
+        f"the {backend} ref {claim} the sandbox {sandbox_id!r}, but the provider shows no "
+        f"{key} {field} of session {ref.session_id} on it: the library did not make it, so "
+        "it is not resumed (and not deleted); to resume it and leave it running, pass "
+        "keep=True"
+    )
 
 
 def _tag(process: ProcessRef, key: str) -> str:

@@ -25,6 +25,9 @@ from .errors import GONE, SERVICE
 # Metadata key that tags a sandbox with the start attempt that created it, so a create
 # whose answer was lost can still be found and deleted.
 START_TAG = "agent-sandbox-pty-start"
+# Metadata key that marks a sandbox this library created, with the durable session's id:
+# a resume checks it before it takes on the sandbox's deletion (`durable.check_created`).
+SESSION_LABEL = "sandbox.session"
 
 
 def new_start_token() -> str:
@@ -41,12 +44,14 @@ def create_call(
     metadata: Mapping[str, str],
     envs: Mapping[str, str],
     params: Mapping[str, Any],
+    session_id: str,
 ) -> Coroutine[Any, Any, Any]:
-    """The SDK's create, tagged with `token` and idempotent under the SDK's retries."""
+    """The SDK's create, tagged with `token` and idempotent under the SDK's retries, and
+    marked as this library's by the session's id (`SESSION_LABEL`)."""
     return cls.create(  # type: ignore[no-any-return]
         template=template,
         timeout=lifetime,
-        metadata={**metadata, START_TAG: token},
+        metadata={**metadata, START_TAG: token, SESSION_LABEL: session_id},
         envs=dict(envs) or None,
         # Lowercase letters, digits and hyphens, as the SDK requires: the SDK's own
         # retries of this request then return the same sandbox, never a second one.

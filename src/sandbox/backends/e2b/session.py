@@ -32,7 +32,9 @@ gives each process stream, one-shot commands included; 0 means unlimited),
 input, a resize; default 120 s), `snapshot_mode` (what `snapshot()` keeps: None for the
 API's default, "full" or "filesystem"; see `workspace`; the call is bounded by
 `start_timeout_s`), `metadata`
-and `envs` (for a new sandbox), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
+and `envs` (for a new sandbox; the metadata key `sandbox.session` is the library's: a
+created sandbox carries the durable session's id there, which a resume checks before it
+takes on the sandbox's deletion), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
 `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
 E2B's create takes no resources (a template has its CPU and memory).
@@ -62,6 +64,7 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
     settle,
 )
 from ...errors import InvalidArgumentError
@@ -80,6 +83,7 @@ from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .processes import E2BProcess, OneShot, text_to_bytes
+from .sandboxes import SESSION_LABEL
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 from .workspace import check_snapshot_mode, exposed_from_host, snapshot_options, take_snapshot
 
@@ -140,6 +144,11 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         for name, text in (("sandbox_id", sandbox_id), ("template", template)):
             check_str(name, text)
         metadata = check_env(metadata, name="metadata", variables=False)
+        if metadata and SESSION_LABEL in metadata:
+            raise InvalidArgumentError(
+                f"metadata[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
+                "creates: choose another key"
+            )
         envs = check_env(envs, name="envs")
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)
@@ -156,6 +165,9 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         self._attach_id = sandbox_id
         self._template = template
         self._keep = bool(keep)
+        # Whether this session's start created the sandbox (a resume: its ref said so and
+        # the sandbox's metadata confirmed it).
+        self._created = False
         self._sandbox_timeout = int(sandbox_timeout_s)
         self._metadata = dict(metadata or {})
         self._envs = dict(envs or {})
@@ -208,6 +220,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
             metadata=self._metadata,
             envs=self._envs,
             params=self._api_params(),
+            session_id=durable_session_id(self),
         )
         # The create runs as our task: if this caller is cancelled, `_stop_backend` waits
         # for it and deletes the sandbox it made.
@@ -217,6 +230,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         except Exception as exc:
             self._errors.fail(exc, "create a sandbox")
         self._start_task = None
+        self._created = True
 
     async def _stop_backend(self) -> None:
         """Kill the sandbox unless kept; after an unfinished start, delete whatever the
@@ -433,7 +447,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         return durable_e2b.SandboxLease(self)
 
     async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_e2b.resume(self)
+        await durable_e2b.resume(self, ref)
 
     async def _reattach_process(self, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
         await durable_e2b.reattach(self, entry, process)

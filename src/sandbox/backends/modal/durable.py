@@ -10,6 +10,14 @@ ref file lists by their tags, reporting each as ended with a note. A sandbox tha
 gone (`NotFoundError` from `from_id`) is `SessionGoneError`.
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), one exec each.
+
+A ref says whether its session created the sandbox (`created`) and whether the close
+terminates it (`keep`). A created sandbox carries our `sandbox.session` tag with the
+durable session's id (`Sandbox.create(tags=...)`). Before a resumed session takes on
+terminating the sandbox, `check_created` reads its tags back (`Sandbox.get_tags`):
+without that tag and the ref's session id the resume fails (`RefNotTrustedError`) and
+nothing is terminated: the library ends only a sandbox it shows it made, whatever a
+ref claims.
 """
 
 from __future__ import annotations
@@ -18,11 +26,11 @@ import asyncio
 from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import ProviderError, RefNotTrustedError, SandboxError, SessionGoneError
 from ..toolkit import check_tag, lease_path, lease_read_argv, lease_swap_argv, parse_lease
 from .commands import Command, read_stream
 from .errors import SANDBOX_GONE, SDK_ERRORS
-from .lifecycle import quietly
+from .lifecycle import SESSION_LABEL, quietly
 
 # `ModalSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -56,8 +64,9 @@ TAKEN_FROM_REF = frozenset(
 
 
 def ref_sandbox(session: ModalSession) -> dict[str, Any]:
-    """The sandbox id, and whether the close terminates it."""
-    return {"sandbox_id": session.sandbox_id, "keep": session.keep}
+    """The sandbox id, whether the session created it, and whether the close terminates
+    it."""
+    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
 
 
 def ref_options(session: ModalSession, base: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +89,27 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
     return options
 
 
+async def check_created(session: ModalSession, ref: SessionRef) -> None:
+    """The resumed close would terminate the sandbox: Modal must show our
+    `sandbox.session` tag with the ref's session id on it (`Sandbox.get_tags`), else
+    `RefNotTrustedError` (the resume then only detaches: nothing is terminated)."""
+    sandbox = session._commands.require_sandbox()
+    tags = await session._errors.call("read the sandbox's tags", sandbox.get_tags.aio)
+    if isinstance(tags, dict) and tags.get(SESSION_LABEL) == ref.session_id:
+        return
+    claim = (
+        "says its session created"
+        if ref.sandbox.get("created") is True
+        else "says the close terminates (the session attached to it)"
+    )
+    raise RefNotTrustedError(
+        f"the modal ref {claim} the sandbox {session.sandbox_id!r}, but Modal shows no "
+        f"{SESSION_LABEL} tag of session {ref.session_id} on it: the library did not make "
+        "it, so it is not resumed (and not terminated); to resume it and leave it running, "
+        "pass keep=True"
+    )
+
+
 def ref_process(entry: PtyEntry[Command]) -> dict[str, Any]:
     """The toolkit tag that finds the command's tree."""
     return {"tag": entry.require_handle().tag}
@@ -98,6 +128,9 @@ async def resume(session: ModalSession, ref: SessionRef) -> None:
     sandbox = session._commands.require_sandbox()
     if await session._errors.call("check the sandbox", sandbox.poll.aio) is not None:
         raise SessionGoneError("the modal sandbox of this ref has finished")
+    if not session.keep:
+        await check_created(session, ref)
+    session._created = ref.sandbox.get("created") is True
     for process in ref.processes:
         tag = process.handle.get("tag")
         if not process.running or not isinstance(tag, str):

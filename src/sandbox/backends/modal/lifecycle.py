@@ -20,6 +20,9 @@ logger = logging.getLogger("sandbox.modal")
 STOP_TIMEOUT_S = 60.0  # each call made while stopping the sandbox
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
+# The tag that marks a sandbox this library created, with the durable session's id: a
+# resume checks it (`Sandbox.get_tags`) before it takes on the sandbox's termination.
+SESSION_LABEL = "sandbox.session"
 
 
 def credentials(token_id: Secret | None, token_secret: Secret | None) -> tuple[Secret, Secret]:

@@ -49,6 +49,7 @@ from ...backend import (
     check_env,
     check_seconds,
     check_str,
+    durable_session_id,
     settle,
 )
 from ...errors import InvalidArgumentError
@@ -58,6 +59,7 @@ from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFiles
 from .lifecycle import (
+    SESSION_LABEL,
     TOKEN_ID_ENV,
     TOKEN_SECRET_ENV,
     credentials,
@@ -106,7 +108,9 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
       (default `/root`); `env`: variables added to every command;
     - `sandbox_timeout_s`: the sandbox's maximum lifetime (default 1 h), a backstop
       should a session never be closed; `create_options`: more `Sandbox.create` options
-      (`cpu`, `memory`, `secrets`, ...);
+      (`cpu`, `memory`, `secrets`, `tags`, ...; the tag `sandbox.session` is the
+      library's: a created sandbox carries the durable session's id there, which a
+      resume checks before it takes on terminating the sandbox);
     - `call_timeout_s`: bound on each provider call that is not a stream, over the
       whole call (a lookup, a command's start, a file transfer; default 120 s), and
       `create_timeout_s` on the create (default 600 s: it may build the image first):
@@ -199,6 +203,14 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
             if isinstance(given, Mapping):  # None unsets a variable in Modal's env
                 given = {k: v for k, v in given.items() if v is not None}
             check_env(given, name="create_options['env']")
+        given_tags = (create_options or {}).get("tags")
+        if given_tags is not None:
+            check_env(given_tags, name="create_options['tags']", variables=False)
+            if SESSION_LABEL in given_tags:
+                raise InvalidArgumentError(
+                    f"create_options['tags'][{SESSION_LABEL!r}] is the library's own mark of "
+                    "the sandboxes it creates: choose another tag"
+                )
         resources = create_resources(limits, attach=sandbox_id is not None)
         for name in set(resources) & set(create_options or {}):
             raise InvalidArgumentError(
@@ -222,6 +234,9 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
         self._owns_client = False
         self._sandbox: Any = None
         self._create_name: str | None = None
+        # Whether this session's start created the sandbox (a resume: its ref said so and
+        # the sandbox's tag confirmed it).
+        self._created = False
         self._errors = ModalErrors(self._secrets, float(call_timeout_s))
         self._commands = Commands(
             self._errors,
@@ -279,6 +294,9 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
         # A unique name lets a start that fails or is cancelled while the create call is
         # in flight find, and terminate, a sandbox the provider created anyway.
         self._create_name = f"sandbox-pty-{secrets.token_hex(8)}"
+        options = dict(self._create_options)
+        # The caller's tags, and ours (`SESSION_LABEL`: the caller's value is refused).
+        options["tags"] = {**(options.get("tags") or {}), SESSION_LABEL: durable_session_id(self)}
         self._sandbox = await self._errors.timed_call(
             "create the sandbox",
             self.create_timeout_s,
@@ -289,9 +307,10 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
             timeout=self.sandbox_timeout_s,
             workdir=self.workdir,
             client=self._client,
-            **self._create_options,
+            **options,
         )
         self._commands.sandbox = self._sandbox
+        self._created = True
 
     async def _stop_backend(self) -> None:
         """Terminate the sandbox unless kept (also one a failed or cancelled create left
