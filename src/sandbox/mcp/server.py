@@ -12,7 +12,9 @@ cancelled where the SDK notices (current protocol: at once), which tears down th
 process it was starting.
 
 The tools mirror the library's PTY API one to one and add nothing to its semantics:
-the yield windows, clamps, truncation and registry bounds are the library's.
+the yield windows, clamps, truncation and registry bounds are the library's. One default
+differs: a window's output is truncated to `MODEL_OUTPUT_TOKENS` unless the call asks
+for more (`output/model_budget.py`), so one answer cannot fill a model's context.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from ..cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from ..cli.signals import StopSignals, signal_name
 from ..cli.std_streams import error_line, is_writable, plug_closed_fds, say
 from ..errors import InvalidArgumentError, SandboxError
+from ..output.model_budget import (
+    MAX_MODEL_OUTPUT_TOKENS,
+    MODEL_OUTPUT_TOKENS,
+    model_output_tokens,
+)
 from ..session import BaseSandboxSession, SessionState
 from ..types import PtyProcessInfo, PtyUpdate
 from . import state_file
@@ -71,7 +78,9 @@ _YIELD_WRITE = (
 )
 _MAX_TOKENS = (
     "Truncate the returned output to about this many tokens (head and tail kept, the "
-    "middle elided; the result then reports the original token count). Default: no limit."
+    "middle elided; the result then reports the original token count). Default "
+    f"{MODEL_OUTPUT_TOKENS}; ask for more when you need the whole output (at most "
+    f"{MAX_MODEL_OUTPUT_TOKENS}, larger values are lowered to it)."
 )
 _UNTIL = (
     "Return as soon as this exact text appears in the new output, e.g. a prompt such as "
@@ -366,7 +375,7 @@ class SandboxTools:
             tty=args.tty,
             cwd=args.workdir or None,
             yield_time_s=_seconds(args.yield_time_ms),
-            max_output_tokens=args.max_output_tokens,
+            max_output_tokens=model_output_tokens(args.max_output_tokens),
             until=args.until or None,
             until_screen=args.until_screen or None,
         )
@@ -379,7 +388,7 @@ class SandboxTools:
             args.session_id,
             args.chars,
             yield_time_s=_seconds(args.yield_time_ms),
-            max_output_tokens=args.max_output_tokens,
+            max_output_tokens=model_output_tokens(args.max_output_tokens),
             until=args.until or None,
             until_screen=args.until_screen or None,
         )

@@ -12,6 +12,11 @@ from agents.tool import FunctionTool, Tool
 from pydantic import BaseModel, Field, ValidationError
 
 import sandbox
+from sandbox.output.model_budget import (
+    MAX_MODEL_OUTPUT_TOKENS,
+    MODEL_OUTPUT_TOKENS,
+    model_output_tokens,
+)
 from sandbox.types import PtyUpdate
 
 from .session import AgentsSessionAdapter
@@ -37,7 +42,12 @@ class _SendKeysArgs(_SessionArgs):
         default=None, description="Return as soon as this text is on the rendered screen."
     )
     yield_time_ms: int = Field(default=10_000, ge=0, description="Longest wait, in milliseconds.")
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(
+        default=MODEL_OUTPUT_TOKENS,
+        ge=1,
+        description="Truncate the output to about this many tokens (head and tail kept); "
+        f"ask for more to see it whole, at most {MAX_MODEL_OUTPUT_TOKENS}.",
+    )
 
 
 class _ResizeArgs(_SessionArgs):
@@ -155,7 +165,7 @@ async def _send_keys(adapter: AgentsSessionAdapter, args: _SendKeysArgs) -> str:
         args.session_id,
         args.chars,
         yield_time_s=args.yield_time_ms / 1000,
-        max_output_tokens=args.max_output_tokens,
+        max_output_tokens=model_output_tokens(args.max_output_tokens),
         until=until,
         until_screen=args.until_screen,
     )
