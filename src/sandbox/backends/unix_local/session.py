@@ -468,7 +468,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         return await asyncio.to_thread(self._tree().list_dir, path)
 
     async def _remove(self, path: str, recursive: bool) -> None:
-        """`unlinkat`/`rmdir`/fd-based `rmtree` relative to the holding folder's fd."""
+        """`unlinkat`/`rmdir`/`remove_tree_at` relative to the holding folder's fd."""
         await asyncio.to_thread(self._tree().remove, path, recursive)
 
     async def _make_dir(self, path: str, parents: bool) -> None:

@@ -7,8 +7,8 @@ with `safe_open.open_directory_raw` (openat2 `RESOLVE_BENEATH`, or the `O_NOFOLL
 walk) and then acts on the final name relative to that fd, never following it
 (`fstatat`/`unlinkat`/`mkdirat`/`symlinkat`/`fchmodat` with no follow): a process in the
 sandbox that swaps a folder for a symlink to a host folder cannot make us touch it. A
-recursive removal is `shutil.rmtree` relative to that fd (its fd-based walk opens every
-folder with `O_NOFOLLOW`). Each call is one short executor call.
+recursive removal is `files.remove_tree` relative to that fd (an iterative walk that
+opens every folder with `O_NOFOLLOW`, however deep). Each call is one short executor call.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import shutil
 import stat as stat_module
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,6 +28,7 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
+from ...files.remove_tree import remove_tree_at
 from .safe_open import DIR_FLAGS, open_directory_raw, relative_inside
 
 T = TypeVar("T")
@@ -152,7 +152,7 @@ class LocalTree:
             if not stat_module.S_ISDIR(info.st_mode):
                 os.unlink(name, dir_fd=fd)
             elif recursive:
-                shutil.rmtree(name, dir_fd=fd)
+                remove_tree_at(fd, name, shown=path)
             else:
                 os.rmdir(name, dir_fd=fd)
 
