@@ -350,16 +350,18 @@ async def detach_everything(session: DurableSession) -> SessionRef:
     return ref
 
 
-def finish_ref_file(session: DurableSession, ref: SessionRef | None) -> None:
+def finish_ref_file(session: DurableSession, ref: SessionRef | None, *, keep: bool = False) -> None:
     """At the end of this client's hold: write the final ref (a detach) or remove the
-    file (a close that deleted the sandbox); a taken-over session leaves it alone."""
+    file (a close that deleted the sandbox); a taken-over session leaves it alone, and
+    so does `keep` (a close whose teardown failed: the sandbox may still be there, and
+    the file is what a retried close finds it from)."""
     durable = session._durable
     close_store(session)
     ref_file, durable.ref_file = durable.ref_file, None
     if ref_file is None:
         return
     try:
-        if durable.taken_over:
+        if durable.taken_over or keep:
             return
         if ref is not None:
             ref_file.write(ref)
@@ -369,6 +371,21 @@ def finish_ref_file(session: DurableSession, ref: SessionRef | None) -> None:
         logger.warning("%s session: the ref file was not updated: %s", session.backend_name, exc)
     finally:
         ref_file.close()
+
+
+async def release_close(session: DurableSession) -> None:
+    """A close whose teardown failed keeps the ref file: the lease it claimed goes back
+    to this client, or the retried close (a resume of that file) would find the session
+    closing and call it gone. Failures are logged (the close already failed)."""
+    durable = session._durable
+    if not durable.shared or durable.taken_over:
+        return
+    try:
+        store = _store(session)
+        if store is not None:
+            await lease.release_close(store, _holder(session))
+    except (SandboxError, OSError) as exc:
+        logger.warning("%s session: the lease was not released: %s", session.backend_name, exc)
 
 
 async def _release_lease(session: DurableSession) -> None:
