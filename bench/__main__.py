@@ -50,6 +50,7 @@ def extra_cases() -> list[object]:
         "bench.core_cases",
         "bench.agents_cases",
         "bench.lease_cases",
+        "bench.cli_cases",
     )
     for module_name in optional:
         try:
