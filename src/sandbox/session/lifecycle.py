@@ -111,13 +111,22 @@ async def close_everything(session: LifecycleSession, previous: SessionState) ->
         errors.append(exc)
     # Teardowns other calls own (a terminate, a prune) finish before the backend stops.
     await session._owned.wait_teardowns()
+    stopped = backend_up
     if backend_up:
         try:
             await session._stop_backend()
         except Exception as exc:
             errors.append(exc)
+            stopped = False
     session._recordings.close()
-    durable_ops.finish_ref_file(session, None)
+    # The ref file goes only once the sandbox is gone: after a failed stop it may still
+    # be there (a workspace left half removed, a provider's sandbox not deleted), and
+    # the file is what a retried close (`sandbox close`) finds it from. A resume that
+    # never came up left the sandbox the ref's.
+    gone = stopped or not (backend_up or session._durable.resuming)
+    if backend_up and not stopped:
+        await durable_ops.release_close(session)
+    durable_ops.finish_ref_file(session, None, keep=not gone)
     if len(errors) == 1:
         raise errors[0]
     if errors:
