@@ -252,6 +252,75 @@ async def round_trip(cfg: Config) -> list[Figure]:
     return figures
 
 
+async def key_during_poll(cfg: Config) -> list[Figure]:
+    """A key typed to `cat` while a 30 s poll of the same PTY is under way, beside the
+    same key typed with nothing else on it, in the same run (issue 34: it used to wait
+    out the poll). Two cases: the poll holds the PTY; or a key is still being written
+    (no fast write path, as on remote backends) with the poll queued behind it, and the
+    key comes next. Each key is a write whose window ends at cat's echo; idle and
+    during alternate key by key."""
+    held = Figure("round trip", "cat: key typed during a 30 s poll", "ms", False)
+    queued = Figure(
+        "round trip",
+        "cat: key behind a key in flight + a queued 30 s poll (no fast write path)",
+        "ms",
+        False,
+    )
+    trips = max(10, cfg.round_trips // 4)
+    for fig, in_flight in ((held, False), (queued, True)):
+        differences = []
+        for _ in range(cfg.rounds):
+            async with session(cfg) as s:
+                if in_flight:
+                    s._write_stdin_nowait = lambda entry, data: 0  # type: ignore[method-assign]
+                start = await s.pty_exec_start("cat", tty=True, yield_time_s=0.25)
+                pid = start.process_id
+                assert pid is not None
+                entry = s._processes.lookup(pid)
+
+                async def key(line: str, pid: int = pid) -> None:
+                    want = f"{line}\r\n{line}\r\n"
+                    reply = await s.pty_write_stdin(pid, line + "\n", until=want, yield_time_s=5)
+                    assert want in reply.output
+
+                idle_times, during_times = [], []
+                for i in range(-WARM_UP_TRIPS // 5, trips):
+                    t0 = time.perf_counter()
+                    await key(f"i{i}")
+                    t1 = time.perf_counter()
+                    first = asyncio.ensure_future(key(f"f{i}")) if in_flight else None
+                    poll = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
+                    if first is None:
+                        while not entry.call_lock.locked():  # the poll is in its window
+                            await asyncio.sleep(0)
+                    else:
+                        # One turn: the first key takes the PTY and starts its write
+                        # task, the poll queues behind it; the write is still in flight.
+                        await asyncio.sleep(0)
+                        assert entry.write_task is not None, "the first key is not in flight"
+                    t2 = time.perf_counter()
+                    await key(f"k{i}")
+                    t3 = time.perf_counter()
+                    assert poll.done(), "the poll must have ended before the key's write ran"
+                    await poll
+                    if first is not None:
+                        await first
+                    if i >= 0:
+                        idle_times.append(t1 - t0)
+                        during_times.append(t3 - t2)
+            idle, during = statistics.median(idle_times), statistics.median(during_times)
+            fig.ours.append(during * 1000)
+            fig.baseline.append(idle * 1000)
+            differences.append((during - idle) * 1000)
+        fig.note = (
+            "baseline: the same key with nothing else on the PTY, same run; during - idle = "
+            f"{statistics.median(differences):.3f} ms median, {max(differences):.3f} ms worst "
+            "round (goal: within 2 ms"
+            + ("; includes the key in flight's own echo)" if in_flight else ")")
+        )
+    return [held, queued]
+
+
 async def start_cost(cfg: Config) -> list[Figure]:
     figures = []
     block = max(1, cfg.starts // INTERLEAVE_BLOCKS)
@@ -602,6 +671,7 @@ CASES = [
     throughput,
     utf8_drain,
     round_trip,
+    key_during_poll,
     start_cost,
     scale,
     memory,

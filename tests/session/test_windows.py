@@ -190,7 +190,7 @@ async def test_a_waiting_write_does_not_end_a_write_window() -> None:
 async def test_a_poll_runs_its_window_once_no_write_waits() -> None:
     entry = _entry(tty=True)
     drain = Drains()
-    update, _ = await collect_window(entry, 0.0, None, None, final_drain=drain, poll=True)
+    await collect_window(entry, 0.0, None, None, final_drain=drain, poll=True)
     assert drain.calls == 1  # its deadline, not a preemption, ended it
 
 
