@@ -48,7 +48,14 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
         }
     if backend.name == "blaxel":
         client = session._client
-        return {"api_key": client._api_key.reveal(), "workspace": client._workspace.reveal()}
+        return {
+            "api_key": client._api_key.reveal(),
+            "workspace": client._workspace.reveal(),
+            "api_url": client._api_url,  # a ref's endpoint is never taken from the ref
+        }
+    if backend.name == "kubernetes":
+        # A kubeconfig (it can run an exec plugin) is never taken from a ref.
+        return {"kubeconfig": session._kubeconfig}
     return {}
 
 
