@@ -38,7 +38,9 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   pax pieces: `walk_tar` (a tree into a tar), `exact_chunks`, `dir_header`,
   `file_header`, `symlink_header`, `tar_padding`, `TAR_END`; reads one with `TarStream`
   and extracts under the safe extractor's rules with `extract_archive` (or
-  `extract_archive_batched` for a sink that queues its operations).
+  `extract_archive_batched` for a sink that queues its operations). A tree a sandbox
+  made on this host is removed with `remove_tree` / `remove_tree_at` (iterative,
+  following no symlink, however deep).
 
 - Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
   `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
@@ -66,6 +68,7 @@ from .files.remote import (
     regular_file,
     under_a_file,
 )
+from .files.remove_tree import remove_tree, remove_tree_at
 from .local.process import LocalProcess
 from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, ProcessSpec, PtyEntry
 from .session import BaseSandboxSession, SessionHooks, SessionState, durable_session_id
@@ -133,6 +136,8 @@ __all__ = [
     "kind_of_mode",
     "read_at_most",
     "regular_file",
+    "remove_tree",
+    "remove_tree_at",
     "require_credential",
     "settle",
     "settle_each",

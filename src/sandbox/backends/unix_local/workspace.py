@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from ...backend import remove_tree
 from ...errors import CleanupError, InvalidArgumentError, SandboxError
-from ...files.remove_tree import remove_tree
 
 # The name of every temporary workspace begins so (a ref's `temporary` claim is checked
 # against it: `durable.check_temporary`).

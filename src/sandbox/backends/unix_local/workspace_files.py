@@ -20,7 +20,7 @@ import stat as stat_module
 from collections.abc import Callable
 from typing import TypeVar
 
-from ...backend import FileInfo, child_path, kind_of_mode
+from ...backend import FileInfo, child_path, kind_of_mode, remove_tree_at
 from ...errors import (
     InvalidArgumentError,
     NotAFileError,
@@ -28,7 +28,6 @@ from ...errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
-from ...files.remove_tree import remove_tree_at
 from .safe_open import DIR_FLAGS, open_directory_raw, relative_inside
 
 T = TypeVar("T")
