@@ -157,6 +157,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from ..files.remove_tree import discard_tree
 from ..local import tree as process_tree
 from ..local.process import LocalProcess
 from . import faults
@@ -592,10 +593,10 @@ class BlaxelServer:
         if runner is not None:
             await runner.cleanup()
         if not self._given_root and self.root:
-            shutil.rmtree(self.root, ignore_errors=True)
+            discard_tree(self.root)
         self.snapshots.clear()
         if self._snapshot_root:
-            shutil.rmtree(self._snapshot_root, ignore_errors=True)
+            discard_tree(self._snapshot_root)
 
     @property
     def url(self) -> str:
@@ -951,7 +952,7 @@ class BlaxelServer:
         if self.workdir is not None and not self.sandboxes:
             # The sandbox's filesystem goes with it (the folder is the files of every
             # sandbox here: it goes with the last one).
-            await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+            await asyncio.to_thread(discard_tree, self.workdir)
         return web.json_response(self.terminated[box.name])
 
     async def _destroy(self, box: FakeSandbox) -> None:
@@ -1137,7 +1138,7 @@ class BlaxelServer:
             snap.record["status"] = "failed"
             return
         if self.snapshots.get(snap.id) is not snap:  # deleted while it was copied
-            await asyncio.to_thread(shutil.rmtree, snap.folder, True)
+            await asyncio.to_thread(discard_tree, snap.folder)
             return
         snap.record["status"] = "ready"
 
@@ -1178,7 +1179,7 @@ class BlaxelServer:
         if snap is None:
             return self._snapshot_not_found("snapshot_delete", ident)
         del self.snapshots[snap.id]
-        await asyncio.to_thread(shutil.rmtree, snap.folder, True)
+        await asyncio.to_thread(discard_tree, snap.folder)
         return web.Response(status=204)
 
     async def _snapshot_fork(self, request: web.Request) -> web.StreamResponse:
@@ -1236,7 +1237,7 @@ class BlaxelServer:
                 box.record["status"] = "FAILED"
                 return
             if self.sandboxes.get(box.name) is not box and not self.sandboxes:
-                await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+                await asyncio.to_thread(discard_tree, self.workdir)
                 return
         box.record["status"] = "DEPLOYED"
 
@@ -2021,7 +2022,7 @@ def _copy_files(source: str | None, target: str) -> None:
 
 def _restore_files(folder: str, workdir: str) -> None:
     """Make `workdir` hold exactly the snapshot's files."""
-    shutil.rmtree(workdir, ignore_errors=True)
+    discard_tree(workdir)
     _copy_files(folder, workdir)
 
 

@@ -155,6 +155,7 @@ from aiohttp import WSMsgType, web
 
 from ..backends.unix_local import local_files
 from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
+from ..files.remove_tree import discard_tree
 from ..local.process import LocalProcess
 from ..settle import settle
 from . import faults
@@ -462,7 +463,7 @@ class CloudflareWorkerServer:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
         if self._root is not None and self._given_root is None:
-            shutil.rmtree(self._root, ignore_errors=True)
+            discard_tree(self._root)
         self._url = None
 
     async def __aenter__(self) -> CloudflareWorkerServer:
@@ -787,7 +788,7 @@ class CloudflareWorkerServer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await conn.done.wait()
-        shutil.rmtree(sandbox.root, ignore_errors=True)
+        discard_tree(sandbox.root)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
         """routes.ts: always 200; ``running`` is whether `exec('true')` worked (in the

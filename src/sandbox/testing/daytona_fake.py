@@ -134,6 +134,7 @@ from daytona.common.pty import PtyResult, PtySize
 from daytona_api_client_async import PortPreviewUrl
 from daytona_toolbox_api_client_async import Command, FileInfo, PtySessionInfo
 
+from ..files.remove_tree import discard_tree
 from ..local.process import LocalProcess
 from . import faults, procfs
 from .preview_proxy import PreviewProxy
@@ -316,7 +317,7 @@ class _SandboxState:
         self.ptys.clear()
         self.sessions.clear()
         self.retired.clear()
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        await asyncio.to_thread(discard_tree, self.root)
 
 
 class _FakePty:
@@ -1191,7 +1192,7 @@ class FakeAsyncSnapshotService:
             raise DaytonaNotFoundError(
                 f"Failed to delete snapshot: Snapshot {name} not found", status_code=404
             )
-        await asyncio.to_thread(shutil.rmtree, folder, True)
+        await asyncio.to_thread(discard_tree, folder)
 
 
 class FakeAsyncDaytona:
@@ -1442,7 +1443,7 @@ class FakeDaytona:
         if tasks:
             await asyncio.wait(tasks)
         if self._own_root:
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
+            await asyncio.to_thread(discard_tree, self.root)
 
 
 __all__ = [

@@ -120,6 +120,7 @@ from e2b.retry import resolve_idempotency_key
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType, WriteInfo
 from e2b.sandbox.sandbox_api import resolve_snapshot_memory
 
+from ..files.remove_tree import discard_tree
 from ..local.process import LocalProcess
 from . import faults, procfs
 from .special_files import wait_forever_on_special_file
@@ -1474,7 +1475,7 @@ class FakeE2B:
         if folder is None:
             return False
         self.snapshot_modes.pop(snapshot_id, None)
-        await asyncio.to_thread(shutil.rmtree, folder, True)
+        await asyncio.to_thread(discard_tree, folder)
         return True
 
     def _check_alive(self, state: _SandboxState) -> None:
@@ -1551,7 +1552,7 @@ class FakeE2B:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        await asyncio.to_thread(shutil.rmtree, os.path.dirname(state.home), True)
+        await asyncio.to_thread(discard_tree, os.path.dirname(state.home))
         return True
 
     async def aclose(self) -> None:
@@ -1567,7 +1568,7 @@ class FakeE2B:
             await asyncio.wait([h._wait for h in handles])
         self._handles.clear()
         if self._own_root:
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
+            await asyncio.to_thread(discard_tree, self.root)
 
 
 def _go_file_mode(mode: int) -> str:

@@ -80,7 +80,6 @@ import hmac
 import json
 import os
 import secrets
-import shutil
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -91,6 +90,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from ..files.remove_tree import discard_tree
 from ..local.process import LocalProcess
 from .cloudflare_server import Stall
 
@@ -247,7 +247,7 @@ class KubernetesApiServer:
         if self._tasks:
             await asyncio.wait(self._tasks)
         if self._temp_root:
-            shutil.rmtree(self._root, ignore_errors=True)
+            discard_tree(self._root)
 
     async def __aenter__(self) -> KubernetesApiServer:
         await self.start()
@@ -578,8 +578,8 @@ class KubernetesApiServer:
         self.deleted.append(pod.name)
         self._touch(pod, "DELETED")
         pod.gone.set()
-        shutil.rmtree(pod.root, ignore_errors=True)
-        shutil.rmtree(pod.tmp, ignore_errors=True)
+        discard_tree(pod.root)
+        discard_tree(pod.tmp)
 
     def _kill_members(self, pod: _FakePod) -> None:
         """SIGKILL the pod's process groups and whatever carries its marker (what a
