@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := constraints.txt
+# The demo's own venv: the package and its runtime dependencies only (pyte, which brings
+# wcwidth), no extras and no dev tools, so a first `make demo` installs ~30 MB, not ~600.
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed-stamp
 # A second venv with the newest SDK releases the extras allow (the main one stays pinned).
 LATEST_VENV := .venv-latest
 SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
@@ -22,8 +26,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 system-deps:
 	@bash scripts/system-deps.sh
 
-demo: install
-	$(BIN)/sandbox demo
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/sandbox demo
+
+# Editable, like .venv: the demo runs the sources as they are now.
+$(DEMO_STAMP): pyproject.toml
+	@echo "installing sandbox and its one runtime dependency, pyte (with wcwidth), into $(DEMO_VENV): no extras, no dev tools ..."
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e .
+	touch $(DEMO_STAMP)
 
 test: install system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -66,4 +77,4 @@ mutation: install
 	$(BIN)/python tools/mutation.py $(MUTATION_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
+	rm -rf $(VENV) $(DEMO_VENV) $(LATEST_VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
