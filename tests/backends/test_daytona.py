@@ -235,7 +235,11 @@ def test_create_options_reaching_env_or_labels_are_checked(
 async def test_caller_labels_join_ours(fake: FakeDaytona) -> None:
     async with open_daytona(fake, create_options={"labels": {"team": "a"}}) as session:
         labels = fake.sandboxes[session.sandbox_id or ""].params.labels
-        assert labels == {"created-by": "agent-sandbox-pty", "team": "a"}
+        assert labels == {
+            "created-by": "agent-sandbox-pty",
+            "team": "a",
+            "sandbox.session": session.ref().session_id,
+        }
 
 
 async def test_resource_limits_reach_the_create_from_an_image(fake: FakeDaytona) -> None:
