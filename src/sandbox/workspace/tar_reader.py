@@ -165,6 +165,9 @@ class TarStream:
         while True:
             if self._ended or not await self._fill(BLOCK):
                 self._ended = True
+                if self._buffer:
+                    # Bytes, but not a whole header: not a tar archive (or a cut one).
+                    raise malformed("the archive ends inside a header")
                 if extended.count:
                     raise malformed("the archive ends after an extended header")
                 return None

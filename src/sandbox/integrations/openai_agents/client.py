@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import uuid
 import weakref
+from pathlib import Path
 from typing import Any
 
 from agents.sandbox.manifest import Manifest
@@ -19,7 +21,7 @@ from agents.sandbox.session.sandbox_session_state import (
 )
 from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 
-from sandbox.errors import RefNotTrustedError
+from sandbox.errors import InvalidArgumentError, RefNotTrustedError
 from sandbox.files.remove_tree import remove_tree
 
 from .options import TYPE_NAME, SandboxClientOptions
@@ -27,6 +29,7 @@ from .session import AgentsSessionAdapter, _default_root
 from .state import SandboxSessionState, public_options
 
 _WORKSPACE_PREFIX = "sandbox-agents-"
+_log = logging.getLogger(__name__)
 
 
 class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
@@ -71,6 +74,8 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         """A new (not yet started) session on `options.backend`."""
         manifest = self._validate_manifest_for_create(manifest or Manifest())
         backend_options = dict(options.backend_options)
+        # Before anything is made: a grant naming a host folder is refused or mounted.
+        backend_options = _host_path_grants(options.backend, manifest, backend_options)
         owned = False
         if options.backend == "unix_local" and "workspace" not in backend_options:
             if manifest.root == _default_root():
@@ -110,13 +115,18 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         inner = session._inner
         if not isinstance(inner, AgentsSessionAdapter):
             raise TypeError("SandboxClient.delete expects a session this client made")
-        # Our live session is ours whatever the state says: close it first.
-        await inner._shutdown_backend()
-        self._private_by_session.pop(inner.state.session_id, None)
         state = inner.state
-        state.check_trusted()
-        folder = state.owned_workspace()
-        if folder is None:
+        try:
+            state.check_trusted()
+            folder = state.owned_workspace()
+            # Mounts inside the workspace come off first, deepest first: removing the
+            # folder under a live mount would remove the mounted bucket's files.
+            unmounted = folder is None or await _unmount_ephemeral(inner)
+        finally:
+            # Our live session is ours whatever the state says: closed in every case.
+            await inner._shutdown_backend()
+            self._private_by_session.pop(inner.state.session_id, None)
+        if folder is None or not unmounted:
             return session
         root = state.manifest.root
         if root not in ("", _default_root()) and not _same_folder(root, folder):
@@ -157,6 +167,54 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
     def deserialize_session_state(self, payload: dict[str, object]) -> SdkSessionState:
         """Our state from what `serialize_session_state` wrote."""
         return self._deserialize_session_state_payload(payload, SandboxSessionState)
+
+
+async def _unmount_ephemeral(inner: AgentsSessionAdapter) -> bool:
+    """Unmount the manifest's ephemeral mounts, deepest first (a mount inside another
+    comes off before it); False when one failed (then nothing may be removed)."""
+    targets = list(inner.state.manifest.ephemeral_mount_targets())
+    if not targets:
+        return True
+    if not inner._live():
+        await inner._ensure_backend_started()
+    targets.sort(key=lambda target: len(target[1].parts), reverse=True)
+    ok = True
+    for entry, path in targets:
+        try:
+            await entry.unmount(inner, path, Path("/"))
+        except Exception as error:  # each failure is logged, none hides another
+            ok = False
+            _log.warning(
+                "could not unmount %s before deleting the workspace (%s): the workspace is kept",
+                path,
+                type(error).__name__,
+            )
+    return ok
+
+
+def _host_path_grants(backend: str, manifest: Manifest, options: dict[str, Any]) -> dict[str, Any]:
+    """`extra_path_grants` naming a `host_path`: refused on unix_local (the sandbox is
+    the host: the path is the grant's own), bind-mounted on docker (read-only when the
+    grant is), refused on backends without bind mounts."""
+    grants = [grant for grant in manifest.extra_path_grants if grant.host_path is not None]
+    if not grants:
+        return options
+    if backend != "docker":
+        raise InvalidArgumentError(
+            f"a path grant with host_path ({grants[0].path!r}) is not supported on "
+            f"{backend}: omit host_path (unix_local: the grant's path is the host's) or "
+            "use the docker backend, which bind-mounts it"
+        )
+    volumes = options.get("volumes") or {}
+    if not isinstance(volumes, dict):
+        raise InvalidArgumentError(
+            "path grants with host_path need the docker `volumes` option as a mapping"
+        )
+    volumes = dict(volumes)
+    for grant in grants:
+        host = os.path.abspath(str(grant.host_path))
+        volumes[host] = {"bind": grant.path, "mode": "ro" if grant.read_only else "rw"}
+    return {**options, "volumes": volumes}
 
 
 def _same_folder(first: str, second: str) -> bool:

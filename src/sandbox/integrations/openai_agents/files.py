@@ -60,12 +60,23 @@ def sdk_error(operation: Operation, path: Path | str, error: SandboxError) -> Ex
     """The SDK's exception for our `error` in `operation` on `path`.
 
     A path leading out of the workspace is the SDK's `InvalidManifestPathError` (what its
-    remote backends raise when their in-sandbox check finds an escape); a missing file
+    remote backends raise when their in-sandbox check finds an escape), except on
+    `read`/`write`, whose callers catch the archive errors below; a missing file
     on `read` is `WorkspaceReadNotFoundError`; `mkdir`/`write` failures are
     `WorkspaceArchiveWriteError`, other `read` failures `WorkspaceArchiveReadError`; and
     `ls`, `rm`, `mv`, `same_file` fail with `ExecNonZeroError`, as the SDK's own
     implementations of them do. Our error is the cause."""
     shown = str(path)
+    if isinstance(error, WorkspacePathError) and operation == "read":
+        # What the SDK's own sessions raise for a read through a link leading out (and
+        # what its callers, `read_bounded` and the sinks, catch).
+        return WorkspaceArchiveReadError(
+            path=Path(shown), context={"reason": str(error)}, cause=error
+        )
+    if isinstance(error, WorkspacePathError) and operation == "write":
+        return WorkspaceArchiveWriteError(
+            path=Path(shown), context={"reason": str(error)}, cause=error
+        )
     if isinstance(error, WorkspacePathError):
         return InvalidManifestPathError(
             rel=shown, reason="escape_root", context={"operation": operation}, cause=error

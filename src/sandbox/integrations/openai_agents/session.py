@@ -8,6 +8,8 @@ turns into its "start it with tty" hint.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 import posixpath
 import re
@@ -24,6 +26,7 @@ from agents.sandbox.errors import (
     PtySessionNotFoundError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
+    WorkspaceReadNotFoundError,
 )
 from agents.sandbox.errors import (
     ExecTimeoutError as SdkExecTimeoutError,
@@ -37,14 +40,17 @@ import sandbox
 from sandbox.errors import (
     ConnectionLostError,
     ExecTimeoutError,
+    InvalidArgumentError,
     ProcessExitedError,
     ProviderError,
     PtyProcessNotFoundError,
+    SandboxError,
     SandboxFileNotFoundError,
     StdinClosedError,
 )
 from sandbox.types import PtyUpdate
 
+from . import archive
 from .files import FILE_ERRORS, file_entry, move_error, resolve_inside, sdk_error, symlink_archive
 from .state import SandboxSessionState
 
@@ -56,6 +62,9 @@ STDIN_UNAVAILABLE = "stdin is not available for this process"
 # Archives are spooled here before the SDK reads them: memory up to this, then disk.
 _SPOOL_IN_MEMORY_BYTES = 8 * 1024 * 1024
 _HYDRATE_CHUNK_BYTES = 1024 * 1024
+# Raw bytes per command when writing through a path grant: base64 of it stays below the
+# kernel's limit of 128 KiB for one argument.
+_GRANT_PIECE_BYTES = 64 * 1024
 
 
 class AgentsSessionAdapter(SdkSession):
@@ -77,6 +86,9 @@ class AgentsSessionAdapter(SdkSession):
         # relative to it.
         self._here: str | None = None
         self._owns_ours = True
+        # The manifest's `environment`, resolved once at start (its values may come from
+        # a secret store): every command gets it.
+        self._env: dict[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<AgentsSessionAdapter backend={self.state.backend!r} running={self._live()}>"
@@ -103,6 +115,7 @@ class AgentsSessionAdapter(SdkSession):
         state.reseal()
         await adapter._settle_workspace_root()
         adapter.state.workspace_root_ready = True
+        adapter._env = await adapter.state.manifest.environment.resolve() or None
         return adapter
 
     # ---- our session ----
@@ -128,6 +141,7 @@ class AgentsSessionAdapter(SdkSession):
         else:
             self._set_start_state_preserved(True)
         self._ours = ours
+        self._env = await self.state.manifest.environment.resolve() or None
         await self._settle_workspace_root()
 
     async def _resumed(self, options: dict[str, Any]) -> sandbox.BaseSandboxSession[Any] | None:
@@ -185,6 +199,29 @@ class AgentsSessionAdapter(SdkSession):
         if ours is not None and self._owns_ours:
             await ours.aclose()
 
+    def _refuse_host_accounts(self) -> None:
+        """On unix_local the "sandbox" is the host: manifest users and groups would be
+        `useradd`/`groupadd` on this machine. Refused, as the SDK's own unix_local does."""
+        manifest = self.state.manifest
+        if self.state.backend == "unix_local" and (manifest.users or manifest.groups):
+            raise InvalidArgumentError(
+                "manifest users or groups are not supported on unix_local: provisioning "
+                "them would run useradd/groupadd on the host machine"
+            )
+
+    async def _apply_manifest(
+        self, *, only_ephemeral: bool = False, provision_accounts: bool = True
+    ) -> Any:
+        self._refuse_host_accounts()
+        return await super()._apply_manifest(
+            only_ephemeral=only_ephemeral, provision_accounts=provision_accounts
+        )
+
+    async def provision_manifest_accounts(self) -> None:
+        """The SDK's account provisioning, refused on unix_local (the host's accounts)."""
+        self._refuse_host_accounts()
+        await super().provision_manifest_accounts()
+
     async def running(self) -> bool:
         """True while our session is started and not closed."""
         return self._live()
@@ -201,7 +238,7 @@ class AgentsSessionAdapter(SdkSession):
         argv = [str(part) for part in command]
         try:
             result = await self.sandbox_session.exec(
-                *argv, shell=False, timeout=timeout, cwd=self._cwd
+                *argv, shell=False, timeout=timeout, cwd=self._cwd, env=self._env
             )
         except ExecTimeoutError as error:
             raise SdkExecTimeoutError(command=argv, timeout_s=timeout, cause=error) from error
@@ -232,6 +269,7 @@ class AgentsSessionAdapter(SdkSession):
                 shell=False,
                 tty=tty,
                 cwd=self._cwd,
+                env=self._env,
                 yield_time_s=yield_time_s,
                 max_output_tokens=max_output_tokens,
                 until=until,
@@ -297,9 +335,79 @@ class AgentsSessionAdapter(SdkSession):
         except ValueError:
             return str(normalized)
 
+    def _granted(self, path: Path | str) -> tuple[str, Any] | None:
+        """For a path outside the workspace that one of the manifest's
+        `extra_path_grants` covers: the absolute path and that grant; else None."""
+        grants = self.state.manifest.extra_path_grants
+        if not grants:
+            return None
+        relative = self._sandbox_path(path)
+        if not relative.startswith("/"):
+            return None
+        target = PurePosixPath(posixpath.normpath(relative))
+        for grant in grants:
+            base = PurePosixPath(posixpath.normpath(grant.path))
+            if target == base or base in target.parents:
+                return str(target), grant
+        return None
+
+    async def _granted_exec(self, script: str, *args: str) -> sandbox.ExecResult:
+        """`script` run in the sandbox with `$1` the path, `$2` the grant's folder and
+        `$p` the path resolved (links followed) and checked to be below the grant's
+        folder, itself resolved: a link in the grant leading elsewhere is refused
+        (exit 3). Exit 2: the path does not resolve."""
+        guard = (
+            'g=$(realpath -e -- "$2") || exit 2; p=$(realpath -m -- "$1") || exit 2; '
+            'case "$p/" in "$g"/*) ;; *) exit 3;; esac; '
+        )
+        return await self.sandbox_session.exec("sh", "-c", guard + script, "sh", *args, shell=False)
+
+    async def _read_granted(self, path: Path, absolute: str, grant: Any) -> io.IOBase:
+        result = await self._granted_exec(
+            '[ -e "$p" ] || exit 4; [ -f "$p" ] || exit 5; exec cat -- "$p"', absolute, grant.path
+        )
+        if result.exit_code == 4:
+            raise WorkspaceReadNotFoundError(path=path)
+        if result.exit_code != 0:
+            raise WorkspaceArchiveReadError(
+                path=path, context={"reason": _granted_reason(result.exit_code)}
+            )
+        return io.BytesIO(result.stdout)
+
+    async def _write_granted(self, path: Path, data: io.IOBase, absolute: str, grant: Any) -> None:
+        if grant.read_only:
+            raise WorkspaceArchiveWriteError(
+                path=path, context={"reason": f"the path grant {grant.path!r} is read-only"}
+            )
+        # Written in place (`>` keeps the inode, its mode and its other names), in
+        # pieces small enough for one argument each.
+        first = True
+        while True:
+            piece = data.read(_GRANT_PIECE_BYTES)
+            if isinstance(piece, str):
+                piece = piece.encode()
+            if not piece and not first:
+                return
+            redirect = ">" if first else ">>"
+            script = f'[ ! -d "$p" ] || exit 5; printf %s "$3" | base64 -d {redirect} "$p"'
+            result = await self._granted_exec(
+                script, absolute, grant.path, base64.b64encode(bytes(piece or b"")).decode()
+            )
+            if result.exit_code != 0:
+                raise WorkspaceArchiveWriteError(
+                    path=path, context={"reason": _granted_reason(result.exit_code)}
+                )
+            if not piece:
+                return
+            first = False
+
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
-        """The file's bytes (bounded by our `read_limit_bytes`)."""
+        """The file's bytes (bounded by our `read_limit_bytes`); a path one of the
+        manifest's `extra_path_grants` covers is read there."""
         _refuse_user(user, "read")
+        granted = self._granted(path)
+        if granted is not None:
+            return await self._read_granted(path, *granted)
         try:
             data = await self.sandbox_session.read_file(self._sandbox_path(path))
         except FILE_ERRORS as error:
@@ -328,8 +436,14 @@ class AgentsSessionAdapter(SdkSession):
         return bytes(taken)
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
-        """Write the stream's bytes to the file (streamed, parents made)."""
+        """Write the stream's bytes to the file (streamed, parents made); a path one of
+        the manifest's `extra_path_grants` covers is written there (refused when the
+        grant is read-only)."""
         _refuse_user(user, "write")
+        granted = self._granted(path)
+        if granted is not None:
+            await self._write_granted(path, data, *granted)
+            return
         try:
             await self.sandbox_session.write_file_chunks(
                 self._sandbox_path(path, for_write=True), _chunks(data)
@@ -502,14 +616,24 @@ class AgentsSessionAdapter(SdkSession):
                 path=root, context={"reason": "this sandbox version has no workspace archives"}
             )
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES)
+        fitted = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES)
+        skip = {PurePosixPath(p.as_posix()) for p in self._persist_workspace_skip_relpaths()}
+        skip |= {PurePosixPath(p.as_posix()) for p in self._mount_relpaths_within_workspace()}
+        here = self._cwd or self._here or self.state.manifest.root
         try:
             async for chunk in persist(self._cwd or "."):
                 spool.write(chunk)
+            spool.seek(0)
+            # The SDK's skip set (ephemeral entries, mounts, registered paths) left out,
+            # absolute links into the workspace made relative: off the event loop.
+            await asyncio.to_thread(archive.rewrite, spool, fitted, skip, here)
         except BaseException:
-            spool.close()
+            fitted.close()
             raise
-        spool.seek(0)
-        return spool
+        finally:
+            spool.close()
+        fitted.seek(0)
+        return fitted
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
         """Extract such a tar into the workspace, under our archive rules."""
@@ -519,7 +643,14 @@ class AgentsSessionAdapter(SdkSession):
                 path=Path(self.state.manifest.root),
                 message="this sandbox version cannot extract workspace archives",
             )
-        await hydrate(_chunks(data), self._cwd or ".")
+        root = Path(self.state.manifest.root)
+        try:
+            await hydrate(_nonempty(_chunks(data)), self._cwd or ".")
+        except (SandboxError, ValueError) as error:
+            # The SDK (its resume, its callers) catches its own type.
+            raise WorkspaceArchiveWriteError(
+                path=root, context={"reason": str(error)}, cause=error
+            ) from error
 
     async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
         expose = getattr(self.sandbox_session, "expose_port", None)
@@ -531,6 +662,15 @@ class AgentsSessionAdapter(SdkSession):
             )
         exposed = await expose(port)
         return ExposedPortEndpoint(host=exposed.host, port=exposed.port, tls=exposed.tls)
+
+
+def _granted_reason(code: int) -> str:
+    return {
+        2: "the path does not resolve",
+        3: "a symlink leads out of the path grant",
+        4: "no such file",
+        5: "not a regular file",
+    }.get(code, f"the sandbox's command failed (exit status {code})")
 
 
 def _default_root() -> str:
@@ -558,6 +698,17 @@ def _sdk_update(update: PtyUpdate) -> PtyExecUpdate:
 def _dot(path: str) -> str:
     """A relative path spelled so that no command reads it as an option."""
     return path if path.startswith("/") else f"./{path}"
+
+
+async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks`, or an `InvalidArgumentError` when there are no bytes at all: a tar
+    archive always ends with its end blocks, so an empty stream is not one."""
+    empty = True
+    async for chunk in chunks:
+        empty = empty and not chunk
+        yield chunk
+    if empty:
+        raise InvalidArgumentError("a malformed tar archive: the stream is empty")
 
 
 async def _chunks(data: io.IOBase) -> AsyncIterator[bytes]:
