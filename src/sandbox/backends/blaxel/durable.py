@@ -56,18 +56,20 @@ from typing import Any
 import aiohttp
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
+from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
     ShellTrap,
+    check_mark,
     check_tag,
     lease_line,
     lease_path,
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
+    refuse_other_endpoint,
+    taken_from_ref,
 )
 from . import terminal
-from .client import SESSION_LABEL
 from .sdk import default_api_url
 from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
 
@@ -91,17 +93,7 @@ REF_OPTIONS = (
     "max_terminal_frame_bytes",
 )
 # The options a resume takes from a ref (never an endpoint or a credential).
-TAKEN_FROM_REF = frozenset(
-    {
-        *REF_OPTIONS,
-        "workdir",
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-    }
-)
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "workdir")
 GONE_NOTE = (
     "Blaxel no longer has this terminal session: its shell ended, or the sandbox closed "
     "it after 10 minutes without a client or output"
@@ -191,30 +183,8 @@ def check_created(session: BlaxelSession, ref: SessionRef) -> None:
     """The resumed close would delete the sandbox: its labels must carry our
     `sandbox.session` label with the ref's session id, else `RefNotTrustedError` (raised
     before the session takes on the deletion: the resume then only detaches)."""
-    if session._client.labels().get(SESSION_LABEL) == ref.session_id:
-        return
-    claim = (
-        "says its session created"
-        if ref.sandbox.get("created") is True
-        else "says the close deletes (the session attached to it)"
-    )
-    raise RefNotTrustedError(
-        f"the blaxel ref {claim} the sandbox {session.sandbox_name!r}, but Blaxel shows no "
-        f"{SESSION_LABEL} label of session {ref.session_id} on it: the library did not make "
-        "it, so it is not resumed (and not deleted); to resume it and leave it running, "
-        "pass keep=True"
-    )
-
-
-def refuse_other_endpoint(backend: str, option: str, recorded: object, used: str) -> None:
-    """Raise when the ref was made against another endpoint than the one this client
-    would use (its credentials go there only, never to the one a ref names)."""
-    if recorded is None or recorded == used:
-        return
-    raise InvalidArgumentError(
-        f"the {backend} ref was made against {recorded!r}; this client would use {used!r}; "
-        f"pass {option}={recorded!r} to resume it there"
-    )
+    labels = session._client.labels()
+    check_mark(ref, labels, backend="blaxel", what=f"the sandbox {session.sandbox_name!r}")
 
 
 def _handle(process: ProcessRef) -> tuple[str, str, str]:

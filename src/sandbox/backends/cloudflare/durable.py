@@ -48,8 +48,16 @@ from typing import Any
 from yarl import URL
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import InvalidArgumentError, ProviderError, SandboxError, SessionGoneError
-from ..toolkit import ShellTrap, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from ...errors import ProviderError, SandboxError, SessionGoneError
+from ..toolkit import (
+    ShellTrap,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+    refuse_other_endpoint,
+    taken_from_ref,
+)
 from .client import WorkerClient
 from .scripts import PID_MARKER
 from .terminal import PtyHandle, WorkerTerminal, close_socket, connect, pump
@@ -62,16 +70,7 @@ CloudflareSession = Any
 PTY_RING_BYTES = 256 * 1024
 REF_OPTIONS = ("request_timeout_s", "connect_timeout_s", "ready_timeout_s", "heartbeat_s")
 # The options a resume takes from a ref (never an endpoint or a credential).
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        *REF_OPTIONS,
-    }
-)
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS)
 # What a ref's handle may hold: our own session names and trap tokens only.
 SESSION_NAME = re.compile(r"sandbox-py-[0-9a-f]{16}")
 TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -233,17 +232,6 @@ async def resume(session: CloudflareSession, ref: SessionRef) -> None:
         # container is not ours to delete (the sandbox id may be in use by another).
         await _delete_session(client, name)
         raise SessionGoneError(GONE.format(id=client.sandbox_id))
-
-
-def refuse_other_endpoint(backend: str, option: str, recorded: object, used: str) -> None:
-    """Raise when the ref was made against another endpoint than the one this client
-    would use (its credentials go there only, never to the one a ref names)."""
-    if recorded is None or recorded == used:
-        return
-    raise InvalidArgumentError(
-        f"the {backend} ref was made against {recorded!r}; this client would use {used!r}; "
-        f"pass {option}={recorded!r} to resume it there"
-    )
 
 
 # ---- processes --------------------------------------------------------------------------

@@ -39,15 +39,21 @@ from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
 from ...errors import (
-    InvalidArgumentError,
     ProviderError,
-    RefNotTrustedError,
     SandboxError,
     SessionGoneError,
 )
-from ..toolkit import lease_line, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from ..toolkit import (
+    check_mark,
+    lease_line,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+    refuse_other_endpoint,
+    taken_from_ref,
+)
 from . import commands, terminal
-from .client import SESSION_LABEL
 from .handles import DaytonaHandle, PipeState, PtyState
 
 # `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
@@ -58,18 +64,7 @@ SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
 # The options a resume takes from a ref: never `api_url` (see `check_endpoint`) or a
 # credential. `target` (a region of the same API) is kept.
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        *REF_OPTIONS,
-        "call_timeout_s",
-        "target",
-    }
-)
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "target")
 # The SDK's API when neither `api_url=` nor DAYTONA_API_URL says (daytona `DaytonaConfig`).
 DEFAULT_API_URL = "https://app.daytona.io/api"
 PTY_NOT_KEPT = (
@@ -132,14 +127,7 @@ def check_endpoint(session: DaytonaSession, ref: SessionRef) -> None:
     the caller passed `api_url=` (before any request)."""
     if session._client.options.api_url is not None:
         return
-    used = api_url_used(session)
-    recorded = ref.options.get("api_url")
-    if recorded is None or recorded == used:
-        return
-    raise InvalidArgumentError(
-        f"the daytona ref was made against {recorded!r}; this client would use {used!r}; "
-        f"pass api_url={recorded!r} to resume it there"
-    )
+    refuse_other_endpoint("daytona", "api_url", ref.options.get("api_url"), api_url_used(session))
 
 
 def ref_process(entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
@@ -170,20 +158,7 @@ def check_created(session: DaytonaSession, ref: SessionRef) -> None:
     answered them at the attach) must carry our `sandbox.session` label with the ref's
     session id, else `RefNotTrustedError` (the resume then only detaches)."""
     labels = getattr(session._client.sandbox, "labels", None)
-    mark = labels.get(SESSION_LABEL) if isinstance(labels, dict) else None
-    if mark == ref.session_id:
-        return
-    claim = (
-        "says its session created"
-        if ref.sandbox.get("created") is True
-        else "says the close deletes (the session attached to it)"
-    )
-    raise RefNotTrustedError(
-        f"the daytona ref {claim} the sandbox {session.sandbox_id!r}, but Daytona shows no "
-        f"{SESSION_LABEL} label of session {ref.session_id} on it: the library did not make "
-        "it, so it is not resumed (and not deleted); to resume it and leave it running, "
-        "pass keep=True"
-    )
+    check_mark(ref, labels, backend="daytona", what=f"the sandbox {session.sandbox_id!r}")
 
 
 def _safe(process: ProcessRef, key: str) -> str | None:

@@ -39,6 +39,7 @@ from ..toolkit import (
     lease_swap_argv,
     parse_lease,
     running_tags,
+    taken_from_ref,
 )
 from .container import LABEL_BACKEND, LABEL_SESSION
 from .errors import is_not_found
@@ -51,20 +52,8 @@ DockerSession = Any
 REF_OPTIONS = ("terminate_grace_s", "detach_keys")
 # The options a resume takes from a ref: none of them names an engine, loads code or
 # holds a credential.
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        "terminate_grace_s",
-        "detach_keys",
-        "workdir",
-        "user",
-        "api_timeout",
-        "api_version",
-    }
+TAKEN_FROM_REF = taken_from_ref(
+    "terminate_grace_s", "detach_keys", "workdir", "user", "api_timeout", "api_version"
 )
 # The docker SDK's default engine (`docker.constants.DEFAULT_UNIX_SOCKET`), as the CLI
 # spells it.

@@ -31,8 +31,9 @@ from typing import Any
 from e2b import NotFoundException
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, RefNotTrustedError, SandboxError, SessionGoneError
+from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import (
+    check_mark,
     check_tag,
     lease_line,
     lease_path,
@@ -40,10 +41,10 @@ from ..toolkit import (
     lease_swap_argv,
     new_tag,
     parse_lease,
+    taken_from_ref,
 )
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
-from .sandboxes import SESSION_LABEL
 
 # `E2BSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -58,17 +59,7 @@ REF_OPTIONS = (
 )
 # The options a resume takes from a ref: never a credential, a class or an endpoint (the
 # SDK finds its domain in the environment).
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        *(option for option, _ in REF_OPTIONS),
-        "sandbox_timeout_s",
-    }
-)
+TAKEN_FROM_REF = taken_from_ref(*(option for option, _ in REF_OPTIONS), "sandbox_timeout_s")
 NOT_KEPT = (
     "e2b keeps no output of a process while no client is connected: what it printed "
     "meanwhile is not shown"
@@ -140,24 +131,7 @@ async def check_created(session: E2BSession, ref: SessionRef) -> None:
     except Exception as exc:
         session._errors.fail(exc, "read the sandbox's metadata")
     metadata = getattr(info, "metadata", None)
-    mark = metadata.get(SESSION_LABEL) if isinstance(metadata, dict) else None
-    if mark != ref.session_id:
-        raise RefNotTrustedError(not_ours("e2b", sandbox_id, ref, SESSION_LABEL, "metadata"))
-
-
-def not_ours(backend: str, sandbox_id: object, ref: SessionRef, key: str, field: str) -> str:
-    """Why a resume refused to take on deleting a sandbox the library did not mark."""
-    claim = (
-        "says its session created"
-        if ref.sandbox.get("created") is True
-        else "says the close deletes (the session attached to it)"
-    )
-    return (
-        f"the {backend} ref {claim} the sandbox {sandbox_id!r}, but the provider shows no "
-        f"{key} {field} of session {ref.session_id} on it: the library did not make it, so "
-        "it is not resumed (and not deleted); to resume it and leave it running, pass "
-        "keep=True"
-    )
+    check_mark(ref, metadata, backend="e2b", what=f"the sandbox {sandbox_id!r}", kind="metadata")
 
 
 def _tag(process: ProcessRef, key: str) -> str:

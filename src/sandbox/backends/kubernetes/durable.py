@@ -54,8 +54,9 @@ from ...backend import (
     SessionState,
     durable_session_id,
 )
-from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
+from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
+    check_mark,
     grace_ticks,
     kill_script,
     lease_path,
@@ -63,12 +64,12 @@ from ..toolkit import (
     lease_swap_argv,
     parse_lease,
     running_tags,
+    taken_from_ref,
 )
 from . import bounds
 from .execs import KubeProcess, run_control
 from .pods import (
     CONTAINER_NAME,
-    SESSION_LABEL,
     PodStartError,
     pod_uid,
     pods_path,
@@ -90,19 +91,8 @@ CLOSED = "closed"
 LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "$@"'
 # The options a resume takes from a ref: none names a cluster, loads code or credentials
 # (never `kubeconfig` or `context`: see the module docstring).
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        "workdir",
-        "terminate_grace_s",
-        "api_timeout",
-        "delete_grace_s",
-        "protocols",
-    }
+TAKEN_FROM_REF = taken_from_ref(
+    "workdir", "terminate_grace_s", "api_timeout", "delete_grace_s", "protocols"
 )
 
 
@@ -188,12 +178,9 @@ def check_server(session: KubernetesSession, server: str) -> None:
 def check_created(session: KubernetesSession, ref: SessionRef, name: str) -> None:
     """The ref says the session created the pod `name`: the pod found must carry our
     `sandbox.session` label with the ref's session id."""
-    if session._pod_labels.get(SESSION_LABEL) != ref.session_id:
-        raise RefNotTrustedError(
-            f"the kubernetes ref says its session created the pod {name!r}, but the pod "
-            f"has no {SESSION_LABEL} label of session {ref.session_id}: the library did not "
-            "make it, so it is not resumed (and not deleted)"
-        )
+    check_mark(
+        ref, session._pod_labels, backend="kubernetes", what=f"the pod {name!r}", keep_hint=False
+    )
 
 
 async def resume(session: KubernetesSession, ref: SessionRef) -> None:

@@ -26,11 +26,19 @@ import asyncio
 from typing import Any
 
 from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
-from ...errors import ProviderError, RefNotTrustedError, SandboxError, SessionGoneError
-from ..toolkit import check_tag, lease_path, lease_read_argv, lease_swap_argv, parse_lease
+from ...errors import ProviderError, SandboxError, SessionGoneError
+from ..toolkit import (
+    check_mark,
+    check_tag,
+    lease_path,
+    lease_read_argv,
+    lease_swap_argv,
+    parse_lease,
+    taken_from_ref,
+)
 from .commands import Command, read_stream
 from .errors import SANDBOX_GONE, SDK_ERRORS
-from .lifecycle import SESSION_LABEL, quietly
+from .lifecycle import quietly
 
 # `ModalSession`, untyped here: its module imports this one, and an import back (even a
 # type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -49,18 +57,7 @@ NOT_REATTACHED = (
 )
 LEASE_TIMEOUT_S = 30.0
 # The options a resume takes from a ref: never a token, a client or an SDK.
-TAKEN_FROM_REF = frozenset(
-    {
-        "max_processes",
-        "output_limit_bytes",
-        "teardown_concurrency",
-        "read_limit_bytes",
-        "exec_output_limit_bytes",
-        *REF_OPTIONS,
-        "call_timeout_s",
-        "term",
-    }
-)
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "term")
 
 
 def ref_sandbox(session: ModalSession) -> dict[str, Any]:
@@ -95,18 +92,13 @@ async def check_created(session: ModalSession, ref: SessionRef) -> None:
     `RefNotTrustedError` (the resume then only detaches: nothing is terminated)."""
     sandbox = session._commands.require_sandbox()
     tags = await session._errors.call("read the sandbox's tags", sandbox.get_tags.aio)
-    if isinstance(tags, dict) and tags.get(SESSION_LABEL) == ref.session_id:
-        return
-    claim = (
-        "says its session created"
-        if ref.sandbox.get("created") is True
-        else "says the close terminates (the session attached to it)"
-    )
-    raise RefNotTrustedError(
-        f"the modal ref {claim} the sandbox {session.sandbox_id!r}, but Modal shows no "
-        f"{SESSION_LABEL} tag of session {ref.session_id} on it: the library did not make "
-        "it, so it is not resumed (and not terminated); to resume it and leave it running, "
-        "pass keep=True"
+    check_mark(
+        ref,
+        tags,
+        backend="modal",
+        what=f"the sandbox {session.sandbox_id!r}",
+        kind="tag",
+        ending="terminates",
     )
 
 

@@ -19,6 +19,8 @@
 - `lease`: the lease of a durable session kept as a file in a remote sandbox, swapped
   by one `sh` script (`lease_path`, `lease_read_argv`, `lease_swap_argv`, `lease_line`,
   `parse_lease`; see docs/durable-sessions.md).
+- `ref_trust`: what even a sealed ref may not decide (`taken_from_ref`,
+  `refuse_other_endpoint`, `check_mark` with `SESSION_MARK`).
 - `options`: the backend flags the cli and the MCP server share (not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
@@ -51,6 +53,7 @@ from .limits import (
     whole_multiple,
 )
 from .paths import within_workspace
+from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
@@ -74,6 +77,7 @@ __all__ = [
     "PROCESSES",
     "REDACTED",
     "RETRYABLE_STATUSES",
+    "SESSION_MARK",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
     "UNKNOWN_SIGNAL_EXIT",
@@ -82,6 +86,7 @@ __all__ = [
     "Secret",
     "ShellTrap",
     "check_limits",
+    "check_mark",
     "check_tag",
     "clean_detail",
     "command_line",
@@ -99,11 +104,13 @@ __all__ = [
     "parse_kill_report",
     "parse_lease",
     "redact",
+    "refuse_other_endpoint",
     "refuse_unsupported",
     "require_credential",
     "running_tags",
     "signal_from_reason",
     "tag_environment",
+    "taken_from_ref",
     "transport_error",
     "transport_reason",
     "wait_for_verdict",
