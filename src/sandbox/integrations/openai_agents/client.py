@@ -76,6 +76,13 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
         backend_options = dict(options.backend_options)
         # Before anything is made: a grant naming a host folder is refused or mounted.
         backend_options = _host_path_grants(options.backend, manifest, backend_options)
+        if options.backend == "docker" and options.exposed_ports:
+            # Published on the host's loopback at create: the bridge address the engine
+            # would give otherwise is unreachable on Docker Desktop, rootless Docker and
+            # a remote DOCKER_HOST.
+            named = [int(port) for port in backend_options.get("ports") or ()]
+            wanted = [port for port in options.exposed_ports if port not in named]
+            backend_options["ports"] = [*named, *wanted]
         owned = False
         if options.backend == "unix_local" and "workspace" not in backend_options:
             if manifest.root == _default_root():

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
+import os
 import posixpath
 import re
+import stat as stat_module
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -47,11 +50,20 @@ from sandbox.errors import (
     SandboxError,
     SandboxFileNotFoundError,
     StdinClosedError,
+    WorkspacePathError,
 )
 from sandbox.types import PtyUpdate
 
 from . import archive
-from .files import FILE_ERRORS, file_entry, move_error, resolve_inside, sdk_error, symlink_archive
+from .files import (
+    FILE_ERRORS,
+    Operation,
+    file_entry,
+    move_error,
+    resolve_inside,
+    sdk_error,
+    symlink_archive,
+)
 from .state import SandboxSessionState
 
 UntilPattern = str | re.Pattern[str]
@@ -89,6 +101,10 @@ class AgentsSessionAdapter(SdkSession):
         # The manifest's `environment`, resolved once at start (its values may come from
         # a secret store): every command gets it.
         self._env: dict[str, str] | None = None
+        # unix_local: the workspace folder's (device, inode) at start. Our file calls
+        # open the workspace by its path, so a root replaced by a symlink since would
+        # take them elsewhere: each file operation checks it first.
+        self._root_id: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"<AgentsSessionAdapter backend={self.state.backend!r} running={self._live()}>"
@@ -171,6 +187,9 @@ class AgentsSessionAdapter(SdkSession):
         ours = self.sandbox_session
         here = (await ours.exec("pwd")).stdout.decode().strip()
         self._here = here
+        if self.state.backend == "unix_local":
+            found = await asyncio.to_thread(os.stat, here)
+            self._root_id = (found.st_dev, found.st_ino)
         root = self.state.manifest.root
         if root in ("", _default_root()) or root == here:
             self.state.manifest = self.state.manifest.model_copy(update={"root": here})
@@ -325,6 +344,25 @@ class AgentsSessionAdapter(SdkSession):
     # leads out of. The SDK's own defaults run `rm`/`mkdir`/`ls`/`mv`/`test -ef` in the
     # sandbox after a lexical check only, following a link to any host folder.
 
+    def _check_root(self, operation: Operation, path: Path | str) -> None:
+        """Raise the SDK's error for `operation` when the unix_local workspace folder is
+        no longer the one the session started on (replaced, or by a symlink)."""
+        if self._root_id is None or self._here is None:
+            return
+        try:
+            found = os.lstat(self._here)
+            moved = stat_module.S_ISLNK(found.st_mode) or (
+                (found.st_dev, found.st_ino) != self._root_id
+            )
+        except OSError:
+            moved = True
+        if moved:
+            error = WorkspacePathError(
+                f"the workspace folder {self._here!r} was replaced (or by a symlink) since "
+                "the session started: refusing to follow it"
+            )
+            raise sdk_error(operation, path, error) from error
+
     def _sandbox_path(self, path: Path | str, *, for_write: bool = False) -> str:
         """The path our session's file calls take (relative to the workspace), after the
         SDK's own lexical check."""
@@ -405,6 +443,7 @@ class AgentsSessionAdapter(SdkSession):
         """The file's bytes (bounded by our `read_limit_bytes`); a path one of the
         manifest's `extra_path_grants` covers is read there."""
         _refuse_user(user, "read")
+        self._check_root("read", path)
         granted = self._granted(path)
         if granted is not None:
             return await self._read_granted(path, *granted)
@@ -417,6 +456,7 @@ class AgentsSessionAdapter(SdkSession):
     async def _read_bounded(self, path: Path, *, max_bytes: int) -> bytes:
         """At most `max_bytes` of the file's first bytes, streamed: a big file is never
         read whole for a prefix."""
+        self._check_root("read", path)
         taken = bytearray()
         chunks = self.sandbox_session.read_file_chunks(
             self._sandbox_path(path), chunk_size=min(max_bytes, _HYDRATE_CHUNK_BYTES)
@@ -440,16 +480,54 @@ class AgentsSessionAdapter(SdkSession):
         the manifest's `extra_path_grants` covers is written there (refused when the
         grant is read-only)."""
         _refuse_user(user, "write")
+        self._check_root("write", path)
         granted = self._granted(path)
         if granted is not None:
             await self._write_granted(path, data, *granted)
             return
+        relative = self._sandbox_path(path, for_write=True)
         try:
-            await self.sandbox_session.write_file_chunks(
-                self._sandbox_path(path, for_write=True), _chunks(data)
-            )
+            if self.state.backend == "docker" and await self._is_file(relative):
+                await self._write_in_place(path, relative, data)
+                return
+            await self.sandbox_session.write_file_chunks(relative, _chunks(data))
         except FILE_ERRORS as error:
             raise sdk_error("write", path, error) from error
+
+    async def _is_file(self, relative: str) -> bool:
+        try:
+            return (await self.sandbox_session.stat(relative)).kind == "file"
+        except SandboxFileNotFoundError:
+            return False
+
+    async def _write_in_place(self, path: Path, relative: str, data: io.IOBase) -> None:
+        """Docker's archive upload replaces a file (a new inode, mode 0644): an
+        executable would lose its x bits and a hard link keep the old bytes. So an
+        existing file gets the bytes through a sibling spool (our confined write), then
+        copied over it in place by `cat` in the sandbox (same inode, mode, links), the
+        target checked to be still a regular file, not a link swapped in."""
+        ours = self.sandbox_session
+        folder, name = posixpath.split(relative)
+        spool = posixpath.join(folder, f".{name}.sandbox-write-{uuid.uuid4().hex[:12]}")
+        await ours.write_file_chunks(spool, _chunks(data))
+        script = (
+            '[ -f "$2" ] && [ ! -L "$2" ] || exit 3; cat -- "$1" > "$2"; rc=$?; '
+            'rm -f -- "$1"; exit "$rc"'
+        )
+        result = await ours.exec(
+            "sh", "-c", script, "sh", _dot(spool), _dot(relative), shell=False, cwd=self._cwd
+        )
+        if result.exit_code != 0:
+            with contextlib.suppress(SandboxError):
+                await ours.remove(spool)
+            raise WorkspaceArchiveWriteError(
+                path=path,
+                context={
+                    "reason": "the file changed while it was written"
+                    if result.exit_code == 3
+                    else result.stderr.decode("utf-8", "replace")[:200]
+                },
+            )
 
     async def _write_new_file(
         self, path: Path, data: io.IOBase, *, user: str | User | None = None
@@ -457,6 +535,7 @@ class AgentsSessionAdapter(SdkSession):
         """`apply_patch`'s create: `FileExistsError` when something is at `path` (a
         symlink included), else a write (parents made)."""
         _refuse_user(user, "write")
+        self._check_root("write", path)
         ours = self.sandbox_session
         relative = self._sandbox_path(path, for_write=True)
         try:
@@ -476,6 +555,7 @@ class AgentsSessionAdapter(SdkSession):
         """The entries of a folder, by our `list_dir` (entries not followed; a path a
         symlink leads out of is the SDK's `InvalidManifestPathError`)."""
         _refuse_user(user, "ls")
+        self._check_root("ls", path)
         shown = str(self.normalize_path(path))
         try:
             infos = await self.sandbox_session.list_dir(self._sandbox_path(path))
@@ -489,6 +569,7 @@ class AgentsSessionAdapter(SdkSession):
         """Make a folder (with `parents`, its missing parents; an existing one is fine),
         by our `make_dir`."""
         _refuse_user(user, "mkdir")
+        self._check_root("mkdir", path)
         try:
             await self.sandbox_session.make_dir(
                 self._sandbox_path(path, for_write=True), parents=parents
@@ -502,6 +583,7 @@ class AgentsSessionAdapter(SdkSession):
         """Remove a file, a symlink (never what it points at) or, with `recursive`, a
         folder, by our `remove`. Missing: an error, except with `recursive` (`rm -rf`)."""
         _refuse_user(user, "rm")
+        self._check_root("rm", path)
         try:
             await self.sandbox_session.remove(
                 self._sandbox_path(path, for_write=True), recursive=recursive
@@ -526,6 +608,7 @@ class AgentsSessionAdapter(SdkSession):
         the source in place (and the destination possibly partly written); the copy
         gets the default permission bits."""
         _refuse_user(user, "mv")
+        self._check_root("mv", source)
         ours = self.sandbox_session
         src = self._sandbox_path(source, for_write=True)
         dst = self._sandbox_path(destination, for_write=True)
@@ -571,6 +654,7 @@ class AgentsSessionAdapter(SdkSession):
         `InvalidManifestPathError`, never followed); with `follow_symlinks=False` a
         symlink at either path answers False. A missing path answers False."""
         _refuse_user(user, "same_file")
+        self._check_root("same_file", left)
         ours = self.sandbox_session
         root = self._here or self.state.manifest.root
         first = self._sandbox_path(left)
@@ -611,6 +695,7 @@ class AgentsSessionAdapter(SdkSession):
         ours = self.sandbox_session
         persist = getattr(ours, "persist_workspace", None)
         root = Path(self.state.manifest.root)
+        self._check_root("read", root)
         if persist is None:
             raise WorkspaceArchiveReadError(
                 path=root, context={"reason": "this sandbox version has no workspace archives"}
@@ -644,6 +729,7 @@ class AgentsSessionAdapter(SdkSession):
                 message="this sandbox version cannot extract workspace archives",
             )
         root = Path(self.state.manifest.root)
+        self._check_root("write", root)
         try:
             await hydrate(_nonempty(_chunks(data)), self._cwd or ".")
         except (SandboxError, ValueError) as error:
