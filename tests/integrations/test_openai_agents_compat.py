@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("agents.sandbox", reason="the openai-agents extra is not installed")
 
 from agents.sandbox.entries.artifacts import File
+from agents.sandbox.entries.mounts.base import DockerVolumeMountStrategy, Mount, MountStrategy
 from agents.sandbox.errors import (
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
@@ -261,6 +262,70 @@ async def test_manifest_users_are_refused_on_unix_local(tmp_path: Path) -> None:
     assert any(isinstance(error, sandbox.InvalidArgumentError) for error in chain)
     with open("/etc/passwd") as accounts:
         assert "sdk-compat-user" not in accounts.read()
+
+
+# ---- 7: delete unmounts first ----
+
+_UNMOUNTED: list[str] = []
+
+
+class _RecordedMount(Mount):
+    """A mount whose teardown is recorded (and fails for a name in `fail`): the order
+    and outcome `delete` sees, without a real mount on this machine."""
+
+    type: str = "sandbox_test_recorded_mount"
+    mount_strategy: MountStrategy = DockerVolumeMountStrategy(driver="local")
+    fail: bool = False
+
+    def supported_docker_volume_drivers(self) -> frozenset[str]:
+        return frozenset({"local"})
+
+    async def unmount(self, session: Any, dest: Path, base_dir: Path) -> None:
+        _UNMOUNTED.append(dest.as_posix())
+        if self.fail:
+            raise RuntimeError("the mount is busy")
+
+
+async def _owned_session_with_mounts(*, fail: bool) -> tuple[SandboxClient, SandboxSession, Path]:
+    client = SandboxClient()
+    session = await client.create(options=SandboxClientOptions(backend="unix_local"))
+    await session.start()
+    root = Path(session._inner.state.manifest.root)
+    entries = {
+        "data": _RecordedMount(),
+        "data/deeper": _RecordedMount(fail=fail),
+    }
+    # Mounts the SDK applied at start; here set after it (no real mount is made).
+    session._inner.state.manifest = session._inner.state.manifest.model_copy(
+        update={"entries": entries}
+    )
+    return client, session, root
+
+
+async def test_delete_unmounts_ephemeral_mounts_deepest_first_then_removes() -> None:
+    _UNMOUNTED.clear()
+    client, session, root = await _owned_session_with_mounts(fail=False)
+    await session.shutdown()
+    await client.delete(session)
+
+    assert _UNMOUNTED == [f"{root}/data/deeper", f"{root}/data"]
+    assert not root.exists()
+
+
+async def test_delete_keeps_the_workspace_when_an_unmount_failed() -> None:
+    _UNMOUNTED.clear()
+    client, session, root = await _owned_session_with_mounts(fail=True)
+    try:
+        await session.shutdown()
+        await client.delete(session)
+
+        assert len(_UNMOUNTED) == 2  # one failure hides no other unmount
+        assert root.is_dir()  # a live mount's files are never removed
+    finally:
+        if root.exists():
+            import shutil
+
+            shutil.rmtree(root)
 
 
 # ---- 9: the workspace root replaced by a symlink ----
