@@ -1,7 +1,8 @@
 """The OpenAI Agents SDK's real `Runner.run` driving our sessions.
 
-The model is scripted (an implementation of the SDK's `Model` interface that emits tool
-calls and reads back the tool outputs it gets; no network); the tools are the SDK's own
+The model is scripted (`sandbox.testing.openai_agents_model.ScriptedModel`, an
+implementation of the SDK's `Model` interface that emits tool calls and reads back the
+tool outputs it gets; no network); the tools are the SDK's own
 (`exec_command`, `write_stdin`, `apply_patch`) plus our `Terminal`. Runs on every
 conformance fixture (unix_local, docker, the stand-ins) through a live session, and on
 unix_local and docker through `SandboxClient` (create, resume, delete).
@@ -13,7 +14,6 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +22,10 @@ import pytest
 pytest.importorskip("agents.sandbox", reason="the openai-agents extra is not installed")
 
 from agents import ModelSettings, RunConfig, Runner
-from agents.items import ModelResponse
-from agents.models.interface import Model
 from agents.run_config import SandboxRunConfig
 from agents.sandbox import SandboxAgent
 from agents.sandbox.capabilities import Filesystem, Shell
-from agents.usage import Usage
-from openai.types.responses import (
-    ResponseCustomToolCall,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
+from openai.types.responses import ResponseCustomToolCall
 
 import sandbox
 from sandbox.integrations.openai_agents import (
@@ -44,73 +36,7 @@ from sandbox.integrations.openai_agents import (
 )
 from sandbox.testing import conformance
 from sandbox.testing.conformance import eventually
-
-Step = Callable[[dict[str, str]], list[Any]]
-
-
-def call(name: str, **arguments: Any) -> ResponseFunctionToolCall:
-    """A function tool call the model makes."""
-    ident = f"call_{os.urandom(6).hex()}"
-    return ResponseFunctionToolCall(
-        id=f"fc_{ident}",
-        call_id=ident,
-        name=name,
-        arguments=json.dumps(arguments),
-        type="function_call",
-        status="completed",
-    )
-
-
-def say(text: str) -> ResponseOutputMessage:
-    """The model's final answer."""
-    return ResponseOutputMessage(
-        id=f"msg_{os.urandom(6).hex()}",
-        content=[ResponseOutputText(text=text, type="output_text", annotations=[])],
-        role="assistant",
-        status="completed",
-        type="message",
-    )
-
-
-class ScriptedModel(Model):
-    """Plays a script: each step sees the outputs of the previous step's tool calls
-    (by call id, in order) and returns the next output items."""
-
-    def __init__(self, steps: list[Step]) -> None:
-        self.steps = list(steps)
-        self.outputs: list[list[str]] = []
-        self.tool_names: list[str] = []
-
-    async def get_response(
-        self,
-        system_instructions,
-        input,
-        model_settings,
-        tools,
-        output_schema,
-        handoffs,
-        tracing,
-        *,
-        previous_response_id,
-        conversation_id,
-        prompt,
-    ):  # type: ignore[no-untyped-def]
-        self.tool_names = sorted(t.name for t in tools)
-        outputs: dict[str, str] = {}
-        for item in input if isinstance(input, list) else []:
-            kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
-            if kind in ("function_call_output", "custom_tool_call_output"):
-                fields = item if isinstance(item, dict) else item.model_dump()
-                output = fields["output"]
-                outputs[fields["call_id"]] = (
-                    output if isinstance(output, str) else json.dumps(output)
-                )
-        self.outputs.append(list(outputs.values()))
-        step = self.steps.pop(0)
-        return ModelResponse(output=step(outputs), usage=Usage(), response_id=None)
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("the scripted model does not stream")
+from sandbox.testing.openai_agents_model import ScriptedModel, call, say
 
 
 def agent(model: ScriptedModel, *, terminal: bool = False) -> SandboxAgent[Any]:

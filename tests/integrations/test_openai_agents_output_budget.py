@@ -20,14 +20,8 @@ from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.integrations.openai_agents import AgentsSessionAdapter
 from sandbox.output.model_budget import MODEL_OUTPUT_TOKENS
 from sandbox.output.truncation import BYTES_PER_TOKEN
-from tests.integrations.test_openai_agents import (
-    ScriptedModel,
-    call,
-    last,
-    run,
-    say,
-    session_id_in,
-)
+from sandbox.testing.openai_agents_model import ScriptedModel, call, say
+from tests.integrations.test_openai_agents import last, run, session_id_in
 
 LAST_LINE = "300000"  # no smaller number holds it: its first sight ends the window
 # About 2 MB of numbered lines once a line is typed; the process then stays.
