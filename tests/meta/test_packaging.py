@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import urllib.request
 import venv
 import zipfile
@@ -28,7 +29,8 @@ from sandbox.output import ascii_text
 from tests.conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
-NAME = "agent_sandbox_pty-0.1.0"
+_PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+NAME = f"{_PROJECT['name'].replace('-', '_')}-{_PROJECT['version']}"
 
 # Run by the fresh venv's interpreter, from a folder outside the tree.
 SMOKE = """
