@@ -376,9 +376,11 @@ def test_cli_doc_covers_every_command() -> None:
         for action in _build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     ]
-    cli = (DOCS / "cli.md").read_text()
-    missing = [name for name in commands.choices if f"sandbox {name}" not in cli]
-    assert not missing, f"docs/cli.md never shows: {missing}"
+    # The synopsis at the top, where a reader looks for them, not a mention in passing.
+    synopsis = next(b.code for b in BLOCKS if b.doc == "docs/cli.md")
+    shown = set(re.findall(r"^sandbox ([a-z]+)", synopsis, re.M))
+    missing = sorted(set(commands.choices) - shown)
+    assert not missing, f"docs/cli.md's synopsis lacks: {missing}"
 
 
 def _section(text: str, heading: str) -> str:
