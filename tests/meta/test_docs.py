@@ -104,7 +104,7 @@ def _example_backend() -> str:
     section = text[text.index("## Adding a backend") :]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks, "no python example in the 'Adding a backend' section"
-    return blocks[-1]
+    return str(blocks[-1])
 
 
 def test_example_backend_uses_only_the_backend_face() -> None:
@@ -198,6 +198,23 @@ def _resolves(dotted: str) -> bool:
 def _file_exists(path: str) -> bool:
     bases = (ROOT, ROOT / "src", ROOT / "src" / "sandbox", ROOT / "tests")
     return any((base / path).is_file() for base in bases)
+
+
+# Any file or folder of ours a document names by its path from the root (not a pattern
+# such as tests/backends/test_<name>.py; providers' own sources, in other languages, aside).
+ROOT_PATH = re.compile(
+    r"(?<![\w./-])((?:src|tests|scripts|tools|bench)/[\w./-]*[\w/])(?![\w/<*{-]|\.\w)"
+)
+FOREIGN_SUFFIXES = (".go", ".ts", ".js", ".rs")
+
+
+def test_paths_from_the_root_named_in_docs_exist() -> None:
+    missing = []
+    for doc in _documents():
+        for path in sorted(set(ROOT_PATH.findall(doc.read_text()))):
+            if not path.endswith(FOREIGN_SUFFIXES) and not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, "documents name paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_module_paths_named_in_docs_exist() -> None:
@@ -312,9 +329,9 @@ def started(
     from tests.backend_fixtures.docker import skip_reason
 
     selected = {
-        item.callspec.params["block"].label
+        item.callspec.id  # the block's label (ids=)
         for item in request.session.items
-        if getattr(item, "originalname", "") == "test_example_runs_as_written"
+        if isinstance(item, pytest.Function) and item.originalname == "test_example_runs_as_written"
     }
     runs: dict[str, Any] = {}
     for block in RUNNABLE:
@@ -402,7 +419,7 @@ def test_every_option_is_in_its_one_table() -> None:
     from sandbox.session.base import BaseSandboxSession
 
     def keywords(cls: type) -> set[str]:
-        parameters = inspect.signature(cls.__init__).parameters.values()
+        parameters = inspect.signature(cls).parameters.values()
         return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
     providers = _section((DOCS / "providers.md").read_text(), "## unix_local")
