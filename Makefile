@@ -13,7 +13,7 @@ LATEST_VENV := .venv-latest
 SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-integration test-latest-sdks lint format typecheck check bench bench-quick mutation clean
+.PHONY: install system-deps demo test test-integration test-latest-sdks test-agents-sdk lint format typecheck check bench bench-quick mutation clean
 
 install: $(STAMP)
 
@@ -51,6 +51,11 @@ test-latest-sdks:
 	$(LATEST_VENV)/bin/python -m pip list 2>/dev/null | grep -iE '^(e2b|modal|daytona|blaxel|docker|mcp) '
 	SANDBOX_CONFORMANCE_BACKENDS=e2b,modal,daytona $(LATEST_VENV)/bin/python -m pytest -q \
 		$(SDK_TESTS) tests/test_conformance.py $(PYTEST_ARGS)
+
+# The OpenAI Agents SDK's own sandbox tests (its sdist, the version constraints.txt pins)
+# against our SandboxClient on unix_local and docker (tests/agents_sdk_upstream/).
+test-agents-sdk: install system-deps
+	bash tests/agents_sdk_upstream/run.sh $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests bench

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -246,9 +247,11 @@ async def test_the_manifests_environment_reaches_commands(opened: Any) -> None:
 async def test_manifest_users_are_refused_on_unix_local(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
+    # A fresh name: the check below cannot see an account an earlier run left.
+    name = f"sbx{uuid.uuid4().hex[:12]}"
     client = SandboxClient()
     session = await client.create(
-        manifest=Manifest(root=str(workspace), users=[User(name="sdk-compat-user")]),
+        manifest=Manifest(root=str(workspace), users=[User(name=name)]),
         options=SandboxClientOptions(
             backend="unix_local", backend_options={"workspace": str(workspace)}
         ),
@@ -261,7 +264,7 @@ async def test_manifest_users_are_refused_on_unix_local(tmp_path: Path) -> None:
     chain = [raised.value, raised.value.__cause__, raised.value.__context__]
     assert any(isinstance(error, sandbox.InvalidArgumentError) for error in chain)
     with open("/etc/passwd") as accounts:
-        assert "sdk-compat-user" not in accounts.read()
+        assert f"\n{name}:" not in f"\n{accounts.read()}"
 
 
 # ---- 7: delete unmounts first ----

@@ -68,6 +68,10 @@ from .state import SandboxSessionState
 
 UntilPattern = str | re.Pattern[str]
 
+# Our extractor's words for a refused member (`archive member 'name' refused: why`):
+# the SDK's hydrate error names the member in its context.
+_REFUSED_MEMBER = re.compile(r"archive member '(.*)' refused: ")
+
 #: The exact text the SDK's `write_stdin` tool compares to give its "use tty" hint.
 STDIN_UNAVAILABLE = "stdin is not available for this process"
 
@@ -570,10 +574,19 @@ class AgentsSessionAdapter(SdkSession):
         by our `make_dir`."""
         _refuse_user(user, "mkdir")
         self._check_root("mkdir", path)
+        ours = self.sandbox_session
+        relative = self._sandbox_path(path, for_write=True)
         try:
-            await self.sandbox_session.make_dir(
-                self._sandbox_path(path, for_write=True), parents=parents
-            )
+            try:
+                there = (await ours.stat(relative)).kind
+            except SandboxFileNotFoundError:
+                there = None
+            if there == "dir":
+                return  # as the SDK's unix_local: an existing folder is no error
+            if there is not None:
+                # A file, or a symlink (never followed, even to a folder).
+                raise InvalidArgumentError(f"{str(path)!r} exists and is not a folder")
+            await ours.make_dir(relative, parents=parents)
         except FILE_ERRORS as error:
             raise sdk_error("mkdir", path, error) from error
 
@@ -734,9 +747,11 @@ class AgentsSessionAdapter(SdkSession):
             await hydrate(_nonempty(_chunks(data)), self._cwd or ".")
         except (SandboxError, ValueError) as error:
             # The SDK (its resume, its callers) catches its own type.
-            raise WorkspaceArchiveWriteError(
-                path=root, context={"reason": str(error)}, cause=error
-            ) from error
+            context = {"reason": str(error)}
+            named = _REFUSED_MEMBER.match(str(error))
+            if named is not None:
+                context["member"] = named.group(1)
+            raise WorkspaceArchiveWriteError(path=root, context=context, cause=error) from error
 
     async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
         expose = getattr(self.sandbox_session, "expose_port", None)
