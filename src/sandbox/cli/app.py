@@ -88,7 +88,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="record the terminal to FILE (asciicast v2, `asciinema play FILE`)",
     )
     cli_durable.add_session_argument(shell)
-    shell.add_argument("cmd", nargs=argparse.REMAINDER, help="command (default: sh)")
+    shell.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        help="command (default: bash -i where bash exists, else sh -i)",
+    )
     cli_durable.add_commands(commands)
 
     copy = commands.add_parser(
