@@ -184,7 +184,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" or report.outcome != "passed":
         used = "ours" if report.nodeid in _used else "none"
-        _report.append(f"{report.outcome} {used} {report.nodeid}")
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = " ".join(str(getattr(crash, "message", "")).split())[:300]
+        _report.append(f"{report.outcome} {used} {report.nodeid}\t{message}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

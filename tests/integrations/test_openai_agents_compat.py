@@ -32,6 +32,7 @@ from agents.sandbox.errors import (
 )
 from agents.sandbox.manifest import Environment, Manifest
 from agents.sandbox.session.sandbox_session import SandboxSession
+from agents.sandbox.snapshot import LocalSnapshot
 from agents.sandbox.types import User
 from agents.sandbox.workspace_paths import SandboxPathGrant
 
@@ -184,6 +185,32 @@ async def test_an_absolute_link_into_the_workspace_survives_persist_and_hydrate(
             await other.shutdown()
     assert os.readlink(fresh / "link") == "data/a.txt"
     assert (fresh / "link").read_bytes() == b"target"
+
+
+def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as writing:
+        writing.addfile(member, io.BytesIO(data) if data else None)
+    return buffer.getvalue()
+
+
+async def test_a_snapshot_hydrate_would_refuse_leaves_the_workspace_on_resume(
+    tmp_path: Path, opened: Any
+) -> None:
+    session = await opened()
+    (tmp_path / "ws" / "keep.txt").write_bytes(b"kept")
+    leak = tarfile.TarInfo("leak")
+    leak.type = tarfile.SYMTYPE
+    leak.linkname = "/etc/passwd"
+    for stored in (_tar_with(leak), b"not a tar archive"):
+        (tmp_path / "snap.tar").write_bytes(stored)
+        session._inner.state.snapshot = LocalSnapshot(id="snap", base_path=tmp_path)
+
+        # The SDK's restore step of resume (clear, then hydrate the snapshot).
+        with pytest.raises(WorkspaceArchiveWriteError):
+            await session._inner._restore_snapshot_into_workspace_on_resume()
+
+        assert (tmp_path / "ws" / "keep.txt").read_bytes() == b"kept"
 
 
 # ---- 4: the SDK's error types ----

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import IO
 
+from sandbox.errors import InvalidArgumentError
+
 
 def member_path(name: str) -> PurePosixPath:
     """A member's name as a workspace-relative path (`./a/b` and `a/b/` are `a/b`)."""
@@ -50,3 +52,43 @@ def rewrite(source: IO[bytes], destination: IO[bytes], skip: set[PurePosixPath],
             writing.addfile(member, data)
             if data is not None:
                 data.close()
+
+
+def check(source: IO[bytes]) -> None:
+    """Raise `InvalidArgumentError` for an archive our hydrate would refuse (not a tar;
+    a member named absolute or with `..`; a hard link, device or FIFO; a symlink whose
+    target leads out; a member below a symlink member), reading it through once. The
+    SDK clears the workspace before it restores a snapshot on resume: checked first, a
+    snapshot that cannot land leaves the workspace as it was. The hydrate itself still
+    checks everything (this is a look ahead, not the guard)."""
+    links: set[PurePosixPath] = set()
+    try:
+        with tarfile.open(fileobj=source, mode="r|") as reading:
+            for member in reading:
+                _check_member(member, links)
+    except tarfile.TarError as error:
+        raise InvalidArgumentError(f"a malformed tar archive: {error}") from None
+
+
+def _check_member(member: tarfile.TarInfo, links: set[PurePosixPath]) -> None:
+    name = member.name
+    path = member_path(name)
+    if name.startswith("/") or ".." in PurePosixPath(name).parts:
+        raise _refused(name, "it leads out of the workspace")
+    if any(parent in links for parent in path.parents):
+        raise _refused(name, "it goes through a symlink the archive made")
+    if member.islnk():
+        raise _refused(name, "hard links are not accepted")
+    if member.isdev() or member.isfifo():
+        raise _refused(name, "devices and FIFOs are not accepted")
+    if member.issym():
+        target = member.linkname
+        joined = posixpath.normpath(posixpath.join(posixpath.dirname(str(path)), target))
+        if target.startswith("/") or joined == ".." or joined.startswith("../"):
+            raise _refused(name, f"a symlink leading out ({target!r})")
+        links.add(path)
+
+
+def _refused(name: str, why: str) -> InvalidArgumentError:
+    # The extractor's words, so the SDK error names the member the same way.
+    return InvalidArgumentError(f"archive member {name[:200]!r} refused: {why}")

@@ -747,11 +747,32 @@ class AgentsSessionAdapter(SdkSession):
             await hydrate(_nonempty(_chunks(data)), self._cwd or ".")
         except (SandboxError, ValueError) as error:
             # The SDK (its resume, its callers) catches its own type.
-            context = {"reason": str(error)}
-            named = _REFUSED_MEMBER.match(str(error))
-            if named is not None:
-                context["member"] = named.group(1)
-            raise WorkspaceArchiveWriteError(path=root, context=context, cause=error) from error
+            raise _hydrate_error(root, error) from error
+
+    async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        """The SDK's restore on resume clears the workspace and then hydrates the
+        snapshot: a snapshot our hydrate refuses would lose the files. So the snapshot is
+        spooled and checked first (`WorkspaceArchiveWriteError` before anything is
+        cleared), then cleared and hydrated from the spool."""
+        restored = await self.state.snapshot.restore(dependencies=self.dependencies)
+        spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES)
+        try:
+            try:
+                await asyncio.to_thread(_copy_stream, restored, spool)
+            finally:
+                close = getattr(restored, "close", None)
+                if close is not None:
+                    close()
+            spool.seek(0)
+            try:
+                await asyncio.to_thread(archive.check, spool)
+            except InvalidArgumentError as error:
+                raise _hydrate_error(Path(self.state.manifest.root), error) from error
+            spool.seek(0)
+            await self._clear_workspace_root_on_resume()
+            await self.hydrate_workspace(spool)
+        finally:
+            spool.close()
 
     async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
         expose = getattr(self.sandbox_session, "expose_port", None)
@@ -763,6 +784,23 @@ class AgentsSessionAdapter(SdkSession):
             )
         exposed = await expose(port)
         return ExposedPortEndpoint(host=exposed.host, port=exposed.port, tls=exposed.tls)
+
+
+def _hydrate_error(root: Path, error: Exception) -> WorkspaceArchiveWriteError:
+    """The SDK's hydrate error for ours (a refused member named in its context)."""
+    context = {"reason": str(error)}
+    named = _REFUSED_MEMBER.match(str(error))
+    if named is not None:
+        context["member"] = named.group(1)
+    return WorkspaceArchiveWriteError(path=root, context=context, cause=error)
+
+
+def _copy_stream(source: Any, destination: Any) -> None:
+    while True:
+        chunk = source.read(_HYDRATE_CHUNK_BYTES)
+        if not chunk:
+            return
+        destination.write(chunk.encode() if isinstance(chunk, str) else chunk)
 
 
 def _granted_reason(code: int) -> str:
