@@ -27,6 +27,7 @@ pytest.importorskip("agents.sandbox", reason="the openai-agents extra is not ins
 from agents.sandbox.entries.artifacts import File
 from agents.sandbox.entries.mounts.base import DockerVolumeMountStrategy, Mount, MountStrategy
 from agents.sandbox.errors import (
+    InvalidManifestPathError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
 )
@@ -371,10 +372,12 @@ async def test_a_workspace_root_replaced_by_a_symlink_is_not_written_through(
     workspace.rename(tmp_path / "ws-moved")
     workspace.symlink_to(elsewhere)
 
-    with pytest.raises(WorkspaceArchiveWriteError):
+    with pytest.raises(InvalidManifestPathError):
         await session.write(Path("planted.txt"), io.BytesIO(b"x"))
-    with pytest.raises(WorkspaceArchiveReadError):
+    with pytest.raises(InvalidManifestPathError):
         await session.read(Path("planted.txt"))
+    with pytest.raises(InvalidManifestPathError):
+        await session.mkdir(Path("planted"))
     assert os.listdir(elsewhere) == []
 
 

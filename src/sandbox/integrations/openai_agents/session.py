@@ -26,6 +26,7 @@ from agents.sandbox.errors import (
     ExecNonZeroError,
     ExecTransportError,
     ExposedPortUnavailableError,
+    InvalidManifestPathError,
     PtySessionNotFoundError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
@@ -349,8 +350,8 @@ class AgentsSessionAdapter(SdkSession):
     # sandbox after a lexical check only, following a link to any host folder.
 
     def _check_root(self, operation: Operation, path: Path | str) -> None:
-        """Raise the SDK's error for `operation` when the unix_local workspace folder is
-        no longer the one the session started on (replaced, or by a symlink)."""
+        """Raise the SDK's `InvalidManifestPathError` when the unix_local workspace folder
+        is no longer the one the session started on (replaced, or by a symlink)."""
         if self._root_id is None or self._here is None:
             return
         try:
@@ -365,7 +366,10 @@ class AgentsSessionAdapter(SdkSession):
                 f"the workspace folder {self._here!r} was replaced (or by a symlink) since "
                 "the session started: refusing to follow it"
             )
-            raise sdk_error(operation, path, error) from error
+            # What the SDK's unix_local raises here, for every operation.
+            raise InvalidManifestPathError(
+                rel=str(path), reason="escape_root", context={"operation": operation}, cause=error
+            ) from error
 
     def _sandbox_path(self, path: Path | str, *, for_write: bool = False) -> str:
         """The path our session's file calls take (relative to the workspace), after the
