@@ -436,3 +436,17 @@ async def test_docker_exposed_ports_are_published_on_loopback(
 ) -> None:
     endpoint = await docker_session.resolve_exposed_port(8123)
     assert endpoint.host == "127.0.0.1"  # not the container's bridge address
+
+
+async def test_unix_local_ports_resolve_before_start_and_are_kept_once() -> None:
+    client = SandboxClient()
+    session = await client.create(
+        options=SandboxClientOptions(backend="unix_local", exposed_ports=(8765, 8765))
+    )
+    try:
+        endpoint = await session.resolve_exposed_port(8765)
+    finally:
+        await session.aclose()
+        await client.delete(session)
+    assert session.state.exposed_ports == (8765,)
+    assert (endpoint.host, endpoint.port) == ("127.0.0.1", 8765)

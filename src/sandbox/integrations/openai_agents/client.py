@@ -100,7 +100,7 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
             snapshot=resolve_snapshot(snapshot, str(session_id)),
             backend=options.backend,
             backend_options=public,
-            exposed_ports=options.exposed_ports,
+            exposed_ports=tuple(dict.fromkeys(options.exposed_ports)),  # each port once
             workspace_root_owned=owned,
         )
         state.reseal()

@@ -779,6 +779,9 @@ class AgentsSessionAdapter(SdkSession):
             spool.close()
 
     async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
+        if self.state.backend == "unix_local" and not self._live():
+            # The host's own port: known without a session, as the SDK's unix_local.
+            return ExposedPortEndpoint(host="127.0.0.1", port=port)
         expose = getattr(self.sandbox_session, "expose_port", None)
         if expose is None:
             if self.state.backend == "unix_local":
