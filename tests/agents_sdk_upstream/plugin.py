@@ -38,6 +38,7 @@ LIST_FILE = Path(__file__).with_name("upstream_tests.txt")
 BACKENDS = ("unix_local", "docker")
 
 _backend = "unix_local"
+_DEFAULT_ROOT = str(Manifest.model_fields["root"].default)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,10 +61,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _backend_options(root: str | None) -> dict[str, Any]:
+    """What `open_session` takes for a test whose manifest root is `root`. On docker a
+    host root (their tests put it in `tmp_path` and look at its files from the host) is
+    seen at the same path in the container: its parent folder is bind-mounted there."""
     if _backend == "docker":
         from sandbox.testing.docker_image import ensure_busybox_image
 
-        return {"image": ensure_busybox_image()}
+        options: dict[str, Any] = {"image": ensure_busybox_image()}
+        if root is not None and root.startswith("/") and root != _DEFAULT_ROOT:
+            parent = os.path.dirname(os.path.normpath(root))
+            if parent != "/" and os.path.isdir(parent):
+                options["volumes"] = {parent: {"bind": parent, "mode": "rw"}}
+                options["workdir"] = root  # the workspace our file calls resolve in
+        return options
     return {} if root is None else {"workspace": root}
 
 
@@ -81,8 +91,11 @@ class UpstreamClient(SandboxClient):
         if not isinstance(options, SandboxClientOptions):
             ports = tuple(getattr(options, "exposed_ports", ()) or ())
             # A root they name is the unix_local workspace our client opens on.
+            root = manifest.root if manifest is not None else None
             options = SandboxClientOptions(
-                backend=_backend, backend_options=_backend_options(None), exposed_ports=ports
+                backend=_backend,
+                backend_options=_backend_options(None if _backend == "unix_local" else root),
+                exposed_ports=ports,
             )
         return await super().create(snapshot=snapshot, manifest=manifest, options=options)
 
@@ -104,12 +117,11 @@ def upstream_state(
     manifest = manifest or Manifest()
     kwargs.pop("workspace_root_owned", None)
     kwargs.pop("type", None)
-    root = manifest.root if _backend == "unix_local" else None
     state = SandboxSessionState(
         manifest=manifest,
         snapshot=snapshot if snapshot is not None else NoopSnapshot(id="upstream"),
         backend=_backend,
-        backend_options=_backend_options(root),
+        backend_options=_backend_options(manifest.root),
         **kwargs,
     )
     state.reseal()
