@@ -15,7 +15,6 @@ import io
 import os
 import posixpath
 import re
-import stat as stat_module
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -106,10 +105,11 @@ class AgentsSessionAdapter(SdkSession):
         # The manifest's `environment`, resolved once at start (its values may come from
         # a secret store): every command gets it.
         self._env: dict[str, str] | None = None
-        # unix_local: the workspace folder's (device, inode) at start. Our file calls
-        # open the workspace by its path, so a root replaced by a symlink since would
-        # take them elsewhere: each file operation checks it first.
-        self._root_id: tuple[int, int] | None = None
+        # unix_local: the workspace folder's (device, inode) when the session was made
+        # (or, not there yet, at start). Our file calls open the workspace by its path,
+        # so a root replaced since (by a symlink, say) would take them elsewhere: each
+        # file operation checks it first.
+        self._root_id = _folder_id(state.manifest.root) if state.backend == "unix_local" else None
 
     def __repr__(self) -> str:
         return f"<AgentsSessionAdapter backend={self.state.backend!r} running={self._live()}>"
@@ -192,9 +192,8 @@ class AgentsSessionAdapter(SdkSession):
         ours = self.sandbox_session
         here = (await ours.exec("pwd")).stdout.decode().strip()
         self._here = here
-        if self.state.backend == "unix_local":
-            found = await asyncio.to_thread(os.stat, here)
-            self._root_id = (found.st_dev, found.st_ino)
+        if self.state.backend == "unix_local" and self._root_id is None:
+            self._root_id = await asyncio.to_thread(_folder_id, here)
         root = self.state.manifest.root
         if root in ("", _default_root()) or root == here:
             self.state.manifest = self.state.manifest.model_copy(update={"root": here})
@@ -217,6 +216,11 @@ class AgentsSessionAdapter(SdkSession):
         except sandbox.UnsupportedOperationError:
             self.state.session_ref = None
         self.state.reseal()
+
+    async def _after_start_failed(self) -> None:
+        """A start that failed (a snapshot refused on resume, a manifest refused) leaves
+        no session running, as the SDK's own sandboxes: ours is closed."""
+        await self._shutdown_backend()
 
     async def _shutdown_backend(self) -> None:
         ours, self._ours = self._ours, None
@@ -351,20 +355,14 @@ class AgentsSessionAdapter(SdkSession):
 
     def _check_root(self, operation: Operation, path: Path | str) -> None:
         """Raise the SDK's `InvalidManifestPathError` when the unix_local workspace folder
-        is no longer the one the session started on (replaced, or by a symlink)."""
+        is no longer the one the session was made on (replaced, by a symlink or a
+        folder, since)."""
         if self._root_id is None or self._here is None:
             return
-        try:
-            found = os.lstat(self._here)
-            moved = stat_module.S_ISLNK(found.st_mode) or (
-                (found.st_dev, found.st_ino) != self._root_id
-            )
-        except OSError:
-            moved = True
-        if moved:
+        if _folder_id(self._here) != self._root_id:
             error = WorkspacePathError(
-                f"the workspace folder {self._here!r} was replaced (or by a symlink) since "
-                "the session started: refusing to follow it"
+                f"the workspace folder {self._here!r} was replaced since the session was "
+                "made: refusing to follow it"
             )
             # What the SDK's unix_local raises here, for every operation.
             raise InvalidManifestPathError(
@@ -791,6 +789,15 @@ class AgentsSessionAdapter(SdkSession):
             )
         exposed = await expose(port)
         return ExposedPortEndpoint(host=exposed.host, port=exposed.port, tls=exposed.tls)
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the folder `path` leads to, or None (not there)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
 
 
 def _hydrate_error(root: Path, error: Exception) -> WorkspaceArchiveWriteError:
