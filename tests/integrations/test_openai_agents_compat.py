@@ -287,6 +287,7 @@ async def test_manifest_users_are_refused_on_unix_local(tmp_path: Path) -> None:
     try:
         with pytest.raises(Exception) as raised:
             await session.start()
+        assert not await session.running()  # a failed start leaves nothing running
     finally:
         await session.shutdown()
     chain = [raised.value, raised.value.__cause__, raised.value.__context__]
