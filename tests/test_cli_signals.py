@@ -300,7 +300,7 @@ async def test_close_goes_on_to_its_end_on_a_signal(
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=_ids)
 async def test_mcp_stops_on_a_signal(tmp_path: Path, sig: int) -> None:
-    """`sandbox mcp` shares the mechanism; a server stopped is its normal end (0)."""
+    """`sandbox mcp` shares the mechanism and exits 128+N like every command."""
     arg, marker, tmp = unique_seconds(), tmp_path / "marker", tmp_path / "tmp"
     proc = await asyncio.create_subprocess_exec(
         *SANDBOX,
@@ -345,7 +345,7 @@ async def test_mcp_stops_on_a_signal(tmp_path: Path, sig: int) -> None:
         err = (await proc.stderr.read()).decode() if proc.stderr else ""
     finally:
         await _kill_leftover(proc)
-    assert code == 0, err
+    assert code == 128 + sig, err
     await _nothing_left(arg, workspace, tmp)
 
 

@@ -728,7 +728,7 @@ async def test_http_tools_flow_and_errors(tmp_path: Path) -> None:
             assert f"session {left}: running" in await ok(client, "list_processes")
         # Running is not yet exec'd: `sh -c "sleep N"` shows N once `sleep` runs.
         assert await eventually(lambda: bool(host_pids_with_arg(marker)))
-        assert await server.stop() == 0
+        assert await server.stop() == 128 + signal.SIGTERM
         assert await eventually(lambda: not host_pids_with_arg(marker))
         assert server.stderr == []  # a clean stop logs nothing
 
@@ -761,7 +761,7 @@ async def test_http_client_killed_mid_call_then_server_stopped(tmp_path: Path) -
             )
             try:
                 assert await eventually(lambda: len(host_pids_with_arg(marker)) == 2, timeout=10)
-                assert await server.stop() == 0
+                assert await server.stop() == 128 + signal.SIGTERM
             finally:
                 result = await call
             # Cut short by the stop ("shutting down"), not left to its 30 s window.
@@ -992,7 +992,7 @@ async def test_http_refuses_foreign_host_and_origin(
                 )
                 assert call.status_code == 200, (overrides, call.status_code, call.text)
                 assert "Process exited with code 0" in call.text, call.text
-        assert await server.stop() == 0
+        assert await server.stop() == 128 + signal.SIGTERM
     made = sorted(path.name for path in workspace.iterdir())
     assert made == [f"good-{number}" for number in range(len(good))]
     assert not any(TOKEN in line for line in server.stderr)
@@ -1041,7 +1041,7 @@ async def test_http_token_is_required_on_every_request(tmp_path: Path, host: str
 
         async with http, Client(streamable_http_client(server.url, http_client=http)) as client:
             assert "hello" in await ok(client, "exec_command", cmd="echo hello")
-        assert await server.stop() == 0
+        assert await server.stop() == 128 + signal.SIGTERM
     assert sorted(path.name for path in workspace.iterdir()) == ["allowed"]
     assert server.stderr, "DEBUG logging wrote nothing: the check below would prove nothing"
     assert not any(TOKEN in line for line in server.stderr)
@@ -1071,7 +1071,7 @@ async def test_http_allow_origin_and_allow_host(tmp_path: Path) -> None:
             assert init.status_code == 200, init.text
             init = await raw.post(INITIALIZE, raw.headers(host="sandbox.internal:1"))
             assert init.status_code == 403
-        assert await server.stop() == 0
+        assert await server.stop() == 128 + signal.SIGTERM
 
 
 async def _refused_start(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -1115,7 +1115,7 @@ async def test_http_non_loopback_needs_a_token(tmp_path: Path) -> None:
             assert (await raw.post(INITIALIZE, raw.headers())).status_code == 401
             raw.token = TOKEN
             assert (await raw.post(INITIALIZE, raw.headers())).status_code == 200
-        assert await server.stop() == 0
+        assert await server.stop() == 128 + signal.SIGTERM
 
 
 @pytest.mark.parametrize(

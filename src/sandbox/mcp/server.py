@@ -597,7 +597,8 @@ async def serve(
 ) -> int:
     """Start `session`, serve it until the peer leaves or a stop signal arrives, then
     close it (settled: every process is torn down), or with `detach` detach from it
-    (`--state-file`: it stays for the next server). Returns the exit status."""
+    (`--state-file`: it stays for the next server). Returns the exit status: 128+N
+    after a stop signal N, as every `sandbox` command (0 when the peer left)."""
     status = 0
     starting = anyio.CancelScope()
     tools = SandboxTools(session)
@@ -640,6 +641,8 @@ async def serve(
                 except Exception as exc:
                     say(error_line(f"closing the session failed: {exc}"))
                     status = EXIT_ERROR
+    if status == 0 and signals.first is not None:
+        status = 128 + signals.first
     return status
 
 
