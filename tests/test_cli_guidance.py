@@ -57,7 +57,7 @@ def test_an_option_far_from_every_name_gets_no_suggestion() -> None:
     message = str(caught.value)
     assert message.startswith("unknown option 'zzzqqq' for the docker backend (its options: ")
     assert "did you mean" not in message
-    assert {"image", "container", "pull", "keep_container"} <= set(_options_listed(message))
+    assert {"image", "container", "pull", "keep"} <= set(_options_listed(message))
 
 
 async def test_resume_names_a_misspelt_option_the_same_way(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ BAD: list[tuple[str, str, object]] = [
     ("unix_local", "workspace", 7),
     ("unix_local", "readonly_paths", "/usr"),
     ("docker", "terminate_grace_s", "x"),
-    ("docker", "api_timeout", 0),
+    ("docker", "call_timeout_s", 0),
     ("docker", "env", {"A": 1}),
     ("docker", "cpu_limit", "two"),
     ("docker", "cpu_limit", 0),

@@ -7,7 +7,8 @@ container's main process only), so `keeps_processes` is False:
 - `detach()` kills each process's tree with the toolkit's kill script, as
   `pty_terminate` does, and the ref lists it as ended with its exit code; the container
   keeps running, and a container the session created is removed by the resumed
-  session's close (unless `keep_container`).
+  session's close (unless `keep`).
+
 - After a crash (the client SIGKILLed), the engine keeps the exec processes running
   with nobody reading their output (a full pipe or terminal then blocks them); the ref
   file lists their toolkit tags, and `resume_session` kills those trees by tag (the
@@ -53,7 +54,7 @@ REF_OPTIONS = ("terminate_grace_s", "detach_keys")
 # The options a resume takes from a ref: none of them names an engine, loads code or
 # holds a credential.
 TAKEN_FROM_REF = taken_from_ref(
-    "terminate_grace_s", "detach_keys", "workdir", "user", "api_timeout", "api_version"
+    "terminate_grace_s", "detach_keys", "workdir", "user", "call_timeout_s", "api_version"
 )
 # The docker SDK's default engine (`docker.constants.DEFAULT_UNIX_SOCKET`), as the CLI
 # spells it.
@@ -95,7 +96,7 @@ def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
     options["detach_keys"] = session._detach_keys
     options["workdir"] = session._workdir
     options["user"] = session._user or None
-    options["api_timeout"] = session._api_timeout
+    options["call_timeout_s"] = session._api_timeout
     options["api_version"] = session._api_version
     return options
 

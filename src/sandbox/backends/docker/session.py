@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -44,7 +43,7 @@ from ...errors import (
     ProcessExitedError,
     UnsupportedOperationError,
 )
-from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from ..toolkit import CommandCheck, ShellTrap, refuse_renamed, wait_for_verdict
 from . import durable as durable_docker
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -77,7 +76,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     Exactly one of:
     - `image`: create and start a fresh container from this local image (removed on
-      close unless `keep_container=True`); `pull=True` pulls it when missing;
+      close unless `keep=True`); `pull=True` pulls it when missing;
     - `container`: attach to this running container (name or id), left running.
 
     Options: `workdir` (default: the image's working directory, created if missing),
@@ -95,7 +94,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     `expose_port`). `snapshot=` (through `open_session`): a fresh container from a
     `snapshot()`'s committed image.
     Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
-    `api_timeout`, or a ready `client` (a `docker.APIClient`, not closed here).
+    `call_timeout_s` (bound on each engine call), or a ready `client` (a
+    `docker.APIClient`, not closed here).
     Plus the base session's options.
     """
 
@@ -122,18 +122,16 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         labels: Mapping[str, str] | None = None,
         name_prefix: str = "sandbox",
         ports: Sequence[int] = (),
-        keep_container: bool = False,
+        keep: bool = False,
         base_url: str | None = None,
         api_version: str | None = None,
-        api_timeout: float = DEFAULT_API_TIMEOUT_S,
+        call_timeout_s: float = DEFAULT_API_TIMEOUT_S,
         client: Any = None,
         terminate_grace_s: float = 1.0,
         detach_keys: str = DEFAULT_DETACH_KEYS,
         **options: Any,
     ) -> None:
-        memory_limit_bytes, process_limit, cpu_limit = _old_limit_spellings(
-            options, memory_limit_bytes, process_limit, cpu_limit
-        )
+        refuse_renamed("docker", options)
         # Kills that happen together are merged into one exec (see KillBatcher), so a
         # terminate-all tears every process down at once instead of 8 at a time.
         options.setdefault("teardown_concurrency", TEARDOWN_CONCURRENCY)
@@ -174,7 +172,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 "(image=), not to an attached one (container=)"
             )
         grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        timeout = check_seconds("api_timeout", api_timeout)
+        timeout = check_seconds("call_timeout_s", call_timeout_s)
         for name, text in (
             ("user", user or None),  # "" is the image's user, as None
             ("base_url", base_url),
@@ -189,7 +187,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self.terminate_grace_s = grace
         self._user = user or ""
         self._env = dict(env or {})
-        self._keep_container = bool(keep_container)
+        self._keep_container = bool(keep)
+
         self._base_url = base_url
         self._api_version = api_version
         self._api_timeout = timeout
@@ -536,41 +535,3 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         return await hydrate(
             self._tree(), path, chunks, max_members=max_members, max_bytes=max_bytes
         )
-
-
-_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def _old_limit_spellings(
-    options: dict[str, Any],
-    memory_limit_bytes: int | None,
-    process_limit: int | None,
-    cpu_limit: float | None,
-) -> tuple[int | None, int | None, float | None]:
-    """The limits under their earlier names (`memory`, which took Docker's "512m" form
-    too, `pids_limit`, `cpus`): still accepted, with a DeprecationWarning, so code
-    written for the earlier options keeps working."""
-    renames = (
-        ("memory", "memory_limit_bytes"),
-        ("pids_limit", "process_limit"),
-        ("cpus", "cpu_limit"),
-    )
-    given = {old: options.pop(old) for old, _ in renames if old in options}
-    for old, new in renames:
-        if old in given:
-            warnings.warn(
-                f"the docker option {old}= is now {new}=", DeprecationWarning, stacklevel=4
-            )
-    memory = given.get("memory")
-    if isinstance(memory, str):
-        text = memory.strip().lower()
-        unit = _UNITS.get(text[-1:], 0) if text else 0
-        digits = text[:-1] if unit else text
-        if not digits.isdigit():
-            raise InvalidArgumentError(f"memory must be a byte count such as 512m, not {memory!r}")
-        memory = int(digits) * (unit or 1)
-    return (
-        memory if memory_limit_bytes is None and memory is not None else memory_limit_bytes,
-        given.get("pids_limit", process_limit) if process_limit is None else process_limit,
-        given.get("cpus", cpu_limit) if cpu_limit is None else cpu_limit,
-    )

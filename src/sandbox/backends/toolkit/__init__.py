@@ -21,7 +21,9 @@
   `parse_lease`; see docs/durable-sessions.md).
 - `ref_trust`: what even a sealed ref may not decide (`taken_from_ref`,
   `refuse_other_endpoint`, `check_mark` with `SESSION_MARK`).
-- `options`: the backend flags the cli and the MCP server share (not exported here).
+- `options`: the one name of each option concept, an earlier name refused by
+  `refuse_renamed` (`RENAMED`), and the backend flags the cli and the MCP server share
+  (those not exported here).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -52,6 +54,7 @@ from .limits import (
     refuse_unsupported,
     whole_multiple,
 )
+from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
 from .shell import (
@@ -76,6 +79,7 @@ __all__ = [
     "MEMORY",
     "PROCESSES",
     "REDACTED",
+    "RENAMED",
     "RETRYABLE_STATUSES",
     "SESSION_MARK",
     "TAG_VARIABLE",
@@ -105,6 +109,7 @@ __all__ = [
     "parse_lease",
     "redact",
     "refuse_other_endpoint",
+    "refuse_renamed",
     "refuse_unsupported",
     "require_credential",
     "running_tags",

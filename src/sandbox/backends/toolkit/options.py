@@ -1,18 +1,70 @@
-"""Command-line flags that choose a backend and its options, shared by every subcommand
-that opens a session (`run`, `shell`, `mcp`)."""
+"""Backend option names: the one name of each concept, and the command-line flags that
+choose a backend and its options (shared by every subcommand that opens a session:
+`run`, `shell`, `mcp`).
+
+Every backend spells a concept it shares with another the same way (docs/providers.md,
+"Options"): `call_timeout_s`, `keep`, `workdir`, `image`, ... An earlier spelling is
+refused by `refuse_renamed` with an error naming the name to use: there is no alias.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from ...cli.limit_flags import add_limit_arguments, limit_options
-from .. import BACKENDS
+from ...errors import InvalidArgumentError
+
+# An earlier option name -> the one name of its concept. A backend that takes an old
+# name as its own option (blaxel's `workspace`, its account; e2b's `start_timeout_s`)
+# binds it in its signature, so it never reaches `refuse_renamed`.
+RENAMED: Mapping[str, str] = {
+    # the bound on one provider call that is not a stream
+    "api_timeout": "call_timeout_s",
+    "api_timeout_s": "call_timeout_s",
+    "request_timeout_s": "call_timeout_s",
+    # leave the sandbox (container, pod) running at close
+    "keep_container": "keep",
+    "keep_pod": "keep",
+    # the folder commands start in and relative paths point into
+    "workspace": "workdir",
+    # what a fresh sandbox is made from
+    "template": "image",
+    # the bound on creating the sandbox and waiting for it to run
+    "start_timeout_s": "create_timeout_s",
+    # the bound on each provider call made while tearing down
+    "kill_timeout_s": "teardown_timeout_s",
+    # variables added to every command
+    "envs": "env",
+    # an existing sandbox to attach to
+    "name": "sandbox_id",
+    # the limits, under the names every backend checks (`toolkit.limits`)
+    "memory": "memory_limit_bytes",
+    "pids_limit": "process_limit",
+    "cpus": "cpu_limit",
+}
+
+
+def refuse_renamed(backend: str, options: Mapping[str, Any]) -> None:
+    """Raise `InvalidArgumentError` when `options` (what a backend's `__init__` did not
+    bind itself, before it passes them to the base) holds an earlier name of an option,
+    naming the one to use. Values never appear (one may be a secret)."""
+    for old in sorted(options):
+        new = RENAMED.get(old)
+        if new is not None:
+            raise InvalidArgumentError(
+                f"the {backend} option {old}= is now {new}= (one name per concept on "
+                "every backend: docs/providers.md, Options)"
+            )
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--backend`, the common backend options and the generic `--opt KEY=VALUE`."""
+    # Imported here: backends import this module, and the cli's modules import backends.
+    from ...cli.limit_flags import add_limit_arguments
+    from .. import BACKENDS
+
     parser.add_argument(
         "--backend",
         default="unix_local",
@@ -50,6 +102,8 @@ def _parse_value(text: str) -> Any:
 
 def options_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The backend name and the options dict to pass to `open_session`."""
+    from ...cli.limit_flags import limit_options
+
     options: dict[str, Any] = {}
     for key in ("workspace", "image", "container", "sandbox_id"):
         value = getattr(args, key, None)
