@@ -18,6 +18,10 @@ import sandbox
 from tests.backend_fixtures import docker as docker_fixture
 from tests.conftest import skip_or_fail
 
+# `-u`: where the backend gives the server a pipe rather than a terminal, Python buffers
+# its "Serving HTTP on ..." line, so `until="Serving"` would only end at its deadline.
+HTTP_SERVER = "exec python3 -u -m http.server"
+
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -47,11 +51,11 @@ async def test_unix_local_exposes_a_loopback_server(tmp_path: Path) -> None:
     async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
         await session.write_file("site/hello.txt", b"hello from the sandbox")
         update = await session.pty_exec_start(
-            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            f"cd site && {HTTP_SERVER} {port} --bind 127.0.0.1",
             until="Serving",
             yield_time_s=30,
         )
-        assert update.process_id is not None
+        assert update.process_id is not None and "Serving" in update.output, update
         exposed = await session.expose_port(port)
         assert (exposed.host, exposed.port, exposed.tls) == ("127.0.0.1", port, False)
         assert exposed.url == f"http://127.0.0.1:{port}/"
@@ -146,11 +150,11 @@ async def test_remote_backends_expose_through_their_stand_ins(name: str, tmp_pat
     async with fixture.session(tmp_path) as session:
         await session.write_file("site/hello.txt", b"through the preview")
         update = await session.pty_exec_start(
-            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            f"cd site && {HTTP_SERVER} {port} --bind 127.0.0.1",
             until="Serving",
             yield_time_s=30,
         )
-        assert update.process_id is not None
+        assert update.process_id is not None and "Serving" in update.output, update
         exposed = await session.expose_port(port)
         assert await _fetch(exposed, "hello.txt") == b"through the preview"
         if name in ("daytona", "blaxel"):
@@ -206,11 +210,11 @@ async def test_modal_exposes_ports_declared_at_create(tmp_path: Path) -> None:
     async with session:
         await session.write_file("site/hello.txt", b"through a tunnel")
         update = await session.pty_exec_start(
-            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1",
+            f"cd site && {HTTP_SERVER} {port} --bind 127.0.0.1",
             until="Serving",
             yield_time_s=30,
         )
-        assert update.process_id is not None
+        assert update.process_id is not None and "Serving" in update.output, update
         plain = await session.expose_port(port)
         assert not plain.tls and await _fetch(plain, "hello.txt") == b"through a tunnel"
         secure = await session.expose_port(tls_port)
