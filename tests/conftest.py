@@ -12,14 +12,8 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox.output import ascii_text
 from sandbox.testing import conformance
 from tests import backend_fixtures
-
-# Windows keep ASCII output as text once this is built (`sandbox.output.ascii_text`); a
-# session's start builds it too, but a test that swaps the compiler (the spawn helper's)
-# must not be the one that builds it. tests/output/test_ascii_text.py checks it loaded.
-ascii_text.prepare()
 
 
 def _fixture_backends() -> list[conformance.Backend]:

@@ -25,7 +25,6 @@ import pytest
 from sandbox import native
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.local import spawn_helper
-from sandbox.output import ascii_text
 from tests.helpers import eventually, host_pids_with_arg
 
 OTHER_UID = 4242
@@ -36,7 +35,7 @@ NEEDS_CC = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None,
     reason="needs a C compiler (cc or gcc) to build the test libraries",
 )
-PARTS: list[native.NativePart[Any]] = [spawn_helper._PART, ascii_text._PART]
+PARTS: list[native.NativePart[Any]] = [spawn_helper._PART]
 
 
 def _answer_source(value: int) -> str:
@@ -234,7 +233,7 @@ async def test_a_hanging_compiler_holds_no_session_start_and_is_killed(
             assert update.output.strip() == "started" and update.exit_code == 0
             # Both parts were still building while the session started and ran.
             assert host_pids_with_arg(mark), "the fake compiler was hanging meanwhile"
-            assert spawn_helper.loaded() is None and ascii_text.loaded() is None
+            assert spawn_helper.loaded() is None
         # Each start waits at most native.START_WAIT_S per part (the old wait was 120 s).
         assert took < 5, f"start + pty start took {took:.1f} s"
         for part in PARTS:

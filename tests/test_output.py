@@ -6,23 +6,19 @@ import re
 
 import pytest
 
-from sandbox.output import ascii_text
 from sandbox.output.buffer import BoundedOutput
 from sandbox.output.decoding import StreamDecoder, omission_marker
 from sandbox.output.truncation import truncate_to_tokens
 from sandbox.output.until import UntilMatcher, check_until
 
 
-@pytest.mark.parametrize("text", [False, True], ids=["bytes", "text"])
-def test_buffer_keeps_everything_under_the_limit(text: bool) -> None:
-    buf = BoundedOutput(16, text=text)
+def test_buffer_keeps_everything_under_the_limit() -> None:
+    buf = BoundedOutput(16)
     buf.append(b"hello ")
     buf.append(b"world")
     assert buf.since(0) == [b"hello world"]
     drained = buf.drain()
-    # ASCII is kept as the text it decodes to, where `AsciiText` is built (conftest).
-    head = "hello world" if text and ascii_text.loaded() else b"hello world"
-    assert (drained.head, drained.omitted, drained.tail) == (head, 0, b"")
+    assert (drained.head, drained.omitted, drained.tail) == (b"hello world", 0, b"")
     assert buf.start_pos == 11 and len(buf) == 0
 
 

@@ -31,7 +31,7 @@ class BoundedBytes:
     __slots__ = ("_buffer", "start", "total")
 
     def __init__(self, limit: int) -> None:
-        self._buffer = BoundedOutput(limit, text=False)  # bytes are what an exec returns
+        self._buffer = BoundedOutput(limit)
         self.total = 0
         self.start = bytearray()  # the first START_BYTES bytes ever appended
 

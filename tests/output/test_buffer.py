@@ -1,7 +1,4 @@
-"""The bounded buffer (sandbox.output.buffer): limits, positions, segments and drains.
-
-These tests pin the bytes path (`text=False`); tests/output/test_ascii_text.py checks
-that the text path behaves the same, operation by operation, against this one."""
+"""The bounded buffer (sandbox.output.buffer): limits, positions, segments and drains."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from sandbox.output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput, DrainedOu
 
 
 def filled(limit: int, *chunks: bytes) -> BoundedOutput:
-    buffer = BoundedOutput(limit, text=False)
+    buffer = BoundedOutput(limit)
     for chunk in chunks:
         buffer.append(chunk)
     return buffer
@@ -21,7 +18,7 @@ def filled(limit: int, *chunks: bytes) -> BoundedOutput:
 
 def test_the_default_limit_is_one_mebibyte() -> None:
     assert DEFAULT_OUTPUT_LIMIT == 1024 * 1024
-    buffer = BoundedOutput(text=False)
+    buffer = BoundedOutput()
     buffer.append(b"x" * (DEFAULT_OUTPUT_LIMIT + 1))
     assert buffer.retained == DEFAULT_OUTPUT_LIMIT
     assert buffer.omitted == 1
@@ -29,7 +26,7 @@ def test_the_default_limit_is_one_mebibyte() -> None:
 
 def test_a_negative_limit_is_refused_and_zero_keeps_nothing() -> None:
     with pytest.raises(ValueError, match="negative"):
-        BoundedOutput(-1, text=False)
+        BoundedOutput(-1)
     buffer = filled(0, b"abc", b"de")
     assert buffer.retained == 0
     assert buffer.omitted == 5
@@ -67,7 +64,7 @@ def test_a_chunk_one_short_of_the_tail_rolls_it() -> None:
 
 
 def test_small_appends_fill_the_head_then_roll_the_tail() -> None:
-    buffer = BoundedOutput(6, text=False)
+    buffer = BoundedOutput(6)
     for byte in b"abcdefghij":
         buffer.append(bytes([byte]))
     assert buffer.retained == 6
@@ -86,7 +83,7 @@ def test_the_head_never_grows_once_bytes_went_to_the_tail() -> None:
 
 
 def test_empty_appends_change_nothing() -> None:
-    buffer = BoundedOutput(4, text=False)
+    buffer = BoundedOutput(4)
     buffer.append(b"")
     buffer.append(bytearray())
     buffer.append(memoryview(b""))
@@ -173,7 +170,7 @@ def test_since_with_only_a_tail() -> None:
 
 
 def test_a_flood_keeps_memory_bounded() -> None:
-    buffer = BoundedOutput(1000, text=False)
+    buffer = BoundedOutput(1000)
     for _ in range(1000):
         buffer.append(b"y" * 997)
     assert buffer.retained == 1000
@@ -184,7 +181,7 @@ def test_a_flood_keeps_memory_bounded() -> None:
 def test_since_marks_a_gap_when_the_tail_rolled_past_the_position() -> None:
     # A reader that scanned up to the end, then more arrived than the tail keeps: the
     # bytes it had not seen yet were partly dropped, and `since` says so.
-    buffer = BoundedOutput(6, text=False)  # 3 of head, 3 of tail
+    buffer = BoundedOutput(6)  # 3 of head, 3 of tail
     buffer.append(b"abcdef")
     scanned = buffer.end_pos
     assert buffer.since(scanned) == []
@@ -195,7 +192,7 @@ def test_since_marks_a_gap_when_the_tail_rolled_past_the_position() -> None:
 
 
 def test_since_of_a_buffer_that_keeps_nothing_is_empty() -> None:
-    buffer = BoundedOutput(0, text=False)
+    buffer = BoundedOutput(0)
     buffer.append(b"xyz")
     assert buffer.omitted == 3
     assert buffer.since(0) == []
@@ -222,7 +219,7 @@ def test_any_sequence_of_appends_keeps_what_the_bound_says(seed: int) -> None:
         bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 2, limit // 2, limit, 30))))
         for _ in range(rng.randrange(1, 8))
     ]
-    buffer = BoundedOutput(limit, text=False)
+    buffer = BoundedOutput(limit)
     for index, chunk in enumerate(chunks):
         buffer.append((bytes, bytearray, memoryview)[index % 3](chunk))
     want = _model(limit, chunks)

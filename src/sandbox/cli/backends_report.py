@@ -84,15 +84,13 @@ def _why_not(exc: BaseException) -> str:
 
 
 def native_notes(wait_s: float = NATIVE_WAIT_S) -> str:
-    """Whether the native start helper and text part are in use, and what runs
-    instead when one is not (each is built, or found built, and loaded for the probe)."""
+    """Whether the native start helper is in use, and what runs instead when it is
+    not (it is built, or found built, and loaded for the probe)."""
     from ..local import spawn_helper
-    from ..output import ascii_text
 
     notes = []
     for part, name, instead in (
         (spawn_helper, "native start helper", "PTY starts take the slower pure-Python path"),
-        (ascii_text, "native text part", "output is decoded by the slower pure-Python path"),
     ):
         part.prepare(wait_s)
         why = part.reason()

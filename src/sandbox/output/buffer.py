@@ -6,19 +6,11 @@ then a rolling tail of the last `limit - limit // 2` bytes, and counts the bytes
 in between. Positions are absolute (bytes ever appended), so a reader can ask for what
 arrived since a position it saw earlier. Until something has to be dropped, all of it is
 held as one piece (the head), which a drain hands over without a copy.
-
-While a window's output is all ASCII and nothing was dropped, the head is kept as text
-in an `AsciiText` (`ascii_text`, once `ascii_text.prepare()` has built it): the drain
-then hands over the `str` the window returns, with no decoding and no second copy. The
-first chunk that is not ASCII, or that would need a drop, turns the head back into bytes
-(one copy of what was kept) for the rest of the window.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from . import ascii_text
 
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 
@@ -26,11 +18,9 @@ DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class DrainedOutput:
     """The bytes taken out of a `BoundedOutput`: `head`, then `omitted` dropped bytes,
-    then `tail`. With `omitted == 0` the two parts are contiguous. A `str` head is
-    ASCII text (its characters are its bytes), and then nothing was dropped and the
-    tail is empty."""
+    then `tail`. With `omitted == 0` the two parts are contiguous."""
 
-    head: bytes | bytearray | str
+    head: bytes | bytearray
     omitted: int
     tail: bytes | bytearray
 
@@ -41,10 +31,7 @@ class DrainedOutput:
 
 
 class BoundedOutput:
-    """Bytes appended since the last `drain()`, bounded to `limit` bytes retained.
-
-    `text=False` keeps every window in bytes even where `AsciiText` is available (the
-    default uses it when it is loaded)."""
+    """Bytes appended since the last `drain()`, bounded to `limit` bytes retained."""
 
     __slots__ = (
         "_head",
@@ -53,11 +40,9 @@ class BoundedOutput:
         "_start",
         "_tail",
         "_tail_limit",
-        "_text",
-        "_text_idle",
     )
 
-    def __init__(self, limit: int = DEFAULT_OUTPUT_LIMIT, *, text: bool = True) -> None:
+    def __init__(self, limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
         if limit < 0:
             raise ValueError("output limit must not be negative")
         self._head_limit = limit // 2
@@ -66,12 +51,6 @@ class BoundedOutput:
         self._tail = bytearray()
         self._omitted = 0
         self._start = 0  # absolute position of the first undrained byte
-        factory = ascii_text.loaded() if text else None
-        # The head as text (see the module docstring): `_text` while the window is ASCII
-        # (`_head` is empty then), else None and the object waits in `_text_idle` for the
-        # next window.
-        self._text = factory(limit) if factory is not None else None
-        self._text_idle: ascii_text.AsciiText | None = None
 
     @property
     def start_pos(self) -> int:
@@ -81,15 +60,11 @@ class BoundedOutput:
     @property
     def end_pos(self) -> int:
         """Absolute position just past the last byte appended."""
-        if self._text is not None:
-            return self._start + len(self._text)
         return self._start + len(self._head) + self._omitted + len(self._tail)
 
     @property
     def retained(self) -> int:
         """Bytes currently held in memory."""
-        if self._text is not None:
-            return len(self._text)
         return len(self._head) + len(self._tail)
 
     @property
@@ -104,13 +79,6 @@ class BoundedOutput:
         """Append bytes; anything beyond the bound is dropped from the middle."""
         if not data:
             return
-        text = self._text
-        if text is not None:
-            if text.append(data):
-                return
-            # Not ASCII, or past the bound: the rest of the window is kept as bytes.
-            self._head = text.take_bytearray()
-            self._text, self._text_idle = None, text
         head = self._head
         if not self._tail and not self._omitted:
             # Nothing dropped yet: all of it stays in the head, one piece, however far
@@ -150,10 +118,6 @@ class BoundedOutput:
         the first retained one (the tail rolled past `pos`), the first segment is empty:
         what follows does not go on from `pos`.
         """
-        text = self._text
-        if text is not None:
-            offset = pos - self._start
-            return [] if offset >= len(text) else [text.bytes_from(max(0, offset))]
         if not self._omitted:  # nothing dropped: all of it is in the head, one piece
             offset = pos - self._start
             if offset >= len(self._head):
@@ -173,14 +137,9 @@ class BoundedOutput:
     def drain(self) -> DrainedOutput:
         """Take everything appended since the last drain and reset the buffer."""
         end = self.end_pos
-        if self._text is not None:
-            text = self._text.take()  # first: a failure leaves the window as it was
-            self._start = end
-            return DrainedOutput(text, 0, b"")
         # The buffers are handed over, not copied: fresh ones replace them below. Without
         # a drop, everything is in the head (see `append`) and the tail is empty.
         out = DrainedOutput(self._head, self._omitted, self._tail)
-        self._text, self._text_idle = self._text_idle, None  # the next one starts as text
         self._start = end
         self._head = bytearray()
         self._tail = bytearray()

@@ -104,13 +104,6 @@ class StreamDecoder:
     def decode_drained(self, drained: DrainedOutput, *, final: bool = False) -> str:
         """Decode one window's drained output, inserting the omission marker if needed."""
         head = drained.head
-        if isinstance(head, str):
-            # ASCII kept as text (`BoundedOutput`): it is its own decoding, and it leaves
-            # nothing pending. A partial character held back from the last window is
-            # cut off by it, which the decoder turns into U+FFFD as it would any cut.
-            if not self._pending:
-                return head
-            return self.decode(head.encode("ascii"), final=final)
         if not drained.omitted:
             return self.decode(head, final=final)
         cut = _incomplete_suffix_len(head)

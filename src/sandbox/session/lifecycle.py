@@ -28,7 +28,6 @@ from ..errors import (
     SessionNotStartedError,
     SessionStateError,
 )
-from ..output import ascii_text
 from ..process_entry import PtyEntry
 from ..settle import settle
 from .ownership import finished
@@ -70,9 +69,6 @@ async def run_start(session: LifecycleSession) -> None:
     """The start task: create (or resume) the sandbox; if that fails or is cancelled,
     undo it (settled) before the error propagates, a failed undo noted on it."""
     try:
-        if not ascii_text.tried():
-            # Built (or loaded from its cache) once per process, off the event loop.
-            await asyncio.to_thread(ascii_text.prepare_for_start)
         if session._durable.resuming:
             await durable_ops.resume(session)
         else:
