@@ -367,7 +367,6 @@ async def test_silent_engine_times_out_retryably() -> None:
             "docker", image="x", base_url=f"tcp://127.0.0.1:{port}", call_timeout_s=0.5
         )
         # The engine client's own timeout is 60 s: a start that ignored `call_timeout_s`
-
         # would meet this deadline first (TimeoutError, not the ProviderError).
         async with asyncio.timeout(10):
             with pytest.raises(sandbox.ProviderError, match="did not answer in time") as info:

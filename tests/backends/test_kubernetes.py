@@ -135,7 +135,7 @@ async def test_image_pull_failure_is_reported_at_once(
     server: KubernetesApiServer, tmp_path: Path
 ) -> None:
     server.image_pull_fails = True
-    s = open_k8s(server, tmp_path, image="no-such-image:1", start_timeout_s=600)
+    s = open_k8s(server, tmp_path, image="no-such-image:1", create_timeout_s=600)
     with pytest.raises(PodStartError, match=r"ErrImagePull|ImagePullBackOff") as info:
         await s.start()
     assert "no-such-image:1" in str(info.value)
@@ -147,7 +147,7 @@ async def test_unschedulable_is_named_at_the_deadline(
     server: KubernetesApiServer, tmp_path: Path
 ) -> None:
     server.unschedulable = True
-    s = open_k8s(server, tmp_path, start_timeout_s=0.5)
+    s = open_k8s(server, tmp_path, create_timeout_s=0.5)
     with pytest.raises(PodStartError, match="Unschedulable: 0/1 nodes are available") as info:
         await s.start()
     assert info.value.retryable
@@ -283,7 +283,7 @@ async def test_limits_go_into_the_created_pod(server: KubernetesApiServer, tmp_p
 async def test_attach_to_a_pod_leaves_it_running(
     server: KubernetesApiServer, tmp_path: Path
 ) -> None:
-    async with open_k8s(server, tmp_path, keep_pod=True) as first:
+    async with open_k8s(server, tmp_path, keep=True) as first:
         await first.write_file("kept.txt", b"from the first session")
         name = first.pod_name
     assert name is not None and ("default", name) in server.pods

@@ -120,7 +120,7 @@ async def test_the_ref_holds_the_kubeconfig_path_never_its_token(server, tmp_pat
 
 
 async def test_an_attached_pod_is_left_running_by_the_resumed_close(server, tmp_path):
-    async with _open(server, tmp_path, keep_pod=True) as first:
+    async with _open(server, tmp_path, keep=True) as first:
         name = first.pod_name
     attached = _open(server, tmp_path, image=None, pod=name)
     await attached.start()

@@ -156,7 +156,7 @@ async def test_a_kubeconfig_named_by_a_ref_alone_is_never_loaded(server, tmp_pat
 
 
 async def test_a_created_claim_on_a_pod_of_another_session_deletes_nothing(server):
-    async with _open(keep_pod=True) as first:
+    async with _open(keep=True) as first:
         name = first.pod_name
     attached = _open(image=None, pod=name)
     await attached.start()

@@ -54,7 +54,7 @@ class TestKubernetes(LiveSuite):
     async def test_missing_image_is_a_clear_error(self) -> None:
         REQUIRES.skip_if_missing()
         session = sandbox.open_session(
-            "kubernetes", image="sandbox-test/no-such-image:0", start_timeout_s=120
+            "kubernetes", image="sandbox-test/no-such-image:0", create_timeout_s=120
         )
         with pytest.raises(sandbox.ProviderError, match=r"ErrImagePull|ImagePullBackOff"):
             await session.start()

@@ -188,7 +188,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._user = user or ""
         self._env = dict(env or {})
         self._keep_container = bool(keep)
-
         self._base_url = base_url
         self._api_version = api_version
         self._api_timeout = timeout

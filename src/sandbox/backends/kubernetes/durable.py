@@ -92,7 +92,7 @@ LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "
 # The options a resume takes from a ref: none names a cluster, loads code or credentials
 # (never `kubeconfig` or `context`: see the module docstring).
 TAKEN_FROM_REF = taken_from_ref(
-    "workdir", "terminate_grace_s", "api_timeout", "delete_grace_s", "protocols"
+    "workdir", "terminate_grace_s", "call_timeout_s", "delete_grace_s", "protocols"
 )
 
 
@@ -120,7 +120,7 @@ def ref_options(session: KubernetesSession, base: dict[str, Any]) -> dict[str, A
         context=session._context_loaded,
         workdir=session._workdir,
         terminate_grace_s=session.terminate_grace_s,
-        api_timeout=session._api_timeout,
+        call_timeout_s=session._api_timeout,
         delete_grace_s=session._pod_options.grace_period_s,
         protocols=list(session._protocols),
     )

@@ -42,7 +42,7 @@ from ...errors import (
     SessionGoneError,
     WorkdirError,
 )
-from ..toolkit import check_limits
+from ..toolkit import check_limits, refuse_renamed
 from . import bounds, durable, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster
@@ -60,8 +60,8 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
 
     Exactly one of:
     - `image`: create a pod of this image (label `sandbox.session`, `restartPolicy:
-      Never`, kept alive by a shell), wait for it by watch within `start_timeout_s`,
-      delete it on close (unless `keep_pod=True`);
+      Never`, kept alive by a shell), wait for it by watch within `create_timeout_s`,
+      delete it on close (unless `keep=True`);
     - `pod`: attach to this running pod (its `container`, default the first), left
       running on close.
 
@@ -76,7 +76,8 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
     `keepalive_command`, `delete_grace_s`, and the common limits `memory_limit_bytes`
     and `cpu_limit` (the container's `resources.limits`; `process_limit` is refused:
     no per-pod field). Also `env` (added to every command),
-    `terminate_grace_s` (SIGTERM to SIGKILL), `api_timeout`, `protocols` (the channel
+    `terminate_grace_s` (SIGTERM to SIGKILL), `call_timeout_s` (bound on each API call
+    that is not a stream), `protocols` (the channel
     protocols offered, best first: default v5 then v4). Plus the base session's.
     """
 
@@ -103,9 +104,9 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         image_pull_policy: str | None = None,
         name_prefix: str = "sandbox",
         keepalive_command: Sequence[str] = tuple(scripts.KEEPALIVE),
-        keep_pod: bool = False,
-        start_timeout_s: float = bounds.DEFAULT_START_TIMEOUT_S,
-        api_timeout: float = bounds.DEFAULT_API_TIMEOUT_S,
+        keep: bool = False,
+        create_timeout_s: float = bounds.DEFAULT_START_TIMEOUT_S,
+        call_timeout_s: float = bounds.DEFAULT_API_TIMEOUT_S,
         terminate_grace_s: float = 1.0,
         delete_grace_s: int = 2,
         protocols: Sequence[str] = PROTOCOLS,
@@ -114,6 +115,7 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed("kubernetes", options)
         super().__init__(**options)
         if (image is None) == (pod is None):
             raise InvalidArgumentError(
@@ -146,8 +148,8 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
             raise InvalidArgumentError(f"protocols must be among {', '.join(PROTOCOLS)}")
         if isinstance(delete_grace_s, bool) or not isinstance(delete_grace_s, int):
             raise InvalidArgumentError("delete_grace_s must be an int of seconds")
-        start_timeout = check_seconds("start_timeout_s", start_timeout_s)
-        timeout = check_seconds("api_timeout", api_timeout)
+        start_timeout = check_seconds("create_timeout_s", create_timeout_s)
+        timeout = check_seconds("call_timeout_s", call_timeout_s)
         grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         assert start_timeout is not None and timeout is not None and grace is not None
         self.image = image
@@ -178,7 +180,7 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
             grace_period_s=max(0, delete_grace_s),
             keepalive=keepalive,
         )
-        self._keep_pod = bool(keep_pod)
+        self._keep_pod = bool(keep)
         self._start_timeout = start_timeout
         self._api_timeout = timeout
         self._protocols = offered
