@@ -50,7 +50,10 @@ class ProcessSpec:
     """A `CommandSpec` plus the terminal settings of a `pty_exec_start`.
 
     `screen` says whether the base session keeps a rendered screen of the terminal (only
-    ever True with `tty`).
+    ever True with `tty`). `stdin` says whether a process on pipes keeps its stdin open
+    (`pty_write_stdin` writes to it, `pty_close_stdin` ends it); only ever True without
+    `tty` (a terminal always takes input). It lives here, not in `CommandSpec`, because
+    a one-shot command never has an open stdin.
     """
 
     command: CommandSpec
@@ -58,6 +61,7 @@ class ProcessSpec:
     rows: int
     cols: int
     screen: bool = False
+    stdin: bool = False
 
 
 # How long a window waits, after a process's exit is known, for the end of its output.
@@ -113,6 +117,12 @@ class PtyEntry(Generic[H]):
     spawn_task: asyncio.Future[None] | None = None
     write_task: asyncio.Future[None] | None = None
     input_accepted: int = 0
+    # Set by the base session for a process started with `stdin=True`: `stdin_ended`
+    # once `pty_close_stdin` was asked (no write is accepted from then on),
+    # `stdin_closed` once the backend's `_close_stdin` completed (a second close is then
+    # a no-op; one whose first was cancelled half-way calls the hook again).
+    stdin_ended: bool = False
+    stdin_closed: bool = False
     # Set by the base session after the reservation, before the spawn.
     recorder: AsciicastRecorder | None = None
 
@@ -152,8 +162,15 @@ class PtyEntry(Generic[H]):
 
     @property
     def tty(self) -> bool:
-        """Whether the process runs on a terminal (else on pipes, stdin closed)."""
+        """Whether the process runs on a terminal (else on pipes, stdin closed unless
+        `stdin_open`)."""
         return self.spec.tty
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether the process runs on pipes with its stdin open (`stdin=True`): the
+        spawn keeps a way to write to it and to end it (`_close_stdin`)."""
+        return self.spec.stdin
 
     @property
     def running(self) -> bool:

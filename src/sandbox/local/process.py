@@ -103,6 +103,9 @@ class LocalProcess:
         self.tty = False
         self.exit_code: int | None = None
         self.master_fd: int | None = None
+        # The write end of the stdin pipe of a process on pipes started with `stdin`
+        # (non-blocking; closed by `close_stdin`, the process then reads end-of-file).
+        self.stdin_fd: int | None = None
         self._loop = asyncio.get_running_loop()
         # Where the output fds and the pidfd are watched: the loop, or a session's hub.
         self._readers: Readers = self._loop
@@ -116,6 +119,7 @@ class LocalProcess:
         self._reaped = False
         self._closed = False
         self._write_waiter: asyncio.Future[None] | None = None
+        self._write_fd: int | None = None  # the fd a waiting write waits on
         self._swept: set[int] = set()
         self.tag: str | None = None
         self.leaf: cgroups.Leaf | None = None
@@ -131,6 +135,7 @@ class LocalProcess:
         cwd: str | None,
         rows: int = 24,
         cols: int = 80,
+        stdin: bool = False,
         on_stdout: OutputCallback,
         on_stderr: OutputCallback | None = None,
         on_exit: Callable[[int], None] | None = None,
@@ -141,7 +146,8 @@ class LocalProcess:
         readers: Readers | None = None,
     ) -> LocalProcess:
         """Start `argv`. With `tty`, on a new PTY as its controlling terminal; else with
-        stdin from /dev/null and stdout+stderr on one pipe (or two if `on_stderr`).
+        stdin from /dev/null (a pipe we keep the write end of, with `stdin`) and
+        stdout+stderr on one pipe (or two if `on_stderr`).
         With `tag` (see `process_tree.new_tag`), the process and everything it starts
         carry it in their environment, so a teardown also finds what escaped the tree.
 
@@ -173,9 +179,7 @@ class LocalProcess:
                 parent_ends.append(master)
                 child_ends.append(slave)
                 set_window_size(slave, rows, cols)
-                stdin: int = slave
-                stdout: int = slave
-                stderr: int = slave
+                stdin_end, stdout, stderr = slave, slave, slave
                 self._out_fds[master] = on_stdout
                 self.master_fd = master
             else:
@@ -183,7 +187,15 @@ class LocalProcess:
                 parent_ends.append(out_r)
                 child_ends.append(out_w)
                 self._out_fds[out_r] = on_stdout
-                stdin, stdout, stderr = subprocess.DEVNULL, out_w, out_w
+                stdin_end = -1  # /dev/null, unless the caller keeps stdin open
+                if stdin:
+                    stdin_end, in_w = os.pipe()
+                    parent_ends.append(in_w)
+                    child_ends.append(stdin_end)
+                    # Never blocks the loop: a full pipe waits in `write` for room.
+                    os.set_blocking(in_w, False)
+                    self.stdin_fd = in_w
+                stdout, stderr = out_w, out_w
                 if on_stderr is not None:
                     err_r, err_w = os.pipe()
                     parent_ends.append(err_r)
@@ -192,13 +204,17 @@ class LocalProcess:
                     stderr = err_w
             helper = spawn_helper.loaded()
             if helper is not None:
-                fds = (slave, slave, slave) if tty else (-1, stdout, stderr)
+                # -1 as fd 0: the helper opens /dev/null.
+                fds = (stdin_end, stdout, stderr)
                 pidfd = self._spawn_with(helper, argv, env, cwd, fds, tty, joins)
             if pidfd < 0:
-                leaf_fd = self._spawn_popen(argv, env, cwd, (stdin, stdout, stderr), tty, joins)
+                popen_in = subprocess.DEVNULL if stdin_end < 0 else stdin_end
+                stdio = (popen_in, stdout, stderr)
+                leaf_fd = self._spawn_popen(argv, env, cwd, stdio, tty, joins)
         except BaseException:
             for fd in parent_ends:
                 os.close(fd)
+            self.stdin_fd = None
             self._give_back_leaf()
             raise
         finally:
@@ -441,8 +457,13 @@ class LocalProcess:
 
     # ---- input and control -------------------------------------------------------------
 
+    def _input_fd(self) -> int | None:
+        """Where input goes: the terminal, or the open stdin pipe (None: neither)."""
+        return self.master_fd if self.tty else self.stdin_fd
+
     async def write(self, data: bytes, on_progress: Callable[[int], None] | None = None) -> None:
-        """Write all of `data` to the terminal, waiting for room when it is full.
+        """Write all of `data` to the terminal (or the open stdin pipe), waiting for room
+        when it is full.
 
         `on_progress(n)` is told each time the terminal took `n` more bytes, so a write
         cancelled half-way (its window ended, the process is being torn down) knows how
@@ -450,23 +471,26 @@ class LocalProcess:
         """
         view = memoryview(data)
         while view:
-            fd = self.master_fd
+            fd = self._input_fd()
             if fd is None or self._closed:
-                raise ProcessExitedError(f"process {self.pid} has no open terminal")
+                raise ProcessExitedError(f"process {self.pid} has no open terminal or stdin")
             try:
                 written = os.write(fd, view)
             except BlockingIOError:
                 await self._writable(fd)
                 continue
             except OSError as exc:
-                raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+                # EPIPE on a pipe: the process closed its stdin or exited (SIGPIPE is
+                # ignored in Python, so the write fails instead of killing us).
+                raise ProcessExitedError(f"process {self.pid} input is closed: {exc}") from exc
             view = view[written:]
             if on_progress is not None:
                 on_progress(written)
 
     def write_some(self, data: bytes) -> int:
-        """Write what the terminal takes right now (never waits); returns the count."""
-        fd = self.master_fd
+        """Write what the terminal (or the open stdin pipe) takes right now (never
+        waits); returns the count."""
+        fd = self._input_fd()
         if fd is None or self._closed or self._write_waiter is not None:
             return 0  # closed (the slow path says so), or a write already waits
         try:
@@ -485,6 +509,22 @@ class LocalProcess:
             return False
         except OSError as exc:
             raise ProcessExitedError(f"process {self.pid} terminal is closed: {exc}") from exc
+
+    def close_stdin(self) -> None:
+        """End the input of a process on pipes started with `stdin`: close our end of
+        its stdin pipe, so it reads end-of-file after what is in the pipe. Idempotent.
+        (The session calls it between writes; a write still waiting fails.)"""
+        fd = self.stdin_fd
+        if fd is None:
+            return
+        self.stdin_fd = None
+        waiter = self._write_waiter
+        if waiter is not None and self._write_fd == fd:
+            self._loop.remove_writer(fd)  # never left on an fd number about to be reused
+            self._write_fd = None
+            if not waiter.done():
+                waiter.set_exception(ProcessExitedError(f"process {self.pid} input was closed"))
+        os.close(fd)
 
     def interrupt_terminal(self) -> None:
         """Ctrl-C on the terminal: the interrupt character if the terminal has room for
@@ -510,12 +550,15 @@ class LocalProcess:
                 ready.set_result(None)
 
         self._loop.add_writer(fd, on_writable)
+        self._write_fd = fd
         try:
             await ready
         finally:
             self._write_waiter = None
-            if not self._closed:  # close() already removed it (and the fd may be reused)
+            # close() or close_stdin() already removed it (and the fd may be reused).
+            if self._write_fd == fd and not self._closed:
                 self._loop.remove_writer(fd)
+            self._write_fd = None
 
     def resize(self, rows: int, cols: int) -> None:
         """Resize the terminal (no-op once closed)."""
@@ -632,12 +675,16 @@ class LocalProcess:
                     tag = self.tag if escapees else None
                     self._swept = process_tree.kill_tree(self.pid, tag=tag)
         waiter = self._write_waiter
-        if waiter is not None and self.master_fd is not None:
+        if waiter is not None and self._write_fd is not None:
             # A write waiting for room must not keep a writer on an fd number that is
             # about to be closed and reused by the next process.
-            self._loop.remove_writer(self.master_fd)
+            self._loop.remove_writer(self._write_fd)
+            self._write_fd = None
             if not waiter.done():
                 waiter.set_exception(ProcessExitedError(f"process {self.pid} was closed"))
+        if self.stdin_fd is not None:
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
         for fd in list(self._out_fds):
             self._readers.remove_reader(fd)
             if fd != self.master_fd:

@@ -373,6 +373,7 @@ class BaseSandboxSession(SessionHooks[H]):
         self,
         *command: str,
         tty: bool = False,
+        stdin: bool = False,
         shell: bool = True,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
@@ -389,6 +390,13 @@ class BaseSandboxSession(SessionHooks[H]):
         """Start a process (on a terminal if `tty`, else on pipes with stdin closed) and
         return what it printed within the first window.
 
+        `stdin=True` (with `tty=False`) keeps the pipe process's stdin open:
+        `pty_write_stdin` writes bytes to it and `pty_close_stdin` ends it (the process
+        reads end-of-file), for programs that read their input to its end (`sort`, a
+        stdio MCP or language server). A backend that cannot keep stdin open raises
+        `UnsupportedOperationError` here, before anything starts. With `tty=True` it
+        changes nothing: a terminal always takes input.
+
         The window ends at `yield_time_s` (default 10 s), when the process exits, when
         `until` appears in the output, or when `until_screen` appears on the rendered
         screen. `process_id` is None in the result if it already exited. If this call is
@@ -403,12 +411,21 @@ class BaseSandboxSession(SessionHooks[H]):
         await self._lifecycle.guard()
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
+        open_stdin = bool(stdin) and not tty
+        if open_stdin and type(self)._close_stdin is SessionHooks._close_stdin:
+            raise UnsupportedOperationError(
+                f"stdin=True: the {self.backend_name} backend cannot keep the stdin of a "
+                "process on pipes open (its provider gives no way to end that input); "
+                "use tty=True to type into a process, or write the input to a file and "
+                "redirect it (`sort < input.txt`)"
+            )
         spec = ProcessSpec(
             command=arguments.build_command(command, shell=shell, env=env, cwd=cwd),
             tty=bool(tty),
             rows=rows,
             cols=cols,
             screen=bool(tty) and bool(screen),
+            stdin=open_stdin,
         )
         arguments.check_terminal_size(rows, cols)
         window = arguments.yield_window(yield_time_s, arguments.START_YIELD_S)
@@ -436,7 +453,8 @@ class BaseSandboxSession(SessionHooks[H]):
         Empty `chars` is a poll: its window lasts at least 5 s unless the process exits
         or `until` appears (in the output) or `until_screen` appears (on the rendered
         screen; the result then carries the `screen`). A write's window defaults to
-        0.25 s.
+        0.25 s. A process on pipes takes writes only when started with `stdin=True` and
+        until `pty_close_stdin` (else `StdinClosedError`).
         """
         data = arguments.to_input_bytes(chars)
         if data:
@@ -450,6 +468,17 @@ class BaseSandboxSession(SessionHooks[H]):
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
         return await self._pty.write(process_id, data, window, pattern, max_tokens, until_screen)
+
+    async def pty_close_stdin(self, process_id: int) -> None:
+        """End the input of a process started with `tty=False, stdin=True`: it reads
+        end-of-file after every byte written before this call. Does not wait for a
+        window: poll afterwards for what it printed. A second close is a no-op.
+
+        `InvalidArgumentError` for a tty process (a terminal's input has no end),
+        `StdinClosedError` for a process started without `stdin=True`,
+        `ProcessExitedError` once it exited, `PtyProcessNotFoundError` for an unknown id.
+        """
+        await self._pty.close_stdin(process_id)
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider

@@ -86,7 +86,11 @@ class SessionHooks(Generic[H]):
 
         Store the backend's state in `entry.handle` as soon as anything exists, so that
         `_terminate_pty_entry` can undo a spawn that failed or was cancelled half-way.
-        For `tty=False`, stdin must be closed (EOF) for the process.
+        For `tty=False`, stdin must be closed (EOF) for the process, unless
+        `entry.stdin_open` (`stdin=True`): then keep a way to write to its stdin
+        (`_write_stdin`) and to end it (`_close_stdin`). The base session asks for that
+        only of a backend that overrides `_close_stdin`; one that can do it only in some
+        setups raises `UnsupportedOperationError` here, before anything starts.
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
 
@@ -105,8 +109,19 @@ class SessionHooks(Generic[H]):
         return 0
 
     async def _write_stdin(self, entry: PtyEntry[H], data: bytes) -> None:
-        """Write bytes to the terminal of a running tty process."""
+        """Write bytes to the terminal of a running tty process, or to the open stdin of
+        a process on pipes (`entry.stdin_open`)."""
         raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
+
+    async def _close_stdin(self, entry: PtyEntry[H]) -> None:
+        """End the input of a process started on pipes with `stdin=True`: it reads
+        end-of-file once it has read every byte written before (the base session calls
+        this only after every earlier write finished). Idempotent: a close cancelled
+        half-way is asked again. Overriding it is how a backend says it can keep stdin
+        open (`pty_exec_start(stdin=True)` is refused at start otherwise)."""
+        raise UnsupportedOperationError(
+            f"the {self.backend_name} backend cannot close the stdin of a process"
+        )
 
     async def _resize(self, entry: PtyEntry[H], rows: int, cols: int) -> None:
         """Resize the process's terminal; default: unsupported."""

@@ -32,7 +32,7 @@ from .ownership import OwnedTasks, closed_error
 from .recordings import Recordings
 from .registry import ProcessRegistry
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
-from .writes import write_within
+from .writes import close_input, write_within
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..terminal.screen import ScreenSnapshot
@@ -133,10 +133,11 @@ class PtyCalls(Generic[H]):
         screen_pattern = check_until_screen(until_screen, entry.screen is not None)
         if screen_pattern is not None and entry.screen is not None:
             entry.screen.check_size()
-        if data and not entry.tty:
+        if data and not entry.tty and not entry.stdin_open:
             raise StdinClosedError(
                 f"process {process_id} was started with tty=False, so its stdin is closed; "
-                "start it with tty=True to write to it (empty chars still polls it)"
+                "start it with tty=True, or with stdin=True to keep its stdin open, to "
+                "write to it (empty chars still polls it)"
             )
         # Keystrokes never wait behind a poll of the same process, whichever came first:
         # while this write waits for the entry, every poll window on it ends at once.
@@ -148,6 +149,8 @@ class PtyCalls(Generic[H]):
             loop = entry.loop
             window_end = loop.time() + window
             if data:
+                if entry.stdin_ended:
+                    raise StdinClosedError(_stdin_ended(process_id))
                 if entry.exited:
                     raise ProcessExitedError(
                         f"process {process_id} has exited; poll it with empty chars to "
@@ -170,6 +173,37 @@ class PtyCalls(Generic[H]):
                 update = dataclasses.replace(update, unwritten_bytes=unwritten)
             return update
 
+    async def close_stdin(self, process_id: int) -> None:
+        """`pty_close_stdin`: after every earlier write, the backend's `_close_stdin`."""
+        entry = self.lookup(process_id)
+        await self._guard()
+        if entry.tty:
+            raise InvalidArgumentError(
+                f"process {process_id} runs on a terminal (tty=True), whose input has no "
+                "end to close (write Ctrl-D, \\x04, at the start of a line: the terminal's "
+                "end of input), or start it with tty=False, stdin=True"
+            )
+        if not entry.stdin_open:
+            raise StdinClosedError(
+                f"process {process_id} was started with stdin closed (tty=False without "
+                "stdin=True): there is nothing to close"
+            )
+        # Taken as a write: it waits for the writes before it (so their bytes reach
+        # the process before its end of input) and ends a poll's window at once.
+        async with entry.call_turn(write=True):
+            if entry.removed:
+                raise self.gone(entry)
+            entry.touch()
+            if entry.stdin_closed:
+                return  # a second close: nothing more to end
+            if entry.exited:
+                raise ProcessExitedError(
+                    f"process {process_id} has exited; poll it with empty chars to "
+                    "collect its remaining output and exit code"
+                )
+            entry.stdin_ended = True
+            await close_input(entry, close=self._hooks._close_stdin, gone=self.gone)
+
     async def resize(self, process_id: int, rows: int, cols: int) -> None:
         """`pty_resize` after its size check."""
         entry = self.lookup(process_id)
@@ -190,7 +224,8 @@ class PtyCalls(Generic[H]):
         if entry.exited:
             return
         write = entry.write_task
-        if write is not None and not write.done():
+        if write is not None and not write.done() and not entry.stdin_ended:
+            # (A pending close of stdin is no write: it is not cut short.)
             # Ctrl-C never queues behind input the process is not reading: the pending
             # write ends (its caller learns how much was not written), then this goes.
             write.cancel()
@@ -235,3 +270,10 @@ class PtyCalls(Generic[H]):
         if finished:
             await self._owned.discard(entry)
         return update
+
+
+def _stdin_ended(process_id: int) -> str:
+    return (
+        f"process {process_id}'s stdin was closed by pty_close_stdin; nothing more can be "
+        "written to it (empty chars still polls it)"
+    )

@@ -1,4 +1,5 @@
-"""`write_within`: keystrokes written within a window, never queued behind a full terminal.
+"""`write_within`: keystrokes written within a window, never queued behind a full terminal;
+`close_input`: the end of a pipe process's input, ordered after every write.
 
 What the terminal takes at once goes through the backend's fast path; the rest is a
 write task of the entry's (`entry.write_task`), so a terminate, the close or an
@@ -61,3 +62,35 @@ async def write_within(
             raise error
         accepted = len(data)
     return len(data) - min(max(accepted, 0), len(data))
+
+
+async def close_input(
+    entry: PtyEntry[H],
+    *,
+    close: Callable[[PtyEntry[H]], Awaitable[None]],
+    gone: Callable[[PtyEntry[H]], SandboxError],
+) -> None:
+    """End `entry`'s stdin with the backend's `_close_stdin`, run as the entry's write
+    task: like a write, a terminate or the close cancels it and waits for it before the
+    teardown, and a cancelled caller ends it first. The entry is marked `stdin_closed`
+    only once the hook completed (a close cancelled half-way is asked again)."""
+    task = asyncio.ensure_future(close(entry))
+    entry.write_task = task
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        await settle(finished(task))
+        raise
+    finally:
+        if entry.write_task is task:
+            entry.write_task = None
+    if task.cancelled():
+        # Only a teardown cancels it (the caller's own cancellation raised above).
+        raise gone(entry)
+    error = task.exception()
+    if error is not None:
+        if entry.removed:
+            raise gone(entry) from error
+        raise error
+    entry.stdin_closed = True

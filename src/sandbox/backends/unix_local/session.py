@@ -327,6 +327,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 cwd=self._workspace.cwd_for(command.cwd),
                 rows=spec.rows,
                 cols=spec.cols,
+                stdin=spec.stdin,
                 on_stdout=entry.feed if trap is None else on_stdout,
                 on_exit=entry.report_exit if self._applied is None else on_exit,
                 on_eof=entry.report_eof,
@@ -362,6 +363,11 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _write_stdin(self, entry: PtyEntry[LocalProcess], data: bytes) -> None:
         proc = entry.require_handle()
         await proc.write(data, on_progress=entry.count_input)
+
+    async def _close_stdin(self, entry: PtyEntry[LocalProcess]) -> None:
+        """Close our end of the process's stdin pipe: it reads what is in the pipe, then
+        end-of-file."""
+        entry.require_handle().close_stdin()
 
     async def _resize(self, entry: PtyEntry[LocalProcess], rows: int, cols: int) -> None:
         proc = entry.require_handle()
