@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox.backends import BACKENDS
+from sandbox.backends import BACKENDS, load_backend
+from sandbox.backends.toolkit import RENAMED
+from sandbox.session.options import option_names
 
 
 def _usual(name: str, tmp_path: Path) -> dict[str, Any]:
@@ -80,10 +82,9 @@ BAD: list[tuple[str, str, object]] = [
     ("docker", "memory_limit_bytes", True),
     ("docker", "user", 1000),
     ("blaxel", "terminate_grace_s", "x"),
-    ("blaxel", "api_timeout_s", -1),
+    ("blaxel", "call_timeout_s", -1),
     ("blaxel", "connect_timeout_s", "30"),
     ("blaxel", "heartbeat_s", float("nan")),
-    ("blaxel", "memory", "2G"),
     ("blaxel", "max_response_bytes", 0),
     ("blaxel", "max_terminal_frame_bytes", "1M"),
     ("blaxel", "memory_limit_bytes", 1.5),
@@ -151,3 +152,33 @@ def test_workspace_under_a_file_is_refused(tmp_path: Path) -> None:
 def test_base_session_options_are_checked_at_open(option: str, value: object) -> None:
     with pytest.raises(sandbox.InvalidArgumentError, match=option):
         sandbox.open_session("unix_local", **{option: value})
+
+
+# An earlier name a backend still takes, in a meaning of its own (not the renamed
+# concept): blaxel's `workspace` is its account's workspace, e2b's `start_timeout_s`
+# bounds a process's start as well as the create.
+OWN_MEANING = {("blaxel", "workspace"), ("e2b", "start_timeout_s")}
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_no_backend_takes_an_earlier_name(name: str) -> None:
+    _installed(name)
+    taken = {(name, old) for old in option_names(load_backend(name)) if old in RENAMED}
+    assert taken <= OWN_MEANING, f"an earlier name taken again (a shim?): {taken - OWN_MEANING}"
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_an_earlier_name_is_refused_naming_the_new_one(name: str, old: str, tmp_path: Path) -> None:
+    _installed(name)
+    if (name, old) in OWN_MEANING:
+        pytest.skip(f"{old} is an option of {name} in a meaning of its own")
+    new = RENAMED[old]
+    with pytest.raises(sandbox.InvalidArgumentError) as info:
+        sandbox.open_session(name, **{**_usual(name, tmp_path), old: "x\0y"})
+    message = str(info.value)
+    if new in option_names(load_backend(name)):
+        assert f"{old}= is now {new}=" in message, message
+    else:  # the backend has no such concept: an unknown option like any other
+        assert f"unknown option {old!r}" in message, message
+    assert "x\0y" not in message, "values are not echoed (they may be secrets)"

@@ -355,18 +355,17 @@ async def test_credentials_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         sandbox.open_session("blaxel", api_key="k")
     monkeypatch.setenv("BL_API_KEY", "k")
     monkeypatch.setenv("BL_WORKSPACE", "w")
-    session = sandbox.open_session("blaxel", name="box-1")
+    session = sandbox.open_session("blaxel", sandbox_id="box-1")
     assert isinstance(session, BlaxelSession) and session.sandbox_name == "box-1"
-    assert sandbox.open_session("blaxel", sandbox_id="box-2").sandbox_name == "box-2"  # type: ignore[attr-defined]
-    with pytest.raises(sandbox.InvalidArgumentError):
-        sandbox.open_session("blaxel", name="a", sandbox_id="b")
+    with pytest.raises(sandbox.InvalidArgumentError, match="name= is now sandbox_id="):
+        sandbox.open_session("blaxel", name="a")
 
 
 async def test_keep_and_attach_by_name(server: BlaxelServer, tmp_path: Path) -> None:
-    async with make_session(server, tmp_path, name="kept-box", keep=True) as s:
+    async with make_session(server, tmp_path, sandbox_id="kept-box", keep=True) as s:
         await s.write_file("note", b"still here")
     assert list(server.sandboxes) == ["kept-box"]
-    async with make_session(server, tmp_path, name="kept-box") as s:
+    async with make_session(server, tmp_path, sandbox_id="kept-box") as s:
         assert await s.read_file("note") == b"still here"
     assert server.sandboxes == {}
     creates = [p for m, p in server.requests if (m, p) == ("POST", "/v0/sandboxes")]
@@ -596,7 +595,7 @@ async def test_cancel_close_while_the_delete_is_blocked(
 
 
 async def test_a_delete_that_never_answers_is_bounded(server: BlaxelServer, tmp_path: Path) -> None:
-    session = make_session(server, tmp_path, api_timeout_s=0.3)
+    session = make_session(server, tmp_path, call_timeout_s=0.3)
     await session.start()
     server.stall("delete")
     with pytest.raises(sandbox.ConnectionLostError) as info:

@@ -106,7 +106,7 @@ async def test_a_compressed_answer_is_refused_unread(
 async def test_a_peer_that_never_answers_fails_at_the_deadline(
     server: BlaxelServer, tmp_path: Path
 ) -> None:
-    async with make_session(server, tmp_path, api_timeout_s=2) as s:
+    async with make_session(server, tmp_path, call_timeout_s=2) as s:
         blocked = server.stall("read")
         with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
             await s.read_file("f")
@@ -117,7 +117,7 @@ async def test_a_peer_that_never_answers_fails_at_the_deadline(
 async def test_a_trickling_peer_fails_at_the_deadline(server: BlaxelServer, tmp_path: Path) -> None:
     """One byte every 50 ms never trips a read timeout; the whole call's deadline ends
     it."""
-    async with make_session(server, tmp_path, api_timeout_s=2) as s:
+    async with make_session(server, tmp_path, call_timeout_s=2) as s:
         peer = server.trickle("read", interval_s=0.05, limit=100_000)
         with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):
             await s.read_file("f")

@@ -77,7 +77,11 @@ async def test_options_a_fork_cannot_carry_are_refused(
     server: BlaxelServer, tmp_path: Path
 ) -> None:
     ref = sandbox.SnapshotRef(backend="blaxel", snapshot_id="snap_x", details={})
-    for extra in ({"image": "blaxel/base"}, {"memory": 2048}, {"labels": {"a": "b"}}):
+    for extra in (
+        {"image": "blaxel/base"},
+        {"memory_limit_bytes": 2 * 1024**3},
+        {"labels": {"a": "b"}},
+    ):
         with pytest.raises(sandbox.InvalidArgumentError, match="snapshot= replaces"):
             sandbox.open_session("blaxel", snapshot=ref, **options(server, tmp_path, **extra))
     with pytest.raises(sandbox.InvalidArgumentError, match="of the blaxel backend"):

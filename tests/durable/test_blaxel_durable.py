@@ -247,7 +247,7 @@ async def test_gone_sandbox_is_session_gone(server: BlaxelServer, tmp_path: Path
     name = ref.sandbox["name"]
     # Deleted behind the ref's back (another client attached by name and closed):
     # `GET` answers TERMINATED for a while, then 404; both are gone, never recreated.
-    async with sandbox.open_session("blaxel", **_options(server, tmp_path, name=name)):
+    async with sandbox.open_session("blaxel", **_options(server, tmp_path, sandbox_id=name)):
         pass
     assert name not in server.sandboxes and name in server.terminated
     for _ in range(2):

@@ -55,7 +55,14 @@ from typing import Any
 
 import aiohttp
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
+from ...backend import (
+    Durability,
+    ProcessNotReattached,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    durable_session_id,
+)
 from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
     ShellTrap,
@@ -83,7 +90,7 @@ MISSING_SHELL = "/nonexistent/sandbox-reattach-only"
 REPLAY_PREFIX = "\x1b[0m"
 HEX = re.compile(r"[0-9a-f]{8,64}")
 REF_OPTIONS = (
-    "api_timeout_s",
+    "call_timeout_s",
     "connect_timeout_s",
     "close_timeout_s",
     "heartbeat_s",
@@ -119,7 +126,7 @@ def ref_options(session: BlaxelSession, base: dict[str, Any]) -> dict[str, Any]:
     options["workdir"] = session.workdir
     term = session._terminal_options
     values = {
-        "api_timeout_s": session._client.api_timeout_s,
+        "call_timeout_s": session._client.api_timeout_s,
         "connect_timeout_s": term.connect_timeout_s,
         "close_timeout_s": term.close_timeout_s,
         "heartbeat_s": term.heartbeat_s,
@@ -147,7 +154,7 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
         for k, v in ref.options.items()
         if k in TAKEN_FROM_REF and (v is not None or k == "heartbeat_s")
     }
-    options["name"] = name
+    options["sandbox_id"] = name
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
 
@@ -327,3 +334,47 @@ class SandboxLease:
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
         return await self._run(lease_swap_argv(self._path, expected, new))
+
+
+class BlaxelDurability(Durability):
+    """The blaxel backend's durable sessions (the module docstring says what outlives
+    the client): this module's functions, over the session it was made with."""
+
+    keeps_processes = True
+
+    def ref_sandbox(self) -> dict[str, Any]:
+        """See `ref_sandbox`."""
+        return ref_sandbox(self.session)
+
+    def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
+        """See `ref_options`."""
+        return ref_options(self.session, base)
+
+    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+        """See `ref_process`."""
+        return ref_process(entry)
+
+    @classmethod
+    def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """See `options_from_ref`."""
+        return options_from_ref(ref)
+
+    def lease_store(self) -> SandboxLease:
+        """The lease (`SandboxLease`)."""
+        return SandboxLease(self.session)
+
+    async def resume(self, ref: SessionRef) -> None:
+        """See `resume`."""
+        await resume(self.session, ref)
+
+    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+        """See `reattach`."""
+        await reattach(self.session, entry, process)
+
+    async def release(self, entry: PtyEntry[Any]) -> None:
+        """See `release`."""
+        await release(self.session, entry)
+
+    async def detach(self) -> None:
+        """See `detach`."""
+        await detach(self.session)

@@ -20,10 +20,10 @@ MIB = 1024 * 1024
 
 
 def memory_mib(
-    memory_limit_bytes: object, memory: int | None, *, process_limit: object, cpu_limit: object
+    memory_limit_bytes: object, *, process_limit: object, cpu_limit: object
 ) -> int | None:
-    """The `memory` (MiB) to create the sandbox with: from `memory_limit_bytes`, or the
-    backend's own `memory` option (the same size when both are given)."""
+    """The `memory` (MiB) to create the sandbox with, from `memory_limit_bytes` (None:
+    Blaxel's default)."""
     if cpu_limit is not None:
         raise UnsupportedOperationError(
             "blaxel has no cpu_limit: a sandbox's CPU follows its memory "
@@ -32,7 +32,7 @@ def memory_mib(
     if process_limit is not None:
         raise UnsupportedOperationError("blaxel has no process_limit (Blaxel offers none)")
     if memory_limit_bytes is None:
-        return memory
+        return None
     if (
         isinstance(memory_limit_bytes, bool)
         or not isinstance(memory_limit_bytes, int)
@@ -46,9 +46,4 @@ def memory_mib(
             f"memory_limit_bytes must be a whole number of MiB on blaxel (Blaxel takes "
             f"memory in MB), not {memory_limit_bytes}"
         )
-    mib = memory_limit_bytes // MIB
-    if memory is not None and memory != mib:
-        raise InvalidArgumentError(
-            f"memory={memory} (MB) and memory_limit_bytes={memory_limit_bytes} disagree; give one"
-        )
-    return mib
+    return memory_limit_bytes // MIB

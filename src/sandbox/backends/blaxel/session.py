@@ -23,9 +23,7 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
@@ -35,7 +33,13 @@ from ...backend import (
     durable_session_id,
 )
 from ...errors import InvalidArgumentError, SandboxError
-from ..toolkit import CommandCheck, ShellTrap, require_credential, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    ShellTrap,
+    refuse_renamed,
+    require_credential,
+    wait_for_verdict,
+)
 from . import bounds, limits, terminal, workspace
 from . import durable as durable_blaxel
 from .client import SESSION_LABEL, BlaxelClient
@@ -55,18 +59,19 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
     """A Blaxel sandbox.
 
     Options:
-    - `name` (alias `sandbox_id`): the sandbox to create or attach to (default: a new
+    - `sandbox_id`: the name of the sandbox to create or attach to (default: a new
       `sandbox-<random>`); it is deleted on close unless `keep=True`;
     - `api_key` / `workspace`: credentials (default: `BL_API_KEY` / `BL_WORKSPACE`);
     - `api_url`: the control-plane API (default: the SDK's; point it at a
       `BlaxelServer` for provider-free tests);
-    - `image`, `memory` (MB), `region`, `ttl`, `labels`, `create_timeout_s` (1-50 s):
+    - `image`, `region`, `ttl`, `labels`, `create_timeout_s` (1-50 s):
       passed to the sandbox creation (the label `sandbox.session` is the library's: a
       created sandbox carries the durable session's id there, which a resume checks
       before it takes on deleting the sandbox; a fork from a snapshot carries none, so
       its ref resumes only with `keep=True`);
-    - `memory_limit_bytes`: the portable form of `memory` (a whole number of MiB);
-      `cpu_limit` and `process_limit` raise `UnsupportedOperationError` (see `limits`);
+    - `memory_limit_bytes`: the sandbox's memory (a whole number of MiB: Blaxel's
+      `memory` in MB); `cpu_limit` and `process_limit` raise `UnsupportedOperationError`
+      (see `limits`);
     - `max_response_bytes` (default 32 MiB): bound on one API answer;
       `max_terminal_frame_bytes` (default 1 MiB): bound on one terminal message (see
       `bounds`; past either the call fails with a `ProviderError`);
@@ -75,9 +80,9 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
     - `snapshot`: the id of a Blaxel snapshot to fork the new sandbox from (what
       `snapshot()` made: `open_session("blaxel", snapshot=ref)` sets it, and the ref's
       workdir as the default one); the fork keeps the snapshot's image, memory and
-      region, so `image`, `memory`, `memory_limit_bytes`, `ttl` and `labels` are
+      region, so `image`, `memory_limit_bytes`, `ttl` and `labels` are
       refused beside it (see `workspace`);
-    - `api_timeout_s` (default 120): bound on each API call; `connect_timeout_s`
+    - `call_timeout_s` (default 120): bound on each API call; `connect_timeout_s`
       (default 30): bound on a terminal handshake; `close_timeout_s` (default 2): bound
       on a WebSocket close; `heartbeat_s` (default 30): WebSocket ping interval, so a
       silently dead connection is noticed; `terminate_grace_s` (default 1): time between
@@ -93,21 +98,19 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
     def __init__(
         self,
         *,
-        name: str | None = None,
         sandbox_id: str | None = None,
         keep: bool = False,
         api_key: str | None = None,
         workspace: str | None = None,
         api_url: str | None = None,
         image: str | None = None,
-        memory: int | None = None,
         region: str | None = None,
         ttl: str | None = None,
         labels: Mapping[str, str] | None = None,
         create_timeout_s: int | None = None,
         workdir: str = DEFAULT_WORKDIR,
         snapshot: str | None = None,
-        api_timeout_s: float = 120.0,
+        call_timeout_s: float = 120.0,
         connect_timeout_s: float = 30.0,
         close_timeout_s: float = 2.0,
         heartbeat_s: float | None = 30.0,
@@ -120,9 +123,8 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         max_terminal_frame_bytes: int = bounds.MAX_TERMINAL_FRAME_BYTES,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         super().__init__(**options)
-        if name is not None and sandbox_id is not None and name != sandbox_id:
-            raise InvalidArgumentError("give the sandbox's name once (name= or sandbox_id=)")
         key = require_credential(
             api_key, API_KEY_ENV, backend="blaxel", what="an API key (api_key)"
         )
@@ -134,7 +136,7 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         # Every option is checked now, not when first used (a bad grace period would
         # otherwise surface as a raw TypeError in a teardown).
         for option, seconds in (
-            ("api_timeout_s", api_timeout_s),
+            ("call_timeout_s", call_timeout_s),
             ("connect_timeout_s", connect_timeout_s),
             ("close_timeout_s", close_timeout_s),
             ("probe_interval_s", probe_interval_s),
@@ -143,7 +145,6 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
         check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
         for option, text in (
-            ("name", name),
             ("sandbox_id", sandbox_id),
             ("image", image),
             ("region", region),
@@ -154,7 +155,6 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         if snapshot is not None:
             given = {
                 "image": image,
-                "memory": memory,
                 "memory_limit_bytes": memory_limit_bytes,
                 "ttl": ttl,
                 "labels": labels,
@@ -171,11 +171,14 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
                 f"labels[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
                 "creates: choose another label"
             )
-        for option, number in (("memory", memory), ("create_timeout_s", create_timeout_s)):
-            if number is not None and (
-                isinstance(number, bool) or not isinstance(number, int) or number <= 0
-            ):
-                raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
+        if create_timeout_s is not None and (
+            isinstance(create_timeout_s, bool)
+            or not isinstance(create_timeout_s, int)
+            or create_timeout_s <= 0
+        ):
+            raise InvalidArgumentError(
+                f"create_timeout_s must be a positive int, not {create_timeout_s!r}"
+            )
         for option, number in (
             ("max_response_bytes", max_response_bytes),
             ("max_terminal_frame_bytes", max_terminal_frame_bytes),
@@ -183,9 +186,9 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
             if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
                 raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
         memory = limits.memory_mib(
-            memory_limit_bytes, memory, process_limit=process_limit, cpu_limit=cpu_limit
+            memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
         )
-        self.sandbox_name = name or sandbox_id or f"sandbox-{secrets.token_hex(6)}"
+        self.sandbox_name = sandbox_id or f"sandbox-{secrets.token_hex(6)}"
         self.keep = keep
         self.workdir = posixpath.normpath(workdir)
         self.terminate_grace_s = terminate_grace_s
@@ -201,7 +204,7 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
             api_key=key,
             workspace=space,
             api_url=api_url,
-            api_timeout_s=api_timeout_s,
+            api_timeout_s=call_timeout_s,
             max_response_bytes=max_response_bytes,
         )
         self._files = BlaxelFiles(self._client, self.workdir)
@@ -412,35 +415,7 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
 
     # ---- durable (see backends.blaxel.durable) ---------------------------------------------
 
-    _keeps_processes = True
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_blaxel.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_blaxel.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return durable_blaxel.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[Terminal]) -> dict[str, Any]:
-        return durable_blaxel.ref_process(entry)
-
-    def _lease_store(self) -> durable_blaxel.SandboxLease:
-        return durable_blaxel.SandboxLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_blaxel.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
-        await durable_blaxel.reattach(self, entry, process)
-
-    async def _release_entry(self, entry: PtyEntry[Terminal]) -> None:
-        await durable_blaxel.release(self, entry)
-
-    async def _detach_backend(self) -> None:
-        await durable_blaxel.detach(self)
+    _durability = durable_blaxel.BlaxelDurability
 
     # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
 

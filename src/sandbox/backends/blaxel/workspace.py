@@ -63,7 +63,7 @@ POLL_FIRST_S = 0.05
 POLL_MAX_S = 2.0
 # Options a fork cannot carry (`Snapshot.fork` takes a name, envs and ports only; the
 # sandbox runs with the snapshot's image, memory and region: `SandboxSnapshotSpec`).
-NOT_WITH_SNAPSHOT = ("image", "memory", "memory_limit_bytes", "ttl", "labels")
+NOT_WITH_SNAPSHOT = ("image", "memory_limit_bytes", "ttl", "labels")
 
 
 async def expose_port(client: BlaxelClient, port: int) -> ExposedPort:

@@ -26,9 +26,7 @@ from ...backend import (
     ExposedPort,
     FileInfo,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileOps,
     SnapshotRef,
     check_env,
@@ -131,7 +129,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         detach_keys: str = DEFAULT_DETACH_KEYS,
         **options: Any,
     ) -> None:
-        refuse_renamed("docker", options)
+        refuse_renamed(type(self), options)
         # Kills that happen together are merged into one exec (see KillBatcher), so a
         # terminate-all tears every process down at once instead of 8 at a time.
         options.setdefault("teardown_concurrency", TEARDOWN_CONCURRENCY)
@@ -420,32 +418,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     # ---- durable (see backends.docker.durable) ------------------------------------------
 
-    _keeps_processes = False
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_docker.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_docker.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return durable_docker.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[DockerExec]) -> dict[str, Any]:
-        return durable_docker.ref_process(entry)
-
-    def _lease_store(self) -> durable_docker.ContainerLease:
-        return durable_docker.ContainerLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_docker.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[DockerExec], process: ProcessRef) -> None:
-        await durable_docker.reattach(entry, process)
-
-    async def _detach_backend(self) -> None:
-        await durable_docker.detach(self)
+    _durability = durable_docker.DockerDurability
 
     # ---- files -------------------------------------------------------------------------
 

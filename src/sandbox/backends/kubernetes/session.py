@@ -21,9 +21,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     ShellTrap,
@@ -115,7 +113,7 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
-        refuse_renamed("kubernetes", options)
+        refuse_renamed(type(self), options)
         super().__init__(**options)
         if (image is None) == (pod is None):
             raise InvalidArgumentError(
@@ -424,41 +422,7 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
 
     # ---- durable sessions (see `durable`: the pod outlives the client, execs do not) --
 
-    _keeps_processes = False
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        """The pod by namespace, name and uid, and whether this session created it."""
-        return durable.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        """The base options, the kubeconfig path(s) and context (no token, no `env`)."""
-        return durable.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """An attached session (`pod=`) of the ref's pod."""
-        return durable.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
-        """The process's toolkit tag."""
-        return durable.ref_process(entry)
-
-    def _lease_store(self) -> durable.PodLease:
-        """A file in the container, swapped by a control exec."""
-        return durable.PodLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        """Attach to the pod (gone or replaced: `SessionGoneError`); kill what a crashed
-        client left running, by tag."""
-        await durable.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[KubeProcess], process: ProcessRef) -> None:
-        """Never: no API reattaches to an exec's streams."""
-        await durable.reattach(entry, process)
-
-    async def _detach_backend(self) -> None:
-        """Close the connections; the pod keeps running."""
-        await durable.detach(self)
+    _durability = durable.KubernetesDurability
 
     # ---- files ---------------------------------------------------------------------
 

@@ -46,13 +46,22 @@ RENAMED: Mapping[str, str] = {
 }
 
 
-def refuse_renamed(backend: str, options: Mapping[str, Any]) -> None:
-    """Raise `InvalidArgumentError` when `options` (what a backend's `__init__` did not
-    bind itself, before it passes them to the base) holds an earlier name of an option,
-    naming the one to use. Values never appear (one may be a secret)."""
-    for old in sorted(options):
-        new = RENAMED.get(old)
-        if new is not None:
+def refuse_renamed(cls: type, options: Mapping[str, Any]) -> None:
+    """Raise `InvalidArgumentError` when `options` (what the `__init__` of the session
+    class `cls` did not bind itself, before it passes them to the base) holds an earlier
+    name of an option `cls` takes, naming the one to use. An earlier name of an option
+    `cls` does not take is left to the base, whose unknown-option error names it. Values
+    never appear (one may be a secret)."""
+    from ...session.options import option_names
+
+    given = [old for old in sorted(options) if old in RENAMED]
+    if not given:
+        return
+    takes = set(option_names(cls))
+    for old in given:
+        new = RENAMED[old]
+        if new in takes:
+            backend = getattr(cls, "backend_name", cls.__name__)
             raise InvalidArgumentError(
                 f"the {backend} option {old}= is now {new}= (one name per concept on "
                 "every backend: docs/providers.md, Options)"
