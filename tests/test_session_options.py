@@ -88,7 +88,7 @@ BAD: list[tuple[str, str, object]] = [
     ("blaxel", "max_response_bytes", 0),
     ("blaxel", "max_terminal_frame_bytes", "1M"),
     ("blaxel", "memory_limit_bytes", 1.5),
-    ("cloudflare", "request_timeout_s", "60"),
+    ("cloudflare", "call_timeout_s", "60"),
     ("cloudflare", "heartbeat_s", -1),
     ("daytona", "terminate_grace_s", "x"),
     ("daytona", "teardown_timeout_s", "x"),

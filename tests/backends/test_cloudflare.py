@@ -578,7 +578,7 @@ async def test_cancel_start_during_create(server: CloudflareWorkerServer) -> Non
     s = open_cf(server)
     task = await cancel_when_reached(s.start(), stall.reached)
     # The create is the session's own task: the cancelled start waits for its answer
-    # (bounded by request_timeout_s) and deletes what the Worker made.
+    # (bounded by call_timeout_s) and deletes what the Worker made.
     stall.release()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -1023,7 +1023,7 @@ async def test_a_worker_that_never_answers_or_trickles_fails_in_time(
 ) -> None:
     """Every request has a deadline: the exec's answer (its headers) too, and a body
     trickling a byte at a time is bounded by the whole request's time."""
-    async with open_cf(server, request_timeout_s=0.5) as s:
+    async with open_cf(server, call_timeout_s=0.5) as s:
         stall = server.stall("exec")
         async with asyncio.timeout(20):  # a hang fails the test instead of blocking it
             with pytest.raises(sandbox.ConnectionLostError, match="did not answer in time"):

@@ -34,9 +34,7 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
@@ -48,7 +46,14 @@ from ...errors import (
     SandboxError,
     UnsupportedOperationError,
 )
-from ..toolkit import CommandCheck, Secret, ShellTrap, require_credential, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    Secret,
+    ShellTrap,
+    refuse_renamed,
+    require_credential,
+    wait_for_verdict,
+)
 from . import durable as durable_cf
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
@@ -91,7 +96,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
     - `sandbox_id`: attach to this existing sandbox instead of creating one;
     - `keep`: do not delete the sandbox on close (by default it is deleted, whether it
       was created or attached to);
-    - `request_timeout_s` (default 60): limit for each plain HTTP request;
+    - `call_timeout_s` (default 60): limit for each plain HTTP request, as a whole;
     - `connect_timeout_s` (default 15): limit for opening a connection;
     - `ready_timeout_s` (default 30): limit for a terminal's WebSocket handshake and
       `ready` frame;
@@ -112,7 +117,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         api_key: str | None = None,
         sandbox_id: str | None = None,
         keep: bool = False,
-        request_timeout_s: float = 60.0,
+        call_timeout_s: float = 60.0,
         connect_timeout_s: float = 15.0,
         ready_timeout_s: float = 30.0,
         heartbeat_s: float | None = 30.0,
@@ -121,6 +126,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         for name, value in (
             ("memory_limit_bytes", memory_limit_bytes),
             ("process_limit", process_limit),
@@ -151,7 +157,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
                 "sandbox id format)"
             )
         for name, value in (
-            ("request_timeout_s", request_timeout_s),
+            ("call_timeout_s", call_timeout_s),
             ("connect_timeout_s", connect_timeout_s),
             ("ready_timeout_s", ready_timeout_s),
         ):
@@ -160,7 +166,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         self._client = WorkerClient(
             url_text,
             key,
-            request_timeout_s=float(request_timeout_s),
+            request_timeout_s=float(call_timeout_s),
             connect_timeout_s=float(connect_timeout_s),
         )
         self._files = WorkerFiles(self._client)
@@ -170,7 +176,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         self._worker_url_given = worker_url is not None
         self._requested_id = sandbox_id
         self.keep = bool(keep)
-        self.request_timeout_s = float(request_timeout_s)
+        self.call_timeout_s = float(call_timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.ready_timeout_s = float(ready_timeout_s)
         self.heartbeat_s = heartbeat_s
@@ -380,44 +386,7 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
 
     # ---- durable (see backends.cloudflare.durable) -----------------------------------
 
-    _keeps_processes = True
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        """The sandbox id and `keep`."""
-        return durable_cf.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        """The base's options, the timeouts, the Worker URL if a bare origin; no key."""
-        return durable_cf.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """Attach to the ref's sandbox, kept or not as the first session was."""
-        return durable_cf.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
-        """The bridge session, trap token, shell pid and command position."""
-        return durable_cf.ref_process(entry)
-
-    def _lease_store(self) -> durable_cf.SandboxLease:
-        """A lease file in the sandbox, through control execs."""
-        return durable_cf.SandboxLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        """Attach, then find the session's container mark (else `SessionGoneError`)."""
-        await durable_cf.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
-        """Reconnect the process's terminal session: its ring replayed, then live."""
-        await durable_cf.reattach(self, entry, process)
-
-    async def _release_entry(self, entry: PtyEntry[PtyHandle]) -> None:
-        """Close the socket and stop the reader; the session and command stay."""
-        await durable_cf.release(self, entry)
-
-    async def _detach_backend(self) -> None:
-        """Close the HTTP client; the sandbox stays."""
-        await durable_cf.detach(self)
+    _durability = durable_cf.CloudflareDurability
 
     # ---- files ---------------------------------------------------------------------
 
