@@ -122,6 +122,7 @@ class DockerExec:
         cwd: str | None = None,
         rows: int = 24,
         cols: int = 80,
+        stdin: bool = False,
         on_output: OutputCallback | None = None,
         on_eof: Callable[[], None] | None = None,
         on_exit: Callable[[int], None] | None = None,
@@ -133,6 +134,9 @@ class DockerExec:
         self._options = options
         self._killer = killer or KillBatcher(engine, options)
         self.tty = tty
+        # A process on pipes with its stdin attached: writes go to it, and
+        # `close_stdin` half-closes the socket (the engine then closes the stdin).
+        self.stdin = stdin and not tty
         self.tag = new_tag()
         environment = dict(options.env)
         if env:
@@ -208,7 +212,7 @@ class DockerExec:
             self._argv,
             stdout=True,
             stderr=True,
-            stdin=self.tty,
+            stdin=self.tty or self.stdin,
             tty=self.tty,
             user=self._options.user,
             environment=self._environment,
@@ -407,10 +411,18 @@ class DockerExec:
     # ---- input and control -------------------------------------------------------------
 
     async def write(self, data: bytes) -> None:
-        """Write to the process's terminal."""
+        """Write to the process's terminal (or its attached stdin)."""
         if self._stream is None:
             raise ProviderError("the process is not attached", retryable=False)
         await self._stream.write(data)
+
+    def close_stdin(self) -> None:
+        """End the attached stdin of a process on pipes: half-close the socket. The
+        engine reads the end of the hijacked stream after every byte sent before it and
+        closes the process's stdin; the output keeps flowing back. Idempotent."""
+        if self._stream is None:
+            raise ProviderError("the process is not attached", retryable=False)
+        self._stream.shutdown_write()
 
     async def resize(self, rows: int, cols: int) -> None:
         """Resize the terminal (`exec_resize`). A process that is still starting gets a

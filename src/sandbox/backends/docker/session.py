@@ -343,6 +343,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         """Start an attached exec whose socket feeds the entry (no thread); with a
         command check, wait for its verdict."""
         spec = entry.spec
+        if spec.stdin:
+            _check_half_close(self._require_engine()[0])
         argv, cwd, check = self._checked(spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
 
@@ -365,6 +367,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             cwd=cwd,
             rows=spec.rows,
             cols=spec.cols,
+            stdin=spec.stdin,
             on_output=on_output,
             on_eof=entry.report_eof,
             on_exit=on_exit,
@@ -389,6 +392,11 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             raise ConnectionLostError(
                 f"lost the connection to process {entry.process_id}: {exc}"
             ) from None
+
+    async def _close_stdin(self, entry: PtyEntry[DockerExec]) -> None:
+        """Half-close the exec's hijacked socket: the engine closes the process's stdin
+        once it has passed on every byte before (the output still flows back)."""
+        entry.require_handle().close_stdin()
 
     async def _resize(self, entry: PtyEntry[DockerExec], rows: int, cols: int) -> None:
         """`exec_resize` (the initial size was set by the wrapper with stty)."""
@@ -506,4 +514,18 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         headers (`workspace.DockerSink`)."""
         return await hydrate(
             self._tree(), path, chunks, max_members=max_members, max_bytes=max_bytes
+        )
+
+
+def _check_half_close(engine: Engine) -> None:
+    """Refuse `stdin=True` before anything starts where the hijacked stream cannot be
+    half-closed: over TLS a half-close ends the TLS session itself (its reads would
+    then see raw records), and the SDK gives no TLS close_notify for one direction."""
+    base_url = str(getattr(engine.api, "base_url", ""))
+    if base_url.startswith("https"):
+        raise UnsupportedOperationError(
+            "stdin=True: the docker backend ends a process's input by half-closing its "
+            "exec stream, which a TLS connection to the engine (DOCKER_TLS_VERIFY, "
+            "tcp with tls) cannot do; use a unix socket or plain tcp engine, tty=True, "
+            "or redirect the input from a file"
         )

@@ -136,7 +136,10 @@ class RawStream:
                 self._loop.remove_writer(self._fd)
 
     def shutdown_write(self) -> None:
-        """Half-close: the process reads end-of-file on its stdin."""
+        """Half-close: the process reads end-of-file on its stdin. Refused over TLS,
+        where a half-close would end the TLS session the reads still need."""
+        if isinstance(self._sock, ssl.SSLSocket):
+            raise StreamClosedError("a TLS stream cannot be half-closed")
         if not self._closed:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_WR)
