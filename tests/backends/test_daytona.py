@@ -1035,6 +1035,7 @@ async def test_cancel_during_kill_still_leaves_nothing(
     marker = unique_seconds()
     # A deadline far past the kill's own work: the gate after it must be reached on a
     # loaded machine too (with 0.5 s the kill script could time out before its answer).
+    # The test never waits it out: the gate is released right after the cancellation.
     async with open_daytona(fake, teardown_timeout_s=30.0) as session:
         update = await session.pty_exec_start(
             f"sleep {marker} & echo ready; exec sleep {marker}", tty=tty, until="ready"
@@ -1045,10 +1046,17 @@ async def test_cancel_during_kill_still_leaves_nothing(
             # Make the group kill fail so that the PTY kill is needed.
             fake.fail("exec", DaytonaConnectionError("dropped"), times=2)
         gate = fake.block(point, after=after)
-        outcome = await cancel_when(gate, asyncio.ensure_future(session.pty_terminate(pid)))
-        assert isinstance(outcome, asyncio.CancelledError | sandbox.ProviderError), outcome
-        assert session.pty_processes() == []
+        task = asyncio.ensure_future(session.pty_terminate(pid))
+        await gate.reached.wait()
+        # The kill runs settled: the cancelled caller waits for it while its provider
+        # call is parked, and the kill ends once the answer comes. `cancel()` cancels
+        # the future the caller awaits at once, so the cancellation is delivered to
+        # it whatever the release lets run first.
+        task.cancel()
         gate.release()
+        outcome = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(outcome[0], asyncio.CancelledError), outcome
+        assert session.pty_processes() == []
         assert await eventually(lambda: not host_pids_with_arg(marker))
         # A session whose deletion never got an answer may still exist on the provider.
         await nothing_left(fake, None if point == "delete_session" else session)
