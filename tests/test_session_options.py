@@ -34,7 +34,7 @@ def _usual(name: str, tmp_path: Path) -> dict[str, Any]:
         },
         "cloudflare": lambda: {"worker_url": "http://127.0.0.1:9", "api_key": "k"},
         "daytona": lambda: {"api_key": "k", "terminate_grace_s": 0.5, "teardown_timeout_s": 10.0},
-        "e2b": lambda: {"api_key": "k", "kill_timeout_s": 5.0},
+        "e2b": lambda: {"api_key": "k", "teardown_timeout_s": 5.0},
         "kubernetes": lambda: {
             "kubeconfig": str(tmp_path / "kubeconfig"),
             "image": "busybox",
@@ -95,7 +95,7 @@ BAD: list[tuple[str, str, object]] = [
     ("daytona", "create_timeout_s", 0),
     ("daytona", "create_options", ["x"]),
     ("e2b", "start_timeout_s", "x"),
-    ("e2b", "envs", {"A": 1}),
+    ("e2b", "env", {"A": 1}),
     ("e2b", "metadata", {"A": None}),
     ("modal", "terminate_grace_s", "x"),
     ("modal", "sandbox_timeout_s", "1h"),

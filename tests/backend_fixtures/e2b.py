@@ -29,7 +29,7 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
     root.mkdir()
     async with FakeE2B(api_key=API_KEY, root=root) as fake:
         yield sandbox.open_session(
-            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0
+            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, teardown_timeout_s=5.0
         )
         # Closing the session killed its sandbox, and with it every process.
         assert fake.live_sandbox_ids() == []

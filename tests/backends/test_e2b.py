@@ -53,7 +53,7 @@ async def fake(tmp_path: Path) -> AsyncIterator[FakeE2B]:
 
 def open_e2b(fake: FakeE2B, **options: Any) -> E2BSession:
     options.setdefault("api_key", KEY)
-    options.setdefault("kill_timeout_s", 2.0)
+    options.setdefault("teardown_timeout_s", 2.0)
     session = sandbox.open_session("e2b", sandbox_class=fake.AsyncSandbox, **options)
     assert isinstance(session, E2BSession)
     return session
@@ -181,7 +181,7 @@ async def test_wrong_key_is_not_retryable(fake: FakeE2B) -> None:
 
 
 async def test_options_are_validated(fake: FakeE2B) -> None:
-    for bad in ({"kill_timeout_s": 0}, {"start_timeout_s": -1}, {"process_timeout_s": -5}):
+    for bad in ({"teardown_timeout_s": 0}, {"start_timeout_s": -1}, {"process_timeout_s": -5}):
         with pytest.raises(sandbox.InvalidArgumentError):
             open_e2b(fake, **bad)
     with pytest.raises(sandbox.InvalidArgumentError):
@@ -819,7 +819,7 @@ async def test_a_file_that_grew_after_its_stat_is_read_within_the_limit(fake: Fa
 
 async def test_kill_that_never_returns_is_bounded(fake: FakeE2B) -> None:
     marker = unique_seconds()
-    async with open_e2b(fake, kill_timeout_s=0.3) as session:
+    async with open_e2b(fake, teardown_timeout_s=0.3) as session:
         update = await session.pty_exec_start(f"echo r; exec sleep {marker}", tty=True, until="r")
         assert update.process_id is not None
         fake.block("pty.kill")  # never released

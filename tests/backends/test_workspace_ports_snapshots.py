@@ -257,8 +257,8 @@ async def test_e2b_snapshot_reopens_as_a_new_sandbox(tmp_path: Path) -> None:
         # The snapshot is a template: it outlives both sandboxes, which are gone.
         assert fake.live_sandbox_ids() == [] and fake.snapshot_ids() == [ref.snapshot_id]
         assert fake.snapshot_modes[ref.snapshot_id] == "full"  # the API's default
-        with pytest.raises(sandbox.InvalidArgumentError, match="replaces template"):
-            sandbox.open_session("e2b", snapshot=ref, template="base", **options)  # type: ignore[arg-type]
+        with pytest.raises(sandbox.InvalidArgumentError, match="replaces image"):
+            sandbox.open_session("e2b", snapshot=ref, image="base", **options)  # type: ignore[arg-type]
         filesystem = sandbox.open_session("e2b", snapshot_mode="filesystem", **options)  # type: ignore[arg-type]
         async with filesystem as session:
             ref = await session.snapshot()

@@ -17,7 +17,7 @@ API_KEY = "e2b_fake_durable_key_0123456789"
 
 def _open(fake: FakeE2B, **options: object) -> sandbox.BaseSandboxSession:
     return sandbox.open_session(
-        "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, kill_timeout_s=5.0, **options
+        "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, teardown_timeout_s=5.0, **options
     )
 
 
@@ -122,7 +122,7 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path, tty):
         ):
             process_id = await crash_with_a_process(
                 "e2b",
-                {"api_key": API_KEY, "kill_timeout_s": 5.0},
+                {"api_key": API_KEY, "teardown_timeout_s": 5.0},
                 ref_file,
                 [
                     "sh",

@@ -58,7 +58,7 @@ async def e2b_provider(tmp_path: Path) -> AsyncIterator[Provider]:
                 return False
             return True
 
-        options = {"api_key": key, "sandbox_class": fake.AsyncSandbox, "kill_timeout_s": 5.0}
+        options = {"api_key": key, "sandbox_class": fake.AsyncSandbox, "teardown_timeout_s": 5.0}
         yield Provider("e2b", options, options, make, exists, "sandbox_id")
 
 

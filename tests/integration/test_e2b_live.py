@@ -35,7 +35,7 @@ async def _already_killed(sandbox_id: str) -> None:
 live = live_session(
     REQUIRES,
     lambda: sandbox.open_session(
-        "e2b", template=os.environ.get("E2B_TEST_TEMPLATE") or None, sandbox_timeout_s=900
+        "e2b", image=os.environ.get("E2B_TEST_TEMPLATE") or None, sandbox_timeout_s=900
     ),
     after_close=_already_killed,
 )

@@ -51,9 +51,8 @@ from .processes import E2BProcess, text_to_bytes
 E2BSession = Any
 
 REF_OPTIONS = (
-    ("request_timeout_s", "request_timeout"),
     ("start_timeout_s", "start_timeout"),
-    ("kill_timeout_s", "kill_timeout"),
+    ("teardown_timeout_s", "kill_timeout"),
     ("process_timeout_s", "process_timeout"),
     ("call_timeout_s", "call_timeout"),
 )
@@ -76,7 +75,7 @@ def ref_sandbox(session: E2BSession) -> dict[str, Any]:
 
 
 def ref_options(session: E2BSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the timeouts (never the API key, `envs` or `metadata`)."""
+    """The base options plus the timeouts (never the API key, `env` or `metadata`)."""
     options = dict(base)
     client = session._client
     for option, attribute in REF_OPTIONS:

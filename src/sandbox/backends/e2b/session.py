@@ -23,19 +23,19 @@ How the contract maps onto E2B:
 - Background commands run with `retain_output=False`: the SDK would otherwise keep every
   character a command printed in its handle for as long as the handle lives.
 
-Options: `api_key` (else `E2B_API_KEY`), `sandbox_id` (attach), `template`, `keep`,
-`sandbox_timeout_s` (the sandbox's lifetime on E2B), `request_timeout_s` (each API
-request), `start_timeout_s` (bound on creating/attaching and on starting a process),
-`kill_timeout_s` (bound on each teardown call), `process_timeout_s` (the lifetime E2B
-gives each process stream, one-shot commands included; 0 means unlimited),
-`call_timeout_s` (bound on each other call, over the whole call: a file transfer, typed
-input, a resize; default 120 s), `snapshot_mode` (what `snapshot()` keeps: None for the
-API's default, "full" or "filesystem"; see `workspace`; the call is bounded by
-`start_timeout_s`), `metadata`
-and `envs` (for a new sandbox; the metadata key `sandbox.session` is the library's: a
-created sandbox carries the durable session's id there, which a resume checks before it
-takes on the sandbox's deletion), and `sandbox_class` (default `e2b.AsyncSandbox`; pass
-`sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
+Options: `api_key` (else `E2B_API_KEY`), `sandbox_id` (attach), `image` (the E2B
+template a new sandbox is made from), `keep`, `sandbox_timeout_s` (the sandbox's
+lifetime on E2B), `start_timeout_s` (bound on creating/attaching and on starting a
+process), `teardown_timeout_s` (bound on each teardown call), `process_timeout_s` (the
+lifetime E2B gives each process stream, one-shot commands included; 0 means
+unlimited), `call_timeout_s` (bound on each other call, over the whole call: a file
+transfer, typed input, a resize; default 120 s), `snapshot_mode` (what `snapshot()`
+keeps: None for the API's default, "full" or "filesystem"; see `workspace`; the call is
+bounded by `start_timeout_s`), `metadata` and `env` (for a new sandbox: its
+environment, so every command's; the metadata key `sandbox.session` is the library's:
+a created sandbox carries the durable session's id there, which a resume checks before
+it takes on the sandbox's deletion), and `sandbox_class` (default `e2b.AsyncSandbox`;
+pass `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
 E2B's create takes no resources (a template has its CPU and memory).
 """
@@ -73,6 +73,7 @@ from ..toolkit import (
     Secret,
     ShellTrap,
     check_limits,
+    refuse_renamed,
     refuse_unsupported,
     require_credential,
     tag_environment,
@@ -100,16 +101,15 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         *,
         api_key: str | None = None,
         sandbox_id: str | None = None,
-        template: str | None = None,
+        image: str | None = None,
         keep: bool = False,
         sandbox_timeout_s: int = 3600,
-        request_timeout_s: float | None = None,
         start_timeout_s: float = 120.0,
-        kill_timeout_s: float = 15.0,
+        teardown_timeout_s: float = 15.0,
         process_timeout_s: float = 86_400.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         metadata: Mapping[str, str] | None = None,
-        envs: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
         snapshot_mode: str | None = None,
         memory_limit_bytes: int | None = None,
@@ -117,6 +117,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         super().__init__(**options)
         # E2B's create (e2b==2.63.0 `AsyncSandbox.create`) takes no resources: CPU and
         # memory belong to the template (set when it is built), processes are unlimited.
@@ -132,16 +133,15 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         )
         for name, value in (
             ("start_timeout_s", start_timeout_s),
-            ("kill_timeout_s", kill_timeout_s),
+            ("teardown_timeout_s", teardown_timeout_s),
             ("sandbox_timeout_s", sandbox_timeout_s),
             ("call_timeout_s", call_timeout_s),
         ):
             check_seconds(name, value)
-        check_seconds("request_timeout_s", request_timeout_s, allow_none=True)
         check_seconds("process_timeout_s", process_timeout_s, allow_zero=True)  # 0: no limit
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidArgumentError("api_key must be a str")
-        for name, text in (("sandbox_id", sandbox_id), ("template", template)):
+        for name, text in (("sandbox_id", sandbox_id), ("image", image)):
             check_str(name, text)
         metadata = check_env(metadata, name="metadata", variables=False)
         if metadata and SESSION_LABEL in metadata:
@@ -149,28 +149,30 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
                 f"metadata[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
                 "creates: choose another key"
             )
-        envs = check_env(envs, name="envs")
+        env = check_env(env)
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)
         self._api_key: Secret | None = None
         self._errors = ErrorPolicy([self._api_key_option])
         self._client = E2BClient(
             self._errors,
-            request_timeout=request_timeout_s,
+            # Each SDK request keeps the SDK's own timeout: every call is bounded as a
+            # whole by one of ours (start, teardown, call), which is what a caller sets.
+            request_timeout=None,
             start_timeout=float(start_timeout_s),
-            kill_timeout=float(kill_timeout_s),
+            kill_timeout=float(teardown_timeout_s),
             process_timeout=float(process_timeout_s),
             call_timeout=float(call_timeout_s),
         )
         self._attach_id = sandbox_id
-        self._template = template
+        self._template = image
         self._keep = bool(keep)
         # Whether this session's start created the sandbox (a resume: its ref said so and
         # the sandbox's metadata confirmed it).
         self._created = False
         self._sandbox_timeout = int(sandbox_timeout_s)
         self._metadata = dict(metadata or {})
-        self._envs = dict(envs or {})
+        self._envs = dict(env or {})
         self._sandbox_class: Any = sandbox_class if sandbox_class is not None else AsyncSandbox
         self._snapshot_mode = check_snapshot_mode(snapshot_mode)
         self._start_task: asyncio.Task[Any] | None = None

@@ -93,7 +93,8 @@ async def _undo(
 
 
 def snapshot_options(snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-    """Options that create a sandbox from `snapshot` (its id is the create's template)."""
-    if "template" in options or "sandbox_id" in options:
-        raise InvalidArgumentError("snapshot= replaces template= and sandbox_id=")
-    return {**options, "template": snapshot.snapshot_id}
+    """Options that create a sandbox from `snapshot` (its id is the create's template,
+    the `image` option)."""
+    if "image" in options or "sandbox_id" in options:
+        raise InvalidArgumentError("snapshot= replaces image= and sandbox_id=")
+    return {**options, "image": snapshot.snapshot_id}
