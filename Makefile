@@ -13,15 +13,38 @@ LATEST_VENV := .venv-latest
 SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-integration test-latest-sdks test-agents-sdk lint format typecheck check bench bench-quick mutation clean
+.PHONY: install system-deps demo test test-integration test-latest-sdks test-agents-sdk lint format typecheck check bench bench-quick mutation clean runner test-runner
 
-install: $(STAMP)
+install: $(STAMP) runner
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
 	touch $(STAMP)
+
+# The runner (docs/runner.md): a static binary built from runner/ with cargo, copied
+# into the package as package data. Optional: without cargo (or when the build fails)
+# this warns and goes on, and the backends keep their per-exec path.
+RUNNER_ARCH := $(shell uname -m)
+RUNNER_TARGET := $(RUNNER_ARCH)-unknown-linux-gnu
+RUNNER_BIN := src/sandbox/runner/bin/sandbox-runner-linux-$(RUNNER_ARCH)
+
+runner:
+	@if ! command -v cargo >/dev/null 2>&1; then \
+		echo "warning: cargo not found: the sandbox runner is not built (the backends keep their per-exec path)"; \
+	elif RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release --locked \
+			--target $(RUNNER_TARGET) --manifest-path runner/Cargo.toml; then \
+		mkdir -p $(dir $(RUNNER_BIN)) && \
+		cp runner/target/$(RUNNER_TARGET)/release/sandbox-runner $(RUNNER_BIN).tmp && \
+		mv -f $(RUNNER_BIN).tmp $(RUNNER_BIN); \
+	else \
+		echo "warning: the sandbox runner did not build (see above): the backends keep their per-exec path"; \
+	fi
+
+# The runner's own unit tests (frames, ring, arguments, payloads): quick, no processes.
+test-runner:
+	cargo test --quiet --manifest-path runner/Cargo.toml
 
 system-deps:
 	@bash scripts/system-deps.sh
