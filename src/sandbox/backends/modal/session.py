@@ -53,7 +53,15 @@ from ...backend import (
     settle,
 )
 from ...errors import InvalidArgumentError
-from ..toolkit import TAG_VARIABLE, CommandCheck, Secret, ShellTrap, check_limits, wait_for_verdict
+from ..toolkit import (
+    TAG_VARIABLE,
+    CommandCheck,
+    Secret,
+    ShellTrap,
+    check_limits,
+    refuse_renamed,
+    wait_for_verdict,
+)
 from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
@@ -163,6 +171,7 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         super().__init__(**options)
         limits = check_limits(
             memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
