@@ -41,6 +41,7 @@ from ..toolkit import (
     Secret,
     ShellTrap,
     check_limits,
+    refuse_renamed,
     require_credential,
     wait_for_verdict,
     within_workspace,
@@ -109,6 +110,7 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         super().__init__(**options)
         limits = check_limits(
             memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
