@@ -103,6 +103,24 @@ async def test_v4_only_runs_everything(
         assert update.exit_code == 0
 
 
+async def test_v4_refuses_open_stdin_before_starting_anything(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    # v4 cannot end a process's stdin while its output goes on (v5's CLOSE can): a
+    # `stdin=True` start is refused before any exec, never left waiting for an end.
+    server.v4_only = True
+    async with open_k8s(server, tmp_path) as s:
+        execs = len(server.exec_argvs)
+        with pytest.raises(sandbox.UnsupportedOperationError, match=r"stdin=True.*v4"):
+            await s.pty_exec_start("sort", stdin=True)
+        assert len(server.exec_argvs) == execs
+        assert s.pty_processes() == []
+        # A tty process still takes keystrokes, and pipes processes still run.
+        update = await s.pty_exec_start("echo ready; exec cat", tty=True, stdin=True, until="ready")
+        assert update.process_id is not None
+    await nothing_left(server)
+
+
 async def test_no_common_protocol_is_a_clear_error(
     server: KubernetesApiServer, tmp_path: Path
 ) -> None:

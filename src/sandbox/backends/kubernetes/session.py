@@ -38,11 +38,12 @@ from ...errors import (
     InvalidArgumentError,
     ProcessExitedError,
     SessionGoneError,
+    UnsupportedOperationError,
     WorkdirError,
 )
 from ..toolkit import check_limits, refuse_renamed
 from . import bounds, durable, pods, scripts
-from .client import PROTOCOLS, KubeClient
+from .client import PROTOCOLS, V4_PROTOCOL, KubeClient
 from .config import Cluster, load_cluster
 from .execs import KubeOneShot, KubeProcess, Target, run_control
 from .files import PodFiles
@@ -344,9 +345,13 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
 
     async def _spawn_process(self, entry: PtyEntry[KubeProcess]) -> None:
         """An exec whose socket feeds the entry; with a command check, wait for its
-        verdict. Pipes processes get no stdin at all (their EOF, under v4 too)."""
+        verdict. Pipes processes get no stdin at all (their EOF, under v4 too), unless
+        started with `stdin=True`: that needs v5's CLOSE to end it, so under v4 it is
+        refused (before the exec when an earlier one agreed on v4, else right after)."""
         client, target = self._require()
         spec = entry.spec
+        if spec.stdin and client.agreed == V4_PROTOCOL:
+            raise _no_stdin_close(V4_PROTOCOL)
         argv, check = self._checked(spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
 
@@ -371,9 +376,14 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
             on_stdout=on_stdout,
             on_stderr=entry.feed,
             on_end=on_end,
+            stdin=spec.tty or spec.stdin,
         )
         entry.handle = proc
         await proc.start()
+        stream = proc.require_stream()
+        if spec.stdin and not stream.can_close_stdin:
+            # The teardown of the failed start ends the command, which never ran long.
+            raise _no_stdin_close(stream.protocol)
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
@@ -382,6 +392,22 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         proc = entry.require_handle()
         try:
             await proc.write(data)
+        except ConnectionLostError as exc:
+            if proc.ended and isinstance(proc.require_stream().outcome(), int):
+                raise ProcessExitedError(
+                    f"process {entry.process_id} has exited; poll it with empty chars to "
+                    "collect its remaining output and exit code"
+                ) from None
+            raise ConnectionLostError(
+                f"lost the connection to process {entry.process_id}: {exc}"
+            ) from None
+
+    async def _close_stdin(self, entry: PtyEntry[KubeProcess]) -> None:
+        """v5's CLOSE of the stdin channel (`[255, 0]`): the kubelet closes the
+        process's stdin after the frames sent before it; the output goes on."""
+        proc = entry.require_handle()
+        try:
+            await proc.require_stream().close_stdin()
         except ConnectionLostError as exc:
             if proc.ended and isinstance(proc.require_stream().outcome(), int):
                 raise ProcessExitedError(
@@ -450,3 +476,11 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         # Commands start in the workdir (the prelude enters it): the script finds it as
         # "." (the stand-in plays it with a folder of its own).
         return ShellFileOps(self.exec, self._workdir, shell_root=".")
+
+
+def _no_stdin_close(protocol: str) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"stdin=True: this cluster's pods/exec speaks {protocol or 'an old protocol'}, "
+        "which cannot end a process's stdin while its output goes on (v5.channel.k8s.io "
+        "can); use tty=True, or redirect the input from a file"
+    )

@@ -42,7 +42,9 @@ What the suite assumes, and how to say otherwise (`Backend`'s fields):
   `stty`, `mkfifo`), in a working directory that starts empty for each session;
 - `capabilities`: `"files"` (the file calls work: tests that need them skip without
   it), `"resize"` (`pty_resize` works; without it the suite expects
-  `UnsupportedOperationError`), `"signals"` (a death by signal N reports 128+N);
+  `UnsupportedOperationError`), `"signals"` (a death by signal N reports 128+N),
+  `"open_stdin"` (`pty_exec_start(stdin=True)` and `pty_close_stdin` work; without it
+  the suite expects `stdin=True` to be refused at start with `UnsupportedOperationError`);
 - `processes_with_arg`: how to find the live processes whose argv holds an argument,
   to check that nothing outlived a timeout, a terminate or a close. The default reads
   this host's /proc (right for local processes, containers and stand-ins on this
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 # What a backend may declare it supports (see `Backend.capabilities`).
-CAPABILITIES = frozenset({"files", "resize", "signals"})
+CAPABILITIES = frozenset({"files", "open_stdin", "resize", "signals"})
 
 # How a backend lists its live processes whose argv holds an argument (`processes_with_arg`),
 # and what `fixture_session` takes: a folder -> an async context manager yielding an

@@ -21,6 +21,7 @@ import sandbox
 from sandbox import BaseSandboxSession
 from sandbox.output.decoding import omission_marker
 
+from ..faults import park_calls
 from . import Backend, ProcessLister, eventually, needs, unique_seconds
 from ._fixtures import (
     backend_under_test_fixture,
@@ -44,6 +45,9 @@ __all__ = [
     "test_cancel_write_and_poll_at_every_step",
     "test_checked_start_runs_the_command_unchanged",
     "test_close_leaves_nothing",
+    "test_close_stdin_cancelled_while_the_hook_is_blocked",
+    "test_close_stdin_errors",
+    "test_close_stdin_raced_by_a_terminate",
     "test_concurrent_writes_do_not_interleave",
     "test_control_characters_are_data",
     "test_empty_poll_returns_at_exit",
@@ -79,6 +83,8 @@ __all__ = [
     "test_lone_surrogate_keystrokes_are_invalid_arguments",
     "test_missing_program_without_shell",
     "test_multibyte_character_split_across_windows",
+    "test_open_stdin_large_writes_arrive_before_the_end",
+    "test_open_stdin_sort_gets_its_eof",
     "test_output_then_exit_is_complete",
     "test_pipes_reject_stdin_but_poll",
     "test_prune_rule_on_the_65th_start",
@@ -410,6 +416,7 @@ async def test_unknown_process_ids(session: BaseSandboxSession) -> None:
         session.pty_interrupt(12),
         session.pty_terminate(100_001),
         session.pty_resize(5, rows=10, cols=10),
+        session.pty_close_stdin(7),
     ):
         with pytest.raises(sandbox.PtyProcessNotFoundError) as info:
             await call
@@ -973,3 +980,172 @@ async def test_exec_stream_raises_what_cannot_start(session: BaseSandboxSession)
 
 
 mark_async_tests(globals())
+
+
+# ---- open stdin (`stdin=True`, `pty_close_stdin`) -------------------------------------
+
+
+async def _start_with_stdin(
+    session: BaseSandboxSession, backend: Backend, command: str
+) -> int | None:
+    """Start `command` with its stdin open (after it printed `ready`) and return its
+    id; where the backend declares no open stdin, check that the start is refused
+    before anything runs and return None."""
+    if "open_stdin" not in backend.capabilities:
+        before, reserved = session.pty_processes(), reserved_ids(session)
+        with pytest.raises(sandbox.UnsupportedOperationError, match="stdin=True"):
+            await session.pty_exec_start(command, stdin=True, yield_time_s=5)
+        assert session.pty_processes() == before
+        assert reserved_ids(session) == reserved
+        return None
+    update = await session.pty_exec_start(
+        f"echo ready; {command}", stdin=True, until="ready", yield_time_s=30
+    )
+    assert update.process_id is not None, update
+    assert update.output.replace("\r", "") == "ready\n"
+    return update.process_id
+
+
+async def _final(session: BaseSandboxSession, pid: int) -> tuple[str, int | None]:
+    """Poll `pid` until it exits: everything it printed, and its exit code."""
+    output = ""
+    for _ in range(10):
+        update = await session.pty_write_stdin(pid, "", yield_time_s=10)
+        output += update.output
+        if update.process_id is None:
+            return output, update.exit_code
+    raise AssertionError(f"process {pid} did not exit; it printed {output[-200:]!r}")
+
+
+async def test_open_stdin_sort_gets_its_eof(
+    session: BaseSandboxSession, backend_under_test: Backend
+) -> None:
+    pid = await _start_with_stdin(session, backend_under_test, "exec sort")
+    if pid is None:
+        return
+    for lines in ("pear\nfig\n", "apple\n", "kiwi\nbanana\n"):
+        update = await session.pty_write_stdin(pid, lines, yield_time_s=0.2)
+        assert update.unwritten_bytes == 0
+        assert update.output == "", "sort prints nothing before the end of its input"
+    await session.pty_close_stdin(pid)
+    await session.pty_close_stdin(pid)  # a second close changes nothing
+    with pytest.raises(sandbox.StdinClosedError, match="pty_close_stdin"):
+        await session.pty_write_stdin(pid, "late\n")
+    output, code = await _final(session, pid)
+    assert output.replace("\r", "") == "apple\nbanana\nfig\nkiwi\npear\n"
+    assert code == 0
+
+
+async def test_open_stdin_large_writes_arrive_before_the_end(
+    session: BaseSandboxSession, backend_under_test: Backend
+) -> None:
+    # More than a pipe or a socket buffer holds, in writes that end with a marker line
+    # the process echoes: every byte written before the close reaches it, in order,
+    # before its end of input.
+    pid = await _start_with_stdin(session, backend_under_test, "cat; echo end=$?")
+    if pid is None:
+        return
+    blocks = [(f"{n:04d}" + "x" * 1019 + "\n") * 64 for n in range(4)]
+    seen = ""
+    for n, block in enumerate(blocks):
+        update = await session.pty_write_stdin(
+            pid, block + f"mark{n}\n", until=f"mark{n}", yield_time_s=30
+        )
+        assert update.unwritten_bytes == 0
+        seen += update.output
+    await session.pty_close_stdin(pid)
+    output, code = await _final(session, pid)
+    seen = (seen + output).replace("\r", "")
+    expected = "".join(block + f"mark{n}\n" for n, block in enumerate(blocks)) + "end=0\n"
+    assert seen == expected
+    assert code == 0
+
+
+async def test_close_stdin_errors(session: BaseSandboxSession, backend_under_test: Backend) -> None:
+    tty = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    assert tty.process_id is not None
+    with pytest.raises(sandbox.InvalidArgumentError, match="terminal"):
+        await session.pty_close_stdin(tty.process_id)
+    # A tty process is the same with stdin=True: a terminal always takes input.
+    also_tty = await session.pty_exec_start(
+        "echo ready; exec cat", tty=True, stdin=True, until="ready"
+    )
+    assert also_tty.process_id is not None
+    with pytest.raises(sandbox.InvalidArgumentError, match="terminal"):
+        await session.pty_close_stdin(also_tty.process_id)
+    marker = unique_seconds()
+    pipes = await session.pty_exec_start(f"echo ready; exec sleep {marker}", until="ready")
+    assert pipes.process_id is not None
+    with pytest.raises(sandbox.StdinClosedError, match="stdin=True"):
+        await session.pty_close_stdin(pipes.process_id)
+    with pytest.raises(sandbox.StdinClosedError, match="stdin=True"):
+        await session.pty_write_stdin(pipes.process_id, "x")
+    pid = await _start_with_stdin(session, backend_under_test, f"{WAIT_FOR_GO}; echo bye")
+    if pid is None:
+        return
+    await session.exec("touch go")
+    output, code = await _final(session, pid)
+    assert (output.replace("\r", ""), code) == ("bye\n", 0)
+    with pytest.raises(sandbox.PtyProcessNotFoundError):
+        await session.pty_close_stdin(pid)
+    # Exited but not yet collected: the close says it exited.
+    wait = WAIT_FOR_GO.replace("go", "go2")
+    pid = await _start_with_stdin(session, backend_under_test, f"{wait}; exit 3")
+    assert pid is not None
+    await session.exec("touch go2")
+    assert await eventually(lambda: _exited(session, pid), timeout=15)
+    with pytest.raises(sandbox.ProcessExitedError):
+        await session.pty_close_stdin(pid)
+
+
+def _exited(session: BaseSandboxSession, pid: int) -> bool:
+    return any(i.process_id == pid and i.exit_code is not None for i in session.pty_processes())
+
+
+async def test_close_stdin_cancelled_while_the_hook_is_blocked(
+    session: BaseSandboxSession, backend_under_test: Backend
+) -> None:
+    pid = await _start_with_stdin(session, backend_under_test, "exec sort")
+    if pid is None:
+        return
+    await session.pty_write_stdin(pid, "b\na\n", yield_time_s=0.1)
+    gate = park_calls(session, "_close_stdin")
+    closing = asyncio.ensure_future(session.pty_close_stdin(pid))
+    await gate.reached.wait()
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert gate.abandoned.is_set()
+    _registry_consistent(session)
+    assert [i.process_id for i in session.pty_processes()] == [pid]
+    # The end of input was asked: no more writes; a second close does the work.
+    with pytest.raises(sandbox.StdinClosedError):
+        await session.pty_write_stdin(pid, "c\n")
+    gate.release()
+    await session.pty_close_stdin(pid)
+    output, code = await _final(session, pid)
+    assert (output.replace("\r", ""), code) == ("a\nb\n", 0)
+    assert reserved_ids(session) == set()
+
+
+async def test_close_stdin_raced_by_a_terminate(
+    session: BaseSandboxSession,
+    backend_under_test: Backend,
+    processes_with_arg: ProcessLister,
+) -> None:
+    marker = unique_seconds()
+    pid = await _start_with_stdin(session, backend_under_test, f"cat; exec sleep {marker}")
+    if pid is None:
+        return
+    gate = park_calls(session, "_close_stdin")
+    closing = asyncio.ensure_future(session.pty_close_stdin(pid))
+    await gate.reached.wait()
+    # The terminate ends the blocked close first (as it ends a pending write).
+    await session.pty_terminate(pid)
+    with pytest.raises(sandbox.SandboxError):
+        await closing
+    assert gate.abandoned.is_set()
+    _registry_consistent(session)
+    assert session.pty_processes() == []
+    assert reserved_ids(session) == set()
+    assert await eventually(lambda: not processes_with_arg(marker))
