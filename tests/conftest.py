@@ -1,11 +1,24 @@
 """Shared fixtures: the backends of tests/backend_fixtures/ and the cross-backend
-`session` fixture (what `sandbox.testing.conformance`'s suite runs on in-tree)."""
+`session` fixture (what `sandbox.testing.conformance`'s suite runs on in-tree); and
+what lets the suite run in parallel (`make test`: pytest-xdist, docs/testing.md).
+
+Parallel workers are separate processes. What they could share is kept apart here or
+in the tests themselves: each has its own private state folder (`SANDBOX_STATE_DIR`:
+the ref key and the leases), its own shared docker container (labelled with its own
+pid: tests/backend_fixtures/docker.py), its own temporary folders (`tmp_path`), and
+the leak checks look only for processes with an argument of their own
+(`unique_seconds`). Tests that cannot be kept apart carry
+`@pytest.mark.xdist_group(...)` with a comment saying why; `--dist loadgroup` runs a
+group's tests on one worker, one after the other.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
 import pkgutil
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +27,28 @@ import pytest
 import sandbox
 from sandbox.testing import conformance
 from tests import backend_fixtures
+
+# The state folder this suite made (so that a worker tells it from the caller's own).
+_STATE_MADE = "SANDBOX_TEST_STATE_DIR_MADE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A private state folder for this test process (each xdist worker is one), unless
+    the caller chose one; and the `xdist_group` marker, known with or without xdist."""
+    config.addinivalue_line(
+        "markers", "xdist_group(name): run on one worker with the other tests of the group"
+    )
+    chosen = os.environ.get("SANDBOX_STATE_DIR")
+    # A worker inherits the folder its controller made for itself: not a choice.
+    if chosen and chosen != os.environ.get(_STATE_MADE):
+        return
+    # The suite never touches the user's own ref key and leases, and two workers never
+    # see each other's leases (a test that lists or breaks one sees only its own).
+    # mkdtemp makes the folder 0700, as `sandbox.durable.seal` requires.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder = tempfile.mkdtemp(prefix=f"sandbox-test-state-{worker}-")
+    os.environ["SANDBOX_STATE_DIR"] = os.environ[_STATE_MADE] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _fixture_backends() -> list[conformance.Backend]:
