@@ -54,7 +54,8 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             }
             "--orphan-timeout" => {
                 let v = value("--orphan-timeout")?;
-                timeout = v.parse().map_err(|_| format!("--orphan-timeout wants whole seconds, not {v:?}"))?;
+                timeout =
+                    v.parse().map_err(|_| format!("--orphan-timeout wants whole seconds, not {v:?}"))?;
             }
             "--detach" if first == "serve" && inline.is_none() => detach = true,
             "--start" if first == "connect" && inline.is_none() => start = true,
@@ -82,11 +83,19 @@ mod tests {
     fn serve_options() {
         assert_eq!(
             p(&["serve", "--socket", "/s", "--orphan-timeout", "5", "--detach"]),
-            Ok(Command::Serve { socket: "/s".into(), orphan_timeout: Some(Duration::from_secs(5)), detach: true })
+            Ok(Command::Serve {
+                socket: "/s".into(),
+                orphan_timeout: Some(Duration::from_secs(5)),
+                detach: true
+            })
         );
         assert_eq!(
             p(&["serve", "--socket=/s"]),
-            Ok(Command::Serve { socket: "/s".into(), orphan_timeout: Some(Duration::from_secs(3600)), detach: false })
+            Ok(Command::Serve {
+                socket: "/s".into(),
+                orphan_timeout: Some(Duration::from_secs(3600)),
+                detach: false
+            })
         );
         assert_eq!(
             p(&["serve", "--socket", "/s", "--orphan-timeout=0"]),
@@ -98,7 +107,11 @@ mod tests {
     fn connect_options() {
         assert_eq!(
             p(&["connect", "--start", "--socket", "/s"]),
-            Ok(Command::Connect { socket: "/s".into(), start: true, orphan_timeout: Some(Duration::from_secs(3600)) })
+            Ok(Command::Connect {
+                socket: "/s".into(),
+                start: true,
+                orphan_timeout: Some(Duration::from_secs(3600))
+            })
         );
     }
 

@@ -60,6 +60,7 @@ pub fn encode_parts_into(out: &mut Vec<u8>, kind: u8, id: u32, parts: &[&[u8]]) 
 }
 
 /// Encodes one frame into a new vector.
+#[cfg(test)]
 pub fn encode(kind: u8, id: u32, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     encode_into(&mut out, kind, id, payload);
@@ -90,6 +91,7 @@ impl FrameReader {
     }
 
     /// Bytes buffered but not yet returned as frames.
+    #[cfg(test)]
     pub fn pending(&self) -> usize {
         self.buf.len() - self.start
     }

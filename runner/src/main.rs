@@ -24,8 +24,12 @@ fn main() {
             print!("{}", args::USAGE);
             0
         }
-        Ok(args::Command::Serve { socket, orphan_timeout, detach }) => serve::serve(socket, orphan_timeout, detach),
-        Ok(args::Command::Connect { socket, start, orphan_timeout }) => serve::bridge(socket, start, orphan_timeout),
+        Ok(args::Command::Serve { socket, orphan_timeout, detach }) => {
+            serve::serve(socket, orphan_timeout, detach)
+        }
+        Ok(args::Command::Connect { socket, start, orphan_timeout }) => {
+            serve::bridge(socket, start, orphan_timeout)
+        }
         Err(message) => {
             eprint!("sandbox-runner: {message}\n{}", args::USAGE);
             2

@@ -44,7 +44,10 @@ pub fn spawn_error(tag: u32, errno: i32, argv0: &str, cwd: Option<&str>) -> (&'s
     match tag {
         REC_ERR_CHDIR => (kind::WORKDIR, format!("cannot enter {}: {why}", cwd.unwrap_or("?"))),
         REC_ERR_EXEC
-            if matches!(errno, libc::ENOENT | libc::EACCES | libc::ENOTDIR | libc::ENOEXEC | libc::ELOOP | libc::EISDIR) =>
+            if matches!(
+                errno,
+                libc::ENOENT | libc::EACCES | libc::ENOTDIR | libc::ENOEXEC | libc::ELOOP | libc::EISDIR
+            ) =>
         {
             (kind::COMMAND_NOT_FOUND, format!("{argv0}: {why}"))
         }
@@ -202,7 +205,8 @@ struct ChildFds {
 
 /// The keeper: never returns.
 fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
-    let keep: Vec<RawFd> = [fds.stdin, fds.out, fds.err, fds.slave, Some(control)].into_iter().flatten().collect();
+    let keep: Vec<RawFd> =
+        [fds.stdin, fds.out, fds.err, fds.slave, Some(control)].into_iter().flatten().collect();
     // Drop the runner's sockets and other processes' fds: only this tree's remain.
     sys::close_fds_except(3, &keep);
     unsafe {
@@ -294,7 +298,9 @@ fn child_main(plan: &ExecPlan, fds: &ChildFds, status: RawFd, tty: bool) -> ! {
         }
     }
     // Every fd above 2 closes at exec (the status pipe too: its EOF means success).
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 4 as libc::c_uint) };
+    let r = unsafe {
+        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 4 as libc::c_uint)
+    };
     if r != 0 {
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
             let list: Vec<RawFd> = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();

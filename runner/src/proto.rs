@@ -122,7 +122,10 @@ impl Spawn {
             return Err("argv holds a NUL byte".into());
         }
         if let Some(env) = &spawn.env {
-            if env.iter().any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0')) {
+            if env
+                .iter()
+                .any(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+            {
                 return Err("an environment name is empty or holds '=' or NUL, or a value holds NUL".into());
             }
         }

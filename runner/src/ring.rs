@@ -62,6 +62,7 @@ impl Ring {
     }
 
     /// Bytes held in memory now.
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.data.len()
     }

@@ -37,16 +37,19 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Holds an exclusive flock on `<socket>.lock` while deciding who serves.
-struct Lock(OwnedFd);
+struct Lock {
+    _fd: OwnedFd,
+}
 
 fn lock(socket: &Path) -> io::Result<Lock> {
     let mut name = socket.as_os_str().to_owned();
     name.push(".lock");
     let c = CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let fd = sys::cvt(unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) })?;
+    let fd =
+        sys::cvt(unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) })?;
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     sys::cvt(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX) })?;
-    Ok(Lock(fd))
+    Ok(Lock { _fd: fd })
 }
 
 /// What `listen` found.
@@ -81,7 +84,8 @@ pub fn listen(path: &Path) -> io::Result<Listening> {
     let fd = unix_socket()?;
     // Created 0600 from the start (no window where others could connect).
     let old = unsafe { libc::umask(0o177) };
-    let bound = sys::cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) });
+    let bound =
+        sys::cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) });
     unsafe { libc::umask(old) };
     bound?;
     sys::cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
@@ -187,7 +191,10 @@ fn serve_detached(socket: PathBuf, orphan_timeout: Option<std::time::Duration>) 
         }
         _ => {
             unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-            eprintln!("sandbox-runner: could not start: {}", String::from_utf8_lossy(got.get(1..).unwrap_or_default()));
+            eprintln!(
+                "sandbox-runner: could not start: {}",
+                String::from_utf8_lossy(got.get(1..).unwrap_or_default())
+            );
             1
         }
     }
@@ -265,10 +272,26 @@ fn pump_bridge(input: RawFd, output: RawFd, sock: RawFd) -> i32 {
             return 0;
         }
         let mut fds = [
-            libc::pollfd { fd: if in_open && to_sock.len() < CAP { input } else { -1 }, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: if sock_open && to_out.len() < CAP { sock } else { -1 }, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: if to_sock.is_empty() { -1 } else { sock }, events: libc::POLLOUT, revents: 0 },
-            libc::pollfd { fd: if to_out.is_empty() { -1 } else { output }, events: libc::POLLOUT, revents: 0 },
+            libc::pollfd {
+                fd: if in_open && to_sock.len() < CAP { input } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if sock_open && to_out.len() < CAP { sock } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if to_sock.is_empty() { -1 } else { sock },
+                events: libc::POLLOUT,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if to_out.is_empty() { -1 } else { output },
+                events: libc::POLLOUT,
+                revents: 0,
+            },
         ];
         if unsafe { libc::poll(fds.as_mut_ptr(), 4, -1) } < 0 && sys::errno() != libc::EINTR {
             return 1;

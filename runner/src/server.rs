@@ -219,8 +219,12 @@ impl Server {
                 break;
             }
             // Controls first: a process's STARTED record must be seen before its output.
-            let ready: Vec<(Token, i16)> =
-                tokens.iter().zip(&pollfds).filter(|(_, p)| p.revents != 0).map(|(t, p)| (*t, p.revents)).collect();
+            let ready: Vec<(Token, i16)> = tokens
+                .iter()
+                .zip(&pollfds)
+                .filter(|(_, p)| p.revents != 0)
+                .map(|(t, p)| (*t, p.revents))
+                .collect();
             for &(token, _) in &ready {
                 if let Token::Signal = token {
                     self.on_signals();
@@ -282,7 +286,9 @@ impl Server {
         let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
         let size = std::mem::size_of::<libc::signalfd_siginfo>();
         loop {
-            let n = unsafe { libc::read(self.signals.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+            let n = unsafe {
+                libc::read(self.signals.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size)
+            };
             if n != size as isize {
                 break;
             }
@@ -564,7 +570,11 @@ impl Server {
                     );
                 }
                 Ok(h) => {
-                    c.error(id, kind::UNSUPPORTED, &format!("protocol version {} is not supported (this runner speaks 1)", h.version));
+                    c.error(
+                        id,
+                        kind::UNSUPPORTED,
+                        &format!("protocol version {} is not supported (this runner speaks 1)", h.version),
+                    );
                     c.closing = true;
                 }
                 Err(e) => {
@@ -665,7 +675,11 @@ impl Server {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get_mut(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
         if p.tty {
-            return c.error(id, kind::UNSUPPORTED, "a terminal has no end of input (send the EOF character ^D as INPUT)");
+            return c.error(
+                id,
+                kind::UNSUPPORTED,
+                "a terminal has no end of input (send the EOF character ^D as INPUT)",
+            );
         }
         if p.stdin.is_none() {
             return c.send(proto::OK, id, b"{}");
@@ -677,7 +691,9 @@ impl Server {
     fn resize(&mut self, cid: u64, id: u32, payload: &[u8]) {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
-        let (Some(rows), Some(cols), 4) = (proto::be_u16(payload, 0), proto::be_u16(payload, 2), payload.len()) else {
+        let (Some(rows), Some(cols), 4) =
+            (proto::be_u16(payload, 0), proto::be_u16(payload, 2), payload.len())
+        else {
             return c.error(id, kind::INVALID, "RESIZE carries u16 rows and u16 cols");
         };
         if !p.tty {
@@ -697,7 +713,9 @@ impl Server {
     fn signal(&mut self, cid: u64, id: u32, payload: &[u8]) {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
-        let &[sig, scope] = payload else { return c.error(id, kind::INVALID, "SIGNAL carries u8 signal, u8 scope") };
+        let &[sig, scope] = payload else {
+            return c.error(id, kind::INVALID, "SIGNAL carries u8 signal, u8 scope");
+        };
         let sig = sig as i32;
         if sig > libc::SIGRTMAX() || scope > 2 {
             return c.error(id, kind::INVALID, "unknown signal number or scope");
@@ -716,7 +734,8 @@ impl Server {
     fn attach(&mut self, cid: u64, id: u32, payload: &[u8]) {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
-        let (Some(a), Some(b), 16) = (proto::be_u64(payload, 0), proto::be_u64(payload, 8), payload.len()) else {
+        let (Some(a), Some(b), 16) = (proto::be_u64(payload, 0), proto::be_u64(payload, 8), payload.len())
+        else {
             return c.error(id, kind::INVALID, "ATTACH carries u64 stdout offset, u64 stderr offset");
         };
         // An offset past the end (from another runner's stream) starts at the end.
@@ -811,7 +830,8 @@ fn pump(c: &mut Conn, procs: &BTreeMap<u32, Proc>) {
             for s in 0..2 {
                 let ring = &p.rings[s];
                 if a.next[s] < ring.start() {
-                    let parts: [&[u8]; 3] = [&[s as u8 + 1], &a.next[s].to_be_bytes(), &ring.start().to_be_bytes()];
+                    let parts: [&[u8]; 3] =
+                        [&[s as u8 + 1], &a.next[s].to_be_bytes(), &ring.start().to_be_bytes()];
                     frames::encode_parts_into(&mut c.out, proto::GAP, *id, &parts);
                     a.next[s] = ring.start();
                     progress = true;

@@ -146,11 +146,3 @@ pub fn occupy_stdio() {
         }
     }
 }
-
-/// The seconds since the epoch of a system time, as a float.
-pub fn epoch_seconds(t: std::time::SystemTime) -> f64 {
-    match t.duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    }
-}
