@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
+import secrets
 import select
 import signal
 import struct
@@ -13,6 +15,7 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -316,19 +319,26 @@ def test_shell_on_docker_works_like_docker_exec_it() -> None:
 
     image = ensure_busybox_image()
     engine = docker.from_env()
-    before = {c.id for c in engine.containers.list(all=True, filters={"ancestor": image})}
-    term = Terminal(["shell", "--backend", "docker", "--image", image], rows=31, cols=97)
+    # A label of this test's own: other tests (other workers) make containers of the same
+    # image meanwhile, so a look at all of them would see theirs.
+    key, value = "sandbox.test.cli-shell", secrets.token_hex(6)
+    mine: dict[str, Any] = {"all": True, "filters": {"label": f"{key}={value}"}}
+    labels = f"labels={json.dumps({key: value})}"
+    term = Terminal(
+        ["shell", "--backend", "docker", "--image", image, "--opt", labels], rows=31, cols=97
+    )
     try:
         term.type("stty size; echo in-container-$((40+2))\n")
         term.read_until(b"31 97")
         term.read_until(b"in-container-42")
+        assert len(engine.containers.list(**mine)) == 1, "the shell runs in a container of its own"
         term.type("exit 6\n")
     finally:
         code = term.close()
     assert code == 6
-    after = {c.id for c in engine.containers.list(all=True, filters={"ancestor": image})}
+    left = engine.containers.list(**mine)
     engine.close()
-    assert after <= before, "the container the shell created is removed"
+    assert left == [], "the container the shell created is removed"
 
 
 # ---- closed standard streams and readers that go away --------------------------------------

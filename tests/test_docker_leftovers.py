@@ -37,7 +37,12 @@ def _exists(container_id: str) -> bool:
     return any(c["Id"] == container_id for c in fixture._client().containers(all=True))
 
 
-def test_a_stopped_runs_shared_container_is_removed_and_nothing_else(made: list[str]) -> None:
+def test_a_stopped_runs_shared_container_is_removed_and_nothing_else(
+    made: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A label of this test's own: every parallel worker removes the leftovers it finds
+    # when it makes its own shared container, and would take this test's planted one.
+    monkeypatch.setattr(fixture, "SHARED_LABEL", f"{fixture.SHARED_LABEL}.{os.getpid()}")
     ended = subprocess.Popen(["sleep", "3600"])
     gone_owner = fixture.owner_token(ended.pid)
     ended.kill()
