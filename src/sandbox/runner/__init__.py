@@ -1,0 +1,37 @@
+"""The runner: one small static process inside a sandbox that owns its processes
+(docs/runner.md). This package is its Python side: the protocol's frames, the client,
+the packaged binary, and the local daemon."""
+
+from __future__ import annotations
+
+from .binary import RunnerBinary, runner_binary, unavailable_reason
+from .client import ProcessSink, RunnerClient
+from .errors import (
+    RunnerConnectionLost,
+    RunnerError,
+    RunnerProtocolError,
+    RunnerRequestError,
+    RunnerTimeout,
+)
+from .frames import FileStat, ProcessInfo, SignalScope, Stream
+from .local import connect_local, local_socket_path, start_local
+
+__all__ = [
+    "FileStat",
+    "ProcessInfo",
+    "ProcessSink",
+    "RunnerBinary",
+    "RunnerClient",
+    "RunnerConnectionLost",
+    "RunnerError",
+    "RunnerProtocolError",
+    "RunnerRequestError",
+    "RunnerTimeout",
+    "SignalScope",
+    "Stream",
+    "connect_local",
+    "local_socket_path",
+    "runner_binary",
+    "start_local",
+    "unavailable_reason",
+]
