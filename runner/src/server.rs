@@ -141,6 +141,8 @@ pub struct Server {
     procs: BTreeMap<u32, Proc>,
     last_client: Instant,
     shutdown: bool,
+    /// The one read buffer (process output and client bytes).
+    buf: Vec<u8>,
 }
 
 /// Blocks the signals the loop reads through a signalfd, and ignores SIGPIPE (a closed
@@ -174,6 +176,7 @@ impl Server {
             procs: BTreeMap::new(),
             last_client: Instant::now(),
             shutdown: false,
+            buf: vec![0u8; CHUNK],
         })
     }
 
@@ -373,20 +376,26 @@ impl Server {
                     c.error(req, kind, message);
                 }
             }
+            // INPUT or CLOSE_STDIN sent right behind the SPAWN: the process never ran.
+            let waiting = p.stdin_queue.drain(..).map(|i| (i.conn, i.id)).chain(p.close_replies.drain(..));
+            for (conn, req) in waiting.collect::<Vec<_>>() {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.error(req, kind::NOT_FOUND, "the process did not start");
+                }
+            }
         }
     }
 
     fn on_output(&mut self, id: u32, stream: usize) {
         let Some(p) = self.procs.get_mut(&id) else { return };
-        let mut buf = vec![0u8; CHUNK];
         for _ in 0..READS_PER_TURN {
             let Some(fd) = &p.out[stream] else { return };
-            match sys::read(fd.as_raw_fd(), &mut buf) {
+            match sys::read(fd.as_raw_fd(), &mut self.buf) {
                 Ok(0) => {
                     p.out[stream] = None;
                     return;
                 }
-                Ok(n) => p.rings[stream].push(&buf[..n]),
+                Ok(n) => p.rings[stream].push(&self.buf[..n]),
                 Err(e) if sys::would_block(&e) => return,
                 // EIO: a pty whose every slave fd is closed, i.e. EOF.
                 Err(_) => {
@@ -521,16 +530,18 @@ impl Server {
         if revents & libc::POLLOUT != 0 {
             flush(c);
         }
-        if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && c.wants_input() {
-            let mut buf = vec![0u8; CHUNK];
-            match sys::read(c.fd.as_raw_fd(), &mut buf) {
-                Ok(0) => c.dead = true,
-                Ok(n) => c.reader.push(&buf[..n]),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => c.dead = true,
+        if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            if c.wants_input() {
+                match sys::read(c.fd.as_raw_fd(), &mut self.buf) {
+                    Ok(0) => c.dead = true,
+                    Ok(n) => c.reader.push(&self.buf[..n]),
+                    Err(e) if sys::would_block(&e) => {}
+                    Err(_) => c.dead = true,
+                }
+            } else if revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                // Gone while it was not being read: nothing it could receive any more.
+                c.dead = true;
             }
-        } else if revents & (libc::POLLHUP | libc::POLLERR) != 0 && revents & libc::POLLIN == 0 {
-            c.dead = true;
         }
         // Handle complete frames while the connection has room for the replies.
         loop {
@@ -662,7 +673,9 @@ impl Server {
     fn input(&mut self, cid: u64, id: u32, data: Vec<u8>) {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get_mut(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
-        if p.stdin.is_none() || !p.close_replies.is_empty() || !p.started {
+        // Before the child has exec'd the bytes wait in the pipe, so a client may send
+        // INPUT right behind SPAWN.
+        if p.stdin.is_none() || !p.close_replies.is_empty() {
             let why = if p.ended { "the process has ended" } else { "the process's stdin is closed" };
             return c.error(id, kind::INVALID, why);
         }
