@@ -32,6 +32,7 @@ from sandbox.errors import ProviderError
 from sandbox.mcp.server import SandboxTools, build_server
 from sandbox.mcp.server import main as mcp_main
 from sandbox.process_entry import PtyEntry
+from sandbox.session.hooks import SessionHooks
 from sandbox.testing import procfs
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
@@ -45,6 +46,7 @@ SERVER_ENV = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.envi
 TOOLS = {
     "exec_command",
     "write_stdin",
+    "close_stdin",
     "list_processes",
     "view_screen",
     "interrupt",
@@ -214,6 +216,7 @@ async def check_tool_schemas(client: Client) -> None:
         "cmd",
         "workdir",
         "tty",
+        "stdin",
         "yield_time_ms",
         "max_output_tokens",
         "until",
@@ -805,17 +808,53 @@ async def in_process(session: sandbox.BaseSandboxSession) -> AsyncIterator[Clien
 
 
 async def test_unsupported_resize_is_a_tool_error(tmp_path: Path) -> None:
-    async with in_process(NoResizeSession(workspace=tmp_path / "ws")) as client:
+    async with in_process(NoResizeSession(workdir=tmp_path / "ws")) as client:
         out = await ok(client, "exec_command", cmd="cat", tty=True, yield_time_ms=250)
         message = await error(client, "resize", session_id=session_id(out), rows=30, cols=90)
         assert "cannot resize a terminal" in message
+
+
+async def test_close_stdin_ends_the_input_of_a_pipes_process(tmp_path: Path) -> None:
+    async with in_process(UnixLocalSession(workdir=tmp_path / "ws")) as client:
+        out = await ok(client, "exec_command", cmd="echo ready; sort", stdin=True, until="ready")
+        sorter = session_id(out)
+        out = await ok(client, "write_stdin", session_id=sorter, chars="pear\napple\n")
+        assert "Output: (none)" in out  # sort waits for the end of its input
+        out = await ok(client, "close_stdin", session_id=sorter, yield_time_ms=20000)
+        assert "Process exited with code 0" in out
+        assert out.endswith("Output:\napple\npear\n"), out
+        # The errors speak the tools' words.
+        out = await ok(client, "exec_command", cmd="cat", tty=True, yield_time_ms=250)
+        message = await error(client, "close_stdin", session_id=session_id(out))
+        assert "runs on a terminal (tty=True)" in message
+        out = await ok(client, "exec_command", cmd="sleep 30", yield_time_ms=250)
+        message = await error(client, "close_stdin", session_id=session_id(out))
+        assert "without stdin=true" in message
+        message = await error(client, "write_stdin", session_id=session_id(out), chars="x")
+        assert "with stdin=true to keep its stdin open" in message
+
+
+class NoOpenStdinSession(UnixLocalSession):
+    """unix_local as a provider that cannot keep stdin open: the hook is the base's."""
+
+    _close_stdin = SessionHooks._close_stdin
+
+
+async def test_open_stdin_is_refused_at_start_where_the_backend_cannot(tmp_path: Path) -> None:
+    async with in_process(NoOpenStdinSession(workdir=tmp_path / "ws")) as client:
+        message = await error(client, "exec_command", cmd="sort", stdin=True)
+        assert message.startswith("stdin=true: the unix_local backend cannot keep"), message
+        assert "No processes" in await ok(client, "list_processes")
+        # stdin is ignored with tty=true: a terminal always takes input.
+        out = await ok(client, "exec_command", cmd="cat", tty=True, stdin=True, yield_time_ms=250)
+        session_id(out)
 
 
 async def test_provider_failures_are_tool_errors_without_secrets(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="sandbox")
-    session = FailingProviderSession(workspace=tmp_path / "ws")
+    session = FailingProviderSession(workdir=tmp_path / "ws")
     async with in_process(session) as client:
         message = await error(client, "exec_command", cmd="true")
         assert "the provider is busy (HTTP 503)" in message

@@ -86,6 +86,7 @@ def test_the_hooks_are_the_backend_contract() -> None:
         "_spawn_process_nowait",
         "_write_stdin_nowait",
         "_write_stdin",
+        "_close_stdin",
         "_resize",
         "_interrupt",
         "_terminate_pty_entry",

@@ -116,6 +116,13 @@ class ExecCommandArgs(_Args):
         "prompts (ssh, git rebase -i), pagers and full-screen programs. Default false: "
         "output through pipes and stdin closed, which is best for ordinary commands.",
     )
+    stdin: bool = Field(
+        default=False,
+        description="With tty=false, keep the command's stdin open: write_stdin sends it "
+        "input and close_stdin ends that input (the program reads end-of-file). Use it "
+        "for programs that read their input to its end or speak a line protocol on "
+        "stdin: sort, wc, a stdio MCP or language server. Ignored with tty=true.",
+    )
     yield_time_ms: int | None = Field(default=None, description=_YIELD_START)
     max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
     until: str | None = Field(default=None, description=_UNTIL)
@@ -131,12 +138,26 @@ class WriteStdinArgs(_Args):
         description="Keystrokes to send; empty (the default) just polls for new output. "
         "End a line with '\\n' to press Enter. Control keys are characters: '\\u0003' "
         "Ctrl-C, '\\u0004' Ctrl-D (end of input), '\\u001b' Escape. Only processes "
-        "started with tty=true accept keystrokes; any process can be polled.",
+        "started with tty=true (or stdin=true) accept input; any process can be polled.",
     )
     yield_time_ms: int | None = Field(default=None, description=_YIELD_WRITE)
     max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
     until: str | None = Field(default=None, description=_UNTIL)
     until_screen: str | None = Field(default=None, description=_UNTIL_SCREEN)
+
+
+class CloseStdinArgs(_Args):
+    """Arguments of `close_stdin`."""
+
+    session_id: int = Field(description=_SESSION_ID)
+    yield_time_ms: int | None = Field(
+        default=None,
+        description="After closing, wait this long at most for output, in milliseconds "
+        "(at least 5000, at most 30000); the call returns earlier when the process exits "
+        "or `until` appears.",
+    )
+    max_output_tokens: int | None = Field(default=None, description=_MAX_TOKENS)
+    until: str | None = Field(default=None, description=_UNTIL)
 
 
 class ListProcessesArgs(_Args):
@@ -255,6 +276,7 @@ def _error_text(exc: SandboxError) -> str:
     """The library's message, with its Python vocabulary turned into the tool names a
     model sees."""
     text = str(exc).replace("pty_processes()", "the list_processes tool")
+    text = text.replace("pty_close_stdin", "close_stdin").replace("stdin=True", "stdin=true")
     # The library names its `cwd` argument; the tool's argument is `workdir`.
     text = text.replace("working directory (cwd)", "working directory (workdir)")
     return text + (" (retrying later may help)" if exc.retryable else "")
@@ -297,7 +319,7 @@ def _validation_text(name: str, exc: ValidationError) -> str:
 
 
 class SandboxTools:
-    """The seven tools over one started sandbox session."""
+    """The eight tools over one started sandbox session."""
 
     def __init__(self, session: BaseSandboxSession) -> None:
         self.session = session
@@ -321,6 +343,14 @@ class SandboxTools:
                     WriteStdinArgs,
                     self.write_stdin,
                     types.ToolAnnotations(destructive_hint=True, open_world_hint=True),
+                ),
+                _Tool(
+                    "close_stdin",
+                    "End a process's input",
+                    CLOSE_STDIN_DESCRIPTION,
+                    CloseStdinArgs,
+                    self.close_stdin,
+                    types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
                 ),
                 _Tool(
                     "list_processes",
@@ -373,6 +403,7 @@ class SandboxTools:
         update = await self.session.pty_exec_start(
             args.cmd,
             tty=args.tty,
+            stdin=args.stdin,
             cwd=args.workdir or None,
             yield_time_s=_seconds(args.yield_time_ms),
             max_output_tokens=model_output_tokens(args.max_output_tokens),
@@ -391,6 +422,19 @@ class SandboxTools:
             max_output_tokens=model_output_tokens(args.max_output_tokens),
             until=args.until or None,
             until_screen=args.until_screen or None,
+        )
+        return format_update(update, time.monotonic() - started)
+
+    async def close_stdin(self, args: CloseStdinArgs) -> str:
+        """End the process's input, then poll it (what it printed at its end of input)."""
+        started = time.monotonic()
+        await self.session.pty_close_stdin(args.session_id)
+        update = await self.session.pty_write_stdin(
+            args.session_id,
+            "",
+            yield_time_s=_seconds(args.yield_time_ms),
+            max_output_tokens=model_output_tokens(args.max_output_tokens),
+            until=args.until or None,
         )
         return format_update(update, time.monotonic() - started)
 
@@ -503,18 +547,28 @@ program that prompts, a full-screen program); pair it with `until` set to the pr
 you expect (e.g. '>>> ') so the call returns as soon as the program is ready. For a \
 full-screen program use `until_screen` (text on its rendered screen) and view_screen. \
 Leave \
-tty=false for ordinary commands (builds, tests, scripts): their stdin is closed. \
+tty=false for ordinary commands (builds, tests, scripts): their stdin is closed, \
+unless stdin=true keeps it open for write_stdin (end it with close_stdin). \
 Long-running servers are fine: start them, read the first output, and poll later."""
 
 WRITE_STDIN_DESCRIPTION = """\
 Type into a running process, or poll it for new output.
 
 With `chars`, the keystrokes are sent to the process (it must have been started with \
-tty=true) and the output of the next 250 ms (or until `until` appears) is returned. \
+tty=true, or with stdin=true until close_stdin) and the output of the next 250 ms \
+(or until `until` appears) is returned. \
 With empty chars this is a poll: it waits up to 5 s or more (`yield_time_ms`) for new \
 output and returns early when the process exits or `until` appears. Output is never \
 repeated: each call returns only what is new. When the result says "Process exited \
 with code N" the session is finished and its ID is gone."""
+
+CLOSE_STDIN_DESCRIPTION = """\
+End the input of a process started with tty=false and stdin=true: it reads \
+end-of-file after everything written before with write_stdin (e.g. sort then prints \
+its result, a stdio server exits). Then waits like a poll (at least 5 s, returning \
+early when the process exits or `until` appears) and returns what it printed. \
+Nothing more can be written afterwards. Fails for a tty process (type Ctrl-D, \
+'\\u0004', at the start of a line instead) and for one started without stdin=true."""
 
 LIST_PROCESSES_DESCRIPTION = """\
 List the processes started with exec_command that are still known: their session \
