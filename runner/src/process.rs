@@ -211,6 +211,8 @@ fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
     sys::close_fds_except(3, &keep);
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        // Told apart from the runner in ps (comm only; the arguments stay the runner's).
+        libc::prctl(libc::PR_SET_NAME, c"runner-keeper".as_ptr(), 0, 0, 0);
         libc::setsid();
         // The runner may die; the keeper's record writes must not kill it.
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);

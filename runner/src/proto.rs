@@ -96,6 +96,11 @@ pub struct Spawn {
     pub stdin: Option<StdinMode>,
     #[serde(default)]
     pub merge_stderr: bool,
+    /// Lossless streaming (an addition to v1): while an attached connection is a whole
+    /// ring behind on a stream, the runner stops reading that stream (the process blocks
+    /// on its writes) instead of dropping bytes that connection has not received.
+    #[serde(default)]
+    pub backpressure: bool,
     #[serde(default)]
     pub ring_bytes: Option<u64>,
 }

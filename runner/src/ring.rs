@@ -28,6 +28,11 @@ impl Ring {
         self.end
     }
 
+    /// The most bytes the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Appends produced bytes, dropping the oldest beyond the capacity.
     pub fn push(&mut self, bytes: &[u8]) {
         self.end += bytes.len() as u64;

@@ -63,6 +63,7 @@ struct Proc {
     close_replies: Vec<(u64, u32)>,
     out: [Option<OwnedFd>; 2],
     rings: [Ring; 2],
+    backpressure: bool,
     status: Option<i32>,
     reaped_at: Option<Instant>,
     /// The exit status is known and the output is closed: EXIT may be sent.
@@ -208,7 +209,7 @@ impl Server {
                     add(fd.as_raw_fd(), libc::POLLIN, Token::Control(id));
                 }
                 for (s, fd) in p.out.iter().enumerate() {
-                    if let Some(fd) = fd {
+                    if let (Some(fd), false) = (fd, paused(&self.conns, id, p, s)) {
                         add(fd.as_raw_fd(), libc::POLLIN, Token::Out(id, s));
                     }
                 }
@@ -387,15 +388,24 @@ impl Server {
     }
 
     fn on_output(&mut self, id: u32, stream: usize) {
-        let Some(p) = self.procs.get_mut(&id) else { return };
+        let Some(p) = self.procs.get(&id) else { return };
+        let mut room = room(&self.conns, id, p, stream);
+        let p = self.procs.get_mut(&id).unwrap();
         for _ in 0..READS_PER_TURN {
             let Some(fd) = &p.out[stream] else { return };
-            match sys::read(fd.as_raw_fd(), &mut self.buf) {
+            let want = room.min(self.buf.len());
+            if want == 0 {
+                return;
+            }
+            match sys::read(fd.as_raw_fd(), &mut self.buf[..want]) {
                 Ok(0) => {
                     p.out[stream] = None;
                     return;
                 }
-                Ok(n) => p.rings[stream].push(&self.buf[..n]),
+                Ok(n) => {
+                    p.rings[stream].push(&self.buf[..n]);
+                    room -= n;
+                }
                 Err(e) if sys::would_block(&e) => return,
                 // EIO: a pty whose every slave fd is closed, i.e. EOF.
                 Err(_) => {
@@ -467,12 +477,19 @@ impl Server {
     fn finish_processes(&mut self) {
         let now = Instant::now();
         let mut failed: Vec<(u64, u32)> = Vec::new();
-        for p in self.procs.values_mut() {
+        let held: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(id, p)| (0..2).any(|s| paused(&self.conns, **id, p, s)))
+            .map(|(id, _)| *id)
+            .collect();
+        for (id, p) in self.procs.iter_mut() {
             if p.ended || p.status.is_none() {
                 continue;
             }
             let drained = p.out.iter().all(|o| o.is_none());
-            let late = p.reaped_at.is_some_and(|at| now >= at + EXIT_GRACE);
+            // Output held back for a lagging reader is not given up on after the grace.
+            let late = p.reaped_at.is_some_and(|at| now >= at + EXIT_GRACE) && !held.contains(id);
             if drained || late {
                 p.out = [None, None];
                 p.stdin = None;
@@ -663,6 +680,7 @@ impl Server {
                 close_replies: Vec::new(),
                 out: [Some(started.out), started.err],
                 rings: [Ring::new(ring), Ring::new(ring)],
+                backpressure: spawn.backpressure,
                 status: None,
                 reaped_at: None,
                 ended: false,
@@ -798,10 +816,15 @@ impl Server {
     /// drops dead connections.
     fn pump_all(&mut self) {
         for c in self.conns.values_mut() {
-            if !c.dead && !c.closing {
-                pump(c, &self.procs);
+            // Until the socket is full or nothing is left: a paused stream has no fd in
+            // the poll set to wake the loop, so its data must not wait for one.
+            loop {
+                let added = !c.dead && !c.closing && pump(c, &self.procs);
+                flush(c);
+                if !added || c.queued() > 0 || c.dead {
+                    break;
+                }
             }
-            flush(c);
             if c.closing && c.queued() == 0 {
                 c.dead = true;
             }
@@ -826,15 +849,34 @@ impl Server {
     }
 }
 
+/// How many bytes of a stream may be read now without dropping any an attached
+/// connection has not received (unbounded without backpressure: the ring drops).
+fn room(conns: &BTreeMap<u64, Conn>, id: u32, p: &Proc, s: usize) -> usize {
+    if !p.backpressure {
+        return usize::MAX;
+    }
+    let ring = &p.rings[s];
+    let lag =
+        conns.values().filter_map(|c| c.attach.get(&id)).map(|a| ring.end() - a.next[s]).max().unwrap_or(0);
+    ring.capacity().saturating_sub(lag as usize)
+}
+
+/// Whether a backpressure process's stream is not read now: some attached connection
+/// is a whole ring behind on it.
+fn paused(conns: &BTreeMap<u64, Conn>, id: u32, p: &Proc, s: usize) -> bool {
+    p.out[s].is_some() && room(conns, id, p, s) == 0
+}
+
 /// Fills `c` from the rings of its attached processes (round robin, one chunk per
 /// stream per round) and its downloads, while it has room.
-fn pump(c: &mut Conn, procs: &BTreeMap<u32, Proc>) {
+fn pump(c: &mut Conn, procs: &BTreeMap<u32, Proc>) -> bool {
     c.attach.retain(|id, _| procs.contains_key(id));
+    let mut added = false;
     loop {
         let mut progress = false;
         for (id, a) in c.attach.iter_mut() {
             if c.out.len() - c.out_pos >= HIGH_WATER {
-                return;
+                return true;
             }
             let p = &procs[id];
             if !p.started {
@@ -869,8 +911,9 @@ fn pump(c: &mut Conn, procs: &BTreeMap<u32, Proc>) {
             progress = true;
         }
         if !progress {
-            return;
+            return added;
         }
+        added = true;
     }
 }
 
