@@ -139,7 +139,7 @@ async def test_each_process_gets_its_own_output_and_calls_their_own_replies() ->
         list_request = await peer.recv()
         assert isinstance(list_request, frames.ListProcesses)
         assert list_request.id > 0x7FFF_FFFF  # request ids never meet process ids
-        info = frames.ProcessInfo(1, 1001, ("x",), False, True, None, 0, 0)
+        info = frames.ProcessInfo(1, None, ("x",), False, True, None, 0, 0)
         peer.send(
             frames.Output(2, OUT, 0, b"two"),
             frames.Listed(list_request.id, (info,)),
@@ -168,24 +168,34 @@ async def test_a_refused_spawn_is_not_attached() -> None:
         assert not client.closed
 
 
+async def _answer_silent_call(
+    peer: Peer, expected: frames.ClientMessage, *before: frames.RunnerMessage
+) -> None:
+    """ATTACH and DETACH are answered only when refused: the client follows each with a
+    PING, and the call is done at its PONG."""
+    assert await peer.recv() == expected
+    barrier = await peer.recv()
+    assert isinstance(barrier, frames.Ping)
+    peer.send(*before, frames.Pong(barrier.id, barrier.payload))
+
+
 async def test_attach_from_offsets_and_detach() -> None:
     async with connected() as (client, peer):
         sink = Sink()
         attaching = asyncio.ensure_future(
             client.attach(9, sink, stdout_offset=100, stderr_offset=7)
         )
-        assert await peer.recv() == frames.Attach(9, 100, 7)
+        await _answer_silent_call(peer, frames.Attach(9, 100, 7))
         peer.send(
-            frames.Ok(9),
             frames.Gap(9, OUT, 100, 120),
             frames.Output(9, OUT, 120, b"x"),
             frames.Output(9, ERR, 7, b"y"),
         )
         await attaching
         detaching = asyncio.ensure_future(client.detach(9))
-        assert await peer.recv() == frames.Detach(9)
-        # Output sent before the runner took the DETACH still arrives; after it, none.
-        peer.send(frames.Output(9, OUT, 121, b"z"), frames.Ok(9), frames.Output(9, OUT, 122, b"w"))
+        # Output the runner sent before it took the DETACH still arrives; after, none.
+        await _answer_silent_call(peer, frames.Detach(9), frames.Output(9, OUT, 121, b"z"))
+        peer.send(frames.Output(9, OUT, 122, b"w"))
         await detaching
         await _ping_through(client, peer)
         assert sink.data == {OUT: b"xz", ERR: b"y"}
@@ -193,6 +203,63 @@ async def test_attach_from_offsets_and_detach() -> None:
         assert client.dropped_frames == 1
         assert not sink.done.is_set()
         assert not client.closed
+
+
+async def test_attach_past_the_end_starts_where_the_stream_ends() -> None:
+    """The runner starts an ATTACH past a stream's end at its end: the first chunk may
+    start before the offset asked for, the next ones must follow it."""
+    async with connected() as (client, peer):
+        sink = Sink()
+        attaching = asyncio.ensure_future(client.attach(9, sink, stdout_offset=500))
+        await _answer_silent_call(peer, frames.Attach(9, 500, 0))
+        await attaching
+        peer.send(frames.Output(9, OUT, 20, b"ab"), frames.Output(9, OUT, 22, b"c"))
+        await _ping_through(client, peer)
+        assert sink.data[OUT] == b"abc"
+        peer.send(frames.Output(9, OUT, 0, b"again"))
+        await sink.ended()
+        assert sink.lost_reason is not None and "goes back" in sink.lost_reason
+
+
+@pytest.mark.parametrize("answers", [None, FrameType.ATTACH])
+async def test_a_refused_attach_raises_and_is_not_attached(answers: int | None) -> None:
+    async with connected() as (client, peer):
+        attaching = asyncio.ensure_future(client.attach(9, Sink()))
+        refusal = frames.ErrorReply(9, "not_found", "no such process", answers)
+        await _answer_silent_call(peer, frames.Attach(9, 0, 0), refusal)
+        with pytest.raises(RunnerRequestError, match="not_found"):
+            await attaching
+        assert client.attached == frozenset()
+        await _ping_through(client, peer)
+        assert not client.closed
+
+
+async def test_replies_marked_for_their_call_pair_exactly_out_of_order() -> None:
+    """INPUT is answered once written, a SIGNAL at once: with "for", a signal sent while
+    input waits gets its own answer, and the input its own later failure."""
+    async with connected() as (client, peer):
+        await _spawned(client, peer, 4, Sink())
+        writing = asyncio.ensure_future(client.write(4, b"data"))
+        assert await peer.recv() == frames.Input(4, b"data")
+        signalling = asyncio.ensure_future(client.signal(4, 9, SignalScope.TREE))
+        assert await peer.recv() == frames.Signal(4, 9, SignalScope.TREE)
+        peer.send(
+            frames.Ok(4, {"delivered": True}, FrameType.SIGNAL),
+            frames.ErrorReply(4, "io", "the process has ended", FrameType.INPUT),
+        )
+        assert await signalling is True
+        with pytest.raises(RunnerRequestError, match="has ended"):
+            await writing
+
+
+async def test_an_answer_for_a_call_not_made_is_a_protocol_error() -> None:
+    async with connected() as (client, peer):
+        await _spawned(client, peer, 4, Sink())
+        writing = asyncio.ensure_future(client.write(4, b"data"))
+        await peer.recv()
+        peer.send(frames.Ok(4, {}, FrameType.RESIZE))
+        with pytest.raises(RunnerConnectionLost, match="RESIZE of id 4, which awaits none"):
+            await writing
 
 
 async def test_a_failing_sink_is_detached_alone() -> None:

@@ -79,10 +79,12 @@ RUNNER_MESSAGES: list[frames.RunnerMessage] = [
     frames.Listed(0x8000_0001, ()),
     frames.Pong(0x8000_0002, b"x" * 64),
     frames.Ok(7),
+    frames.Ok(7, {"delivered": False}, FrameType.SIGNAL),
     frames.Ok(0x8000_0005, STAT.as_json()),
     frames.DownloadData(0x8000_0003, b"data"),
     frames.DownloadEnd(0x8000_0003),
     frames.ErrorReply(7, "command_not_found", "no such program: nope"),
+    frames.ErrorReply(7, "io", "the process has ended", FrameType.INPUT),
 ]
 
 
@@ -294,6 +296,9 @@ def _runner(kind: FrameType, payload: bytes, fid: int = 1) -> frames.RunnerMessa
         (FrameType.LISTED, b'{"processes": [{"id": 1}]}', "missing"),
         (FrameType.LISTED, b'{"processes": [1]}', "not a JSON object"),
         (FrameType.OK, b"[" * 10 + b"]" * 10, "containers|not an object|deeper"),
+        (FrameType.OK, b'{"for": 129}', "'for'"),
+        (FrameType.ERROR, b'{"kind": "io", "message": "", "for": "3"}', "'for'"),
+        (FrameType.LISTED, b'{"processes": [], "truncated": 1}', "truncated"),
     ],
 )
 def test_malformed_payloads_are_protocol_errors(

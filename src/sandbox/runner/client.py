@@ -92,14 +92,20 @@ class ProcessSink(Protocol):
         a new connection can attach to it)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Call:
     """One call awaiting its answer: a reply of a type in `ends`, or ERROR."""
 
+    request: FrameType
     ends: frozenset[FrameType]
     future: asyncio.Future[RunnerMessage]
     on_data: Callable[[bytes], None] | None = None  # downloads: DATA goes here
     on_answer: Callable[[], None] | None = None  # run when answered (not ERROR)
+    settled: bool = False  # off its queue
+
+
+# Calls the runner answers only when they fail.
+_SILENT_ON_SUCCESS = frozenset({FrameType.ATTACH, FrameType.DETACH})
 
 
 @dataclass(slots=True)
@@ -341,7 +347,7 @@ class RunnerClient:
                 return
             self._tell(message.id, route, lambda s: s.exited(message.code))
         elif isinstance(message, frames.DownloadData):
-            call = self._head(message.id, message)
+            call = self._find(message.id, message)
             if call is None:
                 return
             if call.on_data is None:
@@ -364,7 +370,8 @@ class RunnerClient:
             with contextlib.suppress(Exception):
                 route.sink.lost(f"the sink failed: {error!r}")
 
-    def _head(self, frame_id: int, message: RunnerMessage) -> _Call | None:
+    def _find(self, frame_id: int, message: RunnerMessage) -> _Call | None:
+        """The call `message` answers, or None for a late frame of a forgiven id."""
         queue = self._calls.get(frame_id)
         if not queue:
             if frame_id in self._forgiven:
@@ -377,11 +384,35 @@ class RunnerClient:
                 f"runner protocol error: {type(message).__name__} for id {frame_id}, "
                 "which awaits no answer"
             )
-        return queue[0]
+        if frame_id > MAX_PROCESS_ID:
+            return queue[0]  # a request id has one call at a time
+        # A process id can have several calls in flight, answered out of order (an
+        # INPUT's OK comes once its bytes were written, a RESIZE's at once): the "for"
+        # field, where the runner sends it, names the call's type exactly.
+        want: int | None = FrameType.SPAWN if isinstance(message, frames.Spawned) else None
+        if isinstance(message, frames.Ok | frames.ErrorReply):
+            want = message.answers
+        if want is not None:
+            for call in queue:
+                if call.request == want:
+                    return call
+            raise RunnerProtocolError(
+                f"runner protocol error: {type(message).__name__} for a "
+                f"{FrameType(want).name} of id {frame_id}, which awaits none"
+            )
+        # Without "for": first come, first answered (an OK skips the calls that are
+        # answered only when they fail).
+        if isinstance(message, frames.ErrorReply):
+            return queue[0]
+        kind = _frame_type(message)
+        for call in queue:
+            if kind in call.ends and call.request not in _SILENT_ON_SUCCESS:
+                return call
+        return queue[0]  # reported as the wrong answer by _answer
 
     def _answer(self, message: RunnerMessage) -> None:
         frame_id = message.id
-        call = self._head(frame_id, message)
+        call = self._find(frame_id, message)
         if call is None:
             return
         if not isinstance(message, frames.ErrorReply) and _frame_type(message) not in call.ends:
@@ -389,11 +420,7 @@ class RunnerClient:
                 f"runner protocol error: {type(message).__name__} for id {frame_id}, "
                 f"which awaits {'/'.join(sorted(t.name for t in call.ends))}"
             )
-        queue = self._calls[frame_id]
-        queue.popleft()
-        if not queue:
-            del self._calls[frame_id]
-        self._pending -= 1
+        self._settle(frame_id, call)
         if not isinstance(message, frames.ErrorReply) and call.on_answer is not None:
             call.on_answer()
         if call.future.done():  # its caller gave up
@@ -403,28 +430,45 @@ class RunnerClient:
         else:
             call.future.set_result(message)
 
+    def _settle(self, frame_id: int, call: _Call) -> None:
+        """Take `call` off its id's queue (once)."""
+        if call.settled:
+            return
+        call.settled = True
+        queue = self._calls.get(frame_id)
+        if queue is None:
+            return  # the connection ended: the queues are gone
+        if queue[0] is call:
+            queue.popleft()
+        else:
+            queue.remove(call)
+        if not queue:
+            del self._calls[frame_id]
+        self._pending -= 1
+
     # --- sending ----------------------------------------------------------------------------
 
     def _expect(
         self,
         frame_id: int,
+        request: FrameType,
         *ends: FrameType,
         on_data: Callable[[bytes], None] | None = None,
         on_answer: Callable[[], None] | None = None,
-    ) -> asyncio.Future[RunnerMessage]:
-        """Register a call awaiting an answer on `frame_id` (before its frame is sent,
-        so the answer can never come first). `on_answer` runs when a non-ERROR answer
-        is routed, before any later frame is (a detach stops routing right there)."""
+    ) -> _Call:
+        """Register a call of type `request` awaiting an answer on `frame_id` (before its
+        frame is sent, so the answer can never come first). `on_answer` runs when a
+        non-ERROR answer is routed, before any later frame is (a detach stops routing
+        right there)."""
         self._check_open()
         if self._pending >= MAX_PENDING_CALLS:
             raise RunnerError(f"{MAX_PENDING_CALLS} runner calls already await an answer")
         future: asyncio.Future[RunnerMessage] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)
-        self._calls.setdefault(frame_id, collections.deque()).append(
-            _Call(frozenset(ends), future, on_data, on_answer)
-        )
+        call = _Call(request, frozenset(ends), future, on_data, on_answer)
+        self._calls.setdefault(frame_id, collections.deque()).append(call)
         self._pending += 1
-        return future
+        return call
 
     def _check_open(self) -> None:
         if self._lost is not None:
@@ -470,7 +514,7 @@ class RunnerClient:
         on_answer: Callable[[], None] | None = None,
     ) -> RunnerMessage:
         seconds = self._seconds(timeout)
-        future = self._expect(frame_id, *ends, on_answer=on_answer)
+        future = self._expect(frame_id, FrameType(frame[4]), *ends, on_answer=on_answer).future
 
         async def run() -> RunnerMessage:
             await self._send(frame)
@@ -565,7 +609,7 @@ class RunnerClient:
                 for start in range(0, len(data), chunk):
                     while len(waiting) >= INPUT_WINDOW:
                         await waiting.popleft()
-                    waiting.append(self._expect(process_id, FrameType.OK))
+                    waiting.append(self._expect(process_id, FrameType.INPUT, FrameType.OK).future)
                     await self._send(
                         frames.Input(process_id, bytes(view[start : start + chunk])).encode()
                     )
@@ -600,14 +644,17 @@ class RunnerClient:
         scope: SignalScope = SignalScope.PROCESS,
         *,
         timeout: float | None = None,
-    ) -> None:
+    ) -> bool:
         """Send `signal` to the process, its group, or its whole tree (every descendant,
-        escapees included); returns once delivered."""
+        escapees included); returns once done, whether it reached anyone (False when
+        everything had ended already)."""
         _check_process_id(process_id)
         if not 1 <= signal <= 64:
             raise InvalidArgumentError(f"not a signal number: {signal}")
         frame = frames.Signal(process_id, signal, SignalScope(scope)).encode()
-        await self._call(process_id, frame, (FrameType.OK,), timeout, "signal")
+        reply = await self._call(process_id, frame, (FrameType.OK,), timeout, "signal")
+        assert isinstance(reply, frames.Ok)
+        return reply.body.get("delivered") is not False
 
     async def attach(
         self,
@@ -627,11 +674,11 @@ class RunnerClient:
             if not 0 <= offset <= frames.MAX_OFFSET:
                 raise InvalidArgumentError(f"an output offset is a u64: {offset}")
         frame = frames.Attach(process_id, stdout_offset, stderr_offset).encode()
-        route = _Route(sink, StreamOffsets(stdout_offset, stderr_offset))
+        route = _Route(sink, StreamOffsets(stdout_offset, stderr_offset, first_may_rewind=True))
         self._check_open()
         self._routes[process_id] = route
         try:
-            await self._call(process_id, frame, (FrameType.OK,), timeout, "attach")
+            await self._silent_call(process_id, frame, timeout, "attach")
         except RunnerRequestError:
             if self._routes.get(process_id) is route:
                 del self._routes[process_id]
@@ -639,7 +686,7 @@ class RunnerClient:
 
     async def detach(self, process_id: int, *, timeout: float | None = None) -> None:
         """Stop routing the process's output here (it runs on, and keeps its ring). Output
-        the runner sent before it took the DETACH still reaches the sink."""
+        the runner sent before it took the DETACH still reaches the sink; none after."""
         _check_process_id(process_id)
         frame = frames.Detach(process_id).encode()
         route = self._routes.get(process_id)
@@ -649,10 +696,47 @@ class RunnerClient:
                 del self._routes[process_id]
 
         try:
-            await self._call(process_id, frame, (FrameType.OK,), timeout, "detach", stop)
+            await self._silent_call(process_id, frame, timeout, "detach", stop)
         except RunnerRequestError:
             stop()
             raise
+
+    async def _silent_call(
+        self,
+        process_id: int,
+        frame: bytes,
+        timeout: float | None,
+        what: str,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        """A call the runner answers only when it fails (ATTACH, DETACH). A PING sent
+        right behind it bounds the wait: the runner handles frames in order, so any
+        answer to the call comes before the PONG. `on_done` runs in the reader when
+        the PONG is routed, the call not refused: no frame after it is routed before."""
+        seconds = self._seconds(timeout)
+        call = self._expect(process_id, FrameType(frame[4]), FrameType.OK)
+        rid = self._request_id()
+
+        def settled() -> None:
+            refused = call.future.done() and not call.future.cancelled() and call.future.exception()
+            self._settle(process_id, call)  # no answer came: none will
+            if on_done is not None and not refused:
+                on_done()
+
+        barrier = self._expect(rid, FrameType.PING, FrameType.PONG, on_answer=settled)
+
+        async def run() -> None:
+            await self._send(frame + frames.Ping(rid).encode())
+            await barrier.future
+            if call.future.done():
+                call.future.result()  # raises the runner's ERROR
+
+        try:
+            await self._within(seconds, what, run)
+        finally:
+            for future in (call.future, barrier.future):
+                if not future.done():
+                    future.cancel()
 
     async def forget(self, process_id: int, *, timeout: float | None = None) -> None:
         """Drop an ended process's record in the runner (kind "invalid" or similar while
@@ -701,7 +785,7 @@ class RunnerClient:
         seconds = self._seconds(timeout)
         rid = self._request_id()
         frame = frames.FileRequest(rid, op, args).encode()
-        future = self._expect(rid, FrameType.DOWNLOAD_END, on_data=on_data)
+        future = self._expect(rid, FrameType.FILE, FrameType.DOWNLOAD_END, on_data=on_data).future
 
         async def run() -> None:
             await self._send(frame)
@@ -766,7 +850,7 @@ class RunnerClient:
         seconds = self._seconds(timeout)
         rid = self._request_id()
         frame = frames.FileRequest(rid, op, args).encode()
-        future = self._expect(rid, FrameType.OK)
+        future = self._expect(rid, FrameType.FILE, FrameType.OK).future
         chunk = min(UPLOAD_CHUNK, self._max_payload)
 
         async def send_all(piece: bytes) -> None:

@@ -792,7 +792,8 @@ class ProcessInfo:
     """One record of a LISTED answer."""
 
     id: int
-    pid: int
+    pid: int | None
+    """None while the process is still starting."""
     argv: tuple[str, ...]
     tty: bool
     running: bool
@@ -820,10 +821,12 @@ class Listed:
 
     id: int
     processes: tuple[ProcessInfo, ...]
+    truncated: bool = False
+    """The runner left records out to fit one frame."""
 
     def encode(self) -> bytes:
         """The frame's bytes."""
-        body = {"processes": [p.as_json() for p in self.processes]}
+        body = {"processes": [p.as_json() for p in self.processes], "truncated": self.truncated}
         return encode_frame(FrameType.LISTED, self.id, dump_json(body))
 
 
@@ -841,14 +844,17 @@ class Pong:
 
 @dataclass(frozen=True, slots=True)
 class Ok:
-    """OK: the call succeeded; `body` is its JSON answer (often empty)."""
+    """OK: the call succeeded; `body` is its JSON answer (often empty). `answers` is
+    the frame type of the call it answers, when the runner says (its "for" field)."""
 
     id: int
     body: JsonObject = field(default_factory=dict)
+    answers: int | None = None
 
     def encode(self) -> bytes:
         """The frame's bytes."""
-        return encode_frame(FrameType.OK, self.id, dump_json(self.body))
+        body = self.body if self.answers is None else {**self.body, "for": self.answers}
+        return encode_frame(FrameType.OK, self.id, dump_json(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -881,10 +887,14 @@ class ErrorReply:
     id: int
     kind: str
     message: str
+    answers: int | None = None
+    """The frame type of the call it answers, when the runner says ("for")."""
 
     def encode(self) -> bytes:
         """The frame's bytes."""
-        body = {"kind": self.kind, "message": self.message}
+        body: JsonObject = {"kind": self.kind, "message": self.message}
+        if self.answers is not None:
+            body["for"] = self.answers
         return encode_frame(FrameType.ERROR, self.id, dump_json(body))
 
 
@@ -908,7 +918,7 @@ def _decode_process(value: object) -> ProcessInfo:
     obj = _object(value, what)
     return ProcessInfo(
         id=_int(obj, "id", what, 0, MAX_ID),
-        pid=_int(obj, "pid", what, 0, MAX_PID),
+        pid=_opt_int(obj, "pid", what, 1, MAX_PID),
         argv=_str_list(obj, "argv", what, MAX_ARGV),
         tty=_bool(obj, "tty", what),
         running=_bool(obj, "running", what),
@@ -916,6 +926,16 @@ def _decode_process(value: object) -> ProcessInfo:
         stdout_end=_int(obj, "stdout_end", what, 0, MAX_OFFSET),
         stderr_end=_int(obj, "stderr_end", what, 0, MAX_OFFSET),
     )
+
+
+def _answers(body: JsonObject, what: str) -> int | None:
+    """The "for" field of an OK or ERROR (popped from `body`): the call's frame type."""
+    if "for" not in body:
+        return None
+    value = body.pop("for")
+    if not isinstance(value, int) or isinstance(value, bool) or value not in CLIENT_TYPES:
+        raise _protocol(f"{what}: field 'for' is not a client frame type")
+    return value
 
 
 def decode_from_runner(frame: Frame) -> RunnerMessage:
@@ -928,7 +948,8 @@ def decode_from_runner(frame: Frame) -> RunnerMessage:
         stream, offset = _OUTPUT_HEAD.unpack_from(payload)
         return Output(fid, _stream(stream, name), offset, payload[_OUTPUT_HEAD.size :])
     if kind == FrameType.OK:
-        return Ok(fid, load_json_object(payload, what=name) if payload else {})
+        body = load_json_object(payload, what=name) if payload else {}
+        return Ok(fid, body, _answers(body, name))
     if kind == FrameType.DOWNLOAD_DATA:
         return DownloadData(fid, payload)
     if kind == FrameType.DOWNLOAD_END:
@@ -948,7 +969,10 @@ def decode_from_runner(frame: Frame) -> RunnerMessage:
     if kind == FrameType.ERROR:
         body = load_json_object(payload, max_bytes=MAX_SMALL_JSON, what=name)
         return ErrorReply(
-            fid, _str(body, "kind", name, MAX_WORD), _str(body, "message", name, MAX_ERROR_MESSAGE)
+            fid,
+            _str(body, "kind", name, MAX_WORD),
+            _str(body, "message", name, MAX_ERROR_MESSAGE),
+            _answers(body, name),
         )
     if kind == FrameType.PONG:
         if len(payload) > MAX_PING:
@@ -957,7 +981,10 @@ def decode_from_runner(frame: Frame) -> RunnerMessage:
     if kind == FrameType.LISTED:
         body = load_json_object(payload, what=name)
         items = _list(body, "processes", name, MAX_PROCESSES)
-        return Listed(fid, tuple(_decode_process(p) for p in items))
+        truncated = body.get("truncated", False)
+        if not isinstance(truncated, bool):
+            raise _protocol(f"{name}: field 'truncated' is not a boolean")
+        return Listed(fid, tuple(_decode_process(p) for p in items), truncated)
     if kind == FrameType.HELLO_OK:
         body = load_json_object(payload, max_bytes=MAX_SMALL_JSON, what=name)
         return HelloOk(
@@ -1036,10 +1063,13 @@ class StreamOffsets:
     (bytes seen twice) or jumps ahead without a GAP (bytes lost unsaid) is a protocol
     error."""
 
-    __slots__ = ("_next",)
+    __slots__ = ("_next", "_rewind")
 
-    def __init__(self, stdout: int = 0, stderr: int = 0) -> None:
+    def __init__(self, stdout: int = 0, stderr: int = 0, *, first_may_rewind: bool = False) -> None:
         self._next = {Stream.STDOUT: stdout, Stream.STDERR: stderr}
+        # An ATTACH past a stream's end starts at its end (the runner's stream is
+        # shorter than the offset asked for): the first chunk may then start earlier.
+        self._rewind = {Stream.STDOUT, Stream.STDERR} if first_may_rewind else set()
 
     def next(self, stream: Stream) -> int:
         """The offset the next chunk of `stream` must start at."""
@@ -1048,6 +1078,10 @@ class StreamOffsets:
     def output(self, stream: Stream, offset: int, size: int) -> None:
         """Account for an OUTPUT chunk, or raise `RunnerProtocolError`."""
         expected = self._next[stream]
+        if stream in self._rewind:
+            self._rewind.discard(stream)
+            if offset < expected:
+                expected = offset
         if offset != expected:
             way = "goes back" if offset < expected else "jumps ahead without a GAP"
             raise _protocol(f"OUTPUT of {stream.name} at {offset} {way} (expected {expected})")
@@ -1058,6 +1092,7 @@ class StreamOffsets:
     def gap(self, stream: Stream, start: int, end: int) -> None:
         """Account for a GAP, or raise `RunnerProtocolError`."""
         expected = self._next[stream]
+        self._rewind.discard(stream)
         if start != expected:
             raise _protocol(f"GAP of {stream.name} from {start}, expected {expected}")
         self._next[stream] = end
