@@ -57,6 +57,6 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
 BACKEND = conformance.Backend(
     name="modal",
     session=conformance.fixture_session(environment),
-    capabilities={"files", "signals"},  # Modal cannot resize a terminal
+    capabilities={"files", "open_stdin", "signals"},  # Modal cannot resize a terminal
     skip_reason=skip_reason,
 )

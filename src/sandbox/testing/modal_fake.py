@@ -58,8 +58,11 @@ file call in a terminated sandbox: `ConflictError`; `filesystem.*` with a relati
 With `pty=True` the fake, like the SDK (`modal._output.pty.get_pty_info`), gives the
 process the client's `TERM` (from `os.environ`) unless `env` names one.
 
-Known differences from the real service: a pipe process's stdin is /dev/null (only
-`write_eof()` is accepted: the backend closes it at start anyway); a finished process
+A pipe process's stdin is a real pipe, as Modal's: `drain()` writes what `write()`
+buffered, and after `write_eof()` the process reads end-of-file (a `write()` then raises
+`ValueError("Stdin is closed. Cannot write to it.")`, the SDK's words).
+
+Known differences from the real service: a finished process
 keeps its local fds until the sandbox is terminated; the sandbox lifetime `timeout` is
 not enforced.
 """
@@ -918,6 +921,8 @@ class FakeContainerProcess:
                 tty=self._pty,
                 env=env,
                 cwd=cwd,
+                # As Modal's: a pipe process's stdin stays open until `write_eof()`.
+                stdin=not self._pty,
                 on_stdout=self._stdout._push,
                 on_stderr=None if self._pty else self._stderr._push,
                 on_exit=self._on_exit,
@@ -1025,6 +1030,7 @@ class FakeStreamWriter:
         self._process = process
         self._buffer = bytearray()
         self._closed = False
+        self._eof_sent = False
 
     def __repr__(self) -> str:
         return f"<FakeStreamWriter closed={self._closed}>"
@@ -1051,18 +1057,19 @@ class FakeStreamWriter:
         process = self._process
         await process._fake._check("write", process.argv)
         data = bytes(self._buffer)
-        if not data:
+        eof = self._closed and not process._pty and not self._eof_sent
+        if not data and not eof:
             return
-        if not process._pty:
-            raise NotImplementedError(
-                "the Modal fake runs pipe processes with stdin at /dev/null: only "
-                "write_eof() is supported for them"
-            )
         local = process._local
-        if local is not None and not local.exited:
-            with contextlib.suppress(Exception):  # a closing terminal swallows input
+        if data and local is not None and not local.exited:
+            with contextlib.suppress(Exception):  # a closing terminal or pipe swallows input
                 await local.write(data)
         self._buffer.clear()
+        if eof:
+            # The EOF goes after the bytes drained with it (SandboxStdinWrite's `eof`).
+            self._eof_sent = True
+            if local is not None:
+                local.close_stdin()
 
 
 __all__ = [

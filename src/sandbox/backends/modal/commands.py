@@ -88,9 +88,11 @@ class Commands:
         server_timeout: int | None = None,
         check: CommandCheck | None = None,
         announce: bool = False,
+        keep_stdin: bool = False,
     ) -> Any:
         """Exec `spec` (`command.process` is set as soon as the exec answers); a pipe
-        command then gets its stdin closed. Behind a `check` the exec starts in
+        command then gets its stdin closed, unless `keep_stdin` (`stdin=True`: the
+        session's `_close_stdin` ends it later). Behind a `check` the exec starts in
         `workdir` and the check enters `cwd`."""
         sandbox = self.require_sandbox()
         tty = command.tty
@@ -111,7 +113,7 @@ class Commands:
             workdir=self.cwd(spec.cwd) if check is None else self.workdir,
             env=env,
         )
-        if not tty:
+        if not tty and not keep_stdin:
             process.stdin.write_eof()
             await self.errors.call("close the command's stdin", process.stdin.drain.aio)
         return process

@@ -393,6 +393,7 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
             cols=spec.cols,
             check=check,
             announce=True,
+            keep_stdin=spec.stdin,
         )
         start_tasks(
             entry,
@@ -406,7 +407,8 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
             await wait_for_verdict(entry, trap, check)
 
     async def _write_stdin(self, entry: PtyEntry[Command], data: bytes) -> None:
-        """Write to the terminal through the SDK's stdin writer, in bounded chunks."""
+        """Write to the terminal (or a pipe process's open stdin) through the SDK's
+        stdin writer, in bounded chunks."""
         command = entry.require_handle()
         # One writer at a time: the SDK's writer keeps one buffer and one stream offset,
         # and an interrupt (`\x03`) may arrive while a write is draining.
@@ -414,6 +416,13 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
             for start in range(0, len(data), WRITE_CHUNK):
                 chunk = data[start : start + WRITE_CHUNK]
                 await self._errors.call("write to the process", _send, command.process, chunk)
+
+    async def _close_stdin(self, entry: PtyEntry[Command]) -> None:
+        """The SDK's `write_eof()`, flushed by `drain()`: the EOF travels after every
+        byte written before (one writer at a time, as for writes)."""
+        command = entry.require_handle()
+        async with command.write_lock:
+            await self._errors.call("close the command's stdin", _send_eof, command.process)
 
     async def _interrupt(self, entry: PtyEntry[Command]) -> None:
         """`\\x03` on a terminal; SIGINT to a pipe process's group by the toolkit's
@@ -502,4 +511,9 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
 
 async def _send(process: Any, chunk: bytes) -> None:
     process.stdin.write(chunk)
+    await process.stdin.drain.aio()
+
+
+async def _send_eof(process: Any) -> None:
+    process.stdin.write_eof()
     await process.stdin.drain.aio()
