@@ -63,12 +63,12 @@ fn io_failure(path: &Path, e: &io::Error) -> Failure {
     (k, format!("{}: {e}", path.display()))
 }
 
-fn send_error(out: &mut Vec<u8>, id: u32, (k, message): Failure) {
-    frames::encode_into(out, proto::ERROR, id, &proto::error_payload(k, &message));
+fn send_error(out: &mut Vec<u8>, id: u32, answers: u8, (k, message): Failure) {
+    frames::encode_into(out, proto::ERROR, id, &proto::error_payload(k, &message, answers));
 }
 
-fn send_ok(out: &mut Vec<u8>, id: u32, value: Value) {
-    frames::encode_into(out, proto::OK, id, &serde_json::to_vec(&value).unwrap_or_default());
+fn send_ok(out: &mut Vec<u8>, id: u32, answers: u8, value: Value) {
+    frames::encode_into(out, proto::OK, id, &proto::ok_payload(value, answers));
 }
 
 fn str_field<'a>(req: &'a Value, name: &str) -> Result<&'a str, Failure> {
@@ -101,7 +101,7 @@ pub fn op(files: &mut ConnFiles, id: u32, payload: &[u8], out: &mut Vec<u8>) {
         .map_err(|e| (kind::INVALID, format!("bad FILE payload: {e}")))
         .and_then(|req| dispatch(files, id, &req));
     match result {
-        Ok(Some(value)) => send_ok(out, id, value),
+        Ok(Some(value)) => send_ok(out, id, proto::FILE, value),
         Ok(None) => {}
         Err(f) => {
             // An upload refused at its start: its DATA and END are dropped quietly.
@@ -110,7 +110,7 @@ pub fn op(files: &mut ConnFiles, id: u32, payload: &[u8], out: &mut Vec<u8>) {
             {
                 remember_refused(files, id);
             }
-            send_error(out, id, f)
+            send_error(out, id, proto::FILE, f)
         }
     }
 }
@@ -188,7 +188,7 @@ pub fn pump(files: &mut ConnFiles, out: &mut Vec<u8>) -> bool {
         Err(e) => {
             let id = d.id;
             files.downloads.pop_front();
-            send_error(out, id, (kind::IO, format!("read failed: {e}")));
+            send_error(out, id, proto::FILE, (kind::IO, format!("read failed: {e}")));
         }
     }
     true
@@ -244,7 +244,7 @@ fn start_upload(
 pub fn data(files: &mut ConnFiles, id: u32, payload: &[u8], out: &mut Vec<u8>) {
     let Some(up) = files.uploads.get_mut(&id) else {
         if !files.refused.contains(&id) {
-            send_error(out, id, (kind::NOT_FOUND, format!("no upload with id {id}")));
+            send_error(out, id, proto::DATA, (kind::NOT_FOUND, format!("no upload with id {id}")));
             remember_refused(files, id);
         }
         return;
@@ -253,7 +253,7 @@ pub fn data(files: &mut ConnFiles, id: u32, payload: &[u8], out: &mut Vec<u8>) {
         let up = files.uploads.remove(&id).unwrap();
         let _ = fs::remove_file(&up.tmp);
         remember_refused(files, id);
-        send_error(out, id, io_failure(&up.dest, &e));
+        send_error(out, id, proto::DATA, io_failure(&up.dest, &e));
     }
 }
 
@@ -263,7 +263,7 @@ pub fn end(files: &mut ConnFiles, id: u32, out: &mut Vec<u8>) {
         if let Some(i) = files.refused.iter().position(|&r| r == id) {
             files.refused.remove(i);
         } else {
-            send_error(out, id, (kind::NOT_FOUND, format!("no upload with id {id}")));
+            send_error(out, id, proto::END, (kind::NOT_FOUND, format!("no upload with id {id}")));
         }
         return;
     };
@@ -272,10 +272,10 @@ pub fn end(files: &mut ConnFiles, id: u32, out: &mut Vec<u8>) {
         .set_permissions(fs::Permissions::from_mode(up.mode))
         .and_then(|_| fs::rename(&up.tmp, &up.dest));
     match done {
-        Ok(()) => send_ok(out, id, json!({})),
+        Ok(()) => send_ok(out, id, proto::END, json!({})),
         Err(e) => {
             let _ = fs::remove_file(&up.tmp);
-            send_error(out, id, io_failure(&up.dest, &e));
+            send_error(out, id, proto::END, io_failure(&up.dest, &e));
         }
     }
 }
@@ -405,7 +405,7 @@ mod tests {
         data(&mut files, 1, b"hello ", &mut out);
         data(&mut files, 1, b"world", &mut out);
         end(&mut files, 1, &mut out);
-        assert_eq!(frames_of(&out), vec![(proto::OK, 1, b"{}".to_vec())]);
+        assert_eq!(frames_of(&out), vec![(proto::OK, 1, br#"{"for":18}"#.to_vec())]);
         assert_eq!(fs::read(&target).unwrap(), b"hello world");
         assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, 0o600);
         let got = req(&mut files, 2, json!({"op": "read", "path": target, "max_bytes": 100}));

@@ -154,9 +154,26 @@ impl Spawn {
     }
 }
 
-/// An ERROR payload.
-pub fn error_payload(kind: &str, message: &str) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({"kind": kind, "message": message})).unwrap_or_default()
+/// Whether `t` is a frame type a client sends (what a reply's "for" may name).
+pub fn is_client_type(t: u8) -> bool {
+    matches!(t, HELLO..=PING | FILE..=END)
+}
+
+/// An ERROR payload; `answers` is the type of the frame it answers ("for"), 0 for none.
+pub fn error_payload(kind: &str, message: &str, answers: u8) -> Vec<u8> {
+    let mut v = serde_json::json!({"kind": kind, "message": message});
+    if is_client_type(answers) {
+        v["for"] = answers.into();
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// An OK payload: `body` (a JSON object) plus "for", the type of the frame it answers.
+pub fn ok_payload(mut body: serde_json::Value, answers: u8) -> Vec<u8> {
+    if is_client_type(answers) {
+        body["for"] = answers.into();
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// A big-endian u64 at `at`, if the payload is long enough.
@@ -209,6 +226,17 @@ mod tests {
         ] {
             assert!(Spawn::parse(bad).is_err(), "accepted {}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn replies_name_the_call() {
+        let e: serde_json::Value = serde_json::from_slice(&error_payload("io", "m", INPUT)).unwrap();
+        assert_eq!(e, serde_json::json!({"kind": "io", "message": "m", "for": 3}));
+        let e: serde_json::Value = serde_json::from_slice(&error_payload("protocol", "m", 0x77)).unwrap();
+        assert!(e.get("for").is_none());
+        let o: serde_json::Value = serde_json::from_slice(&ok_payload(serde_json::json!({}), FILE)).unwrap();
+        assert_eq!(o, serde_json::json!({"for": 16}));
+        assert!(is_client_type(END) && is_client_type(HELLO) && !is_client_type(0x0C) && !is_client_type(OK));
     }
 
     #[test]

@@ -97,6 +97,8 @@ struct Conn {
     attach: BTreeMap<u32, Attach>,
     pending_input: usize,
     files: ConnFiles,
+    /// The type of the frame being handled (what immediate replies name in "for").
+    answering: u8,
 }
 
 impl Conn {
@@ -113,8 +115,24 @@ impl Conn {
         self.send(kind, id, &body);
     }
 
+    /// ERROR answering the frame being handled.
     fn error(&mut self, id: u32, kind: &str, message: &str) {
-        self.send(proto::ERROR, id, &proto::error_payload(kind, message));
+        self.error_for(id, self.answering, kind, message);
+    }
+
+    /// ERROR answering a frame of type `answers` (for replies sent later).
+    fn error_for(&mut self, id: u32, answers: u8, kind: &str, message: &str) {
+        self.send(proto::ERROR, id, &proto::error_payload(kind, message, answers));
+    }
+
+    /// OK answering the frame being handled.
+    fn ok(&mut self, id: u32, body: serde_json::Value) {
+        self.ok_for(id, self.answering, body);
+    }
+
+    /// OK answering a frame of type `answers`.
+    fn ok_for(&mut self, id: u32, answers: u8, body: serde_json::Value) {
+        self.send(proto::OK, id, &proto::ok_payload(body, answers));
     }
 
     fn wants_input(&self) -> bool {
@@ -374,14 +392,15 @@ impl Server {
             if let Some((conn, req)) = p.spawn_reply.take() {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.attach.remove(&id);
-                    c.error(req, kind, message);
+                    c.error_for(req, proto::SPAWN, kind, message);
                 }
             }
             // INPUT or CLOSE_STDIN sent right behind the SPAWN: the process never ran.
-            let waiting = p.stdin_queue.drain(..).map(|i| (i.conn, i.id)).chain(p.close_replies.drain(..));
-            for (conn, req) in waiting.collect::<Vec<_>>() {
+            let inputs = p.stdin_queue.drain(..).map(|i| (i.conn, i.id, proto::INPUT));
+            let closes = p.close_replies.drain(..).map(|(conn, id)| (conn, id, proto::CLOSE_STDIN));
+            for (conn, req, answers) in inputs.chain(closes).collect::<Vec<_>>() {
                 if let Some(c) = self.conns.get_mut(&conn) {
-                    c.error(req, kind::NOT_FOUND, "the process did not start");
+                    c.error_for(req, answers, kind::NOT_FOUND, "the process did not start");
                 }
             }
         }
@@ -447,14 +466,14 @@ impl Server {
         for (conn, req, err) in done {
             if let Some(c) = self.conns.get_mut(&conn) {
                 match err {
-                    None => c.send(proto::OK, req, b"{}"),
-                    Some(m) => c.error(req, kind::IO, &m),
+                    None => c.ok_for(req, proto::INPUT, json!({})),
+                    Some(m) => c.error_for(req, proto::INPUT, kind::IO, &m),
                 }
             }
         }
         for (conn, req) in closed {
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.send(proto::OK, req, b"{}");
+                c.ok_for(req, proto::CLOSE_STDIN, json!({}));
             }
         }
         self.recount_pending_input();
@@ -476,7 +495,7 @@ impl Server {
     /// Marks processes ended once reaped and drained (or the grace passed).
     fn finish_processes(&mut self) {
         let now = Instant::now();
-        let mut failed: Vec<(u64, u32)> = Vec::new();
+        let mut failed: Vec<(u64, u32, u8)> = Vec::new();
         let held: Vec<u32> = self
             .procs
             .iter()
@@ -494,13 +513,13 @@ impl Server {
                 p.out = [None, None];
                 p.stdin = None;
                 p.ended = true;
-                failed.extend(p.stdin_queue.drain(..).map(|i| (i.conn, i.id)));
-                failed.append(&mut p.close_replies);
+                failed.extend(p.stdin_queue.drain(..).map(|i| (i.conn, i.id, proto::INPUT)));
+                failed.extend(p.close_replies.drain(..).map(|(conn, id)| (conn, id, proto::CLOSE_STDIN)));
             }
         }
-        for (conn, req) in failed {
+        for (conn, req, answers) in failed {
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.error(req, kind::IO, "the process has ended");
+                c.error_for(req, answers, kind::IO, "the process has ended");
             }
         }
     }
@@ -537,6 +556,7 @@ impl Server {
                     attach: BTreeMap::new(),
                     pending_input: 0,
                     files: ConnFiles::default(),
+                    answering: 0,
                 },
             );
         }
@@ -581,6 +601,7 @@ impl Server {
     fn on_frame(&mut self, cid: u64, frame: frames::Frame) {
         let frames::Frame { kind: t, id, payload } = frame;
         let Some(c) = self.conns.get_mut(&cid) else { return };
+        c.answering = t;
         if !c.hello {
             if t != proto::HELLO {
                 c.error(id, kind::PROTOCOL, "the first frame must be HELLO");
@@ -713,7 +734,7 @@ impl Server {
             );
         }
         if p.stdin.is_none() {
-            return c.send(proto::OK, id, b"{}");
+            return c.ok(id, json!({}));
         }
         p.close_replies.push((cid, id));
         self.write_stdin(id);
@@ -738,7 +759,7 @@ impl Server {
                 return c.error(id, kind::IO, &format!("cannot resize: {e}"));
             }
         }
-        c.send(proto::OK, id, b"{}");
+        c.ok(id, json!({}));
     }
 
     fn signal(&mut self, cid: u64, id: u32, payload: &[u8]) {
@@ -759,7 +780,7 @@ impl Server {
             (2, _) if p.keeper_alive => process::signal_tree(p.keeper, sig) > 0,
             _ => false,
         };
-        c.send_json(proto::OK, id, json!({"delivered": delivered}));
+        c.ok(id, json!({"delivered": delivered}));
     }
 
     fn attach(&mut self, cid: u64, id: u32, payload: &[u8]) {
@@ -809,7 +830,7 @@ impl Server {
         for c in self.conns.values_mut() {
             c.attach.remove(&id);
         }
-        self.conns.get_mut(&cid).unwrap().send(proto::OK, id, b"{}");
+        self.conns.get_mut(&cid).unwrap().ok(id, json!({}));
     }
 
     /// Moves stream data and downloads into every connection with room, writes, and
@@ -852,10 +873,11 @@ impl Server {
 /// How many bytes of a stream may be read now without dropping any an attached
 /// connection has not received (unbounded without backpressure: the ring drops).
 fn room(conns: &BTreeMap<u64, Conn>, id: u32, p: &Proc, s: usize) -> usize {
-    if !p.backpressure {
+    let ring = &p.rings[s];
+    // A ring of 0 bytes keeps nothing to protect.
+    if !p.backpressure || ring.capacity() == 0 {
         return usize::MAX;
     }
-    let ring = &p.rings[s];
     let lag =
         conns.values().filter_map(|c| c.attach.get(&id)).map(|a| ring.end() - a.next[s]).max().unwrap_or(0);
     ring.capacity().saturating_sub(lag as usize)
