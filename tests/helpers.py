@@ -7,9 +7,6 @@ these names are the short spellings the tests use.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import sandbox
@@ -20,7 +17,6 @@ from sandbox.testing.faults import Gate, park_calls
 __all__ = [
     "DeadlineCount",
     "HookGate",
-    "SlowCompiler",
     "children_of_me",
     "describe_pids",
     "eventually",
@@ -94,28 +90,3 @@ class DeadlineCount:
             del self._session._final_drain
         else:
             self._session._final_drain = self._previous  # type: ignore[method-assign]
-
-
-@dataclass(frozen=True)
-class SlowCompiler:
-    """A stand-in C compiler (`CC=str(path)`) that marks `started` when a build begins,
-    then waits until `release()` and fails: a gate on the build of a native part."""
-
-    path: Path
-    started: Path
-    fifo: Path
-
-    @classmethod
-    def make(cls, folder: Path) -> SlowCompiler:
-        """The script and its gate files, in `folder`."""
-        started, fifo, path = folder / "started", folder / "release", folder / "slow-cc"
-        os.mkfifo(fifo)
-        path.write_text(f"#!/bin/sh\n: > {started}\nread x < {fifo}\nexit 1\n")
-        path.chmod(0o700)
-        return cls(path, started, fifo)
-
-    def release(self) -> None:
-        """Let the waiting build go on (and fail)."""
-        fd = os.open(self.fifo, os.O_WRONLY)
-        os.write(fd, b"go\n")
-        os.close(fd)

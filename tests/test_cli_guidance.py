@@ -5,6 +5,7 @@ why not, a fork the process limit refused gets a note, and `--help` speaks to us
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -152,12 +153,18 @@ def _unix_local_notes(env: dict[str, str] | None = None) -> str:
     return next(line for line in out.stdout.splitlines() if line.startswith("unix_local"))
 
 
-def test_backends_says_when_the_native_start_helper_is_not_in_use() -> None:
-    notes = _unix_local_notes(dict(os.environ, SANDBOX_SPAWN_HELPER="0"))
+def test_backends_says_whether_the_native_extension_is_in_use() -> None:
+    notes = _unix_local_notes(dict(os.environ, SANDBOX_NO_EXTENSIONS="1"))
     assert (
-        "native start helper: not in use (SANDBOX_SPAWN_HELPER=0): "
-        "PTY starts take the slower pure-Python path"
+        "native extension (clone3 start helper): not in use (SANDBOX_NO_EXTENSIONS is set): "
+        "processes start through the slower Popen path"
     ) in notes
+    env = {key: value for key, value in os.environ.items() if key != "SANDBOX_NO_EXTENSIONS"}
+    notes = _unix_local_notes(env)
+    if importlib.util.find_spec("sandbox._native._spawn") is not None:
+        assert "native extension (clone3 start helper): in use" in notes
+    else:
+        assert "not in use (not built at install time" in notes
 
 
 async def test_backends_reports_the_limits_a_session_really_gets(tmp_path: Path) -> None:

@@ -323,7 +323,8 @@ async def test_a_session_keeps_a_bounded_number_of_events_files(tmp_path: Path) 
         updates = await asyncio.gather(
             *(s.pty_exec_start(f"echo r; exec sleep {marker}", until="r") for _ in range(count))
         )
-        assert len(host_pids_with_arg(marker)) == count
+        # After "r" a shell may not have exec'd its `sleep` yet (slower on the Popen path).
+        assert await eventually(lambda: len(host_pids_with_arg(marker)) == count)
         assert all(u.process_id is not None for u in updates)
         await s.pty_terminate_all()
         cgroup = s._cgroup

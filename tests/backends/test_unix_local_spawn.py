@@ -1,17 +1,16 @@
 """How unix_local starts a process: the clone3 helper and the `Popen` fallback.
 
-Each behaviour test runs on both start paths (the `path` fixture): the helper compiled
-at first use (`sandbox.local.spawn_helper`) and `Popen` (what runs without a
-compiler). The helper tests build it in a private temporary cache directory.
+Each behaviour test runs on both start paths (the `path` fixture): the helper (the C
+extension `sandbox._native._spawn` built at install time, `sandbox.local.spawn_helper`)
+and `Popen` (what runs where it was not built, or with `SANDBOX_NO_EXTENSIONS=1`).
+Which one a process selects is tests/test_native.py's subject.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,25 +18,22 @@ import pytest
 
 import sandbox
 from sandbox.backends.unix_local import UnixLocalSession
-from sandbox.local import cgroups
 from sandbox.local import spawn_helper as sh
-from tests.helpers import SlowCompiler, children_of_me, eventually, open_fds
+from tests.helpers import children_of_me, open_fds
 
-HELPER = sh.prepare()
+HELPER = sh.loaded()  # None where it was not built, or with SANDBOX_NO_EXTENSIONS=1
 SKIP_HELPER = None if HELPER is not None else f"no spawn helper here: {sh.reason()}"
 
 
 @contextlib.contextmanager
 def _helper_state(helper: sh.Helper | None, why: str = "") -> Iterator[None]:
     """Run with the helper on (`helper`) or off, and put the process's own back."""
-    with sh._PART.lock:
-        saved = (sh._PART.tried, sh._PART.value, sh._PART.why)
-        sh._PART.tried, sh._PART.value, sh._PART.why = True, helper, why
+    saved = (sh._helper, sh._why)
+    sh._helper, sh._why = helper, why
     try:
         yield
     finally:
-        with sh._PART.lock:
-            sh._PART.tried, sh._PART.value, sh._PART.why = saved
+        sh._helper, sh._why = saved
 
 
 @pytest.fixture(params=["helper", "popen"])
@@ -181,86 +177,6 @@ def test_bad_strings_are_refused_before_the_start() -> None:
         HELPER.spawn(["echo", "a\0b"], env=env, cwd=None, fds=(-1, 1, 2), tty=False)
     with pytest.raises(ValueError, match="variable name"):
         HELPER.spawn(["true"], env={"A=B": "1"}, cwd=None, fds=(-1, 1, 2), tty=False)
-
-
-@pytest.fixture
-def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A helper state that has not been prepared, building into an empty cache."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(sh.CACHE_VARIABLE, str(cache))
-    with _helper_state(None, "not built yet"):
-        sh._PART.tried = False
-        yield cache
-
-
-@pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
-def test_the_helper_is_built_once_into_a_private_cache(fresh_build: Path) -> None:
-    assert sh.prepare() is not None, sh.reason()
-    libraries = list(fresh_build.glob("spawn-*.so"))
-    assert len(libraries) == 1
-    assert stat.S_IMODE(fresh_build.stat().st_mode) == 0o700
-    assert not stat.S_IMODE(libraries[0].stat().st_mode) & 0o022
-    assert [p.name for p in fresh_build.iterdir()] == [libraries[0].name], "no build leftovers"
-
-
-def test_a_cache_others_can_write_is_not_used(fresh_build: Path) -> None:
-    fresh_build.mkdir(mode=0o700)
-    fresh_build.chmod(0o777)
-    assert sh.prepare() is None
-    assert "not a private directory" in sh.reason()
-    assert list(fresh_build.iterdir()) == [], "nothing was built there"
-
-
-async def test_without_a_compiler_sessions_start_the_popen_way(
-    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    async with UnixLocalSession(workspace=tmp_path / "ws") as s:
-        assert sh.loaded() is None
-        assert "no-such-cc" in sh.reason()
-        update = await s.pty_exec_start("tty", tty=True, yield_time_s=5)
-        assert update.exit_code == 0 and "/dev/pts/" in update.output
-
-
-def test_the_helper_can_be_switched_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(sh.DISABLE_VARIABLE, "0")
-    assert sh.prepare() is None
-    assert sh.DISABLE_VARIABLE in sh.reason()
-
-
-async def test_a_start_cancelled_while_the_helper_builds_leaves_nothing(
-    fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    compiler = SlowCompiler.make(tmp_path)
-    monkeypatch.setenv("CC", str(compiler.path))
-    workspace = tmp_path / "ws"
-    before = set(os.listdir(cgroups.own_v2_directory())) if _v2() else set()
-    session = UnixLocalSession(workspace=workspace)
-    task = asyncio.create_task(session.start())
-    # The gate: the build is under way and the start waits on it.
-    assert await eventually(compiler.started.exists, timeout=30)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert not workspace.exists(), "the start made nothing before the build"
-    if _v2():
-        assert set(os.listdir(cgroups.own_v2_directory())) == before
-    # The build thread ends once the compiler does; the helper is then off.
-    compiler.release()
-    for _ in range(500):
-        if sh.tried() and not sh._PART.lock.locked() and sh.reason() != "not built yet":
-            break
-        await asyncio.sleep(0.01)
-    assert sh.loaded() is None and "failed" in sh.reason()
-    await session.aclose()
-
-
-def _v2() -> bool:
-    try:
-        cgroups.own_v2_directory()
-    except cgroups.CgroupUnavailable:
-        return False
-    return True
 
 
 async def test_each_start_sees_the_host_environment_of_its_moment(

@@ -3,13 +3,14 @@
 The tree is copied first (its tracked files only: what a fresh clone builds), so the
 build's scratch folders never meet the work tree. The wheel is installed into a new venv
 with its dependencies from the package index, then used from outside the tree: the
-`sandbox` command, a unix_local `exec`, and the two native parts, whose C sources ship
-inside their modules (`sandbox.local.spawn_helper`, `sandbox.output.ascii_text`) and are
-built at first use from the installed copy.
+`sandbox` command, a unix_local `exec`, and the optional C extension
+(`sandbox._native._spawn`): its source ships in the sdist, the wheel carries it built,
+and the installed copy uses it (where this machine builds it: a C compiler).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -24,20 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.local import spawn_helper
-from sandbox.output import ascii_text
 from tests.conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 _PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 NAME = f"{_PROJECT['name'].replace('-', '_')}-{_PROJECT['version']}"
+# Whether the extension was built in this tree's install (then the wheel's build can too).
+BUILT_HERE = importlib.util.find_spec("sandbox._native._spawn") is not None
 
 # Run by the fresh venv's interpreter, from a folder outside the tree.
 SMOKE = """
 import asyncio, json, sys
 import sandbox
 from sandbox.local import spawn_helper
-from sandbox.output import ascii_text
 
 async def main():
     async with sandbox.open_session("unix_local") as session:
@@ -48,8 +48,7 @@ print(json.dumps({
     "file": sandbox.__file__,
     "stdout": result.stdout.decode(),
     "exit_code": result.exit_code,
-    "spawn_helper": (spawn_helper.prepare(None), spawn_helper.reason())[1],
-    "ascii_text": (ascii_text.prepare(None), ascii_text.reason())[1],
+    "spawn_helper": spawn_helper.reason(),
 }))
 """
 
@@ -78,7 +77,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith("PYTHON") and key != "VIRTUAL_ENV"
+        if not key.startswith("PYTHON") and key not in ("VIRTUAL_ENV", "SANDBOX_NO_EXTENSIONS")
     }
     env.update(extra)
     return env
@@ -103,14 +102,13 @@ def test_the_built_sdist_and_wheel_install_and_run_in_a_fresh_venv(tmp_path: Pat
         env=_clean_env(),
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    assert sorted(p.name for p in dist.iterdir()) == [
-        f"{NAME}-py3-none-any.whl",
-        f"{NAME}.tar.gz",
-    ]
+    # A wheel with an extension module is tagged for this interpreter and platform.
+    wheels = [p for p in dist.iterdir() if p.name.endswith(".whl")]
+    assert len(wheels) == 1 and wheels[0].name.startswith(f"{NAME}-cp3"), wheels
+    assert sorted(p.name for p in dist.iterdir()) == sorted([wheels[0].name, f"{NAME}.tar.gz"])
 
     package_sources = {n for n in tracked if n.startswith("src/sandbox/")}
-    assert "src/sandbox/local/spawn_helper.py" in package_sources  # the native parts' C
-    assert "src/sandbox/output/ascii_text.py" in package_sources
+    assert "src/sandbox/_native/spawn.c" in package_sources  # the extension's C
 
     with tarfile.open(dist / f"{NAME}.tar.gz") as sdist:
         in_sdist = {m.name.removeprefix(f"{NAME}/") for m in sdist.getmembers() if m.isfile()}
@@ -119,23 +117,27 @@ def test_the_built_sdist_and_wheel_install_and_run_in_a_fresh_venv(tmp_path: Pat
         sdist_metadata = pkg_info.read().decode()
     missing = package_sources - in_sdist
     assert not missing, f"not in the sdist: {sorted(missing)}"
-    assert {"LICENSE", "README.md", "pyproject.toml", "constraints.txt"} <= in_sdist
+    assert {"LICENSE", "README.md", "pyproject.toml", "setup.py", "constraints.txt"} <= in_sdist
+    assert not [n for n in in_sdist if n.endswith(".so")], "nothing built in the sdist"
     assert not [n for n in in_sdist if n.startswith("tests/") or "__pycache__" in n]
     assert "License-Expression: MIT" in sdist_metadata
 
-    with zipfile.ZipFile(dist / f"{NAME}-py3-none-any.whl") as wheel:
+    with zipfile.ZipFile(wheels[0]) as wheel:
         in_wheel = set(wheel.namelist())
         metadata = wheel.read(f"{NAME}.dist-info/METADATA").decode()
-    expected = {n.removeprefix("src/") for n in package_sources}
+    # The C source is built into the wheel, not shipped in it.
+    expected = {n.removeprefix("src/") for n in package_sources if not n.endswith(".c")}
     missing = expected - in_wheel
     assert not missing, f"not in the wheel: {sorted(missing)}"
     assert f"{NAME}.dist-info/licenses/LICENSE" in in_wheel
     assert "Requires-Dist: pyte" in metadata
+    built = [n for n in in_wheel if n.startswith("sandbox/_native/_spawn.") and n.endswith(".so")]
+    assert len(built) == (1 if BUILT_HERE else 0), built
 
     fresh = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(fresh)
     python = str(fresh / "bin" / "python")
-    wheel_path = str(dist / f"{NAME}-py3-none-any.whl")
+    wheel_path = str(wheels[0])
     installed = subprocess.run(
         [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel_path],
         capture_output=True,
@@ -158,24 +160,20 @@ def test_the_built_sdist_and_wheel_install_and_run_in_a_fresh_venv(tmp_path: Pat
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: sandbox")
 
-    cache = tmp_path / "native-cache"  # an empty cache: both parts are built from source
     smoke = subprocess.run(
         [python, "-c", SMOKE],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=outside,
-        env=_clean_env(SANDBOX_CACHE_DIR=str(cache)),
+        env=_clean_env(),
     )
     assert smoke.returncode == 0, smoke.stderr
     report = json.loads(smoke.stdout)
     assert Path(report["file"]).is_relative_to(fresh), report["file"]
     assert (report["stdout"], report["exit_code"]) == ("hi\n", 0)
-    # Built from the installed copy wherever they build from the tree (both need a C
-    # compiler; the text part also Python's headers): the same reason, or none.
-    spawn_helper.prepare(None)
-    ascii_text.prepare(None)
-    assert report["spawn_helper"] == spawn_helper.reason()
-    assert report["ascii_text"] == ascii_text.reason()
-    if not spawn_helper.reason():
-        assert any(cache.glob("spawn-*.so")), sorted(p.name for p in cache.iterdir())
+    # The installed copy uses the extension the wheel carries (no build at run time).
+    if BUILT_HERE:
+        assert report["spawn_helper"] == "", report["spawn_helper"]
+    else:
+        assert report["spawn_helper"].startswith("not built at install time")

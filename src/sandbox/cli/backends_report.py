@@ -3,7 +3,8 @@ and whether its credentials were found. Only presence is reported, never a value
 
 For unix_local what this user can really use is probed, the way a session would use it:
 a jail made (bubblewrap), a session cgroup made, each limit put in force on it and
-removed again, and the native parts built and loaded; each that cannot be used says why.
+removed again, and whether the native start helper (the C extension built at install
+time) is in use; each that cannot be used says why.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import os
 from typing import TextIO
 
 from ..backends import BACKENDS
-
-# How long the probe waits for a native part's build (a compiler run, once per cache).
-NATIVE_WAIT_S = 60.0
 
 
 def _confinement_note() -> str:
@@ -83,19 +81,19 @@ def _why_not(exc: BaseException) -> str:
     return why
 
 
-def native_notes(wait_s: float = NATIVE_WAIT_S) -> str:
-    """Whether the native start helper is in use, and what runs instead when it is
-    not (it is built, or found built, and loaded for the probe)."""
+def native_notes() -> str:
+    """Whether the native extension (the clone3 start helper, `sandbox._native._spawn`)
+    is in use, and why not when it is not: `SANDBOX_NO_EXTENSIONS` set, or the install
+    did not build it."""
     from ..local import spawn_helper
 
-    notes = []
-    for part, name, instead in (
-        (spawn_helper, "native start helper", "PTY starts take the slower pure-Python path"),
-    ):
-        part.prepare(wait_s)
-        why = part.reason()
-        notes.append(f"; {name}: in use" if not why else f"; {name}: not in use ({why}): {instead}")
-    return "".join(notes)
+    why = spawn_helper.reason()
+    if not why:
+        return "; native extension (clone3 start helper): in use"
+    return (
+        f"; native extension (clone3 start helper): not in use ({why}):"
+        " processes start through the slower Popen path"
+    )
 
 
 def _kubeconfig_note() -> str:

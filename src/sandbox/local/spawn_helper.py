@@ -4,7 +4,7 @@
 `TIOCSCTTY` (a preexec, so a full fork of this process's page tables), and a cgroup leaf
 needs the child to move itself (a write to `cgroup.procs`, which waits for the kernel's
 cgroup lock) or this process to hop into the leaf around the vfork. This helper, a few
-lines of C compiled with the host's C compiler at first use, does what both need in the
+lines of C built when the package is installed, does what both need in the
 child between clone and exec, without Python: `setsid`, the three standard fds,
 `TIOCSCTTY`, `chdir`, signal dispositions reset, every other fd closed, then `execve`
 along the PATH. `clone3` places the child straight into its leaf (`CLONE_INTO_CGROUP`,
@@ -15,287 +15,26 @@ execs, runs on a stack of its own (so no return address is shared, the trap of a
 `vfork()` called from C), with every signal blocked until its handlers are reset to
 the default, and calls nothing but system-call wrappers (no allocation, no lock). The
 calling thread is suspended by the kernel until the child execs or exits; the GIL is
-released meanwhile (a ctypes call).
+released meanwhile.
 
-Where it cannot be used (no compiler, not x86_64 Linux, `clone3` refused by a seccomp
-filter, `SANDBOX_SPAWN_HELPER=0`), `LocalProcess.spawn` keeps the `Popen` path. The
-library is built and cached by `sandbox.native` (a private cache directory, a name
-derived from the source, loaded only if we own it and nobody else can write it).
+The C is `src/sandbox/_native/spawn.c`, the extension module `sandbox._native._spawn`
+built when the package is installed (setup.py, optional). Where it is not there (the
+install had no C compiler, not x86_64 Linux), `SANDBOX_NO_EXTENSIONS=1` is set, or
+`clone3` is refused (a seccomp filter), `LocalProcess.spawn` keeps the `Popen` path,
+which gives the same results, more slowly (docs/process-start.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
 import functools
 import os
-import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from .. import native
+from .. import _native
 
-DISABLE_VARIABLE = "SANDBOX_SPAWN_HELPER"
-CACHE_VARIABLE = native.CACHE_VARIABLE
 STAGE_CLONE, STAGE_SETUP, STAGE_CHDIR, STAGE_EXEC = 0, 1, 2, 3
-
-SOURCE = r"""
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <termios.h>
-#include <unistd.h>
-
-#ifndef __x86_64__
-#error "the clone3 call below is written for x86_64"
-#endif
-
-#define F_CLONE_VM 0x00000100ULL
-#define F_CLONE_PIDFD 0x00001000ULL
-#define F_CLONE_VFORK 0x00004000ULL
-#define F_CLONE_INTO_CGROUP 0x200000000ULL
-#define STACK_SIZE (128 * 1024)
-#define GUARD_SIZE 4096
-
-struct clone3_args {
-    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls,
-        set_tid, set_tid_size, cgroup;
-};
-
-/* Each list (the program's candidate paths, argv, the environment) comes as one block
-   of NUL-terminated strings and their count: one bytes object from Python, where an
-   array of pointers built through ctypes cost a start more than all the rest. */
-struct sandbox_spawn_request {
-    const char *paths;
-    int n_paths;
-    const char *argv;
-    int n_argv;
-    const char *envp;
-    int n_envp;
-    const char *cwd;
-    int fds[3];
-    int tty;
-    int cgroup_fd;
-    const int *join_fds;
-    int n_join;
-    int err;
-    int stage;
-};
-
-struct child_args {
-    struct sandbox_spawn_request *req;
-    sigset_t *old_mask;
-    char **paths, **argv, **envp;
-};
-
-/* The pointer array of a block's `n` strings, NULL-terminated (freed by the caller). */
-static char **split_block(const char *block, int n) {
-    char **out = malloc((size_t)(n + 1) * sizeof *out);
-    if (out == NULL) return NULL;
-    const char *p = block;
-    for (int i = 0; i < n; i++) {
-        out[i] = (char *)p;
-        p += strlen(p) + 1;
-    }
-    out[n] = NULL;
-    return out;
-}
-
-static void fail(struct sandbox_spawn_request *req, int stage) {
-    req->err = errno ? errno : EINVAL;
-    req->stage = stage;
-    syscall(SYS_exit_group, 127);
-}
-
-/* Runs on its own stack, in the parent's memory, while the parent thread is suspended
-   (CLONE_VFORK): system-call wrappers only, nothing that allocates or takes a lock. */
-static int child_main(void *arg) {
-    struct child_args *ca = arg;
-    struct sandbox_spawn_request *req = ca->req;
-    struct sigaction dfl, old;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) != 0) continue;
-        /* Python's handlers must never run here; Python ignores SIGPIPE and SIGXFSZ
-           and a caller may ignore SIGINT/SIGQUIT: the command gets the defaults. A
-           signal already at its default needs no call (most of them: half the calls
-           this loop made, all inside the parent's vfork wait). */
-        if (old.sa_handler == SIG_DFL) continue;
-        int force = sig == SIGPIPE || sig == SIGXFSZ || sig == SIGINT || sig == SIGQUIT;
-        if (force || old.sa_handler != SIG_IGN) sigaction(sig, &dfl, NULL);
-    }
-    if (setsid() < 0) fail(req, 1);
-    int high[3];
-    for (int i = 0; i < 3; i++) {
-        int src = req->fds[i];
-        if (src < 0 && (src = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0) fail(req, 1);
-        /* Above 2 first: a source that is itself 0, 1 or 2 survives the dup2s. */
-        if ((high[i] = fcntl(src, F_DUPFD_CLOEXEC, 10)) < 0) fail(req, 1);
-    }
-    for (int i = 0; i < 3; i++)
-        if (dup2(high[i], i) < 0) fail(req, 1);
-    if (req->tty && ioctl(0, TIOCSCTTY, 0) < 0) fail(req, 1);
-    if (req->cwd != NULL && chdir(req->cwd) < 0) fail(req, 2);
-    for (int i = 0; i < req->n_join; i++)
-        if (write(req->join_fds[i], "0", 1) != 1) fail(req, 1);
-    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-        struct rlimit lim;
-        long top = 65536;
-        if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < 65536) top = (long)lim.rlim_cur;
-        for (long fd = 3; fd < top; fd++) close((int)fd);
-    }
-    sigprocmask(SIG_SETMASK, ca->old_mask, NULL);
-    int saved = 0;
-    for (char **p = ca->paths; *p != NULL; p++) {
-        execve(*p, ca->argv, ca->envp);
-        if (errno != ENOENT && errno != ENOTDIR && saved == 0) saved = errno;
-    }
-    if (saved) errno = saved;
-    fail(req, 3);
-    return 127;
-}
-
-/* clone3 onto a fresh stack: the child starts there and calls child_main; the
-   parent's stack and callee-saved registers are left as they were. */
-static long clone3_run(struct clone3_args *cl, struct child_args *ca) {
-    long ret;
-    register long fn __asm__("r12") = (long)child_main;
-    register long fa __asm__("r13") = (long)ca;
-    __asm__ volatile(
-        "syscall\n\t"
-        "test %%rax, %%rax\n\t"
-        "jnz 1f\n\t"
-        "xor %%ebp, %%ebp\n\t"
-        "mov %%r13, %%rdi\n\t"
-        "call *%%r12\n\t"
-        "mov %%eax, %%edi\n\t"
-        "mov $231, %%eax\n\t"
-        "syscall\n\t"
-        "hlt\n\t"
-        "1:\n\t"
-        : "=a"(ret)
-        : "0"((long)SYS_clone3), "D"(cl), "S"(sizeof *cl), "r"(fn), "r"(fa)
-        : "rcx", "r11", "memory", "cc");
-    return ret;
-}
-
-static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct child_args *ca);
-
-long sandbox_spawn(struct sandbox_spawn_request *req, int *pidfd) {
-    req->err = 0;
-    req->stage = 0;
-    struct child_args ca = {req, NULL, NULL, NULL, NULL};
-    ca.paths = split_block(req->paths, req->n_paths);
-    ca.argv = split_block(req->argv, req->n_argv);
-    ca.envp = split_block(req->envp, req->n_envp);
-    long pid = -1;
-    if (ca.paths == NULL || ca.argv == NULL || ca.envp == NULL) {
-        req->err = ENOMEM;
-        req->stage = 1;
-    } else {
-        pid = spawn_split(req, pidfd, &ca);
-    }
-    free(ca.paths);
-    free(ca.argv);
-    free(ca.envp);
-    return pid;
-}
-
-/* One child stack is kept for the next spawn: a stack is free again once clone3
-   returns (CLONE_VFORK: the child has exec'd or exited), and a fresh mapping, its guard
-   and its first faults cost each start a few microseconds. A spawn that finds the
-   spare taken (another thread's, at the same moment) maps its own. */
-static char *spare_stack;
-
-static char *take_stack(void) {
-    char *stack = __atomic_exchange_n(&spare_stack, NULL, __ATOMIC_ACQ_REL);
-    if (stack != NULL) return stack;
-    stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED) return NULL;
-    mprotect(stack, GUARD_SIZE, PROT_NONE); /* an overflow faults instead of corrupting */
-    return stack;
-}
-
-static void give_back_stack(char *stack) {
-    char *none = NULL;
-    if (!__atomic_compare_exchange_n(&spare_stack, &none, stack, 0, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
-        munmap(stack, STACK_SIZE);
-}
-
-static long spawn_split(struct sandbox_spawn_request *req, int *pidfd, struct child_args *cap) {
-    char *stack = take_stack();
-    if (stack == NULL) {
-        req->err = errno;
-        return -1;
-    }
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    struct child_args ca = *cap;
-    ca.old_mask = &old;
-    struct clone3_args cl;
-    memset(&cl, 0, sizeof cl);
-    int fd = -1;
-    cl.flags = F_CLONE_VM | F_CLONE_VFORK | F_CLONE_PIDFD;
-    cl.pidfd = (uint64_t)(uintptr_t)&fd;
-    cl.exit_signal = SIGCHLD;
-    cl.stack = (uint64_t)(uintptr_t)stack;
-    cl.stack_size = STACK_SIZE;
-    if (req->cgroup_fd >= 0) {
-        cl.flags |= F_CLONE_INTO_CGROUP;
-        cl.cgroup = (uint64_t)req->cgroup_fd;
-    }
-    long pid = clone3_run(&cl, &ca);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    give_back_stack(stack);
-    if (pid < 0) {
-        req->err = (int)-pid;
-        req->stage = 0;
-        return -1;
-    }
-    if (req->err != 0) {
-        int status;
-        while (waitpid((pid_t)pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    *pidfd = fd;
-    return pid;
-}
-"""
-
-
-class _Request(ctypes.Structure):
-    _fields_ = [
-        ("paths", ctypes.c_char_p),
-        ("n_paths", ctypes.c_int),
-        ("argv", ctypes.c_char_p),
-        ("n_argv", ctypes.c_int),
-        ("envp", ctypes.c_char_p),
-        ("n_envp", ctypes.c_int),
-        ("cwd", ctypes.c_char_p),
-        ("fds", ctypes.c_int * 3),
-        ("tty", ctypes.c_int),
-        ("cgroup_fd", ctypes.c_int),
-        ("join_fds", ctypes.POINTER(ctypes.c_int)),
-        ("n_join", ctypes.c_int),
-        ("err", ctypes.c_int),
-        ("stage", ctypes.c_int),
-    ]
 
 
 class CloneRefused(Exception):
@@ -304,12 +43,10 @@ class CloneRefused(Exception):
 
 
 class Helper:
-    """The loaded library: `spawn` starts one process."""
+    """The extension's start, wrapped: `spawn` starts one process."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._spawn = library.sandbox_spawn
-        self._spawn.argtypes = [ctypes.POINTER(_Request), ctypes.POINTER(ctypes.c_int)]
-        self._spawn.restype = ctypes.c_long
+    def __init__(self, spawn: Callable[..., tuple[int, int, int, int]]) -> None:
+        self._spawn = spawn
 
     def spawn(
         self,
@@ -343,8 +80,7 @@ class Helper:
             or (place is not None and 0 in place)
         ):
             raise ValueError("embedded null byte")
-        joins = (ctypes.c_int * max(len(join_fds), 1))(*join_fds)
-        request = _Request(
+        pid, pidfd, err, stage = self._spawn(
             paths,
             n_paths,
             args_block,
@@ -352,22 +88,17 @@ class Helper:
             environ_block,
             len(environ),
             place,
-            (ctypes.c_int * 3)(*fds),
+            *fds,
             int(tty),
             cgroup_fd,
-            joins,
-            len(join_fds),
-            0,
-            0,
+            tuple(join_fds),
         )
-        pidfd = ctypes.c_int(-1)
-        pid = self._spawn(ctypes.byref(request), ctypes.byref(pidfd))
         if pid > 0:
-            return pid, pidfd.value
-        code = request.err or errno.EINVAL
-        if request.stage == STAGE_CLONE:
+            return pid, pidfd
+        code = err or errno.EINVAL
+        if stage == STAGE_CLONE:
             raise CloneRefused(os.strerror(code))
-        filename = cwd if request.stage == STAGE_CHDIR else argv[0]
+        filename = cwd if stage == STAGE_CHDIR else argv[0]
         raise OSError(code, os.strerror(code), filename)
 
 
@@ -418,51 +149,26 @@ def _block(items: Sequence[bytes]) -> bytes:
     return b"\0".join(items) + b"\0"
 
 
-def _load() -> Helper:
-    with _library() as path:
-        return Helper(ctypes.CDLL(path))
+def _select() -> tuple[Helper | None, str]:
+    module, why = _native.load("_spawn")
+    return (None, why) if module is None else (Helper(module.spawn), "")
 
 
-_PART = native.NativePart(_load)
-
-
-def tried() -> bool:
-    """Whether `prepare()` ran in this process (whatever it found)."""
-    return _PART.tried
+# Chosen once, at import: the extension if the install built it and the switch is off.
+_helper, _why = _select()
 
 
 def loaded() -> Helper | None:
-    """The helper if `prepare()` made it usable (never builds: no blocking here)."""
-    return _PART.value
+    """The helper, or None when processes start the `Popen` way (`reason()` says why)."""
+    return _helper
 
 
 def reason() -> str:
     """Why the helper is not in use ("" when it is)."""
-    return _PART.reason()
+    return "" if _helper is not None else _why
 
 
 def disable(why: str) -> None:
     """Stop using the helper in this process (clone3 was refused)."""
-    _PART.disable(why)
-
-
-def prepare(wait_s: float | None = None) -> Helper | None:
-    """Build (once per cache directory and source) and load the helper in the
-    background, waiting for it at most `wait_s` (None: until done); blocking, so
-    sessions call it from a thread. Never raises: a failure is kept in `reason()`."""
-    return _PART.prepare(wait_s)
-
-
-def prepare_for_start() -> Helper | None:
-    """`prepare` as a session start calls it (from a thread): it waits at most
-    `native.START_WAIT_S`, and the start goes on without it if it is not ready then (a
-    compiler that hangs holds no start up)."""
-    return _PART.prepare(native.START_WAIT_S)
-
-
-def _library() -> contextlib.AbstractContextManager[str]:
-    if os.environ.get(DISABLE_VARIABLE, "") == "0":
-        raise native.Unusable(f"{DISABLE_VARIABLE}=0")
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "amd64"):
-        raise native.Unusable(f"written for x86_64 Linux, not {sys.platform} {platform.machine()}")
-    return native.cached_library("spawn", SOURCE, ["-O2"])
+    global _helper, _why
+    _helper, _why = None, why

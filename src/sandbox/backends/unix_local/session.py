@@ -38,7 +38,7 @@ from ...errors import (
     SandboxError,
     UnsupportedOperationError,
 )
-from ...local import cgroups, spawn_helper
+from ...local import cgroups
 from ...local import tree as process_tree
 from ...local.host_env import host_environment
 from ...local.process import LocalProcess
@@ -157,9 +157,6 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        if not spawn_helper.tried():
-            # Built (or loaded from its cache) once per process, off the event loop.
-            await asyncio.to_thread(spawn_helper.prepare_for_start)
         if self.confine:
             self._bwrap = await asyncio.to_thread(jail.require_bwrap)
             self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
