@@ -42,8 +42,12 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   made on this host is removed with `remove_tree` / `remove_tree_at` (iterative,
   following no symlink, however deep).
 
-- Durable sessions (docs/durable-sessions.md): the durable hooks return and read a
-  `SessionRef` (with a `ProcessRef` per process); `_reattach_process` raises
+- Capabilities (`sandbox.session.capabilities`): a backend names one type per
+  attribute, each made with the session (`Capability`): `_file_access` (`FileAccess`),
+  `_workspace_access` (`WorkspaceAccess`), `_ports` (`Ports`), `_snapshots`
+  (`Snapshots`), `_durability` (`Durability`); None where the provider has none.
+- Durable sessions (docs/durable-sessions.md): a `Durability` returns and reads a
+  `SessionRef` (with a `ProcessRef` per process); its `reattach` raises
   `ProcessNotReattached` for a process the provider lost; `HostLease` is the lease kept
   in a host folder for a backend whose sandbox is on this host (unix_local);
   `durable_session_id` is the id a backend names its lease and marks with.
@@ -72,6 +76,14 @@ from .files.remove_tree import remove_tree, remove_tree_at
 from .local.process import LocalProcess
 from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, ProcessSpec, PtyEntry
 from .session import BaseSandboxSession, SessionHooks, SessionState, durable_session_id
+from .session.capabilities import (
+    Capability,
+    Durability,
+    FileAccess,
+    Ports,
+    Snapshots,
+    WorkspaceAccess,
+)
 from .settle import settle, settle_each
 from .tasks import cancel_and_wait, first_failure
 from .workspace.extract import extract as extract_archive
@@ -92,15 +104,19 @@ __all__ = [
     "EXIT_DRAIN_GRACE_S",
     "TAR_END",
     "BaseSandboxSession",
+    "Capability",
     "CommandCheck",
     "CommandSpec",
+    "Durability",
     "ExecCapture",
     "ExposedPort",
+    "FileAccess",
     "FileInfo",
     "FileKind",
     "HostLease",
     "LocalProcess",
     "OneShotProcess",
+    "Ports",
     "ProcessNotReattached",
     "ProcessRef",
     "ProcessSpec",
@@ -115,7 +131,9 @@ __all__ = [
     "ShellFileOps",
     "ShellTrap",
     "SnapshotRef",
+    "Snapshots",
     "TarStream",
+    "WorkspaceAccess",
     "cancel_and_wait",
     "check_env",
     "check_seconds",

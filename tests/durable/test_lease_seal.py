@@ -18,6 +18,7 @@ import pytest
 import sandbox
 from sandbox.backend import HostLease, durable_session_id
 from sandbox.backends.unix_local import UnixLocalSession
+from sandbox.backends.unix_local.durable import LocalDurability
 from tests.backend_fixtures import docker as docker_fixture
 
 FORGED_OWNER = f"owner {'ab' * 12} 99999999999999 1000 {'0' * 64}"
@@ -51,7 +52,7 @@ async def _overwrite(session_id: str, value: str) -> None:
 async def test_a_forged_host_lease_record_does_not_stop_the_close(caplog, forged):
     session = sandbox.open_session("unix_local")
     await session.start()
-    workspace = session.workspace
+    workspace = session.workdir
     ref = session.ref()
     await session.exec("true")  # a shared session's call: its owner's record is there
     await _overwrite(ref.session_id, forged)
@@ -65,7 +66,7 @@ async def test_a_forged_host_lease_record_does_not_stop_the_close(caplog, forged
 async def test_an_earlier_record_written_back_is_no_takeover_of_the_new_owner(caplog):
     old = sandbox.open_session("unix_local")
     await old.start()
-    workspace = old.workspace
+    workspace = old.workdir
     ref = old.ref()
     await old.exec("true")
     store = HostLease(ref.session_id)
@@ -84,7 +85,7 @@ async def test_an_earlier_record_written_back_is_no_takeover_of_the_new_owner(ca
 
 
 async def test_a_takeover_locks_every_call_kind_out_after_the_hold_window(tmp_path):
-    old = sandbox.open_session("unix_local", workspace=tmp_path)
+    old = sandbox.open_session("unix_local", workdir=tmp_path)
     await old.start()
     await old.write_file("keep/data.txt", b"new owner's")
     ref = old.ref()
@@ -126,14 +127,19 @@ class CountingLease(HostLease):
         return await super().swap(expected, new)
 
 
+class CountingDurability(LocalDurability):
+    """unix_local's durability, its lease store counting its reads."""
+
+    def lease_store(self) -> CountingLease:
+        self.session.store = CountingLease(durable_session_id(self.session))
+        return self.session.store
+
+
 class CountingSession(UnixLocalSession):
-    """unix_local whose lease store counts its reads (a backend's own hook)."""
+    """unix_local whose lease store counts its reads (a backend's own capability)."""
 
     store: CountingLease | None = None
-
-    def _lease_store(self) -> CountingLease:
-        self.store = CountingLease(durable_session_id(self))
-        return self.store
+    _durability = CountingDurability
 
 
 def _allowed_reads(elapsed_s: float) -> float:
@@ -144,7 +150,7 @@ def _allowed_reads(elapsed_s: float) -> float:
 
 async def test_a_shared_sessions_round_trips_do_not_read_the_lease_each_call(tmp_path):
     trips = 200
-    async with CountingSession(workspace=tmp_path) as s:
+    async with CountingSession(workdir=tmp_path) as s:
         start = await s.pty_exec_start("cat", tty=True, yield_time_s=0.2)
         pid = start.process_id
         assert pid is not None
@@ -166,7 +172,7 @@ async def test_a_foreign_leases_folder_in_tmp_blocks_nothing(tmp_path, monkeypat
     squatted = tmp_path / f"sandbox-leases-{os.getuid()}"
     squatted.mkdir(mode=0o700)
     os.chown(squatted, 65534, 65534)
-    session = sandbox.open_session("unix_local", workspace=tmp_path / "ws")
+    session = sandbox.open_session("unix_local", workdir=tmp_path / "ws")
     await session.start()
     session.ref()
     assert (await session.exec("true")).exit_code == 0  # the lease is read and written
@@ -182,7 +188,7 @@ async def test_a_foreign_leases_folder_in_the_state_folder_is_a_clear_error(tmp_
     leases = state / "leases"
     leases.mkdir(mode=0o700)
     os.chown(leases, 65534, 65534)
-    session = sandbox.open_session("unix_local", workspace=tmp_path / "ws")
+    session = sandbox.open_session("unix_local", workdir=tmp_path / "ws")
     await session.start()
     session.ref()
     with pytest.raises(sandbox.HostPathError) as caught:

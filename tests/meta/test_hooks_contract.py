@@ -25,6 +25,9 @@ def _private(name: str) -> bool:
 
 
 HOOKS = frozenset(name for name in vars(SessionHooks) if _private(name))
+CAPABILITIES = frozenset(
+    {"_file_access", "_workspace_access", "_ports", "_snapshots", "_durability"}
+)
 BASE_PRIVATE = frozenset(name for name in dir(BaseSandboxSession) if _private(name))
 # What a constructed base session holds, plus every name its class defines.
 BASE_ATTRIBUTES = frozenset(vars(BaseSandboxSession())) | frozenset(
@@ -109,19 +112,14 @@ def test_the_hooks_are_the_backend_contract() -> None:
         "_expose_port",
         "_snapshot_options",
         "_snapshot",
-        # durable sessions (docs/durable-sessions.md)
-        "_keeps_processes",
-        "_ref_sandbox",
-        "_ref_options",
-        "_ref_process",
-        "_options_from_ref",
-        "_lease_store",
-        "_resume_backend",
-        "_reattach_process",
-        "_release_entry",
-        "_detach_backend",
+        # capabilities: one attribute each (session/capabilities.py)
+        "_file_access",
+        "_workspace_access",
+        "_ports",
+        "_snapshots",
+        "_durability",
     }
-    for name in HOOKS - {"_keeps_processes"}:  # a flag, described by its comment
+    for name in HOOKS - CAPABILITIES:  # capability types, described by their comment
         assert inspect.getdoc(getattr(SessionHooks, name)), f"{name} has no contract docstring"
     # The base session's internals live in its collaborators, not beside the hooks.
     assert {"_processes", "_owned", "_lifecycle", "_session_options"} <= BASE_ATTRIBUTES

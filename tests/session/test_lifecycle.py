@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,7 +26,9 @@ from sandbox.errors import (
     SessionTakenOverError,
 )
 from sandbox.process_entry import ProcessSpec, PtyEntry
+from sandbox.session.capabilities import Durability
 from sandbox.session.lifecycle import Lifecycle, SessionState
+from sandbox.session.options import SessionOptions
 from sandbox.session.ownership import OwnedTasks
 from sandbox.session.recordings import Recordings
 from sandbox.session.registry import ProcessRegistry
@@ -59,6 +62,8 @@ class Host:
         self.teardown_go.set()
         self.abandoned: list[int] = []
         self._durable = DurableState(None)
+        self._session_options = SessionOptions()
+        self._capabilities = SimpleNamespace(durability=HostDurability(self))
         self._processes: ProcessRegistry[None] = ProcessRegistry("test", output_limit_bytes=4096)
         self._recordings = Recordings(None)
         self.lifecycle = Lifecycle(self)
@@ -92,19 +97,7 @@ class Host:
     def _abandon(self, entries: list[PtyEntry[None]]) -> None:
         self.abandoned.extend(e.process_id for e in entries)
 
-    # The durable hooks (no lease store: a ref file only).
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return {"sandbox": "one"}
-
-    def _ref_options(self) -> dict[str, Any]:
-        return {}
-
-    def _ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        return {}
-
-    def _lease_store(self) -> None:
-        return None
-
+    # The durable calls the session makes (no lease store: a ref file only).
     async def _resume_backend(self, ref: SessionRef) -> None:
         raise AssertionError("not resumed here")
 
@@ -113,6 +106,19 @@ class Host:
 
     async def _detach_backend(self) -> None:
         self.calls.append("detach")
+
+
+class HostDurability(Durability):
+    """The test host's refs: one sandbox, no options of its own, no lease."""
+
+    def ref_sandbox(self) -> dict[str, Any]:
+        return {"sandbox": "one"}
+
+    def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    async def resume(self, ref: SessionRef) -> None:
+        raise AssertionError("not resumed here")
 
 
 async def test_calls_are_refused_before_the_start_and_after_the_close() -> None:

@@ -4,8 +4,10 @@ Base-session logic kept out of `sandbox.session`: these functions use the sessio
 collaborators exactly as its close does (every entry changes hands through the
 `ProcessRegistry`'s `take*`/`adopt`, every teardown goes through `OwnedTasks`, which
 releases instead of ending the entries it is told to let go of), and call the backend's
-durable hooks (`SessionHooks`: `_ref_sandbox`, `_ref_process`, `_lease_store`,
-`_resume_backend`, `_reattach_process`, `_release_entry`, `_detach_backend`).
+durability (`sandbox.session.capabilities.Durability`: `ref_sandbox`, `ref_options`,
+`ref_process`, `lease_store` directly; `resume`, `reattach` and `detach` through the
+session's `_resume_backend`, `_reattach_process` and `_detach_backend`, where a test
+can park them).
 
 The session is typed as `DurableSession`, the part of `BaseSandboxSession` used here
 (the session package imports this module, so this one must not import it back).
@@ -25,6 +27,8 @@ from .refs import ProcessNotReattached, ProcessRef, SessionRef
 from .state import DurableState
 
 if TYPE_CHECKING:
+    from ..session.capabilities import Capabilities
+    from ..session.options import SessionOptions
     from ..session.ownership import OwnedTasks
     from ..session.recordings import Recordings
     from ..session.registry import ProcessRegistry
@@ -38,7 +42,7 @@ __all__ = ["DurableSession", "ProcessNotReattached"]
 
 class DurableSession(Protocol):
     """What these functions use of a `BaseSandboxSession`: its durable state, its
-    collaborators and the durable hooks."""
+    collaborators and its durability."""
 
     @property
     def backend_name(self) -> str: ...
@@ -48,17 +52,11 @@ class DurableSession(Protocol):
     _processes: ProcessRegistry[Any]
     _owned: OwnedTasks[Any]
     _recordings: Recordings
+    _session_options: SessionOptions
+    _capabilities: Capabilities
 
     @property
     def keeps_processes(self) -> bool: ...
-
-    def _ref_sandbox(self) -> dict[str, Any]: ...
-
-    def _ref_options(self) -> dict[str, Any]: ...
-
-    def _ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]: ...
-
-    def _lease_store(self) -> lease.LeaseStore | None: ...
 
     async def _resume_backend(self, ref: SessionRef) -> None: ...
 
@@ -84,8 +82,24 @@ def process_ref(
         exit_code=entry.exit_code if entry.exited else None,
         note=note if note is not None else entry.lost_reason,
         output_position=entry.output.start_pos,
-        handle=session._ref_process(entry) if running and entry.handle is not None else {},
+        handle=(
+            session._capabilities.durability.ref_process(entry)
+            if running and entry.handle is not None
+            else {}
+        ),
     )
+
+
+def base_options(session: DurableSession) -> dict[str, Any]:
+    """The base session's options a ref keeps: its bounds, none of them a secret."""
+    options = session._session_options
+    return {
+        "max_processes": options.max_processes,
+        "output_limit_bytes": options.output_limit_bytes,
+        "teardown_concurrency": options.teardown_concurrency,
+        "read_limit_bytes": options.read_limit_bytes,
+        "exec_output_limit_bytes": options.exec_output_limit_bytes,
+    }
 
 
 def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None) -> SessionRef:
@@ -96,8 +110,8 @@ def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None)
     return SessionRef(
         backend=session.backend_name,
         session_id=durable.session_id,
-        sandbox=session._ref_sandbox(),
-        options=session._ref_options(),
+        sandbox=session._capabilities.durability.ref_sandbox(),
+        options=session._capabilities.durability.ref_options(base_options(session)),
         processes=tuple(processes),
         keeps_processes=session.keeps_processes,
     )
@@ -119,7 +133,7 @@ def _store(session: DurableSession) -> lease.LeaseStore | None:
     """The session's lease store (asked of the backend once, then kept)."""
     durable = session._durable
     if durable.store is None:
-        durable.store = session._lease_store()
+        durable.store = session._capabilities.durability.lease_store()
     return durable.store
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from .. import arguments
 from ..durable import ops as durable_ops
-from ..durable.refs import SessionRef
+from ..durable.refs import ProcessRef, SessionRef
 from ..durable.state import DurableState
 from ..errors import InvalidArgumentError, UnsupportedOperationError
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
@@ -36,6 +36,7 @@ from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
 from . import file_calls, lifecycle, workspace_calls
+from .capabilities import Capabilities, Durability
 from .exec_stream import DEFAULT_STREAM_BUFFER, ExecStream
 from .hooks import SessionHooks
 from .lifecycle import SessionState
@@ -115,11 +116,14 @@ class BaseSandboxSession(SessionHooks[H]):
         self._recordings = recordings
         # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
         # opened now, before the sandbox runs anything.
-        if ref_file is not None and type(self)._ref_sandbox is SessionHooks._ref_sandbox:
+        if ref_file is not None and self._durability is None:
             raise UnsupportedOperationError(
                 f"ref_file: the {self.backend_name} backend cannot detach or resume sessions"
             )
         self._durable = DurableState(ref_file)
+        # What the backend can do besides processes: one object per capability, built
+        # once (the refusing one where the backend has none).
+        self._capabilities = Capabilities.of(self)
         # The file and workspace calls: argument checks, then one hook each.
         self._file_calls = file_calls.FileCalls(
             self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
@@ -521,7 +525,7 @@ class BaseSandboxSession(SessionHooks[H]):
         """Whether this backend's processes keep running, and can be reattached, while
         no client is connected (`detach()`, a crash). False: they are children of this
         client (or of its connection), so `detach()` ends them as `pty_terminate` does."""
-        return self._keeps_processes
+        return self._capabilities.durability.keeps_processes
 
     def ref(self) -> SessionRef:
         """A `SessionRef` for this session now: enough for `sandbox.resume_session` to
@@ -542,6 +546,25 @@ class BaseSandboxSession(SessionHooks[H]):
         its caller is cancelled (then `ref()` still returns the ref)."""
         await self._lifecycle.guard()
         return await self._lifecycle.run_closing(durable_ops.detach_everything(self))
+
+    # The durable calls into the durability capability, looked up on the session at
+    # each call (a test's `HookGate` parks them here, whichever backend runs).
+
+    @classmethod
+    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        return (cls._durability or Durability).options_from_ref(ref)
+
+    async def _resume_backend(self, ref: SessionRef) -> None:
+        await self._capabilities.durability.resume(ref)
+
+    async def _reattach_process(self, entry: PtyEntry[H], process: ProcessRef) -> None:
+        await self._capabilities.durability.reattach(entry, process)
+
+    async def _release_entry(self, entry: PtyEntry[H]) -> None:
+        await self._capabilities.durability.release(entry)
+
+    async def _detach_backend(self) -> None:
+        await self._capabilities.durability.detach()
 
     # ---- what the calls share ------------------------------------------------------
 

@@ -18,8 +18,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
-from ..durable.lease import LeaseStore
-from ..durable.refs import ProcessNotReattached, ProcessRef, SessionRef
 from ..errors import FileTooLargeError, UnsupportedOperationError
 from ..exec_output import ExecCapture, OneShotProcess
 from ..process_entry import CommandSpec, H, PtyEntry
@@ -29,6 +27,7 @@ from ..workspace import persist as ws_persist
 from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
+from .capabilities import Durability, FileAccess, Ports, Snapshots, WorkspaceAccess
 
 
 class SessionHooks(Generic[H]):
@@ -41,7 +40,7 @@ class SessionHooks(Generic[H]):
     backend_name: ClassVar[str] = "base"
     # Set by the session's options; the default `_read_file_chunks` bounds by it.
     read_limit_bytes: int
-    # Set by the session's options; the default `_ref_options` reports them.
+    # Set by the session's options.
     output_limit_bytes: int
     exec_output_limit_bytes: int
 
@@ -269,67 +268,12 @@ class SessionHooks(Generic[H]):
             "and hydrate_workspace() carry a workspace anywhere"
         )
 
-    # ---- durable sessions (see docs/durable-sessions.md) ---------------------------
+    # ---- capabilities (`capabilities.py`): one attribute each, None where absent ----
+    # Each names a capability type; the base session builds it once with the session
+    # (`Capabilities.of`) and calls it. Durable sessions: docs/durable-sessions.md.
 
-    # Whether the provider keeps a process running, reattachable, with no client
-    # (`BaseSandboxSession.keeps_processes`). A backend that does sets it to True.
-    _keeps_processes: ClassVar[bool] = False
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        """Where the sandbox is, for a ref (a container id, a workspace path...): JSON
-        data, never a secret. Default: this backend cannot make refs (a session given a
-        `ref_file` then refuses to be made)."""
-        raise UnsupportedOperationError(
-            f"the {self.backend_name} backend cannot detach or resume sessions"
-        )
-
-    def _ref_options(self) -> dict[str, Any]:
-        """The options a resumed session is made with: an allow-list of options that are
-        not secrets (never credentials, never `env` values)."""
-        return {
-            "max_processes": self.max_processes,
-            "output_limit_bytes": self.output_limit_bytes,
-            "teardown_concurrency": self.teardown_concurrency,
-            "read_limit_bytes": self.read_limit_bytes,
-            "exec_output_limit_bytes": self.exec_output_limit_bytes,
-        }
-
-    def _ref_process(self, entry: PtyEntry[H]) -> dict[str, Any]:
-        """The provider's handle of a running process, for a ref (JSON, no secret)."""
-        return {}
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """The constructor options of a session resuming `ref` (before the caller's)."""
-        return dict(ref.options)
-
-    def _lease_store(self) -> LeaseStore | None:
-        """Where this session's lease lives (`sandbox.durable.lease`); None: nowhere
-        (no other client can be told apart)."""
-        return None
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        """Attach to `ref`'s sandbox instead of `_start_backend`, so that `_stop_backend`
-        deletes it as the first client's close would. Raise `SessionGoneError` when it
-        no longer exists. Where the ref lists processes that could not outlive their
-        client (it crashed), end what is left of them here. If this raises or is
-        cancelled, `_detach_backend()` is called (settled): the sandbox stays."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resume sessions")
-
-    async def _reattach_process(self, entry: PtyEntry[H], process: ProcessRef) -> None:
-        """Follow the running process `process` again as `entry`, like
-        `_spawn_process`: what it printed after `process.output_position` (bounded, the
-        omission marker where the provider kept less), then its output and exit. Raise
-        `ProcessNotReattached(note, exit_code)` when the provider lost it (or never
-        keeps processes): it is registered as ended, with the note."""
-        raise ProcessNotReattached(f"the {self.backend_name} backend cannot reattach a process")
-
-    async def _release_entry(self, entry: PtyEntry[H]) -> None:
-        """Stop following a process without ending it (detach, takeover): stop its
-        readers, close its sockets. Called instead of `_terminate_pty_entry`, once, by
-        the settled teardown. Default: terminate it (nothing outlives its client)."""
-        await self._terminate_pty_entry(entry)
-
-    async def _detach_backend(self) -> None:
-        """Release the provider's clients and connections, leaving the sandbox running
-        (detach, a takeover, an undone resume). Default: nothing."""
+    _file_access: ClassVar[type[FileAccess] | None] = None
+    _workspace_access: ClassVar[type[WorkspaceAccess] | None] = None
+    _ports: ClassVar[type[Ports] | None] = None
+    _snapshots: ClassVar[type[Snapshots] | None] = None
+    _durability: ClassVar[type[Durability] | None] = None

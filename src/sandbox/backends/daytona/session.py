@@ -23,9 +23,7 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
@@ -280,35 +278,7 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
 
     # ---- durable (see backends.daytona.durable) -----------------------------------------
 
-    _keeps_processes = True
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_daytona.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_daytona.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return durable_daytona.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
-        return durable_daytona.ref_process(entry)
-
-    def _lease_store(self) -> durable_daytona.SandboxLease:
-        return durable_daytona.SandboxLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_daytona.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[DaytonaHandle], process: ProcessRef) -> None:
-        await durable_daytona.reattach(self, entry, process)
-
-    async def _release_entry(self, entry: PtyEntry[DaytonaHandle]) -> None:
-        await durable_daytona.release(self, entry)
-
-    async def _detach_backend(self) -> None:
-        await durable_daytona.detach(self)
+    _durability = durable_daytona.DaytonaDurability
 
     # ---- files -------------------------------------------------------------------------
 

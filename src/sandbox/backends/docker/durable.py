@@ -31,7 +31,14 @@ import asyncio
 import os
 from typing import Any
 
-from ...backend import ProcessNotReattached, ProcessRef, PtyEntry, SessionRef, durable_session_id
+from ...backend import (
+    Durability,
+    ProcessNotReattached,
+    ProcessRef,
+    PtyEntry,
+    SessionRef,
+    durable_session_id,
+)
 from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
 from ..toolkit import (
     grace_ticks,
@@ -240,3 +247,43 @@ class ContainerLease:
     async def swap(self, expected: str | None, new: str) -> str | None:
         """Compare-and-set under the script's lock; what the lease was."""
         return await self._run(lease_swap_argv(self._path, expected, new))
+
+
+class DockerDurability(Durability):
+    """The docker backend's durable sessions (the module docstring says what outlives
+    the client): this module's functions, over the session it was made with."""
+
+    keeps_processes = False
+
+    def ref_sandbox(self) -> dict[str, Any]:
+        """See `ref_sandbox`."""
+        return ref_sandbox(self.session)
+
+    def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
+        """See `ref_options`."""
+        return ref_options(self.session, base)
+
+    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+        """See `ref_process`."""
+        return ref_process(entry)
+
+    @classmethod
+    def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
+        """See `options_from_ref`."""
+        return options_from_ref(ref)
+
+    def lease_store(self) -> ContainerLease:
+        """The lease (`ContainerLease`)."""
+        return ContainerLease(self.session)
+
+    async def resume(self, ref: SessionRef) -> None:
+        """See `resume`."""
+        await resume(self.session, ref)
+
+    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+        """See `reattach`."""
+        await reattach(entry, process)
+
+    async def detach(self) -> None:
+        """See `detach`."""
+        await detach(self.session)

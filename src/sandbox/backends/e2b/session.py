@@ -54,9 +54,7 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
@@ -430,35 +428,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
 
     # ---- durable (see backends.e2b.durable) -------------------------------------------------
 
-    _keeps_processes = True
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_e2b.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_e2b.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return durable_e2b.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
-        return durable_e2b.ref_process(entry)
-
-    def _lease_store(self) -> durable_e2b.SandboxLease:
-        return durable_e2b.SandboxLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_e2b.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
-        await durable_e2b.reattach(self, entry, process)
-
-    async def _release_entry(self, entry: PtyEntry[E2BProcess]) -> None:
-        await durable_e2b.release(self, entry)
-
-    async def _detach_backend(self) -> None:
-        await durable_e2b.detach(self)
+    _durability = durable_e2b.E2BDurability
 
     # ---- files ------------------------------------------------------------------------------
 

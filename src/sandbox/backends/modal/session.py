@@ -39,9 +39,7 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     ShellFileHooks,
     ShellFileOps,
     SnapshotRef,
@@ -450,32 +448,7 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
 
     # ---- durable (see backends.modal.durable) -------------------------------------------
 
-    _keeps_processes = False
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_modal.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_modal.ref_options(self, super()._ref_options())
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return durable_modal.options_from_ref(ref)
-
-    def _ref_process(self, entry: PtyEntry[Command]) -> dict[str, Any]:
-        return durable_modal.ref_process(entry)
-
-    def _lease_store(self) -> durable_modal.SandboxLease:
-        return durable_modal.SandboxLease(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_modal.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[Command], process: ProcessRef) -> None:
-        await durable_modal.reattach(entry, process)
-
-    async def _detach_backend(self) -> None:
-        await durable_modal.detach(self)
+    _durability = durable_modal.ModalDurability
 
     # ---- files -------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 from ...backend import (
+    Durability,
     HostLease,
     ProcessNotReattached,
     ProcessRef,
@@ -53,7 +54,7 @@ def ref_sandbox(session: UnixLocalSession) -> dict[str, Any]:
     """The workspace, whether the session made it, and where its leftovers are."""
     cgroup = session._cgroup
     return {
-        "workspace": session.workspace,
+        "workspace": session.workdir,
         "temporary": session._workspace.temporary,
         "session_tag": session._session_tag,
         "cgroup": None if cgroup is None else cgroup.path,
@@ -178,3 +179,38 @@ async def detach(session: UnixLocalSession) -> None:
 def lease_store(session: UnixLocalSession) -> HostLease:
     """The lease on this host."""
     return HostLease(durable_session_id(session))
+
+
+class LocalDurability(Durability):
+    """The unix_local backend's durable sessions (the module docstring says what outlives
+    the client): this module's functions, over the session it was made with."""
+
+    keeps_processes = False
+
+    def ref_sandbox(self) -> dict[str, Any]:
+        """See `ref_sandbox`."""
+        return ref_sandbox(self.session)
+
+    def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
+        """See `ref_options`."""
+        return ref_options(self.session, base)
+
+    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+        """See `ref_process`."""
+        return ref_process(entry)
+
+    def lease_store(self) -> HostLease:
+        """The lease (`lease_store`)."""
+        return lease_store(self.session)
+
+    async def resume(self, ref: SessionRef) -> None:
+        """See `resume`."""
+        await resume(self.session, ref)
+
+    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+        """See `reattach`."""
+        await reattach(entry, process)
+
+    async def detach(self) -> None:
+        """See `detach`."""
+        await detach(self.session)

@@ -1,8 +1,9 @@
 """The `unix_local` backend: processes on this machine, PTYs from `openpty`.
 
 No thread per process or per read: output fds are read with event-loop readers and exits
-are seen through pidfds (see `sandbox.local.process`). A workspace directory (given, or
-a temporary one removed on close) is every command's cwd and HOME.
+are seen through pidfds (see `sandbox.local.process`). The session's folder, its
+workspace (`workdir`, or a temporary one removed on close), is every command's cwd and
+HOME.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from ...backend import (
     ExecCapture,
     ExposedPort,
     FileInfo,
-    HostLease,
     OneShotProcess,
-    ProcessRef,
     PtyEntry,
-    SessionRef,
     check_env,
     check_seconds,
     http_url,
@@ -43,7 +41,7 @@ from ...local import tree as process_tree
 from ...local.host_env import host_environment
 from ...local.process import LocalProcess
 from ...local.readiness import ReadinessHub
-from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from ..toolkit import CommandCheck, ShellTrap, refuse_renamed, wait_for_verdict
 from . import cgroup_limits, local_files, tar_land, tar_walk
 from . import confine as jail
 from . import durable as durable_local
@@ -67,7 +65,7 @@ PROCESS_NOTE = b"\n[sandbox: the session's process limit (process_limit) refused
 class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     """Runs commands as local processes.
 
-    Options: `workspace` (a directory; default a temporary one removed on close), `env`
+    Options: `workdir` (a directory; default a temporary one removed on close), `env`
     (variables added to every command), `inherit_env` (start from this process's
     environment; default True, but False when confined), `terminate_grace_s` (time
     between the polite signals and SIGKILL when terminating, default 1 s), plus the base
@@ -87,7 +85,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     def __init__(
         self,
         *,
-        workspace: str | os.PathLike[str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         inherit_env: bool | None = None,
         terminate_grace_s: float = 1.0,
@@ -100,11 +98,12 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         cpu_limit: float | None = None,
         **options: Any,
     ) -> None:
+        refuse_renamed(type(self), options)
         super().__init__(**options)
         # Every option is checked here, when the session is opened: a bad one must not
         # surface later as a raw TypeError in a teardown.
-        if workspace is not None:
-            _check_workspace_option(workspace)
+        if workdir is not None:
+            _check_workdir_option(workdir)
         for name, flag in (
             ("inherit_env", inherit_env),
             ("confine", confine),
@@ -116,7 +115,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             isinstance(p, str | os.PathLike) for p in readonly_paths
         ):
             raise InvalidArgumentError("readonly_paths must be a list of paths")
-        self._workspace = Workspace(workspace)
+        self._workspace = Workspace(workdir)
         # Every process of this session carries a tag within this one (see
         # `process_tree`): what escaped its own tree is still found when the session stops.
         self._session_tag = process_tree.new_session_tag()
@@ -145,8 +144,8 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._readers: ReadinessHub | None = None  # from the start to the stop
 
     @property
-    def workspace(self) -> str:
-        """The workspace directory (after start)."""
+    def workdir(self) -> str:
+        """The session's folder, its workspace (after start)."""
         return self._workspace.path
 
     @property
@@ -413,28 +412,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
 
     # ---- durable (see backends.unix_local.durable) ---------------------------------------
 
-    _keeps_processes = False
-
-    def _ref_sandbox(self) -> dict[str, Any]:
-        return durable_local.ref_sandbox(self)
-
-    def _ref_options(self) -> dict[str, Any]:
-        return durable_local.ref_options(self, super()._ref_options())
-
-    def _ref_process(self, entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
-        return durable_local.ref_process(entry)
-
-    def _lease_store(self) -> HostLease:
-        return durable_local.lease_store(self)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await durable_local.resume(self, ref)
-
-    async def _reattach_process(self, entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
-        await durable_local.reattach(entry, process)
-
-    async def _detach_backend(self) -> None:
-        await durable_local.detach(self)
+    _durability = durable_local.LocalDurability
 
     # ---- files -------------------------------------------------------------------------
 
@@ -523,14 +501,14 @@ def _start_error(spec: CommandSpec, cwd: str, exc: OSError) -> SandboxError:
     return SandboxError(f"could not start the command: {exc.strerror or exc}")
 
 
-def _check_workspace_option(workspace: object) -> None:
-    """`workspace` must be a path whose existing part is a directory (it is created at
+def _check_workdir_option(workdir: object) -> None:
+    """`workdir` must be a path whose existing part is a directory (it is created at
     start): a file there would only fail later, with a raw OSError."""
-    if not isinstance(workspace, str | os.PathLike):
-        raise InvalidArgumentError(f"workspace must be a path, not {type(workspace).__name__}")
-    path = os.fspath(workspace)
+    if not isinstance(workdir, str | os.PathLike):
+        raise InvalidArgumentError(f"workdir must be a path, not {type(workdir).__name__}")
+    path = os.fspath(workdir)
     if not isinstance(path, str) or not path or "\x00" in path:
-        raise InvalidArgumentError(f"workspace must be a non-empty str path, not {path!r}")
+        raise InvalidArgumentError(f"workdir must be a non-empty str path, not {path!r}")
     probe = os.path.abspath(path)
     while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
@@ -538,7 +516,7 @@ def _check_workspace_option(workspace: object) -> None:
         what = (
             "exists and is not" if probe == os.path.abspath(path) else f"is inside {probe!r}, not"
         )
-        raise InvalidArgumentError(f"workspace {path!r} {what} a directory")
+        raise InvalidArgumentError(f"workdir {path!r} {what} a directory")
 
 
 def _is_locale_or_identity(name: str) -> bool:
