@@ -231,7 +231,7 @@ impl Server {
                         add(fd.as_raw_fd(), libc::POLLIN, Token::Out(id, s));
                     }
                 }
-                if let (Some(fd), false) = (&p.stdin, p.stdin_queue.is_empty()) {
+                if let (Some(fd), false, true) = (&p.stdin, p.stdin_queue.is_empty(), p.started) {
                     add(fd.as_raw_fd(), libc::POLLOUT, Token::Stdin(id));
                 }
             }
@@ -383,8 +383,11 @@ impl Server {
             p.control = None;
             if !p.started {
                 self.fail_spawn(id, kind::IO, "the process keeper ended before the child started");
+                return;
             }
         }
+        // INPUT or CLOSE_STDIN that came right behind the SPAWN.
+        self.write_stdin(id);
     }
 
     fn fail_spawn(&mut self, id: u32, kind: &str, message: &str) {
@@ -437,6 +440,10 @@ impl Server {
 
     fn write_stdin(&mut self, id: u32) {
         let Some(p) = self.procs.get_mut(&id) else { return };
+        // Held until SPAWNED went out, so a call's replies keep the order of the calls.
+        if !p.started {
+            return;
+        }
         let mut done: Vec<(u64, u32, Option<String>)> = Vec::new();
         while let Some(front) = p.stdin_queue.front_mut() {
             let Some(fd) = &p.stdin else { break };
@@ -712,8 +719,7 @@ impl Server {
     fn input(&mut self, cid: u64, id: u32, data: Vec<u8>) {
         let c = self.conns.get_mut(&cid).unwrap();
         let Some(p) = self.procs.get_mut(&id) else { return c.error(id, kind::NOT_FOUND, "no such process") };
-        // Before the child has exec'd the bytes wait in the pipe, so a client may send
-        // INPUT right behind SPAWN.
+        // A client may send INPUT right behind SPAWN: it waits for the child's start.
         if p.stdin.is_none() || !p.close_replies.is_empty() {
             let why = if p.ended { "the process has ended" } else { "the process's stdin is closed" };
             return c.error(id, kind::INVALID, why);
