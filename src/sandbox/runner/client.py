@@ -539,15 +539,19 @@ class RunnerClient:
         tty: bool = False,
         rows: int = 24,
         cols: int = 80,
-        stdin_open: bool = False,
+        stdin_open: bool | None = None,
         merge_stderr: bool = False,
         ring_bytes: int = 1_048_576,
+        backpressure: bool = False,
         timeout: float | None = None,
     ) -> int:
         """Start `argv` as process `process_id` with exactly the environment `env`, its
         output routed to `sink` from offset 0; return its pid (in the runner's pid
         namespace). A missing `cwd` raises `RunnerRequestError` kind "workdir", a
-        missing program kind "command_not_found"."""
+        missing program kind "command_not_found". `stdin_open`: writes go to the
+        process (the default on a PTY); otherwise its stdin is at EOF from the start.
+        `backpressure`: while this connection is a whole ring behind, the runner stops
+        reading the process's output (it blocks) rather than dropping bytes."""
         _check_process_id(process_id)
         if process_id in self._routes:
             raise InvalidArgumentError(f"runner process {process_id} is attached already")
@@ -561,9 +565,10 @@ class RunnerClient:
             tty=tty,
             rows=rows,
             cols=cols,
-            stdin_open=stdin_open,
+            stdin_open=tty if stdin_open is None else stdin_open,
             merge_stderr=merge_stderr,
             ring_bytes=ring_bytes,
+            backpressure=backpressure,
         )
         frame = request.encode()
         route = _Route(sink, StreamOffsets())

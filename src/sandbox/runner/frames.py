@@ -446,10 +446,13 @@ class Spawn:
     stdin_open: bool = False
     merge_stderr: bool = False
     ring_bytes: int = 1_048_576
+    backpressure: bool = False
+    """An addition to v1: while an attached connection is a whole ring behind, the
+    runner stops reading the process's output instead of dropping bytes."""
 
     def encode(self) -> bytes:
         """The frame's bytes (`InvalidArgumentError` when they exceed a frame)."""
-        body = {
+        body: JsonObject = {
             "argv": list(self.argv),
             "env": dict(self.env),
             "cwd": self.cwd,
@@ -460,6 +463,8 @@ class Spawn:
             "merge_stderr": self.merge_stderr,
             "ring_bytes": self.ring_bytes,
         }
+        if self.backpressure:  # sent only when asked: a runner without it then refuses nothing
+            body["backpressure"] = True
         return encode_frame(FrameType.SPAWN, self.id, dump_json(body))
 
 
@@ -649,6 +654,7 @@ def _decode_spawn(frame: Frame) -> Spawn:
         stdin_open=stdin == "open",
         merge_stderr=_bool(body, "merge_stderr", what),
         ring_bytes=_int(body, "ring_bytes", what, 0, MAX_OFFSET),
+        backpressure=body.get("backpressure") is True,
     )
 
 
