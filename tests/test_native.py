@@ -112,7 +112,7 @@ def test_the_switch_selects_the_pure_path_with_the_same_results(switch: str) -> 
 def test_an_extension_that_fails_to_import_selects_the_pure_path() -> None:
     report = _run("import-fails", None)
     assert report["helper"] is False
-    assert str(report["reason"]).startswith("not built at install time ("), report["reason"]
+    assert str(report["reason"]).startswith("not built at install time: "), report["reason"]
     assert report["calls"] == 0
 
 

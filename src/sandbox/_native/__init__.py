@@ -30,4 +30,4 @@ def load(name: str) -> tuple[ModuleType | None, str]:
     try:
         return importlib.import_module(f"{__name__}.{name}"), ""
     except ImportError as exc:
-        return None, f"not built at install time ({exc})"
+        return None, f"not built at install time: {exc}"
