@@ -41,14 +41,14 @@ def _options_listed(message: str) -> list[str]:
 
 def test_a_misspelt_option_names_the_closest_valid_one_and_all_of_them(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
-        sandbox.open_session("unix_local", workspce=str(tmp_path))
+        sandbox.open_session("unix_local", workdri=str(tmp_path))
     message = str(caught.value)
-    assert message.startswith("unknown option 'workspce' for the unix_local backend; ")
-    assert "did you mean 'workspace'?" in message
+    assert message.startswith("unknown option 'workdri' for the unix_local backend; ")
+    assert "did you mean 'workdir'?" in message
     listed = _options_listed(message)
     assert listed == sorted(listed)
     # The backend's own options and the base session's, read from the signatures.
-    assert {"workspace", "confine", "process_limit", "max_processes", "ref_file"} <= set(listed)
+    assert {"workdir", "confine", "process_limit", "max_processes", "ref_file"} <= set(listed)
     assert "unexpected keyword" not in message
 
 
@@ -62,7 +62,7 @@ def test_an_option_far_from_every_name_gets_no_suggestion() -> None:
 
 
 async def test_resume_names_a_misspelt_option_the_same_way(tmp_path: Path) -> None:
-    session = sandbox.open_session("unix_local", workspace=str(tmp_path))
+    session = sandbox.open_session("unix_local", workdir=str(tmp_path))
     await session.start()
     ref = await session.detach()
     with pytest.raises(InvalidArgumentError) as caught:
@@ -78,9 +78,9 @@ async def test_resume_names_a_misspelt_option_the_same_way(tmp_path: Path) -> No
 
 
 def test_cli_suggests_the_flag_for_a_misspelt_option(tmp_path: Path) -> None:
-    out = run_cli("run", "--opt", f"workspce={tmp_path}", "--", "true")
+    out = run_cli("run", "--opt", f"workdri={tmp_path}", "--", "true")
     assert out.returncode == 2, out.stderr
-    assert "unknown option 'workspce' for the unix_local backend; did you mean --workspace?" in (
+    assert "unknown option 'workdri' for the unix_local backend; did you mean --workdir?" in (
         out.stderr
     )
     assert out.stderr.count("\n") == 1
@@ -132,14 +132,14 @@ def test_cp_into_a_fresh_sandbox_is_refused_with_what_to_do(tmp_path: Path) -> N
     assert out.stderr.count("\n") == 1, out.stderr
     assert "`sandbox open > ref.json`" in out.stderr
     assert "`sandbox cp --session ref.json SRC :DST`" in out.stderr
-    assert "--workspace DIR" in out.stderr
+    assert "--workdir DIR" in out.stderr
 
 
 def test_cp_into_a_workspace_that_stays_still_copies(tmp_path: Path) -> None:
     source = tmp_path / "f"
     source.write_text("data")
     workspace = tmp_path / "ws"
-    out = run_cli("cp", "--workspace", str(workspace), str(source), ":f")
+    out = run_cli("cp", "--workdir", str(workspace), str(source), ":f")
     assert out.returncode == 0, out.stderr
     assert (workspace / "f").read_text() == "data"
 
@@ -173,7 +173,7 @@ async def test_backends_reports_the_limits_a_session_really_gets(tmp_path: Path)
     for option, value in wanted.items():
         try:
             async with sandbox.open_session(
-                "unix_local", workspace=str(tmp_path), **{option: value}
+                "unix_local", workdir=str(tmp_path), **{option: value}
             ) as session:
                 how = session.limits_enforced[option]
         except sandbox.UnsupportedOperationError:
@@ -220,7 +220,7 @@ needs_pids = pytest.mark.skipif(
 @needs_pids
 async def test_a_fork_the_process_limit_refused_gets_a_note(tmp_path: Path) -> None:
     async with sandbox.open_session(
-        "unix_local", workspace=str(tmp_path), process_limit=4
+        "unix_local", workdir=str(tmp_path), process_limit=4
     ) as session:
         result = await session.exec("for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait")
         assert result.exit_code != 0

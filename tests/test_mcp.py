@@ -124,7 +124,7 @@ async def stdio_session(workspace: Path, log: Path, *extra: str) -> AsyncIterato
     """An SDK client connected over stdio to a fresh server subprocess."""
     params = StdioServerParameters(
         command=SERVER_ARGV[0],
-        args=[*SERVER_ARGV[1:], "--workspace", str(workspace), *extra],
+        args=[*SERVER_ARGV[1:], "--workdir", str(workspace), *extra],
         env=SERVER_ENV,
     )
     with log.open("a") as errlog:
@@ -163,7 +163,7 @@ async def http_server(
     shown = f"[{host}]" if ":" in host else host
     proc = await asyncio.create_subprocess_exec(
         *SERVER_ARGV,
-        "--workspace",
+        "--workdir",
         str(workspace),
         "--http",
         f"{shown}:0",
@@ -514,7 +514,7 @@ async def test_list_processes_says_which_have_a_screen(tmp_path: Path) -> None:
 async def test_stdio_legacy_handshake(tmp_path: Path) -> None:
     """A client of the older initialize handshake is served the same way."""
     params = StdioServerParameters(
-        command=SERVER_ARGV[0], args=[*SERVER_ARGV[1:], "--workspace", str(tmp_path / "ws")]
+        command=SERVER_ARGV[0], args=[*SERVER_ARGV[1:], "--workdir", str(tmp_path / "ws")]
     )
     async with Client(params, mode="legacy") as client:
         assert client.protocol_version != "2026-07-28"
@@ -532,7 +532,7 @@ async def test_stdin_closed_stops_the_server_and_its_processes(tmp_path: Path) -
     marker = unique_seconds()
     proc = await asyncio.create_subprocess_exec(
         *SERVER_ARGV,
-        "--workspace",
+        "--workdir",
         str(workspace),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -616,7 +616,7 @@ from mcp import Client, StdioServerParameters
 async def main(target, workspace, background, command, *server_argv):
     if target == "stdio":
         target = StdioServerParameters(
-            command=server_argv[0], args=[*server_argv[1:], "--workspace", workspace]
+            command=server_argv[0], args=[*server_argv[1:], "--workdir", workspace]
         )
     async with Client(target) as client:
         # One process left running in the background, one call in flight.
@@ -698,7 +698,7 @@ async def test_bad_http_address_is_refused(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
             *SERVER_ARGV,
-            "--workspace",
+            "--workdir",
             str(tmp_path / "ws"),
             "--http",
             f"127.0.0.1:{port}",
@@ -873,7 +873,7 @@ async def test_shut_down_answers_calls_in_flight(tmp_path: Path) -> None:
     """`SandboxTools.shut_down()` (what a stop signal triggers) answers an in-flight
     call at once and tears its process down; later calls are refused."""
     marker = unique_seconds()
-    session = sandbox.open_session("unix_local", workspace=tmp_path / "ws")
+    session = sandbox.open_session("unix_local", workdir=tmp_path / "ws")
     async with session:
         tools = SandboxTools(session)
         call = asyncio.ensure_future(
@@ -1139,9 +1139,7 @@ async def test_http_non_loopback_needs_a_token(tmp_path: Path) -> None:
     exit 2, no session started. With the token it serves, and requires it."""
     workspace = tmp_path / "ws"
     env = {key: value for key, value in os.environ.items() if key != "SANDBOX_MCP_TOKEN"}
-    code, stderr = await _refused_start(
-        "--workspace", str(workspace), "--http", "0.0.0.0:0", env=env
-    )
+    code, stderr = await _refused_start("--workdir", str(workspace), "--http", "0.0.0.0:0", env=env)
     assert code == 2
     assert stderr.count("\n") == 1 and stderr.startswith("sandbox: error: refusing to serve")
     assert "SANDBOX_MCP_TOKEN" in stderr and "--token-file" in stderr
@@ -1174,7 +1172,7 @@ async def test_bad_token_file_refuses_to_start(
     token_file = tmp_path / "token"
     token_file.write_bytes(content)
     code, stderr = await _refused_start(
-        "--http", "127.0.0.1:0", "--token-file", str(token_file), "--workspace", str(tmp_path / "w")
+        "--http", "127.0.0.1:0", "--token-file", str(token_file), "--workdir", str(tmp_path / "w")
     )
     assert code == 2
     assert stderr.count("\n") == 1 and stderr.startswith("sandbox: error: --token-file")

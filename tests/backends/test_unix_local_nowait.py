@@ -60,7 +60,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> HookCalls:
 
 @pytest.fixture
 async def cgroup_session(tmp_path: Path) -> AsyncIterator[UnixLocalSession]:
-    s = UnixLocalSession(workspace=tmp_path / "ws", terminate_grace_s=0.3)
+    s = UnixLocalSession(workdir=tmp_path / "ws", terminate_grace_s=0.3)
     async with s:
         if s.containment != "cgroup":
             skip_or_fail("no cgroup can be made here: the fast teardown needs a leaf")
@@ -101,7 +101,7 @@ async def test_a_child_left_alive_in_the_leaf_goes_through_the_settled_teardown(
 
 async def test_tag_containment_takes_the_settled_teardown(tmp_path: Path, calls: HookCalls) -> None:
     async with UnixLocalSession(
-        workspace=tmp_path / "ws", terminate_grace_s=0.3, containment="tag"
+        workdir=tmp_path / "ws", terminate_grace_s=0.3, containment="tag"
     ) as s:
         fds = open_fds()
         update = await s.pty_exec_start("echo $$")
@@ -118,9 +118,7 @@ async def test_a_jail_s_command_check_takes_the_owned_spawn(
     ok, reason = confine.availability()
     if not ok:
         skip_or_fail(f"confinement unavailable: {reason}")
-    async with UnixLocalSession(
-        workspace=tmp_path / "ws", confine=True, terminate_grace_s=0.3
-    ) as s:
+    async with UnixLocalSession(workdir=tmp_path / "ws", confine=True, terminate_grace_s=0.3) as s:
         await s.write_file("sub/keep", b"")
         update = await s.pty_exec_start("pwd", cwd="sub")
         assert update.exit_code == 0 and update.output.strip().endswith("/sub")
@@ -166,7 +164,7 @@ class TracedSession(UnixLocalSession):
 
 
 async def test_a_subclass_s_own_spawn_hook_is_called(tmp_path: Path) -> None:
-    async with TracedSession(workspace=tmp_path / "ws", terminate_grace_s=0.3) as s:
+    async with TracedSession(workdir=tmp_path / "ws", terminate_grace_s=0.3) as s:
         update = await s.pty_exec_start("echo sub")
         assert update.output == "sub\n"
     assert TracedSession.spawned == 1

@@ -13,16 +13,17 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 
-# Options naming what is there before the session and after it.
-ATTACHING = ("workspace", "container", "pod", "sandbox_id")
-# Options that leave a created sandbox running after the close.
-KEEPING = ("keep", "keep_container", "keep_pod")
+# Options naming what is there before the session and after it (unix_local's `workdir`
+# too: a host folder; elsewhere it is a folder in the sandbox, gone with it).
+ATTACHING = ("container", "pod", "sandbox_id")
+# The option that leaves a created sandbox running after the close.
+KEEPING = ("keep",)
 
 # What else makes a copy into the sandbox last, for the backends that have it.
 _ALTERNATIVE = {
-    "unix_local": "or pass --workspace DIR (a host folder that stays)",
-    "docker": "or pass --container NAME (a running container) or --opt keep_container=true",
-    "kubernetes": "or pass --opt pod=NAME (a running pod) or --opt keep_pod=true",
+    "unix_local": "or pass --workdir DIR (a host folder that stays)",
+    "docker": "or pass --container NAME (a running container) or --opt keep=true",
+    "kubernetes": "or pass --opt pod=NAME (a running pod) or --opt keep=true",
 }
 
 
@@ -30,6 +31,8 @@ def refuse_throwaway_target(backend: str, options: dict[str, Any], session: str 
     """Raise `InvalidArgumentError` when a copy into the sandbox would land in one
     deleted as soon as the command ends."""
     if session is not None or any(options.get(name) for name in (*ATTACHING, *KEEPING)):
+        return
+    if backend == "unix_local" and options.get("workdir"):
         return
     other = _ALTERNATIVE.get(backend, "or pass --sandbox-id ID (a sandbox that stays)")
     raise InvalidArgumentError(

@@ -80,7 +80,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(BACKENDS),
         help="backend to use (default: %(default)s)",
     )
-    parser.add_argument("--workspace", help="unix_local: workspace directory")
+    parser.add_argument(
+        "--workdir",
+        help="the session's folder: on unix_local a host folder (default: a temporary "
+        "one), on docker, kubernetes, modal and blaxel a folder in the sandbox",
+    )
     parser.add_argument(
         "--confine", action="store_true", help="unix_local: run inside a bubblewrap jail"
     )
@@ -114,7 +118,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from ...cli.limit_flags import limit_options
 
     options: dict[str, Any] = {}
-    for key in ("workspace", "image", "container", "sandbox_id"):
+    for key in ("workdir", "image", "container", "sandbox_id"):
         value = getattr(args, key, None)
         if value is not None:
             options[key] = value
