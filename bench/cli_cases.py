@@ -47,7 +47,7 @@ async def cli_run_throughput(cfg: Any) -> list[Figure]:
     """`sandbox run -- head -c N /dev/zero | cat` in MB/s, beside raw and docker exec."""
     size = (50 if cfg.quick else 200) * 1_000_000
     command = f"head -c {size} /dev/zero"
-    local = [*SANDBOX, "run", "--workspace", str(cfg.workdir / "cli-ws"), "--"]
+    local = [*SANDBOX, "run", "--workdir", str(cfg.workdir / "cli-ws"), "--"]
     fixed = await _fixed_cost(local, cfg.rounds)
     fig = Figure(GROUP, f"sandbox run -> pipe, {size // 1_000_000} MB (unix_local)", "MB/s", True)
     fig.note = f"raw: head | cat; the run's fixed cost ({fixed:.2f} s, start + close) is subtracted"

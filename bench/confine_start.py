@@ -20,7 +20,7 @@ from sandbox.backends.unix_local import confine
 async def _starts(confined: bool, rounds: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-confine-") as workspace:
         async with sandbox.open_session(
-            "unix_local", workspace=workspace, confine=confined
+            "unix_local", workdir=workspace, confine=confined
         ) as session:
             await session.exec("true", shell=False)  # warm-up (and the cached bwrap probe)
             exec_s, pty_s = [], []

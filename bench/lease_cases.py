@@ -78,7 +78,7 @@ async def lease_check(cfg: Any) -> list[Figure]:
     workdir: Path = cfg.workdir
 
     def local() -> sandbox.BaseSandboxSession:
-        return sandbox.open_session("unix_local", workspace=workdir / "lease-ws")
+        return sandbox.open_session("unix_local", workdir=workdir / "lease-ws")
 
     figures = [await _compare(cfg, "unix_local", local)]
     reason = docker_unavailable()

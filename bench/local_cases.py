@@ -71,7 +71,7 @@ WARM_UP_TRIPS = 50
 
 def session(cfg: Config, **options: object) -> sandbox.BaseSandboxSession:
     ws = cfg.workdir / "ws"
-    return sandbox.open_session("unix_local", workspace=ws, terminate_grace_s=0.5, **options)
+    return sandbox.open_session("unix_local", workdir=ws, terminate_grace_s=0.5, **options)
 
 
 async def drain_to_end(s: sandbox.BaseSandboxSession, command: str, **start: Any) -> list[str]:

@@ -120,17 +120,17 @@ async def archive_round_trip(cfg: Config) -> list[Figure]:
     source = cfg.workdir / "archive-src"
     mb = _make_tree(source / "tree", big_mb, small) / 2**20
     archive = cfg.workdir / "archive.tar"
-    async with sandbox.open_session("unix_local", workspace=source) as session:
+    async with sandbox.open_session("unix_local", workdir=source) as session:
         await _save(session, "tree", archive)
         for round_ in range(cfg.rounds):
             persist.ours.append(mb / await _persist(session, "tree"))
             persist.baseline.append(mb / await _raw_persist(source / "tree"))
             target = cfg.workdir / f"ours-{round_}"
-            async with sandbox.open_session("unix_local", workspace=target) as other:
+            async with sandbox.open_session("unix_local", workdir=target) as other:
                 hydrate.ours.append(mb / await _hydrate(other, archive, "copy"))
             shutil.rmtree(target, ignore_errors=True)
             hydrate.baseline.append(mb / await _raw_hydrate(archive, cfg.workdir / "raw"))
-            async with sandbox.open_session("unix_local", workspace=target) as other:
+            async with sandbox.open_session("unix_local", workdir=target) as other:
                 t0 = time.perf_counter()
                 await other.hydrate_workspace(session.persist_workspace("tree"), "copy")
                 both.ours.append(mb / (time.perf_counter() - t0))
@@ -159,7 +159,7 @@ async def _docker(cfg: Config) -> list[Figure]:
     tree = cfg.workdir / "docker-src" / "tree"
     mb = _make_tree(tree, big_mb, small) / 2**20
     archive = cfg.workdir / "docker-archive.tar"
-    async with sandbox.open_session("unix_local", workspace=tree.parent) as local:
+    async with sandbox.open_session("unix_local", workdir=tree.parent) as local:
         await _save(local, "tree", archive)
 
     async with sandbox.open_session("docker", image=ensure_busybox_image(), network=False) as box:
@@ -171,7 +171,7 @@ async def _docker(cfg: Config) -> list[Figure]:
             await box.remove(f"copy-{round_}", recursive=True)
             hydrate.baseline.append(mb / await _raw_hydrate(archive, cfg.workdir / "raw"))
             target = cfg.workdir / f"from-docker-{round_}"
-            async with sandbox.open_session("unix_local", workspace=target) as other:
+            async with sandbox.open_session("unix_local", workdir=target) as other:
                 t0 = time.perf_counter()
                 await other.hydrate_workspace(box.persist_workspace("tree"), "copy")
                 both.ours.append(mb / (time.perf_counter() - t0))

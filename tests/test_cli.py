@@ -36,13 +36,13 @@ def gone(arg: str) -> bool:
 
 
 def test_run_passes_output_and_exit_code(tmp_path: Path) -> None:
-    out = run_cli("run", "--workspace", str(tmp_path), "--", "echo out; echo err >&2; exit 7")
+    out = run_cli("run", "--workdir", str(tmp_path), "--", "echo out; echo err >&2; exit 7")
     assert out.returncode == 7
     assert out.stdout == "out\n" and out.stderr == "err\n"
 
 
 def test_run_with_tty(tmp_path: Path) -> None:
-    out = run_cli("run", "--tty", "--workspace", str(tmp_path), "--", "tty; exit 4")
+    out = run_cli("run", "--tty", "--workdir", str(tmp_path), "--", "tty; exit 4")
     assert out.returncode == 4
     assert "/dev/pts/" in out.stdout
 
@@ -53,7 +53,7 @@ def test_run_timeout_prints_partial_output_then_exits_124(tmp_path: Path) -> Non
         "run",
         "--timeout",
         "1",
-        "--workspace",
+        "--workdir",
         str(tmp_path),
         "--",
         f"echo partial-out; echo partial-err >&2; exec sleep {arg}",
@@ -94,7 +94,7 @@ def test_bad_usage_is_one_line_without_traceback(args: list[str]) -> None:
 )
 def test_bad_workspace_is_one_line_without_traceback(command: str, workspace: str) -> None:
     out = subprocess.run(
-        [*SANDBOX, command, "--workspace", workspace, "--", "true"],
+        [*SANDBOX, command, "--workdir", workspace, "--", "true"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -192,7 +192,7 @@ class Terminal:
 def test_run_tty_timeout_covers_the_whole_run(tmp_path: Path, output_first: bool) -> None:
     arg = unique_seconds()
     command = f"echo before-timeout; exec sleep {arg}" if output_first else f"exec sleep {arg}"
-    args = ["run", "--tty", "--timeout", "1", "--workspace", str(tmp_path), "--", command]
+    args = ["run", "--tty", "--timeout", "1", "--workdir", str(tmp_path), "--", command]
     term = Terminal(args)
     try:
         if output_first:
@@ -207,7 +207,7 @@ def test_run_tty_timeout_covers_the_whole_run(tmp_path: Path, output_first: bool
 
 
 def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
-    term = Terminal(["shell", "--workspace", str(tmp_path)], rows=30, cols=90)
+    term = Terminal(["shell", "--workdir", str(tmp_path)], rows=30, cols=90)
     try:
         term.type("stty size; echo $((6*7))\n")
         term.read_until(b"30 90")
@@ -231,7 +231,7 @@ def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
 
 
 def test_shell_on_a_window_bigger_than_a_terminal_may_be(tmp_path: Path) -> None:
-    term = Terminal(["shell", "--workspace", str(tmp_path)], rows=1200, cols=2000)
+    term = Terminal(["shell", "--workdir", str(tmp_path)], rows=1200, cols=2000)
     try:
         term.type("stty size\n")
         term.read_until(b"1000 1000")  # the largest accepted, not an error
@@ -246,7 +246,7 @@ def test_shell_on_a_window_bigger_than_a_terminal_may_be(tmp_path: Path) -> None
 
 
 def test_shell_with_a_command(tmp_path: Path) -> None:
-    term = Terminal(["shell", "--workspace", str(tmp_path), "--", "cat"])
+    term = Terminal(["shell", "--workdir", str(tmp_path), "--", "cat"])
     try:
         term.type("hello cat\n")
         term.read_until(b"hello cat\r\nhello cat")
@@ -258,7 +258,7 @@ def test_shell_with_a_command(tmp_path: Path) -> None:
 
 def test_run_tty_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
     cast = tmp_path / "run.cast"
-    args = ["run", "--tty", "--record", str(cast), "--workspace", str(tmp_path / "ws")]
+    args = ["run", "--tty", "--record", str(cast), "--workdir", str(tmp_path / "ws")]
     out = run_cli(*args, "--", "echo recorded-漢字; stty size; exit 3")
     assert out.returncode == 3, out.stderr
     assert "recorded-漢字" in out.stdout
@@ -268,7 +268,7 @@ def test_run_tty_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
     output = "".join(e[2] for e in events if e[1] == "o")
     assert "recorded-漢字\r\n24 80\r\n" in output
     # Only a terminal is recorded.
-    out = run_cli("run", "--record", str(cast), "--workspace", str(tmp_path), "--", "true")
+    out = run_cli("run", "--record", str(cast), "--workdir", str(tmp_path), "--", "true")
     assert out.returncode == 2 and "--record needs --tty" in out.stderr
 
 
@@ -277,7 +277,7 @@ def test_run_record_never_overwrites_and_resolves_its_folder_first(tmp_path: Pat
     real.mkdir()
     (tmp_path / "link").symlink_to(real)  # the user's own symlink, named before the start
     cast = tmp_path / "link" / "run.cast"
-    args = ["run", "--tty", "--record", str(cast), "--workspace", str(tmp_path / "ws")]
+    args = ["run", "--tty", "--record", str(cast), "--workdir", str(tmp_path / "ws")]
     out = run_cli(*args, "--", "echo first")
     assert out.returncode == 0, out.stderr
     before = (real / "run.cast").read_bytes()
@@ -292,7 +292,7 @@ def test_run_record_never_overwrites_and_resolves_its_folder_first(tmp_path: Pat
 
 def test_shell_record_writes_a_valid_asciicast(tmp_path: Path) -> None:
     cast = tmp_path / "shell.cast"
-    term = Terminal(["shell", "--record", str(cast), "--workspace", str(tmp_path / "ws")])
+    term = Terminal(["shell", "--record", str(cast), "--workdir", str(tmp_path / "ws")])
     try:
         term.type("echo $((6*7))-in-shell\n")
         term.read_until(b"42-in-shell\r\n")
@@ -362,7 +362,7 @@ def run_closed(redirect: str, *args: str, timeout: float = 60) -> subprocess.Com
 
 
 def _printing_commands(workspace: Path) -> list[list[str]]:
-    ws = ["--workspace", str(workspace)]
+    ws = ["--workdir", str(workspace)]
     return [
         ["run", *ws, "--", "echo hi"],
         ["run", "--tty", *ws, "--", "echo hi"],
@@ -384,14 +384,14 @@ def test_closed_stdout_is_one_error_line(tmp_path: Path, index: int) -> None:
 
 def test_closed_stdout_without_output_is_not_an_error(tmp_path: Path) -> None:
     """As with any Unix tool, a closed stdout matters only when something is written."""
-    out = run_closed(">&-", "run", "--workspace", str(tmp_path), "--", "touch made; exit 3")
+    out = run_closed(">&-", "run", "--workdir", str(tmp_path), "--", "touch made; exit 3")
     assert out.returncode == 3 and out.stderr == ""
     assert (tmp_path / "made").exists()
 
 
 def test_mcp_stdio_refuses_a_closed_stdout_before_starting(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    out = run_closed(">&-", "mcp", "--workspace", str(workspace))
+    out = run_closed(">&-", "mcp", "--workdir", str(workspace))
     assert out.returncode == 1
     assert out.stderr.startswith("sandbox: error: standard output is not open for writing")
     assert out.stderr.count("\n") == 1
@@ -401,7 +401,7 @@ def test_mcp_stdio_refuses_a_closed_stdout_before_starting(tmp_path: Path) -> No
 def test_closed_stderr_sends_nothing_to_stdout(tmp_path: Path) -> None:
     """`2>&-`: our own messages never land on stdout (print(file=None) would put them
     there) and there is no traceback; the exit code says what happened."""
-    ws = ["--workspace", str(tmp_path)]
+    ws = ["--workdir", str(tmp_path)]
     out = run_closed("2>&-", "run", *ws, "--opt", "bogus_option=1", "--", "true")
     assert (out.returncode, out.stdout) == (2, "")
     out = run_closed("2>&-", "run", "--timeout", "0.5", *ws, "--", "echo partial; exec sleep 30")
@@ -443,7 +443,7 @@ def test_pipe_to_head_ends_quietly_and_stops_the_command(tmp_path: Path, tty: bo
     marker = unique_seconds()
     script = '{ "$@" 2>"$ERR"; echo $? >"$RC"; } | head -1'
     env = {**os.environ, "ERR": str(tmp_path / "err"), "RC": str(tmp_path / "rc")}
-    ws = ["--workspace", str(tmp_path / "ws")]
+    ws = ["--workdir", str(tmp_path / "ws")]
     command = ["run", "--tty", *ws, "--", f"yes {marker}"] if tty else ["run", *ws, "--"]
     if not tty:
         command.append(f"seq {marker} 1999999")
@@ -468,7 +468,7 @@ def test_shell_reads_a_file_on_stdin(tmp_path: Path) -> None:
     script.write_text("echo from-$((40 + 2))\nexit 3\n")
     with script.open() as stdin:
         out = subprocess.run(
-            [*CONSOLE, "shell", "--workspace", str(tmp_path / "ws"), "--", "sh"],
+            [*CONSOLE, "shell", "--workdir", str(tmp_path / "ws"), "--", "sh"],
             stdin=stdin,
             capture_output=True,
             text=True,
@@ -476,6 +476,6 @@ def test_shell_reads_a_file_on_stdin(tmp_path: Path) -> None:
         )
     assert out.returncode == 3, out.stderr
     assert "from-42" in out.stdout and out.stderr == ""
-    out = run_closed("<&-", "shell", "--workspace", str(tmp_path / "ws"), "--", "sleep 1; echo hi")
+    out = run_closed("<&-", "shell", "--workdir", str(tmp_path / "ws"), "--", "sleep 1; echo hi")
     assert out.returncode == 0, out.stderr
     assert "hi" in out.stdout and out.stderr == ""

@@ -47,10 +47,10 @@ def _source(root: Path) -> Path:
 def test_a_folder_travels_in_and_back_out(tmp_path: Path) -> None:
     source = _source(tmp_path / "src")
     workspace = tmp_path / "ws"
-    into = run_cli("cp", "--workspace", str(workspace), str(source), ":landed")
+    into = run_cli("cp", "--workdir", str(workspace), str(source), ":landed")
     assert into.returncode == 0, into.stderr
     assert _tree(workspace / "landed") == _tree(source)
-    back = run_cli("cp", "--workspace", str(workspace), ":landed", str(tmp_path / "back"))
+    back = run_cli("cp", "--workdir", str(workspace), ":landed", str(tmp_path / "back"))
     assert back.returncode == 0, back.stderr
     assert _tree(tmp_path / "back") == _tree(source)
 
@@ -60,24 +60,24 @@ def test_files_and_folder_targets(tmp_path: Path) -> None:
     (workspace / "box").mkdir(parents=True)
     (tmp_path / "note.txt").write_bytes(b"a note")
     assert (
-        run_cli("cp", "--workspace", str(workspace), str(tmp_path / "note.txt"), ":box").returncode
+        run_cli("cp", "--workdir", str(workspace), str(tmp_path / "note.txt"), ":box").returncode
         == 0
     )
     assert (workspace / "box" / "note.txt").read_bytes() == b"a note"
     out = tmp_path / "out"
     out.mkdir()
-    assert run_cli("cp", "--workspace", str(workspace), ":box/note.txt", str(out)).returncode == 0
+    assert run_cli("cp", "--workdir", str(workspace), ":box/note.txt", str(out)).returncode == 0
     assert (out / "note.txt").read_bytes() == b"a note"
-    renamed = run_cli("cp", "--workspace", str(workspace), ":box/note.txt", str(out / "r.txt"))
+    renamed = run_cli("cp", "--workdir", str(workspace), ":box/note.txt", str(out / "r.txt"))
     assert renamed.returncode == 0 and (out / "r.txt").read_bytes() == b"a note"
 
 
 def test_bad_usage_and_missing_sources(tmp_path: Path) -> None:
     both = run_cli("cp", str(tmp_path / "a"), str(tmp_path / "b"))
     assert both.returncode == 2 and "exactly one side" in both.stderr
-    missing = run_cli("cp", "--workspace", str(tmp_path / "ws"), str(tmp_path / "nope"), ":x")
+    missing = run_cli("cp", "--workdir", str(tmp_path / "ws"), str(tmp_path / "nope"), ":x")
     assert missing.returncode == 1 and "no such file on the host" in missing.stderr
-    inside = run_cli("cp", "--workspace", str(tmp_path / "ws"), ":nope", str(tmp_path / "x"))
+    inside = run_cli("cp", "--workdir", str(tmp_path / "ws"), ":nope", str(tmp_path / "x"))
     assert inside.returncode == 1 and "nope" in inside.stderr
     assert "Traceback" not in both.stderr + missing.stderr + inside.stderr
 
@@ -86,7 +86,7 @@ def test_a_link_out_of_the_workspace_is_refused_on_the_host(tmp_path: Path) -> N
     workspace = tmp_path / "ws"
     (workspace / "bad").mkdir(parents=True)
     (workspace / "bad" / "out").symlink_to("/etc")
-    result = run_cli("cp", "--workspace", str(workspace), ":bad", str(tmp_path / "dest"))
+    result = run_cli("cp", "--workdir", str(workspace), ":bad", str(tmp_path / "dest"))
     assert result.returncode == 2 and "'out' refused" in result.stderr
     assert not (tmp_path / "dest" / "out").exists()
 

@@ -121,7 +121,7 @@ def test_the_limits_are_in_force_for_the_command(tmp_path: Path) -> None:
         [
             *SANDBOX,
             "run",
-            "--workspace",
+            "--workdir",
             str(tmp_path),
             "--process-limit",
             "64",
@@ -145,7 +145,7 @@ def test_a_memory_hog_under_the_flag_exits_137_saying_why(tmp_path: Path) -> Non
         pytest.skip("no memory controller here")
     hog = f"{sys.executable} -c 'b = bytearray(512 << 20); print(len(b))'"
     out = subprocess.run(
-        [*SANDBOX, "run", "--workspace", str(tmp_path), "--memory-limit", "64M", "--", hog],
+        [*SANDBOX, "run", "--workdir", str(tmp_path), "--memory-limit", "64M", "--", hog],
         capture_output=True,
         text=True,
         timeout=120,

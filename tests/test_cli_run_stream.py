@@ -46,7 +46,7 @@ def _read_until(fd: int, wanted: bytes) -> bytes:
 
 def _start(tmp_path: Path, script: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [*SANDBOX, "run", "--workspace", str(tmp_path / "ws"), "--", script],
+        [*SANDBOX, "run", "--workdir", str(tmp_path / "ws"), "--", script],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -60,7 +60,7 @@ def test_every_line_of_a_big_output_reaches_the_file(tmp_path: Path) -> None:
     script = "seq 1 3000000; echo err-line >&2; exit 3"
     with out_file.open("wb") as out:
         done = subprocess.run(
-            [*SANDBOX, "run", "--workspace", str(tmp_path / "ws"), "--", script],
+            [*SANDBOX, "run", "--workdir", str(tmp_path / "ws"), "--", script],
             stdout=out,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -110,7 +110,7 @@ def test_an_endless_command_piped_to_head_ends_at_once(tmp_path: Path) -> None:
     marker = unique_seconds()
     script = '{ "$@" 2>"$ERR"; echo $? >"$RC"; } | head -1'
     env = {**os.environ, "ERR": str(tmp_path / "err"), "RC": str(tmp_path / "rc")}
-    ws = ["--workspace", str(tmp_path / "ws")]
+    ws = ["--workdir", str(tmp_path / "ws")]
     out = subprocess.run(
         ["sh", "-c", script, "sh", *SANDBOX, "run", *ws, "--", f"yes {marker}"],
         capture_output=True,

@@ -122,7 +122,7 @@ async def test_run_is_closed_by_a_signal(tmp_path: Path, sig: int, tty: bool) ->
 async def _open_local(tmp_path: Path) -> tuple[Path, Path]:
     """`sandbox open` on unix_local: (the ref file, the sandbox's workspace)."""
     workspace = tmp_path / "kept"
-    proc = await _start("open", "--workspace", str(workspace), env=_environment(tmp_path / "t"))
+    proc = await _start("open", "--workdir", str(workspace), env=_environment(tmp_path / "t"))
     code, out, err = await _finish(proc)
     assert code == 0, err
     ref_file = tmp_path / "ref.json"

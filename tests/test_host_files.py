@@ -93,7 +93,7 @@ async def open_local(
     ws: Path, confined: bool, **options: object
 ) -> AsyncIterator[BaseSandboxSession]:
     async with sandbox.open_session(
-        "unix_local", workspace=ws, confine=confined, terminate_grace_s=0.5, **options
+        "unix_local", workdir=ws, confine=confined, terminate_grace_s=0.5, **options
     ) as session:
         yield session
 
@@ -216,14 +216,14 @@ async def test_record_dir_that_is_missing_or_a_file_fails_the_start(tmp_path: Pa
     before = open_fds()
     # The folder's fd lives from the start to the close, and a failed start closes it.
     failing = sandbox.open_session(
-        "unix_local", workspace=tmp_path / "not-a-folder", record_dir=casts
+        "unix_local", workdir=tmp_path / "not-a-folder", record_dir=casts
     )
     (tmp_path / "not-a-folder").write_text("x")  # the backend's start fails now
     with pytest.raises(sandbox.InvalidArgumentError, match="workspace"):
         await failing.start()
     assert open_fds() == before
     async with sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", record_dir=casts
+        "unix_local", workdir=tmp_path / "ws", record_dir=casts
     ) as session:
         assert len(open_fds() - before) >= 1
     assert session.state is sandbox.SessionState.CLOSED and open_fds() == before
@@ -233,7 +233,7 @@ async def test_record_dir_that_is_missing_or_a_file_fails_the_start(tmp_path: Pa
     ):
         if bad.name == "file":
             bad.write_text("x")
-        session = sandbox.open_session("unix_local", workspace=tmp_path / "ws", record_dir=bad)
+        session = sandbox.open_session("unix_local", workdir=tmp_path / "ws", record_dir=bad)
         with pytest.raises(HostPathError, match=reason):
             await session.start()
         assert session.state is sandbox.SessionState.NEW

@@ -42,7 +42,7 @@ def assert_head_and_tail(output: str, budget_tokens: int) -> None:
 
 
 async def test_a_flood_is_cut_to_the_default_budget_head_and_tail_kept(tmp_path: Path) -> None:
-    async with in_process(UnixLocalSession(workspace=tmp_path)) as client:
+    async with in_process(UnixLocalSession(workdir=tmp_path)) as client:
         answer = await ok(client, "exec_command", cmd=FLOOD, until=LAST_LINE + "\n")
         assert re.search(r"Original token count: \d{6}", answer)  # ~1 MiB kept, cut
         output = output_of(answer)
@@ -61,7 +61,7 @@ async def test_a_flood_is_cut_to_the_default_budget_head_and_tail_kept(tmp_path:
 async def test_write_stdin_has_the_same_default_and_a_larger_ask_is_lowered(
     tmp_path: Path,
 ) -> None:
-    async with in_process(UnixLocalSession(workspace=tmp_path)) as client:
+    async with in_process(UnixLocalSession(workdir=tmp_path)) as client:
         start = {"cmd": f"read x; {FLOOD}; exec cat", "tty": True, "yield_time_ms": 250}
         pid = session_id(await ok(client, "exec_command", **start))
         flood = {"until": LAST_LINE, "yield_time_ms": 30_000}

@@ -34,7 +34,7 @@ async def session(
 ) -> AsyncIterator[UnixLocalSession]:
     # "auto" is a cgroup wherever the host lets us make one; "tag" is the fallback.
     async with UnixLocalSession(
-        workspace=tmp_path, terminate_grace_s=0.3, containment=request.param
+        workdir=tmp_path, terminate_grace_s=0.3, containment=request.param
     ) as s:
         yield s
 
@@ -130,7 +130,7 @@ async def test_background_jobs_of_a_shell_die_with_it(
     if shutil.which(shell.split()[0]) is None:
         pytest.skip(f"{shell} is not installed")
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3) as s:
         update = await s.pty_exec_start(shell, tty=True, yield_time_s=2)
         pid = update.process_id
         assert pid is not None
@@ -180,7 +180,7 @@ async def test_a_setsid_orphan_of_a_terminal_process_dies_with_it(
 
 async def test_a_daemon_left_by_a_one_shot_command_dies_with_the_session(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         result = await s.exec(ESCAPE.format(m=marker))
         assert result.exit_code == 0
         assert await eventually(lambda: _escaped(marker))
@@ -191,10 +191,10 @@ async def test_a_daemon_left_by_a_one_shot_command_dies_with_the_session(tmp_pat
 
 async def test_an_escaped_process_of_another_session_is_left_alone(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path / "a") as other:
+    async with UnixLocalSession(workdir=tmp_path / "a") as other:
         await other.exec(ESCAPE.format(m=marker))
         assert await eventually(lambda: _escaped(marker))
-        async with UnixLocalSession(workspace=tmp_path / "b") as s:
+        async with UnixLocalSession(workdir=tmp_path / "b") as s:
             update = await s.pty_exec_start(ESCAPE.format(m=f"{marker}1") + "; sleep 60")
             assert update.process_id is not None
             assert await eventually(lambda: _escaped(f"{marker}1"))
@@ -219,7 +219,7 @@ async def test_background_job_of_an_exited_command_is_killed_at_collection(
 
 async def test_slots_free_at_once_while_stubborn_processes_are_torn_down(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=3, max_processes=9) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=3, max_processes=9) as s:
         for _ in range(9):
             await s.pty_exec_start(
                 f"trap '' HUP TERM; echo ready; sleep {marker}; sleep {marker}", until="ready"
@@ -236,7 +236,7 @@ async def test_slots_free_at_once_while_stubborn_processes_are_torn_down(tmp_pat
 
 async def test_a_pruned_process_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3, max_processes=9) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3, max_processes=9) as s:
         first = asyncio.ensure_future(
             s.pty_exec_start(f"echo first; exec sleep {marker}", yield_time_s=30, until="never")
         )
@@ -259,7 +259,7 @@ async def test_a_pruned_process_says_so(tmp_path: Path, caplog: pytest.LogCaptur
 
 async def test_unclosed_session_warns_and_kills_its_processes(tmp_path: Path) -> None:
     marker = unique_seconds()
-    s = UnixLocalSession(workspace=tmp_path)
+    s = UnixLocalSession(workdir=tmp_path)
     await s.start()
     await s.pty_exec_start(f"echo r; exec sleep {marker}", tty=True, until="r")
     await s.pty_exec_start(f"echo r; sleep {marker} & sleep {marker}", until="r")
@@ -277,7 +277,7 @@ async def test_confined_jail_takes_even_a_setsid_orphan_with_it(tmp_path: Path) 
     # Even one that also cleared its environment (unconfined, the tag would not find it):
     # nothing outlives the jail's PID namespace.
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3, confine=True) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3, confine=True) as s:
         update = await s.pty_exec_start("sh -i", tty=True, yield_time_s=2)
         pid = update.process_id
         assert pid is not None

@@ -168,7 +168,7 @@ def test_what_cannot_be_removed_is_one_error_and_the_rest_goes(tmp_path):
 async def test_aclose_removes_a_deep_temporary_workspace(levels, host_folder):
     session = sandbox.open_session("unix_local")
     async with session:
-        workspace = session.workspace
+        workspace = session.workdir
         await make_deep_tree(session, levels, link_to=str(host_folder))
         assert depth_of(os.path.join(workspace, "deep")) == levels
     assert not os.path.exists(workspace)
@@ -187,7 +187,7 @@ async def test_remove_recursive_removes_a_deep_tree(levels, host_folder):
 async def test_remove_recursive_that_cannot_finish_is_a_sandbox_error():
     async with sandbox.open_session("unix_local") as session:
         await make_deep_tree(session, 1200)
-        fd = _open_deep(session.workspace, ["deep", *(["d"] * 600)])
+        fd = _open_deep(session.workdir, ["deep", *(["d"] * 600)])
         try:
             with immutable(f"/proc/self/fd/{fd}/f"):
                 with pytest.raises(sandbox.SandboxError) as caught:
@@ -212,7 +212,7 @@ def _open_deep(top: str, names: list[str]) -> int:
 async def test_aclose_that_cannot_remove_the_workspace_raises_cleanup_error():
     session = sandbox.open_session("unix_local")
     await session.start()
-    workspace = session.workspace
+    workspace = session.workdir
     await make_deep_tree(session, 1200)
     fd = _open_deep(workspace, ["deep", *(["d"] * 1100)])
     try:

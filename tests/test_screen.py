@@ -568,7 +568,7 @@ async def test_session_pty_output_renders_ctrl_c_and_resize(tmp_path: Path) -> N
     # A write's window is 0.25 s by default: `until` ends these long ones early.
     window = {"yield_time_s": 30.0}
     screen = TerminalScreen(24, 80)
-    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path) as session:
         update = await session.pty_exec_start(
             "exec bash --norc --noprofile -i",
             tty=True,

@@ -58,7 +58,7 @@ async def test_resized_past_the_bound_and_back_it_starts_blank() -> None:
 async def test_a_session_on_a_huge_terminal_runs_and_refuses_only_the_screen(
     tmp_path: Path,
 ) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path) as s:
+    async with sandbox.open_session("unix_local", workdir=tmp_path) as s:
         with pytest.raises(ScreenTooLargeError):
             await s.pty_exec_start("true", tty=True, rows=1000, cols=1000, until_screen="x")
         start = await s.pty_exec_start(

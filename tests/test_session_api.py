@@ -17,7 +17,7 @@ from tests.helpers import DeadlineCount, eventually
 
 
 async def test_calls_before_start_and_after_close(tmp_path: Path) -> None:
-    session = sandbox.open_session("unix_local", workspace=tmp_path)
+    session = sandbox.open_session("unix_local", workdir=tmp_path)
     with pytest.raises(sandbox.SessionNotStartedError, match="async with"):
         await session.exec("true")
     await session.start()
@@ -33,8 +33,8 @@ async def test_calls_before_start_and_after_close(tmp_path: Path) -> None:
 
 
 async def test_close_without_start_and_concurrent_close(tmp_path: Path) -> None:
-    await UnixLocalSession(workspace=tmp_path).aclose()
-    s = UnixLocalSession(workspace=tmp_path)
+    await UnixLocalSession(workdir=tmp_path).aclose()
+    s = UnixLocalSession(workdir=tmp_path)
     await s.start()
     await s.pty_exec_start("echo r; exec sleep 30", until="r")
     await asyncio.gather(s.aclose(), s.aclose(), s.aclose())
@@ -43,7 +43,7 @@ async def test_close_without_start_and_concurrent_close(tmp_path: Path) -> None:
 
 async def test_failed_start_cleans_up_and_can_retry(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
-    s = UnixLocalSession(workspace=blocker / "ws")  # fine when opened...
+    s = UnixLocalSession(workdir=blocker / "ws")  # fine when opened...
     blocker.write_text("not a directory")  # ...then a file takes the parent's place
     with pytest.raises(sandbox.InvalidArgumentError, match="workspace"):
         await s.start()
@@ -57,11 +57,11 @@ async def test_failed_start_cleans_up_and_can_retry(tmp_path: Path) -> None:
 
 async def test_temporary_workspace_is_removed(tmp_path: Path) -> None:
     async with UnixLocalSession() as s:
-        ws = Path(s.workspace)
+        ws = Path(s.workdir)
         assert ws.is_dir()
         assert (await s.exec("pwd; echo $HOME")).stdout.decode().split() == [str(ws)] * 2
     assert not ws.exists()
-    async with UnixLocalSession(workspace=tmp_path / "kept") as s:
+    async with UnixLocalSession(workdir=tmp_path / "kept") as s:
         await s.write_file("f.txt", "x")
     assert (tmp_path / "kept" / "f.txt").read_text() == "x"
 
@@ -80,7 +80,7 @@ async def test_temporary_workspace_is_removed(tmp_path: Path) -> None:
     ],
 )
 async def test_bad_arguments_are_rejected_before_starting(tmp_path: Path, kwargs: dict) -> None:  # type: ignore[type-arg]
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         with pytest.raises(sandbox.InvalidArgumentError):
             await s.pty_exec_start("echo should-not-run > ran", **kwargs)
         assert s.pty_processes() == []
@@ -88,7 +88,7 @@ async def test_bad_arguments_are_rejected_before_starting(tmp_path: Path, kwargs
 
 
 async def test_bad_commands_and_timeouts(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         for bad in ((), ("",), ("a\x00b",)):
             with pytest.raises(sandbox.InvalidArgumentError):
                 await s.exec(*bad)
@@ -100,7 +100,7 @@ async def test_bad_commands_and_timeouts(tmp_path: Path) -> None:
 
 
 async def test_absurd_yield_times_are_clamped(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         update = await s.pty_exec_start("echo r; exec sleep 30", until="r", yield_time_s=1e9)
         assert update.process_id is not None
         loop = asyncio.get_running_loop()
@@ -119,7 +119,7 @@ async def test_absurd_yield_times_are_clamped(tmp_path: Path) -> None:
 
 
 async def test_write_to_exited_process_loses_nothing(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         update = await s.pty_exec_start("echo r; read x; echo last words", tty=True, until="r")
         pid = update.process_id
         assert pid is not None
@@ -140,7 +140,7 @@ async def test_write_to_exited_process_loses_nothing(tmp_path: Path) -> None:
 async def test_registry_warns_near_the_limit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.1) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.1) as s:
         with caplog.at_level(logging.WARNING, logger="sandbox"):
             for _ in range(59):
                 await s.pty_exec_start("echo r; exec sleep 30", until="r")
@@ -151,7 +151,7 @@ async def test_registry_warns_near_the_limit(
 
 
 async def test_ids_are_random_and_unique(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         ids = set()
         for _ in range(30):
             update = await s.pty_exec_start("echo r; exec sleep 30", until="r")
@@ -162,7 +162,7 @@ async def test_ids_are_random_and_unique(tmp_path: Path) -> None:
 
 
 async def test_a_write_preempts_a_long_poll(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         update = await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
         pid = update.process_id
         assert pid is not None

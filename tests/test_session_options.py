@@ -23,7 +23,7 @@ def _usual(name: str, tmp_path: Path) -> dict[str, Any]:
     """The options the conformance fixture of `name` passes (credentials are dummies)."""
     ws = str(tmp_path / "ws")
     return {
-        "unix_local": lambda: {"workspace": ws, "terminate_grace_s": 0.5},
+        "unix_local": lambda: {"workdir": ws, "terminate_grace_s": 0.5},
         "docker": lambda: {"container": "c0ffee", "workdir": "/tmp/ws", "terminate_grace_s": 0.5},
         "blaxel": lambda: {
             "workdir": ws,
@@ -133,9 +133,9 @@ def test_bad_option_is_refused_at_open(
 def test_workspace_under_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "a-file").touch()
     with pytest.raises(sandbox.InvalidArgumentError, match=r"is inside .* not a directory"):
-        sandbox.open_session("unix_local", workspace=tmp_path / "a-file" / "ws")
+        sandbox.open_session("unix_local", workdir=tmp_path / "a-file" / "ws")
     with pytest.raises(sandbox.InvalidArgumentError, match="exists and is not a directory"):
-        sandbox.open_session("unix_local", workspace=tmp_path / "a-file")
+        sandbox.open_session("unix_local", workdir=tmp_path / "a-file")
 
 
 @pytest.mark.parametrize(

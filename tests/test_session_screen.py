@@ -30,7 +30,7 @@ LONG = 20.0
 async def session(tmp_path: Path) -> AsyncIterator[BaseSandboxSession]:
     """A started unix_local session, closed after the test."""
     async with sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5
+        "unix_local", workdir=tmp_path / "ws", terminate_grace_s=0.5
     ) as s:
         yield s
 
@@ -256,7 +256,7 @@ async def test_recording_survives_a_cancelled_close(tmp_path: Path) -> None:
     record_dir = tmp_path / "casts"
     record_dir.mkdir()
     session = sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, record_dir=record_dir
+        "unix_local", workdir=tmp_path / "ws", terminate_grace_s=0.5, record_dir=record_dir
     )
     await session.start()
     pid = await start_bash(session)

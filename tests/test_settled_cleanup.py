@@ -110,7 +110,7 @@ async def finish(task: asyncio.Task[None]) -> None:
 
 @pytest.fixture
 async def session(tmp_path: Path) -> AsyncIterator[UnixLocalSession]:
-    s = sandbox.open_session("unix_local", workspace=tmp_path, terminate_grace_s=0.2)
+    s = sandbox.open_session("unix_local", workdir=tmp_path, terminate_grace_s=0.2)
     assert isinstance(s, UnixLocalSession)
     async with s:
         yield s
@@ -149,7 +149,7 @@ async def test_finalizing_an_exited_process(session: UnixLocalSession, cancels: 
 @pytest.mark.parametrize("cancels", CANCELS)
 async def test_pruning_a_full_registry(tmp_path: Path, cancels: int) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, max_processes=9, terminate_grace_s=0.2) as s:
+    async with UnixLocalSession(workdir=tmp_path, max_processes=9, terminate_grace_s=0.2) as s:
         pids = [await start_sleeper(s, marker, tty=False) for _ in range(9)]
         blocker = BlockingTeardown(s)
         task, outcome = run_task(lambda: s.pty_exec_start(f"exec sleep {marker}"))
@@ -191,7 +191,7 @@ async def test_terminate_one(session: UnixLocalSession, cancels: int) -> None:
 async def test_terminate_all_is_one_batch(tmp_path: Path, cancels: int) -> None:
     marker = unique_seconds()
     async with UnixLocalSession(
-        workspace=tmp_path, teardown_concurrency=1, terminate_grace_s=0.2
+        workdir=tmp_path, teardown_concurrency=1, terminate_grace_s=0.2
     ) as s:
         pids = [await start_sleeper(s, marker), await start_sleeper(s, marker, tty=False)]
         blocker = BlockingTeardown(s)
@@ -259,7 +259,7 @@ async def test_start_cancelled_before_registration(session: UnixLocalSession, ca
 @pytest.mark.parametrize("cancels", CANCELS)
 async def test_session_close(tmp_path: Path, cancels: int) -> None:
     marker = unique_seconds()
-    s = UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.2)
+    s = UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.2)
     await s.start()
     pids = [await start_sleeper(s, marker), await start_sleeper(s, marker, tty=False)]
     blocker = BlockingTeardown(s)
@@ -294,7 +294,7 @@ async def test_cleanup_error_surfaces_even_when_cancelled(session: UnixLocalSess
 
 async def test_batch_attempts_every_entry_when_one_fails(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.2) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.2) as s:
         pids = [await start_sleeper(s, marker) for _ in range(3)]
         real = s._terminate_pty_entry
         failed: list[int] = []

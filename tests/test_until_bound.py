@@ -214,7 +214,7 @@ async def test_pathological_until_does_not_block_the_event_loop(tmp_path: Path) 
             await asyncio.sleep(0)
             turns += 1
 
-    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path) as session:
         started = await session.pty_exec_start(
             sys.executable, "-c", child, shell=False, tty=True, yield_time_s=0.25
         )

@@ -114,7 +114,7 @@ async def test_symlink_swap_cannot_lead_files_out(tmp_path: Path, confined: bool
     workspace, host = tmp_path / "ws", tmp_path / "host"
     _prepare(workspace, host)
     async with sandbox.open_session(
-        "unix_local", workspace=workspace, confine=confined, terminate_grace_s=0.5
+        "unix_local", workdir=workspace, confine=confined, terminate_grace_s=0.5
     ) as session:
         await _race(session, host)
 
@@ -174,7 +174,7 @@ async def test_streamed_files_hold_against_the_swap(tmp_path: Path) -> None:
     workspace, host = tmp_path / "ws", tmp_path / "host"
     _prepare(workspace, host)
     outcomes: list[str] = []
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
         async with _swapping(session):
             started = time.monotonic()
             for i in range(ROUNDS):

@@ -12,7 +12,7 @@ from sandbox.testing import conformance
 
 @asynccontextmanager
 async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    yield sandbox.open_session("unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5)
+    yield sandbox.open_session("unix_local", workdir=tmp_path / "ws", terminate_grace_s=0.5)
 
 
 BACKEND = conformance.Backend(

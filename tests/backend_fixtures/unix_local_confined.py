@@ -20,7 +20,7 @@ def skip_reason() -> str | None:
 @asynccontextmanager
 async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
     yield sandbox.open_session(
-        "unix_local", workspace=tmp_path / "ws", terminate_grace_s=0.5, confine=True
+        "unix_local", workdir=tmp_path / "ws", terminate_grace_s=0.5, confine=True
     )
 
 

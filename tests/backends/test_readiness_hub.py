@@ -136,7 +136,7 @@ async def test_close_releases_the_epoll_fd_and_refuses_more() -> None:
 
 async def test_a_session_s_hub_lives_from_its_start_to_its_close(tmp_path: Path) -> None:
     fds = open_fds()
-    async with UnixLocalSession(workspace=tmp_path / "ws") as s:
+    async with UnixLocalSession(workdir=tmp_path / "ws") as s:
         for tty in (False, True):
             update = await s.pty_exec_start("echo through the hub", tty=tty)
             assert update.output.replace("\r\n", "\n") == "through the hub\n"

@@ -34,7 +34,7 @@ def kept_files(session: UnixLocalSession) -> int:
 
 @pytest.fixture
 async def session(tmp_path: Path):  # type: ignore[no-untyped-def]
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3) as s:
         yield s
 
 
@@ -117,7 +117,7 @@ async def test_interrupt_works_when_parent_ignores_sigint(tmp_path: Path) -> Non
 import asyncio, signal, sandbox
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 async def main():
-    async with sandbox.open_session("unix_local", workspace={str(tmp_path)!r}) as s:
+    async with sandbox.open_session("unix_local", workdir={str(tmp_path)!r}) as s:
         for tty in (True, False):
             u = await s.pty_exec_start("echo r; exec sleep 30", tty=tty, until="r")
             await s.pty_interrupt(u.process_id)
@@ -161,7 +161,7 @@ async def test_one_shot_flood_keeps_peak_memory_small(tmp_path: Path) -> None:
     code = f"""
 import asyncio, json, resource, sandbox
 async def main():
-    async with sandbox.open_session("unix_local", workspace={str(tmp_path)!r}) as s:
+    async with sandbox.open_session("unix_local", workdir={str(tmp_path)!r}) as s:
         await s.exec("head -c 1000000 /dev/zero")  # warm up
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         r = await s.exec("head -c 600000000 /dev/zero")
@@ -182,7 +182,7 @@ asyncio.run(main())
 
 
 async def test_exec_output_limit_option(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path, exec_output_limit_bytes=100) as s:
+    async with UnixLocalSession(workdir=tmp_path, exec_output_limit_bytes=100) as s:
         result = await s.exec("seq 1 1000")
         assert len(result.stdout) == 100 and result.stdout.startswith(b"1\n2\n")
         assert result.stdout.endswith(b"999\n1000\n")
@@ -193,7 +193,7 @@ async def test_exec_output_limit_option(tmp_path: Path) -> None:
 
 async def test_start_errors_name_what_failed(session: UnixLocalSession) -> None:
     # Popen's own errors, mapped: never a raw FileNotFoundError / NotADirectoryError.
-    Path(session.workspace, "a-file").touch()
+    Path(session.workdir, "a-file").touch()
     with pytest.raises(sandbox.WorkdirError, match="'missing' does not exist"):
         await session.pty_exec_start("true", cwd="missing")
     with pytest.raises(sandbox.WorkdirError, match="'a-file' is not a directory"):
@@ -209,16 +209,16 @@ async def test_start_errors_name_what_failed(session: UnixLocalSession) -> None:
     "path", ["../outside.txt", "/etc/passwd", "a/../../outside.txt", "link/secret.txt"]
 )
 async def test_file_paths_cannot_escape(session: UnixLocalSession, path: str) -> None:
-    os.symlink("/etc", os.path.join(session.workspace, "link"))
+    os.symlink("/etc", os.path.join(session.workdir, "link"))
     with pytest.raises(sandbox.WorkspacePathError, match="outside the workspace"):
         await session.read_file(path)
     with pytest.raises(sandbox.WorkspacePathError):
         await session.write_file(path, b"x")
-    assert not Path(session.workspace).parent.joinpath("outside.txt").exists()
+    assert not Path(session.workdir).parent.joinpath("outside.txt").exists()
 
 
 async def test_files_inside_and_missing(session: UnixLocalSession) -> None:
-    await session.write_file(os.path.join(session.workspace, "abs.txt"), "absolute ok")
+    await session.write_file(os.path.join(session.workdir, "abs.txt"), "absolute ok")
     assert await session.read_file("abs.txt") == b"absolute ok"
     with pytest.raises(sandbox.SandboxFileNotFoundError):
         await session.read_file("missing.txt")
@@ -227,10 +227,10 @@ async def test_files_inside_and_missing(session: UnixLocalSession) -> None:
 async def test_env_options(tmp_path: Path) -> None:
     os.environ["SANDBOX_TEST_PARENT_VAR"] = "from-parent"
     try:
-        async with UnixLocalSession(workspace=tmp_path, env={"A": "1"}, inherit_env=False) as s:
+        async with UnixLocalSession(workdir=tmp_path, env={"A": "1"}, inherit_env=False) as s:
             out = (await s.exec("echo ${SANDBOX_TEST_PARENT_VAR:-unset} $A")).stdout
             assert out == b"unset 1\n"
-        async with UnixLocalSession(workspace=tmp_path) as s:
+        async with UnixLocalSession(workdir=tmp_path) as s:
             out = (await s.exec("echo $SANDBOX_TEST_PARENT_VAR", env={"X": "y"})).stdout
             assert out == b"from-parent\n"
     finally:
@@ -267,7 +267,7 @@ async def test_terminate_sends_each_polite_signal_once_to_every_process(
     counter.write_text(SIGNAL_COUNTER)
     leader, child = tmp_path / "leader.txt", tmp_path / "child.txt"
     async with UnixLocalSession(
-        workspace=tmp_path / "ws", containment=containment, terminate_grace_s=0.3
+        workdir=tmp_path / "ws", containment=containment, terminate_grace_s=0.3
     ) as s:
         update = await s.pty_exec_start(
             f"setsid {sys.executable} {counter} {child} & exec {sys.executable} {counter} {leader}",

@@ -291,8 +291,8 @@ def test_fast_walk_holds_against_the_swap_loop(tmp_path: Path, resolver: str) ->
 
 
 async def test_persist_cancelled_mid_step_closes_every_fd(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
-        _tree(Path(session.workspace))
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
+        _tree(Path(session.workdir))
         before = open_fds()
         stream = session.persist_workspace()
         task = asyncio.ensure_future(anext(stream))
@@ -464,7 +464,7 @@ async def test_hydrate_400_mib_in_bounded_memory(tmp_path: Path) -> None:
                 yield piece
         yield tar_writer.END
 
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         before = procfs.rss_bytes() // 1024
         peak = before
 

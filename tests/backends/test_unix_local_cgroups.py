@@ -80,7 +80,7 @@ async def test_an_env_i_setsid_child_dies_with_the_session(tmp_path: Path, confi
         if not ok:
             pytest.skip(why)
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, confine=confine) as s:
+    async with UnixLocalSession(workdir=tmp_path, confine=confine) as s:
         assert s.containment == "cgroup"
         update = await s.pty_exec_start(
             f"{FULL_ESCAPE.format(m=marker)}; echo ready; exec sleep {marker}0",
@@ -102,7 +102,7 @@ async def test_an_env_i_setsid_child_dies_with_the_session(tmp_path: Path, confi
 
 async def test_terminate_kills_an_env_i_setsid_child_of_that_process(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3) as s:
         update = await s.pty_exec_start(
             f"{FULL_ESCAPE.format(m=marker)}; echo ready; exec sleep {marker}0",
             tty=True,
@@ -118,7 +118,7 @@ async def test_terminate_kills_an_env_i_setsid_child_of_that_process(tmp_path: P
 
 
 async def test_every_process_is_in_a_leaf_of_the_session_before_it_runs(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         directory = _session_directory(s)
         mount_relative = "/" + os.path.relpath(directory, cg.own_v2_directory()).lstrip("./")
         for tty in (True, False):
@@ -145,15 +145,15 @@ async def test_a_crashed_runs_empty_cgroups_are_cleaned_up(tmp_path: Path) -> No
     stale = os.path.join(cg.own_v2_directory(), f"sandbox-{dead.pid}-0badc0de")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "p1"))
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         assert s.containment == "cgroup"
         assert not os.path.exists(stale)
 
 
 async def test_containment_cgroup_and_tag_options(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path / "a", containment="cgroup") as s:
+    async with UnixLocalSession(workdir=tmp_path / "a", containment="cgroup") as s:
         assert s.containment == "cgroup"
-    async with UnixLocalSession(workspace=tmp_path / "b", containment="tag") as s:
+    async with UnixLocalSession(workdir=tmp_path / "b", containment="tag") as s:
         assert s.containment == "tag"
         update = await s.pty_exec_start("cat /proc/self/cgroup", yield_time_s=5)
         assert "sandbox-" not in update.output
@@ -182,7 +182,7 @@ HOG = f"{sys.executable} -c 'b = bytearray(512 << 20); print(len(b))'"
 
 
 async def test_a_memory_hog_is_killed_with_137_and_the_window_says_why(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path, memory_limit_bytes=64 << 20) as s:
+    async with UnixLocalSession(workdir=tmp_path, memory_limit_bytes=64 << 20) as s:
         update = await s.pty_exec_start(HOG, tty=True, yield_time_s=30)
         assert update.exit_code == 137, update.output
         assert "memory limit" in update.output
@@ -196,7 +196,7 @@ async def test_a_memory_hog_is_killed_with_137_and_the_window_says_why(tmp_path:
 
 async def test_a_fork_bomb_stops_at_the_process_limit_and_close_ends(tmp_path: Path) -> None:
     marker = unique_seconds()
-    async with UnixLocalSession(workspace=tmp_path, process_limit=40) as s:
+    async with UnixLocalSession(workdir=tmp_path, process_limit=40) as s:
         script = f"b() {{ sleep {marker} & b & }}; b; echo started; wait"
         update = await s.pty_exec_start(script, tty=False, until="started", yield_time_s=10)
         assert update.process_id is not None
@@ -231,7 +231,7 @@ def _limit_file_of(pid: int, controller: str, v1_name: str, v2_name: str) -> str
 
 
 async def test_cpu_and_process_limits_are_in_force_for_the_process(tmp_path: Path) -> None:
-    async with UnixLocalSession(workspace=tmp_path, cpu_limit=0.5, process_limit=100) as s:
+    async with UnixLocalSession(workdir=tmp_path, cpu_limit=0.5, process_limit=100) as s:
         update = await s.pty_exec_start("echo up; exec sleep 60", until="up")
         assert update.process_id is not None
         pid = next(p.process_id for p in s.pty_processes())
@@ -253,7 +253,7 @@ def test_sandbox_backends_says_which_containment_and_limits() -> None:
 
 
 async def test_a_cancelled_start_removes_its_cgroup(tmp_path: Path) -> None:
-    s = UnixLocalSession(workspace=tmp_path)
+    s = UnixLocalSession(workdir=tmp_path)
     gate = HookGate(s, "_start_backend", after=True)
     start = asyncio.create_task(s.start())
     await gate.reached.wait()
@@ -270,7 +270,7 @@ async def test_a_cancelled_close_still_kills_everything_and_removes_the_cgroup(
     tmp_path: Path,
 ) -> None:
     marker = unique_seconds()
-    s = UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.2)
+    s = UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.2)
     await s.start()
     directory = _session_directory(s)
     update = await s.pty_exec_start(
@@ -318,7 +318,7 @@ async def test_a_session_keeps_a_bounded_number_of_events_files(tmp_path: Path) 
     count = cg.KEPT_EVENTS_FILES + 8
     marker = unique_seconds()
     async with UnixLocalSession(
-        workspace=tmp_path, terminate_grace_s=0.3, max_processes=2 * count
+        workdir=tmp_path, terminate_grace_s=0.3, max_processes=2 * count
     ) as s:
         updates = await asyncio.gather(
             *(s.pty_exec_start(f"echo r; exec sleep {marker}", until="r") for _ in range(count))

@@ -38,7 +38,7 @@ def need_bwrap() -> None:
 def confined(tmp_path: Path, **options: object) -> UnixLocalSession:
     """A confined session (not started) with its workspace at tmp_path/ws."""
     return UnixLocalSession(
-        workspace=tmp_path / "ws",
+        workdir=tmp_path / "ws",
         confine=True,
         terminate_grace_s=0.3,
         **options,  # type: ignore[arg-type]
@@ -86,11 +86,11 @@ async def test_cannot_write_outside_the_workspace(jail: UnixLocalSession, tmp_pa
 
 async def test_workspace_is_writable_home_and_same_path(jail: UnixLocalSession) -> None:
     result = await jail.exec('echo inside > made.txt; echo "$HOME|$(pwd)|$TMPDIR"')
-    assert result.stdout.decode().strip() == f"{jail.workspace}|{jail.workspace}|/tmp"
+    assert result.stdout.decode().strip() == f"{jail.workdir}|{jail.workdir}|/tmp"
     assert await jail.read_file("made.txt") == b"inside\n"
     await jail.write_file("sub/from-host.txt", "outside\n")
     assert (await jail.exec("cat sub/from-host.txt")).stdout == b"outside\n"
-    assert (await jail.exec("pwd", cwd="sub")).stdout.decode().strip() == f"{jail.workspace}/sub"
+    assert (await jail.exec("pwd", cwd="sub")).stdout.decode().strip() == f"{jail.workdir}/sub"
 
 
 async def test_home_and_other_projects_are_invisible(
@@ -107,7 +107,7 @@ async def test_home_and_other_projects_are_invisible(
         result = await jail.exec(probe)
         assert secret not in result.stdout.decode() + result.stderr.decode()
         assert result.stderr.count(b"No such file") == 3
-        async with UnixLocalSession(workspace=tmp_path / "plain") as plain:
+        async with UnixLocalSession(workdir=tmp_path / "plain") as plain:
             assert secret in (await plain.exec(probe)).stdout.decode()  # the probe works
         listing = set(result.stdout.decode().split())
         assert not listing & {"root", "home", "var", "run", "srv", "mnt", "media", "opt"}
@@ -123,7 +123,7 @@ async def test_workspace_that_would_expose_the_home_is_refused(
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     for workspace in (home, tmp_path, Path("/")):
-        session = UnixLocalSession(workspace=workspace, confine=True)
+        session = UnixLocalSession(workdir=workspace, confine=True)
         with pytest.raises(sandbox.InvalidArgumentError, match="workspace"):
             await session.start()
         await session.aclose()
@@ -164,7 +164,7 @@ async def test_cannot_see_processes_outside(jail: UnixLocalSession, tmp_path: Pa
         inside = (await jail.exec(probe)).stdout.decode()
         assert marker not in inside
         assert int(inside.split()[-1]) < 10, "only the jail's own few processes"
-        async with UnixLocalSession(workspace=tmp_path / "plain") as plain:
+        async with UnixLocalSession(workdir=tmp_path / "plain") as plain:
             assert marker in (await plain.exec(probe)).stdout.decode()  # the probe works
     finally:
         outside.kill()
@@ -344,7 +344,7 @@ def pending():
 
 async def main():
     result = {}
-    async with sandbox.open_session("unix_local", workspace=workspace, confine=True) as s:
+    async with sandbox.open_session("unix_local", workdir=workspace, confine=True) as s:
         update = await s.pty_exec_start("python3", attacker, marker, tty=True, yield_time_s=20)
         result["tty"] = update.output
         pipes = await s.exec("python3", attacker, marker, shell=False)
@@ -503,7 +503,7 @@ async def test_bwrap_without_namespaces_is_a_clear_error(
     monkeypatch.setenv("PATH", f"{fake_bin}:/usr/bin:/bin")
     ok, reason = confine.availability()
     assert not ok and "No permissions to creating new namespace" in reason
-    session = UnixLocalSession(workspace=tmp_path / "ws", confine=True)
+    session = UnixLocalSession(workdir=tmp_path / "ws", confine=True)
     with pytest.raises(sandbox.BackendUnavailableError, match="bubblewrap"):
         await session.start()
     with pytest.raises(sandbox.SessionNotStartedError):  # nothing runs unconfined instead

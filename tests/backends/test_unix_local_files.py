@@ -27,7 +27,7 @@ MEASURE = textwrap.dedent(
     import sandbox
 
     async def main(workspace):
-        async with sandbox.open_session("unix_local", workspace=workspace) as s:
+        async with sandbox.open_session("unix_local", workdir=workspace) as s:
             await s.write_file("warm.txt", b"warm")  # load what the first call loads
             await s.read_file("warm.txt")
             async for _ in s.read_file_chunks("warm.txt"):
@@ -59,7 +59,7 @@ MEASURE = textwrap.dedent(
 
 @pytest.fixture
 async def session(tmp_path: Path):  # type: ignore[no-untyped-def]
-    async with UnixLocalSession(workspace=tmp_path, terminate_grace_s=0.3) as s:
+    async with UnixLocalSession(workdir=tmp_path, terminate_grace_s=0.3) as s:
         yield s
 
 
@@ -97,7 +97,7 @@ async def test_limits_and_chunk_sizes(session: UnixLocalSession, tmp_path: Path)
         await session.read_file("ten.txt", max_bytes=-1)
     with pytest.raises(sandbox.InvalidArgumentError, match="read_limit_bytes"):
         UnixLocalSession(read_limit_bytes=-5)
-    async with UnixLocalSession(workspace=tmp_path, read_limit_bytes=4) as small:
+    async with UnixLocalSession(workdir=tmp_path, read_limit_bytes=4) as small:
         with pytest.raises(sandbox.FileTooLargeError, match="limit of 4 bytes"):
             await small.read_file("ten.txt")
         # Streaming has no limit here: it never holds the file.

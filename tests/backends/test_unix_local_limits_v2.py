@@ -127,7 +127,7 @@ V2_REASON = _v2_controllers_reason()
 @pytest.mark.skipif(V2_REASON is not None, reason=f"no cgroup v2 controllers: {V2_REASON}")
 async def test_v2_limits_are_in_force_where_the_controllers_exist(tmp_path: Path) -> None:
     async with UnixLocalSession(
-        workspace=tmp_path, memory_limit_bytes=64 << 20, process_limit=32, cpu_limit=0.5
+        workdir=tmp_path, memory_limit_bytes=64 << 20, process_limit=32, cpu_limit=0.5
     ) as s:
         if set(s.limits_enforced.values()) != {"cgroup v2"}:
             pytest.skip(f"our cgroup may not delegate them: {s.limits_enforced}")

@@ -52,7 +52,7 @@ def _proc_stat(text: str) -> list[str]:
 async def test_a_terminal_process_leads_its_session_with_the_terminal(
     tmp_path: Path, path: str
 ) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         update = await s.pty_exec_start("echo $$; cat /proc/$$/stat; tty", tty=True, yield_time_s=5)
         assert update.exit_code == 0, update.output
         pid_line, stat_line, tty_line = update.output.splitlines()[:3]
@@ -64,7 +64,7 @@ async def test_a_terminal_process_leads_its_session_with_the_terminal(
 
 
 async def test_pipes_get_dev_null_stdin_and_their_own_session(tmp_path: Path, path: str) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         result = await s.exec("echo $$; cat /proc/$$/stat; readlink /proc/self/fd/0; cat")
         assert result.exit_code == 0
         pid_line, stat_line, stdin = result.stdout.decode().splitlines()
@@ -79,7 +79,7 @@ async def test_only_the_standard_fds_reach_the_command(tmp_path: Path, path: str
     os.set_inheritable(leak_r, True)
     os.set_inheritable(leak_w, True)
     try:
-        async with UnixLocalSession(workspace=tmp_path) as s:
+        async with UnixLocalSession(workdir=tmp_path) as s:
             for tty in (True, False):
                 update = await s.pty_exec_start("exec ls /proc/self/fd", tty=tty, yield_time_s=5)
                 # 3 is the directory ls reads.
@@ -94,7 +94,7 @@ async def test_signals_this_process_ignores_are_default_again_in_the_command(
 ) -> None:
     before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
     try:
-        async with UnixLocalSession(workspace=tmp_path) as s:
+        async with UnixLocalSession(workdir=tmp_path) as s:
             for tty in (True, False):
                 update = await s.pty_exec_start(
                     "exec grep SigIgn /proc/self/status", tty=tty, yield_time_s=5
@@ -108,7 +108,7 @@ async def test_signals_this_process_ignores_are_default_again_in_the_command(
 
 
 async def test_start_errors_name_the_program_and_the_directory(tmp_path: Path, path: str) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         with pytest.raises(sandbox.SandboxError, match="no-such-program-xyz"):
             await s.pty_exec_start("no-such-program-xyz", shell=False, tty=True)
         with pytest.raises(sandbox.SandboxError, match="no-such-dir"):
@@ -121,7 +121,7 @@ async def test_start_errors_name_the_program_and_the_directory(tmp_path: Path, p
 
 
 async def test_many_starts_leak_no_fd_and_no_child(tmp_path: Path, path: str) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         await s.pty_exec_start("true", tty=True)
         fds, kids = open_fds(), children_of_me()
         for i in range(40):
@@ -134,7 +134,7 @@ async def test_many_starts_leak_no_fd_and_no_child(tmp_path: Path, path: str) ->
 @pytest.mark.skipif(HELPER is None, reason=SKIP_HELPER or "")
 async def test_the_helper_starts_processes_inside_their_leaf(tmp_path: Path) -> None:
     with _helper_state(HELPER):
-        async with UnixLocalSession(workspace=tmp_path) as s:
+        async with UnixLocalSession(workdir=tmp_path) as s:
             if s.containment != "cgroup":
                 pytest.skip("no cgroup can be made here")
             cgroup = s._cgroup
@@ -184,7 +184,7 @@ async def test_each_start_sees_the_host_environment_of_its_moment(
 ) -> None:
     # The decoded copy of os.environ is reused between starts (`local.host_env`): a
     # change, a removal or an undecodable value must still reach the next start.
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as s:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as s:
         monkeypatch.setenv("SANDBOX_ENV_PROBE", "one")
         first = await s.pty_exec_start('printf "%s" "$SANDBOX_ENV_PROBE"')
         monkeypatch.setenv("SANDBOX_ENV_PROBE", "two é")

@@ -48,7 +48,7 @@ async def _fetch(exposed: sandbox.ExposedPort, path: str) -> bytes:
 
 async def test_unix_local_exposes_a_loopback_server(tmp_path: Path) -> None:
     port = _free_port()
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         await session.write_file("site/hello.txt", b"hello from the sandbox")
         update = await session.pty_exec_start(
             f"cd site && {HTTP_SERVER} {port} --bind 127.0.0.1",
@@ -70,7 +70,7 @@ async def test_a_confined_session_without_network_cannot_expose(tmp_path: Path) 
 
     if not confine.availability()[0]:
         pytest.skip("no bubblewrap jail here")
-    async with sandbox.open_session("unix_local", workspace=tmp_path, confine=True) as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path, confine=True) as session:
         with pytest.raises(sandbox.UnsupportedOperationError, match="network=True"):
             await session.expose_port(8000)
 
@@ -131,7 +131,7 @@ async def test_docker_snapshot_reopens_with_the_files() -> None:
 
 
 async def test_unix_local_has_no_snapshots(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path) as session:
         with pytest.raises(sandbox.UnsupportedOperationError, match="persist_workspace"):
             await session.snapshot()
     ref = sandbox.SnapshotRef(backend="unix_local", snapshot_id="x")

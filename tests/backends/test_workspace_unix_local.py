@@ -77,7 +77,7 @@ async def test_swapped_symlink_cannot_lead_workspace_calls_out(tmp_path: Path) -
     workspace, host = tmp_path / "ws", tmp_path / "host"
     _prepare(workspace, host)
     outcomes: list[str] = []
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
         update = await session.pty_exec_start(
             f"exec python3 swapper.py {BUDGET_S + 30:g}", until="swapping", yield_time_s=30
         )
@@ -148,17 +148,17 @@ def test_resolvers_hold_for_tree_calls(tmp_path: Path, resolver: str) -> None:
 
 
 async def test_hydrate_onto_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
-        os.mkfifo(os.path.join(session.workspace, "pipe"))
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
+        os.mkfifo(os.path.join(session.workdir, "pipe"))
         async with asyncio.timeout(60):  # a safety net: the refusal must not wait
             with pytest.raises(sandbox.NotAFileError, match="'pipe'"):
                 await session.hydrate_workspace([_tar("pipe", b"data")])
 
 
 async def test_persist_400_mib_in_bounded_memory(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         for k in range(4):  # sparse files: 400 MiB of data, hardly any disk
-            path = os.path.join(session.workspace, f"big/part{k}.bin")
+            path = os.path.join(session.workdir, f"big/part{k}.bin")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
                 handle.truncate(100 * 1024 * 1024)
@@ -176,7 +176,7 @@ async def test_persist_400_mib_in_bounded_memory(tmp_path: Path) -> None:
 
 
 async def test_persist_closed_early_leaks_no_fd(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         await session.write_file("a/big.bin", b"x" * (5 * 1024 * 1024))
         before = open_fds()
         async with contextlib.aclosing(session.persist_workspace()) as stream:
@@ -189,7 +189,7 @@ async def test_persist_closed_early_leaks_no_fd(tmp_path: Path) -> None:
 async def test_hydrate_cancelled_inside_a_write_leaks_nothing(tmp_path: Path) -> None:
     """Cancelled while a file is half written (its fd open in the lander, a batch of its
     data flushed): every fd is closed, and the session hydrates again."""
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         size = 3 * tar_land.BATCH_BYTES
         blocked = asyncio.Event()
 
@@ -213,7 +213,7 @@ async def test_hydrate_cancelled_inside_a_write_leaks_nothing(tmp_path: Path) ->
 
 
 async def test_hydrate_cancelled_while_its_source_blocks(tmp_path: Path) -> None:
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         blocked = asyncio.Event()
         first = _tar("big.bin", b"z" * 100_000)
 

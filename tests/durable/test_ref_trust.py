@@ -204,7 +204,7 @@ def test_cli_refuses_a_forged_ref_file_with_exit_2_and_deletes_nothing(tmp_path)
 def test_a_confined_sandbox_rewriting_its_own_ref_file_changes_nothing(tmp_path):
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    opened = _cli("open", "--confine", "--workspace", str(workspace), cwd=tmp_path)
+    opened = _cli("open", "--confine", "--workdir", str(workspace), cwd=tmp_path)
     assert opened.returncode == 0, opened.stderr
     ref_file = workspace / "ref.json"
     ref_file.write_bytes(opened.stdout)

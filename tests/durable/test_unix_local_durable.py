@@ -14,7 +14,7 @@ from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_secon
 
 
 async def test_ref_round_trips_by_value(tmp_path):
-    async with sandbox.open_session("unix_local", workspace=tmp_path, env={"TOKEN": "s3cret"}) as s:
+    async with sandbox.open_session("unix_local", workdir=tmp_path, env={"TOKEN": "s3cret"}) as s:
         await s.pty_exec_start("sleep", unique_seconds(), yield_time_s=0.1)
         ref = s.ref()
         again = sandbox.SessionRef.from_json(ref.to_json())
@@ -41,7 +41,7 @@ async def test_detach_terminates_children_and_resume_reports_them(tmp_path):
     marker = unique_seconds()
     session = sandbox.open_session("unix_local")
     await session.start()
-    workspace = session.workspace
+    workspace = session.workdir
     await session.write_file("kept.txt", b"still here")
     update = await session.pty_exec_start("sleep", marker, yield_time_s=0.1)
     pid = update.process_id
@@ -78,7 +78,7 @@ async def test_resume_of_a_gone_workspace_is_session_gone(tmp_path):
 
 
 async def test_resume_after_close_is_session_gone(tmp_path):
-    async with sandbox.open_session("unix_local", workspace=tmp_path) as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path) as session:
         ref = session.ref()
     with pytest.raises(sandbox.SessionGoneError):
         async with sandbox.resume_session(ref):
@@ -87,7 +87,7 @@ async def test_resume_after_close_is_session_gone(tmp_path):
 
 async def test_takeover_locks_the_old_client_out_and_its_close_leaves_things(tmp_path):
     marker = unique_seconds()
-    old = sandbox.open_session("unix_local", workspace=tmp_path)
+    old = sandbox.open_session("unix_local", workdir=tmp_path)
     await old.start()
     await old.pty_exec_start("sleep", marker, yield_time_s=0.1)
     ref = old.ref()
@@ -106,7 +106,7 @@ async def test_takeover_locks_the_old_client_out_and_its_close_leaves_things(tmp
 
 
 async def test_takeover_after_the_old_close_is_gone(tmp_path):
-    old = sandbox.open_session("unix_local", workspace=tmp_path)
+    old = sandbox.open_session("unix_local", workdir=tmp_path)
     await old.start()
     ref = old.ref()
     await old.aclose()
@@ -119,7 +119,7 @@ async def test_takeover_after_the_old_close_is_gone(tmp_path):
 async def test_resume_racing_the_old_close_leaves_one_owner(tmp_path, winner):
     old = sandbox.open_session("unix_local")
     await old.start()
-    workspace = old.workspace
+    workspace = old.workdir
     ref = old.ref()
     new = sandbox.resume_session(ref)
     if winner == "close":
@@ -147,7 +147,7 @@ async def test_resume_racing_the_old_close_leaves_one_owner(tmp_path, winner):
 
 
 async def test_cancelled_resume_leaves_the_ref_the_owner(tmp_path):
-    session = sandbox.open_session("unix_local", workspace=tmp_path)
+    session = sandbox.open_session("unix_local", workdir=tmp_path)
     await session.start()
     ref = await session.detach()
     new = sandbox.resume_session(ref)
@@ -165,7 +165,7 @@ async def test_cancelled_resume_leaves_the_ref_the_owner(tmp_path):
 
 async def test_cancelled_detach_still_hands_the_sandbox_to_the_ref(tmp_path):
     marker = unique_seconds()
-    session = sandbox.open_session("unix_local", workspace=tmp_path)
+    session = sandbox.open_session("unix_local", workdir=tmp_path)
     await session.start()
     await session.pty_exec_start("sleep", marker, yield_time_s=0.1)
     gate = HookGate(session, "_detach_backend")

@@ -268,7 +268,7 @@ async def test_serialized_state_holds_no_secret(tmp_path: Path) -> None:
     secret = "sk-live-" + os.urandom(8).hex()
     options = SandboxClientOptions(
         backend="unix_local",
-        backend_options={"workspace": str(tmp_path), "api_key": secret, "env": {"A": "1"}},
+        backend_options={"workdir": str(tmp_path), "api_key": secret, "env": {"A": "1"}},
     )
     session = await client.create(options=options)
     payload = json.dumps(client.serialize_session_state(session.state))
@@ -291,7 +291,7 @@ async def test_delete_removes_only_a_workspace_the_client_made(tmp_path: Path) -
 
     given = await client.create(
         options=SandboxClientOptions(
-            backend="unix_local", backend_options={"workspace": str(tmp_path)}
+            backend="unix_local", backend_options={"workdir": str(tmp_path)}
         )
     )
     await given.start()

@@ -49,7 +49,7 @@ async def _open(
     session = await client.create(
         manifest=manifest.model_copy(update={"root": str(workspace)}),
         options=SandboxClientOptions(
-            backend="unix_local", backend_options={"workspace": str(workspace), **options}
+            backend="unix_local", backend_options={"workdir": str(workspace), **options}
         ),
     )
     await session.start()
@@ -281,7 +281,7 @@ async def test_manifest_users_are_refused_on_unix_local(tmp_path: Path) -> None:
     session = await client.create(
         manifest=Manifest(root=str(workspace), users=[User(name=name)]),
         options=SandboxClientOptions(
-            backend="unix_local", backend_options={"workspace": str(workspace)}
+            backend="unix_local", backend_options={"workdir": str(workspace)}
         ),
     )
     try:

@@ -63,7 +63,7 @@ async def sdk_session(host: Host) -> AsyncIterator[SandboxSession]:
     client = SandboxClient()
     session = await client.create(
         options=SandboxClientOptions(
-            backend="unix_local", backend_options={"workspace": str(host.workspace)}
+            backend="unix_local", backend_options={"workdir": str(host.workspace)}
         )
     )
     await session.start()
@@ -197,7 +197,7 @@ def forge(payload: dict[str, Any], folder: str, *, edit_ref: bool) -> dict[str, 
     with `edit_ref` the ref's workspace too (its seal then no longer matches)."""
     forged = copy.deepcopy(payload)
     forged["workspace_root_owned"] = True
-    forged["backend_options"] = {**forged["backend_options"], "workspace": folder}
+    forged["backend_options"] = {**forged["backend_options"], "workdir": folder}
     forged["manifest"]["root"] = folder
     if edit_ref:
         assert forged["session_ref"] is not None
@@ -222,7 +222,7 @@ async def test_a_forged_state_removes_nothing(
             given = tmp_path / "given"
             given.mkdir()
             options = SandboxClientOptions(
-                backend="unix_local", backend_options={"workspace": str(given)}
+                backend="unix_local", backend_options={"workdir": str(given)}
             )
             forged_from, payload = await started(client, options)
         await client.delete(forged_from)
@@ -265,7 +265,7 @@ async def test_a_state_edited_in_memory_removes_nothing(tmp_path: Path) -> None:
     own = Path(mine.state.manifest.root)
     try:
         state = mine.state
-        state.backend_options["workspace"] = str(victim)
+        state.backend_options["workdir"] = str(victim)
         state.manifest = state.manifest.model_copy(update={"root": str(victim)})
         with pytest.raises(sandbox.RefNotTrustedError):
             await client.delete(mine)

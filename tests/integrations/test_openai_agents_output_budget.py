@@ -66,7 +66,7 @@ def assert_head_and_tail(output: str, budget_tokens: int) -> None:
 async def test_send_keys_cuts_a_flood_to_the_default_budget_unless_asked(
     tmp_path: Path,
 ) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as session:
+    async with UnixLocalSession(workdir=tmp_path) as session:
         adapter = await AgentsSessionAdapter.around(session)
         output = await send_keys_output(adapter)
         assert_head_and_tail(output, MODEL_OUTPUT_TOKENS)

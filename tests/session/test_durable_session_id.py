@@ -10,8 +10,8 @@ from sandbox.backends.unix_local import UnixLocalSession
 
 
 async def test_it_is_the_refs_id_and_a_resume_takes_it_over(tmp_path: Path) -> None:
-    first = UnixLocalSession(workspace=tmp_path)
-    other = UnixLocalSession(workspace=tmp_path)
+    first = UnixLocalSession(workdir=tmp_path)
+    other = UnixLocalSession(workdir=tmp_path)
     assert durable_session_id(first) != durable_session_id(other)  # new per session
     async with first:
         ref = first.ref()

@@ -34,7 +34,7 @@ async def session(
         async with docker_fixture.BACKEND.session(tmp_path) as s:
             yield s
         return
-    async with sandbox.open_session("unix_local", workspace=str(tmp_path / "ws")) as s:
+    async with sandbox.open_session("unix_local", workdir=str(tmp_path / "ws")) as s:
         yield s
 
 

@@ -75,7 +75,7 @@ ORDERS = [
 
 @pytest.mark.parametrize("order", ORDERS)
 async def test_a_write_never_waits_behind_a_poll(tmp_path: Path, order: str) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         pid, entry = await start_cat(s)
         deadlines = DeadlineCount(s)
         first, *rest = order.split()
@@ -125,7 +125,7 @@ async def test_a_write_never_waits_behind_a_poll(tmp_path: Path, order: str) -> 
 async def test_a_write_cancelled_while_it_waits_leaves_no_preemption_behind(
     tmp_path: Path,
 ) -> None:
-    async with UnixLocalSession(workspace=tmp_path) as s:
+    async with UnixLocalSession(workdir=tmp_path) as s:
         pid, entry = await start_cat(s)
         write_through_the_hook(s)
         gate = HookGate(s, "_write_stdin")

@@ -112,7 +112,7 @@ def test_backend_refuses_unknown_capabilities() -> None:
 
 @asynccontextmanager
 async def _unix_local(tmp_path: Path) -> Any:
-    session = sandbox.open_session("unix_local", workspace=tmp_path / "ws")
+    session = sandbox.open_session("unix_local", workdir=tmp_path / "ws")
     yield session
     assert session.state is sandbox.SessionState.CLOSED  # the factory closed it first
 

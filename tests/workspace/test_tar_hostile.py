@@ -94,7 +94,7 @@ async def test_a_negative_size_is_refused_promptly(how: str, tmp_path: Path) -> 
         data = base256_size(-1)
     with pytest.raises(InvalidArgumentError, match="negative"):
         await members(data)
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         with pytest.raises(InvalidArgumentError, match="negative"):
             await asyncio.wait_for(session.hydrate_workspace([data]), 3)
         assert not (tmp_path / "ws" / "x.bin").exists()
@@ -129,7 +129,7 @@ async def test_cp_out_of_a_sandbox_whose_stat_says_minus_one(tmp_path: Path) -> 
     liar.chmod(0o755)
     host = tmp_path / "host"
     host.mkdir()
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
 
         async def run(command: str, **kwargs: object) -> sandbox.ExecResult:
             return await session.exec(f"PATH={workspace / 'bin'}:$PATH {command}", **kwargs)  # type: ignore[arg-type]
@@ -202,7 +202,7 @@ async def test_a_malformed_pax_mtime_is_a_sandbox_error(mtime: str, tmp_path: Pa
         await members(data)
     member.pax_headers = {"mtime": "-86400.5"}  # before the epoch: a number, read
     assert [m.mtime for m in await members(tar_of((member, b"x")))] == [-86400.5]
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         with pytest.raises(InvalidArgumentError, match="pax mtime"):
             await session.hydrate_workspace([data])
 
@@ -211,7 +211,7 @@ async def test_a_nul_in_a_pax_path_is_a_sandbox_error(tmp_path: Path) -> None:
     member = info("plain.txt")
     member.pax_headers = {"path": "a\x00b.txt"}
     data = tar_of((member, b"x"))
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws") as session:
         with pytest.raises(InvalidArgumentError, match="NUL"):
             await session.hydrate_workspace([data])
     assert sorted(os.listdir(tmp_path / "ws")) == []
@@ -234,7 +234,7 @@ async def test_a_link_resolving_out_through_an_earlier_link_is_refused_on_hydrat
     """`l2`'s own text stays inside (three `..` from two folders deep, after `l1`), but
     `l1` is `.`: resolved through it, `l2` is the parent of the workspace."""
     workspace = tmp_path / "ws"
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
         with pytest.raises(InvalidArgumentError, match=r"l2.*pointing out"):
             await session.hydrate_workspace([chained_links()])
         assert os.readlink(workspace / "a" / "b" / "l1") == "."
@@ -269,7 +269,7 @@ async def test_a_later_link_cannot_change_what_an_earlier_one_resolved(tmp_path:
         (info("x", tarfile.SYMTYPE, link="a/b/c/../../.."), b""),
         (info("a/b/c", tarfile.SYMTYPE, link="."), b""),
     )
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
         with pytest.raises(InvalidArgumentError, match="a/b/c"):
             await session.hydrate_workspace([data])
     assert (workspace / "a" / "b" / "c").read_bytes() == b"file"
@@ -278,7 +278,7 @@ async def test_a_later_link_cannot_change_what_an_earlier_one_resolved(tmp_path:
         (info("y", tarfile.SYMTYPE, link="p/q/../../z"), b""),
         (info("p", tarfile.SYMTYPE, link="a/b"), b""),
     )
-    async with sandbox.open_session("unix_local", workspace=tmp_path / "ws2") as session:
+    async with sandbox.open_session("unix_local", workdir=tmp_path / "ws2") as session:
         with pytest.raises(InvalidArgumentError, match="'p' refused"):
             await session.hydrate_workspace([data])
 
@@ -291,7 +291,7 @@ def test_cp_out_refuses_a_link_resolving_out_through_an_earlier_one(tmp_path: Pa
     (workspace / "src" / "a" / "b" / "l1").symlink_to(".")
     (workspace / "src" / "a" / "b" / "l2").symlink_to("l1/../../..")
     back = tmp_path / "back"
-    out = run_cli("cp", "--workspace", str(workspace), ":src", str(back))
+    out = run_cli("cp", "--workdir", str(workspace), ":src", str(back))
     assert out.returncode != 0 and "pointing out" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert os.readlink(back / "a" / "b" / "l1") == "."
@@ -314,7 +314,7 @@ async def test_hydrate_masks_modes(tmp_path: Path) -> None:
         (info("locked", tarfile.DIRTYPE, mode=0o500), b""),
         (info("locked/inside", mode=0o400), b"i"),
     )
-    async with sandbox.open_session("unix_local", workspace=workspace) as session:
+    async with sandbox.open_session("unix_local", workdir=workspace) as session:
         assert await session.hydrate_workspace([data]) == 5
     assert _perm(workspace / "shared") == 0o755
     assert _perm(workspace / "shared" / "tool") == 0o755
@@ -331,7 +331,7 @@ def test_cp_out_masks_modes_on_the_host(tmp_path: Path) -> None:
     (workspace / "src" / "shared").chmod(0o3777)  # setgid, sticky, world-writable
     assert _perm(workspace / "src" / "shared") == 0o3777
     back = tmp_path / "back"
-    out = run_cli("cp", "--workspace", str(workspace), ":src", str(back))
+    out = run_cli("cp", "--workdir", str(workspace), ":src", str(back))
     assert out.returncode == 0, out.stderr
     assert _perm(back / "shared") == 0o755
     assert _perm(back / "shared" / "tool") == 0o755

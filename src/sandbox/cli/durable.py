@@ -72,7 +72,7 @@ def _absolute(path: str) -> str:
 
 def _extra(options: dict[str, Any]) -> dict[str, Any]:
     # Only the generic options go to a resume: the ref says where the sandbox is.
-    return {k: v for k, v in options.items() if k not in ("workspace", "image", "container")}
+    return {k: v for k, v in options.items() if k not in ("workdir", "image", "container")}
 
 
 async def open_command(args: argparse.Namespace) -> int:

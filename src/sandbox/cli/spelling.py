@@ -28,7 +28,7 @@ _ASSIGNMENT = re.compile(
     r"(?<![\w.$/-])(?P<name>[a-z][a-z0-9_]*)="
     r"(?P<value>True\b|False\b|None\b|'[^']*'|\"[^\"]*\"|\[[^\]]*\]|-?\d+(?:\.\d+)?\b)?"
 )
-# A suggestion of the library's unknown-option error: `did you mean 'workspace'?`.
+# A suggestion of the library's unknown-option error: `did you mean 'workdir'?`.
 _SUGGESTION = re.compile(r"did you mean '(?P<name>[a-z][a-z0-9_]*)'")
 # A bare option name with an underscore (`memory_limit_bytes`): never an English word.
 _BARE = re.compile(r"(?<![\w.$/=-])(?P<name>[a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?![\w=])")

@@ -630,7 +630,7 @@ def _version() -> str:
 
 
 def _instructions(backend: str, session: BaseSandboxSession) -> str:
-    where = getattr(session, "workspace", None)
+    where = getattr(session, "workdir", None)
     place = f" Its workspace (the default working directory) is {where}." if where else ""
     return (
         f"Tools to run commands in a {backend} sandbox.{place} Run commands with "

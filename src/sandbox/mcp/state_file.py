@@ -43,7 +43,7 @@ def session_for(
         return open_session(backend, **options)
     path = os.path.abspath(path)
     if os.path.lexists(path):
-        extra = {k: v for k, v in options.items() if k not in ("workspace", "image", "container")}
+        extra = {k: v for k, v in options.items() if k not in ("workdir", "image", "container")}
         session: BaseSandboxSession = resume_session(read_ref_file(path), ref_file=path, **extra)
         return session
     return open_session(backend, ref_file=path, **options)

@@ -84,13 +84,13 @@ class SandboxClient(BaseSandboxClient[SandboxClientOptions]):
             wanted = [port for port in options.exposed_ports if port not in named]
             backend_options["ports"] = [*named, *wanted]
         owned = False
-        if options.backend == "unix_local" and "workspace" not in backend_options:
+        if options.backend == "unix_local" and "workdir" not in backend_options:
             if manifest.root == _default_root():
                 # An SDK-made session gets a workspace of its own, removed by delete().
                 root = await asyncio.to_thread(tempfile.mkdtemp, prefix=_WORKSPACE_PREFIX)
                 manifest = manifest.model_copy(update={"root": root}, deep=True)
                 owned = True
-            backend_options["workspace"] = manifest.root
+            backend_options["workdir"] = manifest.root
         session_id = uuid.uuid4()
         public = public_options(backend_options)
         private = {k: v for k, v in backend_options.items() if k not in public}

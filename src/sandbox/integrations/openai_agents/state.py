@@ -115,7 +115,7 @@ class SandboxSessionState(_SdkSessionState):
         Read it only after `check_trusted`."""
         if not self.workspace_root_owned or self.backend != "unix_local":
             return None
-        folder = self.backend_options.get("workspace")
+        folder = self.backend_options.get("workdir")
         return folder if isinstance(folder, str) else None
 
 
