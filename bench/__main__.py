@@ -51,6 +51,7 @@ def extra_cases() -> list[object]:
         "bench.agents_cases",
         "bench.lease_cases",
         "bench.cli_cases",
+        "bench.runner_cases",
     )
     for module_name in optional:
         try:

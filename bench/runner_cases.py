@@ -1,0 +1,114 @@
+"""The runner (docs/runner.md) started as a local daemon: what a process start costs
+through it, beside a raw fork+exec of the same program in the same run.
+
+"Start `true`" is SPAWN, then its EXIT (output drained, reaped), then FORGET, over one
+connection; raw is the same program on a raw PTY or pipe read by the event loop, waited
+for (bench/raw.py). Both run `true` itself, not through a shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from sandbox.runner import binary
+from sandbox.runner.client import RunnerClient
+from sandbox.runner.frames import Stream
+from sandbox.runner.local import connect_local
+
+from .measure import Figure
+from .raw import RawChild
+
+GROUP = "runner"
+BLOCKS = 4  # ours and raw alternate in this many blocks per round
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+class _Exit:
+    """A sink that only waits for the end."""
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self.code: int | None = None
+
+    def feed(self, data: bytes, stream: Stream) -> None:
+        pass
+
+    def gap(self, start: int, end: int, stream: Stream) -> None:
+        pass
+
+    def exited(self, code: int) -> None:
+        self.code = code
+        self.done.set()
+
+    def lost(self, reason: str) -> None:
+        self.done.set()
+
+
+@contextlib.asynccontextmanager
+async def _runner() -> AsyncIterator[RunnerClient]:
+    """A fresh local runner in a private folder, stopped (SIGTERM) afterwards."""
+    folder = tempfile.mkdtemp(prefix="sbrun-bench-", dir="/tmp")
+    client = await connect_local(Path(folder) / "runner.sock", orphan_timeout=60)
+    assert client.hello is not None
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(client.hello.pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # the runner removes its socket when it exits
+
+
+async def _start_true(client: RunnerClient, process_id: int, tty: bool) -> None:
+    sink = _Exit()
+    await client.spawn(process_id, ["true"], env=ENV, sink=sink, tty=tty)
+    await sink.done.wait()
+    assert sink.code == 0, sink.code
+    await client.forget(process_id)
+
+
+async def runner_start(cfg: Any) -> list[Figure]:
+    """Start `true` through the local runner against a raw fork+exec of `true`."""
+    if binary.runner_binary() is None:
+        skipped = Figure(GROUP, "start `true`", "-", True)
+        skipped.note = f"skipped: {binary.unavailable_reason()}"
+        return [skipped]
+    block = max(1, cfg.starts // BLOCKS)
+    figures = []
+    for tty in (True, False):
+        label = "pty" if tty else "pipes"
+        fig = Figure(GROUP, f"start `true` through the local runner, {label}", "calls/s", True)
+        fig.note = f"baseline: a raw fork+exec of `true`; alternating blocks of {block}"
+        for _ in range(cfg.rounds):
+            async with _runner() as client:
+                process_id = 1
+                for _ in range(10):  # warm-up
+                    await _start_true(client, process_id, tty)
+                ours_s = raw_s = 0.0
+                for _ in range(BLOCKS):
+                    t0 = time.perf_counter()
+                    for _ in range(block):
+                        await _start_true(client, process_id, tty)
+                    t1 = time.perf_counter()
+                    for _ in range(block):
+                        raw = RawChild(["true"], tty=tty)
+                        assert await raw.finish() == 0
+                        raw.kill()
+                    ours_s += t1 - t0
+                    raw_s += time.perf_counter() - t1
+            fig.ours.append(block * BLOCKS / ours_s)
+            fig.baseline.append(block * BLOCKS / raw_s)
+        figures.append(fig)
+    return figures
+
+
+CASES = [runner_start]
