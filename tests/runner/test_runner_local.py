@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -22,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.runner import binary as runner_binary_module
-from sandbox.runner import frames
+from sandbox.runner import frames, local
 from sandbox.runner.client import RunnerClient
-from sandbox.runner.errors import RunnerConnectionLost, RunnerRequestError
+from sandbox.runner.errors import RunnerConnectionLost, RunnerError, RunnerRequestError
 from sandbox.runner.frames import SignalScope, Stream
 from sandbox.runner.local import connect_local, start_local
 from sandbox.testing import procfs
@@ -406,3 +407,41 @@ async def test_file_calls(socket_path: Path, tmp_path: Path) -> None:
         await client.remove(str(folder / "sub"), recursive=True)
         await client.remove(target)
         assert sorted(p.name for p in folder.iterdir()) == ["fifo", "link"]
+
+
+# --- the binary and the private folder --------------------------------------------------
+
+
+def test_the_packaged_binary_and_its_hash(runner_built: Path) -> None:
+    found = runner_binary_module.runner_binary()
+    assert found is not None and found.path == runner_built
+    assert found.sha256 == hashlib.sha256(runner_built.read_bytes()).hexdigest()
+    assert found.size == runner_built.stat().st_size
+    assert runner_binary_module.unavailable_reason() is None
+    version = subprocess.run([str(runner_built), "version"], capture_output=True, check=True)
+    assert version.stdout.decode().endswith(f"protocol {frames.PROTOCOL_VERSION}\n")
+
+
+def test_an_architecture_without_a_build_says_so() -> None:
+    assert runner_binary_module.binary_name("riscv64") is None
+    assert runner_binary_module.runner_binary("riscv64") is None
+    assert runner_binary_module.unavailable_reason("riscv64") == "runner: no build for riscv64"
+    assert runner_binary_module.binary_name("amd64") == "sandbox-runner-linux-x86_64"
+
+
+def test_the_socket_folder_must_be_private(tmp_path: Path) -> None:
+    open_folder = tmp_path / "open"
+    open_folder.mkdir(mode=0o755)
+    open_folder.chmod(0o755)
+    with pytest.raises(RunnerError, match="open to others"):
+        local._private_dir(open_folder)
+    link = tmp_path / "link"
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link.symlink_to(private)
+    with pytest.raises(RunnerError, match="not a folder"):
+        local._private_dir(link)
+    created = local._private_dir(tmp_path / "new")
+    assert created.stat().st_mode & 0o777 == 0o700
+    with pytest.raises(RunnerError, match="at most 107 bytes"):
+        local._check_socket_path(tmp_path / ("x" * 120))
