@@ -17,8 +17,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP) runner
 
-# setup.py and the C source too: the editable install builds the extension in place.
-$(STAMP): pyproject.toml $(CONSTRAINTS) setup.py $(wildcard src/sandbox/_native/*.c)
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
