@@ -272,6 +272,10 @@ impl Server {
                 }
             }
             self.finish_processes();
+            let ids: Vec<u64> = self.conns.keys().copied().collect();
+            for id in ids {
+                self.handle_frames(id);
+            }
             self.pump_all();
             if !self.conns.is_empty() {
                 self.last_client = Instant::now();
@@ -587,7 +591,13 @@ impl Server {
                 c.dead = true;
             }
         }
-        // Handle complete frames while the connection has room for the replies.
+        self.handle_frames(id);
+    }
+
+    /// Handles complete frames already read while the connection has room for the
+    /// replies (and its INPUT is not piling up). Called after every loop turn too: a
+    /// limit may clear without any event on the connection itself.
+    fn handle_frames(&mut self, id: u64) {
         loop {
             let Some(c) = self.conns.get_mut(&id) else { return };
             if c.closing || c.queued() >= HIGH_WATER || c.pending_input >= MAX_PENDING_INPUT {
@@ -860,6 +870,12 @@ impl Server {
         for id in dead {
             if let Some(mut c) = self.conns.remove(&id) {
                 files::abort(&mut c.files);
+            }
+            // Its INPUT not yet begun is dropped (nobody will hear it was written, and a
+            // client reconnecting in a loop must not pile up memory); a partly written
+            // one is finished, so the stream stays whole.
+            for p in self.procs.values_mut() {
+                p.stdin_queue.retain(|i| i.conn != id || i.pos > 0);
             }
         }
         self.recount_pending_input();

@@ -236,3 +236,42 @@ fn protocol_errors() {
     c.send(0x0B, 9, b"ok");
     assert_eq!(c.recv(), (0x8B, 9, b"ok".to_vec()));
 }
+
+#[test]
+fn input_beyond_the_pending_bound_is_all_written() {
+    let r = Runner::start("input");
+    let mut c = r.connect();
+    c.json(0x02, 1, serde_json::json!({"argv": ["sh", "-c", "sleep 0.2; wc -c"], "stdin": "open"}));
+    let chunk = vec![b'x'; 1 << 20];
+    // More than the 4 MiB the runner queues per connection: it stops reading the socket
+    // until the process takes some, then must go on without a new event from us.
+    let writer = {
+        let mut s = c.s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut w = Client { s: s.try_clone().unwrap() };
+            for _ in 0..6 {
+                w.send(0x03, 1, &chunk);
+            }
+            w.send(0x04, 1, b"");
+            w.send(0x0B, 5, b"done");
+            s.flush().unwrap();
+        })
+    };
+    let mut oks = 0;
+    let mut pong = false;
+    let mut out = Vec::new();
+    loop {
+        let (t, i, p) = c.recv();
+        match (t, i) {
+            (0x90, 1) => oks += 1,
+            (0x8B, 5) => pong = true,
+            (0x83, 1) => out.extend_from_slice(&p[9..]),
+            (0x84, 1) => break,
+            (0xFF, _) => panic!("{}", String::from_utf8_lossy(&p)),
+            _ => {}
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!((oks, pong), (7, true));
+    assert_eq!(String::from_utf8_lossy(&out).trim(), (6 << 20).to_string());
+}
