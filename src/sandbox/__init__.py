@@ -42,19 +42,11 @@ from .errors import (
 from .output.until import UntilPattern
 from .session import BaseSandboxSession, SessionState
 from .session.exec_stream import ExecChunk, ExecStream
-
-# Kept callable for old callers (the submodule of the same name would shadow them);
-# not part of the user face: backend authors use `sandbox.backend`.
-from .settle import settle, settle_each  # noqa: F401
 from .types import ExecResult, PtyProcessInfo, PtyUpdate
 from .workspace import ExposedPort, FileInfo, SnapshotRef
 
 if TYPE_CHECKING:
     from .terminal.screen import ScreenSnapshot
-
-
-# Backend-author names that used to be exported here; they live in `sandbox.backend`.
-_MOVED_TO_BACKEND = frozenset({"CommandSpec", "ProcessSpec", "PtyEntry"})
 
 
 def __getattr__(name: str) -> Any:
@@ -64,17 +56,6 @@ def __getattr__(name: str) -> Any:
         from .terminal.screen import ScreenSnapshot
 
         return ScreenSnapshot
-    if name in _MOVED_TO_BACKEND:
-        import warnings
-
-        from . import backend
-
-        warnings.warn(
-            f"sandbox.{name} is for backend authors: import it from sandbox.backend",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
