@@ -43,6 +43,6 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
 BACKEND = conformance.Backend(
     name="e2b",
     session=conformance.fixture_session(environment),
-    capabilities={"files", "resize", "signals"},
+    capabilities={"files", "open_stdin", "resize", "signals"},
     skip_reason=skip_reason,
 )

@@ -54,7 +54,11 @@ Exceptions, as the SDK (2.63) raises them in each situation the fake models:
 - a call on a killed sandbox (`commands.*`, `pty.*`, `files.*`):
   `SandboxNotRunningException` (envd's connection refused, the health probe says gone);
 - `commands.run` in a missing `cwd`: `SandboxException` ("failed to start process");
-  `stdin=True`: the fake raises `InvalidArgumentException` (not modelled);
+  with `stdin=True` the command's stdin is a pipe that `commands.send_stdin` writes and
+  `commands.close_stdin` ends (EOF), as envd's (0.5.2 and later) is; `send_stdin` /
+  `close_stdin` of an ended or unknown pid: `NotFoundException`; of a command started
+  without stdin, or after its close: the fake raises `InvalidArgumentException` (not
+  modelled);
 - `handle.wait()` on a non-zero exit: `CommandExitException` (its `stdout`/`stderr` are
   None with `retain_output=False`); a stream that outlived its `timeout`:
   `TimeoutException`; a stream cut by a dropped connection: whatever `fail("stream")`
@@ -137,6 +141,8 @@ FAULT_POINTS = frozenset(
         "list",
         "commands.run",
         "commands.kill",
+        "commands.send_stdin",
+        "commands.close_stdin",
         "pty.create",
         "pty.send_stdin",
         "pty.resize",
@@ -192,6 +198,7 @@ class FakeProcess:
         rows: int,
         cols: int,
         lifetime: float | None,
+        stdin: bool = False,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._knobs = knobs
@@ -213,6 +220,7 @@ class FakeProcess:
             cwd=cwd,
             rows=rows,
             cols=cols,
+            stdin=stdin and not tty,
             on_stdout=self._on_pty if tty else self._on_stdout,
             on_stderr=None if tty else self._on_stderr,
             on_exit=self._on_exit,
@@ -621,12 +629,10 @@ class FakeCommands:
         *,
         retain_output: bool = True,
     ) -> Any:
-        """`/bin/bash -l -c cmd` on pipes, stdin closed; a handle if `background`, else the
-        result (`CommandExitException` on a non-zero exit)."""
+        """`/bin/bash -l -c cmd` on pipes, stdin closed unless `stdin`; a handle if
+        `background`, else the result (`CommandExitException` on a non-zero exit)."""
         knobs = self._service._knobs
         await knobs.checkpoint("commands.run", after=False, subject=None)
-        if stdin:
-            raise InvalidArgumentException("the fake E2B does not support stdin=True")
         process = self._service._spawn(
             self._state,
             ["/bin/bash", "-l", "-c", cmd],
@@ -634,6 +640,7 @@ class FakeCommands:
             envs=envs,
             cwd=cwd,
             lifetime=timeout,
+            stdin=bool(stdin),
         )
         handle = FakeCommandHandle(
             self._service,
@@ -719,6 +726,36 @@ class FakeCommands:
             handle._stop_reading()
             raise
         return handle
+
+    def _with_stdin(self, pid: int) -> FakeProcess:
+        self._service._check_alive(self._state)
+        process = self._state.processes.get(pid)
+        if process is None or process.ended or process.tty:
+            raise NotFoundException(f"process with pid {pid} not found")
+        if process.local.stdin_fd is None:
+            raise InvalidArgumentException(
+                f"the fake E2B does not model input to process {pid}: it has no open stdin"
+            )
+        return process
+
+    async def send_stdin(
+        self, pid: int, data: str | bytes, request_timeout: float | None = None
+    ) -> None:
+        """Write `data` (a str as UTF-8) to the stdin of the command `pid`."""
+        process = self._state.processes.get(pid)
+        knobs = self._service._knobs
+        await knobs.checkpoint("commands.send_stdin", after=False, subject=process)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        await self._with_stdin(pid).local.write(payload)
+        await knobs.checkpoint("commands.send_stdin", after=True, subject=process)
+
+    async def close_stdin(self, pid: int, request_timeout: float | None = None) -> None:
+        """Close the stdin of the command `pid`: it reads end-of-file."""
+        process = self._state.processes.get(pid)
+        knobs = self._service._knobs
+        await knobs.checkpoint("commands.close_stdin", after=False, subject=process)
+        self._with_stdin(pid).local.close_stdin()
+        await knobs.checkpoint("commands.close_stdin", after=True, subject=process)
 
     async def kill(self, pid: int, request_timeout: float | None = None) -> bool:
         """SIGKILL the command `pid`; False if there is no such running command."""
@@ -1496,6 +1533,7 @@ class FakeE2B:
         lifetime: float | None,
         rows: int = 24,
         cols: int = 80,
+        stdin: bool = False,
     ) -> FakeProcess:
         self._check_alive(state)
         env = {
@@ -1524,6 +1562,7 @@ class FakeE2B:
             rows=rows,
             cols=cols,
             lifetime=lifetime,
+            stdin=stdin,
         )
         self.processes.append(process)
         state.processes[process.pid] = process

@@ -102,6 +102,41 @@ class E2BClient:
             except Exception as exc:
                 self.errors.fail(exc, "write to the terminal")
 
+    async def send_input(self, pid: int, data: bytes) -> None:
+        """Write `data` to the open stdin of the pipe command `pid` (`commands.send_stdin`,
+        in pieces of at most `STDIN_CHUNK`)."""
+        for at in range(0, len(data), STDIN_CHUNK):
+            try:
+                await self.timed(
+                    self.sandbox.commands.send_stdin(
+                        pid, data[at : at + STDIN_CHUNK], **self.request()
+                    ),
+                    "write to the process's stdin",
+                )
+            except NotFoundException:
+                raise ProcessExitedError(
+                    "the process has exited; poll it with empty chars to collect its "
+                    "remaining output and exit code"
+                ) from None
+            except Exception as exc:
+                self.errors.fail(exc, "write to the process's stdin")
+
+    async def close_input(self, pid: int) -> None:
+        """End the open stdin of the pipe command `pid` (`commands.close_stdin`: envd
+        closes the pipe, the command reads end-of-file)."""
+        try:
+            await self.timed(
+                self.sandbox.commands.close_stdin(pid, **self.request()),
+                "close the process's stdin",
+            )
+        except NotFoundException:
+            raise ProcessExitedError(
+                "the process has exited; poll it with empty chars to collect its "
+                "remaining output and exit code"
+            ) from None
+        except Exception as exc:
+            self.errors.fail(exc, "close the process's stdin")
+
     async def disconnect(self, handle: Any) -> None:
         """Stop the SDK's reader of `handle` (local work in the SDK; bounded anyway)."""
         with contextlib.suppress(Exception):

@@ -49,6 +49,7 @@ class E2BProcess:
     waiter: asyncio.Task[None] | None = None
     trap: ShellTrap | None = None
     ended: bool = False
+    stdin_closed: bool = False  # `commands.close_stdin` answered (a retry skips it)
 
     @property
     def tags(self) -> tuple[str, ...]:

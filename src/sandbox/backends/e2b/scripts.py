@@ -35,15 +35,17 @@ from ..toolkit import command_line, interrupt_script, kill_script, wrapper_argv
 MAX_ARG_STRLEN = 32 * 4096
 
 
-def pipe_line(tag: str, command: str) -> str:
+def pipe_line(tag: str, command: str, *, stdin: bool = False) -> str:
     """The bash line (run by envd as `bash -l -c`) that runs `command` on pipes under the
     tagged wrapper, as a job in its own process group, and exits with its status.
 
     The bash's own stderr is /dev/null (a job killed by a signal is reported there);
-    the job gets the real stderr."""
+    the job gets the real stderr. Its stdin is /dev/null, or with `stdin` the bash's
+    own (envd's pipe: a job keeps it under `set -m`, where job control is on)."""
     wrapped = command_line(wrapper_argv(tag, ["sh", "-c", command]))
+    redirect = "" if stdin else " </dev/null"
     return fits_one_string(
-        f"exec 3>&2 2>/dev/null; set -m; {wrapped} </dev/null 2>&3 3>&- & "
+        f"exec 3>&2 2>/dev/null; set -m; {wrapped}{redirect} 2>&3 3>&- & "
         "wait $!; s=$?; kill -KILL -- -$! 2>/dev/null; exit $s"
     )
 

@@ -12,7 +12,9 @@ How the contract maps onto E2B:
   status (128+N for a death by signal N, which E2B reports as -1), so the PTY's own end
   reports the command's exit code.
 - `tty=False` processes (and one-shot `exec`) use `commands.run(background=True,
-  stdin=False)`, the wrapper running as a `set -m` job (see `scripts`).
+  stdin=False)`, the wrapper running as a `set -m` job (see `scripts`); with
+  `stdin=True` the command keeps envd's stdin pipe (`commands.send_stdin` writes to it,
+  `commands.close_stdin` ends it: envd 0.5.2 and later).
 - Interrupt (pipes) and terminate run the toolkit's kill script as a second command: it
   finds the tagged tree through /proc. E2B's own `kill` follows (it reaches the process
   it started only). At the close of a sandbox that is killed next
@@ -348,13 +350,13 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
                     entry.feed(shown)
 
             start = client.sandbox.commands.run(
-                pipe_line(proc.tag, shell_command),
+                pipe_line(proc.tag, shell_command, stdin=spec.stdin),
                 background=True,
                 envs={**(command.env or {}), **tag_environment(proc.outer_tag)},
                 cwd=cwd,
                 on_stdout=on_output if check is None else on_stdout,
                 on_stderr=on_output,
-                stdin=False,
+                stdin=spec.stdin,
                 timeout=client.process_timeout,
                 retain_output=False,
                 **client.request(),
@@ -373,9 +375,21 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
             await wait_for_verdict(entry, trap, check)
 
     async def _write_stdin(self, entry: PtyEntry[E2BProcess], data: bytes) -> None:
-        """Send keystrokes to the PTY (in pieces of at most `STDIN_CHUNK`)."""
+        """Send keystrokes to the PTY, or bytes to a pipe command's open stdin (in
+        pieces of at most `STDIN_CHUNK`)."""
         proc = entry.require_handle()
-        await self._client.send(proc.handle.pid, data)
+        if entry.tty:
+            await self._client.send(proc.handle.pid, data)
+        else:
+            await self._client.send_input(proc.handle.pid, data)
+
+    async def _close_stdin(self, entry: PtyEntry[E2BProcess]) -> None:
+        """`commands.close_stdin`: envd closes the command's stdin pipe after the input
+        sent before (each `send_stdin` answered first). Asked once per process."""
+        proc = entry.require_handle()
+        if not proc.stdin_closed:
+            await self._client.close_input(proc.handle.pid)
+            proc.stdin_closed = True
 
     async def _resize(self, entry: PtyEntry[E2BProcess], rows: int, cols: int) -> None:
         """Resize the PTY (`pty.resize`); a process that just exited is left alone."""
