@@ -130,9 +130,6 @@ class Gate:
         if self._error is not None:
             raise _fresh(self._error, self.hits)
 
-    # The cloudflare stand-in's spelling, kept for code written against its `Stall`.
-    hold = park
-
 
 class PlannedFailure:
     """One planned failure: after `skip` matching calls, the next `times` (None: all)

@@ -298,7 +298,7 @@ class KubernetesApiServer:
     async def _maybe_stall(self, point: str, subject: Any = None) -> None:
         stall = self._stalls.get(point)
         if stall is not None and stall.catches(subject):
-            await stall.hold()
+            await stall.park()
 
     def drop_exec_sockets(self) -> int:
         """Abort every open exec socket (no close frame); returns how many."""
