@@ -165,7 +165,7 @@ async def throughput(cfg: Config) -> list[Figure]:
 
 async def utf8_drain(cfg: Config) -> list[Figure]:
     """A pipe drain of text that is not ASCII (one "é" every 50 bytes): such a window
-    is kept as bytes and decoded at its end (only ASCII is kept as text as it comes)."""
+    is kept as bytes and decoded at its end, as every window is."""
     size = cfg.drain_mb * 1_000_000
     path = cfg.workdir / f"payload-utf8-{size}.txt"
     line = ("a" * 48 + "é").encode()  # 50 bytes
