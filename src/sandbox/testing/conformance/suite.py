@@ -979,9 +979,6 @@ async def test_exec_stream_raises_what_cannot_start(session: BaseSandboxSession)
         session.exec_stream("true", max_buffered_bytes=-1)
 
 
-mark_async_tests(globals())
-
-
 # ---- open stdin (`stdin=True`, `pty_close_stdin`) -------------------------------------
 
 
@@ -1149,3 +1146,6 @@ async def test_close_stdin_raced_by_a_terminate(
     assert session.pty_processes() == []
     assert reserved_ids(session) == set()
     assert await eventually(lambda: not processes_with_arg(marker))
+
+
+mark_async_tests(globals())
