@@ -485,6 +485,15 @@ async def test_a_stalled_call_times_out_and_its_late_answer_is_dropped() -> None
         assert not client.closed
 
 
+async def test_half_a_frame_then_silence_times_calls_out_and_keeps_the_connection() -> None:
+    async with connected() as (client, peer):
+        frame = frames.Pong(0x8000_0000, b"").encode()
+        peer.send(frame[:5])
+        with pytest.raises(RunnerTimeout):
+            await client.list(timeout=0.1)
+        assert not client.closed
+
+
 async def test_endless_output_does_not_starve_deadlines() -> None:
     async with connected() as (client, peer):
         sink = Sink(keep=False)

@@ -195,7 +195,7 @@ class RunnerClient:
         closed and the error raised."""
         client = cls(reader, writer, call_timeout=call_timeout)
         try:
-            await client._handshake(_check_timeout(timeout or client.call_timeout))
+            await client._handshake(client._seconds(timeout))
         except BaseException:
             client._close_transport()
             raise
@@ -870,7 +870,7 @@ class RunnerClient:
         async def run() -> RunnerMessage:
             await self._send(frame)
             if isinstance(data, bytes | bytearray | memoryview):
-                await send_all(bytes(data))
+                await send_all(data if isinstance(data, bytes) else bytes(data))
             elif isinstance(data, AsyncIterable):
                 async for piece in data:
                     await send_all(piece)
