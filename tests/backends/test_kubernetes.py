@@ -521,10 +521,14 @@ async def test_cancelled_exec_and_spawn_leave_no_process(
             else:
                 task = asyncio.ensure_future(s.pty_exec_start(f"sleep {marker}", tty=True))
             await stall.reached.wait()
+            # The cancelled caller waits for the settled undo of its start, which waits
+            # for the stalled call: released at once (not left to its 30 s deadline).
+            # `cancel()` cancels what the caller awaits now, so the release cannot
+            # outrun the cancellation.
             task.cancel()
+            stall.release()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            stall.release()
             assert await eventually(lambda m=marker: not host_pids_with_arg(m))
             assert await eventually(lambda: server.open_execs() == 0)
         assert s.pty_processes() == []
@@ -535,7 +539,10 @@ async def test_cancelled_write_poll_and_terminate(
 ) -> None:
     async with open_k8s(server, tmp_path) as s:
         marker = unique_seconds()
-        started = await s.pty_exec_start(f"sh -c 'read x; sleep {marker}'", tty=True)
+        # A short window: the command prints nothing, so the default one is waited out.
+        started = await s.pty_exec_start(
+            f"sh -c 'read x; sleep {marker}'", tty=True, yield_time_s=0.1
+        )
         pid = started.process_id
         polling = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
         await asyncio.sleep(0)
