@@ -182,3 +182,68 @@ def test_an_earlier_name_is_refused_naming_the_new_one(name: str, old: str, tmp_
     else:  # the backend has no such concept: an unknown option like any other
         assert f"unknown option {old!r}" in message, message
     assert "x\0y" not in message, "values are not echoed (they may be secrets)"
+
+
+# ---- docs/providers.md, "Options": the one table of names ------------------------------
+
+PROVIDERS_MD = Path(__file__).resolve().parents[1] / "docs" / "providers.md"
+
+
+def _options_section() -> str:
+    text = PROVIDERS_MD.read_text()
+    start = text.index("\n## Options\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def _table_rows(section: str, header: str) -> list[list[str]]:
+    lines = section[section.index(header) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _ticked(cell: str) -> list[str]:
+    return [name for name in cell.split("`")[1::2]]
+
+
+def _backend_options() -> dict[str, set[str]]:
+    base = set(option_names(sandbox.BaseSandboxSession))
+    found = {}
+    for name in BACKENDS:
+        if BACKENDS[name].installed:
+            found[name] = set(option_names(load_backend(name))) - base
+    return found
+
+
+def test_the_options_table_names_each_concept_once_with_the_backends_taking_it() -> None:
+    options = _backend_options()
+    listed: set[str] = set()
+    for _concept, names, backends, _notes in _table_rows(
+        _options_section(), "| concept | option |"
+    ):
+        said = {b.strip() for b in backends.split(",")}
+        for option in _ticked(names):
+            assert option not in listed, f"{option} in two rows"
+            listed.add(option)
+            taking = {b for b, taken in options.items() if option in taken}
+            assert taking == said & set(options), (option, sorted(taking), sorted(said))
+
+
+def test_the_earlier_names_table_is_renamed() -> None:
+    rows = _table_rows(_options_section(), "| earlier name | now |")
+    table = {old: _ticked(new)[0] for olds, new in rows for old in _ticked(olds)}
+    assert table == dict(RENAMED)
+
+
+def test_every_backend_option_is_in_the_options_section() -> None:
+    section = _options_section()
+    shared = {o for row in _table_rows(section, "| concept | option |") for o in _ticked(row[1])}
+    for name, taken in _backend_options().items():
+        line = next(x for x in section.split("\n- ")[1:] if x.startswith(f"{name}:"))
+        own = set(_ticked(line))
+        missing = taken - shared - own
+        assert not missing, f"docs/providers.md, Options: add {sorted(missing)} to {name}'s"
+        assert not own - taken, f"docs/providers.md, Options: {name} has no {own - taken}"
