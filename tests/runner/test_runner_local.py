@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -427,6 +428,21 @@ def test_an_architecture_without_a_build_says_so() -> None:
     assert runner_binary_module.runner_binary("riscv64") is None
     assert runner_binary_module.unavailable_reason("riscv64") == "runner: no build for riscv64"
     assert runner_binary_module.binary_name("amd64") == "sandbox-runner-linux-x86_64"
+
+
+def test_a_missing_build_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No build for the other architecture is packaged here: the reason names the file...
+    other = "aarch64" if platform.machine() == "x86_64" else "x86_64"
+    assert runner_binary_module.runner_binary(other) is None
+    assert runner_binary_module.unavailable_reason(other) == (
+        f"runner: not built (no sandbox-runner-linux-{other} in the package; "
+        "`make runner` builds it)"
+    )
+    # ...or, without cargo, the usual cause.
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert runner_binary_module.unavailable_reason(other) == (
+        "runner: not built (cargo missing at install)"
+    )
 
 
 def test_the_socket_folder_must_be_private(tmp_path: Path) -> None:

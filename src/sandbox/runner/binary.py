@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import stat
 from dataclasses import dataclass
 from importlib import resources
@@ -90,4 +91,11 @@ def unavailable_reason(machine: str | None = None) -> str | None:
             why = " ".join(note.read(_MAX_NOTE).split())
     except OSError:
         why = ""
-    return f"runner: not built ({why or f'no {name} in the package; make runner builds it'})"
+    if not why:
+        # No note: the likely cause is the usual one, said the way `sandbox backends` does.
+        why = (
+            "cargo missing at install"
+            if shutil.which("cargo") is None
+            else f"no {name} in the package; `make runner` builds it"
+        )
+    return f"runner: not built ({why})"
