@@ -41,8 +41,11 @@ from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 _SCRIPT = Path(sys.executable).with_name("sandbox")
 SERVER_ARGV = [str(_SCRIPT), "mcp"] if _SCRIPT.exists() else [sys.executable, "-m", "sandbox.mcp"]
 # The SDK's client passes the server only a few variables: a PYTHONPATH that puts a
-# source tree first must reach it too, or the server would run another tree's code.
-SERVER_ENV = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else None
+# source tree first must reach it too, or the server would run another tree's code; and
+# the suite's state folder (tests/conftest.py), or the server would seal its refs with
+# another key than the test reads them with.
+_PASSED = ("PYTHONPATH", "SANDBOX_STATE_DIR")
+SERVER_ENV = {name: os.environ[name] for name in _PASSED if name in os.environ} or None
 TOOLS = {
     "exec_command",
     "write_stdin",
