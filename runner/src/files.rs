@@ -5,6 +5,7 @@
 //! itself), and nothing opens a FIFO or device for reading: files are opened with
 //! O_NONBLOCK | O_NOFOLLOW and checked with fstat before a byte is read.
 
+use crate::archive::{TarIn, TarOut};
 use crate::frames;
 use crate::proto::{self, kind};
 use serde_json::{json, Value};
@@ -23,17 +24,19 @@ const DEFAULT_MAX_ENTRIES: u64 = 10_000;
 /// DATA chunk size for downloads.
 const CHUNK: usize = 64 * 1024;
 
-struct Download {
-    id: u32,
-    file: File,
-    left: u64,
+enum Source {
+    File { file: File, left: u64 },
+    Tar(Box<TarOut>),
 }
 
-struct Upload {
-    tmp: PathBuf,
-    dest: PathBuf,
-    file: File,
-    mode: u32,
+struct Download {
+    id: u32,
+    source: Source,
+}
+
+enum Upload {
+    File { tmp: PathBuf, dest: PathBuf, file: File, mode: u32 },
+    Tar(Box<TarIn>),
 }
 
 /// A connection's downloads and uploads in progress.
@@ -44,7 +47,7 @@ pub struct ConnFiles {
     refused: VecDeque<u32>,
 }
 
-type Failure = (&'static str, String);
+use crate::archive::Failure;
 
 fn fail<T>(kind: &'static str, message: impl Into<String>) -> Result<T, Failure> {
     Err((kind, message.into()))
@@ -141,8 +144,16 @@ fn dispatch(files: &mut ConnFiles, id: u32, req: &Value) -> Result<Option<Value>
         "list" => list(&path, uint_field(req, "max_entries", DEFAULT_MAX_ENTRIES)?).map(Some),
         "remove" => remove(&path, bool_field(req, "recursive")?).map(Some),
         "make_dir" => make_dir(&path, bool_field(req, "parents")?).map(Some),
-        "archive_out" | "archive_in" => {
-            fail(kind::UNSUPPORTED, format!("{op} is not supported by this runner (v1)"))
+        "archive_out" => {
+            let tar = TarOut::open(&path)?;
+            files.downloads.push_back(Download { id, source: Source::Tar(Box::new(tar)) });
+            Ok(None)
+        }
+        "archive_in" => {
+            check_upload_slot(files, id)?;
+            let tar = TarIn::open(&path)?;
+            files.uploads.insert(id, Upload::Tar(Box::new(tar)));
+            Ok(None)
         }
         other => fail(kind::INVALID, format!("unknown FILE op {other:?}")),
     }
@@ -165,33 +176,54 @@ fn read(files: &mut ConnFiles, id: u32, path: &Path, max_bytes: u64) -> Result<(
         );
     }
     // A file growing while it is read is cut at max_bytes.
-    files.downloads.push_back(Download { id, file, left: max_bytes });
+    files.downloads.push_back(Download { id, source: Source::File { file, left: max_bytes } });
     Ok(())
 }
 
 /// Moves download chunks into `out` while it has room; true when something was added.
 pub fn pump(files: &mut ConnFiles, out: &mut Vec<u8>) -> bool {
     let Some(d) = files.downloads.front_mut() else { return false };
-    let want = (d.left.min(CHUNK as u64)) as usize;
-    let mut buf = vec![0u8; want];
-    let n = if want == 0 { Ok(0) } else { d.file.read(&mut buf) };
-    match n {
-        Ok(0) => {
-            frames::encode_into(out, proto::END_OUT, d.id, b"");
+    let id = d.id;
+    let next: Result<Option<Vec<u8>>, Failure> = match &mut d.source {
+        Source::File { file, left } => {
+            let want = ((*left).min(CHUNK as u64)) as usize;
+            let mut buf = vec![0u8; want];
+            match if want == 0 { Ok(0) } else { file.read(&mut buf) } {
+                Ok(0) => Ok(None),
+                Ok(n) => {
+                    *left -= n as u64;
+                    buf.truncate(n);
+                    Ok(Some(buf))
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Some(Vec::new())),
+                Err(e) => Err((kind::IO, format!("read failed: {e}"))),
+            }
+        }
+        Source::Tar(tar) => tar.next_chunk(CHUNK),
+    };
+    match next {
+        Ok(Some(bytes)) if bytes.is_empty() => {}
+        Ok(Some(bytes)) => frames::encode_into(out, proto::DATA_OUT, id, &bytes),
+        Ok(None) => {
+            frames::encode_into(out, proto::END_OUT, id, b"");
             files.downloads.pop_front();
         }
-        Ok(n) => {
-            frames::encode_into(out, proto::DATA_OUT, d.id, &buf[..n]);
-            d.left -= n as u64;
-        }
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-        Err(e) => {
-            let id = d.id;
+        Err(f) => {
             files.downloads.pop_front();
-            send_error(out, id, proto::FILE, (kind::IO, format!("read failed: {e}")));
+            send_error(out, id, proto::FILE, f);
         }
     }
     true
+}
+
+fn check_upload_slot(files: &ConnFiles, id: u32) -> Result<(), Failure> {
+    if files.uploads.contains_key(&id) {
+        return fail(kind::EXISTS, format!("an upload with id {id} is in progress"));
+    }
+    if files.uploads.len() >= MAX_UPLOADS {
+        return fail(kind::TOO_LARGE, "too many uploads in progress on this connection");
+    }
+    Ok(())
 }
 
 fn start_upload(
@@ -201,12 +233,7 @@ fn start_upload(
     mode: u32,
     parents: bool,
 ) -> Result<(), Failure> {
-    if files.uploads.contains_key(&id) {
-        return fail(kind::EXISTS, format!("an upload with id {id} is in progress"));
-    }
-    if files.uploads.len() >= MAX_UPLOADS {
-        return fail(kind::TOO_LARGE, "too many uploads in progress on this connection");
-    }
+    check_upload_slot(files, id)?;
     match fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => return fail(kind::NOT_A_FILE, format!("{}: is a folder", dest.display())),
         Ok(m) if !m.is_file() && !m.file_type().is_symlink() => {
@@ -236,7 +263,7 @@ fn start_upload(
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(|e| io_failure(dest, &e))?;
-    files.uploads.insert(id, Upload { tmp, dest: dest.to_path_buf(), file, mode });
+    files.uploads.insert(id, Upload::File { tmp, dest: dest.to_path_buf(), file, mode });
     Ok(())
 }
 
@@ -249,11 +276,16 @@ pub fn data(files: &mut ConnFiles, id: u32, payload: &[u8], out: &mut Vec<u8>) {
         }
         return;
     };
-    if let Err(e) = up.file.write_all(payload) {
-        let up = files.uploads.remove(&id).unwrap();
-        let _ = fs::remove_file(&up.tmp);
+    let result = match up {
+        Upload::File { file, dest, .. } => file.write_all(payload).map_err(|e| io_failure(dest, &e)),
+        Upload::Tar(tar) => tar.feed(payload),
+    };
+    if let Err(f) = result {
+        if let Some(Upload::File { tmp, .. }) = files.uploads.remove(&id) {
+            let _ = fs::remove_file(&tmp);
+        }
         remember_refused(files, id);
-        send_error(out, id, proto::DATA, io_failure(&up.dest, &e));
+        send_error(out, id, proto::DATA, f);
     }
 }
 
@@ -267,23 +299,30 @@ pub fn end(files: &mut ConnFiles, id: u32, out: &mut Vec<u8>) {
         }
         return;
     };
-    let done = up
-        .file
-        .set_permissions(fs::Permissions::from_mode(up.mode))
-        .and_then(|_| fs::rename(&up.tmp, &up.dest));
-    match done {
-        Ok(()) => send_ok(out, id, proto::END, json!({})),
-        Err(e) => {
-            let _ = fs::remove_file(&up.tmp);
-            send_error(out, id, proto::END, io_failure(&up.dest, &e));
+    match up {
+        Upload::File { tmp, dest, file, mode } => {
+            match file.set_permissions(fs::Permissions::from_mode(mode)).and_then(|_| fs::rename(&tmp, &dest))
+            {
+                Ok(()) => send_ok(out, id, proto::END, json!({})),
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    send_error(out, id, proto::END, io_failure(&dest, &e));
+                }
+            }
         }
+        Upload::Tar(tar) => match tar.finish() {
+            Ok(members) => send_ok(out, id, proto::END, json!({"members": members})),
+            Err(f) => send_error(out, id, proto::END, f),
+        },
     }
 }
 
 /// Drops a closed connection's transfers (unfinished uploads leave no file behind).
 pub fn abort(files: &mut ConnFiles) {
     for (_, up) in std::mem::take(&mut files.uploads) {
-        let _ = fs::remove_file(&up.tmp);
+        if let Upload::File { tmp, .. } = up {
+            let _ = fs::remove_file(&tmp);
+        }
     }
     files.downloads.clear();
 }
@@ -439,7 +478,10 @@ mod tests {
         assert_eq!(kind_of(req(&mut files, 11, json!({"op": "write", "path": fifo}))), "not_a_file");
         assert_eq!(kind_of(req(&mut files, 5, json!({"op": "write", "path": d.join("x/y")}))), "not_found");
         assert_eq!(kind_of(req(&mut files, 6, json!({"op": "make_dir", "path": d}))), "exists");
-        assert_eq!(kind_of(req(&mut files, 7, json!({"op": "archive_out", "path": d}))), "unsupported");
+        assert_eq!(
+            kind_of(req(&mut files, 7, json!({"op": "archive_out", "path": d.join("link")}))),
+            "invalid"
+        );
         assert_eq!(kind_of(req(&mut files, 8, json!({"op": "chmod", "path": d}))), "invalid");
         assert_eq!(kind_of(req(&mut files, 9, json!({"op": "stat"}))), "invalid");
         // DATA and END of a refused upload are dropped quietly.

@@ -3,6 +3,7 @@
 //! `serve` owns processes and streams them over a unix socket, `connect` bridges an exec
 //! stream's stdin/stdout to that socket, `version` prints the versions.
 
+mod archive;
 mod args;
 mod files;
 mod frames;
