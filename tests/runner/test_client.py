@@ -6,6 +6,8 @@ swell the client's memory."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -642,3 +644,60 @@ async def test_arguments_are_checked_before_anything_is_sent() -> None:
         with pytest.raises(InvalidArgumentError):
             await client.ping(b"x" * 65)
         await _ping_through(client, peer)  # the first frame the peer sees
+
+
+def _random_runner_message(rng: random.Random, ids: list[int]) -> frames.RunnerMessage | bytes:
+    fid = rng.choice(ids)
+    stream = rng.choice((OUT, ERR))
+    offset = rng.choice((0, 1, 5, 2**40))
+    answers = rng.choice((None, *frames.CLIENT_TYPES))
+    choices: list[frames.RunnerMessage | bytes] = [
+        frames.Output(fid, stream, offset, rng.randbytes(rng.randrange(8))),
+        frames.Gap(fid, stream, offset, offset + rng.randrange(1, 9)),
+        frames.Exit(fid, rng.randrange(256)),
+        frames.Spawned(fid, rng.randrange(1, 99)),
+        frames.Ok(fid, {}, answers),
+        frames.ErrorReply(fid, "io", "x", answers),
+        frames.Pong(fid, b""),
+        frames.Listed(fid, ()),
+        frames.DownloadData(fid, b"d"),
+        frames.DownloadEnd(fid),
+        frames.HelloOk(1, "x", 1, 4096),
+        rng.randbytes(rng.randrange(1, 12)),
+    ]
+    return rng.choice(choices)
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_fuzz_a_runner_answering_at_random(seed: int) -> None:
+    """Random frames (most of them wrong for the moment) against live calls and routes:
+    the client either goes on or ends the connection with a protocol reason; every call
+    ends, every sink hears its end, nothing in the client fails."""
+    rng = random.Random(seed)
+    async with connected() as (client, peer):
+        sinks = [Sink(), Sink()]
+        await _spawned(client, peer, 1, sinks[0])
+        await _spawned(client, peer, 2, sinks[1])
+        calls = [
+            asyncio.ensure_future(client.ping(timeout=STEP)),
+            asyncio.ensure_future(client.read_file("/f", max_bytes=4, timeout=STEP)),
+            asyncio.ensure_future(client.resize(1, 5, 5, timeout=STEP)),
+            asyncio.ensure_future(client.write(2, b"in", timeout=STEP)),
+            asyncio.ensure_future(client.signal(1, 15, timeout=STEP)),
+        ]
+        request_ids = []
+        for _ in calls:
+            message = await peer.recv()
+            if message.id > 0x7FFF_FFFF:
+                request_ids.append(message.id)
+        ids = [1, 2, 3, *request_ids]
+        peer.send(*[_random_runner_message(rng, ids) for _ in range(rng.randrange(1, 12))])
+        await peer.flush()
+        peer.close()  # the end of the stream settles whatever is left
+        for call in calls:
+            with contextlib.suppress(RunnerRequestError, RunnerConnectionLost):
+                await call
+        for sink in sinks:
+            await sink.ended()
+        reason = await asyncio.wait_for(client.wait_closed(), STEP)
+        assert "client failed" not in reason, reason

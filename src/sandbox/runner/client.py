@@ -316,6 +316,10 @@ class RunnerClient:
             reason = str(error)
         except (OSError, EOFError) as error:
             reason = f"the runner connection failed: {error!r}"
+        except Exception as error:
+            # A bug of ours: end the connection loudly rather than leave calls waiting.
+            logger.exception("the runner client's reader failed")
+            reason = f"the runner client failed: {error!r}"
         except asyncio.CancelledError:
             reason = "the client closed the connection"
             raise
