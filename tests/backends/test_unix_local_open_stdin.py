@@ -7,6 +7,7 @@ write waits for room without blocking the loop, and no fd of ours is left behind
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,3 +107,27 @@ async def test_no_fd_is_left_behind(tmp_path: Path, path: str) -> None:
         assert update.process_id is not None
         await s.pty_terminate(update.process_id)
         assert await eventually(lambda: open_fds() <= baseline)
+
+
+async def test_a_close_waits_for_the_write_before_it(tmp_path: Path, path: str) -> None:
+    # The close is asked while a large write still waits for room (the reader sleeps
+    # first): it runs only after the write, so the process reads every byte, then EOF.
+    payload = b"".join(b"%07d\n" % n for n in range(65_536))
+    async with UnixLocalSession(workdir=tmp_path) as s:
+        update = await s.pty_exec_start(
+            "echo ready; sleep 0.5; exec cat", stdin=True, until="ready", yield_time_s=5
+        )
+        pid = update.process_id
+        assert pid is not None
+        entry = s._processes.lookup(pid)
+        writing = asyncio.ensure_future(
+            s.pty_write_stdin(pid, payload, until="0065535\n", yield_time_s=30)
+        )
+        assert await eventually(lambda: entry.write_task is not None)
+        closing = asyncio.ensure_future(s.pty_close_stdin(pid))
+        written = await writing
+        await closing
+        assert written.unwritten_bytes == 0
+        output, code = await _final(s, pid)
+        assert (written.output + output).encode() == payload
+        assert code == 0
