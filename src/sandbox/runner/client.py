@@ -9,8 +9,12 @@ thread. When the connection ends, for whatever reason, every waiting call raises
 
 Ids: HELLO uses 0; a process's id is chosen by the caller in [1, `MAX_PROCESS_ID`];
 request ids (LIST, PING, FILE) come from the upper half of the id space, so the two can
-never meet. Replies to the same id come back in the order the calls were sent (the
-runner answers each process's calls in order), so a FIFO per id pairs them.
+never meet. A process id can have several calls in flight, answered out of order (an
+INPUT once its bytes were written, a RESIZE at once); every OK and ERROR names the type
+of the call it answers ("for"), and calls of one type on one id are answered in order,
+so a reply pairs with the oldest call of its (id, type). (Without "for", from a runner
+that does not send it, the oldest call of the id is taken.) ATTACH and DETACH are
+answered only when refused: a PING right behind each is its barrier.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -537,7 +541,7 @@ class RunnerClient:
         process_id: int,
         argv: Iterable[str],
         *,
-        env: dict[str, str],
+        env: Mapping[str, str],
         sink: ProcessSink,
         cwd: str | None = None,
         tty: bool = False,
@@ -580,7 +584,7 @@ class RunnerClient:
         self._routes[process_id] = route
         try:
             reply = await self._call(
-                process_id, frame, (FrameType.SPAWNED,), timeout, f"spawn {argv!r}"
+                process_id, frame, (FrameType.SPAWNED,), timeout, f"spawn {request.argv[0]!r}"
             )
         except RunnerRequestError:
             if self._routes.get(process_id) is route:
