@@ -454,6 +454,23 @@ async def test_an_upload_refused_midway_stops_sending() -> None:
         assert not client.closed
 
 
+async def test_late_answers_to_a_refused_upload_are_dropped() -> None:
+    async with connected() as (client, peer):
+        writing = asyncio.ensure_future(client.write_file("/w/f", b"abc"))
+        request = await peer.recv()
+        assert await peer.recv() == frames.UploadData(request.id, b"abc")
+        assert await peer.recv() == frames.UploadEnd(request.id)
+        peer.send(
+            frames.ErrorReply(request.id, "not_a_file", "a folder", FrameType.FILE),
+            frames.ErrorReply(request.id, "not_found", "no upload", FrameType.UPLOAD_DATA),
+            frames.ErrorReply(request.id, "not_found", "no upload", FrameType.UPLOAD_END),
+        )
+        with pytest.raises(RunnerRequestError, match="not_a_file"):
+            await writing
+        await _ping_through(client, peer)
+        assert not client.closed
+
+
 async def test_archive_out_streams_to_its_callback_within_its_bound() -> None:
     async with connected() as (client, peer):
         got: list[bytes] = []

@@ -461,3 +461,21 @@ def test_the_socket_folder_must_be_private(tmp_path: Path) -> None:
     assert created.stat().st_mode & 0o777 == 0o700
     with pytest.raises(RunnerError, match="at most 107 bytes"):
         local._check_socket_path(tmp_path / ("x" * 120))
+
+
+async def test_a_refused_upload_leaves_the_connection_healthy(
+    socket_path: Path, tmp_path: Path
+) -> None:
+    """An upload refused at its start while its DATA is on the way: the call raises the
+    refusal, and the connection goes on."""
+    async with client_of(socket_path) as client:
+        chunks = [b"x" * 100_000] * 20
+        with pytest.raises(RunnerRequestError) as folder:
+            await client.write_file(str(tmp_path), chunks)  # a folder is no file
+        assert folder.value.kind == "not_a_file"
+        with pytest.raises(RunnerRequestError) as missing:
+            await client.write_file(str(tmp_path / "no" / "f"), chunks)
+        assert missing.value.kind == "not_found"
+        await client.ping()
+        assert (await run(client, 1, ["true"])).code == 0
+        assert not client.closed

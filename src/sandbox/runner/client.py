@@ -890,15 +890,18 @@ class RunnerClient:
                     if future.done():
                         break
             if future.done():
-                # The runner answered before END (an ERROR): frames it may still send
-                # for this id are dropped, not taken for a protocol error.
-                self._forgiven.append(rid)
-                return future.result()
+                return future.result()  # refused before END: no END is sent
             await self._send(frames.UploadEnd(rid).encode())
             return await future
 
         try:
             return await self._within(seconds, f"file {op}", run)
+        except RunnerRequestError:
+            # Refused, perhaps while DATA was on its way: a runner may answer each of
+            # those too, and such late answers are dropped, not taken for a protocol
+            # error.
+            self._forgiven.append(rid)
+            raise
         finally:
             if not future.done():
                 future.cancel()
