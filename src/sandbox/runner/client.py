@@ -429,6 +429,10 @@ class RunnerClient:
                 f"which awaits {'/'.join(sorted(t.name for t in call.ends))}"
             )
         self._settle(frame_id, call)
+        if frame_id > MAX_PROCESS_ID and isinstance(message, frames.ErrorReply):
+            # A refused request (an upload whose DATA was on its way) may draw more
+            # answers: they are dropped, not taken for a protocol error.
+            self._forgiven.append(frame_id)
         if not isinstance(message, frames.ErrorReply) and call.on_answer is not None:
             call.on_answer()
         if call.future.done():  # its caller gave up
@@ -896,12 +900,6 @@ class RunnerClient:
 
         try:
             return await self._within(seconds, f"file {op}", run)
-        except RunnerRequestError:
-            # Refused, perhaps while DATA was on its way: a runner may answer each of
-            # those too, and such late answers are dropped, not taken for a protocol
-            # error.
-            self._forgiven.append(rid)
-            raise
         finally:
             if not future.done():
                 future.cancel()
