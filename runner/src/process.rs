@@ -65,6 +65,21 @@ pub fn exit_code(status: i32) -> i32 {
     }
 }
 
+/// The fd limit the runner was started with (children get it back).
+static ORIGINAL_NOFILE: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
+
+/// Raises the runner's soft fd limit to the hard one (each process costs it up to four
+/// fds); every child starts with the original limit again, since some programs walk
+/// every possible fd at start.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        let _ = ORIGINAL_NOFILE.set(lim);
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    }
+}
+
 /// The default PATH when the child's environment has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -280,6 +295,9 @@ fn child_main(plan: &ExecPlan, fds: &ChildFds, status: RawFd, tty: bool) -> ! {
         unsafe { libc::_exit(127) }
     };
     reset_signals();
+    if let Some(lim) = ORIGINAL_NOFILE.get() {
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, lim) };
+    }
     unsafe { libc::setsid() };
     // Move the sources above 2 first so dup2 onto 0..2 cannot clobber one of them.
     let lift = |fd: Option<RawFd>| fd.map(|fd| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) });

@@ -162,6 +162,8 @@ pub struct Server {
     shutdown: bool,
     /// The one read buffer (process output and client bytes).
     buf: Vec<u8>,
+    /// Set when accept ran out of fds: the listener is left out of the poll until then.
+    accept_paused_until: Option<Instant>,
 }
 
 /// Blocks the signals the loop reads through a signalfd, and ignores SIGPIPE (a closed
@@ -185,6 +187,7 @@ impl Server {
     /// A server over an already listening socket.
     pub fn new(config: Config, listener: OwnedFd) -> io::Result<Server> {
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        process::raise_fd_limit();
         sys::set_nonblocking(listener.as_raw_fd())?;
         Ok(Server {
             config,
@@ -196,6 +199,7 @@ impl Server {
             last_client: Instant::now(),
             shutdown: false,
             buf: vec![0u8; CHUNK],
+            accept_paused_until: None,
         })
     }
 
@@ -211,7 +215,12 @@ impl Server {
                 tokens.push(token);
             };
             add(self.signals.as_raw_fd(), libc::POLLIN, Token::Signal);
-            add(self.listener.as_raw_fd(), libc::POLLIN, Token::Listen);
+            if self.accept_paused_until.is_some_and(|t| Instant::now() >= t) {
+                self.accept_paused_until = None;
+            }
+            if self.accept_paused_until.is_none() {
+                add(self.listener.as_raw_fd(), libc::POLLIN, Token::Listen);
+            }
             for (&id, c) in &self.conns {
                 let mut ev = 0;
                 if c.wants_input() {
@@ -295,6 +304,9 @@ impl Server {
             if let (Some(at), false) = (p.reaped_at, p.ended) {
                 consider((at + EXIT_GRACE).saturating_duration_since(Instant::now()));
             }
+        }
+        if let Some(t) = self.accept_paused_until {
+            consider(t.saturating_duration_since(Instant::now()));
         }
         if self.conns.is_empty() {
             if let Some(limit) = self.config.orphan_timeout {
@@ -546,6 +558,11 @@ impl Server {
                 )
             };
             if fd < 0 {
+                if matches!(sys::errno(), libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) {
+                    // Out of fds: the pending connection stays readable, so stop polling
+                    // the socket for a moment rather than spin on it.
+                    self.accept_paused_until = Some(Instant::now() + Duration::from_millis(100));
+                }
                 return;
             }
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
