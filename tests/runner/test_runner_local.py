@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import os
 import platform
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -479,3 +481,31 @@ async def test_a_refused_upload_leaves_the_connection_healthy(
         await client.ping()
         assert (await run(client, 1, ["true"])).code == 0
         assert not client.closed
+
+
+async def test_archives_out_and_in(socket_path: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_text("hello")
+    (source / "sub" / "b.bin").write_bytes(os.urandom(300_000))
+    async with client_of(socket_path) as client:
+        tar = bytearray()
+        size = await client.archive_out(str(source), tar.extend, max_bytes=1 << 20)
+        assert size == len(tar)
+        with tarfile.open(fileobj=io.BytesIO(bytes(tar))) as archive:
+            members = {m.name: m for m in archive.getmembers()}
+            assert set(members) >= {"a.txt", "sub", "sub/b.bin"}
+            extracted = archive.extractfile(members["sub/b.bin"])
+            assert extracted is not None
+            assert extracted.read() == (source / "sub" / "b.bin").read_bytes()
+        target = tmp_path / "dest"
+        target.mkdir()
+        count = await client.archive_in(str(target), [bytes(tar[:1000]), bytes(tar[1000:])])
+        assert count == len(members)
+        assert (target / "a.txt").read_text() == "hello"
+        assert (target / "sub" / "b.bin").read_bytes() == (source / "sub" / "b.bin").read_bytes()
+        # More than the caller's bound ends the connection (the runner cannot be stopped
+        # midway otherwise).
+        with pytest.raises(RunnerConnectionLost, match="over 1000 bytes"):
+            await client.archive_out(str(source), lambda data: None, max_bytes=1000)
+        assert client.closed
