@@ -300,9 +300,14 @@ impl Server {
     fn poll_timeout(&self) -> i32 {
         let mut wait: Option<Duration> = None;
         let mut consider = |d: Duration| wait = Some(wait.map_or(d, |w: Duration| w.min(d)));
+        let now = Instant::now();
         for p in self.procs.values() {
+            // A grace already over and still not ended is held for a lagging reader:
+            // that reader's progress, not a timer, moves it on.
             if let (Some(at), false) = (p.reaped_at, p.ended) {
-                consider((at + EXIT_GRACE).saturating_duration_since(Instant::now()));
+                if at + EXIT_GRACE > now {
+                    consider(at + EXIT_GRACE - now);
+                }
             }
         }
         if let Some(t) = self.accept_paused_until {
