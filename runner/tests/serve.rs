@@ -275,3 +275,63 @@ fn input_beyond_the_pending_bound_is_all_written() {
     assert_eq!((oks, pong), (7, true));
     assert_eq!(String::from_utf8_lossy(&out).trim(), (6 << 20).to_string());
 }
+
+#[test]
+fn backpressure_loses_nothing() {
+    let r = Runner::start("bp");
+    let mut c = r.connect();
+    let total = 3_000_000u64;
+    c.json(
+        0x02,
+        1,
+        serde_json::json!({"argv": ["head", "-c", total.to_string(), "/dev/zero"], "ring_bytes": 65536,
+                           "backpressure": true}),
+    );
+    // While we read nothing the process must be held back, not run to its end.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut other = r.connect();
+    other.send(0x09, 0x8000_0000, b"");
+    let (t, _, p) = other.recv();
+    assert_eq!(t, 0x89);
+    let listed: serde_json::Value = serde_json::from_slice(&p).unwrap();
+    let produced = listed["processes"][0]["stdout_end"].as_u64().unwrap();
+    assert!(produced < total, "not held back: {produced}");
+    let (out, _, gaps, code) = c.until_exit(1);
+    assert_eq!((out.len() as u64, gaps, code), (total, 0, 0));
+}
+
+#[test]
+fn detached_runner_is_found_again_and_the_orphan_timeout_ends_everything() {
+    let dir = std::env::temp_dir().join(format!("runner-it-detach-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let socket = dir.join("sub/s");
+    let serve = |timeout: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sandbox-runner"))
+            .args(["serve", "--detach", "--socket", socket.to_str().unwrap(), "--orphan-timeout", timeout])
+            .status()
+            .unwrap()
+    };
+    assert!(serve("1").success());
+    // A second start finds the first runner and leaves it alone.
+    assert!(serve("1").success());
+    let s = UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = Client { s };
+    c.send(0x01, 0, br#"{"version": 1}"#);
+    let (_, _, hello) = c.recv();
+    let runner_pid = serde_json::from_slice::<serde_json::Value>(&hello).unwrap()["pid"].as_i64().unwrap();
+    c.json(0x02, 1, serde_json::json!({"argv": ["sh", "-c", "setsid sleep 300 & echo $!; wait"]}));
+    assert_eq!(c.reply(1)["type"], 0x82);
+    let (t, _, p) = c.recv();
+    assert_eq!(t, 0x83);
+    let sleeper: i32 = String::from_utf8_lossy(&p[9..]).trim().parse().unwrap();
+    drop(c);
+    // No client for a second: the runner kills every tree and exits, removing its socket.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gone = |pid: i64| !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    while !(gone(runner_pid) && gone(sleeper.into()) && !socket.exists()) {
+        assert!(Instant::now() < deadline, "runner or its process outlived the orphan timeout");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
