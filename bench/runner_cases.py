@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -22,6 +23,7 @@ from sandbox.runner import binary
 from sandbox.runner.client import RunnerClient
 from sandbox.runner.frames import Stream
 from sandbox.runner.local import connect_local
+from sandbox.testing import procfs
 
 from .measure import Figure
 from .raw import RawChild
@@ -64,8 +66,10 @@ async def _runner() -> AsyncIterator[RunnerClient]:
         await client.aclose()
         with contextlib.suppress(ProcessLookupError):
             os.kill(client.hello.pid, signal.SIGTERM)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)  # the runner removes its socket when it exits
+        deadline = time.monotonic() + 5
+        while procfs.alive(client.hello.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _start_true(client: RunnerClient, process_id: int, tty: bool) -> None:
