@@ -17,6 +17,7 @@ from sandbox.testing.faults import Gate, park_calls
 __all__ = [
     "DeadlineCount",
     "HookGate",
+    "PeakRss",
     "children_of_me",
     "describe_pids",
     "eventually",
@@ -90,3 +91,32 @@ class DeadlineCount:
             del self._session._final_drain
         else:
             self._session._final_drain = self._previous  # type: ignore[method-assign]
+
+
+class PeakRss:
+    """The growth of this process's RSS while a stream of bytes passes through it: a
+    test feeds it each chunk's size (`passed`) and reads `growth` (bytes) at the end.
+
+    RSS is read once per `every` bytes, not once per chunk: a read of smaps_rollup costs
+    milliseconds, and once per chunk of a 400 MiB stream the reads took longer than the
+    stream. What a stream keeps stays resident, so a look per MiB still sees it grow.
+    """
+
+    def __init__(self, every: int = 1 << 20) -> None:
+        self.before = self.peak = procfs.rss_bytes()
+        self._every = every
+        self._seen = 0
+        self._next = every
+
+    def passed(self, size: int) -> None:
+        """`size` more bytes went through; RSS is read when another `every` did."""
+        self._seen += size
+        if self._seen >= self._next:
+            self._next = self._seen + self._every
+            self.peak = max(self.peak, procfs.rss_bytes())
+
+    @property
+    def growth(self) -> int:
+        """The peak RSS seen (the last look included) minus the RSS at the start."""
+        self.peak = max(self.peak, procfs.rss_bytes())
+        return self.peak - self.before

@@ -17,10 +17,9 @@ import pytest
 
 import sandbox
 from sandbox.backends.docker.workspace import BATCH_BYTES, BATCH_MEMBERS, SPILL_BYTES
-from sandbox.testing import procfs
 from tests.backend_fixtures import docker as docker_fixture
 from tests.conftest import skip_or_fail
-from tests.helpers import HookGate, open_fds
+from tests.helpers import HookGate, PeakRss, open_fds
 from tests.test_conformance_workspace import archive
 
 
@@ -49,13 +48,13 @@ async def test_persist_400_mib_from_the_engine_in_bounded_memory(
             "mkdir -p big && for k in 0 1 2 3; do truncate -s 100M big/part$k.bin; done"
         )
         assert result.exit_code == 0, result
-        before = peak = procfs.rss_bytes() // 1024
+        rss = PeakRss()
         total = 0
         async for chunk in session.persist_workspace("big"):
             total += len(chunk)
-            peak = max(peak, (procfs.rss_bytes() // 1024))
+            rss.passed(len(chunk))
         assert total > 400 * 1024 * 1024
-        assert peak - before <= 64 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
+        assert rss.growth <= 64 << 20, f"RSS grew by {rss.growth >> 20} MiB"
         await session.remove("big", recursive=True)
 
 

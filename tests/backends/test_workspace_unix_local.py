@@ -21,9 +21,8 @@ import pytest
 import sandbox
 from sandbox.backends.unix_local import safe_open, tar_land
 from sandbox.backends.unix_local.workspace_files import LocalTree
-from sandbox.testing import procfs
 from sandbox.workspace.tar_writer import file_header, padding
-from tests.helpers import open_fds
+from tests.helpers import PeakRss, open_fds
 from tests.test_workspace_race import SWAPPER
 
 ROUNDS = 1500
@@ -165,14 +164,13 @@ async def test_persist_400_mib_in_bounded_memory(tmp_path: Path) -> None:
                 handle.write(b"head")
         for k in range(200):
             await session.write_file(f"small/{k % 10}/f{k}.txt", f"file {k}\n")
-        before = procfs.rss_bytes() // 1024
-        peak = before
+        rss = PeakRss()
         total = 0
         async for chunk in session.persist_workspace():
             total += len(chunk)
-            peak = max(peak, (procfs.rss_bytes() // 1024))
+            rss.passed(len(chunk))
         assert total > 400 * 1024 * 1024
-        assert (peak - before) <= 64 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
+        assert rss.growth <= 64 << 20, f"RSS grew by {rss.growth >> 20} MiB"
 
 
 async def test_persist_closed_early_leaks_no_fd(tmp_path: Path) -> None:
