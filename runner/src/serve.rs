@@ -236,7 +236,17 @@ pub fn bridge(socket: PathBuf, start: bool, orphan_timeout: Option<std::time::Du
         }
     };
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
-    pump_bridge(0, 1, sock.as_raw_fd())
+    // O_NONBLOCK belongs to the open file, which a terminal shares with the shell:
+    // give stdin and stdout their flags back when done.
+    let saved: Vec<(RawFd, i32)> =
+        [0, 1].iter().map(|&fd| (fd, unsafe { libc::fcntl(fd, libc::F_GETFL) })).collect();
+    let code = pump_bridge(0, 1, sock.as_raw_fd());
+    for (fd, flags) in saved {
+        if flags >= 0 {
+            unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+        }
+    }
+    code
 }
 
 /// Runs `serve --detach` from this same binary and waits for it to report.
