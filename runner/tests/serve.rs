@@ -328,10 +328,46 @@ fn detached_runner_is_found_again_and_the_orphan_timeout_ends_everything() {
     drop(c);
     // No client for a second: the runner kills every tree and exits, removing its socket.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let gone = |pid: i64| !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    let gone =
+        |pid: i64| !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
     while !(gone(runner_pid) && gone(sleeper.into()) && !socket.exists()) {
         assert!(Instant::now() < deadline, "runner or its process outlived the orphan timeout");
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn random_frames_do_not_upset_the_runner() {
+    let r = Runner::start("fuzz");
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as u32
+    };
+    for round in 0..4 {
+        let mut c = r.connect();
+        for _ in 0..500 {
+            let t = (next() % 0x20) as u8 | if next() % 4 == 0 { 0x80 } else { 0 };
+            let len = (next() % 40) as usize;
+            let payload: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            c.send(t, next() % 8, &payload);
+        }
+        // Half the connections vanish without reading; the others must still be served.
+        if round % 2 == 0 {
+            drop(c);
+            continue;
+        }
+        c.send(0x0B, 0xFFFF_FFF0, b"still here");
+        loop {
+            let (t, i, p) = c.recv();
+            if (t, i) == (0x8B, 0xFFFF_FFF0) {
+                assert_eq!(p, b"still here");
+                break;
+            }
+        }
+    }
+    let mut c = r.connect();
+    c.send(0x0B, 1, b"x");
+    assert_eq!(c.recv(), (0x8B, 1, b"x".to_vec()));
 }
