@@ -46,7 +46,7 @@ def public_options(options: dict[str, Any]) -> dict[str, Any]:
 class SandboxSessionState(_SdkSessionState):
     """Our state: the backend, its public options, and our `SessionRef` when there is
     one (a ref is secret-free by contract); `workspace_root_owned` says whether delete
-    removes the workspace folder we made (the unix_local `workspace` option).
+    removes the workspace folder we made (the unix_local `workdir` option).
 
     A serialized state often lands where a sandboxed process can write, and these fields
     decide things on the host (which folder a session opens on, which folder `delete`
