@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
-from tests.test_recording import read_cast
+from tests.terminal.test_recording import read_cast
 
 SANDBOX = [sys.executable, "-m", "sandbox.cli"]
 

@@ -29,7 +29,7 @@ from sandbox.session import ID_RANGE
 from sandbox.terminal.recording import AsciicastRecorder
 from sandbox.testing import procfs
 from tests.conftest import skip_or_fail
-from tests.test_recording import read_cast
+from tests.terminal.test_recording import read_cast
 
 VICTIM_TEXT = b"the host's own file\n"
 # Only a safety net: a start stuck on a FIFO's open is freed after this, then fails.

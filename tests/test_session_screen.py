@@ -18,7 +18,7 @@ import pytest
 import sandbox
 from sandbox import BaseSandboxSession
 from tests.helpers import DeadlineCount, eventually
-from tests.test_recording import assert_times_monotonic, read_cast
+from tests.terminal.test_recording import assert_times_monotonic, read_cast
 from tests.test_screen import need
 
 PROMPT = "prompt$ "
