@@ -91,7 +91,11 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--network", action="store_true", help="unix_local --confine: allow network access"
     )
-    parser.add_argument("--image", help="docker: image to start a fresh container from")
+    parser.add_argument(
+        "--image",
+        help="what a new sandbox is made from: an image (docker, kubernetes, modal, "
+        "daytona, blaxel) or an e2b template",
+    )
     parser.add_argument("--container", help="docker: existing container to attach to")
     parser.add_argument(
         "--sandbox-id", dest="sandbox_id", help="cloud backends: attach to this sandbox id"
