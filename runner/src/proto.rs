@@ -159,9 +159,24 @@ pub fn is_client_type(t: u8) -> bool {
     matches!(t, HELLO..=PING | FILE..=END)
 }
 
+/// The longest ERROR message sent (a message quoting a huge argv[0] is cut).
+pub const MAX_MESSAGE: usize = 4096;
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+pub fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// An ERROR payload; `answers` is the type of the frame it answers ("for"), 0 for none.
 pub fn error_payload(kind: &str, message: &str, answers: u8) -> Vec<u8> {
-    let mut v = serde_json::json!({"kind": kind, "message": message});
+    let mut v = serde_json::json!({"kind": kind, "message": cut(message, MAX_MESSAGE)});
     if is_client_type(answers) {
         v["for"] = answers.into();
     }
@@ -237,6 +252,15 @@ mod tests {
         let o: serde_json::Value = serde_json::from_slice(&ok_payload(serde_json::json!({}), FILE)).unwrap();
         assert_eq!(o, serde_json::json!({"for": 16}));
         assert!(is_client_type(END) && is_client_type(HELLO) && !is_client_type(0x0C) && !is_client_type(OK));
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character() {
+        let long = "é".repeat(5000);
+        let e: serde_json::Value = serde_json::from_slice(&error_payload("io", &long, 0)).unwrap();
+        assert!(e["message"].as_str().unwrap().len() <= MAX_MESSAGE);
+        assert_eq!(cut("abc", 2), "ab");
+        assert_eq!(cut("é", 1), "");
     }
 
     #[test]

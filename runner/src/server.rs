@@ -28,6 +28,9 @@ const READS_PER_TURN: usize = 4;
 const MAX_PENDING_INPUT: usize = 4 * MAX_PAYLOAD;
 /// The most simultaneous connections.
 const MAX_CONNECTIONS: usize = 256;
+/// The most argv entries, and argv bytes, one LISTED record shows.
+const LIST_ARGV_ENTRIES: usize = 1024;
+const LIST_ARGV_BYTES: usize = 16 * 1024;
 /// How long EXIT waits for the output to reach EOF after the child was reaped (a
 /// descendant may hold the pipe open).
 const EXIT_GRACE: Duration = Duration::from_secs(1);
@@ -839,10 +842,27 @@ impl Server {
         let mut size = 64;
         let mut truncated = false;
         for (pid, p) in &self.procs {
-            let entry = json!({
-                "id": pid, "pid": p.pid, "argv": p.argv, "tty": p.tty, "running": !p.ended,
+            // argv is shown, not replayed: a huge one is cut (the entry says so).
+            let mut argv: Vec<&str> = Vec::new();
+            let mut budget = LIST_ARGV_BYTES;
+            let mut cut = false;
+            for a in &p.argv {
+                if argv.len() == LIST_ARGV_ENTRIES || budget == 0 {
+                    cut = true;
+                    break;
+                }
+                let piece = proto::cut(a, budget);
+                cut |= piece.len() < a.len();
+                budget -= piece.len();
+                argv.push(piece);
+            }
+            let mut entry = json!({
+                "id": pid, "pid": p.pid, "argv": argv, "tty": p.tty, "running": !p.ended,
                 "code": p.code(), "stdout_end": p.rings[0].end(), "stderr_end": p.rings[1].end(),
             });
+            if cut {
+                entry["argv_truncated"] = true.into();
+            }
             let len = entry.to_string().len() + 1;
             if size + len > MAX_PAYLOAD {
                 truncated = true;
