@@ -74,7 +74,7 @@ def _backend_options(root: str | None) -> dict[str, Any]:
                 options["volumes"] = {parent: {"bind": parent, "mode": "rw"}}
                 options["workdir"] = root  # the workspace our file calls resolve in
         return options
-    return {} if root is None else {"workspace": root}
+    return {} if root is None else {"workdir": root}
 
 
 class UpstreamClient(SandboxClient):
