@@ -31,6 +31,8 @@ const MAX_CONNECTIONS: usize = 256;
 /// The most argv entries, and argv bytes, one LISTED record shows.
 const LIST_ARGV_ENTRIES: usize = 1024;
 const LIST_ARGV_BYTES: usize = 16 * 1024;
+/// The most JSON values one LISTED carries.
+const LIST_MAX_VALUES: usize = 100_000;
 /// How long EXIT waits for the output to reach EOF after the child was reaped (a
 /// descendant may hold the pipe open).
 const EXIT_GRACE: Duration = Duration::from_secs(1);
@@ -841,6 +843,7 @@ impl Server {
         let mut entries = Vec::new();
         let mut size = 64;
         let mut truncated = false;
+        let mut values = 0;
         for (pid, p) in &self.procs {
             // argv is shown, not replayed: a huge one is cut (the entry says so).
             let mut argv: Vec<&str> = Vec::new();
@@ -864,7 +867,10 @@ impl Server {
                 entry["argv_truncated"] = true.into();
             }
             let len = entry.to_string().len() + 1;
-            if size + len > MAX_PAYLOAD {
+            // Within one frame, and within what a careful JSON reader accepts (values
+            // counted like the commas between them).
+            values += 10 + argv.len();
+            if size + len > MAX_PAYLOAD || values > LIST_MAX_VALUES {
                 truncated = true;
                 break;
             }
