@@ -105,6 +105,7 @@ def test_backend_refuses_unknown_capabilities() -> None:
         conformance.needs("file")
     assert set(conformance.Backend(name="x", session=factory).capabilities) == {
         "files",
+        "open_stdin",
         "resize",
         "signals",
     }
