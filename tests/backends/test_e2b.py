@@ -188,6 +188,15 @@ async def test_options_are_validated(fake: FakeE2B) -> None:
         open_e2b(fake, no_such_option=1)
 
 
+async def test_env_reaches_the_commands_of_a_created_sandbox(fake: FakeE2B) -> None:
+    # The shared name `env` is E2B's `envs` at the create (the sandbox's environment).
+    async with open_e2b(fake, env={"SANDBOX_GREETING": "hi"}) as session:
+        result = await session.exec("echo $SANDBOX_GREETING")
+        assert result.stdout == b"hi\n"
+    with pytest.raises(sandbox.InvalidArgumentError, match="envs= is now env="):
+        open_e2b(fake, envs={"A": "1"})
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("memory_limit_bytes", 1 << 30), ("process_limit", 64), ("cpu_limit", 2.0)],
