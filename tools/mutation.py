@@ -81,7 +81,7 @@ TARGETS: dict[str, Target] = {
     ),
     "shell_quoting": Target(
         "sandbox.backends.toolkit.shell",
-        ("tests/toolkit/test_quoting.py", "tests/test_shell_toolkit.py"),
+        ("tests/toolkit/test_shell.py",),
         functions=(
             "new_tag",
             "check_tag",

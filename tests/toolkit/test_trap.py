@@ -1,5 +1,5 @@
-"""ShellTrap against real shells: markers stripped, exit codes kept, cwd errors shown, the
-command check's verdict found."""
+"""ShellTrap (sandbox.backends.toolkit.trap) against real shells: markers stripped, exit
+codes kept, cwd errors shown, the command check's verdict found; keystroke-safe lines."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.arguments import build_command
+from sandbox.backends import toolkit
 from sandbox.backends.toolkit.check import CHECK_FAILED_EXIT, CommandCheck
 from sandbox.backends.toolkit.trap import ShellTrap, keystroke_safe
 from sandbox.errors import CommandNotFoundError, WorkdirError
@@ -166,3 +167,7 @@ def test_keystroke_safe_keeps_printable_lines() -> None:
     assert keystroke_safe("echo 'a b' | cat\n") == "echo 'a b' | cat\n"
     assert keystroke_safe("x\x15y").startswith('eval "$(printf ')
     assert not keystroke_safe("x\x15y").endswith("\n")
+
+
+def test_the_toolkit_re_exports_the_shell_trap() -> None:
+    assert toolkit.ShellTrap is ShellTrap
