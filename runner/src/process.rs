@@ -4,10 +4,14 @@
 //! itself a child subreaper, starts its own session, and forks the real child. Every
 //! descendant that double-forks or calls setsid re-parents to the keeper, never past it,
 //! so `/proc/<keeper>/task/*/children`, walked recursively, is the whole tree. The keeper
-//! reports to the runner over a pipe in 8-byte records (tag, value):
-//! STARTED(pid) once the child has exec'd, an error record if it could not, and
-//! EXITED(wait status) when it reaps the child; it then keeps reaping descendants and exits
-//! when none is left.
+//! reports to the runner over a pipe in 8-byte records (tag, value): STARTED(pid) as soon
+//! as it forked the child (or a setup error), and EXITED(wait status) when it reaps the
+//! child; it then keeps reaping descendants and exits when none is left.
+//!
+//! Whether the exec worked goes straight from the child to the runner, through a second,
+//! close-on-exec pipe: end-of-file without a record means the exec succeeded, a record
+//! says why it failed. The runner learns of a start without waiting for the keeper to
+//! wake up and relay it.
 
 use crate::proto::{kind, Spawn, StdinMode};
 use crate::sys;
@@ -15,7 +19,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-/// Keeper record: the child exec'd; value = its pid.
+/// Keeper record: the child was forked; value = its pid.
 pub const REC_STARTED: u32 = 1;
 /// Keeper/child record: chdir failed; value = errno.
 pub const REC_ERR_CHDIR: u32 = 2;
@@ -31,6 +35,8 @@ pub struct Started {
     pub keeper: libc::pid_t,
     /// The keeper's record pipe (read end, non-blocking).
     pub control: OwnedFd,
+    /// The child's exec status pipe (read end, non-blocking): EOF alone = exec'd.
+    pub exec_status: OwnedFd,
     /// Where INPUT goes: the stdin pipe, or the pty master (shared with `out`).
     pub stdin: Option<OwnedFd>,
     /// stdout (or the pty master, or stdout+stderr when merged).
@@ -185,6 +191,7 @@ pub fn start(spawn: &Spawn) -> io::Result<Started> {
         slave = None;
     }
     let (control_r, control_w) = sys::pipe()?;
+    let (exec_r, exec_w) = sys::pipe()?;
     let keeper = unsafe { libc::fork() };
     if keeper == -1 {
         return Err(io::Error::last_os_error());
@@ -195,11 +202,13 @@ pub fn start(spawn: &Spawn) -> io::Result<Started> {
             out: out_child.as_ref().map(|f| f.as_raw_fd()),
             err: err_child.as_ref().map(|f| f.as_raw_fd()),
             slave: slave.as_ref().map(|f| f.as_raw_fd()),
+            status: exec_w.as_raw_fd(),
         };
         keeper_main(&plan, child_fds, control_w.as_raw_fd(), spawn.tty);
     }
-    drop((stdin_child, out_child, err_child, slave, control_w));
+    drop((stdin_child, out_child, err_child, slave, control_w, exec_w));
     sys::set_nonblocking(control_r.as_raw_fd())?;
+    sys::set_nonblocking(exec_r.as_raw_fd())?;
     sys::set_nonblocking(out_runner.as_raw_fd())?;
     if let Some(fd) = &err_runner {
         sys::set_nonblocking(fd.as_raw_fd())?;
@@ -207,7 +216,14 @@ pub fn start(spawn: &Spawn) -> io::Result<Started> {
     if let Some(fd) = &stdin_runner {
         sys::set_nonblocking(fd.as_raw_fd())?;
     }
-    Ok(Started { keeper, control: control_r, stdin: stdin_runner, out: out_runner, err: err_runner })
+    Ok(Started {
+        keeper,
+        control: control_r,
+        exec_status: exec_r,
+        stdin: stdin_runner,
+        out: out_runner,
+        err: err_runner,
+    })
 }
 
 /// The child's ends of its standard streams (raw, owned by the forked image).
@@ -216,12 +232,16 @@ struct ChildFds {
     out: Option<RawFd>,
     err: Option<RawFd>,
     slave: Option<RawFd>,
+    /// The write end of the exec status pipe (close-on-exec).
+    status: RawFd,
 }
 
 /// The keeper: never returns.
 fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
-    let keep: Vec<RawFd> =
-        [fds.stdin, fds.out, fds.err, fds.slave, Some(control)].into_iter().flatten().collect();
+    let keep: Vec<RawFd> = [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status), Some(control)]
+        .into_iter()
+        .flatten()
+        .collect();
     // Drop the runner's sockets and other processes' fds: only this tree's remain.
     sys::close_fds_except(3, &keep);
     unsafe {
@@ -235,13 +255,6 @@ fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
-    let (status_r, status_w) = match sys::pipe() {
-        Ok(p) => p,
-        Err(e) => {
-            record(control, REC_ERR_SETUP, e.raw_os_error().unwrap_or(0));
-            unsafe { libc::_exit(1) }
-        }
-    };
     let child = unsafe { libc::fork() };
     if child == -1 {
         record(control, REC_ERR_SETUP, sys::errno());
@@ -249,38 +262,18 @@ fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
     }
     if child == 0 {
         unsafe { libc::close(control) };
-        drop(status_r);
-        child_main(plan, &fds, status_w.as_raw_fd(), tty);
+        child_main(plan, &fds, fds.status, tty);
     }
-    for fd in [fds.stdin, fds.out, fds.err, fds.slave].into_iter().flatten() {
+    record(control, REC_STARTED, child);
+    for fd in [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status)].into_iter().flatten() {
         unsafe { libc::close(fd) };
-    }
-    drop(status_w);
-    // EOF on the status pipe = exec succeeded (it is close-on-exec); a record = it failed.
-    let mut rec = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        match sys::read(status_r.as_raw_fd(), &mut rec[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    drop(status_r);
-    if got == 8 {
-        let _ = sys::write_all(control, &rec);
-    } else {
-        record(control, REC_STARTED, child);
     }
     // Reap the child and every descendant that re-parents here, until none is left.
     loop {
         let mut status = 0;
         let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
         if pid == child {
-            if got != 8 {
-                record(control, REC_EXITED, status);
-            }
+            record(control, REC_EXITED, status);
         } else if pid == -1 && sys::errno() != libc::EINTR {
             break;
         }

@@ -62,6 +62,11 @@ struct Proc {
     cwd: Option<String>,
     control: Option<OwnedFd>,
     control_buf: Vec<u8>,
+    /// The child's exec status pipe, until its end-of-file (or an error record).
+    exec_status: Option<OwnedFd>,
+    exec_buf: Vec<u8>,
+    /// The child exec'd (the exec status pipe ended without a record).
+    exec_ok: bool,
     stdin: Option<OwnedFd>,
     stdin_queue: VecDeque<Input>,
     /// CLOSE_STDIN requests waiting for the queue to drain.
@@ -151,6 +156,7 @@ enum Token {
     Signal,
     Conn(u64),
     Control(u32),
+    Exec(u32),
     Out(u32, usize),
     Stdin(u32),
 }
@@ -240,6 +246,9 @@ impl Server {
                 if let Some(fd) = &p.control {
                     add(fd.as_raw_fd(), libc::POLLIN, Token::Control(id));
                 }
+                if let Some(fd) = &p.exec_status {
+                    add(fd.as_raw_fd(), libc::POLLIN, Token::Exec(id));
+                }
                 for (s, fd) in p.out.iter().enumerate() {
                     if let (Some(fd), false) = (fd, paused(&self.conns, id, p, s)) {
                         add(fd.as_raw_fd(), libc::POLLIN, Token::Out(id, s));
@@ -267,8 +276,10 @@ impl Server {
                 }
             }
             for &(token, _) in &ready {
-                if let Token::Control(id) = token {
-                    self.on_control(id);
+                match token {
+                    Token::Control(id) => self.on_control(id),
+                    Token::Exec(id) => self.on_exec_status(id),
+                    _ => {}
                 }
             }
             for &(token, _) in &ready {
@@ -383,15 +394,7 @@ impl Server {
             let tag = u32::from_be_bytes(rec[..4].try_into().unwrap());
             let value = i32::from_be_bytes(rec[4..].try_into().unwrap());
             match tag {
-                REC_STARTED => {
-                    p.pid = Some(value);
-                    p.started = true;
-                    if let Some((conn, req)) = p.spawn_reply.take() {
-                        if let Some(c) = self.conns.get_mut(&conn) {
-                            c.send_json(proto::SPAWNED, req, json!({"pid": value}));
-                        }
-                    }
-                }
+                REC_STARTED => p.pid = Some(value),
                 REC_EXITED => {
                     if p.status.is_none() {
                         p.status = Some(value);
@@ -407,12 +410,59 @@ impl Server {
         }
         if eof {
             p.control = None;
-            if !p.started {
+            if p.pid.is_none() {
                 self.fail_spawn(id, kind::IO, "the process keeper ended before the child started");
                 return;
             }
         }
-        // INPUT or CLOSE_STDIN that came right behind the SPAWN.
+        self.maybe_started(id);
+    }
+
+    /// The child's exec status: a record says why the exec failed, end-of-file alone
+    /// that it succeeded.
+    fn on_exec_status(&mut self, id: u32) {
+        let Some(p) = self.procs.get_mut(&id) else { return };
+        let Some(fd) = &p.exec_status else { return };
+        let mut buf = [0u8; 64];
+        let eof = match sys::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) => true,
+            Ok(n) => {
+                p.exec_buf.extend_from_slice(&buf[..n]);
+                false
+            }
+            Err(e) => !sys::would_block(&e),
+        };
+        if p.exec_buf.len() >= 8 {
+            let tag = u32::from_be_bytes(p.exec_buf[..4].try_into().unwrap());
+            let value = i32::from_be_bytes(p.exec_buf[4..8].try_into().unwrap());
+            let (k, msg) = process::spawn_error(tag, value, &p.argv[0], p.cwd.as_deref());
+            self.fail_spawn(id, k, &msg);
+            return;
+        }
+        if eof {
+            p.exec_status = None;
+            p.exec_ok = p.exec_buf.is_empty();
+            if !p.exec_ok {
+                self.fail_spawn(id, kind::IO, "the child's start report was cut short");
+                return;
+            }
+            self.maybe_started(id);
+        }
+    }
+
+    /// Once the child exec'd and its pid is known: SPAWNED, then any INPUT or
+    /// CLOSE_STDIN that came right behind the SPAWN.
+    fn maybe_started(&mut self, id: u32) {
+        let Some(p) = self.procs.get_mut(&id) else { return };
+        if !p.started {
+            let (true, Some(pid)) = (p.exec_ok, p.pid) else { return };
+            p.started = true;
+            if let Some((conn, req)) = p.spawn_reply.take() {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.send_json(proto::SPAWNED, req, json!({"pid": pid}));
+                }
+            }
+        }
         self.write_stdin(id);
     }
 
@@ -740,6 +790,9 @@ impl Server {
                 cwd: spawn.cwd,
                 control: Some(started.control),
                 control_buf: Vec::new(),
+                exec_status: Some(started.exec_status),
+                exec_buf: Vec::new(),
+                exec_ok: false,
                 stdin: started.stdin,
                 stdin_queue: VecDeque::new(),
                 close_replies: Vec::new(),
