@@ -150,7 +150,7 @@ async def blaxel_provider(tmp_path: Path) -> AsyncIterator[Provider]:
 
         options = server.backend_options(workdir=str(tmp_path / "ws"), terminate_grace_s=0.3)
         resume = {k: options[k] for k in ("api_url", "api_key", "workspace")}
-        yield Provider("blaxel", options, resume, make, exists, "name")
+        yield Provider("blaxel", options, resume, make, exists, "sandbox_id")
 
 
 PROVIDERS = {
