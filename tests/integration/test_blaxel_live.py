@@ -29,7 +29,7 @@ REQUIRES = Requirements(
 
 def _options() -> dict[str, object]:
     options: dict[str, object] = {
-        "name": f"sbx-live-{secrets.token_hex(4)}",
+        "sandbox_id": f"sbx-live-{secrets.token_hex(4)}",
         "ttl": "1h",
         "terminate_grace_s": 0.5,
     }
@@ -98,7 +98,7 @@ class TestBlaxel(LiveSuite):
         async with sandbox.open_session("blaxel", **options) as session:
             assert (await session.exec("true")).ok
         try:
-            box = await SandboxInstance.get(str(options["name"]))
+            box = await SandboxInstance.get(str(options["sandbox_id"]))
         except Exception as exc:  # gone already
             assert getattr(exc, "status_code", None) == 404 or getattr(exc, "status", None) == 404
         else:
