@@ -5,6 +5,7 @@
 
 mod archive;
 mod args;
+mod cgroup;
 mod files;
 mod frames;
 mod process;

@@ -152,7 +152,7 @@ fn reset_signals() {
 
 /// Starts `spawn` under a new keeper. Errors here are the runner's own (pipes, pty, fork);
 /// the child's errors arrive later as keeper records.
-pub fn start(spawn: &Spawn) -> io::Result<Started> {
+pub fn start(spawn: &Spawn, leaf: Option<RawFd>) -> io::Result<Started> {
     let plan = ExecPlan::new(spawn);
     // (child side, runner side) of each standard stream.
     let (stdin_child, stdin_runner, out_child, out_runner, err_child, err_runner, slave);
@@ -203,6 +203,7 @@ pub fn start(spawn: &Spawn) -> io::Result<Started> {
             err: err_child.as_ref().map(|f| f.as_raw_fd()),
             slave: slave.as_ref().map(|f| f.as_raw_fd()),
             status: exec_w.as_raw_fd(),
+            leaf,
         };
         keeper_main(&plan, child_fds, control_w.as_raw_fd(), spawn.tty);
     }
@@ -234,14 +235,57 @@ struct ChildFds {
     slave: Option<RawFd>,
     /// The write end of the exec status pipe (close-on-exec).
     status: RawFd,
+    /// The cgroup leaf to start the child in, if any.
+    leaf: Option<RawFd>,
+}
+
+/// clone3's argument (linux/sched.h, the fields up to `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Like fork, but the child starts inside the cgroup `leaf`; falls back to fork where
+/// the kernel refuses (no clone3, or the leaf cannot take it).
+fn fork_into(leaf: Option<RawFd>) -> libc::pid_t {
+    if let Some(fd) = leaf {
+        let args = CloneArgs {
+            flags: CLONE_INTO_CGROUP,
+            exit_signal: libc::SIGCHLD as u64,
+            cgroup: fd as u64,
+            ..CloneArgs::default()
+        };
+        // Without CLONE_VM this is a fork: the child runs on its copy of this stack.
+        let r = unsafe {
+            libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>())
+        };
+        if r >= 0 {
+            return r as libc::pid_t;
+        }
+    }
+    unsafe { libc::fork() }
 }
 
 /// The keeper: never returns.
 fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
-    let keep: Vec<RawFd> = [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status), Some(control)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let keep: Vec<RawFd> =
+        [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status), Some(control), fds.leaf]
+            .into_iter()
+            .flatten()
+            .collect();
     // Drop the runner's sockets and other processes' fds: only this tree's remain.
     sys::close_fds_except(3, &keep);
     unsafe {
@@ -255,7 +299,7 @@ fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
     }
-    let child = unsafe { libc::fork() };
+    let child = fork_into(fds.leaf);
     if child == -1 {
         record(control, REC_ERR_SETUP, sys::errno());
         unsafe { libc::_exit(1) }
@@ -265,7 +309,7 @@ fn keeper_main(plan: &ExecPlan, fds: ChildFds, control: RawFd, tty: bool) -> ! {
         child_main(plan, &fds, fds.status, tty);
     }
     record(control, REC_STARTED, child);
-    for fd in [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status)].into_iter().flatten() {
+    for fd in [fds.stdin, fds.out, fds.err, fds.slave, Some(fds.status), fds.leaf].into_iter().flatten() {
         unsafe { libc::close(fd) };
     }
     // Reap the child and every descendant that re-parents here, until none is left.

@@ -4,6 +4,7 @@
 //! the rings only while it has room), and a process's output is always read into its
 //! ring whether or not anybody is reading it.
 
+use crate::cgroup::{self, Cgroups};
 use crate::files::{self, ConnFiles};
 use crate::frames::{self, FrameReader, MAX_PAYLOAD};
 use crate::process::{self, REC_EXITED, REC_STARTED};
@@ -74,6 +75,8 @@ struct Proc {
     out: [Option<OwnedFd>; 2],
     rings: [Ring; 2],
     backpressure: bool,
+    /// The process's cgroup leaf, when the runner has cgroups.
+    leaf: Option<PathBuf>,
     status: Option<i32>,
     reaped_at: Option<Instant>,
     /// The exit status is known and the output is closed: EXIT may be sent.
@@ -175,6 +178,10 @@ pub struct Server {
     buf: Vec<u8>,
     /// Set when accept ran out of fds: the listener is left out of the poll until then.
     accept_paused_until: Option<Instant>,
+    /// A cgroup v2 leaf per process, where the sandbox allows it.
+    cgroups: Option<Cgroups>,
+    /// Leaves of forgotten processes that were not empty yet when dropped.
+    stale_leaves: Vec<PathBuf>,
 }
 
 /// Blocks the signals the loop reads through a signalfd, and ignores SIGPIPE (a closed
@@ -211,6 +218,8 @@ impl Server {
             shutdown: false,
             buf: vec![0u8; CHUNK],
             accept_paused_until: None,
+            cgroups: Cgroups::detect(),
+            stale_leaves: Vec::new(),
         })
     }
 
@@ -360,6 +369,7 @@ impl Server {
 
     /// Reaps keepers (and any real child whose keeper died: it re-parents here).
     fn reap(&mut self) {
+        self.stale_leaves.retain(|leaf| !cgroup::remove(leaf));
         loop {
             let mut status = 0;
             let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
@@ -369,6 +379,10 @@ impl Server {
             for p in self.procs.values_mut() {
                 if p.keeper == pid {
                     p.keeper_alive = false;
+                    // The keeper exits once nothing of its tree is left: the leaf is empty.
+                    if p.leaf.as_deref().is_some_and(cgroup::remove) {
+                        p.leaf = None;
+                    }
                 } else if p.pid == Some(pid) && p.status.is_none() {
                     p.status = Some(status);
                     p.reaped_at = Some(Instant::now());
@@ -468,6 +482,11 @@ impl Server {
 
     fn fail_spawn(&mut self, id: u32, kind: &str, message: &str) {
         if let Some(mut p) = self.procs.remove(&id) {
+            if let Some(leaf) = p.leaf.take() {
+                if !cgroup::remove(&leaf) {
+                    self.stale_leaves.push(leaf);
+                }
+            }
             if let Some((conn, req)) = p.spawn_reply.take() {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.attach.remove(&id);
@@ -771,10 +790,17 @@ impl Server {
             Ok(s) => s,
             Err(m) => return c.error(id, kind::INVALID, &m),
         };
-        let started = match process::start(&spawn) {
+        let leaf = self.cgroups.as_mut().and_then(|cg| cg.leaf(id));
+        let started = match process::start(&spawn, leaf.as_ref().map(|(_, fd)| fd.as_raw_fd())) {
             Ok(s) => s,
-            Err(e) => return c.error(id, kind::IO, &format!("cannot start the process: {e}")),
+            Err(e) => {
+                if let Some((path, _)) = &leaf {
+                    cgroup::remove(path);
+                }
+                return c.error(id, kind::IO, &format!("cannot start the process: {e}"));
+            }
         };
+        let leaf = leaf.map(|(path, _)| path);
         c.attach.insert(id, Attach { next: [0, 0], exit_sent: false });
         let ring = spawn.ring();
         self.procs.insert(
@@ -799,6 +825,7 @@ impl Server {
                 out: [Some(started.out), started.err],
                 rings: [Ring::new(ring), Ring::new(ring)],
                 backpressure: spawn.backpressure,
+                leaf,
                 status: None,
                 reaped_at: None,
                 ended: false,
@@ -873,7 +900,7 @@ impl Server {
             (0, Some(pid)) if running => unsafe { libc::kill(pid, sig) == 0 },
             // The group outlives its leader while members live; the keeper holds them.
             (1, Some(pid)) if running || p.keeper_alive => unsafe { libc::kill(-pid, sig) == 0 },
-            (2, _) if p.keeper_alive => process::signal_tree(p.keeper, sig) > 0,
+            (2, _) if p.keeper_alive => kill_tree(p, sig),
             _ => false,
         };
         c.ok(id, json!({"delivered": delivered}));
@@ -941,9 +968,13 @@ impl Server {
         }
         // What it left behind (background descendants) goes with the record.
         if p.keeper_alive {
-            process::signal_tree(p.keeper, libc::SIGKILL);
+            kill_tree(p, libc::SIGKILL);
         }
-        self.procs.remove(&id);
+        if let Some(leaf) = self.procs.remove(&id).and_then(|mut p| p.leaf.take()) {
+            if !cgroup::remove(&leaf) {
+                self.stale_leaves.push(leaf);
+            }
+        }
         for c in self.conns.values_mut() {
             c.attach.remove(&id);
         }
@@ -985,12 +1016,41 @@ impl Server {
     fn kill_everything(&mut self) {
         for p in self.procs.values() {
             if p.keeper_alive {
-                process::signal_tree(p.keeper, libc::SIGKILL);
+                kill_tree(p, libc::SIGKILL);
                 unsafe { libc::kill(p.keeper, libc::SIGKILL) };
             }
         }
         crate::serve::remove_socket(&self.config.socket);
+        if let Some(cg) = &self.cgroups {
+            // Leaves empty once the kernel has finished the deaths (bounded wait).
+            let mut leaves: Vec<PathBuf> = self
+                .procs
+                .values_mut()
+                .filter_map(|p| p.leaf.take())
+                .chain(self.stale_leaves.drain(..))
+                .collect();
+            for _ in 0..100 {
+                leaves.retain(|leaf| !cgroup::remove(leaf));
+                if leaves.is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let _ = std::fs::remove_dir(cg.parent());
+        }
     }
+}
+
+/// Sends `sig` to a process's whole tree: for SIGKILL, its cgroup leaf's `cgroup.kill`
+/// first (when it has one), then the keeper's sweep of its descendants either way.
+/// True when something was signalled.
+fn kill_tree(p: &Proc, sig: i32) -> bool {
+    let mut delivered = false;
+    if let (Some(leaf), libc::SIGKILL) = (&p.leaf, sig) {
+        let members = std::fs::read_to_string(leaf.join("cgroup.procs")).unwrap_or_default();
+        delivered = !members.trim().is_empty() && cgroup::kill(leaf).is_ok();
+    }
+    (process::signal_tree(p.keeper, sig) > 0) || delivered
 }
 
 /// How many bytes of a stream may be read now without dropping any an attached
