@@ -95,6 +95,7 @@ from .workspace.ports import ExposedPort, exposed_from_url, http_url
 from .workspace.shell_ops import ShellFileHooks, ShellFileOps
 from .workspace.snapshots import SnapshotRef
 from .workspace.tar_reader import TarStream
+from .workspace.tar_reader import parse_header as parse_tar_header
 from .workspace.tar_writer import END as TAR_END
 from .workspace.tar_writer import dir_header, file_header, symlink_header
 from .workspace.tar_writer import padding as tar_padding
@@ -150,6 +151,7 @@ __all__ = [
     "file_kind",
     "first_failure",
     "go_file_mode_kind",
+    "parse_tar_header",
     "http_url",
     "kind_of_mode",
     "read_at_most",

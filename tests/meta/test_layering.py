@@ -23,8 +23,17 @@ import sandbox
 PACKAGE_DIR = Path(sandbox.__file__).parent
 
 # What a backend may import from the core (AGENTS.md, "Layout").
+# `sandbox.runner` is a face too: the runner's client, which a backend holds to reach
+# the runner inside its sandbox (docs/runner.md).
 BACKEND_FACES = frozenset(
-    {"sandbox", "sandbox.backend", "sandbox.errors", "sandbox.types", "sandbox.backends.toolkit"}
+    {
+        "sandbox",
+        "sandbox.backend",
+        "sandbox.errors",
+        "sandbox.types",
+        "sandbox.backends.toolkit",
+        "sandbox.runner",
+    }
 )
 # unix_local is the local backend itself: it drives `sandbox.local` (the child, its /proc
 # tree, its cgroup) directly, as the stand-ins in `sandbox.testing` do.

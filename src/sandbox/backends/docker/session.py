@@ -17,7 +17,7 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...backend import (
     BaseSandboxSession,
@@ -41,7 +41,15 @@ from ...errors import (
     ProcessExitedError,
     UnsupportedOperationError,
 )
-from ..toolkit import CommandCheck, ShellTrap, refuse_renamed, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    refuse_renamed,
+    spawn_through_runner,
+    start_one_shot,
+    wait_for_verdict,
+)
 from . import durable as durable_docker
 from .container import (
     DEFAULT_KEEPALIVE,
@@ -51,6 +59,7 @@ from .container import (
     running_container,
 )
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
+from .runner_link import ContainerRunner
 from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 from .files import ContainerFiles
 from .ports import commit_snapshot, exposed_port, snapshot_options
@@ -94,6 +103,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
     `call_timeout_s` (bound on each engine call), or a ready `client` (a
     `docker.APIClient`, not closed here).
+    `runner=True`: processes and commands go through the runner (docs/runner.md), put
+    into the container at start: one frame per start instead of an exec, stdin open
+    or closed, whole-tree kills without a script, output kept in a ring by the runner.
     Plus the base session's options.
     """
 
@@ -127,6 +139,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         client: Any = None,
         terminate_grace_s: float = 1.0,
         detach_keys: str = DEFAULT_DETACH_KEYS,
+        runner: bool = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -198,6 +211,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._file_owner = (0, 0)
         self._exec_options: ExecOptions | None = None
         self._killer: KillBatcher | None = None
+        self._use_runner = bool(runner)
+        self._runner: ContainerRunner | None = None
 
     @property
     def container_id(self) -> str | None:
@@ -249,6 +264,10 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if not probed.workdir_made:
             # No `mkdir` in the image (or it failed): through the archive endpoint.
             await self._files().make_folder(self._workdir)
+        if self._use_runner:
+            self._runner = await ContainerRunner.start(
+                engine, self._exec_options, config.get("Env")
+            )
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""
@@ -261,6 +280,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if engine is None:
             return
         try:
+            if self._runner is not None:
+                runner, self._runner = self._runner, None
+                await runner.aclose()
             if self._killer is not None:
                 await self._killer.settle()
             await engine.settle_calls()
@@ -299,6 +321,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         the kill script (see `DockerOneShot`). A `cwd` or `shell=False` runs behind the
         command check."""
         engine, _ = self._require_engine()
+        if self._runner is not None:
+            return await start_one_shot(
+                self._runner.client,
+                spec,
+                capture,
+                env=self._runner.environment(spec.env, tty=False, term=DEFAULT_TERM),
+                cwd=self._cwd(spec.cwd) or self._workdir,
+            )
         argv, cwd, capture.check = self._checked(spec, announce=False)
 
         first = bytearray()  # the first bytes, whatever the stream (see DockerOneShot)
@@ -343,6 +373,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         """Start an attached exec whose socket feeds the entry (no thread); with a
         command check, wait for its verdict."""
         spec = entry.spec
+        if self._runner is not None:
+            await spawn_through_runner(
+                self._runner.client,
+                cast(PtyEntry[RunnerProcess], entry),
+                env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
+                cwd=self._cwd(spec.command.cwd) or self._workdir,
+            )
+            return
         if spec.stdin:
             _check_half_close(self._require_engine()[0])
         argv, cwd, check = self._checked(spec.command, announce=True)
@@ -381,6 +419,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     async def _write_stdin(self, entry: PtyEntry[DockerExec], data: bytes) -> None:
         """Send keystrokes over the exec's socket."""
         proc = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.write(data, entry.process_id)
+            return
         try:
             await proc.write(data)
         except StreamClosedError as exc:
@@ -396,7 +437,11 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     async def _close_stdin(self, entry: PtyEntry[DockerExec]) -> None:
         """Half-close the exec's hijacked socket: the engine closes the process's stdin
         once it has passed on every byte before (the output still flows back)."""
-        entry.require_handle().close_stdin()
+        proc = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.close_stdin()
+        else:
+            proc.close_stdin()
 
     async def _resize(self, entry: PtyEntry[DockerExec], rows: int, cols: int) -> None:
         """`exec_resize` (the initial size was set by the wrapper with stty)."""
@@ -409,18 +454,18 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
         else:
-            await proc.interrupt()
+            await proc.interrupt()  # the runner's handle signals the group too
 
     async def _terminate_pty_entry(self, entry: PtyEntry[DockerExec]) -> None:
         """Kill the tree (grace, then SIGKILL), close the socket."""
-        proc: DockerExec | None = entry.handle
+        proc: DockerExec | RunnerProcess | None = entry.handle
         if proc is not None:
             await proc.terminate(self.terminate_grace_s)
 
     async def _final_drain(self, entry: PtyEntry[DockerExec]) -> None:
         """Read what already arrived at the socket."""
-        proc: DockerExec | None = entry.handle
-        if proc is not None:
+        proc: DockerExec | RunnerProcess | None = entry.handle
+        if isinstance(proc, DockerExec):
             proc.drain_now()
         await asyncio.sleep(0)
 

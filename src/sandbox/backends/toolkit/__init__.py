@@ -57,6 +57,9 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
+from .runner_processes import RunnerOneShot, RunnerProcess, start_one_shot
+from .runner_processes import reattach as reattach_through_runner
+from .runner_processes import spawn as spawn_through_runner
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
@@ -87,6 +90,8 @@ __all__ = [
     "UNKNOWN_SIGNAL_EXIT",
     "CommandCheck",
     "ResourceLimits",
+    "RunnerOneShot",
+    "RunnerProcess",
     "Secret",
     "ShellTrap",
     "check_limits",
@@ -107,6 +112,7 @@ __all__ = [
     "normalize_exit",
     "parse_kill_report",
     "parse_lease",
+    "reattach_through_runner",
     "redact",
     "refuse_other_endpoint",
     "refuse_renamed",
@@ -114,6 +120,8 @@ __all__ = [
     "require_credential",
     "running_tags",
     "signal_from_reason",
+    "spawn_through_runner",
+    "start_one_shot",
     "tag_environment",
     "taken_from_ref",
     "transport_error",

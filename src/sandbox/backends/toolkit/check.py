@@ -117,22 +117,27 @@ class CommandCheck:
 
     def error(self, kind: str) -> SandboxError:
         """The error for a failure of `kind` (as the script reports it)."""
-        cwd = self._shown_cwd
-        program = self.program or ""
-        if kind == "nocwd":
-            return WorkdirError(f"the working directory (cwd) {cwd!r} does not exist", cwd=cwd)
-        if kind == "notdir":
-            return WorkdirError(f"the working directory (cwd) {cwd!r} is not a directory", cwd=cwd)
-        if kind == "noaccess":
-            return WorkdirError(
-                f"the working directory (cwd) {cwd!r} cannot be entered (permission denied)",
-                cwd=cwd,
-            )
-        if kind == "noexec":
-            return CommandNotFoundError(
-                f"the program {program!r} is not an executable file", program=program
-            )
-        if kind == "noprog":
-            where = "does not exist" if "/" in program else "was not found in PATH"
-            return CommandNotFoundError(f"the program {program!r} {where}", program=program)
-        return SandboxError(f"the command could not be started (check failed: {kind})")
+        return start_error(kind, self._shown_cwd, self.program or "")
+
+
+def start_error(kind: str, cwd: str, program: str) -> SandboxError:
+    """The error for a start that failed before the command ran, the same words on every
+    backend: `kind` is "nocwd", "notdir", "noaccess" (the working directory `cwd`),
+    "noexec" or "noprog" (the program `program`)."""
+    if kind == "nocwd":
+        return WorkdirError(f"the working directory (cwd) {cwd!r} does not exist", cwd=cwd)
+    if kind == "notdir":
+        return WorkdirError(f"the working directory (cwd) {cwd!r} is not a directory", cwd=cwd)
+    if kind == "noaccess":
+        return WorkdirError(
+            f"the working directory (cwd) {cwd!r} cannot be entered (permission denied)",
+            cwd=cwd,
+        )
+    if kind == "noexec":
+        return CommandNotFoundError(
+            f"the program {program!r} is not an executable file", program=program
+        )
+    if kind == "noprog":
+        where = "does not exist" if "/" in program else "was not found in PATH"
+        return CommandNotFoundError(f"the program {program!r} {where}", program=program)
+    return SandboxError(f"the command could not be started (check failed: {kind})")

@@ -1,0 +1,301 @@
+"""The runner inside a container: put there once, checked by content, reached by an exec.
+
+Delivery goes through the engine's archive endpoint (no shell, no `cat` in the image):
+the binary lands at `/tmp/.sandbox-runner-<digest>` (mode 0755, root-owned, so any
+uid may run it). A binary already there is read back and hashed before it is trusted
+with the name: a container that put something else at that name gets ours written over
+it (and, if that fails because its impostor is running, a clear error: the session then
+keeps the per-exec path).
+
+The link is one exec of `sandbox-runner connect --start`: it starts the runner once (its
+own session inside the container, so it outlives this exec and this client) and bridges
+its stdin/stdout to the runner's unix socket. Without a terminal the engine frames what
+the exec prints (8-byte headers), so the stream's reader strips them (`FrameDecoder`)
+and hands the runner's bytes to an ordinary `asyncio.StreamReader`; what the exec
+writes on stderr (a failed start) is kept, bounded, for the error message. Writes go
+through asyncio's own transport, so `StreamWriter.drain` gives real flow control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...backend import parse_tar_header
+from ...errors import ProviderError, UnsupportedOperationError
+from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from .archive import put_tar, stat_path, tar_one_file
+from .engine import Engine
+from .execs import ExecOptions, _close_quietly, _start_attached
+from .frames import STDERR, STDOUT, SYSTEM_ERROR, FrameDecoder
+
+INSTALL_FOLDER = "/tmp"
+NAME_PREFIX = ".sandbox-runner-"
+# A runner is a few MiB; anything larger at our name is not ours and is not read back.
+MAX_RUNNER_BYTES = 16 * 1024 * 1024
+# What the link's stderr may hold for an error message (the rest is dropped).
+MAX_STDERR_BYTES = 4096
+BLOCK = 512  # a tar header
+
+
+def runner_path(binary: RunnerBinary) -> str:
+    """Where the runner lives in a container: named by its content."""
+    return f"{INSTALL_FOLDER}/{NAME_PREFIX}{binary.sha256[:16]}"
+
+
+def socket_path(binary: RunnerBinary, user: str) -> str:
+    """The runner's socket for the exec user `user`: one runner per user and build (the
+    runner makes the socket's folder 0700, so another uid's runner is not reachable)."""
+    who = hashlib.sha256(user.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{INSTALL_FOLDER}/{NAME_PREFIX}{binary.sha256[:16]}-{who}/runner.sock"
+
+
+async def deliver(engine: Engine, container_id: str, binary: RunnerBinary) -> str:
+    """Put the runner into the container unless the same bytes are already at its name,
+    and return its path there."""
+    return await engine.call(
+        "put the runner into the container", _deliver, engine.api, container_id, binary
+    )
+
+
+def _deliver(api: Any, container_id: str, binary: RunnerBinary) -> str:
+    """(In a worker thread) what `deliver` does."""
+    path = runner_path(binary)
+    if _installed_digest(api, container_id, path, binary.size) != binary.sha256:
+        data = binary.path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != binary.sha256:
+            raise ProviderError("the packaged runner changed while in use", retryable=True)
+        put_tar(
+            api,
+            container_id,
+            INSTALL_FOLDER,
+            tar_one_file(path.rsplit("/", 1)[1], data, mode=0o755),
+        )
+    return path
+
+
+def _installed_digest(api: Any, container_id: str, path: str, size: int) -> str | None:
+    """The sha256 of the regular file at `path`, None when there is none or it cannot
+    be ours (not regular, another size): reads at most the one member's bytes, whatever
+    the container says."""
+    if size > MAX_RUNNER_BYTES:
+        return None
+    stat = stat_path(api, container_id, path)
+    if stat is None or int(stat.get("size", -1)) != size:
+        return None
+    chunks, _ = api.get_archive(container_id, path, chunk_size=256 * 1024)
+    try:
+        return _first_member_digest(iter(chunks), size)
+    finally:
+        close = getattr(chunks, "close", None)
+        if callable(close):
+            close()
+
+
+def _first_member_digest(chunks: Iterator[bytes], size: int) -> str | None:
+    """The sha256 of the first member of a tar stream if it is a regular file of `size`
+    bytes; None otherwise. Reads at most one header block and `size` bytes."""
+    buffer = bytearray()
+    for chunk in chunks:
+        buffer += chunk
+        if len(buffer) >= BLOCK:
+            break
+    if len(buffer) < BLOCK:
+        return None
+    try:
+        header = parse_tar_header(bytes(buffer[:BLOCK]))
+    except Exception:
+        return None
+    if header.type not in (b"0", b"\0") or header.size != size:
+        return None
+    digest = hashlib.sha256()
+    payload = bytes(buffer[BLOCK : BLOCK + size])
+    digest.update(payload)
+    left = size - len(payload)
+    for chunk in chunks:
+        if left <= 0:
+            break
+        piece = chunk[:left]
+        digest.update(piece)
+        left -= len(piece)
+    return digest.hexdigest() if left <= 0 else None
+
+
+class _LinkProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol with the engine's output frames taken off first."""
+
+    def __init__(self, reader: asyncio.StreamReader, keep: tuple[Any, ...]) -> None:
+        super().__init__(reader)
+        self._decoder = FrameDecoder(self._payload)
+        self._keep = keep
+        self.stderr = bytearray()
+
+    def _payload(self, stream: int, data: bytes) -> None:
+        if stream == STDOUT:
+            super().data_received(data)
+        elif stream in (STDERR, SYSTEM_ERROR):
+            room = MAX_STDERR_BYTES - len(self.stderr)
+            if room > 0:
+                self.stderr += data[:room]
+
+    def data_received(self, data: bytes) -> None:
+        """Raw socket bytes: framed output of the exec."""
+        self._decoder.feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Close what kept the hijacked connection alive, then end the reader."""
+        _close_quietly(None, self._keep)
+        self._keep = ()
+        super().connection_lost(exc)
+
+
+@dataclass
+class RunnerLink:
+    """One connection to the runner through an exec: `reader` gives the runner's bytes,
+    `writer` takes ours (`write_eof` ends the bridge), `exec_id` names the exec."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    exec_id: str
+    _protocol: _LinkProtocol
+
+    @property
+    def stderr(self) -> str:
+        """What the bridge printed on stderr (bounded), for an error message."""
+        return bytes(self._protocol.stderr).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Drop the connection (the runner and its processes go on)."""
+        self.writer.close()
+
+
+async def open_link(
+    engine: Engine, options: ExecOptions, runner_path: str, sock_path: str
+) -> RunnerLink:
+    """Start `runner connect --start` in the container as the session's user and wrap
+    its hijacked stream. Cancellation after the exec started closes the stream (the
+    bridge then exits; the runner stays)."""
+    api = engine.api
+    created = await engine.call(
+        "create the runner's exec",
+        api.exec_create,
+        options.container_id,
+        [runner_path, "connect", "--start", "--socket", sock_path],
+        stdout=True,
+        stderr=True,
+        stdin=True,
+        tty=False,
+        user=options.user,
+        workdir="/",
+    )
+    exec_id = str(created["Id"])
+    sock, leftover, keep = await engine.call(
+        "start the runner's exec", _start_attached, api, exec_id, False
+    )
+    if type(sock) is not socket.socket:
+        _close_quietly(sock, keep)
+        raise UnsupportedOperationError(
+            "the runner is reached over a plain unix or tcp connection to the engine; "
+            "this engine connection (tls) keeps the per-exec path"
+        )
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20, loop=loop)
+    protocol = _LinkProtocol(reader, keep)
+    try:
+        transport, _ = await loop.create_connection(lambda: protocol, sock=sock)
+    except BaseException:
+        _close_quietly(sock, keep)
+        raise
+    if leftover:
+        protocol.data_received(leftover)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return RunnerLink(reader, writer, exec_id, protocol)
+
+
+def link_failed(link: RunnerLink, what: str) -> ProviderError:
+    """The error for a link that ended before the runner answered."""
+    said = link.stderr.strip()
+    detail = f": {said[-300:]}" if said else ""
+    with contextlib.suppress(Exception):
+        link.close()
+    return ProviderError(f"the runner in the container {what}{detail}", retryable=False)
+
+
+# How long the runner has to answer HELLO through a fresh link (its first start in a
+# container included: a static binary, it is up in milliseconds).
+HELLO_TIMEOUT_S = 10.0
+# Variables in the container's configuration taken as the base of every environment.
+MAX_CONFIG_ENV = 4096
+
+
+class ContainerRunner:
+    """The session's connection to the runner in its container: the client, the exec
+    that carries it, and the environment every process starts with (the runner spawns
+    with exactly the environment it is given)."""
+
+    def __init__(self, client: RunnerClient, link: RunnerLink, base_env: dict[str, str]) -> None:
+        self.client = client
+        self.link = link
+        self.base_env = base_env
+
+    @classmethod
+    async def start(
+        cls, engine: Engine, options: ExecOptions, config_env: object
+    ) -> ContainerRunner:
+        """Deliver the runner, start it (or find it running) and connect; raises
+        `UnsupportedOperationError` when this install has no runner to deliver."""
+        binary = runner_binary()
+        if binary is None:
+            raise UnsupportedOperationError(
+                f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
+            )
+        path = await deliver(engine, options.container_id, binary)
+        link = await open_link(engine, options, path, socket_path(binary, options.user))
+        try:
+            client = await RunnerClient.open(link.reader, link.writer, timeout=HELLO_TIMEOUT_S)
+        except RunnerError as exc:
+            raise link_failed(link, f"did not answer ({exc})") from None
+        except BaseException:
+            link.close()
+            raise
+        return cls(client, link, base_environment(config_env, options))
+
+    def environment(
+        self, extra: Mapping[str, str] | None, *, tty: bool, term: str
+    ) -> dict[str, str]:
+        """The whole environment of one process: the container's, the session's, the
+        command's, and TERM for a terminal."""
+        env = {**self.base_env, **(extra or {})}
+        if tty:
+            env.setdefault("TERM", term)
+        return env
+
+    async def aclose(self) -> None:
+        """Close the connection (the runner and any process it keeps live on)."""
+        try:
+            await self.client.aclose()
+        finally:
+            self.link.close()
+
+
+def base_environment(config_env: object, options: ExecOptions) -> dict[str, str]:
+    """The container's configured variables (`Config.Env`, "K=V" strings, at most
+    `MAX_CONFIG_ENV`), then the session's `env`; HOME as the engine would give a root
+    exec when neither sets it."""
+    env: dict[str, str] = {}
+    if isinstance(config_env, list):
+        for item in config_env[:MAX_CONFIG_ENV]:
+            if isinstance(item, str) and "=" in item and "\0" not in item:
+                key, _, value = item.partition("=")
+                if key:
+                    env[key] = value
+    env.update(options.env)
+    if options.user in ("", "root", "0", "0:0"):
+        env.setdefault("HOME", "/root")
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
