@@ -13,11 +13,12 @@ LATEST_VENV := .venv-latest
 SDK_TESTS := tests/backends/test_e2b.py tests/backends/test_modal.py tests/backends/test_daytona.py
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps demo test test-integration test-latest-sdks test-agents-sdk lint format typecheck check bench bench-quick mutation clean runner test-runner
+.PHONY: install system-deps demo test test-fast test-integration test-latest-sdks test-agents-sdk lint format typecheck check bench bench-quick mutation clean runner test-runner
 
 install: $(STAMP) runner
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# setup.py and the C source too: the editable install builds the extension in place.
+$(STAMP): pyproject.toml $(CONSTRAINTS) setup.py $(wildcard src/sandbox/_native/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
@@ -59,8 +60,21 @@ $(DEMO_STAMP): pyproject.toml
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e .
 	touch $(DEMO_STAMP)
 
+# The suite on parallel workers (pytest-xdist; TEST_WORKERS=0 runs it in one process).
+# Most tests wait on processes, sockets and the engine rather than compute, so more
+# workers than cores pay (docs/testing.md). `--dist loadgroup`: the tests marked
+# `xdist_group` run on one worker, one after the other (tests/conftest.py says why).
+TEST_WORKERS ?= 4
 test: install system-deps
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop, in under a minute: the unit layer (output, session, toolkit, workspace,
+# testing) on unix_local only: no docker, and not the conformance checker's own run of
+# the whole suite (make test runs both).
+FAST_TESTS := tests/output tests/session tests/toolkit tests/workspace tests/testing
+test-fast: install
+	SANDBOX_CONFORMANCE_BACKENDS=unix_local $(BIN)/python -m pytest -q -n 2 -k "not docker" \
+		--ignore=tests/testing/test_conformance_checker.py $(FAST_TESTS) $(PYTEST_ARGS)
 
 test-integration: install
 	$(BIN)/python -m pytest -q -m integration tests/integration $(PYTEST_ARGS)
