@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import itertools
 import socket
 import tarfile
 import time
@@ -143,6 +144,17 @@ def _session(container_id: str, **options: Any) -> sandbox.BaseSandboxSession:
     return sandbox.open_session("docker", container=container_id, workdir="/tmp", **options)
 
 
+def _modes() -> list[tuple[str, dict[str, Any]]]:
+    """The per-exec path, and the runner (docs/runner.md) where this install has one: the
+    same figures for both, against the same raw baseline."""
+    from sandbox.runner import runner_binary
+
+    modes: list[tuple[str, dict[str, Any]]] = [("", {})]
+    if runner_binary() is not None:
+        modes.append((", runner", {"runner": True}))
+    return modes
+
+
 async def docker_round_trip(cfg: Any) -> list[Figure]:
     """`cat` on a tty: write a line, wait `until` it is echoed and printed back."""
     reason = _available()
@@ -188,11 +200,11 @@ async def docker_throughput(cfg: Any) -> list[Figure]:
     figures = []
     async with container() as (api, cid):
         await asyncio.to_thread(_put, api, cid, "/tmp/payload.bin", data)
-        for tty in (True, False):
-            label = "pty" if tty else "pipes (multiplexed)"
+        for (suffix, mode), tty in itertools.product(_modes(), (True, False)):
+            label = ("pty" if tty else "pipes (multiplexed)") + suffix
             fig = Figure(GROUP, f"drain {cfg.drain_mb} MB, {label}", "MB/s", True)
             for _ in range(cfg.rounds):
-                async with _session(cid, output_limit_bytes=size + (1 << 20)) as s:
+                async with _session(cid, output_limit_bytes=size + (1 << 20), **mode) as s:
                     t0 = time.perf_counter()
                     update = await s.pty_exec_start(
                         "cat /tmp/payload.bin", tty=tty, yield_time_s=0.25
@@ -227,11 +239,11 @@ async def docker_start(cfg: Any) -> list[Figure]:
     count = max(10, cfg.starts // 5)
     figures = []
     async with container() as (api, cid):
-        for tty in (True, False):
-            label = "pty" if tty else "pipes"
+        for (suffix, mode), tty in itertools.product(_modes(), (True, False)):
+            label = ("pty" if tty else "pipes") + suffix
             fig = Figure(GROUP, f"start `true`, {label}", "calls/s", True)
             for _ in range(cfg.rounds):
-                async with _session(cid) as s:
+                async with _session(cid, **mode) as s:
                     t0 = time.perf_counter()
                     for _ in range(count):
                         update = await s.pty_exec_start("true", tty=tty)
@@ -253,11 +265,18 @@ async def docker_scale(cfg: Any) -> list[Figure]:
     reason = _available()
     if reason:
         return [Figure(GROUP, f"skipped: {reason}", "-", False)]
-    start = Figure(GROUP, "64 PTYs: start at once + echo through each", "ms", False)
-    stop = Figure(GROUP, "pty_terminate_all, 64 live", "ms", False)
+    figures = []
+    for suffix, mode in _modes():
+        figures += await _scale(cfg, suffix, mode)
+    return figures
+
+
+async def _scale(cfg: Any, suffix: str, mode: dict[str, Any]) -> list[Figure]:
+    start = Figure(GROUP, f"64 PTYs: start at once + echo through each{suffix}", "ms", False)
+    stop = Figure(GROUP, f"pty_terminate_all, 64 live{suffix}", "ms", False)
     async with container() as (api, cid):
         for _ in range(cfg.rounds):
-            async with _session(cid, terminate_grace_s=0.5) as s:
+            async with _session(cid, terminate_grace_s=0.5, **mode) as s:
                 t0 = time.perf_counter()
                 ups = await asyncio.gather(
                     *(s.pty_exec_start("echo r; exec cat", tty=True, until="r") for _ in range(64))
