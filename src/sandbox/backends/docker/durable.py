@@ -86,7 +86,7 @@ def ref_sandbox(session: DockerSession) -> dict[str, Any]:
     data: dict[str, Any] = {
         "container_id": session._container_id,
         "created_name": session._created_name,
-        "keep_container": session._keep_container,
+        "keep": session._keep_container,
     }
     if session._client is None:
         engine = engine_url(session._base_url)
@@ -183,7 +183,7 @@ async def resume(session: DockerSession, ref: SessionRef) -> None:
     if isinstance(created, str):
         await _check_created(session, ref, created)
         session._created_name = created
-    session._keep_container = bool(ref.sandbox.get("keep_container"))
+    session._keep_container = bool(ref.sandbox.get("keep"))
     tags = running_tags(ref.processes)
     if tags:
         engine, options = session._require_engine()

@@ -107,7 +107,7 @@ def ref_sandbox(session: KubernetesSession) -> dict[str, Any]:
         "uid": session._pod_uid,
         "container": target.container if target is not None else session._container,
         "created": session._created,
-        "keep_pod": session._keep_pod,
+        "keep": session._keep_pod,
         "server": session._server,
     }
 
@@ -213,7 +213,7 @@ async def resume(session: KubernetesSession, ref: SessionRef) -> None:
         session._created = created
     else:
         session._created = None
-    session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep_pod"))
+    session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep"))
     tags = running_tags(ref.processes)
     if tags:
         client, target = session._require()
