@@ -182,12 +182,16 @@ class Snapshots(Capability, ABC):
 
 class Durability(Capability, ABC):
     """Refs, the lease, resume and detach. Made with the session (`self.session`);
-    `keeps_processes` and `options_from_ref` are read of the class, before any session
-    exists (a resume makes its session from them)."""
+    `options_from_ref` is read of the class, before any session exists (a resume makes
+    its session from it)."""
 
-    # Whether the provider keeps a process running, reattachable, with no client
-    # (`BaseSandboxSession.keeps_processes`).
-    keeps_processes: ClassVar[bool] = False
+    @property
+    def keeps_processes(self) -> bool:
+        """Whether the provider keeps a process running, reattachable, with no client
+        (`BaseSandboxSession.keeps_processes`). A backend whose every session does sets a
+        class attribute; one where it depends on the session's options (the runner)
+        answers per session."""
+        return False
 
     @abstractmethod
     def ref_sandbox(self) -> dict[str, Any]:

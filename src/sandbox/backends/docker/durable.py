@@ -1,8 +1,17 @@
-"""Detach and resume for `docker`: the container outlives the client, exec streams do not.
+"""Detach and resume for `docker`: the container outlives the client, exec streams do not
+(the runner's processes do).
 
-The Engine API has no call that attaches to a running exec's streams again (an exec is
-started attached once: `POST /exec/{id}/start`; `/containers/{id}/attach` reaches the
-container's main process only), so `keeps_processes` is False:
+With `runner=True` the runner inside the container keeps every process, and its latest
+output in a ring (docs/runner.md), so `keeps_processes` is True for such a session:
+`detach()` stops following each process and closes the link, the ref lists each by its
+runner id, and `resume_session` reattaches each from the output position the client had
+reached (what it printed meanwhile first, the omission marker past the ring, its exit
+code if it ended).
+
+Without the runner, the Engine API has no call that attaches to a running exec's streams
+again (an exec is started attached once: `POST /exec/{id}/start`;
+`/containers/{id}/attach` reaches the container's main process only), so
+`keeps_processes` is False:
 
 - `detach()` kills each process's tree with the toolkit's kill script, as
   `pty_terminate` does, and the ref lists it as ended with its exit code; the container
@@ -41,11 +50,14 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
 from ..toolkit import (
+    RunnerProcess,
     grace_ticks,
     lease_path,
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
+    reattach_ref,
+    runner_ref_process,
     running_tags,
     taken_from_ref,
 )
@@ -61,7 +73,13 @@ REF_OPTIONS = ("terminate_grace_s", "detach_keys")
 # The options a resume takes from a ref: none of them names an engine, loads code or
 # holds a credential.
 TAKEN_FROM_REF = taken_from_ref(
-    "terminate_grace_s", "detach_keys", "workdir", "user", "call_timeout_s", "api_version"
+    "terminate_grace_s",
+    "detach_keys",
+    "workdir",
+    "user",
+    "call_timeout_s",
+    "api_version",
+    "runner",
 )
 # The docker SDK's default engine (`docker.constants.DEFAULT_UNIX_SOCKET`), as the CLI
 # spells it.
@@ -105,6 +123,7 @@ def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
     options["user"] = session._user or None
     options["call_timeout_s"] = session._api_timeout
     options["api_version"] = session._api_version
+    options["runner"] = session._use_runner
     return options
 
 
@@ -120,8 +139,12 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
 
 
 def ref_process(entry: PtyEntry[DockerExec]) -> dict[str, Any]:
-    """The exec id and the toolkit tag (the tag finds its tree after a crash)."""
+    """The runner's id of the process, else the exec id and the toolkit tag (the tag
+    finds its tree after a crash)."""
     proc = entry.require_handle()
+    kept = runner_ref_process(proc)
+    if kept is not None:
+        return kept
     return {"tag": proc.tag, "exec_id": proc.exec_id}
 
 
@@ -190,9 +213,12 @@ async def resume(session: DockerSession, ref: SessionRef) -> None:
         await run_kill_script(engine, options, tags, "term", grace_ticks(0))
 
 
-async def reattach(entry: PtyEntry[DockerExec], process: ProcessRef) -> None:
-    """Never possible (see the module docstring)."""
-    raise ProcessNotReattached(NOT_REATTACHED)
+async def reattach(session: DockerSession, entry: PtyEntry[Any], process: ProcessRef) -> None:
+    """Through the runner when the session has one; else never possible (see the module
+    docstring)."""
+    if session._runner is None:
+        raise ProcessNotReattached(NOT_REATTACHED)
+    await reattach_ref(session._runner.client, entry, process)
 
 
 async def detach(session: DockerSession) -> None:
@@ -201,6 +227,9 @@ async def detach(session: DockerSession) -> None:
     if engine is None:
         return
     try:
+        if session._runner is not None:
+            runner, session._runner = session._runner, None
+            await runner.aclose()  # its processes live on in the runner
         if session._killer is not None:
             await session._killer.settle()
         await engine.settle_calls()
@@ -253,7 +282,10 @@ class DockerDurability(Durability):
     """The docker backend's durable sessions (the module docstring says what outlives
     the client): this module's functions, over the session it was made with."""
 
-    keeps_processes = False
+    @property
+    def keeps_processes(self) -> bool:
+        """True for a session with the runner (it keeps the processes), else False."""
+        return bool(self.session._use_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """See `ref_sandbox`."""
@@ -282,7 +314,15 @@ class DockerDurability(Durability):
 
     async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
         """See `reattach`."""
-        await reattach(entry, process)
+        await reattach(self.session, entry, process)
+
+    async def release(self, entry: PtyEntry[Any]) -> None:
+        """A process the runner keeps is left to it; any other is terminated."""
+        handle = entry.handle
+        if isinstance(handle, RunnerProcess):
+            await handle.release()
+        else:
+            await super().release(entry)
 
     async def detach(self) -> None:
         """See `detach`."""

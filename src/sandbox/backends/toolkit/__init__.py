@@ -57,8 +57,9 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
-from .runner_processes import RunnerOneShot, RunnerProcess, start_one_shot
+from .runner_processes import RunnerOneShot, RunnerProcess, reattach_ref, start_one_shot
 from .runner_processes import reattach as reattach_through_runner
+from .runner_processes import ref_process as runner_ref_process
 from .runner_processes import spawn as spawn_through_runner
 from .shell import (
     KILL_TICK_S,
@@ -112,12 +113,14 @@ __all__ = [
     "normalize_exit",
     "parse_kill_report",
     "parse_lease",
+    "reattach_ref",
     "reattach_through_runner",
     "redact",
     "refuse_other_endpoint",
     "refuse_renamed",
     "refuse_unsupported",
     "require_credential",
+    "runner_ref_process",
     "running_tags",
     "signal_from_reason",
     "spawn_through_runner",

@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import secrets
 import signal
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from ...durable.refs import ProcessNotReattached
 from ...errors import ConnectionLostError, ProcessExitedError, UnsupportedOperationError
 from ...output.decoding import omission_marker
 from ...runner import (
@@ -35,6 +36,7 @@ from ...runner import (
 from .check import start_error
 
 if TYPE_CHECKING:  # the core imports the toolkit: names for annotations only
+    from ...durable.refs import ProcessRef
     from ...exec_output import ExecCapture
     from ...process_entry import CommandSpec, PtyEntry
 
@@ -202,10 +204,12 @@ async def spawn(
     *,
     env: Mapping[str, str],
     cwd: str | None,
+    argv: Sequence[str] | None = None,
 ) -> None:
     """Start `entry.spec` through the runner with exactly `env` in `cwd`, its output (and
     stderr merged into it, as on every backend) into the entry. The handle is set before
-    the first await, so a teardown of a cancelled spawn finds it."""
+    the first await, so a teardown of a cancelled spawn finds it. `argv`: what to run
+    instead of the spec's own (its command wrapped, as in a jail)."""
     spec = entry.spec
     for attempt in range(ID_ATTEMPTS):
         handle = RunnerProcess(client, new_process_id(), tty=spec.tty)
@@ -214,7 +218,7 @@ async def spawn(
         try:
             handle.pid = await client.spawn(
                 handle.runner_id,
-                spec.command.argv,
+                spec.command.argv if argv is None else argv,
                 env=dict(env),
                 sink=sink,
                 cwd=cwd,
@@ -232,6 +236,39 @@ async def spawn(
             if exc.kind == "exists" and attempt + 1 < ID_ATTEMPTS:
                 continue
             raise _start_error(exc, spec.command) from None
+
+
+REF_KEY = "runner_id"
+# Runner process ids a client makes (`new_process_id`): what a ref may name.
+MAX_RUNNER_ID = 2**31
+
+
+def ref_process(handle: object) -> dict[str, Any] | None:
+    """The ref's handle of a process the runner keeps, None for another handle."""
+    return {REF_KEY: handle.runner_id} if isinstance(handle, RunnerProcess) else None
+
+
+def runner_id_in(handle: Mapping[str, Any]) -> int | None:
+    """The runner id a ref's process handle names, None when it names none or one no
+    client of ours could have made (a ref is caller data: checked, never trusted)."""
+    value = handle.get(REF_KEY)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_RUNNER_ID:
+        return value
+    return None
+
+
+async def reattach_ref(
+    client: RunnerClient, entry: PtyEntry[RunnerProcess], process: ProcessRef
+) -> None:
+    """`Durability.reattach` through the runner: follow the ref's process again from
+    the client's output position, or `ProcessNotReattached` saying why not."""
+    runner_id = runner_id_in(process.handle)
+    if runner_id is None:
+        raise ProcessNotReattached("the ref names no process the runner keeps")
+    try:
+        await reattach(client, entry, runner_id, process.output_position)
+    except RunnerRequestError as exc:
+        raise ProcessNotReattached(f"the runner no longer keeps the process ({exc.kind})") from None
 
 
 async def reattach(

@@ -1,0 +1,162 @@
+"""docker with `runner=True` (docs/runner.md): delivery checked by content, processes that
+outlive their client and replay what they printed meanwhile, a dropped link that kills
+nothing, a tree kill that catches escapees.
+
+The conformance, ownership and durable suites run on this configuration too (fixture
+`docker_runner`); these are the runner's own promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import secrets
+import tarfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox.backends.docker.runner_link import runner_path
+from sandbox.runner import runner_binary, unavailable_reason
+from tests.backend_fixtures import docker as fx
+from tests.conftest import skip_or_fail
+
+
+@pytest.fixture(autouse=True)
+def _engine() -> None:
+    reason = fx.skip_reason() or unavailable_reason()
+    if reason:
+        skip_or_fail(f"docker runner: {reason}")
+
+
+def _exec(container: str, *argv: str) -> tuple[int, bytes]:
+    api = fx._client()
+    exec_id = api.exec_create(container, list(argv))["Id"]
+    output = api.exec_start(exec_id)
+    return int(api.exec_inspect(exec_id)["ExitCode"]), output
+
+
+async def _until_file(container: str, path: str) -> None:
+    """Wait (bounded) until `path` exists in the container, asking the engine directly:
+    no session follows the process meanwhile."""
+    deadline = time.monotonic() + 30
+    while (await asyncio.to_thread(_exec, container, "test", "-e", path))[0] != 0:
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def _session(**options: Any) -> AsyncIterator[tuple[sandbox.BaseSandboxSession, str]]:
+    container = fx.shared_container()
+    workdir = f"/tmp/rn-{secrets.token_hex(6)}"
+    session = sandbox.open_session(
+        "docker", container=container, workdir=workdir, runner=True, **options
+    )
+    try:
+        yield session, workdir
+    finally:
+        await session.aclose()
+        await asyncio.to_thread(_exec, container, "rm", "-rf", workdir)
+
+
+async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed() -> None:
+    async with _session() as (s, workdir):
+        await s.start()
+        command = (
+            "echo early; while [ ! -e go ]; do sleep 0.02; done; echo meanwhile; "
+            "touch printed; while [ ! -e end ]; do sleep 0.02; done; echo late; exit 7"
+        )
+        started = await s.pty_exec_start(command, until="early", yield_time_s=10)
+        assert started.process_id is not None and "early" in started.output
+        ref = await s.detach()
+        [kept] = ref.processes
+        assert kept.running and "runner_id" in kept.handle
+        # Nobody follows the process now: it prints, and the runner's ring keeps it.
+        container = fx.shared_container()
+        await asyncio.to_thread(_exec, container, "touch", f"{workdir}/go")
+        await _until_file(container, f"{workdir}/printed")
+        async with sandbox.resume_session(ref) as resumed:
+            assert resumed.keeps_processes
+            [info] = resumed.pty_processes()
+            assert info.process_id == started.process_id and info.running
+            update = await resumed.pty_write_stdin(
+                started.process_id, "", until="meanwhile", yield_time_s=10
+            )
+            assert "meanwhile" in update.output and "early" not in update.output
+            await resumed.write_file("end", b"")
+            last = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=30)
+            assert "late" in last.output and last.exit_code == 7
+
+
+async def test_a_second_session_reuses_the_delivered_runner_and_a_forged_one_is_replaced() -> None:
+    binary = runner_binary()
+    assert binary is not None
+    container = fx.shared_container()
+    path = runner_path(binary)
+    async with _session() as (s, _):
+        await s.start()
+        assert (await s.exec("echo", "one")).stdout == b"one\n"
+    # Something else at the runner's name (a container may write anything there):
+    # replaced by the next session, which then works.
+    forged = b"#!/bin/sh\necho forged\n"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(path.rsplit("/", 1)[1])
+        info.size, info.mode = len(forged), 0o755
+        tar.addfile(info, io.BytesIO(forged))
+    fx._client().put_archive(container, "/tmp", buffer.getvalue())
+    async with _session() as (s, _):
+        await s.start()
+        assert (await s.exec("echo", "two")).stdout == b"two\n"
+    chunks, _ = fx._client().get_archive(container, path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        member = tar.extractfile(tar.getmembers()[0])
+        assert member is not None
+        assert hashlib.sha256(member.read()).hexdigest() == binary.sha256
+
+
+async def test_the_tree_kill_reaches_double_forked_and_setsid_escapees() -> None:
+    async with _session(terminate_grace_s=0) as (s, _):
+        await s.start()
+        marker = f"esc{secrets.token_hex(4)}"
+        command = (
+            f"(sleep 600 & ) ; setsid sh -c 'exec -a {marker} sleep 600' & "
+            f"exec -a {marker}main sleep 600"
+        )
+        started = await s.pty_exec_start(command, yield_time_s=0.5)
+        assert started.process_id is not None
+        await s.pty_terminate(started.process_id)
+    container = fx.shared_container()
+    deadline = time.monotonic() + 10
+    while any(marker in p for p in fx.container_processes(container)):
+        assert time.monotonic() < deadline, fx.container_processes(container)
+        await asyncio.sleep(0.05)
+
+
+async def test_a_dropped_link_kills_nothing() -> None:
+    async with _session() as (s, workdir):
+        await s.start()
+        started = await s.pty_exec_start(
+            "while [ ! -e stop ]; do sleep 0.02; done; echo stopped", yield_time_s=0.2
+        )
+        assert started.process_id is not None
+        ref = s.ref()
+        # The bridge exec goes away (as if the engine connection broke).
+        container = fx.shared_container()
+        runner = s._runner
+        assert runner is not None
+        runner.link.close()
+        await runner.client.wait_closed()
+        update = await s.pty_write_stdin(started.process_id, "", yield_time_s=5)
+        assert update.exit_code is None and "process lost" in update.output
+        # The runner still keeps it: a resumed client (the ref's takeover) reattaches.
+        async with sandbox.resume_session(ref) as resumed:
+            await resumed.write_file("stop", b"")
+            last = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=30)
+            assert "stopped" in last.output and last.exit_code == 0
+        assert (await asyncio.to_thread(_exec, container, "test", "-d", workdir))[0] == 0
