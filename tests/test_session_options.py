@@ -96,7 +96,7 @@ BAD: list[tuple[str, str, object]] = [
     ("daytona", "create_options", ["x"]),
     ("e2b", "start_timeout_s", "x"),
     ("e2b", "env", {"A": 1}),
-    ("e2b", "metadata", {"A": None}),
+    ("e2b", "labels", {"A": None}),
     ("modal", "terminate_grace_s", "x"),
     ("modal", "sandbox_timeout_s", "1h"),
     ("modal", "env", {"A": b"x"}),

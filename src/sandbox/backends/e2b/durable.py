@@ -82,7 +82,7 @@ def ref_sandbox(session: E2BSession) -> dict[str, Any]:
 
 
 def ref_options(session: E2BSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the timeouts (never the API key, `env` or `metadata`)."""
+    """The base options plus the timeouts (never the API key, `env` or `labels`)."""
     options = dict(base)
     client = session._client
     for option, attribute in REF_OPTIONS:

@@ -33,8 +33,8 @@ lifetime E2B gives each process stream, one-shot commands included; 0 means
 unlimited), `call_timeout_s` (bound on each other call, over the whole call: a file
 transfer, typed input, a resize; default 120 s), `snapshot_mode` (what `snapshot()`
 keeps: None for the API's default, "full" or "filesystem"; see `workspace`; the call is
-bounded by `start_timeout_s`), `metadata` and `env` (for a new sandbox: its
-environment, so every command's; the metadata key `sandbox.session` is the library's:
+bounded by `start_timeout_s`), `labels` (E2B's metadata) and `env` (for a new sandbox: its
+environment, so every command's; the label `sandbox.session` is the library's:
 a created sandbox carries the durable session's id there, which a resume checks before
 it takes on the sandbox's deletion), and `sandbox_class` (default `e2b.AsyncSandbox`;
 pass `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
@@ -108,7 +108,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         teardown_timeout_s: float = 15.0,
         process_timeout_s: float = 86_400.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-        metadata: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         sandbox_class: Any = None,
         snapshot_mode: str | None = None,
@@ -143,10 +143,10 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("image", image)):
             check_str(name, text)
-        metadata = check_env(metadata, name="metadata", variables=False)
-        if metadata and SESSION_LABEL in metadata:
+        labels = check_env(labels, name="labels", variables=False)
+        if labels and SESSION_LABEL in labels:
             raise InvalidArgumentError(
-                f"metadata[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
+                f"labels[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
                 "creates: choose another key"
             )
         env = check_env(env)
@@ -171,7 +171,7 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         # the sandbox's metadata confirmed it).
         self._created = False
         self._sandbox_timeout = int(sandbox_timeout_s)
-        self._metadata = dict(metadata or {})
+        self._metadata = dict(labels or {})
         self._envs = dict(env or {})
         self._sandbox_class: Any = sandbox_class if sandbox_class is not None else AsyncSandbox
         self._snapshot_mode = check_snapshot_mode(snapshot_mode)

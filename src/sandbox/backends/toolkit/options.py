@@ -37,6 +37,8 @@ RENAMED: Mapping[str, str] = {
     "kill_timeout_s": "teardown_timeout_s",
     # variables added to every command
     "envs": "env",
+    # marks on what the session creates
+    "metadata": "labels",
     # an existing sandbox to attach to
     "name": "sandbox_id",
     # the limits, under the names every backend checks (`toolkit.limits`)
