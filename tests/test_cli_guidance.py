@@ -109,8 +109,8 @@ def test_cli_message_spells_values_flags_and_bare_names() -> None:
     from sandbox.cli.spelling import cli_message
 
     sandbox.backends.load_backend("docker")  # the backend in use: its options are known
-    assert cli_message("pass base_url='tcp://h:1' to resume it") == (
-        "pass --opt base_url=tcp://h:1 to resume it"
+    assert cli_message("pass api_url='tcp://h:1' to resume it") == (
+        "pass --opt api_url=tcp://h:1 to resume it"
     )
     assert cli_message("with ports=[8080] on a bridge") == "with --opt ports=[8080] on a bridge"
     assert cli_message("memory_limit_bytes needs the cgroup") == "--memory-limit needs the cgroup"

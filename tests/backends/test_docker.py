@@ -350,7 +350,7 @@ async def test_unreachable_engine_is_retryable(url: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    session = sandbox.open_session("docker", image="x", base_url=url.format(port=port))
+    session = sandbox.open_session("docker", image="x", api_url=url.format(port=port))
     with pytest.raises(sandbox.ProviderError, match="cannot reach the Docker engine") as info:
         await session.start()
     assert info.value.retryable is True
@@ -364,7 +364,7 @@ async def test_silent_engine_times_out_retryably() -> None:
         silent.listen(8)  # connections complete in the backlog; nothing ever answers
         port = silent.getsockname()[1]
         session = sandbox.open_session(
-            "docker", image="x", base_url=f"tcp://127.0.0.1:{port}", call_timeout_s=0.5
+            "docker", image="x", api_url=f"tcp://127.0.0.1:{port}", call_timeout_s=0.5
         )
         # The engine client's own timeout is 60 s: a start that ignored `call_timeout_s`
         # would meet this deadline first (TimeoutError, not the ProviderError).
@@ -603,7 +603,7 @@ async def test_container_removed_underneath(api: Any, case: str) -> None:
 async def test_dropped_engine_connection_ends_processes_clearly(case: str) -> None:
     proxy = EngineProxy()
     await proxy.start()
-    session = open_image(case, base_url=proxy.url)
+    session = open_image(case, api_url=proxy.url)
     try:
         await session.start()
         marker = unique_seconds()
@@ -632,7 +632,7 @@ async def test_event_stream_dropped_exits_still_detected(case: str) -> None:
     proxy = EngineProxy()
     await proxy.start()
     try:
-        async with image_session(case, base_url=proxy.url) as s:
+        async with image_session(case, api_url=proxy.url) as s:
             assert proxy.drop("/events?") == 1
             assert await eventually(lambda: not s._engine.events_alive)  # type: ignore[union-attr]
             update = await s.pty_exec_start("echo a; exit 4", tty=True)

@@ -123,19 +123,19 @@ async def test_a_ref_made_against_another_engine_is_refused_and_that_engine_gets
             hostile = dataclasses.replace(
                 ref,
                 sandbox={**ref.sandbox, "engine": attacker},
-                options={**ref.options, "base_url": attacker},
+                options={**ref.options, "api_url": attacker},
             )
             with pytest.raises(InvalidArgumentError) as caught:
                 async with sandbox.resume_session(hostile.to_json()):
                     pass
             message = str(caught.value)
             assert attacker in message and "unix:///var/run/docker.sock" in message
-            assert f"base_url={attacker!r}" in message
+            assert f"api_url={attacker!r}" in message
             assert listener.connections == 0 and not listener.received
     finally:
         # The real engine, named by the caller: the resume works and removes it.
         async with sandbox.resume_session(
-            ref.to_json(), base_url="unix:///var/run/docker.sock"
+            ref.to_json(), api_url="unix:///var/run/docker.sock"
         ) as resumed:
             assert (await resumed.exec("echo", "ok")).stdout == b"ok\n"
     assert not _exists(container)

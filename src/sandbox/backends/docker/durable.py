@@ -28,7 +28,7 @@ or swap, since the engine has no owner notion).
 
 What a ref says is checked, even when its seal is good (a program may build one from
 data it does not control): only the options of `REF_OPTIONS` are taken from it; the
-engine comes from the caller's `base_url=`/`client=` or the environment (DOCKER_HOST, else
+engine comes from the caller's `api_url=`/`client=` or the environment (DOCKER_HOST, else
 the local socket), and a ref made against another engine is refused unless the caller
 names it; a container the ref says the session created is removed by the resumed close
 only if the engine shows it carries our `sandbox.session` label with the ref's session id.
@@ -91,10 +91,10 @@ NOT_REATTACHED = (
 )
 
 
-def engine_url(base_url: str | None) -> str:
-    """The engine a session with this `base_url` talks to: it, else DOCKER_HOST, else the
+def engine_url(api_url: str | None) -> str:
+    """The engine a session with this `api_url` talks to: it, else DOCKER_HOST, else the
     local socket (`unix://` however it was spelled)."""
-    url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
+    url = api_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
     return "unix://" + url.removeprefix("http+unix://") if url.startswith("http+unix://") else url
 
 
@@ -150,17 +150,17 @@ def ref_process(entry: PtyEntry[DockerExec]) -> dict[str, Any]:
 
 def check_engine(session: DockerSession, ref: SessionRef) -> None:
     """Refuse a ref made against another engine than the one this client would use,
-    unless the caller named the engine (`base_url=` or `client=`)."""
+    unless the caller named the engine (`api_url=` or `client=`)."""
     if session._base_url is not None or session._client is not None:
         return
-    recorded = ref.sandbox.get("engine", ref.options.get("base_url"))
+    recorded = ref.sandbox.get("engine")
     if recorded is None:
         return
     used = engine_url(None)
     if not isinstance(recorded, str) or engine_url(recorded) != used:
         raise InvalidArgumentError(
             f"the docker ref was made against the engine {recorded!r}; this client would use "
-            f"{used!r} (DOCKER_HOST or the local socket); pass base_url={recorded!r} to "
+            f"{used!r} (DOCKER_HOST or the local socket); pass api_url={recorded!r} to "
             "resume it there"
         )
 

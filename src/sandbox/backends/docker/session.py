@@ -100,9 +100,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     `ports` (container ports published on the host's loopback at create, for
     `expose_port`). `snapshot=` (through `open_session`): a fresh container from a
     `snapshot()`'s committed image.
-    Engine: `base_url` (default: DOCKER_HOST / the local socket), `api_version`,
-    `call_timeout_s` (bound on each engine call), or a ready `client` (a
-    `docker.APIClient`, not closed here).
+    Engine: `api_url` (the engine's address, Docker's `base_url`; default: DOCKER_HOST /
+    the local socket), `api_version`, `call_timeout_s` (bound on each engine call), or a
+    ready `client` (a `docker.APIClient`, not closed here).
     `runner=True`: processes and commands go through the runner (docs/runner.md), put
     into the container at start: one frame per start instead of an exec, stdin open
     or closed, whole-tree kills without a script, output kept in a ring by the runner.
@@ -133,7 +133,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         name_prefix: str = "sandbox",
         ports: Sequence[int] = (),
         keep: bool = False,
-        base_url: str | None = None,
+        api_url: str | None = None,
         api_version: str | None = None,
         call_timeout_s: float = DEFAULT_API_TIMEOUT_S,
         client: Any = None,
@@ -186,7 +186,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         timeout = check_seconds("call_timeout_s", call_timeout_s)
         for name, text in (
             ("user", user or None),  # "" is the image's user, as None
-            ("base_url", base_url),
+            ("api_url", api_url),
             ("api_version", api_version),
             ("detach_keys", detach_keys),
         ):
@@ -199,7 +199,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._user = user or ""
         self._env = dict(env or {})
         self._keep_container = bool(keep)
-        self._base_url = base_url
+        self._base_url = api_url
         self._api_version = api_version
         self._api_timeout = timeout
         self._client = client

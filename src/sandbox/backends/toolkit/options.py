@@ -37,6 +37,8 @@ RENAMED: Mapping[str, str] = {
     "kill_timeout_s": "teardown_timeout_s",
     # variables added to every command
     "envs": "env",
+    # the provider's API (docker: the engine)
+    "base_url": "api_url",
     # marks on what the session creates
     "metadata": "labels",
     # an existing sandbox to attach to
