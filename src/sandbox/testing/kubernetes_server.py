@@ -42,7 +42,13 @@ a pipes process's stdin is closed, a tty process keeps its terminal (no hangup:
 blocks once its pipe is full); either dies with its pod, or by the backend's kill
 script. Each pod has a folder of its own standing for the container's /tmp, named by
 `TMPDIR` in every process's environment (no mount namespace here; a container's
-execs share its environment), where the durable lease file goes.
+execs share its environment), where the durable lease file goes; and a short one for
+the runner (docs/runner.md), named by `SANDBOX_RUNNER_DIR`, as a kubelet sets
+`HOSTNAME` (a unix socket's path must stay under 108 bytes, which a pod's folder
+under a test's tmp_path may not). An exec of the runner really runs it: the runner
+detaches into its own session, carrying the pod's marker in its environment like every
+process of the pod, so the pod's deletion kills it and every tree it keeps (the
+container's end on a cluster), then removes its folder.
 
 Fault knobs (changeable while serving):
 
@@ -62,7 +68,8 @@ Fault knobs (changeable while serving):
 - `watch_floods`: the next N watches send one line of `flood_bytes` that never ends.
 
 What a test can look at: `pods`, `deleted` (names), `requests` (method, path,
-authorized: never headers), `exec_argvs`, `live_processes()`, `open_execs()`.
+authorized: never headers), `exec_argvs`, `live_processes()`, `open_execs()`,
+`runner_dirs` (every pod's runner folder, in creation order).
 
 Not modelled: a tty process whose client went is still read, into the server's memory
 (on a cluster it blocks once the terminal and FIFO buffers are full). A PID namespace:
@@ -119,6 +126,7 @@ class _FakePod:
     deleting: asyncio.Task[None] | None = None
     lifecycle: asyncio.Task[None] | None = None
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    runner_dir: str = ""
 
     @property
     def tmp(self) -> str:
@@ -182,6 +190,7 @@ class KubernetesApiServer:
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str, bool]] = []
         self.exec_argvs: list[list[str]] = []
+        self.runner_dirs: list[str] = []
         self._stalls: dict[str, Stall] = {}
         self._watchers: list[tuple[str, dict[str, str], asyncio.Queue[dict[str, Any]]]] = []
         self._sockets: set[web.WebSocketResponse] = set()
@@ -379,6 +388,8 @@ class KubernetesApiServer:
         os.makedirs(root, exist_ok=False)
         pod = _FakePod(namespace, name, obj, root)
         os.makedirs(pod.tmp, exist_ok=False)
+        pod.runner_dir = tempfile.mkdtemp(prefix="k8s-runner-")
+        self.runner_dirs.append(pod.runner_dir)
         self.pods[(namespace, name)] = pod
         self._touch(pod, "ADDED")
         pod.lifecycle = self._spawn_task(self._bring_up(pod))
@@ -456,6 +467,7 @@ class KubernetesApiServer:
             # named by TMPDIR (an image may set it; every exec of a container shares
             # the container's environment).
             "TMPDIR": pod.tmp,
+            "SANDBOX_RUNNER_DIR": pod.runner_dir,
             _POD_MARKER: pod.marker,
         }
 
@@ -580,6 +592,8 @@ class KubernetesApiServer:
         pod.gone.set()
         discard_tree(pod.root)
         discard_tree(pod.tmp)
+        if pod.runner_dir:
+            discard_tree(pod.runner_dir)
 
     def _kill_members(self, pod: _FakePod) -> None:
         """SIGKILL the pod's process groups and whatever carries its marker (what a

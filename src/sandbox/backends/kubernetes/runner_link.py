@@ -1,0 +1,376 @@
+"""The runner inside a pod (docs/runner.md): put there once, checked by content, reached
+by an exec.
+
+One control exec (`PREPARE_SCRIPT`) says where the runner goes (the session's
+`runner_dir`, else `$SANDBOX_RUNNER_DIR`, else the container's `$TMPDIR`, else /tmp: a
+container's /tmp is its own, so two pods never share a runner), the workspace as the
+exec finds it (`pwd -P`: the runner's processes start there), the sha256 of the file at
+the runner's content-named path when there is one (`sha256sum`), and the exec's own
+environment (`/proc/$$/environ`: the container's, which every process starts from, as
+an exec's would; the runner spawns with exactly the environment it is given). When the
+digest is not ours (no file, another build, a file someone changed), a second exec
+(`UPLOAD_SCRIPT`) takes the binary's bytes as stdin DATA (never keystrokes: no
+terminal), writes them to a private temporary file, hashes it back where `sha256sum`
+exists, and renames it over the path (a rename also replaces a running impostor's file).
+
+The link is one exec of `PATH connect --start --socket SOCK` (the binary itself, no
+shell): it starts the runner once (its own session in the container, so it outlives the
+exec and this client) and bridges its stdin/stdout to the runner's unix socket. The
+exec's stdout channel feeds an `asyncio.StreamReader`; `ExecLinkWriter` writes to its
+stdin channel with what `RunnerClient` calls on a writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import posixpath
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from ...errors import ProviderError, UnsupportedOperationError
+from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from . import bounds, scripts
+from .channels import ExecStream
+from .client import V5_PROTOCOL, KubeClient
+from .execs import Target, run_control
+
+NAME_PREFIX = ".sandbox-runner-"
+# A runner is a few MiB: a larger packaged file is refused before any byte is sent.
+MAX_RUNNER_BYTES = 16 * 1024 * 1024
+# What the link's stderr may hold for an error message (the rest is dropped).
+MAX_STDERR_BYTES = 4096
+# A unix socket's path is at most 107 bytes (sun_path is 108 with its NUL).
+MAX_SOCKET_PATH = 107
+# How long the runner has to answer HELLO through a fresh link (its first start in the
+# pod included: a static binary, it is up in milliseconds).
+HELLO_TIMEOUT_S = 10.0
+# Variables of the container's environment taken as the base of every environment.
+MAX_CONTAINER_ENV = 4096
+# The shell's own variables in `/proc/$$/environ` that describe the exec, not the
+# container (the runner sets each process's folder itself).
+SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+UPLOAD_CHUNK_BYTES = 256 * 1024
+
+# `sh -c PREPARE_SCRIPT sandbox-runner-prepare DIR NAME` (DIR "" for the default):
+# DIR NUL PWD NUL DIGEST-or-"-" NUL, then the exec's environment (NUL-separated).
+PREPARE_SCRIPT = (
+    'd=${1:-${SANDBOX_RUNNER_DIR:-${TMPDIR:-/tmp}}}; f="$d/$2"; h=-; '
+    'if [ -f "$f" ] && [ ! -L "$f" ]; then '
+    'h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; '
+    'printf "%s\\0%s\\0%s\\0" "$d" "$(pwd -P)" "$h"; cat /proc/$$/environ 2>/dev/null; exit 0'
+)
+# `sh -c UPLOAD_SCRIPT sandbox-runner-upload PATH SIZE`: SIZE is "-" to copy stdin to its
+# end (v5 closes stdin), else the byte count `head -c` copies (v4 cannot close it).
+# Prints the sha256 of what it wrote where `sha256sum` exists.
+UPLOAD_SCRIPT = (
+    'f=$1; n=$2; t="$f.$$.tmp"; umask 077; mkdir -p -- "${f%/*}" || exit 1; '
+    'if [ "$n" = - ]; then cat > "$t"; else head -c "$n" > "$t"; fi '
+    '|| { rm -f -- "$t"; exit 1; }; '
+    'h=$(sha256sum -- "$t" 2>/dev/null) && printf "%s" "${h%% *}"; '
+    'chmod 755 "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }'
+)
+
+
+def runner_name(binary: RunnerBinary) -> str:
+    """The runner's file name in its folder: named by its content."""
+    return f"{NAME_PREFIX}{binary.sha256[:16]}"
+
+
+@dataclass(frozen=True)
+class PodPlace:
+    """What the prepare exec found: the runner's folder, the workspace as an exec sees
+    it, the digest at the runner's path (None: nothing of ours there), the container's
+    environment."""
+
+    folder: str
+    workdir: str
+    digest: str | None
+    env: dict[str, str]
+
+
+def parse_prepare(output: bytes) -> PodPlace:
+    """The prepare exec's stdout, checked (bounded by the control exec already)."""
+    parts = output.split(b"\0")
+    if len(parts) < 4:
+        raise ProviderError("the pod's answer about the runner's folder was cut short")
+    folder, workdir, digest = (p.decode("utf-8", "surrogateescape") for p in parts[:3])
+    for what, path in (("runner folder", folder), ("workspace", workdir)):
+        if not path.startswith("/") or "\n" in path or len(path) > 4096:
+            raise ProviderError(f"the pod gave no usable {what} for the runner: {path[:100]!r}")
+    env: dict[str, str] = {}
+    # The last piece is what followed the final NUL: cut short, or empty.
+    for item in parts[3:-1][:MAX_CONTAINER_ENV]:
+        key, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
+        if sep and key and key not in SHELL_OWN:
+            env[key] = value
+    clean = digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else None
+    return PodPlace(posixpath.normpath(folder), posixpath.normpath(workdir), clean, env)
+
+
+async def prepare(
+    client: KubeClient, target: Target, binary: RunnerBinary, runner_dir: str | None
+) -> PodPlace:
+    """Run the prepare exec in the workspace."""
+    stdout = bytearray()
+
+    def keep(data: bytes) -> bool:
+        stdout.extend(data[: bounds.MAX_CONTROL_OUTPUT_BYTES - len(stdout)])
+        return True
+
+    argv = [
+        "sh",
+        "-c",
+        PREPARE_SCRIPT,
+        "sandbox-runner-prepare",
+        runner_dir or "",
+        runner_name(binary),
+    ]
+    code, errors = await run_control(
+        client,
+        target,
+        scripts.prelude_argv(argv, cwd=target.cwd),
+        "find the runner's folder in the pod",
+        on_stdout=keep,
+    )
+    if code != 0:
+        said = errors.decode("utf-8", "replace").strip()[:300]
+        raise ProviderError(f"could not find the runner's folder in the pod (exit {code}): {said}")
+    return parse_prepare(bytes(stdout))
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), UPLOAD_CHUNK_BYTES):
+        yield data[start : start + UPLOAD_CHUNK_BYTES]
+
+
+async def upload(client: KubeClient, target: Target, binary: RunnerBinary, path: str) -> None:
+    """Write the runner's bytes to `path` through an exec's stdin (data, not a terminal),
+    then check the digest the pod computed of what it received."""
+    if binary.size > MAX_RUNNER_BYTES:
+        raise ProviderError("the packaged runner is larger than any runner can be")
+    data = binary.path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != binary.sha256:
+        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    size = "-" if client.agreed == V5_PROTOCOL else str(len(data))
+    said = bytearray()
+
+    def keep(chunk: bytes) -> bool:
+        said.extend(chunk[: 256 - len(said)])
+        return True
+
+    argv = ["sh", "-c", UPLOAD_SCRIPT, "sandbox-runner-upload", path, size]
+    code, errors = await run_control(
+        client, target, argv, "put the runner into the pod", stdin=_chunks(data), on_stdout=keep
+    )
+    if code != 0:
+        text = errors.decode("utf-8", "replace").strip()[:300]
+        raise ProviderError(f"could not put the runner into the pod (exit {code}): {text}")
+    digest = bytes(said).decode("ascii", "replace").strip()
+    if digest and digest != binary.sha256:
+        raise ProviderError(
+            "the runner put into the pod reads back as other bytes "
+            f"(sha256 {digest[:16]}..., expected {binary.sha256[:16]}...)"
+        )
+
+
+class ExecLinkWriter:
+    """The writer half of the link (what `RunnerClient` calls on an
+    `asyncio.StreamWriter`): `write` queues, `drain` sends what is queued on the exec's
+    stdin channel (in order: one sender at a time), `close`/`abort` close the socket."""
+
+    def __init__(self, stream: ExecStream, reader: asyncio.StreamReader) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._queued = bytearray()
+        self._lock = asyncio.Lock()
+        self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def transport(self) -> ExecLinkWriter:
+        """Itself: `abort()` is all the client asks of a transport."""
+        return self
+
+    def write(self, data: bytes) -> None:
+        """Queue `data` (sent by the next `drain`)."""
+        if self.is_closing():
+            raise ConnectionResetError("the runner's exec stream is closed")
+        self._queued += data
+
+    async def drain(self) -> None:
+        """Send everything queued; returns once the socket took it."""
+        async with self._lock:
+            while self._queued:
+                data = bytes(self._queued)
+                self._queued.clear()
+                try:
+                    await self._stream.write(data)
+                except ProviderError as exc:  # ConnectionLostError among them
+                    raise ConnectionResetError(str(exc)) from None
+
+    def is_closing(self) -> bool:
+        """True once closed (or the stream ended)."""
+        return self._closing is not None or self._stream.ended
+
+    def close(self) -> None:
+        """Close the exec's socket (the bridge then exits; the runner stays)."""
+        if self._closing is None:
+            self._queued.clear()
+            self._closing = asyncio.ensure_future(self._close())
+
+    def abort(self) -> None:
+        """The same as `close` (nothing is flushed either way)."""
+        self.close()
+
+    async def _close(self) -> None:
+        try:
+            await self._stream.close()
+        finally:
+            if not self._reader.at_eof():
+                self._reader.feed_eof()
+
+    async def wait_closed(self) -> None:
+        """Wait until the socket is closed."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+
+
+class RunnerLink:
+    """One connection to the runner through an exec: `reader` gives the runner's bytes,
+    `writer` takes ours."""
+
+    def __init__(self) -> None:
+        self.reader = asyncio.StreamReader(limit=2**20)
+        self._stderr = bytearray()
+        self.stream: ExecStream | None = None
+        self.writer: ExecLinkWriter | None = None
+
+    @property
+    def stderr(self) -> str:
+        """What the bridge printed on stderr (bounded), for an error message."""
+        return bytes(self._stderr).decode("utf-8", "replace")
+
+    def _on_stderr(self, data: bytes) -> None:
+        room = MAX_STDERR_BYTES - len(self._stderr)
+        if room > 0:
+            self._stderr += data[:room]
+
+    def _on_end(self, outcome: int | BaseException) -> None:
+        if not self.reader.at_eof():
+            self.reader.feed_eof()
+
+    async def open(self, client: KubeClient, target: Target, path: str, sock: str) -> None:
+        """Start the bridge exec (stdin open, no terminal)."""
+        ws = await client.exec_socket(
+            target.namespace,
+            target.pod,
+            target.container,
+            [path, "connect", "--start", "--socket", sock],
+            stdin=True,
+            tty=False,
+            what="connect to the runner",
+        )
+        self.stream = ExecStream(
+            ws,
+            what="connect to the runner",
+            on_stdout=self.reader.feed_data,
+            on_stderr=self._on_stderr,
+            on_end=self._on_end,
+        )
+        self.writer = ExecLinkWriter(self.stream, self.reader)
+
+    async def aclose(self) -> None:
+        """Drop the connection (the runner and its processes go on)."""
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+        elif self.stream is not None:
+            await self.stream.close()
+
+
+class PodRunner:
+    """The session's connection to the runner in its pod: the client, the exec that
+    carries it, where processes start, and the environment they start with."""
+
+    def __init__(self, client: RunnerClient, link: RunnerLink, place: PodPlace) -> None:
+        self.client = client
+        self.link = link
+        self.workdir = place.workdir
+        self.base_env = place.env
+
+    @classmethod
+    async def start(
+        cls, kube: KubeClient, target: Target, runner_dir: str | None, env: Mapping[str, str]
+    ) -> PodRunner:
+        """Deliver the runner (unless the same bytes are there), start it or find it
+        running, and connect; `UnsupportedOperationError` when this install has none."""
+        binary = runner_binary()
+        if binary is None:
+            raise UnsupportedOperationError(
+                f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
+            )
+        place = await prepare(kube, target, binary, runner_dir)
+        path = f"{place.folder}/{runner_name(binary)}"
+        sock = f"{path}.sock"
+        if len(sock.encode()) > MAX_SOCKET_PATH:
+            raise UnsupportedOperationError(
+                f"the runner's socket path in the pod would be longer than a unix socket's "
+                f"({sock[:60]}...): pass a shorter runner_dir="
+            )
+        if place.digest != binary.sha256:
+            await upload(kube, target, binary, path)
+        link = RunnerLink()
+        try:
+            async with asyncio.timeout(bounds.EXEC_CONNECT_TIMEOUT_S):
+                await link.open(kube, target, path, sock)
+            assert link.writer is not None
+            client = await RunnerClient.open(
+                link.reader, cast(asyncio.StreamWriter, link.writer), timeout=HELLO_TIMEOUT_S
+            )
+        except RunnerError as exc:
+            said = link.stderr.strip()
+            detail = f": {said[-300:]}" if said else ""
+            await link.aclose()
+            raise ProviderError(
+                f"the runner in the pod did not answer ({exc}){detail}", retryable=False
+            ) from None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(link.aclose())
+            raise
+        runner = cls(client, link, place)
+        runner.base_env.update(env)
+        return runner
+
+    def environment(
+        self, extra: Mapping[str, str] | None, *, tty: bool, term: str
+    ) -> dict[str, str]:
+        """The whole environment of one process: the container's, the session's, the
+        command's, and TERM for a terminal."""
+        env = {**self.base_env, **(extra or {})}
+        if tty:
+            env.setdefault("TERM", term)
+        return env
+
+    def cwd(self, cwd: str | None, session_workdir: str) -> str:
+        """Where a process starts: the workspace as the exec found it, a relative `cwd`
+        under it, an absolute one inside the session's workdir mapped there too."""
+        if cwd is None:
+            return self.workdir
+        cwd = posixpath.normpath(cwd)
+        if cwd.startswith("/"):
+            if cwd == session_workdir:
+                return self.workdir
+            if cwd.startswith(session_workdir.rstrip("/") + "/"):
+                return posixpath.join(self.workdir, cwd[len(session_workdir) :].lstrip("/"))
+            return cwd
+        return posixpath.normpath(posixpath.join(self.workdir, cwd))
+
+    async def aclose(self) -> None:
+        """Close the connection (the runner and any process it keeps live on)."""
+        try:
+            await self.client.aclose()
+        finally:
+            await self.link.aclose()
