@@ -48,6 +48,7 @@ __all__ = [
     "test_close_stdin_cancelled_while_the_hook_is_blocked",
     "test_close_stdin_errors",
     "test_close_stdin_raced_by_a_terminate",
+    "test_close_stdin_raced_by_the_session_close",
     "test_concurrent_writes_do_not_interleave",
     "test_control_characters_are_data",
     "test_empty_poll_returns_at_exit",
@@ -1145,6 +1146,25 @@ async def test_close_stdin_raced_by_a_terminate(
     _registry_consistent(session)
     assert session.pty_processes() == []
     assert reserved_ids(session) == set()
+    assert await eventually(lambda: not processes_with_arg(marker))
+
+
+async def test_close_stdin_raced_by_the_session_close(
+    backend_under_test: Backend, tmp_path: Path, processes_with_arg: ProcessLister
+) -> None:
+    marker = unique_seconds()
+    async with backend_under_test.session(tmp_path) as s:
+        pid = await _start_with_stdin(s, backend_under_test, f"cat; exec sleep {marker}")
+        if pid is None:
+            return
+        gate = park_calls(s, "_close_stdin")
+        closing = asyncio.ensure_future(s.pty_close_stdin(pid))
+        await gate.reached.wait()
+        await s.aclose()  # ends the blocked close first, then the process
+        with pytest.raises(sandbox.SessionClosedError):
+            await closing
+        assert gate.abandoned.is_set()
+        assert s.pty_processes() == []
     assert await eventually(lambda: not processes_with_arg(marker))
 
 
