@@ -9,6 +9,7 @@ the end of its input, the way a stdio MCP server ends when its client closes std
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -114,3 +115,19 @@ async def test_a_stdio_mcp_server_in_a_container(tmp_path: Path) -> None:
                 break
         assert final.process_id is None and final.exit_code == 0, final
         assert output == "server: end of input\n"
+
+
+async def test_binary_input_passes_unchanged(tmp_path: Path) -> None:
+    # Every byte value, the engine's detach keys (Ctrl-P Ctrl-Q) included: those apply to
+    # a terminal's input only, so an attached stdin on pipes takes them as data.
+    data = bytes(range(256)) * 4 + b"\x10\x11" + b"\x10\x11tail"
+    async with fx.environment(tmp_path) as unstarted, unstarted as session:
+        started = await session.pty_exec_start("md5sum", stdin=True, yield_time_s=0.3)
+        pid = started.process_id
+        assert pid is not None
+        written = await session.pty_write_stdin(pid, data, yield_time_s=0.3)
+        assert written.unwritten_bytes == 0 and written.output == ""
+        await session.pty_close_stdin(pid)
+        final = await session.pty_write_stdin(pid, "", yield_time_s=10)
+        assert final.process_id is None and final.exit_code == 0, final
+        assert final.output.split()[0] == hashlib.md5(data).hexdigest()
