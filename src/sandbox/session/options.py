@@ -92,8 +92,8 @@ def bad_option_error(
     is named, with the closest valid name and the valid names; any other `TypeError`
     keeps its own message. Option values never appear (one may be a secret)."""
     valid = option_names(cls)
-    # Options a backend still reads from `**options` by an earlier name are accepted,
-    # so the name the TypeError gives comes first; any name outside the signatures next.
+    # The name the TypeError gives comes first; any other name outside the signatures
+    # next (an earlier name is refused before this by `toolkit.refuse_renamed`).
     given = set(given)
     named = _UNEXPECTED.search(str(exc))
     unknown = sorted(given - set(valid))
