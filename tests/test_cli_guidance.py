@@ -86,6 +86,18 @@ def test_cli_suggests_the_flag_for_a_misspelt_option(tmp_path: Path) -> None:
     assert out.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["run", "shell", "mcp"])
+def test_an_earlier_flag_is_a_usage_error_naming_the_new_one(command: str, tmp_path: Path) -> None:
+    out = run_cli(command, "--workspace", str(tmp_path), *(["--", "true"] * (command == "run")))
+    assert out.returncode == 2 and "--workspace is now --workdir" in out.stderr, out.stderr
+
+
+def test_an_earlier_option_name_is_a_usage_error_naming_the_new_one() -> None:
+    out = run_cli("run", "--backend", "docker", "--opt", "keep_container=true", "--", "true")
+    assert out.returncode == 2, out.stderr
+    assert "keep_container= is now --opt keep=" in out.stderr, out.stderr
+
+
 def test_cli_names_options_by_their_flags() -> None:
     out = run_cli("run", "--backend", "docker", "--", "true")
     assert out.returncode == 2, out.stderr

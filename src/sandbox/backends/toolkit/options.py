@@ -72,12 +72,32 @@ def refuse_renamed(cls: type, options: Mapping[str, Any]) -> None:
             )
 
 
+# An earlier flag -> the one to use (refused with a usage error naming it, never aliased).
+RENAMED_FLAGS: Mapping[str, str] = {"--workspace": "--workdir"}
+
+
+class _RenamedFlag(argparse.Action):
+    """An earlier flag: a usage error naming the one to use."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        flag = option_string or self.option_strings[0]
+        parser.error(f"{flag} is now {RENAMED_FLAGS[flag]}")
+
+
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--backend`, the common backend options and the generic `--opt KEY=VALUE`."""
     # Imported here: backends import this module, and the cli's modules import backends.
     from ...cli.limit_flags import add_limit_arguments
     from .. import BACKENDS
 
+    for old in RENAMED_FLAGS:
+        parser.add_argument(old, action=_RenamedFlag, help=argparse.SUPPRESS)
     parser.add_argument(
         "--backend",
         default="unix_local",
