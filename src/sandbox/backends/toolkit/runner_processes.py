@@ -63,13 +63,22 @@ def new_process_id() -> int:
 class _EntrySink:
     """What the runner tells about one process, told to its entry (`ProcessSink`)."""
 
-    def __init__(self, entry: PtyEntry[RunnerProcess], on_exit: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        entry: PtyEntry[RunnerProcess],
+        on_exit: Callable[[int], None],
+        shown: Callable[[bytes], bytes] | None = None,
+    ) -> None:
         self._entry = entry
         self._on_exit = on_exit
+        self._shown = shown
 
     def feed(self, data: bytes, stream: Stream) -> None:
         """Output (stdout and stderr, merged in arrival order like every backend's)."""
-        self._entry.feed(data)
+        if self._shown is not None:
+            data = self._shown(data)
+        if data:
+            self._entry.feed(data)
 
     def gap(self, start: int, end: int, stream: Stream) -> None:
         """The ring no longer held [start, end): the omission marker in its place."""
@@ -205,16 +214,18 @@ async def spawn(
     env: Mapping[str, str],
     cwd: str | None,
     argv: Sequence[str] | None = None,
+    shown: Callable[[bytes], bytes] | None = None,
 ) -> None:
     """Start `entry.spec` through the runner with exactly `env` in `cwd`, its output (and
     stderr merged into it, as on every backend) into the entry. The handle is set before
     the first await, so a teardown of a cancelled spawn finds it. `argv`: what to run
-    instead of the spec's own (its command wrapped, as in a jail)."""
+    instead of the spec's own (its command wrapped, as in a jail); `shown`: what of each
+    chunk of output the entry gets (a `ShellTrap`'s `feed` takes its markers out)."""
     spec = entry.spec
     for attempt in range(ID_ATTEMPTS):
         handle = RunnerProcess(client, new_process_id(), tty=spec.tty)
         entry.handle = handle
-        sink = _EntrySink(entry, handle._exit_seen)
+        sink = _EntrySink(entry, handle._exit_seen, shown)
         try:
             handle.pid = await client.spawn(
                 handle.runner_id,
