@@ -319,4 +319,106 @@ def _kill_all(api: Any, container_id: str) -> None:
     api.exec_start(exec_id)
 
 
-CASES = [docker_round_trip, docker_throughput, docker_start, docker_scale]
+def _pss_bytes(pid: int) -> int:
+    """A host-visible container process's proportional set size (its shared pages
+    divided among their users, so a forked keeper's pages are not counted twice)."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _host_pids(api: Any, container_id: str, needle: str) -> list[int]:
+    """The host pids of the container's processes whose command line holds `needle`."""
+    top = api.top(container_id, ps_args="-o pid,args")
+    titles = top["Titles"]
+    pid_at, args_at = titles.index("PID"), titles.index("COMMAND")
+    return [int(row[pid_at]) for row in top.get("Processes") or [] if needle in row[args_at]]
+
+
+async def _resume_and_read(api: Any, cid: str, payload: str) -> float:
+    """Start a process that prints `payload`'s file only after its client detached,
+    resume once it has, and return the seconds from `resume_session` to its last byte."""
+    s = _session(cid, runner=True, output_limit_bytes=4 << 20)
+    await s.start()
+    started = await s.pty_exec_start(
+        f"while [ ! -e /tmp/go ]; do sleep 0.01; done; cat {payload}; echo; echo END-MARK; "
+        "touch /tmp/printed; exec sleep 600",
+        yield_time_s=0,
+    )
+    assert started.process_id is not None
+    ref = await s.detach()
+    await asyncio.to_thread(_exec_code, api, cid, ["touch", "/tmp/go"])
+    while await asyncio.to_thread(_exec_code, api, cid, ["test", "-e", "/tmp/printed"]):
+        await asyncio.sleep(0.02)
+    t0 = time.perf_counter()
+    async with sandbox.resume_session(ref) as resumed:
+        update = await resumed.pty_write_stdin(
+            started.process_id, "", until="END-MARK", yield_time_s=30
+        )
+        elapsed = time.perf_counter() - t0
+        assert "END-MARK" in update.output
+        await resumed.pty_terminate_all()
+    await asyncio.to_thread(_exec_code, api, cid, ["rm", "-f", "/tmp/printed", "/tmp/go"])
+    return elapsed
+
+
+async def docker_runner_reattach(cfg: Any) -> list[Figure]:
+    """Resume a session whose process printed 1 MiB while no client followed it: the
+    time until its last byte is back, against the same resume of a process that printed
+    nothing meanwhile (the difference is the replay)."""
+    from sandbox.runner import runner_binary
+
+    reason = _available() or (None if runner_binary() else "the runner is not built")
+    if reason:
+        return [Figure(GROUP, f"skipped: {reason}", "-", False)]
+    fig = Figure(GROUP, "resume + reattach a process holding 1 MiB, runner", "ms", False)
+    async with container() as (api, cid):
+        await asyncio.to_thread(_put, api, cid, "/tmp/one-mib.bin", b"a" * (1 << 20))
+        await asyncio.to_thread(_put, api, cid, "/tmp/nothing.bin", b"")
+        for _ in range(cfg.rounds):
+            fig.ours.append(await _resume_and_read(api, cid, "/tmp/one-mib.bin") * 1000)
+            fig.baseline.append(await _resume_and_read(api, cid, "/tmp/nothing.bin") * 1000)
+    fig.note = "baseline: the same resume of a process that printed nothing while detached"
+    return [fig]
+
+
+async def docker_runner_memory(cfg: Any) -> list[Figure]:
+    """The runner's memory (its keepers included, PSS) with 64 idle processes, against
+    the 64 processes' own."""
+    from sandbox.runner import runner_binary
+
+    reason = _available() or (None if runner_binary() else "the runner is not built")
+    if reason:
+        return [Figure(GROUP, f"skipped: {reason}", "-", False)]
+    fig = Figure(GROUP, "runner memory, 64 idle processes (PSS)", "MiB", False)
+    async with container() as (api, cid):
+        for _ in range(cfg.rounds):
+            async with _session(cid, runner=True) as s:
+                for _ in range(64):
+                    await s.pty_exec_start("exec sleep 600", tty=True, yield_time_s=0)
+                await asyncio.sleep(0.2)
+                runner = _host_pids(api, cid, ".sandbox-runner-")
+                sleeps = _host_pids(api, cid, "sleep 600")
+                fig.ours.append(sum(map(_pss_bytes, runner)) / 2**20)
+                fig.baseline.append(sum(map(_pss_bytes, sleeps)) / 2**20)
+                await s.pty_terminate_all()
+    fig.note = "ours: the runner and its 64 keepers; baseline: the 64 sleeps themselves"
+    return [fig]
+
+
+def _exec_code(api: Any, container_id: str, argv: list[str]) -> int:
+    exec_id = api.exec_create(container_id, argv)["Id"]
+    api.exec_start(exec_id)
+    return int(api.exec_inspect(exec_id)["ExitCode"])
+
+
+CASES = [
+    docker_round_trip,
+    docker_throughput,
+    docker_start,
+    docker_scale,
+    docker_runner_reattach,
+    docker_runner_memory,
+]
