@@ -260,3 +260,22 @@ def test_help_speaks_to_users_and_lists_every_command() -> None:
 def test_run_help_shows_the_default_backend() -> None:
     out = run_cli("run", "--help")
     assert "backend to use (default: unix_local)" in " ".join(out.stdout.split())
+
+
+def test_backends_says_whether_the_runner_is_built_for_the_backends_that_use_it() -> None:
+    from sandbox.cli.backends_report import RUNNER_BACKENDS, backend_rows, runner_note
+    from sandbox.runner import runner_binary, unavailable_reason
+
+    binary = runner_binary()
+    notes = {name: row_notes for name, _, _, row_notes in backend_rows()}
+    for name in ("docker", "kubernetes", "unix_local"):
+        assert name in RUNNER_BACKENDS
+        if binary is not None:
+            assert (
+                f"runner: built ({binary.size // 1024} KiB, sha256 {binary.sha256[:12]})"
+                in (notes[name])
+            )
+        else:
+            assert "the runner is not available, per-exec path" in notes[name]
+            assert str(unavailable_reason()).removeprefix("runner: ") in notes[name]
+    assert runner_note("e2b") == "" and "runner:" not in notes["e2b"]

@@ -4,7 +4,8 @@ and whether its credentials were found. Only presence is reported, never a value
 For unix_local what this user can really use is probed, the way a session would use it:
 a jail made (bubblewrap), a session cgroup made, each limit put in force on it and
 removed again, and whether the native start helper (the C extension built at install
-time) is in use; each that cannot be used says why.
+time) is in use; each that cannot be used says why. For the backends that can run their
+processes through the runner (docs/runner.md), whether this install has it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,30 @@ def native_notes() -> str:
     )
 
 
+# The backends that can run their processes through the runner (docs/runner.md), and how
+# a session asks for it.
+RUNNER_BACKENDS = {
+    "docker": "with runner=True",
+    "kubernetes": "with runner=True",
+    "unix_local": "for `sandbox open` sessions, or runner=True",
+}
+
+
+def runner_note(backend: str) -> str:
+    """Whether this install has the runner for `backend`'s sessions, and why not: without
+    it they keep today's per-exec path (processes end with their client)."""
+    how = RUNNER_BACKENDS.get(backend)
+    if how is None:
+        return ""
+    from ..runner import runner_binary, unavailable_reason
+
+    binary = runner_binary()
+    if binary is None:
+        why = unavailable_reason() or "runner: not built"
+        return f"; {why.removeprefix('runner: ')}: the runner is not available, per-exec path"
+    return f"; runner: built ({binary.size // 1024} KiB, sha256 {binary.sha256[:12]}), {how}"
+
+
 def _kubeconfig_note() -> str:
     """Whether a kubeconfig (and its current context) or a service account was found:
     the file is read, no credential plugin runs."""
@@ -128,6 +153,7 @@ def backend_rows() -> list[tuple[str, str, str, str]]:
         notes = info.description
         if info.name == "unix_local":
             notes += _confinement_note() + _containment_note() + native_notes()
+        notes += runner_note(info.name)
         rows.append((info.name, installed, creds, notes))
     return rows
 
