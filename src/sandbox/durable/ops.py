@@ -77,6 +77,7 @@ def process_ref(
         tty=spec.tty,
         rows=spec.rows,
         cols=spec.cols,
+        stdin=spec.stdin and not entry.stdin_ended,
         started_at=entry.started_at,
         running=running,
         exit_code=entry.exit_code if entry.exited else None,
@@ -259,7 +260,15 @@ def _entry_for(session: DurableSession, pref: ProcessRef) -> PtyEntry[Any]:
     command = CommandSpec(
         argv=(), shell_command=pref.command, display=pref.command, shell=True, env=None
     )
-    spec = ProcessSpec(command=command, tty=pref.tty, rows=pref.rows, cols=pref.cols)
+    # A pipe process's open stdin goes on being ours to write and close (a ref says so
+    # only for a backend that kept it open: refs are sealed).
+    spec = ProcessSpec(
+        command=command,
+        tty=pref.tty,
+        rows=pref.rows,
+        cols=pref.cols,
+        stdin=pref.stdin and not pref.tty,
+    )
     entry: PtyEntry[Any] = PtyEntry(
         pref.process_id, spec, output_limit=session.output_limit_bytes, started_at=pref.started_at
     )

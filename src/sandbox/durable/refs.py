@@ -86,7 +86,9 @@ class ProcessRef:
     session id: JSON data, never a secret); `output_position` how many bytes of its
     output the client had reached; `running` False when it had ended, with
     `exit_code` (None if unknown) and `note` (why it ended, when the client did not
-    see it end by itself).
+    see it end by itself). `stdin` True: a pipe process started with `stdin=True` whose
+    stdin was still open (no `pty_close_stdin` asked), so a resumed client may write to
+    it and close it.
     """
 
     process_id: int
@@ -94,6 +96,7 @@ class ProcessRef:
     tty: bool
     rows: int = 24
     cols: int = 80
+    stdin: bool = False
     started_at: float = 0.0
     running: bool = True
     exit_code: int | None = None
@@ -112,6 +115,7 @@ class ProcessRef:
             "tty": self.tty,
             "rows": self.rows,
             "cols": self.cols,
+            "stdin": self.stdin,
             "started_at": self.started_at,
             "running": self.running,
             "exit_code": self.exit_code,
@@ -137,12 +141,16 @@ class ProcessRef:
         handle = data.get("handle", {})
         if not isinstance(handle, Mapping):
             raise InvalidArgumentError(f"{where}: 'handle' must be an object")
+        stdin = data.get("stdin", False)  # absent from refs made before open stdin
+        if not isinstance(stdin, bool):
+            raise InvalidArgumentError(f"{where}: 'stdin' must be a bool")
         return cls(
             process_id=_field(data, "process_id", int, where),
             command=_field(data, "command", str, where),
             tty=_field(data, "tty", bool, where),
             rows=_field(data, "rows", int, where),
             cols=_field(data, "cols", int, where),
+            stdin=stdin,
             started_at=float(_field(data, "started_at", (int, float), where)),
             running=_field(data, "running", bool, where),
             exit_code=exit_code,
