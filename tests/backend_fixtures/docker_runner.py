@@ -1,13 +1,18 @@
 """Conformance fixture for the `docker` backend with `runner=True` (docs/runner.md).
 
-Same shared container as the `docker` fixture; every session reaches the one runner
-the first session put there (one per user and build). After each session the container
-may run its init, the keepalive command and that runner's daemon, nothing else: no
-keeper (a process the runner still holds), no bridge exec, no process of the session's.
+A shared container of its own, made like the `docker` fixture's (the runner's daemon
+stays in it between sessions, which the plain fixture's check would rightly call a
+leftover); every session reaches the one runner the first session put there (one per
+user and build). After each session the container may run its init, the keepalive
+command and that runner's daemon, nothing else: no keeper (a process the runner still
+holds), no bridge exec, no process of the session's.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +28,25 @@ from . import docker as plain
 
 def skip_reason() -> str | None:
     return plain.skip_reason() or unavailable_reason()
+
+
+@functools.cache
+def runner_container() -> str:
+    """The id of the container every runner session of this test process attaches to."""
+    api = plain._client()
+    plain.remove_leftovers()
+    info = api.create_container(
+        plain.image(),
+        command=plain.KEEPALIVE[1:],
+        entrypoint=plain.KEEPALIVE[:1],
+        labels={plain.SHARED_LABEL: "1", plain.OWNER_LABEL: plain.owner_token(os.getpid())},
+        host_config=api.create_host_config(init=True, network_mode="none"),
+        detach=True,
+    )
+    container_id = str(info["Id"])
+    atexit.register(plain._remove, container_id)
+    api.start(container_id)
+    return container_id
 
 
 def _stray(procs: list[str]) -> list[str]:
@@ -54,7 +78,7 @@ def assert_only_runner(container_id: str, timeout: float = 10.0) -> None:
 
 @asynccontextmanager
 async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
-    container_id = plain.shared_container()
+    container_id = runner_container()
     workdir = f"/tmp/ws-{secrets.token_hex(6)}"
     try:
         yield sandbox.open_session(

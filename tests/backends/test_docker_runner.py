@@ -24,6 +24,7 @@ import sandbox
 from sandbox.backends.docker.runner_link import runner_path
 from sandbox.runner import runner_binary, unavailable_reason
 from tests.backend_fixtures import docker as fx
+from tests.backend_fixtures.docker_runner import runner_container
 from tests.conftest import skip_or_fail
 
 
@@ -52,7 +53,7 @@ async def _until_file(container: str, path: str) -> None:
 
 @asynccontextmanager
 async def _session(**options: Any) -> AsyncIterator[tuple[sandbox.BaseSandboxSession, str]]:
-    container = fx.shared_container()
+    container = runner_container()
     workdir = f"/tmp/rn-{secrets.token_hex(6)}"
     session = sandbox.open_session(
         "docker", container=container, workdir=workdir, runner=True, **options
@@ -77,7 +78,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
         [kept] = ref.processes
         assert kept.running and "runner_id" in kept.handle
         # Nobody follows the process now: it prints, and the runner's ring keeps it.
-        container = fx.shared_container()
+        container = runner_container()
         await asyncio.to_thread(_exec, container, "touch", f"{workdir}/go")
         await _until_file(container, f"{workdir}/printed")
         async with sandbox.resume_session(ref) as resumed:
@@ -96,7 +97,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
 async def test_a_second_session_reuses_the_delivered_runner_and_a_forged_one_is_replaced() -> None:
     binary = runner_binary()
     assert binary is not None
-    container = fx.shared_container()
+    container = runner_container()
     path = runner_path(binary)
     async with _session() as (s, _):
         await s.start()
@@ -131,7 +132,7 @@ async def test_the_tree_kill_reaches_double_forked_and_setsid_escapees() -> None
         started = await s.pty_exec_start(command, yield_time_s=0.5)
         assert started.process_id is not None
         await s.pty_terminate(started.process_id)
-    container = fx.shared_container()
+    container = runner_container()
     deadline = time.monotonic() + 10
     while any(marker in p for p in fx.container_processes(container)):
         assert time.monotonic() < deadline, fx.container_processes(container)
@@ -147,7 +148,7 @@ async def test_a_dropped_link_kills_nothing() -> None:
         assert started.process_id is not None
         ref = s.ref()
         # The bridge exec goes away (as if the engine connection broke).
-        container = fx.shared_container()
+        container = runner_container()
         runner = s._runner
         assert runner is not None
         runner.link.close()
