@@ -29,18 +29,18 @@ the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` 
   download read.
 - Host files: `DIRECTORY_FLAGS` and `file_kind`, how the host opens and names what it
   walks (the unix_local backend's race-free file access builds on them).
-- Workspaces (docs/workspaces.md): a `_stat`/`_list_dir` answers `FileInfo` (its
-  `kind` a `FileKind`; `kind_of_mode` reads a stat mode, `child_path` names an entry);
+- Workspaces (docs/workspaces.md): a `stat`/`list_dir` answers `FileInfo` (its `kind` a
+  `FileKind`; `kind_of_mode` reads a stat mode, `child_path` names an entry);
   `ShellFileOps` does the file operations through a POSIX sh in the sandbox, and
-  `ShellFileHooks` makes the six file hooks of them (a backend defines `_shell_ops`);
-  `_expose_port` answers an `ExposedPort` (`http_url`, `exposed_from_url`) and
-  `_snapshot` a `SnapshotRef`. A backend with its own archive API streams through the
-  pax pieces: `walk_tar` (a tree into a tar), `exact_chunks`, `dir_header`,
-  `file_header`, `symlink_header`, `tar_padding`, `TAR_END`; reads one with `TarStream`
-  and extracts under the safe extractor's rules with `extract_archive` (or
-  `extract_archive_batched` for a sink that queues its operations). A tree a sandbox
-  made on this host is removed with `remove_tree` / `remove_tree_at` (iterative,
-  following no symlink, however deep).
+  `ShellWorkspace` is the `WorkspaceAccess` made of them (its session defines
+  `_shell_ops`); `Ports.expose` answers an `ExposedPort` (`http_url`,
+  `exposed_from_url`) and `Snapshots.take` a `SnapshotRef`. A backend with its own
+  archive API streams through the pax pieces: `walk_tar` (a tree into a tar),
+  `exact_chunks`, `dir_header`, `file_header`, `symlink_header`, `tar_padding`,
+  `TAR_END`; reads one with `TarStream` and extracts under the safe extractor's rules
+  with `extract_archive` (or `extract_archive_batched` for a sink that queues its
+  operations). A tree a sandbox made on this host is removed with `remove_tree` /
+  `remove_tree_at` (iterative, following no symlink, however deep).
 
 - Capabilities (`sandbox.session.capabilities`): a backend names one type per
   attribute, each made with the session (`Capability`): `_file_access` (`FileAccess`),
@@ -92,7 +92,7 @@ from .workspace.info import FileInfo, FileKind, child_path, kind_of_mode
 from .workspace.persist import exact as exact_chunks
 from .workspace.persist import walk_tar
 from .workspace.ports import ExposedPort, exposed_from_url, http_url
-from .workspace.shell_ops import ShellFileHooks, ShellFileOps
+from .workspace.shell_ops import ShellFileOps, ShellWorkspace
 from .workspace.snapshots import SnapshotRef
 from .workspace.tar_reader import TarStream
 from .workspace.tar_reader import parse_header as parse_tar_header
@@ -128,9 +128,9 @@ __all__ = [
     "SessionHooks",
     "SessionRef",
     "SessionState",
-    "ShellFileHooks",
     "ShellFileOps",
     "ShellTrap",
+    "ShellWorkspace",
     "SnapshotRef",
     "Snapshots",
     "TarStream",
@@ -154,6 +154,7 @@ __all__ = [
     "parse_tar_header",
     "http_url",
     "kind_of_mode",
+    "parse_tar_header",
     "read_at_most",
     "regular_file",
     "remove_tree",

@@ -1,11 +1,11 @@
 """`FileCalls` and `WorkspaceCalls` alone, over a backend of ours kept in memory.
 
-`Memory` implements the file and workspace hooks of `SessionHooks` the way a backend
-does (it is a backend, not a stand-in for our code); `ready` and `guard` are the
-session's checks, here switches the test flips. What is proven: the checks run before
-any hook, arguments are checked before the hook sees them, the bound on a returned
-length holds for a backend that cannot tell the size first, chunks are re-cut, and
-listings are sorted.
+`MemoryFiles`, `MemoryWorkspace` and `MemoryPorts` are capabilities the way a backend
+writes them (a backend, not a stand-in for our code), over the files of a `Memory`;
+`ready` and `guard` are the session's checks, here switches the test flips. What is
+proven: the checks run before any hook, arguments are checked before the hook sees them,
+the bound on a returned length holds for a backend that cannot tell the size first,
+chunks are re-cut, and listings are sorted.
 """
 
 from __future__ import annotations
@@ -20,15 +20,20 @@ from sandbox.errors import (
     SessionClosedError,
     SessionTakenOverError,
 )
+from sandbox.session.capabilities import (
+    Capabilities,
+    FileAccess,
+    Ports,
+    WorkspaceAccess,
+)
 from sandbox.session.file_calls import FileCalls
-from sandbox.session.hooks import SessionHooks
 from sandbox.session.workspace_calls import WorkspaceCalls
 from sandbox.workspace.info import FileInfo
 from sandbox.workspace.ports import ExposedPort
 
 
-class Memory(SessionHooks[None]):
-    """Files in a dict; `_read_file` ignores `max_bytes` (it cannot tell a size first)."""
+class Memory:
+    """Files in a dict, and the calls the capabilities below received."""
 
     backend_name = "memory"
 
@@ -37,36 +42,62 @@ class Memory(SessionHooks[None]):
         self.files: dict[str, bytes] = {}
         self.calls: list[tuple[object, ...]] = []
 
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        self.calls.append(("read", path, max_bytes))
-        return self.files[path]
 
-    async def _write_file(self, path: str, data: bytes) -> None:
-        self.calls.append(("write", path, data))
-        self.files[path] = data
+class MemoryFiles(FileAccess):
+    """`read` ignores `max_bytes` (it cannot tell a size first); writes by chunks use
+    the shared default (joined, then `write`)."""
 
-    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
-        self.calls.append(("chunks", path, chunk_size))
-        yield self.files[path]  # one chunk, however long: the caller re-cuts it
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        self.session.calls.append(("read", path, max_bytes))
+        return self.session.files[path]
 
-    async def _stat(self, path: str) -> FileInfo:
-        self.calls.append(("stat", path))
-        return FileInfo(path, path, "file", len(self.files[path]), 0o644, 0.0)
+    async def write(self, path: str, data: bytes) -> None:
+        self.session.calls.append(("write", path, data))
+        self.session.files[path] = data
 
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        self.calls.append(("list", path))
-        return [FileInfo(n, n, "file", len(d), 0o644, 0.0) for n, d in self.files.items()]
+    async def read_chunks(  # type: ignore[override]  # an async generator
+        self, path: str, chunk_size: int, max_bytes: int
+    ) -> AsyncIterator[bytes]:
+        self.session.calls.append(("chunks", path, chunk_size))
+        yield self.session.files[path]  # one chunk, however long: the caller re-cuts it
 
-    async def _remove(self, path: str, recursive: bool) -> None:
-        self.calls.append(("remove", path, recursive))
-        del self.files[path]
 
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        self.calls.append(("mkdir", path, parents))
+class MemoryWorkspace(WorkspaceAccess):
+    async def stat(self, path: str) -> FileInfo:
+        self.session.calls.append(("stat", path))
+        return FileInfo(path, path, "file", len(self.session.files[path]), 0o644, 0.0)
 
-    async def _expose_port(self, port: int) -> ExposedPort:
-        self.calls.append(("port", port))
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        self.session.calls.append(("list", path))
+        items = self.session.files.items()
+        return [FileInfo(n, n, "file", len(d), 0o644, 0.0) for n, d in items]
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        self.session.calls.append(("remove", path, recursive))
+        del self.session.files[path]
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        self.session.calls.append(("mkdir", path, parents))
+
+    async def make_symlink(self, path: str, target: str) -> None:
+        raise AssertionError("not made here")
+
+
+class MemoryPorts(Ports):
+    async def expose(self, port: int) -> ExposedPort:
+        self.session.calls.append(("port", port))
         return ExposedPort(url=f"http://127.0.0.1:{port}/", host="127.0.0.1", port=port)
+
+
+class MemorySession:
+    """What `Capabilities.of` reads of a session class: its capability types."""
+
+    backend_name = "memory"
+    _file_access = MemoryFiles
+    _workspace_access = MemoryWorkspace
+    _ports = MemoryPorts
+    _snapshots = None
+    _durability = None
 
 
 class Checks:
@@ -88,8 +119,20 @@ class Checks:
 
 def _calls() -> tuple[Memory, Checks, FileCalls, WorkspaceCalls]:
     hooks, checks = Memory(), Checks()
-    files = FileCalls(hooks, ready=checks.ready, guard=checks.guard)
-    return hooks, checks, files, WorkspaceCalls(hooks, ready=checks.ready, guard=checks.guard)
+    caps = Capabilities(
+        files=MemoryFiles(hooks),
+        workspace=MemoryWorkspace(hooks),
+        ports=MemoryPorts(hooks),
+        snapshots=Capabilities.of(MemorySession()).snapshots,
+        durability=Capabilities.of(MemorySession()).durability,
+    )
+
+    def limit() -> int:
+        return hooks.read_limit_bytes
+
+    files = FileCalls(caps.files, read_limit=limit, ready=checks.ready, guard=checks.guard)
+    workspace = WorkspaceCalls(caps, read_limit=limit, ready=checks.ready, guard=checks.guard)
+    return hooks, checks, files, workspace
 
 
 async def test_read_bounds_what_the_backend_returned() -> None:
@@ -168,7 +211,7 @@ async def test_writes_encode_text_and_chunks_are_recut() -> None:
     await files.write_file("t", "é")
     assert hooks.files["t"] == "é".encode()
     await files.write_file_chunks("c", ["ab", b"", bytearray(b"cd"), memoryview(b"e")])
-    assert hooks.files["c"] == b"abcde"  # the default hook joined the chunks
+    assert hooks.files["c"] == b"abcde"  # the shared default joined the chunks
     got = [chunk async for chunk in files.read_file_chunks("c", 2)]
     assert got == [b"ab", b"cd", b"e"]
     assert ("chunks", "c", 2) in hooks.calls

@@ -36,7 +36,7 @@ from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
 from . import file_calls, lifecycle, workspace_calls
-from .capabilities import Capabilities, Durability
+from .capabilities import Capabilities, Durability, snapshot_options_of
 from .exec_stream import DEFAULT_STREAM_BUFFER, ExecStream
 from .hooks import SessionHooks
 from .lifecycle import SessionState
@@ -126,10 +126,16 @@ class BaseSandboxSession(SessionHooks[H]):
         self._capabilities = Capabilities.of(self)
         # The file and workspace calls: argument checks, then one hook each.
         self._file_calls = file_calls.FileCalls(
-            self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
+            self._capabilities.files,
+            read_limit=lambda: self.read_limit_bytes,
+            ready=self._lifecycle.require_running,
+            guard=self._lifecycle.check_lease,
         )
         self._workspace_calls = workspace_calls.WorkspaceCalls(
-            self, ready=self._lifecycle.require_running, guard=self._lifecycle.check_lease
+            self._capabilities,
+            read_limit=lambda: self.read_limit_bytes,
+            ready=self._lifecycle.require_running,
+            guard=self._lifecycle.check_lease,
         )
         # What the `pty_*` calls do once their arguments are checked.
         self._pty: PtyCalls[H] = PtyCalls(
@@ -549,6 +555,11 @@ class BaseSandboxSession(SessionHooks[H]):
 
     # The durable calls into the durability capability, looked up on the session at
     # each call (a test's `HookGate` parks them here, whichever backend runs).
+
+    @classmethod
+    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """The options that open `snapshot` (`open_session(snapshot=...)`)."""
+        return snapshot_options_of(cls.backend_name, cls._snapshots, snapshot, options)
 
     @classmethod
     def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Each call checks that the session may be used (`ready`, then the durable `guard`: the
 lease of a shared session, for every call that reaches the sandbox), checks its
-arguments (`sandbox.files.arguments`), then calls one file hook of `SessionHooks`. The
+arguments (`sandbox.files.arguments`), then calls the backend's `FileAccess` once. The
 bound a backend cannot apply before reading (`FileTooLargeError` on the returned
 length) and the re-cutting of chunks a backend made too long are done here, for every
 backend.
@@ -11,12 +11,11 @@ backend.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
 
 from .. import arguments
 from ..errors import FileTooLargeError
 from ..files import arguments as files
-from .hooks import SessionHooks
+from .capabilities import FileAccess
 
 Chunks = (
     AsyncIterable[bytes | bytearray | memoryview | str]
@@ -40,20 +39,22 @@ async def guarded(
 
 
 class FileCalls:
-    """`read_file`, `write_file`, `read_file_chunks`, `write_file_chunks` over `hooks`.
+    """`read_file`, `write_file`, `read_file_chunks`, `write_file_chunks` over `files`.
 
     `ready()` raises when the session is not running; `guard()` when another client
-    took the sandbox over. The default read limit is `hooks.read_limit_bytes`, read at
-    each call (it is the session's option)."""
+    took the sandbox over. The default read limit is `read_limit()`, asked at each call
+    (it is the session's option)."""
 
     def __init__(
         self,
-        hooks: SessionHooks[Any],
+        files: FileAccess,
         *,
+        read_limit: Callable[[], int],
         ready: Callable[[], None],
         guard: Callable[[], Awaitable[None]],
     ) -> None:
-        self._hooks = hooks
+        self._files = files
+        self._read_limit = read_limit
         self._ready = ready
         self._guard = guard
 
@@ -65,10 +66,10 @@ class FileCalls:
         """`BaseSandboxSession.read_file`."""
         await self._enter()
         path = files.check_path(path)
-        limit = self._hooks.read_limit_bytes
+        limit = self._read_limit()
         if max_bytes is not None:
             limit = files.check_byte_count(max_bytes, "max_bytes")
-        data = await self._hooks._read_file(path, limit)
+        data = await self._files.read(path, limit)
         if len(data) > limit:  # backends that cannot tell the size first
             raise FileTooLargeError.over(path, len(data), limit)
         return data
@@ -78,18 +79,18 @@ class FileCalls:
         await self._enter()
         path = files.check_path(path)
         payload = arguments.to_input_bytes(data)
-        await self._hooks._write_file(path, payload)
+        await self._files.write(path, payload)
 
     def read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
         """`BaseSandboxSession.read_file_chunks` (a plain call: it returns the stream)."""
         self._ready()
         path = files.check_path(path)
         size = files.check_chunk_size(chunk_size)
-        stream = files.at_most(self._hooks._read_file_chunks(path, size), size)
+        stream = files.at_most(self._files.read_chunks(path, size, self._read_limit()), size)
         return guarded(self._guard, stream)
 
     async def write_file_chunks(self, path: str, chunks: Chunks) -> None:
         """`BaseSandboxSession.write_file_chunks`."""
         await self._enter()
         path = files.check_path(path)
-        await self._hooks._write_file_chunks(path, files.chunks_of(chunks, path))
+        await self._files.write_chunks(path, files.chunks_of(chunks, path))

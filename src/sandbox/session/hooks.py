@@ -15,18 +15,11 @@ backend overrides no underscore name of the base but these hooks
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, ClassVar, Generic
+from typing import TYPE_CHECKING, ClassVar, Generic
 
-from ..errors import FileTooLargeError, UnsupportedOperationError
+from ..errors import UnsupportedOperationError
 from ..exec_output import ExecCapture, OneShotProcess
 from ..process_entry import CommandSpec, H, PtyEntry
-from ..workspace import calls as ws_calls
-from ..workspace import extract as ws_extract
-from ..workspace import persist as ws_persist
-from ..workspace.info import FileInfo
-from ..workspace.ports import ExposedPort
-from ..workspace.snapshots import SnapshotRef
 from .capabilities import Durability, FileAccess, Ports, Snapshots, WorkspaceAccess
 
 
@@ -38,7 +31,7 @@ class SessionHooks(Generic[H]):
     """
 
     backend_name: ClassVar[str] = "base"
-    # Set by the session's options; the default `_read_file_chunks` bounds by it.
+    # Set by the session's options.
     read_limit_bytes: int
     # Set by the session's options.
     output_limit_bytes: int
@@ -162,111 +155,6 @@ class SessionHooks(Generic[H]):
         """At a window's deadline, move output that already arrived at the transport into
         the entry. Default: let pending callbacks run once."""
         await asyncio.sleep(0)
-
-    # ---- files ---------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Read a whole regular file (`path` is checked: a non-empty str without NUL).
-
-        Raise `NotAFileError` for anything but a regular file (a directory, FIFO,
-        socket, device) without opening what could block, `SandboxFileNotFoundError`
-        when it is missing, and `FileTooLargeError` above `max_bytes` where the size is
-        known before reading (the base session checks the returned length too)."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot read files")
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """Write a regular file, creating parent folders. Raise `NotAFileError` (and
-        change nothing) over a directory, FIFO, socket or device, or when a parent on
-        the path is a file."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot write files")
-
-    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
-        """Stream a regular file in chunks of about `chunk_size` bytes (the base session
-        re-cuts longer ones); same errors as `_read_file`. Default: `_read_file` bounded
-        by `read_limit_bytes`, then sliced."""
-        data = await self._read_file(path, self.read_limit_bytes)
-        if len(data) > self.read_limit_bytes:
-            raise FileTooLargeError.over(path, len(data), self.read_limit_bytes)
-        view = memoryview(data)
-        for start in range(0, len(view), chunk_size):
-            yield bytes(view[start : start + chunk_size])
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
-        """Write a regular file from `chunks` (bytes, never empty); same rules as
-        `_write_file`. Default: join the chunks, then `_write_file`."""
-        parts = [chunk async for chunk in chunks]
-        await self._write_file(path, b"".join(parts))
-
-    # ---- workspace hooks ---------------------------------------------------------------
-    # Paths are checked (non-empty str, no NUL) and, as for the file hooks, relative
-    # ones are in the workspace; a hook confines them like `_read_file` does.
-
-    async def _stat(self, path: str) -> FileInfo:
-        """The `FileInfo` of `path`, never following a final symlink (its `link_target`
-        set); `SandboxFileNotFoundError` when missing, `WorkspacePathError` outside."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot stat files")
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The entries of the directory `path` (symlinks on the way followed inside the
-        workspace; the entries themselves not followed), `path` of each spelled as
-        `path`/name. Not a directory: `InvalidArgumentError`."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot list folders")
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """Remove the name `path` (never what a symlink points at); a non-empty folder
-        without `recursive` is an `InvalidArgumentError` and nothing is removed; the
-        workspace itself is refused."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot remove files")
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """Make the folder `path` (`parents`: its missing parents too, an existing folder
-        is fine); a file in the way is `NotAFileError`."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot make folders")
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """Make (or replace a file or symlink at) `path` as a symlink to `target`, which
-        the extractor checked stays inside; a folder there is `NotAFileError`."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot make symlinks")
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """Set the permission bits of `path` (after an extraction wrote it). Default:
-        nothing (the provider's default modes stay)."""
-
-    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
-        """The pax tar of `path`. Default: a walk through `_stat`, `_list_dir` and
-        `_read_file_chunks` (`sandbox.workspace.persist`)."""
-        return ws_persist.walk_tar(ws_calls.HookSource(self), path)
-
-    async def _hydrate_workspace(
-        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
-    ) -> int:
-        """Extract `chunks` below `path` under the extractor's rules. Default:
-        `sandbox.workspace.extract` through `_make_dir`, `_write_file_chunks`,
-        `_make_symlink` and `_set_mode`."""
-        await self._make_dir(path, True)
-        sink = ws_calls.HookSink(self, path)
-        return await ws_extract.extract(chunks, sink, max_members=max_members, max_bytes=max_bytes)
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """The `ExposedPort` for `port` (1..65535), or `UnsupportedOperationError`."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot expose ports")
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """The constructor options that open a session from `snapshot` (already checked
-        to be this backend's), given the caller's other `options`. Default:
-        `UnsupportedOperationError`."""
-        raise UnsupportedOperationError(
-            f"the {cls.backend_name} backend cannot open snapshots; hydrate_workspace() "
-            "restores a persisted workspace anywhere"
-        )
-
-    async def _snapshot(self) -> SnapshotRef:
-        """A `SnapshotRef` from the provider's snapshot, or `UnsupportedOperationError`."""
-        raise UnsupportedOperationError(
-            f"the {self.backend_name} backend has no snapshots; persist_workspace() "
-            "and hydrate_workspace() carry a workspace anywhere"
-        )
 
     # ---- capabilities (`capabilities.py`): one attribute each, None where absent ----
     # Each names a capability type; the base session builds it once with the session

@@ -11,27 +11,6 @@ from ..errors import InvalidArgumentError
 from .info import FileInfo
 
 
-class Hooks(Protocol):
-    """The session hooks the walk and the extractor go through (`SessionHooks`' file and
-    workspace hooks; a Protocol so that this module does not import the session)."""
-
-    async def _stat(self, path: str) -> FileInfo: ...
-
-    async def _list_dir(self, path: str) -> list[FileInfo]: ...
-
-    def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]: ...
-
-    async def _make_dir(self, path: str, parents: bool) -> None: ...
-
-    async def _set_mode(self, path: str, mode: int) -> None: ...
-
-    async def _write_file(self, path: str, data: bytes) -> None: ...
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None: ...
-
-    async def _make_symlink(self, path: str, target: str) -> None: ...
-
-
 class Tree(Protocol):
     """The workspace operations the walk and the extractor go through (a
     `WorkspaceAccess`; a Protocol so that this module does not import the session)."""
@@ -69,57 +48,6 @@ def check_limit(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be an int >= 1, not {value!r}")
     return value
-
-
-class HookSource:
-    """`persist.Source` over a session's hooks."""
-
-    def __init__(self, session: Hooks) -> None:
-        self._session = session
-
-    async def stat(self, path: str) -> FileInfo:
-        """The session's `_stat`."""
-        return await self._session._stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        """The session's `_list_dir`."""
-        return await self._session._list_dir(path)
-
-    def read_chunks(self, path: str) -> AsyncIterator[bytes]:
-        """The session's `_read_file_chunks`, 1 MiB at a time."""
-        return self._session._read_file_chunks(path, 1024 * 1024)
-
-
-class HookSink:
-    """`extract.Sink` over a session's hooks, below the folder `root`."""
-
-    def __init__(self, session: Hooks, root: str) -> None:
-        self._session = session
-        self._root = root
-
-    def _path(self, path: str) -> str:
-        return path if self._root in ("", ".") else f"{self._root.rstrip('/')}/{path}"
-
-    async def make_dir(self, path: str, mode: int) -> None:
-        """`_make_dir` with parents, then `_set_mode`."""
-        full = self._path(path)
-        await self._session._make_dir(full, True)
-        await self._session._set_mode(full, mode)
-
-    async def write_file(
-        self, path: str, chunks: AsyncIterator[bytes], size: int, mode: int
-    ) -> None:
-        """`_write_file_chunks` (an empty file by `_write_file`), then `_set_mode`."""
-        full = self._path(path)
-        if size == 0:
-            await self._session._write_file(full, b"")
-        else:
-            await self._session._write_file_chunks(full, _nonempty(chunks))
-        await self._session._set_mode(full, mode)
-
-    async def make_symlink(self, path: str, target: str) -> None:
-        """`_make_symlink`."""
-        await self._session._make_symlink(self._path(path), target)
 
 
 class TreeSource:

@@ -24,6 +24,7 @@ from ..errors import (
     SandboxFileNotFoundError,
     WorkspacePathError,
 )
+from ..session.capabilities import WorkspaceAccess
 from ..types import ExecResult
 from .info import FileInfo, child_path, kind_of_mode
 
@@ -207,37 +208,37 @@ def _error(code: int, path: str, stderr: bytes) -> SandboxError:
     return SandboxError(f"file operation on {path!r} failed (exit {code}): {detail}")
 
 
-class ShellFileHooks:
-    """The six workspace file hooks (`_stat`, `_list_dir`, `_remove`, `_make_dir`,
-    `_make_symlink`, `_set_mode`) done by `ShellFileOps`, for a backend whose provider
-    has no call for them. Put it before `BaseSandboxSession` among the backend class's
-    bases and define `_shell_ops`; the hooks' contract is `SessionHooks`'s."""
+class ShellWorkspace(WorkspaceAccess):
+    """A `WorkspaceAccess` whose six file operations go through `ShellFileOps`, for a
+    backend whose provider has no call for them (archives: the shared walk and
+    extractor). Its session defines `async _shell_ops()`, the `ShellFileOps` of its
+    exec and workspace (known once the sandbox runs)."""
 
-    async def _shell_ops(self) -> ShellFileOps:
-        """The `ShellFileOps` of this session (its exec and its workspace)."""
-        raise NotImplementedError(f"{type(self).__name__} must define _shell_ops")
+    async def _ops(self) -> ShellFileOps:
+        ops: ShellFileOps = await self.session._shell_ops()
+        return ops
 
-    async def _stat(self, path: str) -> FileInfo:
+    async def stat(self, path: str) -> FileInfo:
         """`stat` without following, in the folder entered with `cd -P` (kept inside
         the workspace)."""
-        return await (await self._shell_ops()).stat(path)
+        return await (await self._ops()).stat(path)
 
-    async def _list_dir(self, path: str) -> list[FileInfo]:
+    async def list_dir(self, path: str) -> list[FileInfo]:
         """The folder's names and their `stat`, NUL-separated."""
-        return await (await self._shell_ops()).list_dir(path)
+        return await (await self._ops()).list_dir(path)
 
-    async def _remove(self, path: str, recursive: bool) -> None:
+    async def remove(self, path: str, recursive: bool) -> None:
         """`rm`/`rmdir` on the name itself."""
-        await (await self._shell_ops()).remove(path, recursive)
+        await (await self._ops()).remove(path, recursive)
 
-    async def _make_dir(self, path: str, parents: bool) -> None:
+    async def make_dir(self, path: str, parents: bool) -> None:
         """`mkdir` one name at a time, each folder checked to be inside."""
-        await (await self._shell_ops()).make_dir(path, parents)
+        await (await self._ops()).make_dir(path, parents)
 
-    async def _make_symlink(self, path: str, target: str) -> None:
+    async def make_symlink(self, path: str, target: str) -> None:
         """`ln -s` in the link's folder."""
-        await (await self._shell_ops()).make_symlink(path, target)
+        await (await self._ops()).make_symlink(path, target)
 
-    async def _set_mode(self, path: str, mode: int) -> None:
+    async def set_mode(self, path: str, mode: int) -> None:
         """`chmod` (symlinks left alone)."""
-        await (await self._shell_ops()).set_mode(path, mode)
+        await (await self._ops()).set_mode(path, mode)

@@ -21,8 +21,14 @@ import json
 import posixpath
 from urllib.parse import quote
 
+from ...backend import (
+    FileAccess,
+    explain_write_failure,
+    go_file_mode_kind,
+    regular_file,
+    under_a_file,
+)
 from ...backend import RemoteEntry as Entry
-from ...backend import explain_write_failure, go_file_mode_kind, regular_file, under_a_file
 from ...errors import (
     FileTooLargeError,
     NotAFileError,
@@ -172,3 +178,18 @@ class BlaxelFiles:
             if isinstance(error, NotAFileError):
                 raise under_a_file(path) from None
             raise
+
+
+class BlaxelFileAccess(FileAccess):
+    """blaxel's files: the session's `BlaxelFiles` (a regular file, through the parent's
+    listing first)."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """See `BlaxelFiles.read`."""
+        files: BlaxelFiles = self.session._files
+        return await files.read(path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """See `BlaxelFiles.write` (parents made)."""
+        files: BlaxelFiles = self.session._files
+        await files.write(path, data)

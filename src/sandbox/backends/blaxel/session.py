@@ -21,12 +21,10 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
-    SnapshotRef,
+    ShellWorkspace,
     check_env,
     check_seconds,
     check_str,
@@ -44,9 +42,9 @@ from . import bounds, limits, terminal, workspace
 from . import durable as durable_blaxel
 from .client import SESSION_LABEL, BlaxelClient
 from .execs import BlaxelOneShot, exec_request
-from .files import BlaxelFiles
+from .files import BlaxelFileAccess, BlaxelFiles
 from .terminal import Terminal, TerminalOptions, TerminalReader
-from .workspace import NOT_WITH_SNAPSHOT
+from .workspace import NOT_WITH_SNAPSHOT, BlaxelPorts, BlaxelSnapshots
 
 logger = logging.getLogger("sandbox.blaxel")
 
@@ -55,7 +53,7 @@ API_KEY_ENV = "BL_API_KEY"
 WORKSPACE_ENV = "BL_WORKSPACE"
 
 
-class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
+class BlaxelSession(BaseSandboxSession[Terminal]):
     """A Blaxel sandbox.
 
     Options:
@@ -283,16 +281,6 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         request = exec_request(argv, spec.env, self.workdir)
         return BlaxelOneShot(self._client, request, spec.display, capture).start()
 
-    # ---- files ---------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """A regular file, through the parent's listing first (see `files`)."""
-        return await self._files.read(path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """A regular file, parents made, after the parent's listing (see `files`)."""
-        await self._files.write(path, data)
-
     # ---- terminal processes ------------------------------------------------------------
 
     async def _spawn_process(self, entry: PtyEntry[Terminal]) -> None:
@@ -413,24 +401,15 @@ class BlaxelSession(ShellFileHooks, BaseSandboxSession[Terminal]):
         )
         terminal.check_kill_report(response.stdout, what)
 
-    # ---- durable (see backends.blaxel.durable) ---------------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = BlaxelFileAccess
+    _workspace_access = ShellWorkspace
+    _ports = BlaxelPorts
+    _snapshots = BlaxelSnapshots
     _durability = durable_blaxel.BlaxelDurability
 
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """A private Blaxel preview of `port` and a token for it (see `workspace`)."""
-        return await workspace.expose_port(self._client, port)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """A Blaxel snapshot of the sandbox, once ready (see `workspace`)."""
-        return await workspace.take_snapshot(self._client, self.sandbox_name, self.workdir)
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """A new sandbox forked from the snapshot (the `snapshot` option)."""
-        return workspace.snapshot_options(snapshot, options)
+    # ---- what the capabilities use ---------------------------------------------------
 
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""

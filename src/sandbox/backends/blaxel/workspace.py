@@ -42,7 +42,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ...backend import ExposedPort, SnapshotRef, exposed_from_url, settle
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, exposed_from_url, settle
 from ...errors import InvalidArgumentError, ProviderError, SandboxError
 from .client import GONE_STATUSES, BlaxelClient
 from .errors import BlaxelAPIError
@@ -266,3 +266,26 @@ async def _deployed(client: BlaxelClient, name: str, seconds: float) -> SandboxI
                 f"could not {what}: not deployed after {seconds:g}s", retryable=True
             )
         delay = await _pause(delay)
+
+
+class BlaxelPorts(Ports):
+    """A private Blaxel preview of a port and a token for it."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `expose_port`."""
+        return await expose_port(self.session._client, port)
+
+
+class BlaxelSnapshots(Snapshots):
+    """A Blaxel snapshot of the sandbox, once ready; it opens as a new sandbox forked
+    from it (the `snapshot` option)."""
+
+    async def take(self) -> SnapshotRef:
+        """See `take_snapshot`."""
+        session = self.session
+        return await take_snapshot(session._client, session.sandbox_name, session.workdir)
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """See `snapshot_options`."""
+        return snapshot_options(snapshot, options)

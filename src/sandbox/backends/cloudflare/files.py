@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import posixpath
 
+from ...backend import FileAccess, explain_write_failure, regular_file
 from ...backend import RemoteEntry as Entry
-from ...backend import explain_write_failure, regular_file
 from ...errors import (
     FileTooLargeError,
     ProviderError,
@@ -98,3 +98,18 @@ class WorkerFiles:
             )
         except ProviderError as exc:
             raise await explain_write_failure(self.stat, relative, exc) from None
+
+
+class CloudflareFiles(FileAccess):
+    """cloudflare's files: the session's `WorkerFiles` (under /workspace, stat'ed by an
+    exec first)."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """See `WorkerFiles.read`."""
+        files: WorkerFiles = self.session._files
+        return await files.read(path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """See `WorkerFiles.write`."""
+        files: WorkerFiles = self.session._files
+        await files.write(path, data)

@@ -32,12 +32,10 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
-    SnapshotRef,
+    ShellWorkspace,
     check_seconds,
 )
 from ...errors import (
@@ -58,7 +56,7 @@ from . import durable as durable_cf
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
 from .execs import WorkerExec, exec_argv, pty_command
-from .files import WorkerFiles
+from .files import CloudflareFiles, WorkerFiles
 from .scripts import PID_PRINTF, kill_session_argv
 from .terminal import (
     PtyHandle,
@@ -69,7 +67,7 @@ from .terminal import (
     send_frame,
     typed_line,
 )
-from .workspace import expose
+from .workspace import CloudflarePorts, CloudflareSnapshots
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -86,7 +84,7 @@ def _created_id(body: bytes) -> str:
     return sandbox_id
 
 
-class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
+class CloudflareSession(BaseSandboxSession[PtyHandle]):
     """Runs commands in a sandbox of a user-deployed Cloudflare Sandbox Worker.
 
     Options:
@@ -384,34 +382,15 @@ class CloudflareSession(ShellFileHooks, BaseSandboxSession[PtyHandle]):
         for _ in range(3):
             await asyncio.sleep(0)
 
-    # ---- durable (see backends.cloudflare.durable) -----------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = CloudflareFiles
+    _workspace_access = ShellWorkspace
+    _ports = CloudflarePorts
+    _snapshots = CloudflareSnapshots
     _durability = durable_cf.CloudflareDurability
 
-    # ---- files ---------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """A regular file under /workspace, stat'ed first (see `files`)."""
-        return await self._files.read(path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """A regular file under /workspace, stat'ed first (see `files`)."""
-        await self._files.write(path, data)
-
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """A quick tunnel through the bridge (`workspace.expose`)."""
-        return await expose(self._client, port)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """None through the bridge: `createBackup`/`restoreBackup` are methods of the
-        SDK's Durable Object (sandbox.ts), and routes.ts routes neither."""
-        raise UnsupportedOperationError(
-            "the cloudflare backend has no snapshots: the bridge Worker routes no backup "
-            "(createBackup/restoreBackup exist only on the SDK's Durable Object); "
-            "persist_workspace() and hydrate_workspace() carry a workspace anywhere"
-        )
+    # ---- what the capabilities use ---------------------------------------------------
 
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""

@@ -12,8 +12,9 @@ container's control plane) with 400 `invalid_request`: that is said before askin
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from ...backend import ExposedPort, exposed_from_url
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, exposed_from_url
 from ...errors import ProviderError, UnsupportedOperationError
 from .client import WorkerClient
 
@@ -38,3 +39,32 @@ async def expose(client: WorkerClient, port: int) -> ExposedPort:
             "the Cloudflare bridge answered a tunnel without a url", retryable=False
         ) from None
     return exposed_from_url(url)
+
+
+class CloudflarePorts(Ports):
+    """A quick tunnel through the bridge (`expose`)."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `expose`."""
+        return await expose(self.session._client, port)
+
+
+class CloudflareSnapshots(Snapshots):
+    """None through the bridge: `createBackup`/`restoreBackup` are methods of the SDK's
+    Durable Object (sandbox.ts), and routes.ts routes neither."""
+
+    async def take(self) -> SnapshotRef:
+        """Refused, saying why."""
+        raise UnsupportedOperationError(
+            "the cloudflare backend has no snapshots: the bridge Worker routes no backup "
+            "(createBackup/restoreBackup exist only on the SDK's Durable Object); "
+            "persist_workspace() and hydrate_workspace() carry a workspace anywhere"
+        )
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """Refused: there is nothing to open."""
+        raise UnsupportedOperationError(
+            "the cloudflare backend cannot open snapshots; hydrate_workspace() "
+            "restores a persisted workspace anywhere"
+        )

@@ -11,10 +11,10 @@ import shlex
 import aiohttp
 from daytona import DaytonaError
 
+from ...backend import FileAccess, explain_write_failure, read_at_most, regular_file
 from ...backend import RemoteEntry as Entry
-from ...backend import explain_write_failure, read_at_most, regular_file
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
-from ..toolkit import transport_error
+from ..toolkit import transport_error, within_workspace
 from .client import DaytonaClient
 from .errors import SERVICE, is_not_found, status_of, typed_cause
 
@@ -92,3 +92,21 @@ async def write(client: DaytonaClient, path: str, data: bytes) -> None:
         await client.call(f"write {path!r}", client.fs.upload_file(data, path))
     except ProviderError as failure:
         raise await explain_write_failure(look, path, failure) from None
+
+
+class DaytonaFiles(FileAccess):
+    """daytona's files: the path checked against the working directory before any call
+    (the daemon would read or write anywhere the sandbox user may), then `read` /
+    `write` above."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """Download a regular file (see `read`)."""
+        client: DaytonaClient = self.session._client
+        within_workspace(path, client.workdir)
+        return await read(client, path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """Upload a regular file, its folder created (see `write`)."""
+        client: DaytonaClient = self.session._client
+        within_workspace(path, client.workdir)
+        await write(client, path, data)

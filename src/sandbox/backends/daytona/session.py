@@ -21,12 +21,10 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
-    SnapshotRef,
+    ShellWorkspace,
     check_env,
     check_seconds,
     check_str,
@@ -42,19 +40,19 @@ from ..toolkit import (
     refuse_renamed,
     require_credential,
     wait_for_verdict,
-    within_workspace,
 )
-from . import commands, files, terminal
+from . import commands, terminal
 from . import durable as durable_daytona
 from .client import SESSION_LABEL, ClientOptions, DaytonaClient
 from .errors import API_KEY_ENV
+from .files import DaytonaFiles
 from .handles import DaytonaHandle, PipeState
 from .limits import create_resources
 from .scripts import PIDFILE_WAIT_S, interrupt_script
-from .workspace import exposed_from_preview, snapshot_options, take_snapshot
+from .workspace import DaytonaPorts, DaytonaSnapshots
 
 
-class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
+class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     """Runs commands in a Daytona sandbox through the async SDK.
 
     Options:
@@ -276,48 +274,15 @@ class DaytonaSession(ShellFileHooks, BaseSandboxSession[DaytonaHandle]):
             self._client, state, grace_s=self.terminate_grace_s, sandbox_stopping=sandbox_stopping
         )
 
-    # ---- durable (see backends.daytona.durable) -----------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = DaytonaFiles
+    _workspace_access = ShellWorkspace
+    _ports = DaytonaPorts
+    _snapshots = DaytonaSnapshots
     _durability = durable_daytona.DaytonaDurability
 
-    # ---- files -------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Download a regular file (see `files.read`) inside the working directory."""
-        self._in_workspace(path)
-        return await files.read(self._client, path, max_bytes)
-
-    def _in_workspace(self, path: str) -> None:
-        """`path` checked against the working directory before any call (the daemon
-        would read or write anywhere the sandbox user may)."""
-        within_workspace(path, self._client.workdir)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """Upload a regular file, its folder created (see `files.write`)."""
-        self._in_workspace(path)
-        await files.write(self._client, path, data)
-
-    # ---- workspace (file operations: `sandbox.workspace.shell_ops`, a POSIX sh) -----------
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """`sandbox.get_preview_link(port)`: its URL, and its token as the header
-        Daytona's edge wants (see `workspace`)."""
-        what = f"expose port {port}"
-        try:
-            preview = await self._client.timed(what, self._client.sandbox.get_preview_link(port))
-        except DaytonaError as exc:
-            raise self._client.error(exc, what) from None
-        return exposed_from_preview(preview)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """`sandbox.create_snapshot(name)`: the sandbox's filesystem as a named snapshot
-        new sandboxes are created from (see `workspace`)."""
-        return await take_snapshot(self._client)
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """A fresh sandbox created from the snapshot (the `snapshot` option)."""
-        return snapshot_options(snapshot, options)
+    # ---- what the capabilities use ---------------------------------------------------
 
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""

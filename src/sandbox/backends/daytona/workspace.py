@@ -26,7 +26,7 @@ from typing import Any
 
 from daytona import DaytonaError
 
-from ...backend import ExposedPort, SnapshotRef, exposed_from_url, settle
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, exposed_from_url, settle
 from ...errors import InvalidArgumentError
 from .client import DaytonaClient
 from .errors import is_not_found
@@ -83,3 +83,32 @@ def snapshot_options(snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str
     if "image" in options or "sandbox_id" in options:
         raise InvalidArgumentError("snapshot= replaces image= and sandbox_id=")
     return {**options, "snapshot": snapshot.snapshot_id}
+
+
+class DaytonaPorts(Ports):
+    """`sandbox.get_preview_link(port)`: its URL, and its token as the header Daytona's
+    edge wants."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `exposed_from_preview`."""
+        client: DaytonaClient = self.session._client
+        what = f"expose port {port}"
+        try:
+            preview = await client.timed(what, client.sandbox.get_preview_link(port))
+        except DaytonaError as exc:
+            raise client.error(exc, what) from None
+        return exposed_from_preview(preview)
+
+
+class DaytonaSnapshots(Snapshots):
+    """`sandbox.create_snapshot(name)`: the sandbox's filesystem as a named snapshot new
+    sandboxes are created from (the `snapshot` option)."""
+
+    async def take(self) -> SnapshotRef:
+        """See `take_snapshot`."""
+        return await take_snapshot(self.session._client)
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """See `snapshot_options`."""
+        return snapshot_options(snapshot, options)

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
+from ...backend import FileAccess
 from ...errors import (
     FileTooLargeError,
     NotAFileError,
@@ -379,3 +380,29 @@ def _close_stream(chunks: Any, pieces: Iterator[bytes]) -> None:
     if close is not None:
         close()
     chunks.close()
+
+
+class DockerFiles(FileAccess):
+    """docker's files, through the archive endpoint (`ContainerFiles`): the path
+    checked against the workspace first, symlinks followed within it, a non-regular
+    file or one above `max_bytes` refused by its stat before fetching; nothing runs in
+    the container."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """The file's archive, its one member's payload."""
+        files: ContainerFiles = self.session._files()
+        return await files.read(path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """A one-file tar owned by the session's user; missing parents travel in it."""
+        await self.session._files().write(path, data)
+
+    def read_chunks(self, path: str, chunk_size: int, max_bytes: int) -> AsyncIterator[bytes]:
+        """The archive stream's payload as it arrives, one pool call per chunk (no size
+        limit)."""
+        files: ContainerFiles = self.session._files()
+        return files.read_chunks(path, chunk_size)
+
+    async def write_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Spooled to a temporary file, then streamed as a tar (never held in memory)."""
+        await self.session._files().write_chunks(path, chunks)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from ...backend import ExposedPort, SnapshotRef, http_url
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, http_url
 from ...errors import InvalidArgumentError, UnsupportedOperationError
 from .engine import Engine
 
@@ -83,3 +83,30 @@ def snapshot_options(snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str
     if workdir and "workdir" not in options:
         merged["workdir"] = workdir
     return merged
+
+
+class DockerPorts(Ports):
+    """A port published at create (`ports=[...]`: the host's loopback), else the
+    container's own address (routable from the host on a Linux bridge)."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `exposed_port`."""
+        engine, options = self.session._require_engine()
+        return await exposed_port(engine, options.container_id, port)
+
+
+class DockerSnapshots(Snapshots):
+    """`docker commit` to a local image (the container keeps running); a snapshot opens
+    as a fresh container from it, in the snapshot's workdir."""
+
+    async def take(self) -> SnapshotRef:
+        """See `commit_snapshot`."""
+        engine, options = self.session._require_engine()
+        return await commit_snapshot(engine, options.container_id, self.session._workdir)
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """See `snapshot_options`; `image=` and `container=` are refused beside it."""
+        if "container" in options or "image" in options:
+            raise InvalidArgumentError("snapshot= replaces image= and container=")
+        return snapshot_options(snapshot, options)

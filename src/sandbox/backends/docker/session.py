@@ -16,19 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
-    FileInfo,
     OneShotProcess,
     PtyEntry,
     ShellFileOps,
-    SnapshotRef,
     check_env,
     check_seconds,
     check_str,
@@ -59,12 +56,12 @@ from .container import (
     running_container,
 )
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
-from .runner_link import ContainerRunner
 from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
-from .files import ContainerFiles
-from .ports import commit_snapshot, exposed_port, snapshot_options
+from .files import ContainerFiles, DockerFiles
+from .ports import DockerPorts, DockerSnapshots
+from .runner_link import ContainerRunner
 from .stream import StreamClosedError
-from .workspace import ContainerTree, hydrate
+from .workspace import ContainerTree, DockerWorkspace
 
 logger = logging.getLogger("sandbox.docker")
 
@@ -469,35 +466,19 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             proc.drain_now()
         await asyncio.sleep(0)
 
-    # ---- durable (see backends.docker.durable) ------------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = DockerFiles
+    _workspace_access = DockerWorkspace
+    _ports = DockerPorts
+    _snapshots = DockerSnapshots
     _durability = durable_docker.DockerDurability
 
-    # ---- files -------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Through the archive endpoint (see `files`): the path checked against the
-        workspace first, symlinks followed within it, a non-regular file or one above
-        `max_bytes` refused by its stat before fetching."""
-        return await self._files().read(path, max_bytes)
-
-    def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
-        """The archive stream's payload as it arrives, one pool call per chunk."""
-        return self._files().read_chunks(path, chunk_size)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """A one-file tar owned by the session's user; missing parents travel in it."""
-        await self._files().write(path, data)
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
-        """Spooled to a temporary file, then streamed as a tar (never held in memory)."""
-        await self._files().write_chunks(path, chunks)
+    # ---- what the capabilities use ---------------------------------------------------
 
     def _files(self) -> ContainerFiles:
         engine, options = self._require_engine()
         return ContainerFiles(engine, options.container_id, self._workdir, self._file_owner)
-
-    # ---- workspace (`workspace`: the archive endpoint; `remove` through a shell) --------
 
     def _tree(self) -> ContainerTree:
         engine, options = self._require_engine()
@@ -505,61 +486,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self._workdir)
-
-    async def _stat(self, path: str) -> FileInfo:
-        """The engine's stat of the name in its walked folder (runs nothing)."""
-        return await self._tree().stat(path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """The folder's archive, headers only (runs nothing)."""
-        return await self._tree().list_dir(path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`rm`/`rmdir` in the container (the engine has no removal endpoint)."""
-        await self._shell_ops().remove(path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """Folder members put into the deepest existing folder."""
-        await self._tree().make_dir(path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """A symlink member put into the link's folder."""
-        await self._tree().make_symlink(path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`chmod` in the container (hydration sets modes in the tar headers instead)."""
-        await self._shell_ops().set_mode(path, mode)
-
-    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
-        """The engine's archive of the folder, re-rooted as it streams."""
-        return self._tree().persist(path)
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """A port published at create (`ports=[...]`: the host's loopback), else the
-        container's own address (routable from the host on a Linux bridge)."""
-        engine, options = self._require_engine()
-        return await exposed_port(engine, options.container_id, port)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """`docker commit` to a local image (the container keeps running)."""
-        engine, options = self._require_engine()
-        return await commit_snapshot(engine, options.container_id, self._workdir)
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """A fresh container from the committed image, in the snapshot's workdir."""
-        if "container" in options or "image" in options:
-            raise InvalidArgumentError("snapshot= replaces image= and container=")
-        return snapshot_options(snapshot, options)
-
-    async def _hydrate_workspace(
-        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
-    ) -> int:
-        """The extractor's members put through the archive endpoint in batches, modes in
-        headers (`workspace.DockerSink`)."""
-        return await hydrate(
-            self._tree(), path, chunks, max_members=max_members, max_bytes=max_bytes
-        )
 
 
 def _check_half_close(engine: Engine) -> None:

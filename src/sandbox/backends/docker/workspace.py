@@ -33,9 +33,11 @@ from typing import Any
 
 from ...backend import (
     TAR_END,
+    FileAccess,
     FileInfo,
     FileKind,
     TarStream,
+    WorkspaceAccess,
     child_path,
     dir_header,
     exact_chunks,
@@ -821,3 +823,55 @@ async def hydrate(
         )
     finally:
         sink.close()
+
+
+class DockerWorkspace(WorkspaceAccess):
+    """docker's workspace: the archive endpoint (`ContainerTree`: runs nothing in the
+    container), except `remove` and `set_mode`, which the engine has no call for (a
+    shell in the container: `ShellFileOps`)."""
+
+    def _tree(self) -> ContainerTree:
+        tree: ContainerTree = self.session._tree()
+        return tree
+
+    async def stat(self, path: str) -> FileInfo:
+        """The engine's stat of the name in its walked folder."""
+        return await self._tree().stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """The folder's archive, headers only."""
+        return await self._tree().list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        """`rm`/`rmdir` in the container."""
+        await self.session._shell_ops().remove(path, recursive)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        """Folder members put into the deepest existing folder."""
+        await self._tree().make_dir(path, parents)
+
+    async def make_symlink(self, path: str, target: str) -> None:
+        """A symlink member put into the link's folder."""
+        await self._tree().make_symlink(path, target)
+
+    async def set_mode(self, path: str, mode: int) -> None:
+        """`chmod` in the container (hydration sets modes in the tar headers instead)."""
+        await self.session._shell_ops().set_mode(path, mode)
+
+    def persist(self, path: str, files: FileAccess, read_limit: int) -> AsyncIterator[bytes]:
+        """The engine's archive of the folder, re-rooted as it streams."""
+        return self._tree().persist(path)
+
+    async def hydrate(
+        self,
+        chunks: AsyncIterator[bytes],
+        path: str,
+        files: FileAccess,
+        max_members: int,
+        max_bytes: int,
+    ) -> int:
+        """The extractor's members put through the archive endpoint in batches, modes in
+        headers (`DockerSink`)."""
+        return await hydrate(
+            self._tree(), path, chunks, max_members=max_members, max_bytes=max_bytes
+        )

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from e2b import FileNotFoundException, FileType
 
+from ...backend import FileAccess, explain_write_failure, read_at_most, regular_file
 from ...backend import RemoteEntry as Entry
 from ...backend import RemoteKind as Kind
-from ...backend import explain_write_failure, read_at_most, regular_file
 from ...errors import FileTooLargeError, ProviderError, SandboxFileNotFoundError
 from ..toolkit import within_workspace
 from .client import E2BClient
@@ -95,3 +95,17 @@ async def write_file(client: E2BClient, path: str, data: bytes) -> None:
     except Exception as exc:
         failure = client.errors.error(exc, f"write {path!r}")
         raise await explain_write_failure(stat_path, path, failure) from None
+
+
+class E2BFiles(FileAccess):
+    """e2b's files (relative paths are in the sandbox user's home): `files.get_info`
+    first says it is a regular file within `max_bytes` (envd's download of a FIFO would
+    wait forever), or that nothing or a regular file is where a write goes."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """See `read_file`."""
+        return await read_file(self.session._client, path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """See `write_file` (E2B creates the parent folders)."""
+        await write_file(self.session._client, path, data)

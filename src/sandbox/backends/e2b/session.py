@@ -54,12 +54,10 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
-    SnapshotRef,
+    ShellWorkspace,
     cancel_and_wait,
     check_env,
     check_seconds,
@@ -83,15 +81,16 @@ from . import durable as durable_e2b
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
+from .files import E2BFiles
 from .processes import E2BProcess, OneShot, text_to_bytes
 from .sandboxes import SESSION_LABEL
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
-from .workspace import check_snapshot_mode, exposed_from_host, snapshot_options, take_snapshot
+from .workspace import E2BPorts, E2BSnapshots, check_snapshot_mode
 
 API_KEY_ENV = "E2B_API_KEY"
 
 
-class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
+class E2BSession(BaseSandboxSession[E2BProcess]):
     """Runs commands in an E2B sandbox (see the module docstring for the options)."""
 
     backend_name = "e2b"
@@ -440,41 +439,15 @@ class E2BSession(ShellFileHooks, BaseSandboxSession[E2BProcess]):
         if error is not None:
             raise error
 
-    # ---- durable (see backends.e2b.durable) -------------------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = E2BFiles
+    _workspace_access = ShellWorkspace
+    _ports = E2BPorts
+    _snapshots = E2BSnapshots
     _durability = durable_e2b.E2BDurability
 
-    # ---- files ------------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """`files.read` as bytes (relative paths are in the sandbox user's home), after
-        `files.get_info` says it is a regular file within `max_bytes` (envd's download
-        of a FIFO would wait forever)."""
-        return await files.read_file(self._client, path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """`files.write` (E2B creates the parent directories), after `files.get_info`
-        says nothing or a regular file is there."""
-        await files.write_file(self._client, path, data)
-
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """`sandbox.get_host(port)`: `<port>-<id>.<domain>`, served over HTTPS by E2B's
-        edge (the SDK's debug mode answers `localhost:<port>`, plain HTTP)."""
-        host = str(self._client.sandbox.get_host(port))
-        return exposed_from_host(host, port)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """`create_snapshot` (a template new sandboxes start from; `workspace`)."""
-        return await take_snapshot(
-            self._client, self._api_params(), self._snapshot_mode, self._client.start_timeout
-        )
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """A fresh sandbox whose template is the snapshot."""
-        return snapshot_options(snapshot, options)
+    # ---- what the capabilities use ---------------------------------------------------
 
     async def _shell_ops(self) -> ShellFileOps:
         await files.in_workspace(self._client, ".")  # learns the home, once

@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from ...backend import ExposedPort, SnapshotRef, http_url, settle
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, http_url, settle
 from ...errors import InvalidArgumentError
 from .client import E2BClient
 
@@ -98,3 +98,30 @@ def snapshot_options(snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str
     if "image" in options or "sandbox_id" in options:
         raise InvalidArgumentError("snapshot= replaces image= and sandbox_id=")
     return {**options, "image": snapshot.snapshot_id}
+
+
+class E2BPorts(Ports):
+    """`sandbox.get_host(port)`: `<port>-<id>.<domain>`, served over HTTPS by E2B's edge
+    (the SDK's debug mode answers `localhost:<port>`, plain HTTP)."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `exposed_from_host`."""
+        client: E2BClient = self.session._client
+        return exposed_from_host(str(client.sandbox.get_host(port)), port)
+
+
+class E2BSnapshots(Snapshots):
+    """`create_snapshot`: a template new sandboxes start from."""
+
+    async def take(self) -> SnapshotRef:
+        """See `take_snapshot`."""
+        session = self.session
+        client: E2BClient = session._client
+        return await take_snapshot(
+            client, session._api_params(), session._snapshot_mode, client.start_timeout
+        )
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """A fresh sandbox whose template is the snapshot (`snapshot_options`)."""
+        return snapshot_options(snapshot, options)

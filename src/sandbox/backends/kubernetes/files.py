@@ -15,7 +15,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import AsyncIterator
 
-from ...backend import settle, under_a_file
+from ...backend import FileAccess, settle, under_a_file
 from ...errors import FileTooLargeError, NotAFileError, ProviderError, SandboxFileNotFoundError
 from ..toolkit import kill_script, new_tag, tag_environment, within_workspace
 from . import scripts
@@ -127,3 +127,22 @@ class PodFiles:
         await run_control(
             self._client, self._target, kill_script([tag], ticks=0), "stop a file read"
         )
+
+
+class KubernetesFiles(FileAccess):
+    """kubernetes's files, through exec (`PodFiles`): checked against the workspace,
+    refused unless a regular file, at most `max_bytes + 1` bytes kept; writes carry the
+    bytes on stdin (chunk by chunk under v5, joined under v4)."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """Shell tests, then `cat`."""
+        files: PodFiles = self.session._files()
+        return await files.read(path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """The bytes on the exec's stdin."""
+        await self.session._files().write(path, data)
+
+    async def write_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """The chunks on stdin as they come (v5; v4 joins them first)."""
+        await self.session._files().write_chunks(path, chunks)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...backend import (
@@ -22,9 +22,9 @@ from ...backend import (
     ExecCapture,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
     ShellTrap,
+    ShellWorkspace,
     check_env,
     check_seconds,
     check_str,
@@ -46,7 +46,7 @@ from . import bounds, durable, pods, scripts
 from .client import PROTOCOLS, V4_PROTOCOL, KubeClient
 from .config import Cluster, load_cluster
 from .execs import KubeOneShot, KubeProcess, Target, run_control
-from .files import PodFiles
+from .files import KubernetesFiles, PodFiles
 from .limits import container_resources
 
 logger = logging.getLogger("sandbox.kubernetes")
@@ -54,7 +54,7 @@ logger = logging.getLogger("sandbox.kubernetes")
 DEFAULT_TERM = "xterm-256color"
 
 
-class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
+class KubernetesSession(BaseSandboxSession[KubeProcess]):
     """Runs commands in a Kubernetes pod.
 
     Exactly one of:
@@ -446,30 +446,17 @@ class KubernetesSession(ShellFileHooks, BaseSandboxSession[KubeProcess]):
         """Let frames already read be handled."""
         await asyncio.sleep(0)
 
-    # ---- durable sessions (see `durable`: the pod outlives the client, execs do not) --
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = KubernetesFiles
+    _workspace_access = ShellWorkspace
     _durability = durable.KubernetesDurability
 
-    # ---- files ---------------------------------------------------------------------
+    # ---- what the capabilities use ---------------------------------------------------
 
     def _files(self) -> PodFiles:
         client, target = self._require()
         return PodFiles(client, target, self._workdir)
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Through exec (see `files`): checked against the workspace, refused unless a
-        regular file, at most `max_bytes + 1` bytes kept."""
-        return await self._files().read(path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """Through exec, the bytes on stdin (see `files`)."""
-        await self._files().write(path, data)
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
-        """Through exec, the chunks on stdin as they come (v5; v4 joins them first)."""
-        await self._files().write_chunks(path, chunks)
-
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the container) ----------
 
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""

@@ -9,8 +9,8 @@ from typing import Any
 from modal import exception as modal_exception
 from modal.types import FileType
 
+from ...backend import FileAccess, regular_file, under_a_file
 from ...backend import RemoteEntry as Entry
-from ...backend import regular_file, under_a_file
 from ...errors import FileTooLargeError, NotAFileError, SandboxFileNotFoundError
 from ..toolkit import within_workspace
 from .errors import SDK_ERRORS, CallDeadline, ModalErrors
@@ -83,3 +83,18 @@ class ModalFiles:
             raise self._errors.no_answer(f"write {path!r}") from None
         except SDK_ERRORS as exc:
             raise self._errors.map(f"write {path!r}", exc) from None
+
+
+class ModalFileAccess(FileAccess):
+    """modal's files: the session's `ModalFiles` over its sandbox (relative paths are in
+    `workdir`; `filesystem.stat` first)."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """`Sandbox.filesystem.read_bytes` (see `ModalFiles.read`)."""
+        files: ModalFiles = self.session._files
+        return await files.read(self.session._commands.require_sandbox(), path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """`Sandbox.filesystem.write_bytes`, which creates parents (`ModalFiles.write`)."""
+        files: ModalFiles = self.session._files
+        await files.write(self.session._commands.require_sandbox(), path, data)

@@ -37,12 +37,10 @@ from ...backend import (
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
     OneShotProcess,
     PtyEntry,
-    ShellFileHooks,
     ShellFileOps,
-    SnapshotRef,
+    ShellWorkspace,
     cancel_and_wait,
     check_env,
     check_seconds,
@@ -63,7 +61,7 @@ from ..toolkit import (
 from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
-from .files import ModalFiles
+from .files import ModalFileAccess, ModalFiles
 from .lifecycle import (
     SESSION_LABEL,
     TOKEN_ID_ENV,
@@ -77,7 +75,7 @@ from .lifecycle import (
 from .limits import create_resources
 from .oneshot import ModalOneShot, server_timeout
 from .processes import start_tasks
-from .workspace import exposed_tunnel, image_of, snapshot_options, take_snapshot
+from .workspace import ModalPorts, ModalSnapshots, image_of
 
 logger = logging.getLogger("sandbox.modal")
 
@@ -97,7 +95,7 @@ WRITE_CHUNK = 1024 * 1024
 DEFAULT_CREATE_TIMEOUT_S = 600.0
 
 
-class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
+class ModalSession(BaseSandboxSession[Command]):
     """Runs commands in a Modal sandbox.
 
     Options:
@@ -446,36 +444,15 @@ class ModalSession(ShellFileHooks, BaseSandboxSession[Command]):
         finally:
             await cancel_and_wait(command.tasks())
 
-    # ---- durable (see backends.modal.durable) -------------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = ModalFileAccess
+    _workspace_access = ShellWorkspace
+    _ports = ModalPorts
+    _snapshots = ModalSnapshots
     _durability = durable_modal.ModalDurability
 
-    # ---- files -------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """`Sandbox.filesystem.read_bytes` (relative paths are in `workdir`), after
-        `filesystem.stat` says it is a regular file within `max_bytes`."""
-        return await self._files.read(self._commands.require_sandbox(), path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """`Sandbox.filesystem.write_bytes`, which creates parent directories, after
-        `filesystem.stat` says nothing or a regular file is there."""
-        await self._files.write(self._commands.require_sandbox(), path, data)
-
-    # ---- workspace (`sandbox.workspace.shell_ops`: a POSIX sh in the sandbox) -------------
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """The tunnel of a port declared at create (`workspace.exposed_tunnel`)."""
-        return await exposed_tunnel(self._sandbox, self._errors, port)
-
-    async def _snapshot(self) -> SnapshotRef:
-        """`snapshot_filesystem` (an image of the sandbox's filesystem; `workspace`)."""
-        return await take_snapshot(self._sandbox, self._errors, self.workdir, self.create_timeout_s)
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """A fresh sandbox created from the snapshot's image."""
-        return snapshot_options(snapshot, options)
+    # ---- what the capabilities use ---------------------------------------------------
 
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""

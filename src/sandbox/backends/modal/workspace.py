@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...backend import ExposedPort, SnapshotRef, http_url
+from ...backend import ExposedPort, Ports, SnapshotRef, Snapshots, http_url
 from ...errors import InvalidArgumentError, UnsupportedOperationError
 from .errors import ModalErrors
 
@@ -65,3 +65,28 @@ async def exposed_tunnel(sandbox: Any, errors: ModalErrors, port: int) -> Expose
     host, number = str(tunnel.host), int(tunnel.port)
     url = f"https://{host}/" if number == 443 else f"https://{host}:{number}/"
     return ExposedPort(url=url, host=host, port=number, tls=True)
+
+
+class ModalPorts(Ports):
+    """The tunnel of a port declared at create (`exposed_tunnel`)."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """See `exposed_tunnel`."""
+        return await exposed_tunnel(self.session._sandbox, self.session._errors, port)
+
+
+class ModalSnapshots(Snapshots):
+    """`snapshot_filesystem`: an image of the sandbox's filesystem, which a fresh sandbox
+    is created from."""
+
+    async def take(self) -> SnapshotRef:
+        """See `take_snapshot`."""
+        session = self.session
+        return await take_snapshot(
+            session._sandbox, session._errors, session.workdir, session.create_timeout_s
+        )
+
+    @classmethod
+    def open_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
+        """See `snapshot_options`."""
+        return snapshot_options(snapshot, options)

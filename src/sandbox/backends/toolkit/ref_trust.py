@@ -23,7 +23,7 @@ from ...errors import InvalidArgumentError, RefNotTrustedError
 # The label, tag or metadata key of the sandboxes (containers, pods) a session creates.
 SESSION_MARK = "sandbox.session"
 
-# The base session's options a ref keeps (`SessionHooks._ref_options`): bounds only.
+# The base session's options a ref keeps (`durable.ops.base_options`): bounds only.
 BASE_TAKEN_FROM_REF = frozenset(
     {
         "max_processes",

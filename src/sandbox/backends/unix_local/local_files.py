@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
+from ...backend import FileAccess
 from .safe_open import OpenedFile, io_error, open_regular, read_bounded, write_all
 
 T = TypeVar("T")
@@ -123,3 +124,26 @@ def _truncate(opened: OpenedFile, path: str) -> None:
         os.ftruncate(opened.fd, 0)
     except OSError as exc:
         raise io_error(exc, path, write=True) from None
+
+
+class LocalFiles(FileAccess):
+    """unix_local's files: resolved and opened in one step beneath the workspace
+    (`safe_open`), so a process swapping a folder for a symlink cannot lead a call out
+    of it; streams go through one open fd, one short executor call per chunk."""
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """A whole regular file (`read_whole`)."""
+        return await read_whole(self.session._workspace.path, path, max_bytes)
+
+    async def write(self, path: str, data: bytes) -> None:
+        """Created with its folders, never through a link out; truncated only once known
+        to be a regular file (`write_whole`)."""
+        await write_whole(self.session._workspace.path, path, data)
+
+    def read_chunks(self, path: str, chunk_size: int, max_bytes: int) -> AsyncIterator[bytes]:
+        """Streamed from one open fd, with no size limit (`read_chunks`)."""
+        return read_chunks(self.session._workspace.path, path, chunk_size)
+
+    async def write_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
+        """Streamed into one open fd (`write_chunks`)."""
+        await write_chunks(self.session._workspace.path, path, chunks)

@@ -14,21 +14,18 @@ import dataclasses
 import errno
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from ...backend import (
     EXIT_DRAIN_GRACE_S,
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
-    ExposedPort,
-    FileInfo,
     OneShotProcess,
     PtyEntry,
     check_env,
     check_seconds,
-    http_url,
 )
 from ...errors import (
     BackendUnavailableError,
@@ -41,12 +38,20 @@ from ...local import tree as process_tree
 from ...local.host_env import host_environment
 from ...local.process import LocalProcess
 from ...local.readiness import ReadinessHub
-from ..toolkit import CommandCheck, ShellTrap, refuse_renamed, wait_for_verdict
-from . import cgroup_limits, local_files, tar_land, tar_walk
+from ...runner import RunnerClient, RunnerError, connect_local
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    refuse_renamed,
+    spawn_through_runner,
+    start_one_shot,
+    wait_for_verdict,
+)
+from . import cgroup_limits, local_files
 from . import confine as jail
 from . import durable as durable_local
-from .workspace import Workspace
-from .workspace_files import LocalTree
+from .workspace import LocalPorts, LocalWorkspace, Workspace
 
 DEFAULT_TERM = "xterm-256color"
 
@@ -78,6 +83,14 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     `readonly_paths` shows more host paths read-only (e.g. a toolchain in your home).
     Without bubblewrap, `start()` raises `BackendUnavailableError`: it never runs
     unconfined instead. Unconfined sessions ignore `network` and `readonly_paths`.
+
+    `runner=True` (a detachable session): processes and one-shot commands are started
+    by this user's local runner daemon (docs/runner.md; started on first use, found
+    again through its private socket), with the same argv, environment, cwd and jail
+    as without it. They outlive this client: `detach()` leaves them running and
+    `resume_session` reattaches them with what they printed meanwhile
+    (`keeps_processes`). The close ends them as usual. The runner contains each tree
+    itself, so `containment` stays "auto" and the cgroup limits are refused.
     """
 
     backend_name = "unix_local"
@@ -96,6 +109,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -108,6 +122,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             ("inherit_env", inherit_env),
             ("confine", confine),
             ("network", network),
+            ("runner", runner),
         ):
             if not isinstance(flag, bool) and not (name == "inherit_env" and flag is None):
                 raise InvalidArgumentError(f"{name} must be a bool, not {flag!r}")
@@ -142,6 +157,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._cgroup: cgroups.SessionCgroup | None = None
         self._applied: cgroup_limits.AppliedLimits | None = None
         self._readers: ReadinessHub | None = None  # from the start to the stop
+        if runner:
+            _check_runner_options(containment, self._limits)
+        self.runner = runner
+        self._runner: RunnerClient | None = None  # from the start to the stop (runner)
 
     @property
     def workdir(self) -> str:
@@ -162,6 +181,14 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._workspace.create()
         if self.confine:
             jail.check_workspace(self._workspace.path)
+        if self.runner:
+            # The runner contains its processes itself (a subreaper, a cgroup leaf per
+            # process where it can make one): the session makes no cgroup of its own.
+            try:
+                self._runner = await connect_local()
+            except RunnerError as exc:
+                raise BackendUnavailableError(f"runner=True but {exc}") from None
+            return
         self._make_cgroups()
         self._readers = ReadinessHub(asyncio.get_running_loop())
 
@@ -186,10 +213,20 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         if readers is not None:
             readers.close()
 
+    async def _close_runner(self) -> None:
+        """Close the connection to the runner (its processes were torn down, or are
+        left to it by a detach); the daemon stays for other sessions."""
+        client, self._runner = self._runner, None
+        if client is not None:
+            await client.aclose()
+
     async def _stop_backend(self) -> None:
         self._close_readers()
         cgroup, self._cgroup = self._cgroup, None
-        if cgroup is not None:
+        if self.runner:
+            # Every process's tree was ended through the runner by its teardown.
+            await self._close_runner()
+        elif cgroup is not None:
             # Everything the session started is in its cgroup: one write kills it all.
             cgroup.kill()
             await cgroup.wait_empty()
@@ -256,10 +293,32 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             readonly_paths=self._readonly_paths,
         )
 
+    def _require_runner(self) -> RunnerClient:
+        assert self._runner is not None, "a runner session runs commands only once started"
+        return self._runner
+
+    def _runner_command(self, command: CommandSpec) -> tuple[CommandSpec, str]:
+        """The command the runner starts (the jail's argv when confined: `command` is
+        then the checked one) and its cwd on the host. Unconfined, the runner reports a
+        missing cwd or program itself; in the jail, bwrap changes into the cwd."""
+        cwd = self._workspace.cwd_for(command.cwd)
+        if not self.confine:
+            return command, cwd
+        return dataclasses.replace(command, argv=tuple(self._argv(command))), self.workdir
+
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Pipes read by the event loop straight into the bounded capture; the base
         session waits, times out and kills (see `_LocalOneShot`)."""
         command, capture.check = self._checked_command(spec, announce=False)
+        if self.runner:
+            started, cwd = self._runner_command(command)
+            return await start_one_shot(
+                self._require_runner(),
+                started,
+                capture,
+                env=self._environment(command, tty=False),
+                cwd=cwd,
+            )
         try:
             proc = LocalProcess.spawn(
                 self._argv(command),
@@ -280,7 +339,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         command check must run first in the jail (that waits for its verdict), or
         `_spawn_process` is not this class's own (a subclass's, or a wrapper set on the
         instance, such as a test's gate): then that one runs."""
-        if not _own_hook(self._spawn_process, UnixLocalSession._spawn_process):
+        if self.runner or not _own_hook(self._spawn_process, UnixLocalSession._spawn_process):
             return False
         command, check = self._checked_command(entry.spec.command, announce=True)
         if check is not None:
@@ -290,10 +349,22 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
 
     async def _spawn_process(self, entry: PtyEntry[LocalProcess]) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
-        shell) first runs the command check inside the jail and is waited for."""
+        shell) first runs the command check inside the jail and is waited for. With the
+        runner: the runner's process (`RunnerProcess`)."""
         command, check = self._checked_command(entry.spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
-        self._spawn_local(entry, command, trap)
+        if self.runner:
+            started, cwd = self._runner_command(command)
+            await spawn_through_runner(
+                self._require_runner(),
+                cast(PtyEntry[RunnerProcess], entry),
+                env=self._environment(command, tty=entry.spec.tty),
+                cwd=cwd,
+                argv=started.argv,
+                shown=None if trap is None else trap.feed,
+            )
+        else:
+            self._spawn_local(entry, command, trap)
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
@@ -354,23 +425,42 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
 
     def _write_stdin_nowait(self, entry: PtyEntry[LocalProcess], data: bytes) -> int:
         proc = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            return 0  # a frame to the runner: `_write_stdin` sends it all
         return proc.write_some(data)
 
     async def _write_stdin(self, entry: PtyEntry[LocalProcess], data: bytes) -> None:
-        proc = entry.require_handle()
+        proc: LocalProcess | RunnerProcess = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.write(data, entry.process_id)
+            entry.count_input(len(data))
+            return
         await proc.write(data, on_progress=entry.count_input)
 
     async def _close_stdin(self, entry: PtyEntry[LocalProcess]) -> None:
         """Close our end of the process's stdin pipe: it reads what is in the pipe, then
         end-of-file."""
-        entry.require_handle().close_stdin()
+        proc: LocalProcess | RunnerProcess = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.close_stdin()
+        else:
+            proc.close_stdin()
 
     async def _resize(self, entry: PtyEntry[LocalProcess], rows: int, cols: int) -> None:
-        proc = entry.require_handle()
-        proc.resize(rows, cols)
+        proc: LocalProcess | RunnerProcess = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.resize(rows, cols)
+        else:
+            proc.resize(rows, cols)
 
     async def _interrupt(self, entry: PtyEntry[LocalProcess]) -> None:
-        proc = entry.require_handle()
+        proc: LocalProcess | RunnerProcess = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            if entry.tty:  # ^C as input: the terminal's line discipline signals its group
+                await proc.write(b"\x03", entry.process_id)
+            else:
+                await proc.interrupt()
+            return
         if entry.tty:
             proc.interrupt_terminal()
         else:
@@ -383,21 +473,28 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         class's own (see `_spawn_process_nowait`)."""
         if not _own_hook(self._terminate_pty_entry, UnixLocalSession._terminate_pty_entry):
             return False
-        proc: LocalProcess | None = entry.handle
+        proc: LocalProcess | RunnerProcess | None = entry.handle
+        if isinstance(proc, RunnerProcess):
+            return False  # the runner is asked (and forgets the process): an await
         return proc is None or proc.finish_now(escapees=not entry.sandbox_stopping)
 
     async def _terminate_pty_entry(self, entry: PtyEntry[LocalProcess]) -> None:
-        proc: LocalProcess | None = entry.handle
-        if proc is not None:
+        proc: LocalProcess | RunnerProcess | None = entry.handle
+        if isinstance(proc, RunnerProcess):
+            # The runner ends the whole tree (it is their subreaper).
+            await proc.terminate(self.terminate_grace_s)
+        elif proc is not None:
             # When the session stops right after, its own sweep finds the escapees once
             # instead of every teardown looking through /proc for them.
             await proc.terminate(self.terminate_grace_s, escapees=not entry.sandbox_stopping)
 
     def _abandon(self, entries: list[PtyEntry[LocalProcess]]) -> None:
-        """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays)."""
+        """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays).
+        A runner's processes are left to it: its connection ends with this client, and
+        its orphan policy ends what no client comes back for."""
         for entry in entries:
-            proc: LocalProcess | None = entry.handle
-            if proc is not None:
+            proc: LocalProcess | RunnerProcess | None = entry.handle
+            if isinstance(proc, LocalProcess):
                 proc.kill_now()
         if self._cgroup is not None:
             self._cgroup.kill()  # its directories stay until a later session cleans them
@@ -406,86 +503,17 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             process_tree.kill_session(self._session_tag)
 
     async def _final_drain(self, entry: PtyEntry[LocalProcess]) -> None:
-        proc: LocalProcess | None = entry.handle
-        if proc is not None:
+        proc: LocalProcess | RunnerProcess | None = entry.handle
+        if isinstance(proc, LocalProcess):
             proc.drain_now()
+        # A runner's output arrives with its EXIT: nothing to read here.
 
-    # ---- durable (see backends.unix_local.durable) ---------------------------------------
+    # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
+    _file_access = local_files.LocalFiles
+    _workspace_access = LocalWorkspace
+    _ports = LocalPorts
     _durability = durable_local.LocalDurability
-
-    # ---- files -------------------------------------------------------------------------
-
-    async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        """Resolved and opened in one step beneath the workspace (`backends.unix_local.safe_open`):
-        a process swapping a folder for a symlink cannot lead the read out of it."""
-        return await local_files.read_whole(self._workspace.path, path, max_bytes)
-
-    async def _write_file(self, path: str, data: bytes) -> None:
-        """Created (with its folders) beneath the workspace in one step, never through a
-        link out of it; truncated only once known to be a regular file."""
-        await local_files.write_whole(self._workspace.path, path, data)
-
-    async def _read_file_chunks(self, path: str, chunk_size: int) -> AsyncIterator[bytes]:
-        """Streamed from one open fd, one short executor call per chunk."""
-        async for chunk in local_files.read_chunks(self._workspace.path, path, chunk_size):
-            yield chunk
-
-    async def _write_file_chunks(self, path: str, chunks: AsyncIterator[bytes]) -> None:
-        """Streamed into one open fd, one short executor call per chunk."""
-        await local_files.write_chunks(self._workspace.path, path, chunks)
-
-    # ---- workspace (`workspace_files`) -------------------------------------------------
-
-    def _tree(self) -> LocalTree:
-        return LocalTree(self._workspace.path)
-
-    async def _stat(self, path: str) -> FileInfo:
-        """`fstatat` without following, relative to the holding folder's fd."""
-        return await asyncio.to_thread(self._tree().stat, path)
-
-    async def _list_dir(self, path: str) -> list[FileInfo]:
-        """`scandir` of the folder opened beneath the workspace."""
-        return await asyncio.to_thread(self._tree().list_dir, path)
-
-    async def _remove(self, path: str, recursive: bool) -> None:
-        """`unlinkat`/`rmdir`/`remove_tree_at` relative to the holding folder's fd."""
-        await asyncio.to_thread(self._tree().remove, path, recursive)
-
-    async def _make_dir(self, path: str, parents: bool) -> None:
-        """`mkdirat` one name at a time, each folder opened beneath the workspace."""
-        await asyncio.to_thread(self._tree().make_dir, path, parents)
-
-    async def _make_symlink(self, path: str, target: str) -> None:
-        """`symlinkat` relative to the holding folder's fd."""
-        await asyncio.to_thread(self._tree().make_symlink, path, target)
-
-    async def _set_mode(self, path: str, mode: int) -> None:
-        """`fchmodat` relative to the holding folder's fd (symlinks left alone)."""
-        await asyncio.to_thread(self._tree().set_mode, path, mode)
-
-    def _persist_workspace(self, path: str) -> AsyncIterator[bytes]:
-        """A walk by dir fds, a batch of archive per executor call (`tar_walk`)."""
-        return tar_walk.persist(self._workspace.path, path)
-
-    async def _hydrate_workspace(
-        self, chunks: AsyncIterator[bytes], path: str, max_members: int, max_bytes: int
-    ) -> int:
-        """The shared extractor's rules, what it lands batched by dir fds (`tar_land`)."""
-        await self._make_dir(path, True)
-        return await tar_land.hydrate(
-            self._workspace.path, path, chunks, max_members=max_members, max_bytes=max_bytes
-        )
-
-    async def _expose_port(self, port: int) -> ExposedPort:
-        """The host's loopback: unconfined processes (and a jail with `network=True`)
-        share the host's network; a jail without it has a network of its own."""
-        if self.confine and not self.network:
-            raise UnsupportedOperationError(
-                f"port {port} cannot be exposed: this confined session has no network "
-                "(open it with network=True)"
-            )
-        return ExposedPort(url=http_url("127.0.0.1", port), host="127.0.0.1", port=port)
 
 
 def _start_error(spec: CommandSpec, cwd: str, exc: OSError) -> SandboxError:
@@ -499,6 +527,31 @@ def _start_error(spec: CommandSpec, cwd: str, exc: OSError) -> SandboxError:
         missing = exc.errno in (errno.ENOENT, errno.ENOTDIR)
         return check.error("noprog" if missing else "noexec")
     return SandboxError(f"could not start the command: {exc.strerror or exc}")
+
+
+def _check_runner_options(containment: str, limits: cgroup_limits.Limits) -> None:
+    """Refuse what the runner cannot honour (never dropped silently): the session's
+    cgroup limits, and a containment chosen by hand (the runner contains each process
+    tree itself)."""
+    wanted = [
+        name
+        for name, value in (
+            ("memory_limit_bytes", limits.memory_bytes),
+            ("process_limit", limits.processes),
+            ("cpu_limit", limits.cpus),
+        )
+        if value is not None
+    ]
+    if wanted:
+        raise UnsupportedOperationError(
+            f"runner=True cannot enforce {', '.join(wanted)}: the runner's processes are "
+            "not in the session's cgroup (open the session without runner=True)"
+        )
+    if containment != "auto":
+        raise InvalidArgumentError(
+            f"runner=True with containment={containment!r}: the runner contains every "
+            "process tree itself (leave containment at 'auto')"
+        )
 
 
 def _check_workdir_option(workdir: object) -> None:

@@ -7,11 +7,23 @@ a race a process in the sandbox can win (by swapping a folder for a symlink mean
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+from collections.abc import AsyncIterator
 
-from ...backend import remove_tree
-from ...errors import CleanupError, InvalidArgumentError, SandboxError
+from ...backend import (
+    ExposedPort,
+    FileAccess,
+    FileInfo,
+    Ports,
+    WorkspaceAccess,
+    http_url,
+    remove_tree,
+)
+from ...errors import CleanupError, InvalidArgumentError, SandboxError, UnsupportedOperationError
+from . import tar_land, tar_walk
+from .workspace_files import LocalTree
 
 # The name of every temporary workspace begins so (a ref's `temporary` claim is checked
 # against it: `durable.check_temporary`).
@@ -83,3 +95,68 @@ class Workspace:
         if cwd is None:
             return self.path
         return cwd if os.path.isabs(cwd) else os.path.join(self.path, cwd)
+
+
+class LocalWorkspace(WorkspaceAccess):
+    """unix_local's workspace: every operation relative to a folder fd opened beneath
+    the workspace (`workspace_files.LocalTree`, in a thread); archives walked and landed
+    by dir fds, a batch per executor call (`tar_walk`, `tar_land`)."""
+
+    def _tree(self) -> LocalTree:
+        return LocalTree(self.session._workspace.path)
+
+    async def stat(self, path: str) -> FileInfo:
+        """`fstatat` without following, relative to the holding folder's fd."""
+        return await asyncio.to_thread(self._tree().stat, path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """`scandir` of the folder opened beneath the workspace."""
+        return await asyncio.to_thread(self._tree().list_dir, path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        """`unlinkat`/`rmdir`/`remove_tree_at` relative to the holding folder's fd."""
+        await asyncio.to_thread(self._tree().remove, path, recursive)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        """`mkdirat` one name at a time, each folder opened beneath the workspace."""
+        await asyncio.to_thread(self._tree().make_dir, path, parents)
+
+    async def make_symlink(self, path: str, target: str) -> None:
+        """`symlinkat` relative to the holding folder's fd."""
+        await asyncio.to_thread(self._tree().make_symlink, path, target)
+
+    async def set_mode(self, path: str, mode: int) -> None:
+        """`fchmodat` relative to the holding folder's fd (symlinks left alone)."""
+        await asyncio.to_thread(self._tree().set_mode, path, mode)
+
+    def persist(self, path: str, files: FileAccess, read_limit: int) -> AsyncIterator[bytes]:
+        """A walk by dir fds, a batch of archive per executor call (`tar_walk`)."""
+        return tar_walk.persist(self.session._workspace.path, path)
+
+    async def hydrate(
+        self,
+        chunks: AsyncIterator[bytes],
+        path: str,
+        files: FileAccess,
+        max_members: int,
+        max_bytes: int,
+    ) -> int:
+        """The shared extractor's rules, what it lands batched by dir fds (`tar_land`)."""
+        await self.make_dir(path, True)
+        return await tar_land.hydrate(
+            self.session._workspace.path, path, chunks, max_members=max_members, max_bytes=max_bytes
+        )
+
+
+class LocalPorts(Ports):
+    """The host's loopback: unconfined processes (and a jail with `network=True`) share
+    the host's network; a jail without it has a network of its own."""
+
+    async def expose(self, port: int) -> ExposedPort:
+        """`127.0.0.1:port`, or `UnsupportedOperationError` in a jail without network."""
+        if self.session.confine and not self.session.network:
+            raise UnsupportedOperationError(
+                f"port {port} cannot be exposed: this confined session has no network "
+                "(open it with network=True)"
+            )
+        return ExposedPort(url=http_url("127.0.0.1", port), host="127.0.0.1", port=port)
