@@ -6,6 +6,12 @@ its ref (one JSON line): the sandbox keeps running, owned by the ref. `run`/`she
 new ref back to the file (`ref_file`: replaced atomically, mode 0600). `sandbox close
 ref.json` resumes and closes it (the sandbox is deleted as by `aclose()`) and removes the
 file. Credentials are never in a ref: give them again (`--opt`, the environment).
+
+On `unix_local`, `sandbox open` opens the session with `runner=True` when this install
+has the runner (and no option it cannot honour was given): the local runner daemon keeps
+its processes between CLI calls, like tmux, so `run --session` finds the processes an
+earlier call started, with what they printed meanwhile. `--opt runner=false` opens it
+without (processes then end with the command that started them).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from ..backends.toolkit import options as cli_options
 from ..durable.ref_file import read_ref_file
 from ..durable.resume import resume_session
+from ..runner import unavailable_reason
 from ..session import BaseSandboxSession
 from .session import open_cli_session
 
@@ -75,9 +82,27 @@ def _extra(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in ("workdir", "image", "container")}
 
 
+# Options a unix_local session through the runner refuses (`UnixLocalSession`).
+_NOT_WITH_RUNNER = ("memory_limit_bytes", "process_limit", "cpu_limit", "containment")
+
+
+def detachable(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options`, with `runner=True` for a unix_local session that can have it: the
+    runner is built, and neither `runner` nor an option it refuses was given."""
+    if (
+        backend != "unix_local"
+        or "runner" in options
+        or any(options.get(name) is not None for name in _NOT_WITH_RUNNER)
+        or unavailable_reason() is not None
+    ):
+        return options
+    return {**options, "runner": True}
+
+
 async def open_command(args: argparse.Namespace) -> int:
     """`sandbox open`: start, detach, print the ref."""
     backend, options = cli_options.options_from_args(args)
+    options = detachable(backend, options)
     async with open_cli_session(backend, options) as session:
         ref = await session.detach()
     sys.stdout.write(ref.to_json() + "\n")

@@ -8,6 +8,13 @@ orphans keep running, in the dead client's cgroup and carrying its session tag i
 environment; `resume_session` kills them (the cgroup, then every process with the tag)
 and reports each process of the ref as ended, with a note. The lease lives on the host
 (`sandbox.backend.HostLease`), never in the workspace a sandboxed process can write.
+
+A session opened with `runner=True` is detachable: its processes are the local runner
+daemon's (docs/runner.md), not the client's, so `keeps_processes` is True for it.
+`detach()` lets go of them (the runner keeps them and a ring of their output);
+`resume_session` reattaches each by its runner id from the ref's output position, what
+it printed meanwhile first (the omission marker where the ring kept less), and its exit
+code if it ended. Its ref says `runner: true`, so the resumed session uses the runner too.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import asyncio
 import os
 import stat
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 from ...backend import (
     Durability,
@@ -31,6 +38,7 @@ from ...errors import InvalidArgumentError, SessionGoneError
 from ...local import cgroups
 from ...local import tree as process_tree
 from ...local.process import LocalProcess
+from ..toolkit import RunnerProcess, reattach_ref, runner_ref_process
 from .workspace import TEMPORARY_PREFIX, Workspace
 
 # `UnixLocalSession`, untyped here: its module imports this one, and an import back (even a
@@ -71,12 +79,19 @@ def ref_options(session: UnixLocalSession, base: dict[str, Any]) -> dict[str, An
     options["memory_limit_bytes"] = limits.memory_bytes
     options["process_limit"] = limits.processes
     options["cpu_limit"] = limits.cpus
+    if session.runner:  # absent otherwise: refs of direct sessions stay as they were
+        options["runner"] = True
     return options
 
 
 def ref_process(entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
-    """The pid and tag (the tag finds what is left of it after a crash)."""
-    proc = entry.require_handle()
+    """The pid and tag (the tag finds what is left of it after a crash); a runner's
+    process: its runner id."""
+    proc: LocalProcess | RunnerProcess = entry.require_handle()
+    kept = runner_ref_process(proc)
+    if kept is not None:
+        return kept
+    assert isinstance(proc, LocalProcess)
     return {"pid": proc.pid, "tag": proc.tag}
 
 
@@ -92,7 +107,8 @@ async def resume(session: UnixLocalSession, ref: SessionRef) -> None:
         await asyncio.to_thread(check_temporary, where)
     session._workspace = Workspace.adopted(where, temporary=temporary)
     await session._start_backend()
-    await asyncio.to_thread(_kill_leftovers, ref)
+    if not session.runner:  # a runner's processes are not leftovers: they are reattached
+        await asyncio.to_thread(_kill_leftovers, ref)
 
 
 def check_temporary(where: str) -> None:
@@ -158,14 +174,31 @@ def _is_our_cgroup(path: str) -> bool:
     )
 
 
-async def reattach(entry: PtyEntry[LocalProcess], process: ProcessRef) -> None:
-    """Never possible here (see the module docstring)."""
-    raise ProcessNotReattached(NOT_REATTACHED)
+async def reattach(
+    session: UnixLocalSession, entry: PtyEntry[LocalProcess], process: ProcessRef
+) -> None:
+    """Through the runner: follow its process again from the ref's output position.
+    Never possible otherwise (see the module docstring)."""
+    if not session.runner:
+        raise ProcessNotReattached(NOT_REATTACHED)
+    await reattach_ref(session._require_runner(), cast(PtyEntry[RunnerProcess], entry), process)
+
+
+async def release(session: UnixLocalSession, entry: PtyEntry[LocalProcess]) -> None:
+    """A runner's process: stop following it, the runner keeps it. Otherwise it is
+    the client's child: terminated."""
+    proc: LocalProcess | RunnerProcess | None = entry.handle
+    if isinstance(proc, RunnerProcess):
+        await proc.release()
+    else:
+        await session._terminate_pty_entry(entry)
 
 
 async def detach(session: UnixLocalSession) -> None:
-    """Remove the session's (now empty) cgroup; keep the workspace."""
+    """Remove the session's (now empty) cgroup; keep the workspace. With the runner:
+    close the connection to it (the processes stay the runner's)."""
     session._close_readers()
+    await session._close_runner()
     cgroup, session._cgroup = session._cgroup, None
     if cgroup is not None:
         cgroup.kill()  # the processes were torn down: this only catches a straggler
@@ -185,7 +218,10 @@ class LocalDurability(Durability):
     """The unix_local backend's durable sessions (the module docstring says what outlives
     the client): this module's functions, over the session it was made with."""
 
-    keeps_processes = False
+    @property
+    def keeps_processes(self) -> bool:
+        """True for a session opened with `runner=True`: the runner keeps its processes."""
+        return bool(self.session.runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """See `ref_sandbox`."""
@@ -209,7 +245,11 @@ class LocalDurability(Durability):
 
     async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
         """See `reattach`."""
-        await reattach(entry, process)
+        await reattach(self.session, entry, process)
+
+    async def release(self, entry: PtyEntry[Any]) -> None:
+        """See `release`."""
+        await release(self.session, entry)
 
     async def detach(self) -> None:
         """See `detach`."""
