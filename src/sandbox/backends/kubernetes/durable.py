@@ -1,10 +1,18 @@
 """Detach and resume for `kubernetes`: the pod outlives the client, exec streams do not
-come back.
+come back (the runner's processes do).
 
-No API call reattaches to a running exec: pods/exec starts a new process each time,
-pods/attach reaches the container's main process only, and the CRI has no exec id a
-client could name again. So `keeps_processes` is False. What happens to an exec's
-process when its client goes (docs/providers.md, "Kubernetes", cites the files):
+With `runner=True` the runner inside the pod keeps every process, and its latest output
+in a ring (docs/runner.md), so `keeps_processes` is True for such a session: `detach()`
+stops following each process and closes the link (the exec that carried it ends; the
+runner does not), the ref lists each by its runner id, and `resume_session` reaches the
+same runner through a new exec and reattaches each from the output position the client
+had reached (what it printed meanwhile first, the omission marker past the ring, its
+exit code if it ended). The pod's deletion ends the runner with everything it keeps.
+
+Without the runner, no API call reattaches to a running exec: pods/exec starts a new
+process each time, pods/attach reaches the container's main process only, and the CRI
+has no exec id a client could name again. So `keeps_processes` is False. What happens
+to an exec's process when its client goes (docs/providers.md, "Kubernetes", cites the files):
 
 - The process is not killed. containerd's CRI plugin waits for its exit
   (`execInternal` kills only when its context ends, and the request context of a
@@ -57,6 +65,7 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ..toolkit import (
+    RunnerProcess,
     check_mark,
     grace_ticks,
     kill_script,
@@ -64,6 +73,8 @@ from ..toolkit import (
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
+    reattach_ref,
+    runner_ref_process,
     running_tags,
     taken_from_ref,
 )
@@ -93,7 +104,13 @@ LEASE_IN_TMP = 's=$1; f="${TMPDIR:-/tmp}/$2"; shift 2; exec sh -c "$s" sh "$f" "
 # The options a resume takes from a ref: none names a cluster, loads code or credentials
 # (never `kubeconfig` or `context`: see the module docstring).
 TAKEN_FROM_REF = taken_from_ref(
-    "workdir", "terminate_grace_s", "call_timeout_s", "delete_grace_s", "protocols"
+    "workdir",
+    "terminate_grace_s",
+    "call_timeout_s",
+    "delete_grace_s",
+    "protocols",
+    "runner",
+    "runner_dir",
 )
 
 
@@ -124,6 +141,8 @@ def ref_options(session: KubernetesSession, base: dict[str, Any]) -> dict[str, A
         call_timeout_s=session._api_timeout,
         delete_grace_s=session._pod_options.grace_period_s,
         protocols=list(session._protocols),
+        runner=session._use_runner,
+        runner_dir=session._runner_dir,
     )
     return options
 
@@ -147,8 +166,13 @@ def options_from_ref(ref: SessionRef) -> dict[str, Any]:
 
 
 def ref_process(entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
-    """The toolkit tag (what finds the process's tree after a crash)."""
-    return {"tag": entry.require_handle().tag}
+    """The runner's id of the process, else the toolkit tag (what finds the process's
+    tree after a crash)."""
+    proc = entry.require_handle()
+    kept = runner_ref_process(proc)
+    if kept is not None:
+        return kept
+    return {"tag": proc.tag}
 
 
 class ServerRefused(InvalidArgumentError):
@@ -222,16 +246,25 @@ async def resume(session: KubernetesSession, ref: SessionRef) -> None:
         )
 
 
-async def reattach(entry: PtyEntry[KubeProcess], process: ProcessRef) -> None:
-    """Never possible (see the module docstring)."""
-    raise ProcessNotReattached(NOT_REATTACHED)
+async def reattach(session: KubernetesSession, entry: PtyEntry[Any], process: ProcessRef) -> None:
+    """Through the runner when the session has one; else never possible (see the module
+    docstring)."""
+    if session._runner is None:
+        raise ProcessNotReattached(NOT_REATTACHED)
+    await reattach_ref(session._runner.client, entry, process)
 
 
 async def detach(session: KubernetesSession) -> None:
-    """Close the client's connections; the pod stays."""
-    client, session._client = session._client, None
-    if client is not None:
-        await client.close()
+    """Close the link to the runner (its processes live on in it) and the client's
+    connections; the pod stays."""
+    try:
+        if session._runner is not None:
+            runner, session._runner = session._runner, None
+            await runner.aclose()
+    finally:
+        client, session._client = session._client, None
+        if client is not None:
+            await client.close()
 
 
 async def _pod_gone(session: KubernetesSession) -> bool:
@@ -302,7 +335,10 @@ class KubernetesDurability(Durability):
     """The kubernetes backend's durable sessions (the module docstring says what outlives
     the client): this module's functions, over the session it was made with."""
 
-    keeps_processes = False
+    @property
+    def keeps_processes(self) -> bool:
+        """True for a session with the runner (it keeps the processes), else False."""
+        return bool(self.session._use_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """See `ref_sandbox`."""
@@ -331,7 +367,15 @@ class KubernetesDurability(Durability):
 
     async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
         """See `reattach`."""
-        await reattach(entry, process)
+        await reattach(self.session, entry, process)
+
+    async def release(self, entry: PtyEntry[Any]) -> None:
+        """A process the runner keeps is left to it; any other is terminated."""
+        handle = entry.handle
+        if isinstance(handle, RunnerProcess):
+            await handle.release()
+        else:
+            await super().release(entry)
 
     async def detach(self) -> None:
         """See `detach`."""

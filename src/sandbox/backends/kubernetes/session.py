@@ -13,7 +13,7 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...backend import (
     BaseSandboxSession,
@@ -41,13 +41,20 @@ from ...errors import (
     UnsupportedOperationError,
     WorkdirError,
 )
-from ..toolkit import check_limits, refuse_renamed
+from ..toolkit import (
+    RunnerProcess,
+    check_limits,
+    refuse_renamed,
+    spawn_through_runner,
+    start_one_shot,
+)
 from . import bounds, durable, pods, scripts
 from .client import PROTOCOLS, V4_PROTOCOL, KubeClient
 from .config import Cluster, load_cluster
 from .execs import KubeOneShot, KubeProcess, Target, run_control
 from .files import KubernetesFiles, PodFiles
 from .limits import container_resources
+from .runner_link import PodRunner
 
 logger = logging.getLogger("sandbox.kubernetes")
 
@@ -77,7 +84,13 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     no per-pod field). Also `env` (added to every command),
     `terminate_grace_s` (SIGTERM to SIGKILL), `call_timeout_s` (bound on each API call
     that is not a stream), `protocols` (the channel
-    protocols offered, best first: default v5 then v4). Plus the base session's.
+    protocols offered, best first: default v5 then v4).
+    `runner=True`: processes and commands go through the runner (docs/runner.md), put
+    into the pod at start by an exec with stdin (checked by sha256) in `runner_dir`
+    (default: `$SANDBOX_RUNNER_DIR`, else the container's `$TMPDIR`, else /tmp) and
+    reached by one exec of `connect --start`: a frame per start instead of an exec,
+    stdin open or closed, whole-tree kills without a script, and processes that outlive
+    their client (durable sessions reattach them). Plus the base session's.
     """
 
     backend_name = "kubernetes"
@@ -112,6 +125,8 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool = False,
+        runner_dir: str | None = None,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -131,12 +146,15 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             ("runtime_class", runtime_class),
             ("service_account", service_account),
             ("image_pull_policy", image_pull_policy),
+            ("runner_dir", runner_dir),
         ):
             check_str(name, value)
         check_str("workdir", workdir, allow_none=False)
         check_str("name_prefix", name_prefix, allow_none=False)
         if not workdir.startswith("/"):
             raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
+        if runner_dir is not None and not runner_dir.startswith("/"):
+            raise InvalidArgumentError(f"runner_dir must be an absolute path, not {runner_dir!r}")
         if image is not None and container is not None:
             raise InvalidArgumentError("container= names a container of an attached pod=")
         keepalive = list(keepalive_command)
@@ -198,6 +216,9 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         self._expected_server: tuple[str, str | None, str | None] | None = None
         self._pod_labels: dict[str, Any] = {}
         self._server: str | None = None
+        self._use_runner = bool(runner)
+        self._runner_dir = runner_dir
+        self._runner: PodRunner | None = None
 
     @property
     def workdir(self) -> str:
@@ -276,6 +297,10 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 + output.decode("utf-8", "replace").strip()[:200],
                 cwd=self._workdir,
             )
+        if self._use_runner:
+            self._runner = await PodRunner.start(
+                self._client, self._target, self._runner_dir, self._env
+            )
 
     async def _stop_backend(self) -> None:
         """Delete a created pod (graceful, then forced; by name, so one whose create was
@@ -284,6 +309,9 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         if client is None:
             return
         try:
+            if self._runner is not None:
+                runner, self._runner = self._runner, None
+                await runner.aclose()
             if self._created is not None and not self._keep_pod:
                 assert self.namespace is not None
                 await pods.delete_pod(
@@ -322,6 +350,14 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One exec on pipes, stdout and stderr apart, straight into the capture; the
         base session waits, times out and kills the tagged tree."""
+        if self._runner is not None:
+            return await start_one_shot(
+                self._runner.client,
+                spec,
+                capture,
+                env=self._runner.environment(spec.env, tty=False, term=DEFAULT_TERM),
+                cwd=self._runner.cwd(spec.cwd, self._workdir),
+            )
         client, target = self._require()
         argv, capture.check = self._checked(spec, announce=False)
         proc = KubeProcess(
@@ -348,8 +384,16 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         verdict. Pipes processes get no stdin at all (their EOF, under v4 too), unless
         started with `stdin=True`: that needs v5's CLOSE to end it, so under v4 it is
         refused (before the exec when an earlier one agreed on v4, else right after)."""
-        client, target = self._require()
         spec = entry.spec
+        if self._runner is not None:
+            await spawn_through_runner(
+                self._runner.client,
+                cast(PtyEntry[RunnerProcess], entry),
+                env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
+                cwd=self._runner.cwd(spec.command.cwd, self._workdir),
+            )
+            return
+        client, target = self._require()
         if spec.stdin and client.agreed == V4_PROTOCOL:
             raise _no_stdin_close(V4_PROTOCOL)
         argv, check = self._checked(spec.command, announce=True)
@@ -388,8 +432,11 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             await wait_for_verdict(entry, trap, check)
 
     async def _write_stdin(self, entry: PtyEntry[KubeProcess], data: bytes) -> None:
-        """Keystrokes on the exec's stdin channel."""
+        """Keystrokes on the exec's stdin channel (or to the runner's process)."""
         proc = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.write(data, entry.process_id)
+            return
         try:
             await proc.write(data)
         except ConnectionLostError as exc:
@@ -404,8 +451,12 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
 
     async def _close_stdin(self, entry: PtyEntry[KubeProcess]) -> None:
         """v5's CLOSE of the stdin channel (`[255, 0]`): the kubelet closes the
-        process's stdin after the frames sent before it; the output goes on."""
+        process's stdin after the frames sent before it; the output goes on. (Through
+        the runner: its CLOSE_STDIN, on v4 too.)"""
         proc = entry.require_handle()
+        if isinstance(proc, RunnerProcess):
+            await proc.close_stdin()
+            return
         try:
             await proc.require_stream().close_stdin()
         except ConnectionLostError as exc:
@@ -432,11 +483,16 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
 
     async def _terminate_pty_entry(self, entry: PtyEntry[KubeProcess]) -> None:
         """Kill the tree (grace, then SIGKILL) by a second exec, close the socket; when
-        the session's own pod is deleted next, only the socket is closed."""
-        proc: KubeProcess | None = entry.handle
+        the session's own pod is deleted next, only the socket is closed. Through the
+        runner: its tree kill, or, when the pod goes next, only stop following it."""
+        proc: KubeProcess | RunnerProcess | None = entry.handle
         if proc is None:
             return
         pod_goes = entry.sandbox_stopping and self._created is not None and not self._keep_pod
+        if isinstance(proc, RunnerProcess):
+            # The pod's deletion ends the runner and every tree it keeps.
+            await (proc.release() if pod_goes else proc.terminate(self.terminate_grace_s))
+            return
         if proc.stream is None and not pod_goes:
             await proc.kill_unstarted()
         else:
