@@ -151,7 +151,6 @@ __all__ = [
     "file_kind",
     "first_failure",
     "go_file_mode_kind",
-    "parse_tar_header",
     "http_url",
     "kind_of_mode",
     "parse_tar_header",

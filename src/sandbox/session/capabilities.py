@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from ..durable.lease import LeaseStore
 from ..durable.refs import ProcessNotReattached, ProcessRef, SessionRef
