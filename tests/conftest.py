@@ -19,6 +19,7 @@ import importlib
 import os
 import pkgutil
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,6 +40,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "xdist_group(name): run on one worker with the other tests of the group"
     )
+    # An ignored signal is inherited by every child, and a shell cannot trap it: a run
+    # started in the background of a script (`cmd &` ignores INT and QUIT) or under
+    # `nohup` (HUP) would see the sandboxed shells live through the signals the tests
+    # send them. Whatever started the run, the tests' children start with the defaults.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in (signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)
     chosen = os.environ.get("SANDBOX_STATE_DIR")
     # A worker inherits the folder its controller made for itself: not a choice.
     if chosen and chosen != os.environ.get(_STATE_MADE):
