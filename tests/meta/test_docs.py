@@ -429,14 +429,19 @@ def test_every_option_is_in_its_one_table() -> None:
 
 
 def _backends_with_snapshots() -> set[str]:
-    """The backends whose `_snapshot` hook does more than refuse."""
+    """The backends with a `Snapshots` capability whose `take` does more than refuse."""
     found = set()
-    for module in sorted((ROOT / "src" / "sandbox" / "backends").glob("*/session.py")):
-        for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.AsyncFunctionDef) and node.name == "_snapshot":
-                body = node.body[1:] if ast.get_docstring(node) else node.body
-                if not (len(body) == 1 and isinstance(body[0], ast.Raise)):
-                    found.add(module.parent.name)
+    for module in sorted((ROOT / "src" / "sandbox" / "backends").glob("*/*.py")):
+        for cls in ast.walk(ast.parse(module.read_text())):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            if not any(isinstance(b, ast.Name) and b.id == "Snapshots" for b in cls.bases):
+                continue
+            for node in cls.body:
+                if isinstance(node, ast.AsyncFunctionDef) and node.name == "take":
+                    body = node.body[1:] if ast.get_docstring(node) else node.body
+                    if not (len(body) == 1 and isinstance(body[0], ast.Raise)):
+                        found.add(module.parent.name)
     return found
 
 
