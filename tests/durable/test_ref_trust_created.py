@@ -222,7 +222,7 @@ async def test_a_ref_deleting_a_sandbox_the_library_did_not_make_is_refused(
 async def test_a_callers_value_for_our_mark_is_refused(backend: str, tmp_path: Path) -> None:
     given = {
         "blaxel": {"labels": {MARK: OTHER_SESSION}},
-        "e2b": {"metadata": {MARK: OTHER_SESSION}},
+        "e2b": {"labels": {MARK: OTHER_SESSION}},
         "daytona": {"create_options": {"labels": {MARK: OTHER_SESSION}}},
         "modal": {"create_options": {"tags": {MARK: OTHER_SESSION}}},
     }[backend]
