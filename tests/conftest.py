@@ -49,6 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for number in (signal.SIGQUIT, signal.SIGHUP):
         if signal.getsignal(number) == signal.SIG_IGN:
             signal.signal(number, signal.SIG_DFL)
+    # A local runner daemon (unix_local runner=True, `sandbox open`) stays for other
+    # sessions after its last client; in the suite it ends half a minute after that, not
+    # an hour (its orphan timeout), so no test leaves one behind for long.
+    os.environ.setdefault("SANDBOX_RUNNER_ORPHAN_TIMEOUT_S", "30")
     chosen = os.environ.get("SANDBOX_STATE_DIR")
     # A worker inherits the folder its controller made for itself: not a choice.
     if chosen and chosen != os.environ.get(_STATE_MADE):

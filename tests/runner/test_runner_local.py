@@ -509,3 +509,51 @@ async def test_archives_out_and_in(socket_path: Path, tmp_path: Path) -> None:
         with pytest.raises(RunnerConnectionLost, match="over 1000 bytes"):
             await client.archive_out(str(source), lambda data: None, max_bytes=1000)
         assert client.closed
+
+
+def test_the_orphan_timeout_comes_from_the_environment_and_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sandbox.errors import InvalidArgumentError
+    from sandbox.runner.local import ORPHAN_TIMEOUT_ENV, orphan_timeout_from_env
+
+    monkeypatch.delenv(ORPHAN_TIMEOUT_ENV, raising=False)
+    assert orphan_timeout_from_env() is None
+    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, " 45 ")
+    assert orphan_timeout_from_env() == 45
+    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, "0")
+    assert orphan_timeout_from_env() == 0
+    for bad in ("-1", "1.5", "soon", str(8 * 24 * 3600)):
+        monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, bad)
+        with pytest.raises(InvalidArgumentError, match=ORPHAN_TIMEOUT_ENV):
+            orphan_timeout_from_env()
+
+
+async def test_a_daemon_started_with_the_environments_timeout_says_so_in_its_argv(
+    runner_built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.runner.local import ORPHAN_TIMEOUT_ENV
+
+    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, "7")
+    folder = tmp_path / "r"
+    socket = await start_local(folder / "runner.sock")
+    daemons = [
+        pid
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+        if str(socket) in _cmdline(pid)
+    ]
+    try:
+        assert len(daemons) == 1
+        assert "--orphan-timeout 7" in _cmdline(daemons[0])
+    finally:
+        for pid in daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -16,6 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from sandbox.errors import InvalidArgumentError
+
 from .binary import runner_binary, unavailable_reason
 from .client import DEFAULT_CALL_TIMEOUT, RunnerClient
 from .errors import RunnerConnectionLost, RunnerError, RunnerTimeout
@@ -82,6 +84,30 @@ def _executable() -> Path:
     return copy
 
 
+ORPHAN_TIMEOUT_ENV = "SANDBOX_RUNNER_ORPHAN_TIMEOUT_S"
+# A week: an orphan timeout above it is a mistake, not a policy (0 means never).
+MAX_ORPHAN_TIMEOUT_S = 7 * 24 * 3600
+
+
+def orphan_timeout_from_env() -> int | None:
+    """The orphan timeout `SANDBOX_RUNNER_ORPHAN_TIMEOUT_S` asks for (whole seconds, 0 =
+    never), None when unset: the runner's default (an hour) then. A value that is not a
+    whole number of seconds in [0, a week] is an `InvalidArgumentError`."""
+    raw = os.environ.get(ORPHAN_TIMEOUT_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_ORPHAN_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"{ORPHAN_TIMEOUT_ENV} must be a whole number of seconds from 0 (never) to "
+            f"{MAX_ORPHAN_TIMEOUT_S}, not {raw[:40]!r}"
+        )
+    return value
+
+
 async def start_local(
     socket: Path | None = None,
     *,
@@ -92,12 +118,15 @@ async def start_local(
     omitted) unless one already listens there; return the socket path. The starter
     exits once the daemon accepts connections, which this waits for (at most
     `timeout`). `orphan_timeout`: seconds without any client after which the daemon
-    ends its processes and exits (the runner's default when None; 0 = never)."""
+    ends its processes and exits (when None: `SANDBOX_RUNNER_ORPHAN_TIMEOUT_S`, else the
+    runner's default, an hour; 0 = never)."""
     if socket is None:
         socket = local_socket_path()
     else:
         _private_dir(socket.parent)
     _check_socket_path(socket)
+    if orphan_timeout is None:
+        orphan_timeout = orphan_timeout_from_env()
     argv = [str(_executable()), "serve", "--socket", str(socket), "--detach"]
     if orphan_timeout is not None:
         argv += ["--orphan-timeout", str(int(orphan_timeout))]
