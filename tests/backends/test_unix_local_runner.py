@@ -12,6 +12,7 @@ import sandbox
 from sandbox.backends.toolkit.shell import TAG_VARIABLE
 from sandbox.backends.unix_local import UnixLocalSession, confine
 from sandbox.runner import unavailable_reason
+from sandbox.testing.conformance import eventually
 from tests.conftest import skip_or_fail
 from tests.helpers import host_pids_with_arg, unique_seconds
 
@@ -172,5 +173,6 @@ async def test_a_sigkilled_client_leaves_its_processes_to_the_next_one(tmp_path:
         assert info.process_id == process_id and info.running
         update = await s.pty_write_stdin(process_id, "it\n", until="got it", yield_time_s=30)
         assert "got it" in update.output
-        assert len(host_pids_with_arg(seconds)) == 1
-    assert host_pids_with_arg(seconds) == []
+        # The shell printed before it forked the sleep: look until it did.
+        assert await eventually(lambda: len(host_pids_with_arg(seconds)) == 1)
+    assert await eventually(lambda: host_pids_with_arg(seconds) == [])

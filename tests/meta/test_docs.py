@@ -320,7 +320,7 @@ def _launch(block: Block, folder: Path) -> subprocess.Popen[str]:
     )
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def started(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
@@ -344,11 +344,17 @@ def started(
         runs[block.label] = _launch(block, tmp_path_factory.mktemp("example"))
     yield runs
     for run in runs.values():
-        if isinstance(run, subprocess.Popen) and run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
+        if isinstance(run, subprocess.Popen):
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+            if run.stdout is not None:
+                run.stdout.close()
 
 
+# On one xdist worker: the fixture starts every selected block at once (they run side by
+# side), and each worker collects every item, so on several workers each would start all.
+@pytest.mark.xdist_group("docs-examples")
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.label for b in RUNNABLE])
 def test_example_runs_as_written(block: Block, started: dict[str, Any]) -> None:
     """A person who copies the block and runs it meets no failure."""
