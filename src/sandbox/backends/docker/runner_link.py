@@ -29,6 +29,7 @@ from typing import Any
 from ...backend import parse_tar_header
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from ..toolkit import process_environment
 from .archive import put_tar, stat_path, tar_one_file
 from .engine import Engine
 from .execs import ExecOptions, _close_quietly, _start_attached
@@ -270,10 +271,7 @@ class ContainerRunner:
     ) -> dict[str, str]:
         """The whole environment of one process: the container's, the session's, the
         command's, and TERM for a terminal."""
-        env = {**self.base_env, **(extra or {})}
-        if tty:
-            env.setdefault("TERM", term)
-        return env
+        return process_environment(self.base_env, extra, tty=tty, term=term)
 
     async def aclose(self) -> None:
         """Close the connection (the runner and any process it keeps live on)."""

@@ -32,6 +32,7 @@ from typing import cast
 
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from ..toolkit import process_environment
 from . import bounds, scripts
 from .channels import ExecStream
 from .client import V5_PROTOCOL, KubeClient
@@ -349,10 +350,7 @@ class PodRunner:
     ) -> dict[str, str]:
         """The whole environment of one process: the container's, the session's, the
         command's, and TERM for a terminal."""
-        env = {**self.base_env, **(extra or {})}
-        if tty:
-            env.setdefault("TERM", term)
-        return env
+        return process_environment(self.base_env, extra, tty=tty, term=term)
 
     def cwd(self, cwd: str | None, session_workdir: str) -> str:
         """Where a process starts: the workspace as the exec found it, a relative `cwd`

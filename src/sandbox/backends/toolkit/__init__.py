@@ -57,7 +57,13 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
-from .runner_processes import RunnerOneShot, RunnerProcess, reattach_ref, start_one_shot
+from .runner_processes import (
+    RunnerOneShot,
+    RunnerProcess,
+    process_environment,
+    reattach_ref,
+    start_one_shot,
+)
 from .runner_processes import reattach as reattach_through_runner
 from .runner_processes import ref_process as runner_ref_process
 from .runner_processes import spawn as spawn_through_runner
@@ -113,6 +119,7 @@ __all__ = [
     "normalize_exit",
     "parse_kill_report",
     "parse_lease",
+    "process_environment",
     "reattach_ref",
     "reattach_through_runner",
     "redact",

@@ -54,6 +54,18 @@ ID_ATTEMPTS = 3
 ONE_SHOT_RING_BYTES = 1024 * 1024
 
 
+def process_environment(
+    base: Mapping[str, str], extra: Mapping[str, str] | None, *, tty: bool, term: str
+) -> dict[str, str]:
+    """The whole environment of one process through the runner (it spawns with exactly
+    the environment it is given): the sandbox's `base`, the command's `extra`, and TERM
+    for a terminal when neither set it."""
+    env = {**base, **(extra or {})}
+    if tty:
+        env.setdefault("TERM", term)
+    return env
+
+
 def new_process_id() -> int:
     """A random runner process id (u32, never 0): unique among the runner's processes
     whoever made them, without asking."""
