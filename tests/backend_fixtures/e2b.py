@@ -28,9 +28,9 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
     root = tmp_path / "fake-e2b"
     root.mkdir()
     async with FakeE2B(api_key=API_KEY, root=root) as fake:
-        yield sandbox.open_session(
-            "e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox, teardown_timeout_s=5.0
-        )
+        # The default teardown bound (15 s): the prune rule's test tears 40 processes down
+        # at once, which a loaded machine's fake can take more than 5 s to answer.
+        yield sandbox.open_session("e2b", api_key=API_KEY, sandbox_class=fake.AsyncSandbox)
         # Closing the session killed its sandbox, and with it every process.
         assert fake.live_sandbox_ids() == []
         # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
