@@ -38,6 +38,11 @@ LIST_FILE = Path(__file__).with_name("upstream_tests.txt")
 BACKENDS = ("unix_local", "docker")
 
 _backend = "unix_local"
+# The label every container of this run carries: some upstream tests end a session with
+# `stop()` only (never `shutdown()`), which leaves its container by the SDK's contract;
+# the run removes what it made, by this label, when it ends.
+RUN_LABEL = "sandbox.test.agents-sdk-run"
+_run_token = f"{os.getpid()}-{os.urandom(4).hex()}"
 _DEFAULT_ROOT = str(Manifest.model_fields["root"].default)
 
 
@@ -67,7 +72,10 @@ def _backend_options(root: str | None) -> dict[str, Any]:
     if _backend == "docker":
         from sandbox.testing.docker_image import ensure_busybox_image
 
-        options: dict[str, Any] = {"image": ensure_busybox_image()}
+        options: dict[str, Any] = {
+            "image": ensure_busybox_image(),
+            "labels": {RUN_LABEL: _run_token},
+        }
         if root is not None and root.startswith("/") and root != _DEFAULT_ROOT:
             parent = os.path.dirname(os.path.normpath(root))
             if parent != "/" and os.path.isdir(parent):
@@ -205,6 +213,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     path = config.getoption("--agents-sdk-report")
     if path:
         Path(path).write_text("\n".join(_report) + "\n")
+    if _backend == "docker":
+        _remove_run_containers()
+
+
+def _remove_run_containers() -> None:
+    """Remove the containers this run made (by `RUN_LABEL`), none of anyone else's."""
+    import docker
+
+    client = docker.APIClient(version="auto")
+    try:
+        for container in client.containers(
+            all=True, filters={"label": f"{RUN_LABEL}={_run_token}"}
+        ):
+            client.remove_container(container["Id"], force=True, v=True)
+    finally:
+        client.close()
 
 
 def _read_list() -> dict[str, tuple[str, str]]:
