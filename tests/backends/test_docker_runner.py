@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import os
 import secrets
 import tarfile
 import time
@@ -23,6 +24,7 @@ import pytest
 import sandbox
 from sandbox.backends.docker.runner_link import runner_path
 from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.testing.conformance import eventually
 from tests.backend_fixtures import docker as fx
 from tests.backend_fixtures.docker_runner import runner_container
 from tests.conftest import skip_or_fail
@@ -161,3 +163,59 @@ async def test_a_dropped_link_kills_nothing() -> None:
             last = await resumed.pty_write_stdin(started.process_id, "", yield_time_s=30)
             assert "stopped" in last.output and last.exit_code == 0
         assert (await asyncio.to_thread(_exec, container, "test", "-d", workdir))[0] == 0
+
+
+def _bridge_execs(api: Any, container: str, among: set[str] | None = None) -> list[str]:
+    """The container's execs of the runner's bridge (`connect --start`), running (or,
+    with `among` excluded, created since)."""
+    found = []
+    for exec_id in api.inspect_container(container).get("ExecIDs") or []:
+        if among is not None and exec_id in among:
+            continue
+        info = api.exec_inspect(exec_id)
+        if "connect" in (info.get("ProcessConfig") or {}).get("arguments", []) and (
+            among is not None or info.get("Running")
+        ):
+            found.append(exec_id)
+    return found
+
+
+def _fds() -> int:
+    return len(_fd_targets())
+
+
+def _fd_targets() -> list[str]:
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return sorted(found)
+
+
+async def test_a_start_cancelled_while_the_link_opens_leaks_no_socket_and_no_bridge() -> None:
+    import docker
+
+    container = runner_container()
+    async with _session() as (warm, _):
+        await warm.start()  # the runner is delivered and running: only the link is left
+    before = _fds()
+    api = docker.APIClient(version="auto")  # this test's own, closed before the count
+    try:
+        for _ in range(3):
+            s = sandbox.open_session("docker", container=container, workdir="/tmp", runner=True)
+            seen = set(api.inspect_container(container).get("ExecIDs") or [])
+            starting = asyncio.ensure_future(s.start())
+            # Cancel once the engine shows the bridge's exec: its start is in flight.
+            deadline = time.monotonic() + 30
+            while not await asyncio.to_thread(_bridge_execs, api, container, seen):
+                assert time.monotonic() < deadline and not starting.done()
+            starting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+            await s.aclose()
+        assert await eventually(lambda: _bridge_execs(api, container) == [], timeout=10)
+    finally:
+        api.close()
+    assert await eventually(lambda: _fds() <= before, timeout=10), "; ".join(_fd_targets())

@@ -195,9 +195,14 @@ async def open_link(
         workdir="/",
     )
     exec_id = str(created["Id"])
-    sock, leftover, keep = await engine.call(
-        "start the runner's exec", _start_attached, api, exec_id, False
-    )
+    started = engine.submit("start the runner's exec", _start_attached, api, exec_id, False)
+    try:
+        sock, leftover, keep = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        # The start goes on in its thread: whatever socket it opens is closed when it
+        # lands (the bridge then reads the end of its stdin and exits; the runner stays).
+        started.add_done_callback(_close_started)
+        raise
     if type(sock) is not socket.socket:
         _close_quietly(sock, keep)
         raise UnsupportedOperationError(
@@ -216,6 +221,14 @@ async def open_link(
         protocol.data_received(leftover)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
     return RunnerLink(reader, writer, exec_id, protocol)
+
+
+def _close_started(future: asyncio.Future[Any]) -> None:
+    """Close the hijacked socket of a link start nobody waits for any more."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    sock, _, keep = future.result()
+    _close_quietly(sock, keep)
 
 
 def link_failed(link: RunnerLink, what: str) -> ProviderError:
