@@ -198,13 +198,26 @@ def _nobody_can_run_python() -> bool:
     if os.geteuid() != 0:
         return False
     probe = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-V"],
+        # Importing the package, not only starting Python: a checkout in a private
+        # folder (`mktemp -d` makes it 0700) is out of nobody's reach.
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import sandbox.cli",
+        ],
         capture_output=True,
     )
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _nobody_can_run_python(), reason="needs root and a Python nobody can run")
+@pytest.mark.skipif(
+    not _nobody_can_run_python(),
+    reason="needs root, and a Python and a checkout that nobody (uid 65534) can read",
+)
 def test_backends_as_a_user_without_cgroup_rights_says_why_not() -> None:
     # Not under tmp_path: pytest's folder is root's alone, and this home is nobody's.
     with tempfile.TemporaryDirectory() as home:
