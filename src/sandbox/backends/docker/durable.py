@@ -40,24 +40,16 @@ import asyncio
 import os
 from typing import Any
 
-from ...backend import (
-    Durability,
-    ProcessNotReattached,
-    ProcessRef,
-    PtyEntry,
-    SessionRef,
-    durable_session_id,
-)
+from ...backend import SessionRef, durable_session_id
 from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, SessionGoneError
+from ...runner import RunnerClient
 from ..toolkit import (
-    RunnerProcess,
+    RunnerDurability,
     grace_ticks,
     lease_path,
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
-    reattach_ref,
-    runner_ref_process,
     running_tags,
     taken_from_ref,
 )
@@ -85,10 +77,6 @@ TAKEN_FROM_REF = taken_from_ref(
 # spells it.
 DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 LEASE_TIMEOUT_S = 30.0
-NOT_REATTACHED = (
-    "the Docker engine cannot reattach an exec's output stream: the process the "
-    "earlier client started was killed at resume"
-)
 
 
 def engine_url(api_url: str | None) -> str:
@@ -96,146 +84,6 @@ def engine_url(api_url: str | None) -> str:
     local socket (`unix://` however it was spelled)."""
     url = api_url or os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
     return "unix://" + url.removeprefix("http+unix://") if url.startswith("http+unix://") else url
-
-
-def ref_sandbox(session: DockerSession) -> dict[str, Any]:
-    """The container, whether the session made it (then a close removes it), and the
-    engine it is on (a URL without credentials in it; none for a caller's `client=`)."""
-    data: dict[str, Any] = {
-        "container_id": session._container_id,
-        "created_name": session._created_name,
-        "keep": session._keep_container,
-    }
-    if session._client is None:
-        engine = engine_url(session._base_url)
-        if "@" not in engine:
-            data["engine"] = engine
-    return data
-
-
-def ref_options(session: DockerSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus this backend's non-secret ones (no `env`, no client; an
-    engine URL only without credentials in it)."""
-    options = dict(base)
-    options.update({name: getattr(session, name, None) for name in REF_OPTIONS})
-    options["detach_keys"] = session._detach_keys
-    options["workdir"] = session._workdir
-    options["user"] = session._user or None
-    options["call_timeout_s"] = session._api_timeout
-    options["api_version"] = session._api_version
-    options["runner"] = session._use_runner
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen as an attached session (`container=`) of the ref's container, with the
-    ref's options of `TAKEN_FROM_REF` only (never an engine: see `check_engine`)."""
-    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
-    container = ref.sandbox.get("container_id")
-    if not isinstance(container, str) or not container:
-        raise SessionGoneError("the docker ref names no container")
-    options["container"] = container
-    return options
-
-
-def ref_process(entry: PtyEntry[DockerExec]) -> dict[str, Any]:
-    """The runner's id of the process, else the exec id and the toolkit tag (the tag
-    finds its tree after a crash)."""
-    proc = entry.require_handle()
-    kept = runner_ref_process(proc)
-    if kept is not None:
-        return kept
-    return {"tag": proc.tag, "exec_id": proc.exec_id}
-
-
-def check_engine(session: DockerSession, ref: SessionRef) -> None:
-    """Refuse a ref made against another engine than the one this client would use,
-    unless the caller named the engine (`api_url=` or `client=`)."""
-    if session._base_url is not None or session._client is not None:
-        return
-    recorded = ref.sandbox.get("engine")
-    if recorded is None:
-        return
-    used = engine_url(None)
-    if not isinstance(recorded, str) or engine_url(recorded) != used:
-        raise InvalidArgumentError(
-            f"the docker ref was made against the engine {recorded!r}; this client would use "
-            f"{used!r} (DOCKER_HOST or the local socket); pass api_url={recorded!r} to "
-            "resume it there"
-        )
-
-
-async def _check_created(session: DockerSession, ref: SessionRef, name: str) -> None:
-    """The ref says the session created the container `name`: the engine must show it
-    is the session's container, labelled by this library with the ref's session id."""
-    engine, _ = session._require_engine()
-    try:
-        info = await engine.call(
-            "look at the container's labels", engine.api.inspect_container, name
-        )
-    except ProviderError as exc:
-        if not is_not_found(exc):
-            raise
-        info = {}
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    if (
-        info.get("Id") != session._container_id
-        or labels.get(LABEL_BACKEND) != "docker"
-        or labels.get(LABEL_SESSION) != ref.session_id
-    ):
-        raise RefNotTrustedError(
-            f"the docker ref says its session created the container {name!r}, but the "
-            f"engine shows no {LABEL_SESSION} label of session {ref.session_id} on the "
-            "container it names: the library did not make it, so it is not resumed (and "
-            "not removed)"
-        )
-
-
-async def resume(session: DockerSession, ref: SessionRef) -> None:
-    """Attach to the container (missing or stopped: `SessionGoneError`), take on its
-    removal if the first session made it (checked with the engine: `_check_created`),
-    kill the trees a dead client left."""
-    check_engine(session, ref)
-    try:
-        await session._start_backend()
-    except ProviderError as exc:
-        if is_not_found(exc) or "is not running" in str(exc):
-            raise SessionGoneError(f"the docker container of this ref is gone: {exc}") from None
-        raise
-    created = ref.sandbox.get("created_name")
-    if isinstance(created, str):
-        await _check_created(session, ref, created)
-        session._created_name = created
-    session._keep_container = bool(ref.sandbox.get("keep"))
-    tags = running_tags(ref.processes)
-    if tags:
-        engine, options = session._require_engine()
-        await run_kill_script(engine, options, tags, "term", grace_ticks(0))
-
-
-async def reattach(session: DockerSession, entry: PtyEntry[Any], process: ProcessRef) -> None:
-    """Through the runner when the session has one; else never possible (see the module
-    docstring)."""
-    if session._runner is None:
-        raise ProcessNotReattached(NOT_REATTACHED)
-    await reattach_ref(session._runner.client, entry, process)
-
-
-async def detach(session: DockerSession) -> None:
-    """Close the engine connection; the container stays."""
-    engine = session._engine
-    if engine is None:
-        return
-    try:
-        if session._runner is not None:
-            runner, session._runner = session._runner, None
-            await runner.aclose()  # its processes live on in the runner
-        if session._killer is not None:
-            await session._killer.settle()
-        await engine.settle_calls()
-        engine.stop_events()
-    finally:
-        await engine.close()
 
 
 class ContainerLease:
@@ -278,9 +126,14 @@ class ContainerLease:
         return await self._run(lease_swap_argv(self._path, expected, new))
 
 
-class DockerDurability(Durability):
+class DockerDurability(RunnerDurability):
     """The docker backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
+
+    not_reattached = (
+        "the Docker engine cannot reattach an exec's output stream: the process the "
+        "earlier client started was killed at resume"
+    )
 
     @property
     def keeps_processes(self) -> bool:
@@ -288,42 +141,136 @@ class DockerDurability(Durability):
         return bool(self.session._use_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The container, whether the session made it (then a close removes it), and the
+        engine it is on (a URL without credentials in it; none for a caller's `client=`)."""
+        session = self.session
+        data: dict[str, Any] = {
+            "container_id": session._container_id,
+            "created_name": session._created_name,
+            "keep": session._keep_container,
+        }
+        if session._client is None:
+            engine = engine_url(session._base_url)
+            if "@" not in engine:
+                data["engine"] = engine
+        return data
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus this backend's non-secret ones (no `env`, no client; an
+        engine URL only without credentials in it)."""
+        session = self.session
+        options = dict(base)
+        options.update({name: getattr(session, name, None) for name in REF_OPTIONS})
+        options["detach_keys"] = session._detach_keys
+        options["workdir"] = session._workdir
+        options["user"] = session._user or None
+        options["call_timeout_s"] = session._api_timeout
+        options["api_version"] = session._api_version
+        options["runner"] = session._use_runner
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_direct_process(self, handle: DockerExec) -> dict[str, Any]:
+        """An exec: its id and its toolkit tag (the tag finds its tree after a crash)."""
+        return {"tag": handle.tag, "exec_id": handle.exec_id}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen as an attached session (`container=`) of the ref's container, with the
+        ref's options of `TAKEN_FROM_REF` only (never an engine: see `check_engine`)."""
+        options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
+        container = ref.sandbox.get("container_id")
+        if not isinstance(container, str) or not container:
+            raise SessionGoneError("the docker ref names no container")
+        options["container"] = container
+        return options
 
     def lease_store(self) -> ContainerLease:
         """The lease (`ContainerLease`)."""
         return ContainerLease(self.session)
 
+    def check_engine(self, ref: SessionRef) -> None:
+        """Refuse a ref made against another engine than the one this client would use,
+        unless the caller named the engine (`api_url=` or `client=`)."""
+        session = self.session
+        if session._base_url is not None or session._client is not None:
+            return
+        recorded = ref.sandbox.get("engine")
+        if recorded is None:
+            return
+        used = engine_url(None)
+        if not isinstance(recorded, str) or engine_url(recorded) != used:
+            raise InvalidArgumentError(
+                f"the docker ref was made against the engine {recorded!r}; this client would "
+                f"use {used!r} (DOCKER_HOST or the local socket); pass api_url={recorded!r} "
+                "to resume it there"
+            )
+
+    async def _check_created(self, ref: SessionRef, name: str) -> None:
+        """The ref says the session created the container `name`: the engine must show it
+        is the session's container, labelled by this library with the ref's session id."""
+        session = self.session
+        engine, _ = session._require_engine()
+        try:
+            info = await engine.call(
+                "look at the container's labels", engine.api.inspect_container, name
+            )
+        except ProviderError as exc:
+            if not is_not_found(exc):
+                raise
+            info = {}
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if (
+            info.get("Id") != session._container_id
+            or labels.get(LABEL_BACKEND) != "docker"
+            or labels.get(LABEL_SESSION) != ref.session_id
+        ):
+            raise RefNotTrustedError(
+                f"the docker ref says its session created the container {name!r}, but the "
+                f"engine shows no {LABEL_SESSION} label of session {ref.session_id} on the "
+                "container it names: the library did not make it, so it is not resumed (and "
+                "not removed)"
+            )
+
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Attach to the container (missing or stopped: `SessionGoneError`), take on its
+        removal if the first session made it (checked with the engine: `_check_created`),
+        kill the trees a dead client left."""
+        session = self.session
+        self.check_engine(ref)
+        try:
+            await session._start_backend()
+        except ProviderError as exc:
+            if is_not_found(exc) or "is not running" in str(exc):
+                raise SessionGoneError(f"the docker container of this ref is gone: {exc}") from None
+            raise
+        created = ref.sandbox.get("created_name")
+        if isinstance(created, str):
+            await self._check_created(ref, created)
+            session._created_name = created
+        session._keep_container = bool(ref.sandbox.get("keep"))
+        tags = running_tags(ref.processes)
+        if tags:
+            engine, options = session._require_engine()
+            await run_kill_script(engine, options, tags, "term", grace_ticks(0))
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
-
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """A process the runner keeps is left to it; any other is terminated."""
-        handle = entry.handle
-        if isinstance(handle, RunnerProcess):
-            await handle.release()
-        else:
-            await super().release(entry)
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the container, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Close the engine connection; the container stays."""
+        session = self.session
+        engine = session._engine
+        if engine is None:
+            return
+        try:
+            if session._runner is not None:
+                runner, session._runner = session._runner, None
+                await runner.aclose()  # its processes live on in the runner
+            if session._killer is not None:
+                await session._killer.settle()
+            await engine.settle_calls()
+            engine.stop_events()
+        finally:
+            await engine.close()

@@ -54,18 +54,11 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from ...backend import (
-    Durability,
-    ProcessNotReattached,
-    ProcessRef,
-    PtyEntry,
-    SessionRef,
-    SessionState,
-    durable_session_id,
-)
+from ...backend import SessionRef, SessionState, durable_session_id
 from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
+from ...runner import RunnerClient
 from ..toolkit import (
-    RunnerProcess,
+    RunnerDurability,
     check_mark,
     grace_ticks,
     kill_script,
@@ -73,8 +66,6 @@ from ..toolkit import (
     lease_read_argv,
     lease_swap_argv,
     parse_lease,
-    reattach_ref,
-    runner_ref_process,
     running_tags,
     taken_from_ref,
 )
@@ -92,10 +83,6 @@ from .pods import (
 # (even a type-only one) would close a cycle (tests/meta/test_layering.py).
 KubernetesSession = Any
 
-NOT_REATTACHED = (
-    "Kubernetes cannot reattach an exec's streams: the process the earlier client "
-    "started was killed at resume"
-)
 # The lease value of a closed session (`sandbox.durable.lease`).
 CLOSED = "closed"
 # `sh -c LEASE_IN_TMP sandbox-lease SCRIPT NAME ARGS...`: the toolkit's lease script run
@@ -112,67 +99,6 @@ TAKEN_FROM_REF = taken_from_ref(
     "runner",
     "runner_dir",
 )
-
-
-def ref_sandbox(session: KubernetesSession) -> dict[str, Any]:
-    """The pod (namespace, name, uid, container), and whether the session created it
-    (then the close of its last owner deletes it)."""
-    target = session._target
-    return {
-        "namespace": session.namespace,
-        "pod": session.pod_name,
-        "uid": session._pod_uid,
-        "container": target.container if target is not None else session._container,
-        "created": session._created,
-        "keep": session._keep_pod,
-        "server": session._server,
-    }
-
-
-def ref_options(session: KubernetesSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus this backend's non-secret ones: the kubeconfig path(s)
-    loaded and the context (never their contents), no `env`."""
-    options = dict(base)
-    options.update(
-        kubeconfig=session._kubeconfig_loaded,
-        context=session._context_loaded,
-        workdir=session._workdir,
-        terminate_grace_s=session.terminate_grace_s,
-        call_timeout_s=session._api_timeout,
-        delete_grace_s=session._pod_options.grace_period_s,
-        protocols=list(session._protocols),
-        runner=session._use_runner,
-        runner_dir=session._runner_dir,
-    )
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen as an attached session (`pod=`) of the ref's pod, in its namespace, with
-    the ref's options of `TAKEN_FROM_REF` only (never `kubeconfig` or `context`)."""
-    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
-    pod = ref.sandbox.get("pod")
-    namespace = ref.sandbox.get("namespace")
-    if not isinstance(pod, str) or not pod or not isinstance(namespace, str) or not namespace:
-        raise SessionGoneError("the kubernetes ref names no pod")
-    options["pod"] = pod
-    options["namespace"] = namespace
-    container = ref.sandbox.get("container")
-    if isinstance(container, str) and container:
-        options["container"] = container
-    if isinstance(options.get("protocols"), list):
-        options["protocols"] = tuple(options["protocols"])
-    return options
-
-
-def ref_process(entry: PtyEntry[KubeProcess]) -> dict[str, Any]:
-    """The runner's id of the process, else the toolkit tag (what finds the process's
-    tree after a crash)."""
-    proc = entry.require_handle()
-    kept = runner_ref_process(proc)
-    if kept is not None:
-        return kept
-    return {"tag": proc.tag}
 
 
 class ServerRefused(InvalidArgumentError):
@@ -198,86 +124,6 @@ def check_server(session: KubernetesSession, server: str) -> None:
         f"kubeconfig (KUBECONFIG or ~/.kube/config) leads to {server!r}; pass {how} to "
         "resume it there"
     )
-
-
-def check_created(session: KubernetesSession, ref: SessionRef, name: str) -> None:
-    """The ref says the session created the pod `name`: the pod found must carry our
-    `sandbox.session` label with the ref's session id."""
-    check_mark(
-        ref, session._pod_labels, backend="kubernetes", what=f"the pod {name!r}", keep_hint=False
-    )
-
-
-async def resume(session: KubernetesSession, ref: SessionRef) -> None:
-    """Attach to the pod (missing, replaced, being deleted or ended: `SessionGoneError`),
-    take on its deletion if the first session created it (checked: `check_created`),
-    kill the trees a dead client left."""
-    name = session.pod_name
-    uid = ref.sandbox.get("uid")
-    # Checked by `_start_backend` as soon as it found the pod (before its probe).
-    session._expected_uid = uid if isinstance(uid, str) and uid else None
-    server = ref.sandbox.get("server")
-    if isinstance(server, str) and server:
-        kubeconfig, context = ref.options.get("kubeconfig"), ref.options.get("context")
-        session._expected_server = (
-            server,
-            kubeconfig if isinstance(kubeconfig, str) else None,
-            context if isinstance(context, str) else None,
-        )
-    try:
-        await session._start_backend()
-    except ServerRefused:
-        raise
-    except (InvalidArgumentError, PodStartError) as exc:
-        # `existing_pod`: no such pod (404) or container, or a pod not running.
-        raise SessionGoneError(f"the kubernetes pod {name!r} of this ref is gone: {exc}") from None
-    created = ref.sandbox.get("created")
-    if isinstance(created, str) and created == name:
-        check_created(session, ref, created)
-        session._created = created
-    else:
-        session._created = None
-    session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep"))
-    tags = running_tags(ref.processes)
-    if tags:
-        client, target = session._require()
-        await run_control(
-            client, target, kill_script(tags, ticks=grace_ticks(0)), "kill the earlier processes"
-        )
-
-
-async def reattach(session: KubernetesSession, entry: PtyEntry[Any], process: ProcessRef) -> None:
-    """Through the runner when the session has one; else never possible (see the module
-    docstring)."""
-    if session._runner is None:
-        raise ProcessNotReattached(NOT_REATTACHED)
-    await reattach_ref(session._runner.client, entry, process)
-
-
-async def detach(session: KubernetesSession) -> None:
-    """Close the link to the runner (its processes live on in it) and the client's
-    connections; the pod stays."""
-    try:
-        if session._runner is not None:
-            runner, session._runner = session._runner, None
-            await runner.aclose()
-    finally:
-        client, session._client = session._client, None
-        if client is not None:
-            await client.close()
-
-
-async def _pod_gone(session: KubernetesSession) -> bool:
-    """Whether the session's pod is no more: absent, made again (another uid), being
-    deleted or ended (an exec into it fails then)."""
-    client, target = session._require()
-    status, pod = await client.call(
-        "GET", pods_path(target.namespace, target.pod), "look at the pod", allow=(404,)
-    )
-    if status == 404 or pod_uid(pod) != session._pod_uid:
-        return True
-    running, _, _ = readiness(pod, target.container or CONTAINER_NAME)
-    return not running
 
 
 class PodLease:
@@ -307,7 +153,7 @@ class PodLease:
             )
         except ProviderError as failure:
             try:
-                gone = await _pod_gone(self._session)
+                gone = await self._pod_gone()
             except ProviderError:
                 gone = False  # the API cannot say either: the exec's error stands
             if not gone:
@@ -322,6 +168,18 @@ class PodLease:
         text = stdout.decode("utf-8", "replace") or errors.decode("utf-8", "replace")
         return parse_lease(text, code, "kubernetes")
 
+    async def _pod_gone(self) -> bool:
+        """Whether the session's pod is no more: absent, made again (another uid), being
+        deleted or ended (an exec into it fails then)."""
+        client, target = self._session._require()
+        status, pod = await client.call(
+            "GET", pods_path(target.namespace, target.pod), "look at the pod", allow=(404,)
+        )
+        if status == 404 or pod_uid(pod) != self._session._pod_uid:
+            return True
+        running, _, _ = readiness(pod, target.container or CONTAINER_NAME)
+        return not running
+
     async def read(self) -> str | None:
         """The lease's value."""
         return await self._run(lease_read_argv(self._name))
@@ -331,9 +189,14 @@ class PodLease:
         return await self._run(lease_swap_argv(self._name, expected, new))
 
 
-class KubernetesDurability(Durability):
+class KubernetesDurability(RunnerDurability):
     """The kubernetes backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
+
+    not_reattached = (
+        "Kubernetes cannot reattach an exec's streams: the process the earlier client "
+        "started was killed at resume"
+    )
 
     @property
     def keeps_processes(self) -> bool:
@@ -341,42 +204,132 @@ class KubernetesDurability(Durability):
         return bool(self.session._use_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The pod (namespace, name, uid, container), and whether the session created it
+        (then the close of its last owner deletes it)."""
+        session = self.session
+        target = session._target
+        return {
+            "namespace": session.namespace,
+            "pod": session.pod_name,
+            "uid": session._pod_uid,
+            "container": target.container if target is not None else session._container,
+            "created": session._created,
+            "keep": session._keep_pod,
+            "server": session._server,
+        }
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus this backend's non-secret ones: the kubeconfig path(s)
+        loaded and the context (never their contents), no `env`."""
+        session = self.session
+        options = dict(base)
+        options.update(
+            kubeconfig=session._kubeconfig_loaded,
+            context=session._context_loaded,
+            workdir=session._workdir,
+            terminate_grace_s=session.terminate_grace_s,
+            call_timeout_s=session._api_timeout,
+            delete_grace_s=session._pod_options.grace_period_s,
+            protocols=list(session._protocols),
+            runner=session._use_runner,
+            runner_dir=session._runner_dir,
+        )
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_direct_process(self, handle: KubeProcess) -> dict[str, Any]:
+        """An exec's toolkit tag (what finds the process's tree after a crash)."""
+        return {"tag": handle.tag}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen as an attached session (`pod=`) of the ref's pod, in its namespace, with
+        the ref's options of `TAKEN_FROM_REF` only (never `kubeconfig` or `context`)."""
+        options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
+        pod = ref.sandbox.get("pod")
+        namespace = ref.sandbox.get("namespace")
+        if not isinstance(pod, str) or not pod or not isinstance(namespace, str) or not namespace:
+            raise SessionGoneError("the kubernetes ref names no pod")
+        options["pod"] = pod
+        options["namespace"] = namespace
+        container = ref.sandbox.get("container")
+        if isinstance(container, str) and container:
+            options["container"] = container
+        if isinstance(options.get("protocols"), list):
+            options["protocols"] = tuple(options["protocols"])
+        return options
 
     def lease_store(self) -> PodLease:
         """The lease (`PodLease`)."""
         return PodLease(self.session)
 
+    def check_created(self, ref: SessionRef, name: str) -> None:
+        """The ref says the session created the pod `name`: the pod found must carry our
+        `sandbox.session` label with the ref's session id."""
+        check_mark(
+            ref,
+            self.session._pod_labels,
+            backend="kubernetes",
+            what=f"the pod {name!r}",
+            keep_hint=False,
+        )
+
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
-
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
-
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """A process the runner keeps is left to it; any other is terminated."""
-        handle = entry.handle
-        if isinstance(handle, RunnerProcess):
-            await handle.release()
+        """Attach to the pod (missing, replaced, being deleted or ended: `SessionGoneError`),
+        take on its deletion if the first session created it (checked: `check_created`),
+        kill the trees a dead client left."""
+        session = self.session
+        name = session.pod_name
+        uid = ref.sandbox.get("uid")
+        # Checked by `_start_backend` as soon as it found the pod (before its probe).
+        session._expected_uid = uid if isinstance(uid, str) and uid else None
+        server = ref.sandbox.get("server")
+        if isinstance(server, str) and server:
+            kubeconfig, context = ref.options.get("kubeconfig"), ref.options.get("context")
+            session._expected_server = (
+                server,
+                kubeconfig if isinstance(kubeconfig, str) else None,
+                context if isinstance(context, str) else None,
+            )
+        try:
+            await session._start_backend()
+        except ServerRefused:
+            raise
+        except (InvalidArgumentError, PodStartError) as exc:
+            # `existing_pod`: no such pod (404) or container, or a pod not running.
+            raise SessionGoneError(
+                f"the kubernetes pod {name!r} of this ref is gone: {exc}"
+            ) from None
+        created = ref.sandbox.get("created")
+        if isinstance(created, str) and created == name:
+            self.check_created(ref, created)
+            session._created = created
         else:
-            await super().release(entry)
+            session._created = None
+        session._keep_pod = session._keep_pod or bool(ref.sandbox.get("keep"))
+        tags = running_tags(ref.processes)
+        if tags:
+            client, target = session._require()
+            await run_control(
+                client,
+                target,
+                kill_script(tags, ticks=grace_ticks(0)),
+                "kill the earlier processes",
+            )
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the pod, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Close the link to the runner (its processes live on in it) and the client's
+        connections; the pod stays."""
+        session = self.session
+        try:
+            if session._runner is not None:
+                runner, session._runner = session._runner, None
+                await runner.aclose()
+        finally:
+            client, session._client = session._client, None
+            if client is not None:
+                await client.close()

@@ -67,101 +67,6 @@ LEASE_TIMEOUT_S = 30.0
 TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "term")
 
 
-def ref_sandbox(session: ModalSession) -> dict[str, Any]:
-    """The sandbox id, whether the session created it, and whether the close terminates
-    it."""
-    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
-
-
-def ref_options(session: ModalSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the non-secret ones (never a token, `env` or `client`)."""
-    options = dict(base)
-    options.update({name: getattr(session, name) for name in REF_OPTIONS})
-    options["call_timeout_s"] = session._errors.call_timeout_s
-    options["term"] = session._commands._term
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen attached (`sandbox_id=`), terminated on close unless the first was kept."""
-    sandbox_id = ref.sandbox.get("sandbox_id")
-    if not isinstance(sandbox_id, str) or not sandbox_id:
-        raise SessionGoneError("the modal ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
-    options["sandbox_id"] = sandbox_id
-    options["keep"] = bool(ref.sandbox.get("keep"))
-    return options
-
-
-async def check_created(session: ModalSession, ref: SessionRef) -> None:
-    """The resumed close would terminate the sandbox: Modal must show our
-    `sandbox.session` tag with the ref's session id on it (`Sandbox.get_tags`), else
-    `RefNotTrustedError` (the resume then only detaches: nothing is terminated)."""
-    sandbox = session._commands.require_sandbox()
-    tags = await session._errors.call("read the sandbox's tags", sandbox.get_tags.aio)
-    check_mark(
-        ref,
-        tags,
-        backend="modal",
-        what=f"the sandbox {session.sandbox_id!r}",
-        kind="tag",
-        ending="terminates",
-    )
-
-
-def ref_process(entry: PtyEntry[Command]) -> dict[str, Any]:
-    """The toolkit tag that finds the command's tree."""
-    return {"tag": entry.require_handle().tag}
-
-
-async def resume(session: ModalSession, ref: SessionRef) -> None:
-    """`Sandbox.from_id`; then kill the trees a dead client left (by tag)."""
-    try:
-        await session._start_backend()
-    except SandboxError as exc:
-        if isinstance(exc.__cause__, SANDBOX_GONE) or "not found" in str(exc).lower():
-            raise SessionGoneError(f"the modal sandbox of this ref is gone: {exc}") from None
-        raise
-    # `from_id` also finds a sandbox that finished (modal/sandbox/_sandbox.py): `poll`
-    # says which (None while it runs).
-    sandbox = session._commands.require_sandbox()
-    if await session._errors.call("check the sandbox", sandbox.poll.aio) is not None:
-        raise SessionGoneError("the modal sandbox of this ref has finished")
-    if not session.keep:
-        await check_created(session, ref)
-    session._created = ref.sandbox.get("created") is True
-    for process in ref.processes:
-        tag = process.handle.get("tag")
-        if not process.running or not isinstance(tag, str):
-            continue
-        try:
-            check_tag(tag)
-        except ValueError:
-            continue
-        # A stand-in for the exec's answer: the command is known to have started.
-        await session._commands.control(Command(tty=process.tty, tag=tag, process=True), "kill")
-
-
-async def reattach(entry: PtyEntry[Command], process: ProcessRef) -> None:
-    """Never possible (see the module docstring)."""
-    raise ProcessNotReattached(NOT_REATTACHED)
-
-
-async def detach(session: ModalSession) -> None:
-    """Detach from the sandbox (it keeps running) and close the client we opened."""
-    sandbox, session._sandbox = session._sandbox, None
-    session._commands.sandbox = None
-    session._create_name = None
-    try:
-        if sandbox is not None:
-            await quietly(session._errors, sandbox.detach.aio(), "detaching from the sandbox")
-    finally:
-        client, session._client = session._client, None
-        if session._owns_client and client is not None:
-            session._owns_client = False
-            await quietly(session._errors, client.close.aio(), "closing the Modal client")
-
-
 class SandboxLease:
     """The lease in the sandbox (a `LeaseStore`), read and swapped by an exec."""
 
@@ -196,39 +101,103 @@ class SandboxLease:
 
 class ModalDurability(Durability):
     """The modal backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
 
     keeps_processes = False
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The sandbox id, whether the session created it, and whether the close
+        terminates it."""
+        session = self.session
+        return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus the non-secret ones (never a token, `env` or `client`)."""
+        session = self.session
+        options = dict(base)
+        options.update({name: getattr(session, name) for name in REF_OPTIONS})
+        options["call_timeout_s"] = session._errors.call_timeout_s
+        options["term"] = session._commands._term
+        return options
 
     def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+        """The toolkit tag that finds the command's tree."""
+        return {"tag": entry.require_handle().tag}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen attached (`sandbox_id=`), terminated on close unless the first was kept."""
+        sandbox_id = ref.sandbox.get("sandbox_id")
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise SessionGoneError("the modal ref names no sandbox")
+        options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
+        options["sandbox_id"] = sandbox_id
+        options["keep"] = bool(ref.sandbox.get("keep"))
+        return options
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
         return SandboxLease(self.session)
 
+    async def check_created(self, ref: SessionRef) -> None:
+        """The resumed close would terminate the sandbox: Modal must show our
+        `sandbox.session` tag with the ref's session id on it (`Sandbox.get_tags`), else
+        `RefNotTrustedError` (the resume then only detaches: nothing is terminated)."""
+        session = self.session
+        sandbox = session._commands.require_sandbox()
+        tags = await session._errors.call("read the sandbox's tags", sandbox.get_tags.aio)
+        check_mark(
+            ref,
+            tags,
+            backend="modal",
+            what=f"the sandbox {session.sandbox_id!r}",
+            kind="tag",
+            ending="terminates",
+        )
+
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """`Sandbox.from_id`; then kill the trees a dead client left (by tag)."""
+        session = self.session
+        try:
+            await session._start_backend()
+        except SandboxError as exc:
+            if isinstance(exc.__cause__, SANDBOX_GONE) or "not found" in str(exc).lower():
+                raise SessionGoneError(f"the modal sandbox of this ref is gone: {exc}") from None
+            raise
+        # `from_id` also finds a sandbox that finished (modal/sandbox/_sandbox.py): `poll`
+        # says which (None while it runs).
+        sandbox = session._commands.require_sandbox()
+        if await session._errors.call("check the sandbox", sandbox.poll.aio) is not None:
+            raise SessionGoneError("the modal sandbox of this ref has finished")
+        if not session.keep:
+            await self.check_created(ref)
+        session._created = ref.sandbox.get("created") is True
+        for process in ref.processes:
+            tag = process.handle.get("tag")
+            if not process.running or not isinstance(tag, str):
+                continue
+            try:
+                check_tag(tag)
+            except ValueError:
+                continue
+            # A stand-in for the exec's answer: the command is known to have started.
+            await session._commands.control(Command(tty=process.tty, tag=tag, process=True), "kill")
 
     async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(entry, process)
+        """Never possible (see the module docstring)."""
+        raise ProcessNotReattached(NOT_REATTACHED)
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Detach from the sandbox (it keeps running) and close the client we opened."""
+        session = self.session
+        sandbox, session._sandbox = session._sandbox, None
+        session._commands.sandbox = None
+        session._create_name = None
+        try:
+            if sandbox is not None:
+                await quietly(session._errors, sandbox.detach.aio(), "detaching from the sandbox")
+        finally:
+            client, session._client = session._client, None
+            if session._owns_client and client is not None:
+                session._owns_client = False
+                await quietly(session._errors, client.close.aio(), "closing the Modal client")

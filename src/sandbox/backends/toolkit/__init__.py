@@ -58,6 +58,7 @@ from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
 from .runner_processes import (
+    RunnerDurability,
     RunnerOneShot,
     RunnerProcess,
     process_environment,
@@ -97,6 +98,7 @@ __all__ = [
     "UNKNOWN_SIGNAL_EXIT",
     "CommandCheck",
     "ResourceLimits",
+    "RunnerDurability",
     "RunnerOneShot",
     "RunnerProcess",
     "Secret",

@@ -10,7 +10,8 @@ a process outlives its client and a later client reattaches to it from an offset
 `RunnerProcess` is the entry's handle: the hooks of a backend that uses the runner
 forward to its methods (`write`, `close_stdin`, `resize`, `interrupt`, `terminate`,
 `release`). `RunnerOneShot` is a one-shot command's `OneShotProcess`. `spawn`,
-`reattach` and `start_one_shot` make them.
+`reattach` and `start_one_shot` make them. `RunnerDurability` is the `Durability` part
+every backend with the runner shares: a kept process in a ref, its reattach, its release.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import asyncio
 import contextlib
 import secrets
 import signal
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...durable.refs import ProcessNotReattached
 from ...errors import ConnectionLostError, ProcessExitedError, UnsupportedOperationError
@@ -33,6 +35,7 @@ from ...runner import (
     SignalScope,
     Stream,
 )
+from ...session.capabilities import Durability
 from .check import start_error
 
 if TYPE_CHECKING:  # the core imports the toolkit: names for annotations only
@@ -292,6 +295,54 @@ async def reattach_ref(
         await reattach(client, entry, runner_id, process.output_position)
     except RunnerRequestError as exc:
         raise ProcessNotReattached(f"the runner no longer keeps the process ({exc.kind})") from None
+
+
+class RunnerDurability(Durability):
+    """The durability of a backend whose sessions may run their processes through the
+    runner, in what does not depend on the backend: a process the runner keeps is named
+    in a ref by its runner id (`ref_process`), followed again through the runner
+    (`reattach_ref`) and left to it by a release; any other process is the backend's
+    own, named as `ref_direct_process` says, never reattached (`not_reattached` says
+    why) and terminated by a release (`Durability.release`). A subclass says how to
+    reach the session's runner (`runner_client`)."""
+
+    # Why a process the runner does not keep cannot be reattached (the note of the
+    # `ProcessNotReattached` a resume reports for it).
+    not_reattached: ClassVar[str]
+
+    @abstractmethod
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the session's runner; None for a session without the runner."""
+
+    @abstractmethod
+    def ref_direct_process(self, handle: Any) -> dict[str, Any]:
+        """The ref's handle of a process the runner does not keep (`handle`: the entry's
+        handle), JSON, no secret."""
+
+    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+        """The runner's id of a process it keeps, else `ref_direct_process`."""
+        handle = entry.require_handle()
+        kept = ref_process(handle)
+        if kept is not None:
+            return kept
+        return self.ref_direct_process(handle)
+
+    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+        """Through the runner: follow its process again from the ref's output position.
+        Never possible for a session without the runner (`not_reattached`)."""
+        client = self.runner_client()
+        if client is None:
+            raise ProcessNotReattached(self.not_reattached)
+        await reattach_ref(client, entry, process)
+
+    async def release(self, entry: PtyEntry[Any]) -> None:
+        """A process the runner keeps is left to it (only followed no more); any other is
+        terminated."""
+        handle = entry.handle
+        if isinstance(handle, RunnerProcess):
+            await handle.release()
+        else:
+            await super().release(entry)
 
 
 async def reattach(

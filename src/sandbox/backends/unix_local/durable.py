@@ -23,27 +23,16 @@ import asyncio
 import os
 import stat
 import tempfile
-from typing import Any, cast
+from typing import Any
 
-from ...backend import (
-    Durability,
-    HostLease,
-    ProcessNotReattached,
-    ProcessRef,
-    PtyEntry,
-    SessionRef,
-    durable_session_id,
-)
+from ...backend import HostLease, SessionRef, durable_session_id
 from ...errors import InvalidArgumentError, SessionGoneError
 from ...local import cgroups
 from ...local import tree as process_tree
 from ...local.process import LocalProcess
-from ..toolkit import RunnerProcess, reattach_ref, runner_ref_process
+from ...runner import RunnerClient
+from ..toolkit import RunnerDurability
 from .workspace import TEMPORARY_PREFIX, Workspace
-
-# `UnixLocalSession`, untyped here: its module imports this one, and an import back (even a
-# type-only one) would close a cycle (tests/meta/test_layering.py).
-UnixLocalSession = Any
 
 # Options a resumed session is opened with (no `env`: its values may be secrets).
 REF_OPTIONS = (
@@ -52,63 +41,6 @@ REF_OPTIONS = (
     "network",
     "containment",
 )
-NOT_REATTACHED = (
-    "a unix_local process is a child of the client that started it, which is gone; "
-    "what was left of it was killed at resume"
-)
-
-
-def ref_sandbox(session: UnixLocalSession) -> dict[str, Any]:
-    """The workspace, whether the session made it, and where its leftovers are."""
-    cgroup = session._cgroup
-    return {
-        "workspace": session.workdir,
-        "temporary": session._workspace.temporary,
-        "session_tag": session._session_tag,
-        "cgroup": None if cgroup is None else cgroup.path,
-    }
-
-
-def ref_options(session: UnixLocalSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus this backend's non-secret ones."""
-    options = dict(base)
-    options.update({name: getattr(session, name) for name in REF_OPTIONS})
-    options["inherit_env"] = session._inherit_env
-    options["readonly_paths"] = list(session._readonly_request)
-    limits = session._limits
-    options["memory_limit_bytes"] = limits.memory_bytes
-    options["process_limit"] = limits.processes
-    options["cpu_limit"] = limits.cpus
-    if session.runner:  # absent otherwise: refs of direct sessions stay as they were
-        options["runner"] = True
-    return options
-
-
-def ref_process(entry: PtyEntry[LocalProcess]) -> dict[str, Any]:
-    """The pid and tag (the tag finds what is left of it after a crash); a runner's
-    process: its runner id."""
-    proc: LocalProcess | RunnerProcess = entry.require_handle()
-    kept = runner_ref_process(proc)
-    if kept is not None:
-        return kept
-    assert isinstance(proc, LocalProcess)
-    return {"pid": proc.pid, "tag": proc.tag}
-
-
-async def resume(session: UnixLocalSession, ref: SessionRef) -> None:
-    """Adopt the workspace (gone: `SessionGoneError`), make the session's own cgroup."""
-    where = ref.sandbox.get("workspace")
-    if not isinstance(where, str) or not os.path.isabs(where):
-        raise SessionGoneError("the unix_local ref names no workspace")
-    if not await asyncio.to_thread(os.path.isdir, where):
-        raise SessionGoneError(f"the unix_local workspace {where!r} no longer exists")
-    temporary = ref.sandbox.get("temporary") is True
-    if temporary:
-        await asyncio.to_thread(check_temporary, where)
-    session._workspace = Workspace.adopted(where, temporary=temporary)
-    await session._start_backend()
-    if not session.runner:  # a runner's processes are not leftovers: they are reattached
-        await asyncio.to_thread(_kill_leftovers, ref)
 
 
 def check_temporary(where: str) -> None:
@@ -174,49 +106,14 @@ def _is_our_cgroup(path: str) -> bool:
     )
 
 
-async def reattach(
-    session: UnixLocalSession, entry: PtyEntry[LocalProcess], process: ProcessRef
-) -> None:
-    """Through the runner: follow its process again from the ref's output position.
-    Never possible otherwise (see the module docstring)."""
-    if not session.runner:
-        raise ProcessNotReattached(NOT_REATTACHED)
-    await reattach_ref(session._require_runner(), cast(PtyEntry[RunnerProcess], entry), process)
-
-
-async def release(session: UnixLocalSession, entry: PtyEntry[LocalProcess]) -> None:
-    """A runner's process: stop following it, the runner keeps it. Otherwise it is
-    the client's child: terminated."""
-    proc: LocalProcess | RunnerProcess | None = entry.handle
-    if isinstance(proc, RunnerProcess):
-        await proc.release()
-    else:
-        await session._terminate_pty_entry(entry)
-
-
-async def detach(session: UnixLocalSession) -> None:
-    """Remove the session's (now empty) cgroup; keep the workspace. With the runner:
-    close the connection to it (the processes stay the runner's)."""
-    session._close_readers()
-    await session._close_runner()
-    cgroup, session._cgroup = session._cgroup, None
-    if cgroup is not None:
-        cgroup.kill()  # the processes were torn down: this only catches a straggler
-        await cgroup.wait_empty()
-        cgroup.remove()
-    applied, session._applied = session._applied, None
-    if applied is not None:
-        applied.remove()
-
-
-def lease_store(session: UnixLocalSession) -> HostLease:
-    """The lease on this host."""
-    return HostLease(durable_session_id(session))
-
-
-class LocalDurability(Durability):
+class LocalDurability(RunnerDurability):
     """The unix_local backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
+
+    not_reattached = (
+        "a unix_local process is a child of the client that started it, which is gone; "
+        "what was left of it was killed at resume"
+    )
 
     @property
     def keeps_processes(self) -> bool:
@@ -224,33 +121,72 @@ class LocalDurability(Durability):
         return bool(self.session.runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The workspace, whether the session made it, and where its leftovers are."""
+        session = self.session
+        cgroup = session._cgroup
+        return {
+            "workspace": session.workdir,
+            "temporary": session._workspace.temporary,
+            "session_tag": session._session_tag,
+            "cgroup": None if cgroup is None else cgroup.path,
+        }
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus this backend's non-secret ones."""
+        session = self.session
+        options = dict(base)
+        options.update({name: getattr(session, name) for name in REF_OPTIONS})
+        options["inherit_env"] = session._inherit_env
+        options["readonly_paths"] = list(session._readonly_request)
+        limits = session._limits
+        options["memory_limit_bytes"] = limits.memory_bytes
+        options["process_limit"] = limits.processes
+        options["cpu_limit"] = limits.cpus
+        if session.runner:  # absent otherwise: refs of direct sessions stay as they were
+            options["runner"] = True
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_direct_process(self, handle: LocalProcess) -> dict[str, Any]:
+        """The client's child: its pid and tag (the tag finds what is left of it after a
+        crash)."""
+        return {"pid": handle.pid, "tag": handle.tag}
 
     def lease_store(self) -> HostLease:
-        """The lease (`lease_store`)."""
-        return lease_store(self.session)
+        """The lease on this host."""
+        return HostLease(durable_session_id(self.session))
 
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Adopt the workspace (gone: `SessionGoneError`), make the session's own cgroup."""
+        session = self.session
+        where = ref.sandbox.get("workspace")
+        if not isinstance(where, str) or not os.path.isabs(where):
+            raise SessionGoneError("the unix_local ref names no workspace")
+        if not await asyncio.to_thread(os.path.isdir, where):
+            raise SessionGoneError(f"the unix_local workspace {where!r} no longer exists")
+        temporary = ref.sandbox.get("temporary") is True
+        if temporary:
+            await asyncio.to_thread(check_temporary, where)
+        session._workspace = Workspace.adopted(where, temporary=temporary)
+        await session._start_backend()
+        if not session.runner:  # a runner's processes are not leftovers: they are reattached
+            await asyncio.to_thread(_kill_leftovers, ref)
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
-
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """See `release`."""
-        await release(self.session, entry)
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the local runner, for a session opened with `runner=True`."""
+        session = self.session
+        return session._require_runner() if session.runner else None
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Remove the session's (now empty) cgroup; keep the workspace. With the runner:
+        close the connection to it (the processes stay the runner's)."""
+        session = self.session
+        session._close_readers()
+        await session._close_runner()
+        cgroup, session._cgroup = session._cgroup, None
+        if cgroup is not None:
+            cgroup.kill()  # the processes were torn down: this only catches a straggler
+            await cgroup.wait_empty()
+            cgroup.remove()
+        applied, session._applied = session._applied, None
+        if applied is not None:
+            applied.remove()
