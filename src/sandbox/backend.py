@@ -6,9 +6,14 @@ A backend is a `BaseSandboxSession` subclass that implements the hooks of
 the core only through this module, `sandbox`, `sandbox.errors`, `sandbox.types` and
 `sandbox.backends.toolkit` (tests/meta/test_layering.py checks it).
 
-- The session: `BaseSandboxSession`, `SessionState`. Its reader feeds a `PtyEntry`
-  (built from a `ProcessSpec`; a command is a `CommandSpec`); after an exit it waits
-  `EXIT_DRAIN_GRACE_S` for the last output. Its one-shot commands append to an
+- The session: `BaseSandboxSession`, `SessionState`. Its hooks get a process as an
+  `OutputSink` (what to start, a `ProcessSpec`, whose command is a `CommandSpec`; where
+  the backend keeps its handle; what its reader may report), never the session's own
+  record (`PtyEntry`, exported for test doubles that build one); after an exit the
+  session waits `EXIT_DRAIN_GRACE_S` for the last output. A spawn stores its handle
+  there: a `Process` (`sandbox.process_handle`) takes the writes, resizes, interrupts,
+  end of input and last drains itself, so the backend writes no hook for them, and its
+  `_terminate_pty_entry` is `kill_handle(entry)`. Its one-shot commands append to an
   `ExecCapture`; `_start_exec` returns a `OneShotProcess` (any object with `wait`,
   `kill` and `release`).
 - Cleanup: every teardown a backend writes is awaited by the base session through
@@ -74,7 +79,8 @@ from .files.remote import (
 )
 from .files.remove_tree import remove_tree, remove_tree_at
 from .local.process import LocalProcess
-from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, ProcessSpec, PtyEntry
+from .process_entry import EXIT_DRAIN_GRACE_S, CommandSpec, OutputSink, ProcessSpec, PtyEntry
+from .process_handle import Process, kill_handle
 from .session import BaseSandboxSession, SessionHooks, SessionState, durable_session_id
 from .session.capabilities import (
     Capability,
@@ -117,7 +123,9 @@ __all__ = [
     "HostLease",
     "LocalProcess",
     "OneShotProcess",
+    "OutputSink",
     "Ports",
+    "Process",
     "ProcessNotReattached",
     "ProcessRef",
     "ProcessSpec",
@@ -152,6 +160,7 @@ __all__ = [
     "first_failure",
     "go_file_mode_kind",
     "http_url",
+    "kill_handle",
     "kind_of_mode",
     "parse_tar_header",
     "read_at_most",

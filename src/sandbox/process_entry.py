@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from .output.buffer import DEFAULT_OUTPUT_LIMIT, BoundedOutput
 
@@ -265,6 +265,17 @@ class PtyEntry(Generic[H]):
         self.last_used_mono = time.monotonic()
 
     @property
+    def fed_position(self) -> int:
+        """How many bytes were fed so far (an absolute position in the output)."""
+        return self.output.end_pos
+
+    @property
+    def returned_position(self) -> int:
+        """How many bytes of the output the client has been returned (or dropped past
+        the bound): the absolute position the next window starts at."""
+        return self.output.start_pos
+
+    @property
     def output_done(self) -> bool:
         """Exited, and either the output ended or the drain grace after exit elapsed."""
         if not self.exited:
@@ -333,3 +344,85 @@ class CallTurn:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+class OutputSink(Protocol[H]):
+    """All a backend sees of a process's record: what it may tell (`feed`,
+    `report_exit`, `report_eof`, `report_lost`, `count_input`), what it was asked to
+    start (`spec`, `process_id`), its own state (`handle`), and the few facts of the
+    record a backend may read. Every hook and capability takes this, never `PtyEntry`
+    (the session's record, with its locks, tasks and windows).
+
+    The record satisfies it structurally and is passed as it is: a separate object in
+    front of it would cost an attribute lookup more on `feed`, the call made per chunk
+    of output, for what the type checker already enforces (mypy strict runs on every
+    backend; tests/meta/test_hooks_contract.py keeps `PtyEntry` out of the backends).
+    """
+
+    # The backend's own per-process state, set by its spawn (the base never reads it).
+    handle: H | None
+
+    @property
+    def process_id(self) -> int:
+        """The process's id in the session (never reused by it)."""
+
+    @property
+    def spec(self) -> ProcessSpec:
+        """What to start: the command and the terminal settings."""
+
+    @property
+    def tty(self) -> bool:
+        """Whether the process runs on a terminal."""
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether a process on pipes keeps its stdin open (`stdin=True`)."""
+
+    @property
+    def output_limit(self) -> int:
+        """The bound of the process's output buffer (a backend's own ring may follow it)."""
+
+    @property
+    def sandbox_stopping(self) -> bool:
+        """Set on a teardown because the whole sandbox is going away (the close)."""
+
+    @property
+    def exited(self) -> bool:
+        """Whether the process's exit (or loss) has been reported."""
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the process was reported lost, if it was."""
+
+    @property
+    def output_done(self) -> bool:
+        """Exited, and the output ended (or the drain grace after the exit elapsed)."""
+
+    @property
+    def fed_position(self) -> int:
+        """How many bytes were fed so far."""
+
+    @property
+    def returned_position(self) -> int:
+        """How many bytes of the output the client has been returned."""
+
+    def require_handle(self) -> H:
+        """The backend's handle; raises when the spawn has not stored one yet."""
+
+    def feed(self, data: bytes) -> None:
+        """Append output bytes (stdout and stderr alike, in arrival order)."""
+
+    def report_exit(self, exit_code: int) -> None:
+        """Record the process's exit status (128+N for a death by signal N)."""
+
+    def report_eof(self) -> None:
+        """Record that no more output will come."""
+
+    def report_lost(self, reason: str) -> None:
+        """End the process without an exit status (no secret in `reason`)."""
+
+    def count_input(self, accepted: int) -> None:
+        """Record that the terminal took `accepted` more bytes of the current write."""
+
+    async def wait_for_change(self, deadline: float, *, wants_data: bool) -> None:
+        """Sleep until the loop time `deadline`, an exit/EOF report, or new output."""

@@ -272,3 +272,30 @@ async def test_a_shared_docker_sessions_round_trips_do_not_exec_a_lease_read_eac
         # Execs of the second before `since` count too: allow the whole of it.
         execs = _lease_execs(container, since - 1)
         assert 1 <= execs <= _allowed_reads(elapsed + 1) < trips
+
+
+@pytest.mark.parametrize("called_since_ref", [False, True], ids=["no-call", "after-a-call"])
+async def test_a_detach_leaves_a_released_record_so_the_resume_need_not_wait(called_since_ref):
+    """Whether or not the client wrote its record before (a call of the shared
+    session does), its detach leaves the lease released (a hold of 0): the resume's
+    takeover then waits for nothing, where an absent record costs it `HOLD_MS`."""
+    from sandbox.durable import lease, seal
+
+    session = sandbox.open_session("unix_local")
+    await session.start()
+    ref = session.ref()
+    if called_since_ref:
+        await session.exec("true")
+    detached = await session.detach()
+    store = HostLease(ref.session_id)
+    try:
+        key = seal.session_secret(ref.session_id)
+        found = lease.parse(await store.read(), key)
+        assert isinstance(found, lease.Record) and found.state == lease.OWNER
+        assert found.hold_ms == 0
+        newcomer = lease.Holder(lease.new_token(), key, lambda reason: None)
+        assert await lease.take_over(store, newcomer, "test") == 0
+    finally:
+        store.close()
+    async with sandbox.resume_session(detached):
+        pass  # the resumed session closes it: nothing of it is left behind

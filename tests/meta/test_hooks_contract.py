@@ -12,9 +12,11 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import sandbox.backends
 from sandbox.backends import BACKENDS, load_backend
 from sandbox.errors import BackendUnavailableError
 from sandbox.session import BaseSandboxSession, SessionHooks
@@ -102,8 +104,10 @@ def test_the_hooks_are_the_backend_contract() -> None:
         "_ports",
         "_snapshots",
         "_durability",
+        # a flag: whether the backend's `Process` handles can keep stdin open
+        "_stdin_stays_open",
     }
-    for name in HOOKS - CAPABILITIES:  # capability types, described by their comment
+    for name in HOOKS - CAPABILITIES - {"_stdin_stays_open"}:  # capability types, described by their comment
         assert inspect.getdoc(getattr(SessionHooks, name)), f"{name} has no contract docstring"
     # The base session's internals live in its collaborators, not beside the hooks.
     assert {"_processes", "_owned", "_lifecycle", "_session_options"} <= BASE_ATTRIBUTES
@@ -157,3 +161,30 @@ class _Clashing(BaseSandboxSession[None]):
 def test_the_checks_catch_a_clashing_backend() -> None:
     assert overridden_internals(_Clashing) == {"_lookup"}
     assert assigned_attributes(_Clashing) & BASE_ATTRIBUTES == {"_processes"}
+
+
+def _names_used(path: Path) -> set[str]:
+    """Every identifier a module names: imports, names and attribute names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.name.rsplit(".", 1)[-1])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.update(node.value.replace("[", " ").replace("]", " ").split())
+    return names
+
+
+def test_backends_see_a_process_only_as_an_output_sink() -> None:
+    """No backend module names the session's record: hooks and capabilities take an
+    `OutputSink`, so mypy strict stops a backend from reaching the record's locks,
+    tasks or windows."""
+    root = Path(sandbox.backends.__file__).parent
+    modules = sorted(root.rglob("*.py"))
+    assert len(modules) > 30  # the walk found the backends
+    naming = [str(p.relative_to(root)) for p in modules if "PtyEntry" in _names_used(p)]
+    assert naming == []
+    assert "OutputSink" in _names_used(root / "docker" / "session.py")

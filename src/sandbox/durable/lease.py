@@ -252,9 +252,14 @@ async def claim_close(store: LeaseStore, me: Holder) -> bool:
 
 async def release(store: LeaseStore, me: Holder) -> None:
     """At a detach: rewrite `me`'s record with a hold of 0, so the resume that follows
-    need not wait (nothing acts on this client's checks any more)."""
+    need not wait (nothing acts on this client's checks any more). A client that wrote
+    no record yet (no call since its first `ref()`) writes its released one now: with
+    none, the resume would have to wait out `HOLD_MS` for a client that is gone."""
+    released = me.record(hold_ms=0).sealed(me.key)
     if me.written:
-        await store.swap(me.record().sealed(me.key), me.record(hold_ms=0).sealed(me.key))
+        await store.swap(me.record().sealed(me.key), released)
+    elif await store.swap(None, released) is None:
+        me.written = True
 
 
 async def mark_closed(store: LeaseStore, me: Holder) -> None:

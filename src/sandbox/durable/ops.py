@@ -414,10 +414,10 @@ async def release_close(session: DurableSession) -> None:
 async def _release_lease(session: DurableSession) -> None:
     """At a detach: tell the next resume it need not wait for this client's checks."""
     durable = session._durable
-    if durable.shared and not durable.taken_over and durable.holder is not None:
+    if durable.shared and not durable.taken_over:
         store = _store(session)
         if store is not None:
-            await lease.release(store, durable.holder)
+            await lease.release(store, _holder(session))
 
 
 async def claim_close(session: DurableSession) -> bool:

@@ -422,7 +422,11 @@ class BaseSandboxSession(SessionHooks[H]):
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
         open_stdin = bool(stdin) and not tty
-        if open_stdin and type(self)._close_stdin is SessionHooks._close_stdin:
+        if (
+            open_stdin
+            and not self._stdin_stays_open
+            and type(self)._close_stdin is SessionHooks._close_stdin
+        ):
             raise UnsupportedOperationError(
                 f"stdin=True: the {self.backend_name} backend cannot keep the stdin of a "
                 "process on pipes open (its provider gives no way to end that input); "

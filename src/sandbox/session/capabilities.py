@@ -26,7 +26,7 @@ from typing import Any
 from ..durable.lease import LeaseStore
 from ..durable.refs import ProcessNotReattached, ProcessRef, SessionRef
 from ..errors import FileTooLargeError, UnsupportedOperationError
-from ..process_entry import PtyEntry
+from ..process_entry import OutputSink
 from ..workspace import calls as ws_calls
 from ..workspace import extract as ws_extract
 from ..workspace import persist as ws_persist
@@ -204,7 +204,7 @@ class Durability(Capability, ABC):
         (never credentials, never `env` values). Default: `base`."""
         return base
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[Any]) -> dict[str, Any]:
         """The provider's handle of a running process, for a ref (JSON, no secret)."""
         return {}
 
@@ -225,7 +225,7 @@ class Durability(Capability, ABC):
         could not outlive their client (it crashed), end what is left of them here. If
         this raises or is cancelled, `detach()` is called (settled): the sandbox stays."""
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
         """Follow the running process `process` again as `entry`, like
         `_spawn_process`: what it printed after `process.output_position` (bounded, the
         omission marker where the provider kept less), then its output and exit. Raise
@@ -235,7 +235,7 @@ class Durability(Capability, ABC):
             f"the {self.session.backend_name} backend cannot reattach a process"
         )
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
+    async def release(self, entry: OutputSink[Any]) -> None:
         """Stop following a process without ending it (detach, takeover): stop its
         readers, close its sockets. Called instead of `_terminate_pty_entry`, once, by
         the settled teardown. Default: terminate it (nothing outlives its client)."""

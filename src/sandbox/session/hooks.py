@@ -1,7 +1,7 @@
 """`SessionHooks`: the contract a backend implements, and nothing else.
 
 A backend is a `BaseSandboxSession[H]` subclass (`H`: its own per-process state, kept
-in `PtyEntry.handle`) that overrides some of the hooks below; the base session calls
+in `OutputSink.handle`) that overrides some of the hooks below; the base session calls
 them and does everything around them: argument checks, the registry, windows,
 timeouts, cancellation and the settled teardown. Each docstring is the hook's
 contract. The bodies only raise `UnsupportedOperationError` or do the default.
@@ -15,11 +15,13 @@ backend overrides no underscore name of the base but these hooks
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Generic
 
 from ..errors import UnsupportedOperationError
 from ..exec_output import ExecCapture, OneShotProcess
-from ..process_entry import CommandSpec, H, PtyEntry
+from ..process_entry import CommandSpec, H, OutputSink
+from ..process_handle import Process, overrides
 from .capabilities import Durability, FileAccess, Ports, Snapshots, WorkspaceAccess
 
 
@@ -72,7 +74,7 @@ class SessionHooks(Generic[H]):
 
     # ---- processes -----------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[H]) -> None:
+    async def _spawn_process(self, entry: OutputSink[H]) -> None:
         """Start `entry.spec` and arrange for its output to flow into `entry.feed()` and
         its end into `entry.report_exit()` / `report_eof()` / `report_lost()`.
 
@@ -86,7 +88,7 @@ class SessionHooks(Generic[H]):
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
 
-    def _spawn_process_nowait(self, entry: PtyEntry[H]) -> bool:
+    def _spawn_process_nowait(self, entry: OutputSink[H]) -> bool:
         """Optional fast path: do all of `_spawn_process` now, without awaiting
         anything, and return True; or do nothing and return False (then
         `_spawn_process` runs, as a task the session owns). Nothing can interleave with
@@ -94,67 +96,102 @@ class SessionHooks(Generic[H]):
         of one. Default: False."""
         return False
 
-    def _write_stdin_nowait(self, entry: PtyEntry[H], data: bytes) -> int:
+    def _write_stdin_nowait(self, entry: OutputSink[H], data: bytes) -> int:
         """Optional fast path: write what the terminal takes right now, without waiting,
         and return how many bytes that was (the rest goes through `_write_stdin`).
-        Default: 0, everything goes through `_write_stdin`."""
-        return 0
+        Default: the handle's `Process.try_write`, else 0."""
+        handle = entry.handle
+        return handle.try_write(data) if isinstance(handle, Process) else 0
 
-    async def _write_stdin(self, entry: PtyEntry[H], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[H], data: bytes) -> None:
         """Write bytes to the terminal of a running tty process, or to the open stdin of
-        a process on pipes (`entry.stdin_open`)."""
-        raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
+        a process on pipes (`entry.stdin_open`). Default: the handle's `Process.write`."""
+        handle = entry.require_handle()
+        if not overrides(handle, "write"):
+            raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
+        assert isinstance(handle, Process)
+        await handle.write(data)
 
-    async def _close_stdin(self, entry: PtyEntry[H]) -> None:
+    async def _close_stdin(self, entry: OutputSink[H]) -> None:
         """End the input of a process started on pipes with `stdin=True`: it reads
         end-of-file once it has read every byte written before (the base session calls
         this only after every earlier write finished). Idempotent: a close cancelled
         half-way is asked again. Overriding it is how a backend says it can keep stdin
-        open (`pty_exec_start(stdin=True)` is refused at start otherwise)."""
-        raise UnsupportedOperationError(
-            f"the {self.backend_name} backend cannot close the stdin of a process"
-        )
+        open (`pty_exec_start(stdin=True)` is refused at start otherwise), unless its
+        handles are `Process`es and it sets `_stdin_stays_open`: then the default calls
+        the handle's `Process.close_stdin`."""
+        handle = entry.require_handle()
+        if not overrides(handle, "close_stdin"):
+            raise UnsupportedOperationError(
+                f"the {self.backend_name} backend cannot close the stdin of a process"
+            )
+        assert isinstance(handle, Process)
+        await handle.close_stdin()
 
-    async def _resize(self, entry: PtyEntry[H], rows: int, cols: int) -> None:
-        """Resize the process's terminal; default: unsupported."""
-        raise UnsupportedOperationError(f"the {self.backend_name} backend cannot resize a terminal")
+    # Whether the backend's handles can keep the stdin of a process on pipes open and
+    # end it (`Process.close_stdin`): `pty_exec_start(stdin=True)` is refused before
+    # anything starts otherwise (a backend that overrides `_close_stdin` says so too).
+    _stdin_stays_open: ClassVar[bool] = False
 
-    async def _interrupt(self, entry: PtyEntry[H]) -> None:
-        """Ctrl-C. Default: the interrupt character for a tty; backends must override
-        for tty=False processes (SIGINT to the process group)."""
+    async def _resize(self, entry: OutputSink[H], rows: int, cols: int) -> None:
+        """Resize the process's terminal. Default: the handle's `Process.resize`."""
+        handle = entry.require_handle()
+        if not overrides(handle, "resize"):
+            raise UnsupportedOperationError(
+                f"the {self.backend_name} backend cannot resize a terminal"
+            )
+        assert isinstance(handle, Process)
+        await handle.resize(rows, cols)
+
+    async def _interrupt(self, entry: OutputSink[H]) -> None:
+        """Ctrl-C. Default: the interrupt character for a tty; without one, the handle's
+        `Process.interrupt` (SIGINT to the process group)."""
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
+            return
+        handle = entry.require_handle()
+        if overrides(handle, "interrupt"):
+            assert isinstance(handle, Process)
+            await handle.interrupt()
             return
         raise UnsupportedOperationError(
             f"the {self.backend_name} backend cannot interrupt a process without a terminal"
         )
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[H]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[H]) -> None:
         """Tear down one process: kill its whole tree, stop and await its reader tasks,
         close its sockets and fds. Called exactly once per entry, always through the
         settled cleanup, after the entry left the registry. Must cope with an entry whose
         spawn failed or was cancelled half-way (`entry.handle` may be None or partial).
         `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
         session's close): a backend whose sandbox deletion kills every process may skip
-        the per-process kill then; it never reads the session's state itself."""
+        the per-process kill then; it never reads the session's state itself. A
+        backend whose handles are `Process`es writes `await kill_handle(entry)`."""
 
-    def _terminate_pty_entry_nowait(self, entry: PtyEntry[H]) -> bool:
+    def _terminate_pty_entry_nowait(self, entry: OutputSink[H]) -> bool:
         """Optional fast path: do all of `_terminate_pty_entry` now, without awaiting
         anything, and return True (the process's end is certain: it exited, and nothing
         of it is left to wait for); or do nothing and return False (then the settled
         teardown runs `_terminate_pty_entry`). Tried only where an exited process's
-        window hands it over, never by a close. Default: False."""
-        return False
+        window hands it over, never by a close. Default: the handle's
+        `Process.finish_now`, else False."""
+        handle = entry.handle
+        return handle.finish_now() if isinstance(handle, Process) else False
 
-    def _abandon(self, entries: list[PtyEntry[H]]) -> None:
+    def _abandon(self, entries: Sequence[OutputSink[H]]) -> None:
         """Called (synchronously, best effort) when a session that was never closed is
         garbage-collected, with its processes: kill what can be killed without awaiting
         (no event loop may be running). Default: nothing."""
 
-    async def _final_drain(self, entry: PtyEntry[H]) -> None:
+    async def _final_drain(self, entry: OutputSink[H]) -> None:
         """At a window's deadline, move output that already arrived at the transport into
-        the entry. Default: let pending callbacks run once."""
-        await asyncio.sleep(0)
+        the entry. Default: the handle's `Process.drain`, else let pending callbacks run
+        once."""
+        handle = entry.handle
+        if isinstance(handle, Process):
+            await handle.drain()
+        else:
+            await asyncio.sleep(0)
 
     # ---- capabilities (`capabilities.py`): one attribute each, None where absent ----
     # Each names a capability type; the base session builds it once with the session

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import enum
 import warnings
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..durable import ops as durable_ops
@@ -28,7 +28,7 @@ from ..errors import (
     SessionNotStartedError,
     SessionStateError,
 )
-from ..process_entry import PtyEntry
+from ..process_entry import OutputSink
 from ..settle import settle
 from .ownership import finished
 
@@ -53,7 +53,7 @@ class LifecycleSession(durable_ops.DurableSession, Protocol):
 
     async def _stop_backend(self) -> None: ...
 
-    def _abandon(self, entries: list[PtyEntry[Any]]) -> None: ...
+    def _abandon(self, entries: Sequence[OutputSink[Any]]) -> None: ...
 
 
 async def undo_start(session: LifecycleSession) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 import yarl
 
-from ...backend import CommandSpec, PtyEntry
+from ...backend import CommandSpec, OutputSink
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ..toolkit import (
     TAG_VARIABLE,
@@ -218,7 +218,7 @@ def linger_step(token: str) -> str:
     return f'while read -r line; do [ "$line" = {token} ] && break; done'
 
 
-async def release_shell(entry: PtyEntry[Terminal], timeout: float | None = None) -> None:
+async def release_shell(entry: OutputSink[Terminal], timeout: float | None = None) -> None:
     """Type the release line once (best effort, within `timeout`): the lingering
     wrapper exits, and the server closes the terminal session."""
     term = entry.handle
@@ -258,7 +258,7 @@ async def connect(
     raise error
 
 
-async def send_frames(entry: PtyEntry[Terminal], frames: Iterable[str]) -> None:
+async def send_frames(entry: OutputSink[Terminal], frames: Iterable[str]) -> None:
     """Send `frames` on the entry's terminal, one writer at a time."""
     term = entry.require_handle()
     ws = term.ws
@@ -281,7 +281,7 @@ async def send_frames(entry: PtyEntry[Terminal], frames: Iterable[str]) -> None:
         raise error
 
 
-async def send_input(entry: PtyEntry[Terminal], data: bytes) -> None:
+async def send_input(entry: OutputSink[Terminal], data: bytes) -> None:
     """Type `data` into the entry's terminal (in frames of `INPUT_FRAME_CHARS`)."""
     text = data.decode("utf-8", "replace")
     await send_frames(
@@ -299,7 +299,7 @@ class TerminalReader:
 
     def __init__(
         self,
-        entry: PtyEntry[Terminal],
+        entry: OutputSink[Terminal],
         term: Terminal,
         options: TerminalOptions,
         redact: Callable[[str], str],

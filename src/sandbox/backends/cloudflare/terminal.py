@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from ...backend import PtyEntry, cancel_and_wait
+from ...backend import OutputSink, cancel_and_wait
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ..toolkit import ShellTrap
 from .bounds import (
@@ -203,9 +203,9 @@ class PtyHandle:
     base_command: int = 0
     notes: list[tuple[int, int]] = field(default_factory=list)
 
-    def note(self, entry: PtyEntry[PtyHandle], text: bytes) -> None:
+    def note(self, entry: OutputSink[PtyHandle], text: bytes) -> None:
         """Feed a note of ours (not the command's output) into the entry."""
-        self.notes.append((entry.output.end_pos, len(text)))
+        self.notes.append((entry.fed_position, len(text)))
         entry.feed(text)
 
     def scan_for_pid(self, raw: bytes) -> None:
@@ -284,7 +284,9 @@ async def connect(
     return early
 
 
-async def pump(entry: PtyEntry[PtyHandle], handle: PtyHandle, redact: Callable[[str], str]) -> None:
+async def pump(
+    entry: OutputSink[PtyHandle], handle: PtyHandle, redact: Callable[[str], str]
+) -> None:
     """The reader: moves terminal output through the trap into the entry until the
     trap's end marker (the command's status) or the socket's end. An `exit` frame
     (older bridges) after the marker changes nothing; one before it means the shell

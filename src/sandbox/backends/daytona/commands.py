@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...backend import CommandSpec, ExecCapture, PtyEntry, cancel_and_wait
+from ...backend import CommandSpec, ExecCapture, OutputSink, cancel_and_wait
 from ...errors import ProviderError, SandboxError
 from ..toolkit import CommandCheck, ShellTrap, normalize_exit
 from .client import DaytonaClient
@@ -116,7 +116,7 @@ async def exit_code_if_known(client: DaytonaClient, state: PipeState) -> int | N
 
 async def pump(
     client: DaytonaClient,
-    entry: PtyEntry[DaytonaHandle],
+    entry: OutputSink[DaytonaHandle],
     state: PipeState,
     trap: ShellTrap | None,
     *,

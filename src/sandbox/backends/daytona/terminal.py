@@ -21,7 +21,7 @@ import shlex
 
 from daytona import DaytonaError, PtySize
 
-from ...backend import PtyEntry, cancel_and_wait
+from ...backend import OutputSink, cancel_and_wait
 from ...errors import ProcessExitedError
 from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
 from .client import DaytonaClient
@@ -47,7 +47,7 @@ def pty_exit_status(code: int | None, reason: str | None) -> int | None:
     return normalize_exit(code, reason)
 
 
-async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
+async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle]) -> None:
     """Open the PTY session, type the trapped command, start the waiter."""
     spec = entry.spec
     pty_id = client.new_id(f"t{entry.process_id}")
@@ -105,7 +105,7 @@ async def spawn(client: DaytonaClient, entry: PtyEntry[DaytonaHandle]) -> None:
 
 
 async def reconnect(
-    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], pty_id: str, pidfile: str, note: bytes
+    client: DaytonaClient, entry: OutputSink[DaytonaHandle], pty_id: str, pidfile: str, note: bytes
 ) -> bool:
     """Connect again to a PTY session an earlier client started, and follow it; False
     when the daemon no longer has it (it ended: the daemon deletes a PTY session, and
@@ -167,7 +167,7 @@ async def release(client: DaytonaClient, state: PtyState) -> None:
             raise client.teardown_error(exc, "disconnect from the terminal") from None
 
 
-async def _wait(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: PtyState) -> None:
+async def _wait(client: DaytonaClient, entry: OutputSink[DaytonaHandle], state: PtyState) -> None:
     """Wait for the PTY's end and report it (or the lost connection)."""
     try:
         result = await state.handle.wait()
@@ -186,7 +186,7 @@ async def _wait(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], state: Pt
     entry.report_exit(code)
 
 
-async def write(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], data: bytes) -> None:
+async def write(client: DaytonaClient, entry: OutputSink[DaytonaHandle], data: bytes) -> None:
     """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in the
     SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
     connected")` once the daemon said "exited"), which is not a lost connection: the
@@ -205,7 +205,7 @@ async def write(client: DaytonaClient, entry: PtyEntry[DaytonaHandle], data: byt
 
 
 async def resize(
-    client: DaytonaClient, entry: PtyEntry[DaytonaHandle], rows: int, cols: int
+    client: DaytonaClient, entry: OutputSink[DaytonaHandle], rows: int, cols: int
 ) -> None:
     """Resize through `process.resize_pty_session` (typed errors, unlike the handle's
     `resize`, which re-wraps them in a plain `DaytonaError`)."""
@@ -228,7 +228,7 @@ async def _kill_pty(client: DaytonaClient, pty_id: str) -> None:
 
 async def teardown(
     client: DaytonaClient,
-    entry: PtyEntry[DaytonaHandle],
+    entry: OutputSink[DaytonaHandle],
     state: PtyState,
     *,
     grace_s: float,

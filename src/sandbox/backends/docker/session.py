@@ -24,7 +24,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     check_env,
     check_seconds,
@@ -366,14 +366,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             return spec.argv, self._cwd(spec.cwd), None
         return check.argv(spec.argv, announce=announce), None, check
 
-    async def _spawn_process(self, entry: PtyEntry[DockerExec]) -> None:
+    async def _spawn_process(self, entry: OutputSink[DockerExec]) -> None:
         """Start an attached exec whose socket feeds the entry (no thread); with a
         command check, wait for its verdict."""
         spec = entry.spec
         if self._runner is not None:
             await spawn_through_runner(
                 self._runner.client,
-                cast(PtyEntry[RunnerProcess], entry),
+                cast(OutputSink[RunnerProcess], entry),
                 env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
                 cwd=self._cwd(spec.command.cwd) or self._workdir,
             )
@@ -413,7 +413,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[DockerExec], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[DockerExec], data: bytes) -> None:
         """Send keystrokes over the exec's socket."""
         proc = entry.require_handle()
         if isinstance(proc, RunnerProcess):
@@ -431,7 +431,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 f"lost the connection to process {entry.process_id}: {exc}"
             ) from None
 
-    async def _close_stdin(self, entry: PtyEntry[DockerExec]) -> None:
+    async def _close_stdin(self, entry: OutputSink[DockerExec]) -> None:
         """Half-close the exec's hijacked socket: the engine closes the process's stdin
         once it has passed on every byte before (the output still flows back)."""
         proc = entry.require_handle()
@@ -440,12 +440,12 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         else:
             proc.close_stdin()
 
-    async def _resize(self, entry: PtyEntry[DockerExec], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[DockerExec], rows: int, cols: int) -> None:
         """`exec_resize` (the initial size was set by the wrapper with stty)."""
         proc = entry.require_handle()
         await proc.resize(rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry[DockerExec]) -> None:
+    async def _interrupt(self, entry: OutputSink[DockerExec]) -> None:
         """Ctrl-C: `\\x03` on a terminal, else SIGINT to the command's process group."""
         proc = entry.require_handle()
         if entry.tty:
@@ -453,13 +453,13 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         else:
             await proc.interrupt()  # the runner's handle signals the group too
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[DockerExec]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[DockerExec]) -> None:
         """Kill the tree (grace, then SIGKILL), close the socket."""
         proc: DockerExec | RunnerProcess | None = entry.handle
         if proc is not None:
             await proc.terminate(self.terminate_grace_s)
 
-    async def _final_drain(self, entry: PtyEntry[DockerExec]) -> None:
+    async def _final_drain(self, entry: OutputSink[DockerExec]) -> None:
         """Read what already arrived at the socket."""
         proc: DockerExec | RunnerProcess | None = entry.handle
         if isinstance(proc, DockerExec):

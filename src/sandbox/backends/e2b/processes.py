@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...backend import PtyEntry
+from ...backend import OutputSink
 from ..toolkit import ShellTrap, new_tag
 from .client import E2BClient
 
@@ -56,7 +56,7 @@ class E2BProcess:
         """Every tag of the process's tree (for the kill script)."""
         return (self.tag,) if self.tty else (self.tag, self.outer_tag)
 
-    async def watch(self, entry: PtyEntry, client: E2BClient) -> None:
+    async def watch(self, entry: OutputSink, client: E2BClient) -> None:
         """Wait for the process's end and report it (or report the stream lost)."""
         try:
             code = await client.wait_code(self.handle)
@@ -69,7 +69,7 @@ class E2BProcess:
         entry.report_exit(code)
         entry.report_eof()
 
-    def _flush_trap(self, entry: PtyEntry) -> None:
+    def _flush_trap(self, entry: OutputSink) -> None:
         if self.trap is not None:
             entry.feed(self.trap.flush())
 

@@ -21,7 +21,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellTrap,
     ShellWorkspace,
@@ -379,7 +379,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             raise
         return KubeOneShot(proc, self.terminate_grace_s)
 
-    async def _spawn_process(self, entry: PtyEntry[KubeProcess]) -> None:
+    async def _spawn_process(self, entry: OutputSink[KubeProcess]) -> None:
         """An exec whose socket feeds the entry; with a command check, wait for its
         verdict. Pipes processes get no stdin at all (their EOF, under v4 too), unless
         started with `stdin=True`: that needs v5's CLOSE to end it, so under v4 it is
@@ -388,7 +388,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         if self._runner is not None:
             await spawn_through_runner(
                 self._runner.client,
-                cast(PtyEntry[RunnerProcess], entry),
+                cast(OutputSink[RunnerProcess], entry),
                 env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
                 cwd=self._runner.cwd(spec.command.cwd, self._workdir),
             )
@@ -431,7 +431,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[KubeProcess], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[KubeProcess], data: bytes) -> None:
         """Keystrokes on the exec's stdin channel (or to the runner's process)."""
         proc = entry.require_handle()
         if isinstance(proc, RunnerProcess):
@@ -449,7 +449,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 f"lost the connection to process {entry.process_id}: {exc}"
             ) from None
 
-    async def _close_stdin(self, entry: PtyEntry[KubeProcess]) -> None:
+    async def _close_stdin(self, entry: OutputSink[KubeProcess]) -> None:
         """v5's CLOSE of the stdin channel (`[255, 0]`): the kubelet closes the
         process's stdin after the frames sent before it; the output goes on. (Through
         the runner: its CLOSE_STDIN, on v4 too.)"""
@@ -469,11 +469,11 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 f"lost the connection to process {entry.process_id}: {exc}"
             ) from None
 
-    async def _resize(self, entry: PtyEntry[KubeProcess], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[KubeProcess], rows: int, cols: int) -> None:
         """The resize channel (4)."""
         await entry.require_handle().resize(rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry[KubeProcess]) -> None:
+    async def _interrupt(self, entry: OutputSink[KubeProcess]) -> None:
         """Ctrl-C on a terminal, else SIGINT to the command's group by a second exec."""
         proc = entry.require_handle()
         if entry.tty:
@@ -481,7 +481,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         else:
             await proc.interrupt()
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[KubeProcess]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[KubeProcess]) -> None:
         """Kill the tree (grace, then SIGKILL) by a second exec, close the socket; when
         the session's own pod is deleted next, only the socket is closed. Through the
         runner: its tree kill, or, when the pod goes next, only stop following it."""
@@ -498,7 +498,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         else:
             await proc.terminate(self.terminate_grace_s, kill=not pod_goes)
 
-    async def _final_drain(self, entry: PtyEntry[KubeProcess]) -> None:
+    async def _final_drain(self, entry: OutputSink[KubeProcess]) -> None:
         """Let frames already read be handled."""
         await asyncio.sleep(0)
 

@@ -27,7 +27,7 @@ CONTROL_TIMEOUT_S = 30.0  # a control exec (signal, kill) beyond the terminate g
 
 @dataclass(eq=False)
 class Command:
-    """The backend's handle on one command (a `PtyEntry.handle`, or a one-shot's)."""
+    """The backend's handle on one command (a `OutputSink.handle`, or a one-shot's)."""
 
     tty: bool
     tag: str = field(default_factory=new_tag)

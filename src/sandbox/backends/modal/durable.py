@@ -27,9 +27,9 @@ from typing import Any
 
 from ...backend import (
     Durability,
+    OutputSink,
     ProcessNotReattached,
     ProcessRef,
-    PtyEntry,
     SessionRef,
     durable_session_id,
 )
@@ -120,7 +120,7 @@ class ModalDurability(Durability):
         options["term"] = session._commands._term
         return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[Any]) -> dict[str, Any]:
         """The toolkit tag that finds the command's tree."""
         return {"tag": entry.require_handle().tag}
 
@@ -183,7 +183,7 @@ class ModalDurability(Durability):
             # A stand-in for the exec's answer: the command is known to have started.
             await session._commands.control(Command(tty=process.tty, tag=tag, process=True), "kill")
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
         """Never possible (see the module docstring)."""
         raise ProcessNotReattached(NOT_REATTACHED)
 

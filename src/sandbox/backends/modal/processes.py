@@ -1,5 +1,5 @@
 """The tasks behind one process (`pty_exec_start`): a reader per output stream, feeding
-the `PtyEntry`, and a watcher reporting the exit.
+the `OutputSink`, and a watcher reporting the exit.
 
 Output and exit status travel on different RPC streams, so the watcher reports the exit
 once the output ended too (or `exit_output_grace_s` passed): reporting it first could
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import PtyEntry, cancel_and_wait
+from ...backend import OutputSink, cancel_and_wait
 from ..toolkit import ShellTrap, normalize_exit
 from .commands import Command, read_stream
 from .errors import ModalErrors
@@ -23,7 +23,7 @@ SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a sta
 
 
 def start_tasks(
-    entry: PtyEntry,
+    entry: OutputSink,
     command: Command,
     errors: ModalErrors,
     trap: ShellTrap | None,
@@ -45,7 +45,7 @@ def start_tasks(
 
 
 async def _pump(
-    entry: PtyEntry, command: Command, errors: ModalErrors, stream: Any, trap: ShellTrap | None
+    entry: OutputSink, command: Command, errors: ModalErrors, stream: Any, trap: ShellTrap | None
 ) -> None:
     """Feed one output stream into the entry (through `trap` behind a check); a stream
     that fails loses the process, once its sibling tasks are stopped."""
@@ -64,7 +64,11 @@ async def _pump(
 
 
 async def _watch(
-    entry: PtyEntry, command: Command, errors: ModalErrors, grace_s: float, status_timeout_s: float
+    entry: OutputSink,
+    command: Command,
+    errors: ModalErrors,
+    grace_s: float,
+    status_timeout_s: float,
 ) -> None:
     """Report the exit once it is known and the output has ended (see the module
     docstring)."""
@@ -99,7 +103,7 @@ async def _watch(
 
 
 def _report_exit(
-    entry: PtyEntry, command: Command, errors: ModalErrors, waiter: asyncio.Future[int]
+    entry: OutputSink, command: Command, errors: ModalErrors, waiter: asyncio.Future[int]
 ) -> None:
     exc = asyncio.CancelledError() if waiter.cancelled() else waiter.exception()
     if exc is not None:

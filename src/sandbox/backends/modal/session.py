@@ -38,7 +38,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellWorkspace,
     cancel_and_wait,
@@ -373,7 +373,7 @@ class ModalSession(BaseSandboxSession[Command]):
 
     # ---- processes -------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[Command]) -> None:
+    async def _spawn_process(self, entry: OutputSink[Command]) -> None:
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
         one reader task per stream and a watcher task for the exit."""
         spec = entry.spec
@@ -402,7 +402,7 @@ class ModalSession(BaseSandboxSession[Command]):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[Command], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[Command], data: bytes) -> None:
         """Write to the terminal (or a pipe process's open stdin) through the SDK's
         stdin writer, in bounded chunks."""
         command = entry.require_handle()
@@ -413,14 +413,14 @@ class ModalSession(BaseSandboxSession[Command]):
                 chunk = data[start : start + WRITE_CHUNK]
                 await self._errors.call("write to the process", _send, command.process, chunk)
 
-    async def _close_stdin(self, entry: PtyEntry[Command]) -> None:
+    async def _close_stdin(self, entry: OutputSink[Command]) -> None:
         """The SDK's `write_eof()`, flushed by `drain()`: the EOF travels after every
         byte written before (one writer at a time, as for writes)."""
         command = entry.require_handle()
         async with command.write_lock:
             await self._errors.call("close the command's stdin", _send_eof, command.process)
 
-    async def _interrupt(self, entry: PtyEntry[Command]) -> None:
+    async def _interrupt(self, entry: OutputSink[Command]) -> None:
         """`\\x03` on a terminal; SIGINT to a pipe process's group by the toolkit's
         interrupt script."""
         if entry.tty:
@@ -428,7 +428,7 @@ class ModalSession(BaseSandboxSession[Command]):
             return
         await self._commands.control(entry.require_handle(), "int")
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[Command]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[Command]) -> None:
         """Kill the process tree by tag (polite signals, grace, SIGKILL), then stop and
         await the reader and watcher tasks, whatever happened before."""
         command: Command | None = entry.handle

@@ -41,7 +41,7 @@ from .check import start_error
 if TYPE_CHECKING:  # the core imports the toolkit: names for annotations only
     from ...durable.refs import ProcessRef
     from ...exec_output import ExecCapture
-    from ...process_entry import CommandSpec, PtyEntry
+    from ...process_entry import CommandSpec, OutputSink
 
 # The largest ring the runner keeps per stream (docs/runner.md); a session's output
 # limit above it is clipped for the ring only.
@@ -80,7 +80,7 @@ class _EntrySink:
 
     def __init__(
         self,
-        entry: PtyEntry[RunnerProcess],
+        entry: OutputSink[RunnerProcess],
         on_exit: Callable[[int], None],
         shown: Callable[[bytes], bytes] | None = None,
     ) -> None:
@@ -224,7 +224,7 @@ def _start_error(exc: RunnerRequestError, spec: CommandSpec) -> Exception:
 
 async def spawn(
     client: RunnerClient,
-    entry: PtyEntry[RunnerProcess],
+    entry: OutputSink[RunnerProcess],
     *,
     env: Mapping[str, str],
     cwd: str | None,
@@ -284,7 +284,7 @@ def runner_id_in(handle: Mapping[str, Any]) -> int | None:
 
 
 async def reattach_ref(
-    client: RunnerClient, entry: PtyEntry[RunnerProcess], process: ProcessRef
+    client: RunnerClient, entry: OutputSink[RunnerProcess], process: ProcessRef
 ) -> None:
     """`Durability.reattach` through the runner: follow the ref's process again from
     the client's output position, or `ProcessNotReattached` saying why not."""
@@ -319,7 +319,7 @@ class RunnerDurability(Durability):
         """The ref's handle of a process the runner does not keep (`handle`: the entry's
         handle), JSON, no secret."""
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[Any]) -> dict[str, Any]:
         """The runner's id of a process it keeps, else `ref_direct_process`."""
         handle = entry.require_handle()
         kept = ref_process(handle)
@@ -327,7 +327,7 @@ class RunnerDurability(Durability):
             return kept
         return self.ref_direct_process(handle)
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
         """Through the runner: follow its process again from the ref's output position.
         Never possible for a session without the runner (`not_reattached`)."""
         client = self.runner_client()
@@ -335,7 +335,7 @@ class RunnerDurability(Durability):
             raise ProcessNotReattached(self.not_reattached)
         await reattach_ref(client, entry, process)
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
+    async def release(self, entry: OutputSink[Any]) -> None:
         """A process the runner keeps is left to it (only followed no more); any other is
         terminated."""
         handle = entry.handle
@@ -346,7 +346,7 @@ class RunnerDurability(Durability):
 
 
 async def reattach(
-    client: RunnerClient, entry: PtyEntry[RunnerProcess], runner_id: int, offset: int
+    client: RunnerClient, entry: OutputSink[RunnerProcess], runner_id: int, offset: int
 ) -> None:
     """Follow the runner's process `runner_id` again as `entry`, from the output offset
     `offset` (what it printed meanwhile first, the omission marker where the ring kept

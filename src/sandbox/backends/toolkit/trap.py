@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from .check import CHECK_FAILED_EXIT, VERDICT_WAIT_S, CommandCheck
 
 if TYPE_CHECKING:
-    from ...process_entry import PtyEntry
+    from ...process_entry import OutputSink
 
 _RS = b"\x1e"
 # Typed as they are: printable ASCII. Inside the printf format only these stay literal
@@ -227,7 +227,7 @@ class ShellTrap:
 
 
 async def wait_for_verdict(
-    entry: PtyEntry, trap: ShellTrap, check: CommandCheck, *, timeout: float = VERDICT_WAIT_S
+    entry: OutputSink, trap: ShellTrap, check: CommandCheck, *, timeout: float = VERDICT_WAIT_S
 ) -> None:
     """Wait until `trap` (fed the process's stdout) saw the check's verdict, the process
     ended, or `timeout` passed; raise the check's error if it failed.

@@ -23,7 +23,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     check_env,
     check_seconds,
 )
@@ -334,7 +334,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         return _LocalOneShot(proc, capture, self._memory_note)
 
-    def _spawn_process_nowait(self, entry: PtyEntry[LocalProcess]) -> bool:
+    def _spawn_process_nowait(self, entry: OutputSink[LocalProcess]) -> bool:
         """The spawn is one synchronous clone: done here, without a task, unless the
         command check must run first in the jail (that waits for its verdict), or
         `_spawn_process` is not this class's own (a subclass's, or a wrapper set on the
@@ -347,7 +347,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._spawn_local(entry, command, None)
         return True
 
-    async def _spawn_process(self, entry: PtyEntry[LocalProcess]) -> None:
+    async def _spawn_process(self, entry: OutputSink[LocalProcess]) -> None:
         """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
         shell) first runs the command check inside the jail and is waited for. With the
         runner: the runner's process (`RunnerProcess`)."""
@@ -357,7 +357,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             started, cwd = self._runner_command(command)
             await spawn_through_runner(
                 self._require_runner(),
-                cast(PtyEntry[RunnerProcess], entry),
+                cast(OutputSink[RunnerProcess], entry),
                 env=self._environment(command, tty=entry.spec.tty),
                 cwd=cwd,
                 argv=started.argv,
@@ -369,7 +369,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             await wait_for_verdict(entry, trap, check)
 
     def _spawn_local(
-        self, entry: PtyEntry[LocalProcess], command: CommandSpec, trap: ShellTrap | None
+        self, entry: OutputSink[LocalProcess], command: CommandSpec, trap: ShellTrap | None
     ) -> None:
         """Start `command` (the entry's, checked) as the entry's `LocalProcess`."""
         spec = entry.spec
@@ -423,13 +423,13 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         argv = tuple(check.argv(spec.argv, announce=announce))
         return dataclasses.replace(spec, argv=argv, cwd=None), check
 
-    def _write_stdin_nowait(self, entry: PtyEntry[LocalProcess], data: bytes) -> int:
+    def _write_stdin_nowait(self, entry: OutputSink[LocalProcess], data: bytes) -> int:
         proc = entry.require_handle()
         if isinstance(proc, RunnerProcess):
             return 0  # a frame to the runner: `_write_stdin` sends it all
         return proc.write_some(data)
 
-    async def _write_stdin(self, entry: PtyEntry[LocalProcess], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[LocalProcess], data: bytes) -> None:
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
             await proc.write(data, entry.process_id)
@@ -437,7 +437,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             return
         await proc.write(data, on_progress=entry.count_input)
 
-    async def _close_stdin(self, entry: PtyEntry[LocalProcess]) -> None:
+    async def _close_stdin(self, entry: OutputSink[LocalProcess]) -> None:
         """Close our end of the process's stdin pipe: it reads what is in the pipe, then
         end-of-file."""
         proc: LocalProcess | RunnerProcess = entry.require_handle()
@@ -446,14 +446,14 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         else:
             proc.close_stdin()
 
-    async def _resize(self, entry: PtyEntry[LocalProcess], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[LocalProcess], rows: int, cols: int) -> None:
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
             await proc.resize(rows, cols)
         else:
             proc.resize(rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry[LocalProcess]) -> None:
+    async def _interrupt(self, entry: OutputSink[LocalProcess]) -> None:
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
             if entry.tty:  # ^C as input: the terminal's line discipline signals its group
@@ -466,7 +466,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         else:
             proc.signal_group(signal.SIGINT)
 
-    def _terminate_pty_entry_nowait(self, entry: PtyEntry[LocalProcess]) -> bool:
+    def _terminate_pty_entry_nowait(self, entry: OutputSink[LocalProcess]) -> bool:
         """An exited leader whose cgroup leaf holds nobody alive has nothing left to
         wait for (`LocalProcess.finish_now`): the common end of a command that ran to
         completion in its window. Not taken when `_terminate_pty_entry` is not this
@@ -478,7 +478,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             return False  # the runner is asked (and forgets the process): an await
         return proc is None or proc.finish_now(escapees=not entry.sandbox_stopping)
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[LocalProcess]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[LocalProcess]) -> None:
         proc: LocalProcess | RunnerProcess | None = entry.handle
         if isinstance(proc, RunnerProcess):
             # The runner ends the whole tree (it is their subreaper).
@@ -488,7 +488,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             # instead of every teardown looking through /proc for them.
             await proc.terminate(self.terminate_grace_s, escapees=not entry.sandbox_stopping)
 
-    def _abandon(self, entries: list[PtyEntry[LocalProcess]]) -> None:
+    def _abandon(self, entries: Sequence[OutputSink[LocalProcess]]) -> None:
         """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays).
         A runner's processes are left to it: its connection ends with this client, and
         its orphan policy ends what no client comes back for."""
@@ -502,7 +502,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         else:
             process_tree.kill_session(self._session_tag)
 
-    async def _final_drain(self, entry: PtyEntry[LocalProcess]) -> None:
+    async def _final_drain(self, entry: OutputSink[LocalProcess]) -> None:
         proc: LocalProcess | RunnerProcess | None = entry.handle
         if isinstance(proc, LocalProcess):
             proc.drain_now()
