@@ -412,9 +412,10 @@ async def release_close(session: DurableSession) -> None:
 
 
 async def _release_lease(session: DurableSession) -> None:
-    """At a detach: tell the next resume it need not wait for this client's checks."""
+    """At a detach: tell the next resume it need not wait for this client's checks
+    (shared or not: with no record at all, the resume would wait out `HOLD_MS`)."""
     durable = session._durable
-    if durable.shared and not durable.taken_over:
+    if not durable.taken_over:
         store = _store(session)
         if store is not None:
             await lease.release(store, _holder(session))
