@@ -376,6 +376,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 cast(OutputSink[RunnerProcess], entry),
                 env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
                 cwd=self._cwd(spec.command.cwd) or self._workdir,
+                grace_s=self.terminate_grace_s,
             )
             return
         if spec.stdin:
@@ -417,7 +418,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         """Send keystrokes over the exec's socket."""
         proc = entry.require_handle()
         if isinstance(proc, RunnerProcess):
-            await proc.write(data, entry.process_id)
+            await proc.write(data)
             return
         try:
             await proc.write(data)

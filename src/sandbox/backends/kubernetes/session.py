@@ -391,6 +391,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
                 cast(OutputSink[RunnerProcess], entry),
                 env=self._runner.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
                 cwd=self._runner.cwd(spec.command.cwd, self._workdir),
+                grace_s=self.terminate_grace_s,
             )
             return
         client, target = self._require()
@@ -435,7 +436,7 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         """Keystrokes on the exec's stdin channel (or to the runner's process)."""
         proc = entry.require_handle()
         if isinstance(proc, RunnerProcess):
-            await proc.write(data, entry.process_id)
+            await proc.write(data)
             return
         try:
             await proc.write(data)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...durable.refs import ProcessNotReattached
 from ...errors import ConnectionLostError, ProcessExitedError, UnsupportedOperationError
 from ...output.decoding import omission_marker
+from ...process_handle import Process
 from ...runner import (
     RunnerClient,
     RunnerConnectionLost,
@@ -111,13 +112,26 @@ class _EntrySink:
         self._entry.report_lost(reason)
 
 
-class RunnerProcess:
-    """The handle of one process the runner keeps for an entry (`entry.handle`)."""
+class RunnerProcess(Process):
+    """The handle of one process the runner keeps for an entry (`entry.handle`): a
+    `Process`, so the base session's hooks write, resize, interrupt and end its input
+    through it. `process_id` names it in errors; `grace_s` is the time a `kill` gives
+    the tree between SIGTERM and SIGKILL."""
 
-    def __init__(self, client: RunnerClient, runner_id: int, *, tty: bool) -> None:
+    def __init__(
+        self,
+        client: RunnerClient,
+        runner_id: int,
+        *,
+        tty: bool,
+        process_id: int = 0,
+        grace_s: float = 0.0,
+    ) -> None:
         self.client = client
         self.runner_id = runner_id
         self.tty = tty
+        self.process_id = process_id
+        self.grace_s = grace_s
         self.pid: int | None = None
         self._ended = asyncio.Event()
 
@@ -132,8 +146,9 @@ class RunnerProcess:
     def _exit_seen(self, code: int) -> None:
         self._ended.set()
 
-    async def write(self, data: bytes, process_id: int) -> None:
+    async def write(self, data: bytes) -> None:
         """Write to its stdin or terminal; returns once the runner wrote every byte."""
+        process_id = self.process_id
         try:
             await self.client.write(self.runner_id, data)
         except RunnerConnectionLost as exc:
@@ -189,6 +204,10 @@ class RunnerProcess:
         finally:
             await self._stop_routing()
 
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """`terminate` with the handle's grace."""
+        await self.terminate(self.grace_s)
+
     async def release(self) -> None:
         """Stop following it without ending it (detach): the runner keeps it and its
         ring for the next client."""
@@ -230,15 +249,19 @@ async def spawn(
     cwd: str | None,
     argv: Sequence[str] | None = None,
     shown: Callable[[bytes], bytes] | None = None,
+    grace_s: float = 0.0,
 ) -> None:
     """Start `entry.spec` through the runner with exactly `env` in `cwd`, its output (and
     stderr merged into it, as on every backend) into the entry. The handle is set before
     the first await, so a teardown of a cancelled spawn finds it. `argv`: what to run
     instead of the spec's own (its command wrapped, as in a jail); `shown`: what of each
-    chunk of output the entry gets (a `ShellTrap`'s `feed` takes its markers out)."""
+    chunk of output the entry gets (a `ShellTrap`'s `feed` takes its markers out);
+    `grace_s`: the handle's (`RunnerProcess`)."""
     spec = entry.spec
     for attempt in range(ID_ATTEMPTS):
-        handle = RunnerProcess(client, new_process_id(), tty=spec.tty)
+        handle = RunnerProcess(
+            client, new_process_id(), tty=spec.tty, process_id=entry.process_id, grace_s=grace_s
+        )
         entry.handle = handle
         sink = _EntrySink(entry, handle._exit_seen, shown)
         try:
@@ -284,7 +307,11 @@ def runner_id_in(handle: Mapping[str, Any]) -> int | None:
 
 
 async def reattach_ref(
-    client: RunnerClient, entry: OutputSink[RunnerProcess], process: ProcessRef
+    client: RunnerClient,
+    entry: OutputSink[RunnerProcess],
+    process: ProcessRef,
+    *,
+    grace_s: float = 0.0,
 ) -> None:
     """`Durability.reattach` through the runner: follow the ref's process again from
     the client's output position, or `ProcessNotReattached` saying why not."""
@@ -292,7 +319,7 @@ async def reattach_ref(
     if runner_id is None:
         raise ProcessNotReattached("the ref names no process the runner keeps")
     try:
-        await reattach(client, entry, runner_id, process.output_position)
+        await reattach(client, entry, runner_id, process.output_position, grace_s=grace_s)
     except RunnerRequestError as exc:
         raise ProcessNotReattached(f"the runner no longer keeps the process ({exc.kind})") from None
 
@@ -333,7 +360,9 @@ class RunnerDurability(Durability):
         client = self.runner_client()
         if client is None:
             raise ProcessNotReattached(self.not_reattached)
-        await reattach_ref(client, entry, process)
+        # Every session class with the runner has the option (a kill's grace).
+        grace_s = float(getattr(self.session, "terminate_grace_s", 0.0))
+        await reattach_ref(client, entry, process, grace_s=grace_s)
 
     async def release(self, entry: OutputSink[Any]) -> None:
         """A process the runner keeps is left to it (only followed no more); any other is
@@ -346,12 +375,19 @@ class RunnerDurability(Durability):
 
 
 async def reattach(
-    client: RunnerClient, entry: OutputSink[RunnerProcess], runner_id: int, offset: int
+    client: RunnerClient,
+    entry: OutputSink[RunnerProcess],
+    runner_id: int,
+    offset: int,
+    *,
+    grace_s: float = 0.0,
 ) -> None:
     """Follow the runner's process `runner_id` again as `entry`, from the output offset
     `offset` (what it printed meanwhile first, the omission marker where the ring kept
     less), then live, then its exit."""
-    handle = RunnerProcess(client, runner_id, tty=entry.spec.tty)
+    handle = RunnerProcess(
+        client, runner_id, tty=entry.spec.tty, process_id=entry.process_id, grace_s=grace_s
+    )
     entry.handle = handle
     await client.attach(runner_id, _EntrySink(entry, handle._exit_seen), stdout_offset=offset)
 

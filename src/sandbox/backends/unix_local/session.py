@@ -362,6 +362,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
                 cwd=cwd,
                 argv=started.argv,
                 shown=None if trap is None else trap.feed,
+                grace_s=self.terminate_grace_s,
             )
         else:
             self._spawn_local(entry, command, trap)
@@ -432,7 +433,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _write_stdin(self, entry: OutputSink[LocalProcess], data: bytes) -> None:
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
-            await proc.write(data, entry.process_id)
+            await proc.write(data)
             entry.count_input(len(data))
             return
         await proc.write(data, on_progress=entry.count_input)
@@ -457,7 +458,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
             if entry.tty:  # ^C as input: the terminal's line discipline signals its group
-                await proc.write(b"\x03", entry.process_id)
+                await proc.write(b"\x03")
             else:
                 await proc.interrupt()
             return
