@@ -126,12 +126,15 @@ class RunnerProcess(Process):
         tty: bool,
         process_id: int = 0,
         grace_s: float = 0.0,
+        on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.client = client
         self.runner_id = runner_id
         self.tty = tty
         self.process_id = process_id
         self.grace_s = grace_s
+        # The sink's `count_input`: a write is one frame, counted once the runner wrote it.
+        self._on_written = on_written
         self.pid: int | None = None
         self._ended = asyncio.Event()
 
@@ -151,6 +154,8 @@ class RunnerProcess(Process):
         process_id = self.process_id
         try:
             await self.client.write(self.runner_id, data)
+            if self._on_written is not None:
+                self._on_written(len(data))
         except RunnerConnectionLost as exc:
             raise ConnectionLostError(
                 f"lost the connection to process {process_id}: {exc}"
@@ -260,7 +265,12 @@ async def spawn(
     spec = entry.spec
     for attempt in range(ID_ATTEMPTS):
         handle = RunnerProcess(
-            client, new_process_id(), tty=spec.tty, process_id=entry.process_id, grace_s=grace_s
+            client,
+            new_process_id(),
+            tty=spec.tty,
+            process_id=entry.process_id,
+            grace_s=grace_s,
+            on_written=entry.count_input,
         )
         entry.handle = handle
         sink = _EntrySink(entry, handle._exit_seen, shown)
@@ -386,7 +396,12 @@ async def reattach(
     `offset` (what it printed meanwhile first, the omission marker where the ring kept
     less), then live, then its exit."""
     handle = RunnerProcess(
-        client, runner_id, tty=entry.spec.tty, process_id=entry.process_id, grace_s=grace_s
+        client,
+        runner_id,
+        tty=entry.spec.tty,
+        process_id=entry.process_id,
+        grace_s=grace_s,
+        on_written=entry.count_input,
     )
     entry.handle = handle
     await client.attach(runner_id, _EntrySink(entry, handle._exit_seen), stdout_offset=offset)

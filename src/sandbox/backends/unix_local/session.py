@@ -433,8 +433,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
     async def _write_stdin(self, entry: OutputSink[LocalProcess], data: bytes) -> None:
         proc: LocalProcess | RunnerProcess = entry.require_handle()
         if isinstance(proc, RunnerProcess):
-            await proc.write(data)
-            entry.count_input(len(data))
+            await proc.write(data)  # counted by the handle
             return
         await proc.write(data, on_progress=entry.count_input)
 
