@@ -30,8 +30,13 @@ from typing import Any
 
 import docker.errors
 
-from ...backend import EXIT_DRAIN_GRACE_S, settle
-from ...errors import ConnectionLostError, ProviderError, UnsupportedOperationError
+from ...backend import EXIT_DRAIN_GRACE_S, Process, settle
+from ...errors import (
+    ConnectionLostError,
+    ProcessExitedError,
+    ProviderError,
+    UnsupportedOperationError,
+)
 from ..toolkit import (
     KILL_TICK_S,
     grace_ticks,
@@ -45,7 +50,7 @@ from ..toolkit import (
 from .engine import Engine
 from .errors import is_not_found
 from .frames import FrameDecoder, PayloadCallback
-from .stream import RawStream
+from .stream import RawStream, StreamClosedError
 
 logger = logging.getLogger("sandbox.docker")
 
@@ -103,12 +108,17 @@ HEAD_BYTES = 256
 FORK_FAILED = "can't fork"
 
 
-class DockerExec:
+class DockerExec(Process):
     """One exec: start it, stream it, learn its end, write to it, kill its tree.
 
     Callbacks run on the event loop: `on_output(stream, data)` (1 stdout, 2 stderr, 3
     engine error), `on_eof()`, `on_exit(code)`, `on_lost(reason)`. At most one of
     `on_exit`/`on_lost` is called.
+
+    The handle of a session's process (`entry.handle`) is a `Process`, whose methods the
+    base session's hooks call: `process_id` names it in the errors of a write, and
+    `grace_s` is what a `kill` gives its tree between SIGTERM and SIGKILL. The session's
+    own execs (the probe, the kill script, the lease) use the same class, unnamed.
     """
 
     def __init__(
@@ -129,8 +139,12 @@ class DockerExec:
         on_lost: Callable[[str], None] | None = None,
         wrap: bool = True,
         killer: KillBatcher | None = None,
+        process_id: int = 0,
+        grace_s: float = 0.0,
     ) -> None:
         self._engine = engine
+        self.process_id = process_id
+        self.grace_s = grace_s
         self._options = options
         self._killer = killer or KillBatcher(engine, options)
         self.tty = tty
@@ -408,25 +422,45 @@ class DockerExec:
         if self._stream is not None:
             self._stream.drain_now()
 
+    async def drain(self) -> None:
+        """At a window's deadline: read what already arrived at the socket, then let
+        pending callbacks run once."""
+        self.drain_now()
+        await asyncio.sleep(0)
+
     # ---- input and control -------------------------------------------------------------
 
     async def write(self, data: bytes) -> None:
-        """Write to the process's terminal (or its attached stdin)."""
+        """Write to the process's terminal (or its attached stdin) over the socket. A
+        closed socket is the process's end (`ProcessExitedError`) when its exit or the
+        end of its output is known, else a lost connection (`ConnectionLostError`)."""
         if self._stream is None:
             raise ProviderError("the process is not attached", retryable=False)
-        await self._stream.write(data)
+        try:
+            await self._stream.write(data)
+        except StreamClosedError as exc:
+            if self.ended or self.eof:
+                raise ProcessExitedError(
+                    f"process {self.process_id} has exited; poll it with empty chars to "
+                    "collect its remaining output and exit code"
+                ) from None
+            raise ConnectionLostError(
+                f"lost the connection to process {self.process_id}: {exc}"
+            ) from None
 
-    def close_stdin(self) -> None:
+    async def close_stdin(self) -> None:
         """End the attached stdin of a process on pipes: half-close the socket. The
         engine reads the end of the hijacked stream after every byte sent before it and
-        closes the process's stdin; the output keeps flowing back. Idempotent."""
+        closes the process's stdin; the output keeps flowing back. Idempotent (a TLS
+        connection cannot half-close: `processes.check_half_close` refuses it at start)."""
         if self._stream is None:
             raise ProviderError("the process is not attached", retryable=False)
         self._stream.shutdown_write()
 
     async def resize(self, rows: int, cols: int) -> None:
-        """Resize the terminal (`exec_resize`). A process that is still starting gets a
-        few more tries; one that already ended is left alone."""
+        """Resize the terminal (`exec_resize`; the initial size was set by the wrapper
+        with stty). A process that is still starting gets a few more tries; one that
+        already ended is left alone."""
         delay = 0.02
         for attempt in range(6):
             try:
@@ -484,6 +518,12 @@ class DockerExec:
                     logger.warning("could not kill a lost process (%s): %s", self.lost_reason, exc)
         finally:
             await self.aclose()
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """`terminate` with the handle's grace, even when the sandbox stops right after:
+        a container the session attached to (or keeps) outlives the close, and so would
+        the tree."""
+        await self.terminate(self.grace_s)
 
     async def kill_tree(self, grace_s: float) -> None:
         """Signal the whole tree now (see the module docstring); wait for the exit."""

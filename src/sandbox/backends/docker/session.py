@@ -13,7 +13,6 @@ size of tty processes when there is one. The file API runs nothing in the contai
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -30,22 +29,15 @@ from ...backend import (
     check_seconds,
     check_str,
     durable_session_id,
-    settle,
+    kill_handle,
 )
-from ...errors import (
-    ConnectionLostError,
-    InvalidArgumentError,
-    ProcessExitedError,
-    UnsupportedOperationError,
-)
+from ...errors import InvalidArgumentError, UnsupportedOperationError
 from ..toolkit import (
     CommandCheck,
     RunnerProcess,
-    ShellTrap,
     refuse_renamed,
     spawn_through_runner,
     start_one_shot,
-    wait_for_verdict,
 )
 from . import durable as durable_docker
 from .container import (
@@ -56,11 +48,11 @@ from .container import (
     running_container,
 )
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
-from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
+from .execs import DockerExec, ExecOptions, KillBatcher
 from .files import ContainerFiles, DockerFiles
 from .ports import DockerPorts, DockerSnapshots
+from .processes import check_half_close, spawn_exec, start_exec
 from .runner_link import ContainerRunner
-from .stream import StreamClosedError
 from .workspace import ContainerTree, DockerWorkspace
 
 logger = logging.getLogger("sandbox.docker")
@@ -70,9 +62,6 @@ DEFAULT_TERM = "xterm-256color"
 # next keystroke): use a sequence nobody types by accident.
 DEFAULT_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@"
 TEARDOWN_CONCURRENCY = 64
-# Appended to the output (a one-shot's stderr) of a process the memory limit killed, as
-# on unix_local.
-MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
 
 
 class DockerSession(BaseSandboxSession[DockerExec]):
@@ -107,6 +96,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     """
 
     backend_name = "docker"
+    # Both handles (`DockerExec`, `RunnerProcess`) end an open stdin: `close_stdin`.
+    _stdin_stays_open = True
 
     def __init__(
         self,
@@ -295,10 +286,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         assert self._engine is not None and self._exec_options is not None
         return self._engine, self._exec_options
 
-    def _new_exec(self, argv: Sequence[str], *, tty: bool, **kwargs: Any) -> DockerExec:
-        engine, options = self._require_engine()
-        return DockerExec(engine, options, argv, tty=tty, killer=self._killer, **kwargs)
-
     def _cwd(self, cwd: str | None) -> str | None:
         if cwd is None:
             return None
@@ -313,11 +300,10 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     # ---- commands ----------------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
-        """One exec on pipes, stdout and stderr kept apart (each chunk straight into the
-        bounded capture); the base session waits, times out and kills the tree through
-        the kill script (see `DockerOneShot`). A `cwd` or `shell=False` runs behind the
-        command check."""
-        engine, _ = self._require_engine()
+        """One exec on pipes, stdout and stderr kept apart (`processes.start_exec`); the
+        base session waits, times out and kills the tree through the kill script (see
+        `DockerOneShot`). A `cwd` or `shell=False` runs behind the command check."""
+        engine, options = self._require_engine()
         if self._runner is not None:
             return await start_one_shot(
                 self._runner.client,
@@ -327,31 +313,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 cwd=self._cwd(spec.cwd) or self._workdir,
             )
         argv, cwd, capture.check = self._checked(spec, announce=False)
-
-        first = bytearray()  # the first bytes, whatever the stream (see DockerOneShot)
-
-        def collect(stream: int, data: bytes) -> None:
-            if len(first) < 256:
-                first.extend(data[: 256 - len(first)])
-            # Stream 3 (an engine error) is kept with stderr, where the user looks.
-            (capture.add_stdout if stream == 1 else capture.add_stderr)(data)
-
-        proc = self._new_exec(
-            argv,
-            tty=False,
-            env=self._environment(spec, tty=False),
-            cwd=cwd,
-            on_output=collect,
-        )
-        try:
-            await proc.start()
-        except BaseException as exc:
-            try:
-                await settle(proc.terminate(0))  # nobody else knows it
-            except Exception as cleanup_exc:
-                exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
-            raise
-        return DockerOneShot(proc, engine, first, lambda: capture.add_stderr(MEMORY_NOTE))
+        env = self._environment(spec, tty=False)
+        return await start_exec(engine, options, self._killer, argv, capture, cwd=cwd, env=env)
 
     def _checked(
         self, spec: CommandSpec, *, announce: bool
@@ -367,8 +330,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         return check.argv(spec.argv, announce=announce), None, check
 
     async def _spawn_process(self, entry: OutputSink[DockerExec]) -> None:
-        """Start an attached exec whose socket feeds the entry (no thread); with a
-        command check, wait for its verdict."""
+        """Start an attached exec whose socket feeds the entry (no thread), its handle a
+        `DockerExec` (`processes.spawn_exec`); with a command check, wait for its
+        verdict. With the runner: the runner's process (`RunnerProcess`)."""
         spec = entry.spec
         if self._runner is not None:
             await spawn_through_runner(
@@ -379,93 +343,26 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 grace_s=self.terminate_grace_s,
             )
             return
+        engine, options = self._require_engine()
         if spec.stdin:
-            _check_half_close(self._require_engine()[0])
+            check_half_close(engine)
         argv, cwd, check = self._checked(spec.command, announce=True)
-        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
-
-        def on_output(stream: int, data: bytes) -> None:
-            # The check's markers come on stdout (the terminal, for a tty): the trap strips
-            # them. Stderr never carries them: it goes straight through.
-            if trap is not None and stream == 1:
-                data = trap.feed(data)
-            entry.feed(data)
-
-        def on_exit(code: int) -> None:
-            if proc.memory_killed:
-                entry.feed(MEMORY_NOTE)
-            entry.report_exit(code)
-
-        proc = self._new_exec(
+        await spawn_exec(
+            entry,
+            engine,
+            options,
+            self._killer,
             argv,
-            tty=spec.tty,
-            env=self._environment(spec.command, tty=spec.tty),
             cwd=cwd,
-            rows=spec.rows,
-            cols=spec.cols,
-            stdin=spec.stdin,
-            on_output=on_output,
-            on_eof=entry.report_eof,
-            on_exit=on_exit,
-            on_lost=entry.report_lost,
+            env=self._environment(spec.command, tty=spec.tty),
+            check=check,
+            grace_s=self.terminate_grace_s,
         )
-        entry.handle = proc
-        await proc.start()
-        if trap is not None and check is not None:
-            await wait_for_verdict(entry, trap, check)
-
-    async def _write_stdin(self, entry: OutputSink[DockerExec], data: bytes) -> None:
-        """Send keystrokes over the exec's socket."""
-        proc = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.write(data)
-            return
-        try:
-            await proc.write(data)
-        except StreamClosedError as exc:
-            if proc.ended or proc.eof:
-                raise ProcessExitedError(
-                    f"process {entry.process_id} has exited; poll it with empty chars to "
-                    "collect its remaining output and exit code"
-                ) from None
-            raise ConnectionLostError(
-                f"lost the connection to process {entry.process_id}: {exc}"
-            ) from None
-
-    async def _close_stdin(self, entry: OutputSink[DockerExec]) -> None:
-        """Half-close the exec's hijacked socket: the engine closes the process's stdin
-        once it has passed on every byte before (the output still flows back)."""
-        proc = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.close_stdin()
-        else:
-            proc.close_stdin()
-
-    async def _resize(self, entry: OutputSink[DockerExec], rows: int, cols: int) -> None:
-        """`exec_resize` (the initial size was set by the wrapper with stty)."""
-        proc = entry.require_handle()
-        await proc.resize(rows, cols)
-
-    async def _interrupt(self, entry: OutputSink[DockerExec]) -> None:
-        """Ctrl-C: `\\x03` on a terminal, else SIGINT to the command's process group."""
-        proc = entry.require_handle()
-        if entry.tty:
-            await self._write_stdin(entry, b"\x03")
-        else:
-            await proc.interrupt()  # the runner's handle signals the group too
 
     async def _terminate_pty_entry(self, entry: OutputSink[DockerExec]) -> None:
-        """Kill the tree (grace, then SIGKILL), close the socket."""
-        proc: DockerExec | RunnerProcess | None = entry.handle
-        if proc is not None:
-            await proc.terminate(self.terminate_grace_s)
-
-    async def _final_drain(self, entry: OutputSink[DockerExec]) -> None:
-        """Read what already arrived at the socket."""
-        proc: DockerExec | RunnerProcess | None = entry.handle
-        if isinstance(proc, DockerExec):
-            proc.drain_now()
-        await asyncio.sleep(0)
+        """Kill the tree (grace, then SIGKILL), close the socket: the handle's `kill`.
+        Even on a close: an attached or kept container outlives the session."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
@@ -487,17 +384,3 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     def _shell_ops(self) -> ShellFileOps:
         return ShellFileOps(self.exec, self._workdir)
-
-
-def _check_half_close(engine: Engine) -> None:
-    """Refuse `stdin=True` before anything starts where the hijacked stream cannot be
-    half-closed: over TLS a half-close ends the TLS session itself (its reads would
-    then see raw records), and the SDK gives no TLS close_notify for one direction."""
-    base_url = str(getattr(engine.api, "base_url", ""))
-    if base_url.startswith("https"):
-        raise UnsupportedOperationError(
-            "stdin=True: the docker backend ends a process's input by half-closing its "
-            "exec stream, which a TLS connection to the engine (DOCKER_TLS_VERIFY, "
-            "tcp with tls) cannot do; use a unix socket or plain tcp engine, tty=True, "
-            "or redirect the input from a file"
-        )
