@@ -730,7 +730,7 @@ async def test_a_process_starting_after_its_teardown_exits_at_once(
     # teardown already ran. The teardown's marker makes the wrapper exit at once.
     marker = unique_seconds()
     async with open_modal(fake, tmp_path) as s:
-        command = Command(tty=False, tag="0123456789abcdef01234567")
+        command = Command(s._commands, tty=False, keep=False, tag="0123456789abcdef01234567")
         await s._commands.control(command, "kill")  # no process yet: the marker is left
         spec = build_command(("sleep", marker), shell=False, env=None, cwd=None)
         process = await s._commands.start(spec, command, wrap=True)

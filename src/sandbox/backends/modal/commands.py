@@ -2,7 +2,9 @@
 
 Every process is a `sandbox.exec.aio(...)` (`pty=True` for a terminal) whose argv comes
 from `scripts` and whose environment carries the toolkit's tag. Signals go through a
-second exec of the toolkit's kill or interrupt script (`Commands.control`).
+second exec of the toolkit's kill or interrupt script (`Commands.control`). `Command`,
+the handle of one command, is a `Process`: the base session's hooks write to it,
+interrupt it, end its input and kill it through its methods.
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from ...backend import CommandSpec
+from ...backend import CommandSpec, Process, cancel_and_wait
 from ...errors import ProviderError, SandboxError
 from ..toolkit import KILL_TICK_S, CommandCheck, new_tag, parse_kill_report, tag_environment
 from . import scripts
@@ -25,21 +26,86 @@ logger = logging.getLogger("sandbox.modal")
 CONTROL_TIMEOUT_S = 30.0  # a control exec (signal, kill) beyond the terminate grace
 
 
-@dataclass(eq=False)
-class Command:
-    """The backend's handle on one command (a `OutputSink.handle`, or a one-shot's)."""
+# The largest piece of one write handed to the SDK's stdin writer at a time.
+WRITE_CHUNK = 1024 * 1024
 
-    tty: bool
-    tag: str = field(default_factory=new_tag)
-    process: Any = None  # the SDK's ContainerProcess, once the exec answered
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-    watcher: asyncio.Task[None] | None = None
-    exited: bool = False
-    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+class Command(Process):
+    """The backend's handle on one command (an `OutputSink.handle`, or a one-shot's):
+    its tag, the SDK's `ContainerProcess` once the exec answered, and the tasks reading
+    and watching it. As a `Process` it keeps what its controls need: `commands` (which
+    signals its tree, and whose `errors` translate the SDK's exceptions) and `keep`
+    (the session keeps the sandbox at close: its deletion does not end this command)."""
+
+    def __init__(
+        self,
+        commands: Commands,
+        *,
+        tty: bool,
+        keep: bool,
+        tag: str | None = None,
+        process: Any = None,
+    ) -> None:
+        self.commands = commands
+        self.tty = tty
+        self.keep = keep
+        self.tag = tag if tag is not None else new_tag()
+        self.process: Any = process  # the SDK's ContainerProcess, once the exec answered
+        self.readers: list[asyncio.Task[None]] = []
+        self.watcher: asyncio.Task[None] | None = None
+        self.exited = False
+        # One writer at a time: the SDK's writer keeps one buffer and one stream offset,
+        # and an interrupt (`\x03`) may arrive while a write is draining.
+        self.write_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"Command(tag={self.tag}, tty={self.tty}, exited={self.exited})"
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task reading or watching this command."""
         return [*self.readers, *([self.watcher] if self.watcher is not None else [])]
+
+    async def write(self, data: bytes) -> None:
+        """Write to the terminal (or a pipe process's open stdin) through the SDK's
+        stdin writer, in bounded chunks."""
+        call = self.commands.errors.call
+        async with self.write_lock:
+            for start in range(0, len(data), WRITE_CHUNK):
+                chunk = data[start : start + WRITE_CHUNK]
+                await call("write to the process", _send, self.process, chunk)
+
+    async def close_stdin(self) -> None:
+        """The SDK's `write_eof()`, flushed by `drain()`: the EOF travels after every
+        byte written before (one writer at a time, as for writes)."""
+        async with self.write_lock:
+            await self.commands.errors.call("close the command's stdin", _send_eof, self.process)
+
+    async def interrupt(self) -> None:
+        """SIGINT to a pipe process's group by the toolkit's interrupt script."""
+        await self.commands.control(self, "int")
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Kill the process tree by tag (polite signals, grace, SIGKILL), then stop and
+        await the reader and watcher tasks, whatever happened before."""
+        try:
+            if sandbox_stopping and not self.keep:
+                # Terminating the sandbox next ends every process: one call, not one per
+                # process (stopping our tasks is all that is left to do here).
+                return
+            # Also after the leader's exit: its background children may still be there.
+            await self.commands.control(self, "kill" if self.exited else "term")
+        finally:
+            await cancel_and_wait(self.tasks())
+
+
+async def _send(process: Any, chunk: bytes) -> None:
+    process.stdin.write(chunk)
+    await process.stdin.drain.aio()
+
+
+async def _send_eof(process: Any) -> None:
+    process.stdin.write_eof()
+    await process.stdin.drain.aio()
 
 
 class Commands:
@@ -92,7 +158,7 @@ class Commands:
     ) -> Any:
         """Exec `spec` (`command.process` is set as soon as the exec answers); a pipe
         command then gets its stdin closed, unless `keep_stdin` (`stdin=True`: the
-        session's `_close_stdin` ends it later). Behind a `check` the exec starts in
+        handle's `close_stdin` ends it later). Behind a `check` the exec starts in
         `workdir` and the check enters `cwd`."""
         sandbox = self.require_sandbox()
         tty = command.tty

@@ -172,6 +172,7 @@ class ModalDurability(Durability):
         if not session.keep:
             await self.check_created(ref)
         session._created = ref.sandbox.get("created") is True
+        commands = session._commands
         for process in ref.processes:
             tag = process.handle.get("tag")
             if not process.running or not isinstance(tag, str):
@@ -181,7 +182,8 @@ class ModalDurability(Durability):
             except ValueError:
                 continue
             # A stand-in for the exec's answer: the command is known to have started.
-            await session._commands.control(Command(tty=process.tty, tag=tag, process=True), "kill")
+            stand_in = Command(commands, tty=process.tty, keep=session.keep, tag=tag, process=True)
+            await commands.control(stand_in, "kill")
 
     async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
         """Never possible (see the module docstring)."""

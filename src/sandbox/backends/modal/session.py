@@ -4,11 +4,12 @@ async (`.aio`) calls.
 Every process is a `sandbox.exec.aio(...)` (`pty=True` for a terminal): the command is
 the process, so its exit status comes from `process.wait.aio()` and no shell trap is
 needed. Beside it (one module per idea): `commands` (start a command, signal it with
-the toolkit's scripts, read a stream), `scripts` (the argv: preamble, toolkit wrapper,
-kill script), `oneshot` (the `OneShotProcess` of `exec`), `processes` (readers and
-watcher of a `pty_exec_start` process), `files`, `errors` (the SDK's exceptions through
-the toolkit's policy). A terminal is interrupted with `\\x03`; resizing raises
-`UnsupportedOperationError` (the SDK has no call for it).
+the toolkit's scripts, read a stream; `Command`, a process's handle: a `Process` the
+base session's hooks write to, interrupt, end the input of and kill), `scripts` (the
+argv: preamble, toolkit wrapper, kill script), `oneshot` (the `OneShotProcess` of
+`exec`), `processes` (readers and watcher of a `pty_exec_start` process), `files`,
+`errors` (the SDK's exceptions through the toolkit's policy). A terminal is interrupted
+with `\\x03`; resizing raises `UnsupportedOperationError` (the SDK has no call for it).
 
 With `pty=True` the SDK describes the terminal from the *client* process
 (`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
@@ -41,11 +42,11 @@ from ...backend import (
     OutputSink,
     ShellFileOps,
     ShellWorkspace,
-    cancel_and_wait,
     check_env,
     check_seconds,
     check_str,
     durable_session_id,
+    kill_handle,
     settle,
 )
 from ...errors import InvalidArgumentError
@@ -90,7 +91,6 @@ TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 # to wait for the other before giving up on it.
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
-WRITE_CHUNK = 1024 * 1024
 # A create may build the image first.
 DEFAULT_CREATE_TIMEOUT_S = 600.0
 
@@ -141,6 +141,8 @@ class ModalSession(BaseSandboxSession[Command]):
     """
 
     backend_name = "modal"
+    # A process on pipes may keep its stdin open (`Command.close_stdin` ends it).
+    _stdin_stays_open = True
 
     def __init__(
         self,
@@ -351,7 +353,7 @@ class ModalSession(BaseSandboxSession[Command]):
         cancelled while the exec is in flight, the tree is killed by its tag (a marker
         stops it should the exec still start)."""
         timeout = capture.timeout  # for the server-side backstop just after it
-        command = Command(tty=False)
+        command = Command(self._commands, tty=False, keep=self.keep)
         check = capture.check = CommandCheck.needed(spec, cwd=self._commands.cwd(spec.cwd))
         try:
             await self._commands.start(
@@ -377,7 +379,7 @@ class ModalSession(BaseSandboxSession[Command]):
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
         one reader task per stream and a watcher task for the exit."""
         spec = entry.spec
-        command = Command(tty=spec.tty)
+        command = Command(self._commands, tty=spec.tty, keep=self.keep)
         entry.handle = command  # from here on, teardown can find (and kill) it by tag
         check = CommandCheck.needed(spec.command, cwd=self._commands.cwd(spec.command.cwd))
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
@@ -402,47 +404,10 @@ class ModalSession(BaseSandboxSession[Command]):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: OutputSink[Command], data: bytes) -> None:
-        """Write to the terminal (or a pipe process's open stdin) through the SDK's
-        stdin writer, in bounded chunks."""
-        command = entry.require_handle()
-        # One writer at a time: the SDK's writer keeps one buffer and one stream offset,
-        # and an interrupt (`\x03`) may arrive while a write is draining.
-        async with command.write_lock:
-            for start in range(0, len(data), WRITE_CHUNK):
-                chunk = data[start : start + WRITE_CHUNK]
-                await self._errors.call("write to the process", _send, command.process, chunk)
-
-    async def _close_stdin(self, entry: OutputSink[Command]) -> None:
-        """The SDK's `write_eof()`, flushed by `drain()`: the EOF travels after every
-        byte written before (one writer at a time, as for writes)."""
-        command = entry.require_handle()
-        async with command.write_lock:
-            await self._errors.call("close the command's stdin", _send_eof, command.process)
-
-    async def _interrupt(self, entry: OutputSink[Command]) -> None:
-        """`\\x03` on a terminal; SIGINT to a pipe process's group by the toolkit's
-        interrupt script."""
-        if entry.tty:
-            await self._write_stdin(entry, b"\x03")
-            return
-        await self._commands.control(entry.require_handle(), "int")
-
     async def _terminate_pty_entry(self, entry: OutputSink[Command]) -> None:
-        """Kill the process tree by tag (polite signals, grace, SIGKILL), then stop and
-        await the reader and watcher tasks, whatever happened before."""
-        command: Command | None = entry.handle
-        if command is None:
-            return
-        try:
-            if entry.sandbox_stopping and not self.keep:
-                # Terminating the sandbox next ends every process: one call, not one per
-                # process (stopping our tasks is all that is left to do here).
-                return
-            # Also after the leader's exit: its background children may still be there.
-            await self._commands.control(command, "kill" if command.exited else "term")
-        finally:
-            await cancel_and_wait(command.tasks())
+        """`Command.kill`: the tree killed by tag, unless the sandbox's deletion right
+        after ends it; the reader and watcher tasks stopped either way."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
@@ -457,13 +422,3 @@ class ModalSession(BaseSandboxSession[Command]):
     async def _shell_ops(self) -> ShellFileOps:
         """The shell file operations in this sandbox's workspace."""
         return ShellFileOps(self.exec, self.workdir)
-
-
-async def _send(process: Any, chunk: bytes) -> None:
-    process.stdin.write(chunk)
-    await process.stdin.drain.aio()
-
-
-async def _send_eof(process: Any) -> None:
-    process.stdin.write_eof()
-    await process.stdin.drain.aio()
