@@ -4,7 +4,8 @@
 - `config`: credentials and the cluster, loaded by `kubernetes_asyncio`;
 - `client`: HTTP calls, watches and exec WebSockets over one aiohttp session;
 - `channels`: the exec channel protocol (v5, v4);
-- `execs`: a command's exec under the toolkit's wrapper, kills by a second exec;
+- `execs`: a command's exec under the toolkit's wrapper (`KubeProcess`, the handle: a
+  `Process`), kills by a second exec;
 - `pods`: manifest, create, watch until running, attach, delete;
 - `durable`: detach and resume (the pod by name and uid, the lease file in the pod;
   exec processes cannot be reattached: killed by tag);

@@ -8,6 +8,11 @@ copies streams; closing the socket of a tty exec leaves the process running: con
 an exec takes no environment), and the toolkit's kill or interrupt script runs as a
 short control exec that finds the tagged tree through /proc. The runtime makes an
 exec's first process a session leader (runc), as the wrapper needs.
+
+`KubeProcess` is a process's handle (a `Process`: the base session's hooks write,
+resize, interrupt and end its input through it); `spawn` makes one for an entry and
+`start_command` one for a one-shot command (`KubeOneShot`); `run_control` runs a short
+command of ours to its end.
 """
 
 from __future__ import annotations
@@ -16,8 +21,21 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...backend import settle
-from ...errors import ConnectionLostError, ProviderError
+from ...backend import (
+    CommandCheck,
+    ExecCapture,
+    OutputSink,
+    Process,
+    ShellTrap,
+    settle,
+    wait_for_verdict,
+)
+from ...errors import (
+    ConnectionLostError,
+    ProcessExitedError,
+    ProviderError,
+    UnsupportedOperationError,
+)
 from ..toolkit import (
     grace_ticks,
     interrupt_script,
@@ -28,7 +46,7 @@ from ..toolkit import (
 )
 from . import bounds, scripts
 from .channels import ExecStream, OnData
-from .client import KubeClient
+from .client import V4_PROTOCOL, KubeClient
 
 
 @dataclass(frozen=True)
@@ -42,10 +60,13 @@ class Target:
     cwd: str | None
 
 
-class KubeProcess:
-    """One command's exec: start, stream, write, resize, interrupt, kill.
+class KubeProcess(Process):
+    """One command's exec: start, stream, write, resize, interrupt, kill; a `Process`,
+    so the base session's hooks drive an entry's exec through it.
 
     `on_stdout`/`on_stderr` get output; `on_end(code_or_error)` once the stream ended.
+    `process_id` names it in errors; `grace_s` is the time a `kill` gives the tree
+    between SIGTERM and SIGKILL.
     """
 
     def __init__(
@@ -64,6 +85,8 @@ class KubeProcess:
         on_end: Callable[[int | BaseException], None] | None = None,
         stdin: bool | None = None,
         wrap: bool = True,
+        process_id: int = 0,
+        grace_s: float = 0.0,
     ) -> None:
         self._client = client
         self._target = target
@@ -80,6 +103,8 @@ class KubeProcess:
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
         self._on_end = on_end
+        self.process_id = process_id
+        self.grace_s = grace_s
         self.stream: ExecStream | None = None
         self.killed = False
         self._closed = False
@@ -120,12 +145,34 @@ class KubeProcess:
         """The exit code (see `ExecStream.wait`)."""
         return await self.require_stream().wait()
 
+    def _lost(self, exc: ConnectionLostError) -> Exception:
+        """The error of a write or a close of stdin the stream refused: the process
+        exited (its status came), else the connection is lost."""
+        if self.ended and isinstance(self.require_stream().outcome(), int):
+            return ProcessExitedError(
+                f"process {self.process_id} has exited; poll it with empty chars to "
+                "collect its remaining output and exit code"
+            )
+        return ConnectionLostError(f"lost the connection to process {self.process_id}: {exc}")
+
     async def write(self, data: bytes) -> None:
-        """Keystrokes on stdin."""
-        await self.require_stream().write(data)
+        """Keystrokes (or data on an open stdin) on the exec's stdin channel."""
+        try:
+            await self.require_stream().write(data)
+        except ConnectionLostError as exc:
+            raise self._lost(exc) from None
+
+    async def close_stdin(self) -> None:
+        """v5's CLOSE of the stdin channel (`[255, 0]`): the kubelet closes the
+        process's stdin after the frames sent before it; the output goes on. (A spawn
+        with open stdin under v4 is refused before this can be asked.)"""
+        try:
+            await self.require_stream().close_stdin()
+        except ConnectionLostError as exc:
+            raise self._lost(exc) from None
 
     async def resize(self, rows: int, cols: int) -> None:
-        """The terminal's new size."""
+        """The terminal's new size, on the resize channel (4)."""
         await self.require_stream().resize(rows, cols)
 
     async def interrupt(self) -> None:
@@ -162,6 +209,21 @@ class KubeProcess:
         else:
             await self.terminate(0)
 
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Kill the tree (`grace_s`, then SIGKILL) by a second exec, close the socket;
+        after a start cut short, kill its tag anyway (`kill_unstarted`). Whether the
+        pod's deletion makes the kill needless is the session's to say (it asks for
+        `release` instead), so `sandbox_stopping` changes nothing here."""
+        if self.stream is None:
+            await self.kill_unstarted()
+        else:
+            await self.terminate(self.grace_s)
+
+    async def release(self) -> None:
+        """Close the socket without killing: the pod's deletion, next, ends the
+        process."""
+        await self.terminate(self.grace_s, kill=False)
+
 
 class KubeOneShot:
     """A one-shot command (`OneShotProcess`): the base session waits, times out and
@@ -182,6 +244,102 @@ class KubeOneShot:
     async def release(self) -> None:
         """Close the socket (the command ended)."""
         await self._process.terminate(0, kill=False)
+
+
+async def start_command(
+    client: KubeClient,
+    target: Target,
+    argv: Sequence[str],
+    capture: ExecCapture,
+    *,
+    env: Mapping[str, str],
+    grace_s: float,
+) -> KubeOneShot:
+    """A one-shot command: one exec on pipes, stdout and stderr apart, straight into
+    `capture`. If its start fails or is cancelled, its tag is killed here (nobody else
+    knows it)."""
+    process = KubeProcess(
+        client,
+        target,
+        argv,
+        tty=False,
+        env=env,
+        on_stdout=capture.add_stdout,
+        on_stderr=capture.add_stderr,
+    )
+    try:
+        await process.start()
+    except BaseException as exc:
+        try:
+            await settle(process.kill_unstarted())
+        except Exception as cleanup_exc:
+            exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
+        raise
+    return KubeOneShot(process, grace_s)
+
+
+async def spawn(
+    client: KubeClient,
+    target: Target,
+    entry: OutputSink[KubeProcess],
+    argv: Sequence[str],
+    check: CommandCheck | None,
+    *,
+    env: Mapping[str, str],
+    grace_s: float,
+) -> None:
+    """Start `entry.spec` as an exec of `argv` (the command behind `check`, if any)
+    whose socket feeds the entry, the handle stored before the first await; with a
+    check, wait for its verdict. Pipes processes get no stdin at all (their EOF, under
+    v4 too), unless started with `stdin=True`: that needs v5's CLOSE to end it, so
+    under v4 it is refused (before the exec when an earlier one agreed on v4, else
+    right after)."""
+    spec = entry.spec
+    if spec.stdin and client.agreed == V4_PROTOCOL:
+        raise _no_stdin_close(V4_PROTOCOL)
+    trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+
+    def on_stdout(data: bytes) -> None:
+        entry.feed(trap.feed(data) if trap is not None else data)
+
+    def on_end(outcome: int | BaseException) -> None:
+        entry.report_eof()
+        if isinstance(outcome, int):
+            entry.report_exit(outcome)
+        else:
+            entry.report_lost(str(outcome))
+
+    process = KubeProcess(
+        client,
+        target,
+        argv,
+        tty=spec.tty,
+        env=env,
+        rows=spec.rows if spec.tty else None,
+        cols=spec.cols if spec.tty else None,
+        on_stdout=on_stdout,
+        on_stderr=entry.feed,
+        on_end=on_end,
+        stdin=spec.tty or spec.stdin,
+        process_id=entry.process_id,
+        grace_s=grace_s,
+    )
+    entry.handle = process
+    await process.start()
+    stream = process.require_stream()
+    if spec.stdin and not stream.can_close_stdin:
+        # The teardown of the failed start ends the command, which never ran long.
+        raise _no_stdin_close(stream.protocol)
+    if trap is not None and check is not None:
+        await wait_for_verdict(entry, trap, check)
+
+
+def _no_stdin_close(protocol: str) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"stdin=True: this cluster's pods/exec speaks {protocol or 'an old protocol'}, "
+        "which cannot end a process's stdin while its output goes on (v5.channel.k8s.io "
+        "can); use tty=True, or redirect the input from a file"
+    )
 
 
 async def run_control(

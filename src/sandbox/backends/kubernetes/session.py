@@ -23,22 +23,16 @@ from ...backend import (
     OneShotProcess,
     OutputSink,
     ShellFileOps,
-    ShellTrap,
     ShellWorkspace,
     check_env,
     check_seconds,
     check_str,
     durable_session_id,
-    settle,
-    wait_for_verdict,
 )
 from ...errors import (
-    ConnectionLostError,
     CredentialsMissingError,
     InvalidArgumentError,
-    ProcessExitedError,
     SessionGoneError,
-    UnsupportedOperationError,
     WorkdirError,
 )
 from ..toolkit import (
@@ -48,10 +42,10 @@ from ..toolkit import (
     spawn_through_runner,
     start_one_shot,
 )
-from . import bounds, durable, pods, scripts
-from .client import PROTOCOLS, V4_PROTOCOL, KubeClient
+from . import bounds, durable, execs, pods, scripts
+from .client import PROTOCOLS, KubeClient
 from .config import Cluster, load_cluster
-from .execs import KubeOneShot, KubeProcess, Target, run_control
+from .execs import KubeProcess, Target, run_control
 from .files import KubernetesFiles, PodFiles
 from .limits import container_resources
 from .runner_link import PodRunner
@@ -61,7 +55,11 @@ logger = logging.getLogger("sandbox.kubernetes")
 DEFAULT_TERM = "xterm-256color"
 
 
-class KubernetesSession(BaseSandboxSession[KubeProcess]):
+# An entry's handle: an exec of its own, or a process the runner keeps.
+Handle = KubeProcess | RunnerProcess
+
+
+class KubernetesSession(BaseSandboxSession[Handle]):
     """Runs commands in a Kubernetes pod.
 
     Exactly one of:
@@ -360,30 +358,19 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             )
         client, target = self._require()
         argv, capture.check = self._checked(spec, announce=False)
-        proc = KubeProcess(
+        return await execs.start_command(
             client,
             target,
             argv,
-            tty=False,
+            capture,
             env=self._environment(spec, tty=False),
-            on_stdout=capture.add_stdout,
-            on_stderr=capture.add_stderr,
+            grace_s=self.terminate_grace_s,
         )
-        try:
-            await proc.start()
-        except BaseException as exc:
-            try:
-                await settle(proc.kill_unstarted())  # nobody else knows it
-            except Exception as cleanup_exc:
-                exc.add_note(f"killing the half-started command also failed: {cleanup_exc}")
-            raise
-        return KubeOneShot(proc, self.terminate_grace_s)
 
-    async def _spawn_process(self, entry: OutputSink[KubeProcess]) -> None:
-        """An exec whose socket feeds the entry; with a command check, wait for its
-        verdict. Pipes processes get no stdin at all (their EOF, under v4 too), unless
-        started with `stdin=True`: that needs v5's CLOSE to end it, so under v4 it is
-        refused (before the exec when an earlier one agreed on v4, else right after)."""
+    async def _spawn_process(self, entry: OutputSink[Handle]) -> None:
+        """An exec whose socket feeds the entry (`execs.spawn`: open stdin needs v5), or
+        a process of the runner; either handle is a `Process`, which the base session's
+        hooks write to, resize, interrupt and end the input of."""
         spec = entry.spec
         if self._runner is not None:
             await spawn_through_runner(
@@ -395,113 +382,34 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
             )
             return
         client, target = self._require()
-        if spec.stdin and client.agreed == V4_PROTOCOL:
-            raise _no_stdin_close(V4_PROTOCOL)
         argv, check = self._checked(spec.command, announce=True)
-        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
-
-        def on_stdout(data: bytes) -> None:
-            entry.feed(trap.feed(data) if trap is not None else data)
-
-        def on_end(outcome: int | BaseException) -> None:
-            entry.report_eof()
-            if isinstance(outcome, int):
-                entry.report_exit(outcome)
-            else:
-                entry.report_lost(str(outcome))
-
-        proc = KubeProcess(
+        await execs.spawn(
             client,
             target,
+            cast(OutputSink[KubeProcess], entry),
             argv,
-            tty=spec.tty,
+            check,
             env=self._environment(spec.command, tty=spec.tty),
-            rows=spec.rows if spec.tty else None,
-            cols=spec.cols if spec.tty else None,
-            on_stdout=on_stdout,
-            on_stderr=entry.feed,
-            on_end=on_end,
-            stdin=spec.tty or spec.stdin,
+            grace_s=self.terminate_grace_s,
         )
-        entry.handle = proc
-        await proc.start()
-        stream = proc.require_stream()
-        if spec.stdin and not stream.can_close_stdin:
-            # The teardown of the failed start ends the command, which never ran long.
-            raise _no_stdin_close(stream.protocol)
-        if trap is not None and check is not None:
-            await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: OutputSink[KubeProcess], data: bytes) -> None:
-        """Keystrokes on the exec's stdin channel (or to the runner's process)."""
-        proc = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.write(data)
-            return
-        try:
-            await proc.write(data)
-        except ConnectionLostError as exc:
-            if proc.ended and isinstance(proc.require_stream().outcome(), int):
-                raise ProcessExitedError(
-                    f"process {entry.process_id} has exited; poll it with empty chars to "
-                    "collect its remaining output and exit code"
-                ) from None
-            raise ConnectionLostError(
-                f"lost the connection to process {entry.process_id}: {exc}"
-            ) from None
+    # Both handles keep a process's stdin open and end it (an exec's under v5 only:
+    # `execs.spawn` refuses `stdin=True` under v4 before anything runs).
+    _stdin_stays_open = True
 
-    async def _close_stdin(self, entry: OutputSink[KubeProcess]) -> None:
-        """v5's CLOSE of the stdin channel (`[255, 0]`): the kubelet closes the
-        process's stdin after the frames sent before it; the output goes on. (Through
-        the runner: its CLOSE_STDIN, on v4 too.)"""
-        proc = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.close_stdin()
-            return
-        try:
-            await proc.require_stream().close_stdin()
-        except ConnectionLostError as exc:
-            if proc.ended and isinstance(proc.require_stream().outcome(), int):
-                raise ProcessExitedError(
-                    f"process {entry.process_id} has exited; poll it with empty chars to "
-                    "collect its remaining output and exit code"
-                ) from None
-            raise ConnectionLostError(
-                f"lost the connection to process {entry.process_id}: {exc}"
-            ) from None
-
-    async def _resize(self, entry: OutputSink[KubeProcess], rows: int, cols: int) -> None:
-        """The resize channel (4)."""
-        await entry.require_handle().resize(rows, cols)
-
-    async def _interrupt(self, entry: OutputSink[KubeProcess]) -> None:
-        """Ctrl-C on a terminal, else SIGINT to the command's group by a second exec."""
-        proc = entry.require_handle()
-        if entry.tty:
-            await self._write_stdin(entry, b"\x03")
-        else:
-            await proc.interrupt()
-
-    async def _terminate_pty_entry(self, entry: OutputSink[KubeProcess]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[Handle]) -> None:
         """Kill the tree (grace, then SIGKILL) by a second exec, close the socket; when
         the session's own pod is deleted next, only the socket is closed. Through the
         runner: its tree kill, or, when the pod goes next, only stop following it."""
-        proc: KubeProcess | RunnerProcess | None = entry.handle
-        if proc is None:
+        handle = entry.handle
+        if handle is None:
             return
-        pod_goes = entry.sandbox_stopping and self._created is not None and not self._keep_pod
-        if isinstance(proc, RunnerProcess):
-            # The pod's deletion ends the runner and every tree it keeps.
-            await (proc.release() if pod_goes else proc.terminate(self.terminate_grace_s))
-            return
-        if proc.stream is None and not pod_goes:
-            await proc.kill_unstarted()
+        if entry.sandbox_stopping and self._created is not None and not self._keep_pod:
+            # The pod's deletion ends every exec's process, and the runner with every
+            # tree it keeps.
+            await handle.release()
         else:
-            await proc.terminate(self.terminate_grace_s, kill=not pod_goes)
-
-    async def _final_drain(self, entry: OutputSink[KubeProcess]) -> None:
-        """Let frames already read be handled."""
-        await asyncio.sleep(0)
+            await handle.kill()
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
@@ -520,11 +428,3 @@ class KubernetesSession(BaseSandboxSession[KubeProcess]):
         # Commands start in the workdir (the prelude enters it): the script finds it as
         # "." (the stand-in plays it with a folder of its own).
         return ShellFileOps(self.exec, self._workdir, shell_root=".")
-
-
-def _no_stdin_close(protocol: str) -> UnsupportedOperationError:
-    return UnsupportedOperationError(
-        f"stdin=True: this cluster's pods/exec speaks {protocol or 'an old protocol'}, "
-        "which cannot end a process's stdin while its output goes on (v5.channel.k8s.io "
-        "can); use tty=True, or redirect the input from a file"
-    )
