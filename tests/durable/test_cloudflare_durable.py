@@ -25,8 +25,8 @@ from sandbox.backends.cloudflare.durable import (
     LOST_NOTE,
     PTY_RING_BYTES,
     RING_NOTE,
+    CloudflareDurability,
     mark_id,
-    ref_options,
 )
 from sandbox.testing.cloudflare_server import CloudflareWorkerServer
 from tests.helpers import HookGate, eventually, host_pids_with_arg, unique_seconds
@@ -252,7 +252,7 @@ async def test_worker_urls_that_could_hold_a_token_stay_out_of_the_ref(server):
         "https://w.example.com/?t=SECRET",
     ):
         cf = sandbox.open_session("cloudflare", worker_url=url, api_key=KEY)
-        assert "worker_url" not in ref_options(cf, {})
+        assert "worker_url" not in CloudflareDurability(cf).ref_options({})
 
 
 async def test_sigkilled_client_leaves_its_process_running_until_the_resume(server, tmp_path):

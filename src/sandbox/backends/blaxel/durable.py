@@ -63,15 +63,14 @@ from ...backend import (
     SessionRef,
     durable_session_id,
 )
-from ...errors import ProviderError, SessionGoneError
+from ...errors import ProviderError
 from ..toolkit import (
+    ScriptLease,
     ShellTrap,
+    attach_options,
     check_mark,
     check_tag,
     lease_line,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     parse_lease,
     refuse_other_endpoint,
     taken_from_ref,
@@ -79,10 +78,6 @@ from ..toolkit import (
 from . import terminal
 from .sdk import default_api_url
 from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
-
-# `BlaxelSession`, untyped here: its module imports this one, and an import back (even a
-# type-only one) would close a cycle (tests/meta/test_layering.py).
-BlaxelSession = Any
 
 # A shell no sandbox has: a reattach must never start a new session (see above).
 MISSING_SHELL = "/nonexistent/sandbox-reattach-only"
@@ -113,87 +108,6 @@ NO_REPLAY_NOTE = "Blaxel replayed none of this terminal's output: what it printe
 LEASE_TIMEOUT_S = 30
 
 
-def ref_sandbox(session: BlaxelSession) -> dict[str, Any]:
-    """The sandbox's name, whether the session created it, and whether the close deletes
-    it."""
-    return {"name": session.sandbox_name, "created": session._created, "keep": session.keep}
-
-
-def ref_options(session: BlaxelSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus `workdir`, the API URL and the bounds (never the API key,
-    the workspace, `labels` or the create options)."""
-    options = dict(base)
-    options["workdir"] = session.workdir
-    term = session._terminal_options
-    values = {
-        "call_timeout_s": session._client.api_timeout_s,
-        "connect_timeout_s": term.connect_timeout_s,
-        "close_timeout_s": term.close_timeout_s,
-        "heartbeat_s": term.heartbeat_s,
-        "probe_interval_s": term.probe_interval_s,
-        "terminate_grace_s": session.terminate_grace_s,
-        "max_response_bytes": session._client.max_response_bytes,
-        "max_terminal_frame_bytes": term.max_frame_bytes,
-    }
-    options.update({name: values[name] for name in REF_OPTIONS})
-    # The control plane this session used (given, else the SDK's default).
-    url = session._client._api_url or default_api_url()
-    if isinstance(url, str) and "@" not in url:  # never a URL with credentials in it
-        options["api_url"] = url
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reattach by name, deleted on close unless the first session kept it."""
-    name = ref.sandbox.get("name")
-    if not isinstance(name, str) or not name:
-        raise SessionGoneError("the blaxel ref names no sandbox")
-    # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
-    options = {
-        k: v
-        for k, v in ref.options.items()
-        if k in TAKEN_FROM_REF and (v is not None or k == "heartbeat_s")
-    }
-    options["sandbox_id"] = name
-    options["keep"] = bool(ref.sandbox.get("keep"))
-    return options
-
-
-def ref_process(entry: PtyEntry[Terminal]) -> dict[str, Any]:
-    """The terminal's session id, the tag of its tree and the trap's token."""
-    term = entry.require_handle()
-    return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
-
-
-def check_endpoint(session: BlaxelSession, ref: SessionRef) -> None:
-    """Refuse a ref made against another control plane than this client's, unless the
-    caller passed `api_url=` (before any request)."""
-    if session._client._api_url is not None:
-        return
-    refuse_other_endpoint("blaxel", "api_url", ref.options.get("api_url"), default_api_url())
-
-
-async def resume(session: BlaxelSession, ref: SessionRef) -> None:
-    """Find the sandbox by name (`SessionGoneError` when it is gone) and bind to it;
-    closing the resumed session deletes it as the first one's close would have."""
-    check_endpoint(session, ref)
-    session._create_attempted = False
-    await session._client.attach(session.sandbox_name)
-    if not session.keep:
-        check_created(session, ref)
-    session._created = ref.sandbox.get("created") is True
-    session._create_attempted = True
-    session._deleted = False
-
-
-def check_created(session: BlaxelSession, ref: SessionRef) -> None:
-    """The resumed close would delete the sandbox: its labels must carry our
-    `sandbox.session` label with the ref's session id, else `RefNotTrustedError` (raised
-    before the session takes on the deletion: the resume then only detaches)."""
-    labels = session._client.labels()
-    check_mark(ref, labels, backend="blaxel", what=f"the sandbox {session.sandbox_name!r}")
-
-
 def _handle(process: ProcessRef) -> tuple[str, str, str]:
     handle = process.handle
     sid, tag, token = handle.get("session_id"), handle.get("tag"), handle.get("token")
@@ -207,39 +121,6 @@ def _handle(process: ProcessRef) -> tuple[str, str, str]:
     if checked is None:
         raise ProcessNotReattached("the ref holds no blaxel terminal session for this process")
     return sid, checked, token
-
-
-async def reattach(session: BlaxelSession, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
-    """Reconnect to the process's terminal session (never a new one), replay its ring
-    past `output_position`, then follow it as a spawn does."""
-    sid, tag, token = _handle(process)
-    client, options = session._client, session._terminal_options
-    term = Terminal(trap=ShellTrap(report_exit=True, token=token), session_id=sid, tag=tag)
-    term.line_sent = True
-    entry.handle = term  # from here a cancelled reattach closes the socket, kills nothing
-    http = client.http
-    if http is None:
-        raise ProviderError("the blaxel session is not started", retryable=False)
-    term.ws = await terminal.connect(
-        http,
-        client.terminal_url(sid, process.rows, process.cols, session.workdir, MISSING_SHELL),
-        client.auth_headers(),
-        options,
-        f"reconnect to a terminal in the Blaxel sandbox {session.sandbox_name!r}",
-    )
-    replay = await _first_output(term.ws, options.connect_timeout_s)
-    if replay is None:
-        await terminal.close(term, options.close_timeout_s)
-        entry.handle = None
-        raise ProcessNotReattached(GONE_NOTE)
-    _show_replay(entry, term, replay, process.output_position)
-    if term.trap.done:
-        assert term.trap.exit_code is not None
-        entry.report_exit(term.trap.exit_code)
-        entry.report_eof()
-        await terminal.release_shell(entry, options.close_timeout_s)
-    reader = TerminalReader(entry, term, options, client.redact)
-    term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
 
 
 async def _first_output(ws: aiohttp.ClientWebSocketResponse, timeout: float) -> str | None:
@@ -287,31 +168,12 @@ def _show_replay(entry: PtyEntry[Terminal], term: Terminal, replay: str, positio
         entry.feed(shown)
 
 
-async def release(session: BlaxelSession, entry: PtyEntry[Terminal]) -> None:
-    """Stop following the process (its reader, its socket); the session keeps it. The
-    release line is not typed: the ref's next owner still has to read the ring."""
-    term = entry.handle
-    if not isinstance(term, Terminal):
-        return
-    term.closing = True
-    await terminal.close(term, session._terminal_options.close_timeout_s)
+class SandboxLease(ScriptLease):
+    """The lease in the sandbox, through a waited `process.exec`."""
 
-
-async def detach(session: BlaxelSession) -> None:
-    """Release the clients; the sandbox stays (no close of this client deletes it)."""
-    session._create_attempted = False
-    await session._client.close()
-
-
-class SandboxLease:
-    """The lease in the sandbox, through a waited `process.exec` (a `LeaseStore`)."""
-
-    def __init__(self, session: BlaxelSession) -> None:
-        self._session = session
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        client = self._session._client
+    async def run(self, argv: list[str]) -> str | None:
+        """A waited `process.exec` of the script's line, under a fresh process name."""
+        client = self.session._client
         instance = client.sandbox()
         response = await client.call(
             "check the session's lease",
@@ -327,54 +189,131 @@ class SandboxLease:
         )
         return parse_lease(response.stdout or "", response.exit_code, "blaxel")
 
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
-
 
 class BlaxelDurability(Durability):
     """The blaxel backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
 
     keeps_processes = True
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The sandbox's name, whether the session created it, and whether the close
+        deletes it."""
+        session = self.session
+        return {"name": session.sandbox_name, "created": session._created, "keep": session.keep}
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus `workdir`, the API URL and the bounds (never the API key,
+        the workspace, `labels` or the create options)."""
+        session = self.session
+        options = dict(base)
+        options["workdir"] = session.workdir
+        term = session._terminal_options
+        values = {
+            "call_timeout_s": session._client.api_timeout_s,
+            "connect_timeout_s": term.connect_timeout_s,
+            "close_timeout_s": term.close_timeout_s,
+            "heartbeat_s": term.heartbeat_s,
+            "probe_interval_s": term.probe_interval_s,
+            "terminate_grace_s": session.terminate_grace_s,
+            "max_response_bytes": session._client.max_response_bytes,
+            "max_terminal_frame_bytes": term.max_frame_bytes,
+        }
+        options.update({name: values[name] for name in REF_OPTIONS})
+        # The control plane this session used (given, else the SDK's default).
+        url = session._client._api_url or default_api_url()
+        if isinstance(url, str) and "@" not in url:  # never a URL with credentials in it
+            options["api_url"] = url
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_process(self, entry: PtyEntry[Terminal]) -> dict[str, Any]:
+        """The terminal's session id, the tag of its tree and the trap's token."""
+        term = entry.require_handle()
+        return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reattach by name, deleted on close unless the first session kept it."""
+        # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
+        return attach_options(
+            ref, "blaxel", TAKEN_FROM_REF, key="name", none_is_a_value=("heartbeat_s",)
+        )
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
-        return SandboxLease(self.session)
+        return SandboxLease(self.session, durable_session_id(self.session))
+
+    def check_endpoint(self, ref: SessionRef) -> None:
+        """Refuse a ref made against another control plane than this client's, unless the
+        caller passed `api_url=` (before any request)."""
+        if self.session._client._api_url is not None:
+            return
+        refuse_other_endpoint("blaxel", "api_url", ref.options.get("api_url"), default_api_url())
 
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Find the sandbox by name (`SessionGoneError` when it is gone) and bind to it;
+        closing the resumed session deletes it as the first one's close would have."""
+        session = self.session
+        self.check_endpoint(ref)
+        session._create_attempted = False
+        await session._client.attach(session.sandbox_name)
+        if not session.keep:
+            self.check_created(ref)
+        session._created = ref.sandbox.get("created") is True
+        session._create_attempted = True
+        session._deleted = False
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
+    def check_created(self, ref: SessionRef) -> None:
+        """The resumed close would delete the sandbox: its labels must carry our
+        `sandbox.session` label with the ref's session id, else `RefNotTrustedError`
+        (raised before the session takes on the deletion: the resume then only
+        detaches)."""
+        labels = self.session._client.labels()
+        check_mark(ref, labels, backend="blaxel", what=f"the sandbox {self.session.sandbox_name!r}")
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """See `release`."""
-        await release(self.session, entry)
+    async def reattach(self, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
+        """Reconnect to the process's terminal session (never a new one), replay its ring
+        past `output_position`, then follow it as a spawn does."""
+        session = self.session
+        sid, tag, token = _handle(process)
+        client, options = session._client, session._terminal_options
+        term = Terminal(trap=ShellTrap(report_exit=True, token=token), session_id=sid, tag=tag)
+        term.line_sent = True
+        entry.handle = term  # from here a cancelled reattach closes the socket, kills nothing
+        http = client.http
+        if http is None:
+            raise ProviderError("the blaxel session is not started", retryable=False)
+        term.ws = await terminal.connect(
+            http,
+            client.terminal_url(sid, process.rows, process.cols, session.workdir, MISSING_SHELL),
+            client.auth_headers(),
+            options,
+            f"reconnect to a terminal in the Blaxel sandbox {session.sandbox_name!r}",
+        )
+        replay = await _first_output(term.ws, options.connect_timeout_s)
+        if replay is None:
+            await terminal.close(term, options.close_timeout_s)
+            entry.handle = None
+            raise ProcessNotReattached(GONE_NOTE)
+        _show_replay(entry, term, replay, process.output_position)
+        if term.trap.done:
+            assert term.trap.exit_code is not None
+            entry.report_exit(term.trap.exit_code)
+            entry.report_eof()
+            await terminal.release_shell(entry, options.close_timeout_s)
+        reader = TerminalReader(entry, term, options, client.redact)
+        term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
+
+    async def release(self, entry: PtyEntry[Terminal]) -> None:
+        """Stop following the process (its reader, its socket); the session keeps it. The
+        release line is not typed: the ref's next owner still has to read the ring."""
+        term = entry.handle
+        if not isinstance(term, Terminal):
+            return
+        term.closing = True
+        await terminal.close(term, self.session._terminal_options.close_timeout_s)
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Release the clients; the sandbox stays (no close of this client deletes it)."""
+        self.session._create_attempted = False
+        await self.session._client.close()

@@ -57,10 +57,9 @@ from ...backend import (
 )
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import (
+    ScriptLease,
     ShellTrap,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
+    attach_options,
     parse_lease,
     refuse_other_endpoint,
     taken_from_ref,
@@ -117,56 +116,12 @@ def _kept_url(url_text: str) -> str | None:
     return f"{url.scheme}://{url.raw_host}" + (f":{url.port}" if url.explicit_port else "")
 
 
-def ref_sandbox(session: CloudflareSession) -> dict[str, Any]:
-    """The sandbox id, and whether the close deletes it."""
-    return {"sandbox_id": session.sandbox_id, "keep": session.keep}
-
-
-def ref_options(session: CloudflareSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the timeouts and (when it is a bare origin) the Worker URL;
-    never the API key."""
-    options = dict(base)
-    options.update({name: getattr(session, name) for name in REF_OPTIONS})
-    url = _kept_url(session._worker_url)
-    if url is not None:
-        options["worker_url"] = url
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen attached (`sandbox_id=`), deleted on close unless the first was kept."""
-    sandbox_id = ref.sandbox.get("sandbox_id")
-    if not isinstance(sandbox_id, str) or not sandbox_id:
-        raise SessionGoneError("the cloudflare ref names no sandbox")
-    options = {
-        k: v
-        for k, v in ref.options.items()
-        if k in TAKEN_FROM_REF and k != "heartbeat_s" and v is not None
-    }
-    if "heartbeat_s" in ref.options:
-        options["heartbeat_s"] = ref.options["heartbeat_s"]  # None is a value here
-    options["sandbox_id"] = sandbox_id
-    options["keep"] = bool(ref.sandbox.get("keep"))
-    return options
-
-
 def command_position(entry: PtyEntry[PtyHandle]) -> int:
     """How many of the command's own bytes (past the trap) the client has returned."""
     handle = entry.require_handle()
     returned = entry.output.start_pos
     notes = sum(size for at, size in handle.notes if at + size <= returned)
     return max(0, handle.base_command + (returned - handle.base_position) - notes)
-
-
-def ref_process(entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
-    """The bridge session, the trap's token, the shell's pid and the command position."""
-    handle = entry.require_handle()
-    return {
-        "session": handle.session_id,
-        "token": handle.trap.token,
-        "shell_pid": handle.shell_pid,
-        "position": command_position(entry),
-    }
 
 
 # ---- the mark ---------------------------------------------------------------------------
@@ -213,34 +168,6 @@ async def unmark(session: CloudflareSession) -> None:
         await _delete_session(client, mark_id(durable_session_id(session)))
 
 
-def check_endpoint(session: CloudflareSession, ref: SessionRef) -> None:
-    """Refuse a ref made against another Worker than this client's, unless the caller
-    passed `worker_url=` (before any request)."""
-    if session._worker_url_given:
-        return
-    used = _kept_url(session._worker_url) or session._client.origin
-    refuse_other_endpoint("cloudflare", "worker_url", ref.options.get("worker_url"), used)
-
-
-async def resume(session: CloudflareSession, ref: SessionRef) -> None:
-    """Attach to the sandbox; `SessionGoneError` when it is not running or its container
-    is not the one the ref's session marked."""
-    check_endpoint(session, ref)
-    client = session._client
-    try:
-        await session._attach_sandbox()
-    except ProviderError as exc:
-        if "not running" in str(exc):
-            raise SessionGoneError(GONE.format(id=session._requested_id)) from None
-        raise
-    name = mark_id(durable_session_id(session))
-    if await _create_session(client, name, "look for the sandbox's container mark"):
-        # A fresh container: our create made the mark just now. Undo that; the
-        # container is not ours to delete (the sandbox id may be in use by another).
-        await _delete_session(client, name)
-        raise SessionGoneError(GONE.format(id=client.sandbox_id))
-
-
 # ---- processes --------------------------------------------------------------------------
 
 
@@ -285,111 +212,126 @@ def _replay(entry: PtyEntry[PtyHandle], handle: PtyHandle, ring: bytes, skip: in
         entry.report_eof()
 
 
-async def reattach(
-    session: CloudflareSession, entry: PtyEntry[PtyHandle], process: ProcessRef
-) -> None:
-    """The session's PTY again: its ring replayed past the ref's position, then live."""
-    client = session._client
-    name, token, pid, position = _handle_from_ref(process)
-    if await _create_session(client, name, "look for the process's terminal session"):
-        await _delete_session(client, name)  # the one our look just made
-        raise ProcessNotReattached(LOST_NOTE)
-    handle = PtyHandle(
-        trap=ShellTrap(report_exit=True, token=token), session_id=name, session_confirmed=True
-    )
-    handle.shell_pid = pid
-    handle.base_position = process.output_position
-    handle.base_command = position
-    entry.handle = handle
-    ring = await connect(
-        client,
-        handle,
-        rows=process.rows,
-        cols=process.cols,
-        ready_timeout_s=session.ready_timeout_s,
-        heartbeat_s=session.heartbeat_s,
-    )
-    assert handle.ws is not None
-    _replay(entry, handle, b"".join(ring), position)
-    handle.terminal = WorkerTerminal(handle.ws, [])
-    handle.reader = asyncio.create_task(pump(entry, handle, session._redact))
+# ---- the lease and the capability ------------------------------------------------------
 
 
-async def release(session: CloudflareSession, entry: PtyEntry[PtyHandle]) -> None:
-    """Stop following the process: close its socket, stop its reader. The session, its
-    shell and its command stay (pty-ws-handler.ts `onClose` only unsubscribes)."""
-    handle: PtyHandle | None = entry.handle
-    if handle is None:
-        return
-    handle.closing = True
-    await close_socket(handle)
+class SandboxLease(ScriptLease):
+    """The lease in the sandbox, through a control exec."""
 
-
-async def detach(session: CloudflareSession) -> None:
-    """Close the HTTP client; the sandbox and its sessions stay."""
-    session._create_task = None
-    await session._client.close()
-
-
-class SandboxLease:
-    """The lease in the sandbox, through a control exec (a `LeaseStore`)."""
-
-    def __init__(self, session: CloudflareSession) -> None:
-        self._client: WorkerClient = session._client
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        code, out = await self._client.control(argv, "check the session's lease")
+    async def run(self, argv: list[str]) -> str | None:
+        """The script on the sandbox's control shell (`WorkerClient.control`)."""
+        client: WorkerClient = self.session._client
+        code, out = await client.control(argv, "check the session's lease")
         return parse_lease(out.decode("utf-8", "replace"), code, "cloudflare")
-
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
 
 
 class CloudflareDurability(Durability):
     """The cloudflare backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
 
     keeps_processes = True
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The sandbox id, and whether the close deletes it."""
+        return {"sandbox_id": self.session.sandbox_id, "keep": self.session.keep}
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus the timeouts and (when it is a bare origin) the Worker
+        URL; never the API key."""
+        session = self.session
+        options = dict(base)
+        options.update({name: getattr(session, name) for name in REF_OPTIONS})
+        url = _kept_url(session._worker_url)
+        if url is not None:
+            options["worker_url"] = url
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
+        """The bridge session, the trap's token, the shell's pid and the command position."""
+        handle = entry.require_handle()
+        return {
+            "session": handle.session_id,
+            "token": handle.trap.token,
+            "shell_pid": handle.shell_pid,
+            "position": command_position(entry),
+        }
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen attached (`sandbox_id=`), deleted on close unless the first was kept."""
+        # None is a value of `heartbeat_s` (no heartbeat), elsewhere "not kept".
+        return attach_options(ref, "cloudflare", TAKEN_FROM_REF, none_is_a_value=("heartbeat_s",))
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
-        return SandboxLease(self.session)
+        return SandboxLease(self.session, durable_session_id(self.session))
+
+    def check_endpoint(self, ref: SessionRef) -> None:
+        """Refuse a ref made against another Worker than this client's, unless the caller
+        passed `worker_url=` (before any request)."""
+        session = self.session
+        if session._worker_url_given:
+            return
+        used = _kept_url(session._worker_url) or session._client.origin
+        refuse_other_endpoint("cloudflare", "worker_url", ref.options.get("worker_url"), used)
 
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Attach to the sandbox; `SessionGoneError` when it is not running or its
+        container is not the one the ref's session marked."""
+        session = self.session
+        self.check_endpoint(ref)
+        client = session._client
+        try:
+            await session._attach_sandbox()
+        except ProviderError as exc:
+            if "not running" in str(exc):
+                raise SessionGoneError(GONE.format(id=session._requested_id)) from None
+            raise
+        name = mark_id(durable_session_id(session))
+        if await _create_session(client, name, "look for the sandbox's container mark"):
+            # A fresh container: our create made the mark just now. Undo that; the
+            # container is not ours to delete (the sandbox id may be in use by another).
+            await _delete_session(client, name)
+            raise SessionGoneError(GONE.format(id=client.sandbox_id))
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
+    async def reattach(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
+        """The session's PTY again: its ring replayed past the ref's position, then live."""
+        session = self.session
+        client = session._client
+        name, token, pid, position = _handle_from_ref(process)
+        if await _create_session(client, name, "look for the process's terminal session"):
+            await _delete_session(client, name)  # the one our look just made
+            raise ProcessNotReattached(LOST_NOTE)
+        handle = PtyHandle(
+            trap=ShellTrap(report_exit=True, token=token), session_id=name, session_confirmed=True
+        )
+        handle.shell_pid = pid
+        handle.base_position = process.output_position
+        handle.base_command = position
+        entry.handle = handle
+        ring = await connect(
+            client,
+            handle,
+            rows=process.rows,
+            cols=process.cols,
+            ready_timeout_s=session.ready_timeout_s,
+            heartbeat_s=session.heartbeat_s,
+        )
+        assert handle.ws is not None
+        _replay(entry, handle, b"".join(ring), position)
+        handle.terminal = WorkerTerminal(handle.ws, [])
+        handle.reader = asyncio.create_task(pump(entry, handle, session._redact))
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """See `release`."""
-        await release(self.session, entry)
+    async def release(self, entry: PtyEntry[PtyHandle]) -> None:
+        """Stop following the process: close its socket, stop its reader. The session, its
+        shell and its command stay (pty-ws-handler.ts `onClose` only unsubscribes)."""
+        handle: PtyHandle | None = entry.handle
+        if handle is None:
+            return
+        handle.closing = True
+        await close_socket(handle)
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Close the HTTP client; the sandbox and its sessions stay."""
+        self.session._create_task = None
+        await self.session._client.close()

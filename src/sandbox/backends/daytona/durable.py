@@ -51,21 +51,16 @@ from ...errors import (
     SessionGoneError,
 )
 from ..toolkit import (
+    ScriptLease,
+    attach_options,
     check_mark,
     lease_line,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     parse_lease,
     refuse_other_endpoint,
     taken_from_ref,
 )
 from . import commands, terminal
 from .handles import DaytonaHandle, PipeState, PtyState
-
-# `DaytonaSession`, untyped here: its module imports this one, and an import back (even a
-# type-only one) would close a cycle (tests/meta/test_layering.py).
-DaytonaSession = Any
 
 SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
@@ -86,169 +81,17 @@ GONE_NOTE = "daytona no longer has this session command (its session was deleted
 LEASE_TIMEOUT_S = 30.0
 
 
-def ref_sandbox(session: DaytonaSession) -> dict[str, Any]:
-    """The sandbox id, whether the session created it, and whether the close deletes it."""
-    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
-
-
-def ref_options(session: DaytonaSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the timeouts (never the API key or `create_options`)."""
-    options = dict(base)
-    options.update({name: getattr(session, name) for name in REF_OPTIONS})
-    options["call_timeout_s"] = session._client.options.call_timeout_s
-    # The API this session used (given, from the environment or the SDK's default).
-    for name, value in (
-        ("api_url", api_url_used(session)),
-        ("target", session._client.options.target),
-    ):
-        if isinstance(value, str) and "@" not in value:
-            options[name] = value
-    return options
-
-
-def api_url_used(session: DaytonaSession) -> str:
-    """The API the SDK talks to: `api_url=`, else DAYTONA_API_URL (or the older
-    DAYTONA_SERVER_URL) from the process environment, else its default."""
-    given = session._client.options.api_url
-    return str(
-        given
-        or os.environ.get("DAYTONA_API_URL")
-        or os.environ.get("DAYTONA_SERVER_URL")
-        or DEFAULT_API_URL
-    )
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen attached (`sandbox_id=`), deleted on close unless the first was kept."""
-    sandbox_id = ref.sandbox.get("sandbox_id")
-    if not isinstance(sandbox_id, str) or not sandbox_id:
-        raise SessionGoneError("the daytona ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
-    options["sandbox_id"] = sandbox_id
-    options["keep"] = bool(ref.sandbox.get("keep"))
-    return options
-
-
-def check_endpoint(session: DaytonaSession, ref: SessionRef) -> None:
-    """Refuse a ref made against another API than this client's (`api_url_used`), unless
-    the caller passed `api_url=` (before any request)."""
-    if session._client.options.api_url is not None:
-        return
-    refuse_other_endpoint("daytona", "api_url", ref.options.get("api_url"), api_url_used(session))
-
-
-def ref_process(entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
-    """The session and command ids and the pid file (pipes), or the PTY session id."""
-    state = entry.require_handle()
-    if isinstance(state, PipeState):
-        return {"session_id": state.session_id, "cmd_id": state.cmd_id, "pidfile": state.pidfile}
-    return {"pty_id": state.pty_id, "pidfile": state.pidfile}
-
-
-async def resume(session: DaytonaSession, ref: SessionRef) -> None:
-    """Attach to the sandbox (the API checked first: `check_endpoint`); a missing one is
-    `SessionGoneError`."""
-    check_endpoint(session, ref)
-    try:
-        await session._start_backend()
-    except SandboxError as exc:
-        if "not found" in str(exc).lower() or "404" in str(exc):
-            raise SessionGoneError(f"the daytona sandbox of this ref is gone: {exc}") from None
-        raise
-    if not session.keep:
-        check_created(session, ref)
-    session._created = ref.sandbox.get("created") is True
-
-
-def check_created(session: DaytonaSession, ref: SessionRef) -> None:
-    """The resumed close would delete the sandbox: its labels (as `AsyncDaytona.get`
-    answered them at the attach) must carry our `sandbox.session` label with the ref's
-    session id, else `RefNotTrustedError` (the resume then only detaches)."""
-    labels = getattr(session._client.sandbox, "labels", None)
-    check_mark(ref, labels, backend="daytona", what=f"the sandbox {session.sandbox_id!r}")
-
-
 def _safe(process: ProcessRef, key: str) -> str | None:
     value = process.handle.get(key)
     return value if isinstance(value, str) and SAFE.fullmatch(value) else None
 
 
-async def reattach(
-    session: DaytonaSession, entry: PtyEntry[DaytonaHandle], process: ProcessRef
-) -> None:
-    """Pipes: replay the command's log past `output_position`; PTYs: connect again,
-    output from now on after a note (see the module docstring)."""
-    client = session._client
-    pidfile = _safe(process, "pidfile")
-    if process.tty:
-        pty_id = _safe(process, "pty_id")
-        if pty_id is None or pidfile is None:
-            raise ProcessNotReattached("the ref holds no daytona PTY session for this process")
-        note = f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode()
-        if not await terminal.reconnect(client, entry, pty_id, pidfile, note):
-            raise ProcessNotReattached(PTY_GONE_NOTE)
-        return
-    session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")
-    if session_id is None or cmd_id is None or pidfile is None:
-        raise ProcessNotReattached("the ref holds no daytona session command for this process")
-    state = PipeState(
-        session_id, pidfile, session_attempted=True, execute_attempted=True, cmd_id=cmd_id
-    )
-    try:
-        await client.timed(
-            "find the command", client.process.get_session_command(session_id, cmd_id)
-        )
-    except Exception as exc:
-        raise ProcessNotReattached(f"{GONE_NOTE}: {client.describe(exc)}") from None
-    entry.handle = state
-    state.pump = asyncio.create_task(
-        commands.pump(client, entry, state, None, skip=process.output_position)
-    )
+class SandboxLease(ScriptLease):
+    """The lease in the sandbox, through `process.exec`."""
 
-
-async def release(session: DaytonaSession, entry: PtyEntry[DaytonaHandle]) -> None:
-    """Stop following a process without ending it: a pipe command's log reader, a PTY
-    session's connection; the daemon keeps both."""
-    state = entry.handle
-    if state is None:
-        return
-    if isinstance(state, PtyState):
-        if not state.line_sent:  # half-started: its command never ran, nothing to keep
-            await session._terminate_pty_entry(entry)
-            return
-        await terminal.release(session._client, state)
-        return
-    pump = state.pump
-    if pump is not None and not pump.done():
-        pump.cancel()
-    if pump is not None:
-        await asyncio.wait([pump])
-
-
-async def detach(session: DaytonaSession) -> None:
-    """Close the SDK client; the sandbox stays."""
-    client = session._client
-    sdk_client = client.client
-    client.sandbox = client.client = None
-    client._ready = False
-    if sdk_client is not None:
-        try:
-            await client.bounded(sdk_client.close())
-        except Exception as exc:  # the sandbox is not ours to touch now: only noted
-            raise ProviderError(
-                f"closing the daytona client failed: {client.describe(exc)}"
-            ) from None
-
-
-class SandboxLease:
-    """The lease in the sandbox, through `process.exec` (a `LeaseStore`)."""
-
-    def __init__(self, session: DaytonaSession) -> None:
-        self._session = session
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        client = self._session._client
+    async def run(self, argv: list[str]) -> str | None:
+        """`process.exec` of the script's line, within `LEASE_TIMEOUT_S`."""
+        client = self.session._client
         try:
             async with asyncio.timeout(LEASE_TIMEOUT_S):
                 response = await client.process.exec(lease_line(argv))
@@ -260,54 +103,152 @@ class SandboxLease:
             raise client.error(exc, "check the session's lease") from None
         return parse_lease(response.result or "", response.exit_code, "daytona")
 
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
-
 
 class DaytonaDurability(Durability):
     """The daytona backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
 
     keeps_processes = True
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The sandbox id, whether the session created it, and whether the close deletes it."""
+        session = self.session
+        return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session.keep}
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus the timeouts (never the API key or `create_options`)."""
+        session = self.session
+        options = dict(base)
+        options.update({name: getattr(session, name) for name in REF_OPTIONS})
+        options["call_timeout_s"] = session._client.options.call_timeout_s
+        # The API this session used (given, from the environment or the SDK's default).
+        for name, value in (
+            ("api_url", self.api_url_used()),
+            ("target", session._client.options.target),
+        ):
+            if isinstance(value, str) and "@" not in value:
+                options[name] = value
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def api_url_used(self) -> str:
+        """The API the SDK talks to: `api_url=`, else DAYTONA_API_URL (or the older
+        DAYTONA_SERVER_URL) from the process environment, else its default."""
+        given = self.session._client.options.api_url
+        return str(
+            given
+            or os.environ.get("DAYTONA_API_URL")
+            or os.environ.get("DAYTONA_SERVER_URL")
+            or DEFAULT_API_URL
+        )
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen attached (`sandbox_id=`), deleted on close unless the first was kept."""
+        return attach_options(ref, "daytona", TAKEN_FROM_REF)
+
+    def check_endpoint(self, ref: SessionRef) -> None:
+        """Refuse a ref made against another API than this client's (`api_url_used`),
+        unless the caller passed `api_url=` (before any request)."""
+        if self.session._client.options.api_url is not None:
+            return
+        refuse_other_endpoint("daytona", "api_url", ref.options.get("api_url"), self.api_url_used())
+
+    def ref_process(self, entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
+        """The session and command ids and the pid file (pipes), or the PTY session id."""
+        state = entry.require_handle()
+        if isinstance(state, PipeState):
+            return {
+                "session_id": state.session_id,
+                "cmd_id": state.cmd_id,
+                "pidfile": state.pidfile,
+            }
+        return {"pty_id": state.pty_id, "pidfile": state.pidfile}
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
-        return SandboxLease(self.session)
+        return SandboxLease(self.session, durable_session_id(self.session))
 
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Attach to the sandbox (the API checked first: `check_endpoint`); a missing one is
+        `SessionGoneError`."""
+        session = self.session
+        self.check_endpoint(ref)
+        try:
+            await session._start_backend()
+        except SandboxError as exc:
+            if "not found" in str(exc).lower() or "404" in str(exc):
+                raise SessionGoneError(f"the daytona sandbox of this ref is gone: {exc}") from None
+            raise
+        if not session.keep:
+            self.check_created(ref)
+        session._created = ref.sandbox.get("created") is True
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
+    def check_created(self, ref: SessionRef) -> None:
+        """The resumed close would delete the sandbox: its labels (as `AsyncDaytona.get`
+        answered them at the attach) must carry our `sandbox.session` label with the ref's
+        session id, else `RefNotTrustedError` (the resume then only detaches)."""
+        session = self.session
+        labels = getattr(session._client.sandbox, "labels", None)
+        check_mark(ref, labels, backend="daytona", what=f"the sandbox {session.sandbox_id!r}")
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """See `release`."""
-        await release(self.session, entry)
+    async def reattach(self, entry: PtyEntry[DaytonaHandle], process: ProcessRef) -> None:
+        """Pipes: replay the command's log past `output_position`; PTYs: connect again,
+        output from now on after a note (see the module docstring)."""
+        client = self.session._client
+        pidfile = _safe(process, "pidfile")
+        if process.tty:
+            pty_id = _safe(process, "pty_id")
+            if pty_id is None or pidfile is None:
+                raise ProcessNotReattached("the ref holds no daytona PTY session for this process")
+            note = f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode()
+            if not await terminal.reconnect(client, entry, pty_id, pidfile, note):
+                raise ProcessNotReattached(PTY_GONE_NOTE)
+            return
+        session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")
+        if session_id is None or cmd_id is None or pidfile is None:
+            raise ProcessNotReattached("the ref holds no daytona session command for this process")
+        state = PipeState(
+            session_id, pidfile, session_attempted=True, execute_attempted=True, cmd_id=cmd_id
+        )
+        try:
+            await client.timed(
+                "find the command", client.process.get_session_command(session_id, cmd_id)
+            )
+        except Exception as exc:
+            raise ProcessNotReattached(f"{GONE_NOTE}: {client.describe(exc)}") from None
+        entry.handle = state
+        state.pump = asyncio.create_task(
+            commands.pump(client, entry, state, None, skip=process.output_position)
+        )
+
+    async def release(self, entry: PtyEntry[DaytonaHandle]) -> None:
+        """Stop following a process without ending it: a pipe command's log reader, a PTY
+        session's connection; the daemon keeps both."""
+        state = entry.handle
+        if state is None:
+            return
+        if isinstance(state, PtyState):
+            if not state.line_sent:  # half-started: its command never ran, nothing to keep
+                await self.session._terminate_pty_entry(entry)
+                return
+            await terminal.release(self.session._client, state)
+            return
+        pump = state.pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+        if pump is not None:
+            await asyncio.wait([pump])
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Close the SDK client; the sandbox stays."""
+        client = self.session._client
+        sdk_client = client.client
+        client.sandbox = client.client = None
+        client._ready = False
+        if sdk_client is not None:
+            try:
+                await client.bounded(sdk_client.close())
+            except Exception as exc:  # the sandbox is not ours to touch now: only noted
+                raise ProviderError(
+                    f"closing the daytona client failed: {client.describe(exc)}"
+                ) from None

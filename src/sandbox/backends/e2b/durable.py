@@ -40,22 +40,17 @@ from ...backend import (
 )
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import (
+    ScriptLease,
+    attach_options,
     check_mark,
     check_tag,
     lease_line,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     new_tag,
     parse_lease,
     taken_from_ref,
 )
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
-
-# `E2BSession`, untyped here: its module imports this one, and an import back (even a
-# type-only one) would close a cycle (tests/meta/test_layering.py).
-E2BSession = Any
 
 REF_OPTIONS = (
     ("start_timeout_s", "start_timeout"),
@@ -76,70 +71,6 @@ GONE_NOTE = (
 )
 
 
-def ref_sandbox(session: E2BSession) -> dict[str, Any]:
-    """The sandbox id, whether the session created it, and whether the close deletes it."""
-    return {"sandbox_id": session.sandbox_id, "created": session._created, "keep": session._keep}
-
-
-def ref_options(session: E2BSession, base: dict[str, Any]) -> dict[str, Any]:
-    """The base options plus the timeouts (never the API key, `env` or `labels`)."""
-    options = dict(base)
-    client = session._client
-    for option, attribute in REF_OPTIONS:
-        options[option] = getattr(client, attribute)
-    options["sandbox_timeout_s"] = session._sandbox_timeout
-    return options
-
-
-def options_from_ref(ref: SessionRef) -> dict[str, Any]:
-    """Reopen attached (`sandbox_id=`), kept or not as the first session was."""
-    sandbox_id = ref.sandbox.get("sandbox_id")
-    if not isinstance(sandbox_id, str) or not sandbox_id:
-        raise SessionGoneError("the e2b ref names no sandbox")
-    options = {k: v for k, v in ref.options.items() if k in TAKEN_FROM_REF and v is not None}
-    options["sandbox_id"] = sandbox_id
-    options["keep"] = bool(ref.sandbox.get("keep"))
-    return options
-
-
-def ref_process(entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
-    """envd's pid and the toolkit tags of the process's tree."""
-    proc = entry.require_handle()
-    return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
-
-
-async def resume(session: E2BSession, ref: SessionRef) -> None:
-    """Connect to the sandbox (a missing one is `SessionGoneError`), and check it is the
-    library's before taking on its deletion (`check_created`)."""
-    try:
-        await session._start_backend()
-    except SandboxError as exc:
-        if isinstance(exc.__cause__, GONE) or "not found" in str(exc).lower():
-            raise SessionGoneError(f"the e2b sandbox of this ref is gone: {exc}") from None
-        raise
-    if not session._keep:
-        await check_created(session, ref)
-    session._created = ref.sandbox.get("created") is True
-
-
-async def check_created(session: E2BSession, ref: SessionRef) -> None:
-    """The resumed close would kill the sandbox: E2B must show our `sandbox.session`
-    metadata with the ref's session id on it (`AsyncSandbox.get_info`), else
-    `RefNotTrustedError` (the resume then only detaches: nothing is killed)."""
-    client = session._client
-    sandbox_id = session.sandbox_id
-    try:
-        info = await client.timed(
-            client.sandbox.get_info(**session._api_params()), "read the sandbox's metadata"
-        )
-    except SandboxError:
-        raise
-    except Exception as exc:
-        session._errors.fail(exc, "read the sandbox's metadata")
-    metadata = getattr(info, "metadata", None)
-    check_mark(ref, metadata, backend="e2b", what=f"the sandbox {sandbox_id!r}", kind="metadata")
-
-
 def _tag(process: ProcessRef, key: str) -> str:
     value = process.handle.get(key)
     try:
@@ -148,73 +79,12 @@ def _tag(process: ProcessRef, key: str) -> str:
         return new_tag()
 
 
-async def reattach(session: E2BSession, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
-    """`pty.connect` / `commands.connect` by pid; output from now on, after a note."""
-    pid = process.handle.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
-        raise ProcessNotReattached("the ref holds no e2b pid for this process")
-    client = session._client
-    proc = E2BProcess(
-        tty=process.tty, tag=_tag(process, "tag"), outer_tag=_tag(process, "outer_tag")
-    )
-    entry.handle = proc
-    entry.feed(f"\n[sandbox: {NOT_KEPT}]\n".encode())
+class SandboxLease(ScriptLease):
+    """The lease in the sandbox, through `commands.run`."""
 
-    def on_output(chunk: str | bytes) -> None:
-        entry.feed(text_to_bytes(chunk))
-
-    if process.tty:
-        connect = client.sandbox.pty.connect(
-            pid, on_data=on_output, timeout=client.process_timeout, **client.request()
-        )
-    else:
-        connect = client.sandbox.commands.connect(
-            pid,
-            timeout=client.process_timeout,
-            on_stdout=on_output,
-            on_stderr=on_output,
-            retain_output=False,
-            **client.request(),
-        )
-    proc.start_task = asyncio.ensure_future(client.bounded(connect, client.start_timeout))
-    try:
-        proc.handle = await asyncio.shield(proc.start_task)
-    except NotFoundException:
-        entry.handle = None
-        raise ProcessNotReattached(GONE_NOTE) from None
-    except Exception as exc:
-        session._errors.fail(exc, "reconnect to a process")
-    proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
-
-
-async def release(session: E2BSession, entry: PtyEntry[E2BProcess]) -> None:
-    """Stop following the process (its waiter, the SDK's reader); envd keeps it."""
-    proc: E2BProcess | None = entry.handle
-    if proc is None:
-        return
-    handle = await proc.started_handle()
-    if proc.waiter is not None:
-        proc.waiter.cancel()
-        await asyncio.wait([proc.waiter])
-    if handle is not None:
-        await session._client.disconnect(handle)
-
-
-async def detach(session: E2BSession) -> None:
-    """Forget the SDK sandbox object; the sandbox keeps running until its own timeout."""
-    session._start_task = None
-    session._client.sandbox = None
-
-
-class SandboxLease:
-    """The lease in the sandbox, through `commands.run` (a `LeaseStore`)."""
-
-    def __init__(self, session: E2BSession) -> None:
-        self._session = session
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        client = self._session._client
+    async def run(self, argv: list[str]) -> str | None:
+        """`commands.run` of the script's line, bounded by the kill timeout."""
+        client = self.session._client
         line = lease_line(argv)
         try:
             result = await client.bounded(
@@ -226,57 +96,133 @@ class SandboxLease:
                 "E2B did not answer the lease check in time", retryable=True
             ) from None
         except Exception as exc:
-            self._session._errors.fail(exc, "check the session's lease")
+            self.session._errors.fail(exc, "check the session's lease")
         return parse_lease(result.stdout or "", result.exit_code, "e2b")
-
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
 
 
 class E2BDurability(Durability):
     """The e2b backend's durable sessions (the module docstring says what outlives
-    the client): this module's functions, over the session it was made with."""
+    the client), over the session it was made with."""
 
     keeps_processes = True
 
     def ref_sandbox(self) -> dict[str, Any]:
-        """See `ref_sandbox`."""
-        return ref_sandbox(self.session)
+        """The sandbox id, whether the session created it, and whether the close deletes it."""
+        session = self.session
+        return {
+            "sandbox_id": session.sandbox_id,
+            "created": session._created,
+            "keep": session._keep,
+        }
 
     def ref_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """See `ref_options`."""
-        return ref_options(self.session, base)
+        """The base options plus the timeouts (never the API key, `env` or `labels`)."""
+        options = dict(base)
+        client = self.session._client
+        for option, attribute in REF_OPTIONS:
+            options[option] = getattr(client, attribute)
+        options["sandbox_timeout_s"] = self.session._sandbox_timeout
+        return options
 
-    def ref_process(self, entry: PtyEntry[Any]) -> dict[str, Any]:
-        """See `ref_process`."""
-        return ref_process(entry)
+    def ref_process(self, entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
+        """envd's pid and the toolkit tags of the process's tree."""
+        proc = entry.require_handle()
+        return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        """See `options_from_ref`."""
-        return options_from_ref(ref)
+        """Reopen attached (`sandbox_id=`), kept or not as the first session was."""
+        return attach_options(ref, "e2b", TAKEN_FROM_REF)
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
-        return SandboxLease(self.session)
+        return SandboxLease(self.session, durable_session_id(self.session))
 
     async def resume(self, ref: SessionRef) -> None:
-        """See `resume`."""
-        await resume(self.session, ref)
+        """Connect to the sandbox (a missing one is `SessionGoneError`), and check it is
+        the library's before taking on its deletion (`check_created`)."""
+        session = self.session
+        try:
+            await session._start_backend()
+        except SandboxError as exc:
+            if isinstance(exc.__cause__, GONE) or "not found" in str(exc).lower():
+                raise SessionGoneError(f"the e2b sandbox of this ref is gone: {exc}") from None
+            raise
+        if not session._keep:
+            await self.check_created(ref)
+        session._created = ref.sandbox.get("created") is True
 
-    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        """See `reattach`."""
-        await reattach(self.session, entry, process)
+    async def check_created(self, ref: SessionRef) -> None:
+        """The resumed close would kill the sandbox: E2B must show our `sandbox.session`
+        metadata with the ref's session id on it (`AsyncSandbox.get_info`), else
+        `RefNotTrustedError` (the resume then only detaches: nothing is killed)."""
+        session = self.session
+        client = session._client
+        sandbox_id = session.sandbox_id
+        try:
+            info = await client.timed(
+                client.sandbox.get_info(**session._api_params()), "read the sandbox's metadata"
+            )
+        except SandboxError:
+            raise
+        except Exception as exc:
+            session._errors.fail(exc, "read the sandbox's metadata")
+        metadata = getattr(info, "metadata", None)
+        check_mark(
+            ref, metadata, backend="e2b", what=f"the sandbox {sandbox_id!r}", kind="metadata"
+        )
 
-    async def release(self, entry: PtyEntry[Any]) -> None:
-        """See `release`."""
-        await release(self.session, entry)
+    async def reattach(self, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
+        """`pty.connect` / `commands.connect` by pid; output from now on, after a note."""
+        pid = process.handle.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+            raise ProcessNotReattached("the ref holds no e2b pid for this process")
+        client = self.session._client
+        proc = E2BProcess(
+            tty=process.tty, tag=_tag(process, "tag"), outer_tag=_tag(process, "outer_tag")
+        )
+        entry.handle = proc
+        entry.feed(f"\n[sandbox: {NOT_KEPT}]\n".encode())
+
+        def on_output(chunk: str | bytes) -> None:
+            entry.feed(text_to_bytes(chunk))
+
+        if process.tty:
+            connect = client.sandbox.pty.connect(
+                pid, on_data=on_output, timeout=client.process_timeout, **client.request()
+            )
+        else:
+            connect = client.sandbox.commands.connect(
+                pid,
+                timeout=client.process_timeout,
+                on_stdout=on_output,
+                on_stderr=on_output,
+                retain_output=False,
+                **client.request(),
+            )
+        proc.start_task = asyncio.ensure_future(client.bounded(connect, client.start_timeout))
+        try:
+            proc.handle = await asyncio.shield(proc.start_task)
+        except NotFoundException:
+            entry.handle = None
+            raise ProcessNotReattached(GONE_NOTE) from None
+        except Exception as exc:
+            self.session._errors.fail(exc, "reconnect to a process")
+        proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
+
+    async def release(self, entry: PtyEntry[E2BProcess]) -> None:
+        """Stop following the process (its waiter, the SDK's reader); envd keeps it."""
+        proc: E2BProcess | None = entry.handle
+        if proc is None:
+            return
+        handle = await proc.started_handle()
+        if proc.waiter is not None:
+            proc.waiter.cancel()
+            await asyncio.wait([proc.waiter])
+        if handle is not None:
+            await self.session._client.disconnect(handle)
 
     async def detach(self) -> None:
-        """See `detach`."""
-        await detach(self.session)
+        """Forget the SDK sandbox object; the sandbox keeps running until its own timeout."""
+        self.session._start_task = None
+        self.session._client.sandbox = None

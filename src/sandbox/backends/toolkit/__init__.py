@@ -19,6 +19,9 @@
 - `lease`: the lease of a durable session kept as a file in a remote sandbox, swapped
   by one `sh` script (`lease_path`, `lease_read_argv`, `lease_swap_argv`, `lease_line`,
   `parse_lease`; see docs/durable-sessions.md).
+- `durable_common`: what the durability of a remote sandbox repeats: `ScriptLease`, the
+  `LeaseStore` over that script (a backend writes only how a command runs), and
+  `attach_options`, a resume's options from a ref that names its sandbox.
 - `ref_trust`: what even a sealed ref may not decide (`taken_from_ref`,
   `refuse_other_endpoint`, `check_mark` with `SESSION_MARK`).
 - `options`: the one name of each option concept, an earlier name refused by
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from .check import CommandCheck
 from .credentials import Secret, require_credential
+from .durable_common import ScriptLease, attach_options
 from .errors import (
     REDACTED,
     RETRYABLE_STATUSES,
@@ -101,8 +105,10 @@ __all__ = [
     "RunnerDurability",
     "RunnerOneShot",
     "RunnerProcess",
+    "ScriptLease",
     "Secret",
     "ShellTrap",
+    "attach_options",
     "check_limits",
     "check_mark",
     "check_tag",
