@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from .process_entry import OutputSink
 
 
 class Process(ABC):
     """The controls of one running process (see the module docstring)."""
+
+    # Whether `interrupt` also serves a process on a terminal (it knows better than
+    # writing the interrupt character: unix_local signals the terminal's foreground
+    # group when the terminal has no room for it); else the base session writes ^C
+    # through `write`.
+    interrupts_terminal: ClassVar[bool] = False
 
     def try_write(self, data: bytes) -> int:
         """Write what the process takes right now, never waiting, and return how many
@@ -48,7 +54,8 @@ class Process(ABC):
 
     async def interrupt(self) -> None:
         """SIGINT to the process's group, for a process without a terminal (on a
-        terminal the base session writes the interrupt character instead)."""
+        terminal the base session writes the interrupt character instead, unless the
+        handle sets `interrupts_terminal`: then this serves a terminal too)."""
         raise NotImplementedError  # not overridden: the base session refuses the call
 
     async def drain(self) -> None:

@@ -144,12 +144,13 @@ class SessionHooks(Generic[H]):
         await handle.resize(rows, cols)
 
     async def _interrupt(self, entry: OutputSink[H]) -> None:
-        """Ctrl-C. Default: the interrupt character for a tty; without one, the handle's
-        `Process.interrupt` (SIGINT to the process group)."""
-        if entry.tty:
+        """Ctrl-C. Default: the interrupt character for a tty, unless the handle's
+        `Process.interrupts_terminal` says its `interrupt` serves a terminal too; without
+        one, the handle's `Process.interrupt` (SIGINT to the process group)."""
+        handle = entry.require_handle()
+        if entry.tty and not (isinstance(handle, Process) and handle.interrupts_terminal):
             await self._write_stdin(entry, b"\x03")
             return
-        handle = entry.require_handle()
         if overrides(handle, "interrupt"):
             assert isinstance(handle, Process)
             await handle.interrupt()

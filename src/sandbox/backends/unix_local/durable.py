@@ -29,9 +29,9 @@ from ...backend import HostLease, SessionRef, durable_session_id
 from ...errors import InvalidArgumentError, SessionGoneError
 from ...local import cgroups
 from ...local import tree as process_tree
-from ...local.process import LocalProcess
 from ...runner import RunnerClient
 from ..toolkit import RunnerDurability
+from .handle import LocalHandle
 from .workspace import TEMPORARY_PREFIX, Workspace
 
 # Options a resumed session is opened with (no `env`: its values may be secrets).
@@ -146,7 +146,7 @@ class LocalDurability(RunnerDurability):
             options["runner"] = True
         return options
 
-    def ref_direct_process(self, handle: LocalProcess) -> dict[str, Any]:
+    def ref_direct_process(self, handle: LocalHandle) -> dict[str, Any]:
         """The client's child: its pid and tag (the tag finds what is left of it after a
         crash)."""
         return {"pid": handle.pid, "tag": handle.tag}

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import errno
 import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -24,8 +23,10 @@ from ...backend import (
     ExecCapture,
     OneShotProcess,
     OutputSink,
+    Process,
     check_env,
     check_seconds,
+    kill_handle,
 )
 from ...errors import (
     BackendUnavailableError,
@@ -51,6 +52,7 @@ from ..toolkit import (
 from . import cgroup_limits, local_files
 from . import confine as jail
 from . import durable as durable_local
+from .handle import LocalHandle
 from .workspace import LocalPorts, LocalWorkspace, Workspace
 
 DEFAULT_TERM = "xterm-256color"
@@ -67,7 +69,7 @@ MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_b
 PROCESS_NOTE = b"\n[sandbox: the session's process limit (process_limit) refused a new process]\n"
 
 
-class UnixLocalSession(BaseSandboxSession[LocalProcess]):
+class UnixLocalSession(BaseSandboxSession[Process]):
     """Runs commands as local processes.
 
     Options: `workdir` (a directory; default a temporary one removed on close), `env`
@@ -334,7 +336,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         return _LocalOneShot(proc, capture, self._memory_note)
 
-    def _spawn_process_nowait(self, entry: OutputSink[LocalProcess]) -> bool:
+    def _spawn_process_nowait(self, entry: OutputSink[Process]) -> bool:
         """The spawn is one synchronous clone: done here, without a task, unless the
         command check must run first in the jail (that waits for its verdict), or
         `_spawn_process` is not this class's own (a subclass's, or a wrapper set on the
@@ -347,10 +349,10 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         self._spawn_local(entry, command, None)
         return True
 
-    async def _spawn_process(self, entry: OutputSink[LocalProcess]) -> None:
-        """A local child on a PTY or pipes; a confined one with a `cwd` (or without a
-        shell) first runs the command check inside the jail and is waited for. With the
-        runner: the runner's process (`RunnerProcess`)."""
+    async def _spawn_process(self, entry: OutputSink[Process]) -> None:
+        """A local child on a PTY or pipes (`LocalHandle`); a confined one with a `cwd`
+        (or without a shell) first runs the command check inside the jail and is waited
+        for. With the runner: the runner's process (`RunnerProcess`)."""
         command, check = self._checked_command(entry.spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
         if self.runner:
@@ -370,7 +372,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             await wait_for_verdict(entry, trap, check)
 
     def _spawn_local(
-        self, entry: OutputSink[LocalProcess], command: CommandSpec, trap: ShellTrap | None
+        self, entry: OutputSink[Process], command: CommandSpec, trap: ShellTrap | None
     ) -> None:
         """Start `command` (the entry's, checked) as the entry's `LocalProcess`."""
         spec = entry.spec
@@ -388,7 +390,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             entry.report_exit(code)
 
         try:
-            entry.handle = LocalProcess.spawn(
+            process = LocalProcess.spawn(
                 self._argv(command),
                 tty=spec.tty,
                 env=self._environment(command, tty=spec.tty),
@@ -406,6 +408,7 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
             raise _start_error(
                 spec.command, self._workspace.cwd_for(spec.command.cwd), exc
             ) from None
+        entry.handle = LocalHandle(process, entry, grace_s=self.terminate_grace_s)
 
     def _checked_command(
         self, spec: CommandSpec, *, announce: bool
@@ -424,89 +427,36 @@ class UnixLocalSession(BaseSandboxSession[LocalProcess]):
         argv = tuple(check.argv(spec.argv, announce=announce))
         return dataclasses.replace(spec, argv=argv, cwd=None), check
 
-    def _write_stdin_nowait(self, entry: OutputSink[LocalProcess], data: bytes) -> int:
-        proc = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            return 0  # a frame to the runner: `_write_stdin` sends it all
-        return proc.write_some(data)
-
-    async def _write_stdin(self, entry: OutputSink[LocalProcess], data: bytes) -> None:
-        proc: LocalProcess | RunnerProcess = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.write(data)  # counted by the handle
-            return
-        await proc.write(data, on_progress=entry.count_input)
-
-    async def _close_stdin(self, entry: OutputSink[LocalProcess]) -> None:
-        """Close our end of the process's stdin pipe: it reads what is in the pipe, then
-        end-of-file."""
-        proc: LocalProcess | RunnerProcess = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.close_stdin()
-        else:
-            proc.close_stdin()
-
-    async def _resize(self, entry: OutputSink[LocalProcess], rows: int, cols: int) -> None:
-        proc: LocalProcess | RunnerProcess = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            await proc.resize(rows, cols)
-        else:
-            proc.resize(rows, cols)
-
-    async def _interrupt(self, entry: OutputSink[LocalProcess]) -> None:
-        proc: LocalProcess | RunnerProcess = entry.require_handle()
-        if isinstance(proc, RunnerProcess):
-            if entry.tty:  # ^C as input: the terminal's line discipline signals its group
-                await proc.write(b"\x03")
-            else:
-                await proc.interrupt()
-            return
-        if entry.tty:
-            proc.interrupt_terminal()
-        else:
-            proc.signal_group(signal.SIGINT)
-
-    def _terminate_pty_entry_nowait(self, entry: OutputSink[LocalProcess]) -> bool:
-        """An exited leader whose cgroup leaf holds nobody alive has nothing left to
-        wait for (`LocalProcess.finish_now`): the common end of a command that ran to
-        completion in its window. Not taken when `_terminate_pty_entry` is not this
-        class's own (see `_spawn_process_nowait`)."""
+    def _terminate_pty_entry_nowait(self, entry: OutputSink[Process]) -> bool:
+        """The handle's `finish_now` (an exited leader whose cgroup leaf holds nobody
+        alive), unless `_terminate_pty_entry` is not this class's own (see
+        `_spawn_process_nowait`)."""
         if not _own_hook(self._terminate_pty_entry, UnixLocalSession._terminate_pty_entry):
             return False
-        proc: LocalProcess | RunnerProcess | None = entry.handle
-        if isinstance(proc, RunnerProcess):
-            return False  # the runner is asked (and forgets the process): an await
-        return proc is None or proc.finish_now(escapees=not entry.sandbox_stopping)
+        handle = entry.handle
+        return handle is None or handle.finish_now()
 
-    async def _terminate_pty_entry(self, entry: OutputSink[LocalProcess]) -> None:
-        proc: LocalProcess | RunnerProcess | None = entry.handle
-        if isinstance(proc, RunnerProcess):
-            # The runner ends the whole tree (it is their subreaper).
-            await proc.terminate(self.terminate_grace_s)
-        elif proc is not None:
-            # When the session stops right after, its own sweep finds the escapees once
-            # instead of every teardown looking through /proc for them.
-            await proc.terminate(self.terminate_grace_s, escapees=not entry.sandbox_stopping)
+    async def _terminate_pty_entry(self, entry: OutputSink[Process]) -> None:
+        """The handle's kill: the runner's (it ends the whole tree, being its
+        subreaper), or the local tree's (`LocalHandle.kill`)."""
+        await kill_handle(entry)
 
-    def _abandon(self, entries: Sequence[OutputSink[LocalProcess]]) -> None:
+    def _abandon(self, entries: Sequence[OutputSink[Process]]) -> None:
         """Garbage-collected unclosed: SIGKILL every process tree (the workspace stays).
         A runner's processes are left to it: its connection ends with this client, and
         its orphan policy ends what no client comes back for."""
         for entry in entries:
-            proc: LocalProcess | RunnerProcess | None = entry.handle
-            if isinstance(proc, LocalProcess):
-                proc.kill_now()
+            handle = entry.handle
+            if isinstance(handle, LocalHandle):
+                handle.kill_now()
         if self._cgroup is not None:
             self._cgroup.kill()  # its directories stay until a later session cleans them
             self._cgroup.close_files()
         else:
             process_tree.kill_session(self._session_tag)
 
-    async def _final_drain(self, entry: OutputSink[LocalProcess]) -> None:
-        proc: LocalProcess | RunnerProcess | None = entry.handle
-        if isinstance(proc, LocalProcess):
-            proc.drain_now()
-        # A runner's output arrives with its EXIT: nothing to read here.
+    # Both handles can keep the stdin of a process on pipes open (`close_stdin`).
+    _stdin_stays_open = True
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
