@@ -57,9 +57,9 @@ import aiohttp
 
 from ...backend import (
     Durability,
+    OutputSink,
     ProcessNotReattached,
     ProcessRef,
-    PtyEntry,
     SessionRef,
     durable_session_id,
 )
@@ -142,7 +142,7 @@ async def _first_output(ws: aiohttp.ClientWebSocketResponse, timeout: float) -> 
         return data if kind == "output" else None
 
 
-def _show_replay(entry: PtyEntry[Terminal], term: Terminal, replay: str, position: int) -> None:
+def _show_replay(entry: OutputSink[Terminal], term: Terminal, replay: str, position: int) -> None:
     """Feed the ring through the trap: from the command's start when the ring still
     holds it (minus the `position` bytes returned before), else after a note."""
     data = text_to_bytes(replay.removeprefix(REPLAY_PREFIX))
@@ -226,7 +226,7 @@ class BlaxelDurability(Durability):
             options["api_url"] = url
         return options
 
-    def ref_process(self, entry: PtyEntry[Terminal]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[Terminal]) -> dict[str, Any]:
         """The terminal's session id, the tag of its tree and the trap's token."""
         term = entry.require_handle()
         return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
@@ -271,7 +271,7 @@ class BlaxelDurability(Durability):
         labels = self.session._client.labels()
         check_mark(ref, labels, backend="blaxel", what=f"the sandbox {self.session.sandbox_name!r}")
 
-    async def reattach(self, entry: PtyEntry[Terminal], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[Terminal], process: ProcessRef) -> None:
         """Reconnect to the process's terminal session (never a new one), replay its ring
         past `output_position`, then follow it as a spawn does."""
         session = self.session
@@ -304,7 +304,7 @@ class BlaxelDurability(Durability):
         reader = TerminalReader(entry, term, options, client.redact)
         term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
 
-    async def release(self, entry: PtyEntry[Terminal]) -> None:
+    async def release(self, entry: OutputSink[Terminal]) -> None:
         """Stop following the process (its reader, its socket); the session keeps it. The
         release line is not typed: the ref's next owner still has to read the ring."""
         term = entry.handle

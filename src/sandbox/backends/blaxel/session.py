@@ -22,7 +22,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellWorkspace,
     check_env,
@@ -283,7 +283,7 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
 
     # ---- terminal processes ------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[Terminal]) -> None:
+    async def _spawn_process(self, entry: OutputSink[Terminal]) -> None:
         """Type the command into a new terminal (see `terminal`)."""
         spec = entry.spec
         term = Terminal(trap=ShellTrap(report_exit=True))
@@ -324,27 +324,27 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         )
         return f". {script}\n"
 
-    async def _write_stdin(self, entry: PtyEntry[Terminal], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[Terminal], data: bytes) -> None:
         """`input` frames on the terminal."""
         await terminal.send_input(entry, data)
 
-    async def _resize(self, entry: PtyEntry[Terminal], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[Terminal], rows: int, cols: int) -> None:
         """The terminal's `resize` message (`handler/terminal.go`; the server ignores a
         size of zero and answers nothing)."""
         frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
         await terminal.send_frames(entry, [frame])
 
-    async def _interrupt(self, entry: PtyEntry[Terminal]) -> None:
+    async def _interrupt(self, entry: OutputSink[Terminal]) -> None:
         """The interrupt character, also for tty=False: the command runs in the
         terminal's foreground process group, signal generation stays on."""
         await terminal.send_input(entry, b"\x03")
 
-    async def _final_drain(self, entry: PtyEntry[Terminal]) -> None:
+    async def _final_drain(self, entry: OutputSink[Terminal]) -> None:
         """Frames already received sit in aiohttp's queue: let the reader take them."""
         for _ in range(3):
             await asyncio.sleep(0)
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[Terminal]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[Terminal]) -> None:
         """Kill the terminal's tagged session (unless the sandbox's deletion follows),
         then stop the reader and close the socket."""
         term = entry.handle
@@ -375,7 +375,7 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         if error is not None:
             raise error
 
-    def _must_kill_remotely(self, entry: PtyEntry[Terminal], term: Terminal) -> bool:
+    def _must_kill_remotely(self, entry: OutputSink[Terminal], term: Terminal) -> bool:
         if term.trap.done or self._client.instance is None or not term.line_sent:
             return False
         # Closing deletes the sandbox right after, which stops everything in it.

@@ -49,9 +49,9 @@ from yarl import URL
 
 from ...backend import (
     Durability,
+    OutputSink,
     ProcessNotReattached,
     ProcessRef,
-    PtyEntry,
     SessionRef,
     durable_session_id,
 )
@@ -116,10 +116,10 @@ def _kept_url(url_text: str) -> str | None:
     return f"{url.scheme}://{url.raw_host}" + (f":{url.port}" if url.explicit_port else "")
 
 
-def command_position(entry: PtyEntry[PtyHandle]) -> int:
+def command_position(entry: OutputSink[PtyHandle]) -> int:
     """How many of the command's own bytes (past the trap) the client has returned."""
     handle = entry.require_handle()
-    returned = entry.output.start_pos
+    returned = entry.returned_position
     notes = sum(size for at, size in handle.notes if at + size <= returned)
     return max(0, handle.base_command + (returned - handle.base_position) - notes)
 
@@ -186,7 +186,7 @@ def _handle_from_ref(process: ProcessRef) -> tuple[str, str, int | None, int]:
     return name, token, pid, position
 
 
-def _replay(entry: PtyEntry[PtyHandle], handle: PtyHandle, ring: bytes, skip: int) -> None:
+def _replay(entry: OutputSink[PtyHandle], handle: PtyHandle, ring: bytes, skip: int) -> None:
     """Feed the ring's replay: through the trap, past the `skip` bytes already returned;
     with a note when the ring no longer holds the command's start."""
     if handle.shell_pid is None:
@@ -246,7 +246,7 @@ class CloudflareDurability(Durability):
             options["worker_url"] = url
         return options
 
-    def ref_process(self, entry: PtyEntry[PtyHandle]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[PtyHandle]) -> dict[str, Any]:
         """The bridge session, the trap's token, the shell's pid and the command position."""
         handle = entry.require_handle()
         return {
@@ -294,7 +294,7 @@ class CloudflareDurability(Durability):
             await _delete_session(client, name)
             raise SessionGoneError(GONE.format(id=client.sandbox_id))
 
-    async def reattach(self, entry: PtyEntry[PtyHandle], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[PtyHandle], process: ProcessRef) -> None:
         """The session's PTY again: its ring replayed past the ref's position, then live."""
         session = self.session
         client = session._client
@@ -322,7 +322,7 @@ class CloudflareDurability(Durability):
         handle.terminal = WorkerTerminal(handle.ws, [])
         handle.reader = asyncio.create_task(pump(entry, handle, session._redact))
 
-    async def release(self, entry: PtyEntry[PtyHandle]) -> None:
+    async def release(self, entry: OutputSink[PtyHandle]) -> None:
         """Stop following the process: close its socket, stop its reader. The session, its
         shell and its command stay (pty-ws-handler.ts `onClose` only unsubscribes)."""
         handle: PtyHandle | None = entry.handle

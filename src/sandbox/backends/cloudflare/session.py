@@ -33,7 +33,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellWorkspace,
     check_seconds,
@@ -277,7 +277,7 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
 
     # ---- processes -----------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[PtyHandle]) -> None:
+    async def _spawn_process(self, entry: OutputSink[PtyHandle]) -> None:
         """A session of its own, its PTY socket, then the trapped command typed in."""
         spec = entry.spec
         client = self._client
@@ -321,23 +321,23 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         if check is not None:
             await wait_for_verdict(entry, handle.trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[PtyHandle], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[PtyHandle], data: bytes) -> None:
         """Bytes to the terminal, one binary frame."""
         await send_frame(entry.require_handle(), data, "write to the terminal")
 
-    async def _resize(self, entry: PtyEntry[PtyHandle], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[PtyHandle], rows: int, cols: int) -> None:
         """A `resize` control frame."""
         frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
         await send_frame(entry.require_handle(), frame, "resize the terminal")
 
-    async def _interrupt(self, entry: PtyEntry[PtyHandle]) -> None:
+    async def _interrupt(self, entry: OutputSink[PtyHandle]) -> None:
         """^C on the terminal, also for tty=False: the command still runs on the
         Worker's terminal (with echo and output processing off but signals on), as the
         foreground process group after the shell exec'd it, so the line discipline
         turns ^C into SIGINT."""
         await send_frame(entry.require_handle(), b"\x03", "write to the terminal")
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[PtyHandle]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[PtyHandle]) -> None:
         """Kill the session's tree, delete the session, then close the socket: closing
         it alone would leave the shell and the command running (pty-ws-handler.ts
         `onClose` only unsubscribes), and deleting the session only ends its shell.
@@ -377,7 +377,7 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         if failure is not None:
             raise failure
 
-    async def _final_drain(self, entry: PtyEntry[PtyHandle]) -> None:
+    async def _final_drain(self, entry: OutputSink[PtyHandle]) -> None:
         """Frames already received sit in aiohttp's queue: let the reader take them."""
         for _ in range(3):
             await asyncio.sleep(0)

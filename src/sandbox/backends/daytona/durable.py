@@ -39,9 +39,9 @@ from typing import Any
 
 from ...backend import (
     Durability,
+    OutputSink,
     ProcessNotReattached,
     ProcessRef,
-    PtyEntry,
     SessionRef,
     durable_session_id,
 )
@@ -153,7 +153,7 @@ class DaytonaDurability(Durability):
             return
         refuse_other_endpoint("daytona", "api_url", ref.options.get("api_url"), self.api_url_used())
 
-    def ref_process(self, entry: PtyEntry[DaytonaHandle]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[DaytonaHandle]) -> dict[str, Any]:
         """The session and command ids and the pid file (pipes), or the PTY session id."""
         state = entry.require_handle()
         if isinstance(state, PipeState):
@@ -191,7 +191,7 @@ class DaytonaDurability(Durability):
         labels = getattr(session._client.sandbox, "labels", None)
         check_mark(ref, labels, backend="daytona", what=f"the sandbox {session.sandbox_id!r}")
 
-    async def reattach(self, entry: PtyEntry[DaytonaHandle], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[DaytonaHandle], process: ProcessRef) -> None:
         """Pipes: replay the command's log past `output_position`; PTYs: connect again,
         output from now on after a note (see the module docstring)."""
         client = self.session._client
@@ -221,7 +221,7 @@ class DaytonaDurability(Durability):
             commands.pump(client, entry, state, None, skip=process.output_position)
         )
 
-    async def release(self, entry: PtyEntry[DaytonaHandle]) -> None:
+    async def release(self, entry: OutputSink[DaytonaHandle]) -> None:
         """Stop following a process without ending it: a pipe command's log reader, a PTY
         session's connection; the daemon keeps both."""
         state = entry.handle

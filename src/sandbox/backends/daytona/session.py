@@ -22,7 +22,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellWorkspace,
     check_env,
@@ -214,7 +214,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
 
     # ---- processes ---------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[DaytonaHandle]) -> None:
+    async def _spawn_process(self, entry: OutputSink[DaytonaHandle]) -> None:
         """A PTY session for `tty=True`, a session command for pipes."""
         if entry.tty:
             await terminal.spawn(self._client, entry)
@@ -232,15 +232,15 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[DaytonaHandle], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[DaytonaHandle], data: bytes) -> None:
         """Send bytes to the PTY (see `terminal.write`)."""
         await terminal.write(self._client, entry, data)
 
-    async def _resize(self, entry: PtyEntry[DaytonaHandle], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[DaytonaHandle], rows: int, cols: int) -> None:
         """Resize the PTY (see `terminal.resize`)."""
         await terminal.resize(self._client, entry, rows, cols)
 
-    async def _interrupt(self, entry: PtyEntry[DaytonaHandle]) -> None:
+    async def _interrupt(self, entry: OutputSink[DaytonaHandle]) -> None:
         """Ctrl-C on a terminal; SIGINT to the process group of a pipe process."""
         if entry.tty:
             await self._write_stdin(entry, b"\x03")
@@ -250,7 +250,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         script = interrupt_script(state.pidfile, wait_s=PIDFILE_WAIT_S * 4)
         await self._client.call("interrupt the process", self._client.process.exec(script))
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[DaytonaHandle]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[DaytonaHandle]) -> None:
         """Tear one process down (`terminal.teardown`, `commands.teardown`); when the
         sandbox goes next (`entry.sandbox_stopping`) only our side is released."""
         state = entry.handle

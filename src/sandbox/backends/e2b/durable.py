@@ -32,9 +32,9 @@ from e2b import NotFoundException
 
 from ...backend import (
     Durability,
+    OutputSink,
     ProcessNotReattached,
     ProcessRef,
-    PtyEntry,
     SessionRef,
     durable_session_id,
 )
@@ -124,7 +124,7 @@ class E2BDurability(Durability):
         options["sandbox_timeout_s"] = self.session._sandbox_timeout
         return options
 
-    def ref_process(self, entry: PtyEntry[E2BProcess]) -> dict[str, Any]:
+    def ref_process(self, entry: OutputSink[E2BProcess]) -> dict[str, Any]:
         """envd's pid and the toolkit tags of the process's tree."""
         proc = entry.require_handle()
         return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
@@ -172,7 +172,7 @@ class E2BDurability(Durability):
             ref, metadata, backend="e2b", what=f"the sandbox {sandbox_id!r}", kind="metadata"
         )
 
-    async def reattach(self, entry: PtyEntry[E2BProcess], process: ProcessRef) -> None:
+    async def reattach(self, entry: OutputSink[E2BProcess], process: ProcessRef) -> None:
         """`pty.connect` / `commands.connect` by pid; output from now on, after a note."""
         pid = process.handle.get("pid")
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
@@ -210,7 +210,7 @@ class E2BDurability(Durability):
             self.session._errors.fail(exc, "reconnect to a process")
         proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
 
-    async def release(self, entry: PtyEntry[E2BProcess]) -> None:
+    async def release(self, entry: OutputSink[E2BProcess]) -> None:
         """Stop following the process (its waiter, the SDK's reader); envd keeps it."""
         proc: E2BProcess | None = entry.handle
         if proc is None:

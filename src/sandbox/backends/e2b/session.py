@@ -55,7 +55,7 @@ from ...backend import (
     CommandSpec,
     ExecCapture,
     OneShotProcess,
-    PtyEntry,
+    OutputSink,
     ShellFileOps,
     ShellWorkspace,
     cancel_and_wait,
@@ -297,7 +297,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
 
     # ---- processes --------------------------------------------------------------------------
 
-    async def _spawn_process(self, entry: PtyEntry[E2BProcess]) -> None:
+    async def _spawn_process(self, entry: OutputSink[E2BProcess]) -> None:
         """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
         background command with stdin closed. Output flows into `entry.feed`."""
         client = self._client
@@ -373,7 +373,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         if check is not None and trap is not None:
             await wait_for_verdict(entry, trap, check)
 
-    async def _write_stdin(self, entry: PtyEntry[E2BProcess], data: bytes) -> None:
+    async def _write_stdin(self, entry: OutputSink[E2BProcess], data: bytes) -> None:
         """Send keystrokes to the PTY, or bytes to a pipe command's open stdin (in
         pieces of at most `STDIN_CHUNK`)."""
         proc = entry.require_handle()
@@ -382,7 +382,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         else:
             await self._client.send_input(proc.handle.pid, data)
 
-    async def _close_stdin(self, entry: PtyEntry[E2BProcess]) -> None:
+    async def _close_stdin(self, entry: OutputSink[E2BProcess]) -> None:
         """`commands.close_stdin`: envd closes the command's stdin pipe after the input
         sent before (each `send_stdin` answered first). Asked once per process."""
         proc = entry.require_handle()
@@ -390,7 +390,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             await self._client.close_input(proc.handle.pid)
             proc.stdin_closed = True
 
-    async def _resize(self, entry: PtyEntry[E2BProcess], rows: int, cols: int) -> None:
+    async def _resize(self, entry: OutputSink[E2BProcess], rows: int, cols: int) -> None:
         """Resize the PTY (`pty.resize`); a process that just exited is left alone."""
         proc = entry.require_handle()
         client = self._client
@@ -406,7 +406,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         except Exception as exc:
             self._errors.fail(exc, "resize the terminal")
 
-    async def _interrupt(self, entry: PtyEntry[E2BProcess]) -> None:
+    async def _interrupt(self, entry: OutputSink[E2BProcess]) -> None:
         """tty: the interrupt character; pipes: SIGINT to the command's process group,
         sent by the toolkit's interrupt script."""
         proc = entry.require_handle()
@@ -415,7 +415,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             return
         await self._client.interrupt(proc.tag)
 
-    async def _terminate_pty_entry(self, entry: PtyEntry[E2BProcess]) -> None:
+    async def _terminate_pty_entry(self, entry: OutputSink[E2BProcess]) -> None:
         """Wait for an unfinished start, kill the tagged tree and the process (unless the
         sandbox is killed right after), stop and await the waiter task, and disconnect
         the SDK handle (its reader task)."""
