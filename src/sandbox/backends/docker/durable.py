@@ -45,10 +45,8 @@ from ...errors import InvalidArgumentError, ProviderError, RefNotTrustedError, S
 from ...runner import RunnerClient
 from ..toolkit import (
     RunnerDurability,
+    ScriptLease,
     grace_ticks,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     parse_lease,
     running_tags,
     taken_from_ref,
@@ -86,15 +84,13 @@ def engine_url(api_url: str | None) -> str:
     return "unix://" + url.removeprefix("http+unix://") if url.startswith("http+unix://") else url
 
 
-class ContainerLease:
-    """The session's lease in its container (a `sandbox.durable.lease.LeaseStore`)."""
+class ContainerLease(ScriptLease):
+    """The session's lease in its container (a `sandbox.durable.lease.LeaseStore`): the
+    lease script run by an exec."""
 
-    def __init__(self, session: DockerSession) -> None:
-        self._session = session
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        engine, options = self._session._require_engine()
+    async def run(self, argv: list[str]) -> str | None:
+        """One exec of the lease script; its stdout is the value."""
+        engine, options = self.session._require_engine()
         output = bytearray()
         proc = DockerExec(
             engine,
@@ -116,14 +112,6 @@ class ContainerLease:
         finally:
             await proc.aclose()
         return parse_lease(output.decode("utf-8", "replace"), proc.exit_code, "docker")
-
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
 
 
 class DockerDurability(RunnerDurability):
@@ -186,7 +174,7 @@ class DockerDurability(RunnerDurability):
 
     def lease_store(self) -> ContainerLease:
         """The lease (`ContainerLease`)."""
-        return ContainerLease(self.session)
+        return ContainerLease(self.session, durable_session_id(self.session))
 
     def check_engine(self, ref: SessionRef) -> None:
         """Refuse a ref made against another engine than the one this client would use,

@@ -59,12 +59,10 @@ from ...errors import InvalidArgumentError, ProviderError, SessionGoneError
 from ...runner import RunnerClient
 from ..toolkit import (
     RunnerDurability,
+    ScriptLease,
     check_mark,
     grace_ticks,
     kill_script,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     parse_lease,
     running_tags,
     taken_from_ref,
@@ -126,20 +124,23 @@ def check_server(session: KubernetesSession, server: str) -> None:
     )
 
 
-class PodLease:
-    """The session's lease in its pod (a `sandbox.durable.lease.LeaseStore`)."""
+class PodLease(ScriptLease):
+    """The session's lease in its pod (a `sandbox.durable.lease.LeaseStore`), its file
+    named relative to the container's TMPDIR (`LEASE_IN_TMP`)."""
 
-    def __init__(self, session: KubernetesSession) -> None:
-        self._session = session
-        self._name = posixpath.basename(lease_path(durable_session_id(session)))
+    def __init__(self, session: KubernetesSession, session_id: str) -> None:
+        super().__init__(session, session_id)
+        self.path = posixpath.basename(self.path)
 
-    async def _run(self, argv: list[str]) -> str | None:
+    async def run(self, argv: list[str]) -> str | None:
+        """One control exec of the lease script; its stdout is the value. A failed exec
+        into a pod that is gone is `SessionGoneError` (or the closed value at a close)."""
         # The toolkit's `sh -c SCRIPT sh FILE ARGS...`, its FILE named relative to the
         # container's TMPDIR instead.
-        assert argv[:2] == ["sh", "-c"] and argv[4] == self._name, argv[:2]
+        assert argv[:2] == ["sh", "-c"] and argv[4] == self.path, argv[:2]
         script, rest = argv[2], argv[5:]
-        wrapped = ["sh", "-c", LEASE_IN_TMP, "sandbox-lease", script, self._name, *rest]
-        client, target = self._session._require()
+        wrapped = ["sh", "-c", LEASE_IN_TMP, "sandbox-lease", script, self.path, *rest]
+        client, target = self.session._require()
         stdout = bytearray()
 
         def keep(data: bytes) -> bool:
@@ -158,7 +159,7 @@ class PodLease:
                 gone = False  # the API cannot say either: the exec's error stands
             if not gone:
                 raise failure from None
-            if self._session.state is SessionState.CLOSING:
+            if self.session.state is SessionState.CLOSING:
                 # A close (of a client taken over, whose new owner deleted the pod):
                 # nothing is left to claim, so it only lets go.
                 return CLOSED
@@ -171,22 +172,14 @@ class PodLease:
     async def _pod_gone(self) -> bool:
         """Whether the session's pod is no more: absent, made again (another uid), being
         deleted or ended (an exec into it fails then)."""
-        client, target = self._session._require()
+        client, target = self.session._require()
         status, pod = await client.call(
             "GET", pods_path(target.namespace, target.pod), "look at the pod", allow=(404,)
         )
-        if status == 404 or pod_uid(pod) != self._session._pod_uid:
+        if status == 404 or pod_uid(pod) != self.session._pod_uid:
             return True
         running, _, _ = readiness(pod, target.container or CONTAINER_NAME)
         return not running
-
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._name))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._name, expected, new))
 
 
 class KubernetesDurability(RunnerDurability):
@@ -260,7 +253,7 @@ class KubernetesDurability(RunnerDurability):
 
     def lease_store(self) -> PodLease:
         """The lease (`PodLease`)."""
-        return PodLease(self.session)
+        return PodLease(self.session, durable_session_id(self.session))
 
     def check_created(self, ref: SessionRef, name: str) -> None:
         """The ref says the session created the pod `name`: the pod found must carry our

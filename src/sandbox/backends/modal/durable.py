@@ -35,11 +35,9 @@ from ...backend import (
 )
 from ...errors import ProviderError, SandboxError, SessionGoneError
 from ..toolkit import (
+    ScriptLease,
     check_mark,
     check_tag,
-    lease_path,
-    lease_read_argv,
-    lease_swap_argv,
     parse_lease,
     taken_from_ref,
 )
@@ -67,15 +65,12 @@ LEASE_TIMEOUT_S = 30.0
 TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "term")
 
 
-class SandboxLease:
-    """The lease in the sandbox (a `LeaseStore`), read and swapped by an exec."""
+class SandboxLease(ScriptLease):
+    """The lease in the sandbox (a `LeaseStore`): the lease script run by an exec."""
 
-    def __init__(self, session: ModalSession) -> None:
-        self._session = session
-        self._path = lease_path(durable_session_id(session))
-
-    async def _run(self, argv: list[str]) -> str | None:
-        sandbox = self._session._commands.require_sandbox()
+    async def run(self, argv: list[str]) -> str | None:
+        """One exec of the lease script; its stdout is the value."""
+        sandbox = self.session._commands.require_sandbox()
         output = bytearray()
         try:
             async with asyncio.timeout(LEASE_TIMEOUT_S):
@@ -87,16 +82,8 @@ class SandboxLease:
                 "Modal did not answer the lease check in time", retryable=True
             ) from None
         except SDK_ERRORS as exc:
-            raise self._session._errors.map("check the session's lease", exc) from None
+            raise self.session._errors.map("check the session's lease", exc) from None
         return parse_lease(output.decode("utf-8", "replace"), code, "modal")
-
-    async def read(self) -> str | None:
-        """The lease's value."""
-        return await self._run(lease_read_argv(self._path))
-
-    async def swap(self, expected: str | None, new: str) -> str | None:
-        """Compare-and-set under the script's lock; what the lease was."""
-        return await self._run(lease_swap_argv(self._path, expected, new))
 
 
 class ModalDurability(Durability):
@@ -137,7 +124,7 @@ class ModalDurability(Durability):
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
-        return SandboxLease(self.session)
+        return SandboxLease(self.session, durable_session_id(self.session))
 
     async def check_created(self, ref: SessionRef) -> None:
         """The resumed close would terminate the sandbox: Modal must show our
