@@ -5,7 +5,9 @@ cloudflare/sandbox-sdk), over HTTP and WebSocket with aiohttp.
 - `client`: the Worker's HTTP API (URLs, requests, control execs), the key in a `Secret`;
 - `errors`: the Worker's answers by the toolkit's error policy, exits by `normalize_exit`;
 - `execs`: one-shot commands as a `OneShotProcess`, under the toolkit's wrapper;
-- `terminal`: PTY sessions, their WebSocket and reader;
+- `terminal`: PTY sessions, their WebSocket and reader; `PtyHandle`, a process's
+  handle, is a `Process`;
+- `processes`: the spawn of a process (its own bridge session, the typed line);
 - `files`: files under /workspace, stat'ed first;
 - `scripts`: the terminal's session kill and the stat, beside the toolkit's scripts;
 - `sse`: the incremental server-sent-event decoder of the exec stream;

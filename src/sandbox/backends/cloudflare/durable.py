@@ -66,7 +66,7 @@ from ..toolkit import (
 )
 from .client import WorkerClient
 from .scripts import PID_MARKER
-from .terminal import PtyHandle, WorkerTerminal, close_socket, connect, pump
+from .terminal import PtyHandle, WorkerTerminal, connect, pump
 
 # `CloudflareSession`, untyped here: its module imports this one, and an import back
 # (even a type-only one) would close a cycle (tests/meta/test_layering.py).
@@ -303,7 +303,11 @@ class CloudflareDurability(Durability):
             await _delete_session(client, name)  # the one our look just made
             raise ProcessNotReattached(LOST_NOTE)
         handle = PtyHandle(
-            trap=ShellTrap(report_exit=True, token=token), session_id=name, session_confirmed=True
+            client=client,
+            keep=session.keep,
+            trap=ShellTrap(report_exit=True, token=token),
+            session_id=name,
+            session_confirmed=True,
         )
         handle.shell_pid = pid
         handle.base_position = process.output_position
@@ -323,13 +327,12 @@ class CloudflareDurability(Durability):
         handle.reader = asyncio.create_task(pump(entry, handle, session._redact))
 
     async def release(self, entry: OutputSink[PtyHandle]) -> None:
-        """Stop following the process: close its socket, stop its reader. The session, its
-        shell and its command stay (pty-ws-handler.ts `onClose` only unsubscribes)."""
+        """Stop following the process: close its socket, stop its reader
+        (`PtyHandle.release`). The session, its shell and its command stay
+        (pty-ws-handler.ts `onClose` only unsubscribes)."""
         handle: PtyHandle | None = entry.handle
-        if handle is None:
-            return
-        handle.closing = True
-        await close_socket(handle)
+        if handle is not None:
+            await handle.release()
 
     async def detach(self) -> None:
         """Close the HTTP client; the sandbox and its sessions stay."""

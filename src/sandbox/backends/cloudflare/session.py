@@ -2,8 +2,10 @@
 Sandbox Worker (the bridge of cloudflare/sandbox-sdk) over HTTP and WebSocket.
 
 The protocol lives beside this module: `client` (requests, control execs), `execs`
-(one-shot commands), `terminal` (PTY sessions), `files`, `scripts`, `errors`, `sse`,
-`durable` (detach, resume: a process's terminal session outlives the client).
+(one-shot commands), `terminal` (PTY sessions; `PtyHandle`, a process's handle, is a
+`Process`: the base session's hooks write to it, resize, interrupt, drain and kill it),
+`processes` (the spawn), `files`, `scripts`, `errors`, `sse`, `durable` (detach,
+resume: a process's terminal session outlives the client).
 Every fact and its upstream source is in docs/providers.md, "Cloudflare".
 
 - A one-shot command is a `WorkerExec` (`execs`): the base session times it out and
@@ -23,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import secrets
 from typing import Any
 
 from ...backend import (
@@ -37,36 +37,17 @@ from ...backend import (
     ShellFileOps,
     ShellWorkspace,
     check_seconds,
+    kill_handle,
 )
-from ...errors import (
-    InvalidArgumentError,
-    ProviderError,
-    SandboxError,
-    UnsupportedOperationError,
-)
-from ..toolkit import (
-    CommandCheck,
-    Secret,
-    ShellTrap,
-    refuse_renamed,
-    require_credential,
-    wait_for_verdict,
-)
+from ...errors import InvalidArgumentError, ProviderError, UnsupportedOperationError
+from ..toolkit import CommandCheck, Secret, refuse_renamed, require_credential
 from . import durable as durable_cf
 from .client import SANDBOX_ID_RE, WorkerClient
 from .errors import API_KEY_ENV, json_object, worker_text
-from .execs import WorkerExec, exec_argv, pty_command
+from .execs import WorkerExec, exec_argv
 from .files import CloudflareFiles, WorkerFiles
-from .scripts import PID_PRINTF, kill_session_argv
-from .terminal import (
-    PtyHandle,
-    WorkerTerminal,
-    close_socket,
-    connect,
-    pump,
-    send_frame,
-    typed_line,
-)
+from .processes import spawn_terminal
+from .terminal import PtyHandle
 from .workspace import CloudflarePorts, CloudflareSnapshots
 
 logger = logging.getLogger("sandbox.cloudflare")
@@ -278,109 +259,22 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     # ---- processes -----------------------------------------------------------------
 
     async def _spawn_process(self, entry: OutputSink[PtyHandle]) -> None:
-        """A session of its own, its PTY socket, then the trapped command typed in."""
-        spec = entry.spec
-        client = self._client
-        # The session is named here, before it exists, and recorded at once: if this
-        # call is cancelled while the create is in flight, the teardown still knows
-        # which session to delete.
-        handle = PtyHandle(
-            trap=ShellTrap(report_exit=True), session_id=f"sandbox-py-{secrets.token_hex(8)}"
-        )
-        entry.handle = handle
-        await client.call(
-            "POST",
-            client.sandbox_url("session"),
-            "create a terminal session",
-            json_body={"id": handle.session_id},
-        )
-        handle.session_confirmed = True
-        early = await connect(
-            client,
-            handle,
-            rows=spec.rows,
-            cols=spec.cols,
+        """A session of its own, its PTY socket, then the trapped command typed in
+        (`processes.spawn_terminal`); the handle, a `PtyHandle`, is a `Process`."""
+        await spawn_terminal(
+            entry,
+            self._client,
+            keep=self.keep,
             ready_timeout_s=self.ready_timeout_s,
             heartbeat_s=self.heartbeat_s,
+            redact=self._redact,
         )
-        assert handle.ws is not None
-        handle.terminal = WorkerTerminal(handle.ws, early)
-        handle.reader = asyncio.create_task(pump(entry, handle, self._redact))
-        check = CommandCheck.needed(spec.command, cwd=spec.command.cwd, token=handle.trap.token)
-        # The shell's pid first (so a terminate can kill its whole session), then the
-        # trapped command, isolated: an interactive shell drops the rest of a line after
-        # Ctrl-C, which would lose the end marker.
-        line = PID_PRINTF.format(token=handle.trap.token) + handle.trap.line(
-            pty_command(spec.command, check),
-            tty=spec.tty,
-            isolate=True,
-            announced=check is not None,
-        )
-        line = await typed_line(client, handle.trap.token, line)
-        await send_frame(handle, line.encode(), "write to the terminal")
-        if check is not None:
-            await wait_for_verdict(entry, handle.trap, check)
-
-    async def _write_stdin(self, entry: OutputSink[PtyHandle], data: bytes) -> None:
-        """Bytes to the terminal, one binary frame."""
-        await send_frame(entry.require_handle(), data, "write to the terminal")
-
-    async def _resize(self, entry: OutputSink[PtyHandle], rows: int, cols: int) -> None:
-        """A `resize` control frame."""
-        frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
-        await send_frame(entry.require_handle(), frame, "resize the terminal")
-
-    async def _interrupt(self, entry: OutputSink[PtyHandle]) -> None:
-        """^C on the terminal, also for tty=False: the command still runs on the
-        Worker's terminal (with echo and output processing off but signals on), as the
-        foreground process group after the shell exec'd it, so the line discipline
-        turns ^C into SIGINT."""
-        await send_frame(entry.require_handle(), b"\x03", "write to the terminal")
 
     async def _terminate_pty_entry(self, entry: OutputSink[PtyHandle]) -> None:
-        """Kill the session's tree, delete the session, then close the socket: closing
-        it alone would leave the shell and the command running (pty-ws-handler.ts
-        `onClose` only unsubscribes), and deleting the session only ends its shell.
-        When the sandbox is deleted next (`entry.sandbox_stopping`, not kept), that
-        ends everything in it: only our side (socket, reader) is released."""
-        handle: PtyHandle | None = entry.handle
-        if handle is None:
-            return
-        handle.closing = True
-        client = self._client
-        failure: SandboxError | None = None
-        sandbox_goes = entry.sandbox_stopping and not self.keep
-        if not sandbox_goes and handle.shell_pid is not None and client.http is not None:
-            try:
-                await client.control(
-                    kill_session_argv(handle.shell_pid), "stop the terminal's processes"
-                )
-            except SandboxError as exc:
-                # The session delete below still ends the shell.
-                logger.warning("cloudflare: could not kill a terminal's processes: %s", exc)
-        if not sandbox_goes and client.http is not None and client.sandbox_id is not None:
-            try:
-                await client.call(
-                    "DELETE",
-                    client.sandbox_url("session", handle.session_id),
-                    "end the terminal session",
-                )
-            except SandboxError as exc:
-                # A session whose create never answered may not exist: that is no failure.
-                if handle.session_confirmed and exc.retryable is False:
-                    failure = exc
-                else:
-                    # Unconfirmed (may not exist) or the Worker's busy/502 answer: the
-                    # sandbox delete at close ends the session anyway.
-                    logger.warning("cloudflare: terminal session not deleted: %s", exc)
-        await close_socket(handle)
-        if failure is not None:
-            raise failure
-
-    async def _final_drain(self, entry: OutputSink[PtyHandle]) -> None:
-        """Frames already received sit in aiohttp's queue: let the reader take them."""
-        for _ in range(3):
-            await asyncio.sleep(0)
+        """`PtyHandle.kill`: the session's tree killed and the session deleted, then the
+        socket closed; only our side (socket, reader) when the sandbox's deletion right
+        after (`entry.sandbox_stopping`, not kept) ends everything in it."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 

@@ -7,6 +7,9 @@ frames, `error` text frames, `resize` frames from us. No `exit` frame comes (old
 bridges sent one; it is still accepted) and closing the socket leaves the shell running.
 So each command is typed into the shell through `ShellTrap` in report mode (isolated),
 and its status comes back in-band as the end marker.
+
+`PtyHandle`, a process's handle, is a `Process`: the base session's hooks write to its
+terminal, resize and interrupt it, drain its socket and kill it through its methods.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from ...backend import OutputSink, cancel_and_wait
+from ...backend import OutputSink, Process, cancel_and_wait
 from ...errors import ConnectionLostError, ProviderError, SandboxError
 from ..toolkit import ShellTrap
 from .bounds import (
@@ -34,7 +37,13 @@ from .bounds import (
 )
 from .client import WorkerClient
 from .errors import exit_status, status_error, transport_failure, worker_text
-from .scripts import MAX_PID_SCAN, PID_MARKER, script_path, write_script_argv
+from .scripts import (
+    MAX_PID_SCAN,
+    PID_MARKER,
+    kill_session_argv,
+    script_path,
+    write_script_argv,
+)
 
 logger = logging.getLogger("sandbox.cloudflare")
 
@@ -182,9 +191,14 @@ def _close_reason(ws: aiohttp.ClientWebSocketResponse, msg: aiohttp.WSMessage) -
 
 
 @dataclass(eq=False)
-class PtyHandle:
-    """Our state for one process: its session, trap, socket and reader task."""
+class PtyHandle(Process):
+    """Our state for one process: its session, trap, socket and reader task. As a
+    `Process` it is what the base session's hooks write to, resize, interrupt, drain and
+    kill; it keeps what those need from the spawn: the session's `client` and `keep`
+    (the session keeps the sandbox at close: its deletion does not end this process)."""
 
+    client: WorkerClient = field(repr=False)
+    keep: bool
     trap: ShellTrap
     session_id: str
     session_confirmed: bool = False
@@ -202,6 +216,8 @@ class PtyHandle:
     base_position: int = 0
     base_command: int = 0
     notes: list[tuple[int, int]] = field(default_factory=list)
+    # Set once a kill went through whole: a second one has nothing left to do.
+    killed: bool = False
 
     def note(self, entry: OutputSink[PtyHandle], text: bytes) -> None:
         """Feed a note of ours (not the command's output) into the entry."""
@@ -215,6 +231,75 @@ class PtyHandle:
         if match is not None:
             self.shell_pid = int(match.group(1))
             self.pid_scan = b""
+
+    # ---- the `Process` controls ------------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        """Bytes to the terminal, one binary frame."""
+        await send_frame(self, data, "write to the terminal")
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """A `resize` control frame."""
+        frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
+        await send_frame(self, frame, "resize the terminal")
+
+    async def interrupt(self) -> None:
+        """^C on the terminal for tty=False too (a tty's comes through `write`): the
+        command still runs on the Worker's terminal (with echo and output processing off
+        but signals on), as the foreground process group after the shell exec'd it, so
+        the line discipline turns ^C into SIGINT."""
+        await send_frame(self, b"\x03", "write to the terminal")
+
+    async def drain(self) -> None:
+        """Frames already received sit in aiohttp's queue: let the reader take them."""
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Kill the session's tree, delete the session, then close the socket: closing
+        it alone would leave the shell and the command running (pty-ws-handler.ts
+        `onClose` only unsubscribes), and deleting the session only ends its shell.
+        When the sandbox is deleted next (`sandbox_stopping`, not kept), that ends
+        everything in it: only our side (socket, reader) is released."""
+        if self.killed:
+            return
+        self.closing = True
+        client = self.client
+        failure: SandboxError | None = None
+        sandbox_goes = sandbox_stopping and not self.keep
+        if not sandbox_goes and self.shell_pid is not None and client.http is not None:
+            try:
+                await client.control(
+                    kill_session_argv(self.shell_pid), "stop the terminal's processes"
+                )
+            except SandboxError as exc:
+                # The session delete below still ends the shell.
+                logger.warning("cloudflare: could not kill a terminal's processes: %s", exc)
+        if not sandbox_goes and client.http is not None and client.sandbox_id is not None:
+            try:
+                await client.call(
+                    "DELETE",
+                    client.sandbox_url("session", self.session_id),
+                    "end the terminal session",
+                )
+            except SandboxError as exc:
+                # A session whose create never answered may not exist: that is no failure.
+                if self.session_confirmed and exc.retryable is False:
+                    failure = exc
+                else:
+                    # Unconfirmed (may not exist) or the Worker's busy/502 answer: the
+                    # sandbox delete at close ends the session anyway.
+                    logger.warning("cloudflare: terminal session not deleted: %s", exc)
+        await close_socket(self)
+        if failure is not None:
+            raise failure
+        self.killed = True
+
+    async def release(self) -> None:
+        """Stop following the process: close its socket, stop its reader. The session,
+        its shell and its command stay (pty-ws-handler.ts `onClose` only unsubscribes)."""
+        self.closing = True
+        await close_socket(self)
 
 
 async def typed_line(client: WorkerClient, token: str, line: str) -> str:
