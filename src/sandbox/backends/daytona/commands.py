@@ -7,6 +7,10 @@ streamed by `get_session_command_logs_async` and its exit code read with
 `get_session_command`, polled: the daemon has it shortly after the output ended, and
 the SDK offers nothing to wait on.
 
+`PipeState`, the handle of one command, is a `Process`: the base session's hooks
+interrupt and kill it through its methods (no pipe keeps its stdin open: every command
+reads /dev/null, so `stdin=True` is refused at start).
+
 Session logs reach us as text: the SDK decodes each stream with an incremental UTF-8
 decoder (a character split across chunks is kept whole), but bytes that are not UTF-8
 become U+FFFD before we see them. Pipe output is exact for UTF-8 text only.
@@ -18,16 +22,18 @@ import asyncio
 import logging
 import posixpath
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...backend import CommandSpec, ExecCapture, OutputSink, cancel_and_wait
+from ...backend import CommandSpec, ExecCapture, OutputSink, cancel_and_wait, settle
 from ...errors import ProviderError, SandboxError
-from ..toolkit import CommandCheck, ShellTrap, normalize_exit
+from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
 from .client import DaytonaClient
 from .errors import is_not_found
-from .handles import DaytonaHandle, PipeState
-from .scripts import PIDFILE_WAIT_S, kill_script, piped_command
+from .handles import DaytonaHandle
+from .scripts import PIDFILE_WAIT_S, interrupt_script, kill_script, piped_command
 
 logger = logging.getLogger("sandbox.daytona")
 
@@ -35,10 +41,81 @@ logger = logging.getLogger("sandbox.daytona")
 EXIT_CODE_WAIT_S = 30.0
 
 
-def new_pipe(client: DaytonaClient, kind: str) -> PipeState:
+@dataclass(eq=False)
+class PipeState(DaytonaHandle):
+    """A session command (a pipe process's handle, or a one-shot's): its session,
+    command id and reader, and how far its start went (what a kill must undo)."""
+
+    session_id: str
+    session_attempted: bool = False
+    execute_attempted: bool = False
+    cmd_id: str | None = None
+    finished: bool = False
+    pump: asyncio.Task[None] | None = None
+
+    async def interrupt(self) -> None:
+        """SIGINT to the command's process group, by a second exec of the interrupt
+        script (it waits for the pid file of a command that is just starting)."""
+        script = interrupt_script(self.pidfile, wait_s=PIDFILE_WAIT_S * 4)
+        await self.client.call("interrupt the process", self.client.process.exec(script))
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Stop the reader, kill the command's tree unless it finished (its wrapper
+        then killed what it left), delete the session. Skipped on the provider when
+        the sandbox's deletion comes next (it kills everything). The first failure is
+        raised after every step ran."""
+        client = self.client
+        errors: list[BaseException] = []
+        pump = self.pump
+        if pump is not None:
+            await cancel_and_wait([pump])
+        if self.sandbox_ends_it(sandbox_stopping):
+            return
+        if self.execute_attempted and not self.finished:
+            try:
+                await client.bounded_retry(
+                    lambda: signal_group(
+                        client,
+                        self.pidfile,
+                        wait_s=PIDFILE_WAIT_S if self.cmd_id is None else PIDFILE_WAIT_S * 2,
+                        grace_s=self.grace_s,
+                    )
+                )
+            except Exception as exc:
+                errors.append(exc)
+        if self.session_attempted:
+            try:
+                await client.bounded_retry(lambda: client.process.delete_session(self.session_id))
+            except DaytonaError as exc:
+                if not is_not_found(exc):
+                    errors.append(exc)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise client.teardown_error(errors[0], "stop the process")
+
+    async def release(self) -> None:
+        """Stop the log reader; the daemon keeps the command and its log."""
+        pump = self.pump
+        if pump is not None and not pump.done():
+            pump.cancel()
+        if pump is not None:
+            await asyncio.wait([pump])
+
+    def ref_handle(self) -> dict[str, Any]:
+        """The session and command ids and the pid file."""
+        return {"session_id": self.session_id, "cmd_id": self.cmd_id, "pidfile": self.pidfile}
+
+
+def new_pipe(client: DaytonaClient, kind: str, grace_s: float) -> PipeState:
     """A fresh state (names only: nothing exists on the provider yet)."""
     session_id = client.new_id(kind)
-    return PipeState(session_id, posixpath.join(client.state_dir, f"{session_id}.pid"))
+    return PipeState(
+        client=client,
+        pidfile=posixpath.join(client.state_dir, f"{session_id}.pid"),
+        grace_s=grace_s,
+        session_id=session_id,
+    )
 
 
 async def start(
@@ -173,54 +250,49 @@ async def signal_group(
     return "done" in (response.result or "")
 
 
-async def teardown(
-    client: DaytonaClient, state: PipeState, *, grace_s: float, sandbox_stopping: bool
-) -> None:
-    """Stop the reader, kill the command's tree unless it finished (its wrapper then
-    killed what it left), delete the session. Skipped on the provider when the sandbox
-    goes next (its deletion kills everything). The first failure is raised after every
-    step ran."""
-    errors: list[BaseException] = []
-    pump = state.pump
-    if pump is not None:
-        await cancel_and_wait([pump])
-    if sandbox_stopping:
-        return
-    if state.execute_attempted and not state.finished:
-        try:
-            await client.bounded_retry(
-                lambda: signal_group(
-                    client,
-                    state.pidfile,
-                    wait_s=PIDFILE_WAIT_S if state.cmd_id is None else PIDFILE_WAIT_S * 2,
-                    grace_s=grace_s,
-                )
-            )
-        except Exception as exc:
-            errors.append(exc)
-    if state.session_attempted:
-        try:
-            await client.bounded_retry(lambda: client.process.delete_session(state.session_id))
-        except DaytonaError as exc:
-            if not is_not_found(exc):
-                errors.append(exc)
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise client.teardown_error(errors[0], "stop the process")
+async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle], grace_s: float) -> None:
+    """Start a pipe process: its session command, then the reader pumping its log into
+    the entry (behind a check, the verdict is awaited)."""
+    state = new_pipe(client, f"p{entry.process_id}", grace_s)
+    entry.handle = state
+    command = entry.spec.command
+    check = CommandCheck.needed(command, cwd=client.cwd(command.cwd))
+    trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+    try:
+        await start(client, state, command, check, announce=True)
+    except DaytonaError as exc:
+        raise client.error(exc, "start the process") from None
+    state.pump = asyncio.create_task(pump(client, entry, state, trap))
+    if check is not None and trap is not None:
+        await wait_for_verdict(entry, trap, check)
+
+
+async def start_oneshot(
+    client: DaytonaClient, spec: CommandSpec, capture: ExecCapture, grace_s: float
+) -> OneShotCommand:
+    """Start a one-shot command in its own session (see `OneShotCommand`); a start that
+    fails or is cancelled deletes what it made."""
+    state = new_pipe(client, "exec", grace_s)
+    capture.check = CommandCheck.needed(spec, cwd=client.cwd(spec.cwd))
+    try:
+        await start(client, state, spec, capture.check, announce=False)
+    except BaseException as exc:
+        # Nobody else knows this command yet: undo it before the error propagates.
+        await settle(state.kill())
+        if isinstance(exc, DaytonaError):
+            raise client.error(exc, "run the command") from None
+        raise
+    return OneShotCommand(state, capture)
 
 
 class OneShotCommand:
     """A one-shot command (`sandbox.exec_output.OneShotProcess`): its logs go into the
     capture, its exit code is polled; the base session applies the timeout and kills."""
 
-    def __init__(
-        self, client: DaytonaClient, state: PipeState, capture: ExecCapture, grace_s: float
-    ) -> None:
-        self._client = client
+    def __init__(self, state: PipeState, capture: ExecCapture) -> None:
+        self._client = state.client
         self._state = state
         self._capture = capture
-        self._grace_s = grace_s
 
     async def wait(self) -> int:
         """Stream the output into the capture, then poll the exit code."""
@@ -240,13 +312,13 @@ class OneShotCommand:
 
     async def kill(self) -> None:
         """Kill the command's tree and delete its session (the sandbox is untouched)."""
-        await teardown(self._client, self._state, grace_s=self._grace_s, sandbox_stopping=False)
+        await self._state.kill()
 
     async def release(self) -> None:
         """Delete the finished command's session; a failure is only logged (the result
         is in hand, and a leftover session is minor)."""
         try:
-            await teardown(self._client, self._state, grace_s=self._grace_s, sandbox_stopping=False)
+            await self._state.kill()
         except SandboxError as exc:  # ours: mapped and redacted
             logger.warning("daytona: deleting a finished command's session failed: %s", exc)
         except Exception as exc:  # an SDK error's text may hold a URL or a token

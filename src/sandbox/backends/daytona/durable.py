@@ -44,6 +44,7 @@ from ...backend import (
     ProcessRef,
     SessionRef,
     durable_session_id,
+    kill_handle,
 )
 from ...errors import (
     ProviderError,
@@ -60,7 +61,9 @@ from ..toolkit import (
     taken_from_ref,
 )
 from . import commands, terminal
-from .handles import DaytonaHandle, PipeState, PtyState
+from .commands import PipeState
+from .handles import DaytonaHandle
+from .terminal import PtyState
 
 SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
@@ -155,14 +158,7 @@ class DaytonaDurability(Durability):
 
     def ref_process(self, entry: OutputSink[DaytonaHandle]) -> dict[str, Any]:
         """The session and command ids and the pid file (pipes), or the PTY session id."""
-        state = entry.require_handle()
-        if isinstance(state, PipeState):
-            return {
-                "session_id": state.session_id,
-                "cmd_id": state.cmd_id,
-                "pidfile": state.pidfile,
-            }
-        return {"pty_id": state.pty_id, "pidfile": state.pidfile}
+        return entry.require_handle().ref_handle()
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
@@ -194,21 +190,28 @@ class DaytonaDurability(Durability):
     async def reattach(self, entry: OutputSink[DaytonaHandle], process: ProcessRef) -> None:
         """Pipes: replay the command's log past `output_position`; PTYs: connect again,
         output from now on after a note (see the module docstring)."""
-        client = self.session._client
+        session = self.session
+        client, grace_s = session._client, session.terminate_grace_s
         pidfile = _safe(process, "pidfile")
         if process.tty:
             pty_id = _safe(process, "pty_id")
             if pty_id is None or pidfile is None:
                 raise ProcessNotReattached("the ref holds no daytona PTY session for this process")
             note = f"\n[sandbox: {PTY_NOT_KEPT}]\n".encode()
-            if not await terminal.reconnect(client, entry, pty_id, pidfile, note):
+            if not await terminal.reconnect(client, entry, pty_id, pidfile, note, grace_s):
                 raise ProcessNotReattached(PTY_GONE_NOTE)
             return
         session_id, cmd_id = _safe(process, "session_id"), _safe(process, "cmd_id")
         if session_id is None or cmd_id is None or pidfile is None:
             raise ProcessNotReattached("the ref holds no daytona session command for this process")
         state = PipeState(
-            session_id, pidfile, session_attempted=True, execute_attempted=True, cmd_id=cmd_id
+            client=client,
+            pidfile=pidfile,
+            grace_s=grace_s,
+            session_id=session_id,
+            session_attempted=True,
+            execute_attempted=True,
+            cmd_id=cmd_id,
         )
         try:
             await client.timed(
@@ -227,17 +230,11 @@ class DaytonaDurability(Durability):
         state = entry.handle
         if state is None:
             return
-        if isinstance(state, PtyState):
-            if not state.line_sent:  # half-started: its command never ran, nothing to keep
-                await self.session._terminate_pty_entry(entry)
-                return
-            await terminal.release(self.session._client, state)
+        if isinstance(state, PtyState) and not state.line_sent:
+            # Half-started: its command never ran, nothing to keep.
+            await kill_handle(entry)
             return
-        pump = state.pump
-        if pump is not None and not pump.done():
-            pump.cancel()
-        if pump is not None:
-            await asyncio.wait([pump])
+        await state.release()
 
     async def detach(self) -> None:
         """Close the SDK client; the sandbox stays."""

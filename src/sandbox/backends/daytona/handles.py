@@ -1,43 +1,40 @@
-"""What a daytona entry holds: a terminal session (`PtyState`) or a session command
-(`PipeState`). Here, apart from the modules that drive them, so `commands`, `terminal`
-and `session` all import it and not one another.
+"""What a daytona entry holds: a `DaytonaHandle`, the `Process` of a terminal session
+(`terminal.PtyState`) or of a session command (`commands.PipeState`). The base is
+here, apart from the modules that drive the two kinds, so `commands`, `terminal`,
+`durable` and `session` all import it and not one another for it.
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
+from abc import abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..toolkit import ShellTrap
+from ...backend import Process
+from .client import DaytonaClient
 
 
 @dataclass(eq=False)
-class PipeState:
-    """A session command: its session, command id and reader."""
+class DaytonaHandle(Process):
+    """One process in the sandbox, as the base session's hooks drive it: what every
+    kind keeps from its spawn (the client whose calls are bounded and whose errors are
+    mapped, the pid file its group is killed through, the grace of a kill)."""
 
-    session_id: str
+    client: DaytonaClient = field(repr=False)
     pidfile: str
-    session_attempted: bool = False
-    execute_attempted: bool = False
-    cmd_id: str | None = None
-    finished: bool = False
-    pump: asyncio.Task[None] | None = None
+    grace_s: float
 
+    def sandbox_ends_it(self, sandbox_stopping: bool) -> bool:
+        """Whether the sandbox's deletion right after ends this process, so a kill is
+        only our side's release: a kept sandbox outlives the session, and its
+        processes are killed one by one."""
+        return sandbox_stopping and self.client.deletes_sandbox()
 
-@dataclass(eq=False)
-class PtyState:
-    """A tty process: its PTY session, the trap filtering its output, its waiter."""
+    @abstractmethod
+    def ref_handle(self) -> dict[str, Any]:
+        """The ids a session ref keeps to follow this process again (`durable`)."""
 
-    pty_id: str
-    pidfile: str
-    trap: ShellTrap
-    handle: Any = None
-    connect_attempted: bool = False
-    line_sent: bool = False
-    waiter: asyncio.Task[None] | None = None
-    script: str | None = None
-
-
-# What a daytona entry holds: a terminal session, or a pipe command.
-DaytonaHandle = PtyState | PipeState
+    @abstractmethod
+    async def release(self) -> None:
+        """Stop following the process without ending it (a detach): the daemon keeps
+        it, and a resumed session reattaches to it."""

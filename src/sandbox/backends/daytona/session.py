@@ -1,8 +1,10 @@
-"""`DaytonaSession`: the hooks only. Beside it, one idea per module: `client` (the SDK
-client and sandbox: create or attach, prepare, delete, bounded calls), `commands`
-(pipes and one-shot commands: one session command each), `terminal` (PTY sessions with
-`ShellTrap`), `files`, `scripts` (the `sh` beside a command) and `errors` (the SDK's
-exceptions by the toolkit's policy).
+"""`DaytonaSession`: the lifecycle hooks only. Beside it, one idea per module: `client`
+(the SDK client and sandbox: create or attach, prepare, delete, bounded calls),
+`commands` (pipes and one-shot commands: one session command each, `PipeState` its
+handle), `terminal` (PTY sessions with `ShellTrap`, `PtyState` their handle), `handles`
+(the `Process` both handles are: the base session's hooks write, resize, interrupt and
+kill through them), `files`, `scripts` (the `sh` beside a command) and `errors` (the
+SDK's exceptions by the toolkit's policy).
 
 Checked against daytona==0.226.1. What the SDK makes impossible, and what is done
 instead, is in each module's docstring: session logs arrive as text (non-UTF-8 bytes on
@@ -11,11 +13,10 @@ pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from daytona import AsyncDaytona, DaytonaError
+from daytona import AsyncDaytona
 
 from ...backend import (
     BaseSandboxSession,
@@ -29,26 +30,17 @@ from ...backend import (
     check_seconds,
     check_str,
     durable_session_id,
-    settle,
+    kill_handle,
 )
 from ...errors import InvalidArgumentError
-from ..toolkit import (
-    CommandCheck,
-    Secret,
-    ShellTrap,
-    check_limits,
-    refuse_renamed,
-    require_credential,
-    wait_for_verdict,
-)
+from ..toolkit import Secret, check_limits, refuse_renamed, require_credential
 from . import commands, terminal
 from . import durable as durable_daytona
 from .client import SESSION_LABEL, ClientOptions, DaytonaClient
 from .errors import API_KEY_ENV
 from .files import DaytonaFiles
-from .handles import DaytonaHandle, PipeState
+from .handles import DaytonaHandle
 from .limits import create_resources
-from .scripts import PIDFILE_WAIT_S, interrupt_script
 from .workspace import DaytonaPorts, DaytonaSnapshots
 
 
@@ -200,79 +192,22 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Start a one-shot command in its own session (see `commands.OneShotCommand`);
         a start that fails or is cancelled deletes what it made."""
-        state = commands.new_pipe(self._client, "exec")
-        capture.check = CommandCheck.needed(spec, cwd=self._client.cwd(spec.cwd))
-        try:
-            await commands.start(self._client, state, spec, capture.check, announce=False)
-        except BaseException as exc:
-            # Nobody else knows this command yet: undo it before the error propagates.
-            await settle(self._teardown_pipe(state, sandbox_stopping=False))
-            if isinstance(exc, DaytonaError):
-                raise self._client.error(exc, "run the command") from None
-            raise
-        return commands.OneShotCommand(self._client, state, capture, self.terminate_grace_s)
+        return await commands.start_oneshot(self._client, spec, capture, self.terminate_grace_s)
 
     # ---- processes ---------------------------------------------------------------------
 
     async def _spawn_process(self, entry: OutputSink[DaytonaHandle]) -> None:
-        """A PTY session for `tty=True`, a session command for pipes."""
-        if entry.tty:
-            await terminal.spawn(self._client, entry)
-            return
-        state = commands.new_pipe(self._client, f"p{entry.process_id}")
-        entry.handle = state
-        command = entry.spec.command
-        check = CommandCheck.needed(command, cwd=self._client.cwd(command.cwd))
-        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
-        try:
-            await commands.start(self._client, state, command, check, announce=True)
-        except DaytonaError as exc:
-            raise self._client.error(exc, "start the process") from None
-        state.pump = asyncio.create_task(commands.pump(self._client, entry, state, trap))
-        if check is not None and trap is not None:
-            await wait_for_verdict(entry, trap, check)
-
-    async def _write_stdin(self, entry: OutputSink[DaytonaHandle], data: bytes) -> None:
-        """Send bytes to the PTY (see `terminal.write`)."""
-        await terminal.write(self._client, entry, data)
-
-    async def _resize(self, entry: OutputSink[DaytonaHandle], rows: int, cols: int) -> None:
-        """Resize the PTY (see `terminal.resize`)."""
-        await terminal.resize(self._client, entry, rows, cols)
-
-    async def _interrupt(self, entry: OutputSink[DaytonaHandle]) -> None:
-        """Ctrl-C on a terminal; SIGINT to the process group of a pipe process."""
-        if entry.tty:
-            await self._write_stdin(entry, b"\x03")
-            return
-        state = entry.require_handle()
-        assert isinstance(state, PipeState)
-        script = interrupt_script(state.pidfile, wait_s=PIDFILE_WAIT_S * 4)
-        await self._client.call("interrupt the process", self._client.process.exec(script))
+        """A PTY session for `tty=True` (`terminal.spawn`), a session command for pipes
+        (`commands.spawn`); either handle is a `Process` the base hooks drive. No pipe
+        keeps its stdin open (`stdin=True` is refused at start)."""
+        spawn = terminal.spawn if entry.tty else commands.spawn
+        await spawn(self._client, entry, self.terminate_grace_s)
 
     async def _terminate_pty_entry(self, entry: OutputSink[DaytonaHandle]) -> None:
-        """Tear one process down (`terminal.teardown`, `commands.teardown`); when the
-        sandbox goes next (`entry.sandbox_stopping`) only our side is released."""
-        state = entry.handle
-        # A kept sandbox outlives the session: its processes are killed one by one.
-        stopping = entry.sandbox_stopping and self._client.deletes_sandbox()
-        if state is None:
-            return
-        if isinstance(state, PipeState):
-            await self._teardown_pipe(state, sandbox_stopping=stopping)
-        else:
-            await terminal.teardown(
-                self._client,
-                entry,
-                state,
-                grace_s=self.terminate_grace_s,
-                sandbox_stopping=stopping,
-            )
-
-    async def _teardown_pipe(self, state: PipeState, *, sandbox_stopping: bool) -> None:
-        await commands.teardown(
-            self._client, state, grace_s=self.terminate_grace_s, sandbox_stopping=sandbox_stopping
-        )
+        """The handle's `kill` (`PtyState.kill`, `PipeState.kill`): when the sandbox's
+        deletion comes next (`entry.sandbox_stopping`, and the close deletes it) only
+        our side is released."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 

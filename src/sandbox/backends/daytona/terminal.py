@@ -6,7 +6,10 @@ the PTY; everything before the trap's start marker (prompt, echo) is dropped. Th
 output arrives as bytes. The command first writes its pid (the terminal's session and
 group id) and start time to a pid file, so terminating kills that group and session
 from a second exec (`scripts.kill_script`), even after the command exited: it may have
-left children. A line too long to type safely goes through a script file.
+left children. A line too long to type safely goes through a script file. `PtyState`,
+the handle of one terminal, is a `Process`: the base session's hooks write to it
+(Ctrl-C is the interrupt character it is sent), resize it and kill it through its
+methods.
 
 The daemon reports a death by signal N as 128+N or as Go's -1 with a reason ("signal:
 killed"): `normalize_exit` reads both.
@@ -18,6 +21,8 @@ import asyncio
 import logging
 import posixpath
 import shlex
+from dataclasses import dataclass, field
+from typing import Any
 
 from daytona import DaytonaError, PtySize
 
@@ -27,7 +32,7 @@ from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
 from .client import DaytonaClient
 from .commands import signal_group
 from .errors import is_not_found
-from .handles import DaytonaHandle, PtyState
+from .handles import DaytonaHandle
 from .scripts import PIDFILE_WAIT_S, pty_inner_command
 
 logger = logging.getLogger("sandbox.daytona")
@@ -36,6 +41,113 @@ DEFAULT_TERM = "xterm-256color"
 # A trap line longer than this is not typed: the command goes to a script file first,
 # because a terminal in canonical mode silently truncates lines beyond 4095 bytes.
 MAX_TYPED_LINE = 1024
+
+
+@dataclass(eq=False)
+class PtyState(DaytonaHandle):
+    """A tty process: its PTY session (`pty`, the SDK's `AsyncPtyHandle` once it
+    connected), the trap filtering its output, its waiter, how far its start went, and
+    the sink it reports to (a write reads whether the process exited)."""
+
+    pty_id: str
+    trap: ShellTrap
+    sink: OutputSink[DaytonaHandle] = field(repr=False)
+    pty: Any = None
+    connect_attempted: bool = False
+    line_sent: bool = False
+    waiter: asyncio.Task[None] | None = None
+    script: str | None = None
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in
+        the SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
+        connected")` once the daemon said "exited"), which is not a lost connection: the
+        SDK's handle then has its exit code, and the write is a `ProcessExitedError`."""
+        client = self.client
+        try:
+            await client.timed("write to the terminal", self.pty.send_input(data))
+        except DaytonaError as exc:
+            if self.sink.exited or getattr(self.pty, "exit_code", None) is not None:
+                raise ProcessExitedError(
+                    "the process has exited; poll it with empty chars to collect its "
+                    "remaining output and exit code"
+                ) from None
+            raise client.error(exc, "write to the terminal") from None
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Resize through `process.resize_pty_session` (typed errors, unlike the SDK
+        handle's `resize`, which re-wraps them in a plain `DaytonaError`)."""
+        client = self.client
+        await client.call(
+            "resize the terminal",
+            client.process.resize_pty_session(self.pty_id, PtySize(rows=rows, cols=cols)),
+        )
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Stop our waiter and the SDK's reader; unless the sandbox's deletion comes
+        next, kill the terminal's group and session (even after the command exited: it
+        may have left children), and kill the PTY session itself when that did not
+        already end it."""
+        client = self.client
+        errors: list[BaseException] = []
+        waiter = self.waiter
+        if waiter is not None:
+            await cancel_and_wait([waiter])
+        if self.pty is not None:
+            try:
+                await client.bounded(self.pty.disconnect())
+            except Exception as exc:
+                errors.append(exc)
+        if self.sandbox_ends_it(sandbox_stopping):  # its deletion kills everything in it
+            if errors:
+                raise client.teardown_error(errors[0], "stop the terminal")
+            return
+        clean_exit = self.sink.exited and self.sink.lost_reason is None
+        group_killed = False
+        if self.line_sent:
+            try:
+                group_killed = await client.bounded_retry(
+                    lambda: signal_group(
+                        client,
+                        self.pidfile,
+                        wait_s=0 if clean_exit else PIDFILE_WAIT_S,
+                        grace_s=0 if clean_exit else self.grace_s,
+                    )
+                )
+            except Exception as exc:
+                errors.append(exc)
+        if self.connect_attempted and not (group_killed or clean_exit):
+            try:
+                await client.bounded_retry(lambda: _kill_pty(client, self.pty_id))
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                if errors:
+                    # The shell is dead, but children that ignore SIGHUP may have survived.
+                    logger.warning(
+                        "daytona: could not kill the process group of a terminal (%s); "
+                        "killed its shell only",
+                        client.describe(errors[0]),
+                    )
+                    errors.clear()
+        if errors:
+            raise client.teardown_error(errors[0], "stop the terminal")
+
+    async def release(self) -> None:
+        """Stop following the PTY session without ending it: our waiter, then the SDK's
+        connection (the daemon keeps the session and its process)."""
+        waiter = self.waiter
+        if waiter is not None:
+            await cancel_and_wait([waiter])
+        if self.pty is not None:
+            try:
+                await self.client.bounded(self.pty.disconnect())
+            except Exception as exc:
+                raise self.client.teardown_error(exc, "disconnect from the terminal") from None
+
+    def ref_handle(self) -> dict[str, Any]:
+        """The PTY session's id and the pid file."""
+        return {"pty_id": self.pty_id, "pidfile": self.pidfile}
 
 
 def pty_exit_status(code: int | None, reason: str | None) -> int | None:
@@ -47,15 +159,18 @@ def pty_exit_status(code: int | None, reason: str | None) -> int | None:
     return normalize_exit(code, reason)
 
 
-async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle]) -> None:
+async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle], grace_s: float) -> None:
     """Open the PTY session, type the trapped command, start the waiter."""
     spec = entry.spec
     pty_id = client.new_id(f"t{entry.process_id}")
     check = CommandCheck.needed(spec.command, cwd=client.cwd(spec.command.cwd))
     state = PtyState(
-        pty_id=pty_id,
+        client=client,
         pidfile=posixpath.join(client.state_dir, f"{pty_id}.pid"),
+        grace_s=grace_s,
+        pty_id=pty_id,
         trap=ShellTrap(report_exit=False, token=None if check is None else check.token),
+        sink=entry,
     )
     # Behind a check the shell starts in the working directory, the check enters `cwd`
     # and prints the trap's start marker (or a failure marker) itself.
@@ -86,7 +201,7 @@ async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle]) -> None
             )
             line = state.trap.line(f". {shlex.quote(state.script)}", tty=True, announced=announced)
         state.connect_attempted = True
-        state.handle = await client.timed(
+        state.pty = await client.timed(
             "open the terminal",
             client.process.create_pty_session(
                 id=pty_id,
@@ -97,7 +212,7 @@ async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle]) -> None
         )
         state.waiter = asyncio.create_task(_wait(client, entry, state))
         state.line_sent = True
-        await client.timed("type into the terminal", state.handle.send_input(line))
+        await client.timed("type into the terminal", state.pty.send_input(line))
     except DaytonaError as exc:
         raise client.error(exc, "start the terminal") from None
     if check is not None:
@@ -105,7 +220,12 @@ async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle]) -> None
 
 
 async def reconnect(
-    client: DaytonaClient, entry: OutputSink[DaytonaHandle], pty_id: str, pidfile: str, note: bytes
+    client: DaytonaClient,
+    entry: OutputSink[DaytonaHandle],
+    pty_id: str,
+    pidfile: str,
+    note: bytes,
+    grace_s: float,
 ) -> bool:
     """Connect again to a PTY session an earlier client started, and follow it; False
     when the daemon no longer has it (it ended: the daemon deletes a PTY session, and
@@ -116,9 +236,12 @@ async def reconnect(
     first byte, which may come before the connect returns). A connect that fails
     otherwise (a transport error) is raised: the process may still be running."""
     state = PtyState(
-        pty_id=pty_id,
+        client=client,
         pidfile=pidfile,
+        grace_s=grace_s,
+        pty_id=pty_id,
         trap=ShellTrap(report_exit=False),
+        sink=entry,
         connect_attempted=True,
         line_sent=True,
     )
@@ -135,7 +258,7 @@ async def reconnect(
 
     entry.handle = state
     try:
-        state.handle = await client.timed(
+        state.pty = await client.timed(
             "reconnect to the terminal", client.process.connect_pty_session(pty_id, on_data)
         )
     except DaytonaError as exc:
@@ -154,23 +277,10 @@ async def reconnect(
     return True
 
 
-async def release(client: DaytonaClient, state: PtyState) -> None:
-    """Stop following a PTY session without ending it: our waiter, then the SDK's
-    connection (the daemon keeps the session and its process)."""
-    waiter = state.waiter
-    if waiter is not None:
-        await cancel_and_wait([waiter])
-    if state.handle is not None:
-        try:
-            await client.bounded(state.handle.disconnect())
-        except Exception as exc:
-            raise client.teardown_error(exc, "disconnect from the terminal") from None
-
-
 async def _wait(client: DaytonaClient, entry: OutputSink[DaytonaHandle], state: PtyState) -> None:
     """Wait for the PTY's end and report it (or the lost connection)."""
     try:
-        result = await state.handle.wait()
+        result = await state.pty.wait()
     except Exception as exc:
         entry.report_lost(f"the daytona terminal failed: {client.describe(exc)}")
         return
@@ -186,37 +296,6 @@ async def _wait(client: DaytonaClient, entry: OutputSink[DaytonaHandle], state: 
     entry.report_exit(code)
 
 
-async def write(client: DaytonaClient, entry: OutputSink[DaytonaHandle], data: bytes) -> None:
-    """Send bytes to the PTY. A PTY whose process exited is no longer "connected" in the
-    SDK (`AsyncPtyHandle.send_input` raises `DaytonaConnectionError("PTY is not
-    connected")` once the daemon said "exited"), which is not a lost connection: the
-    handle then has its exit code, and the write is a `ProcessExitedError`."""
-    state = entry.require_handle()
-    assert isinstance(state, PtyState)
-    try:
-        await client.timed("write to the terminal", state.handle.send_input(data))
-    except DaytonaError as exc:
-        if entry.exited or getattr(state.handle, "exit_code", None) is not None:
-            raise ProcessExitedError(
-                "the process has exited; poll it with empty chars to collect its "
-                "remaining output and exit code"
-            ) from None
-        raise client.error(exc, "write to the terminal") from None
-
-
-async def resize(
-    client: DaytonaClient, entry: OutputSink[DaytonaHandle], rows: int, cols: int
-) -> None:
-    """Resize through `process.resize_pty_session` (typed errors, unlike the handle's
-    `resize`, which re-wraps them in a plain `DaytonaError`)."""
-    state = entry.require_handle()
-    assert isinstance(state, PtyState)
-    await client.call(
-        "resize the terminal",
-        client.process.resize_pty_session(state.pty_id, PtySize(rows=rows, cols=cols)),
-    )
-
-
 async def _kill_pty(client: DaytonaClient, pty_id: str) -> None:
     """SIGKILL the PTY's shell; "no such PTY session" is taken at its word (gone)."""
     try:
@@ -224,59 +303,3 @@ async def _kill_pty(client: DaytonaClient, pty_id: str) -> None:
     except DaytonaError as exc:
         if not is_not_found(exc):
             raise
-
-
-async def teardown(
-    client: DaytonaClient,
-    entry: OutputSink[DaytonaHandle],
-    state: PtyState,
-    *,
-    grace_s: float,
-    sandbox_stopping: bool,
-) -> None:
-    """Stop our waiter and the SDK's reader; unless the sandbox goes next, kill the
-    terminal's group and session (even after the command exited: it may have left
-    children), and kill the PTY session itself when that did not already end it."""
-    errors: list[BaseException] = []
-    waiter = state.waiter
-    if waiter is not None:
-        await cancel_and_wait([waiter])
-    if state.handle is not None:
-        try:
-            await client.bounded(state.handle.disconnect())
-        except Exception as exc:
-            errors.append(exc)
-    if sandbox_stopping:  # deleting the sandbox kills everything in it
-        if errors:
-            raise client.teardown_error(errors[0], "stop the terminal")
-        return
-    clean_exit = entry.exited and entry.lost_reason is None
-    group_killed = False
-    if state.line_sent:
-        try:
-            group_killed = await client.bounded_retry(
-                lambda: signal_group(
-                    client,
-                    state.pidfile,
-                    wait_s=0 if clean_exit else PIDFILE_WAIT_S,
-                    grace_s=0 if clean_exit else grace_s,
-                )
-            )
-        except Exception as exc:
-            errors.append(exc)
-    if state.connect_attempted and not (group_killed or clean_exit):
-        try:
-            await client.bounded_retry(lambda: _kill_pty(client, state.pty_id))
-        except Exception as exc:
-            errors.append(exc)
-        else:
-            if errors:
-                # The shell is dead, but children that ignore SIGHUP may have survived.
-                logger.warning(
-                    "daytona: could not kill the process group of a terminal (%s); "
-                    "killed its shell only",
-                    client.describe(errors[0]),
-                )
-                errors.clear()
-    if errors:
-        raise client.teardown_error(errors[0], "stop the terminal")
