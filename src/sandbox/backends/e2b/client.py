@@ -1,10 +1,10 @@
 """`E2BClient`: one session's view of its E2B sandbox through the SDK, with every call
 bounded and every failure mapped by the session's `ErrorPolicy`.
 
-It owns the per-process calls the session's hooks are made of: starting a command or a
-terminal, typing into a terminal, waiting for a process's end, killing or interrupting
-a tagged tree (the toolkit's kill script, run as a second command, then E2B's own kill
-of the process it started), and letting go of a handle.
+It owns the per-process calls a process's handle (`E2BProcess`) is made of: typing into
+a terminal or a command's open stdin, waiting for a process's end, killing or
+interrupting a tagged tree (the toolkit's kill script, run as a second command, then
+E2B's own kill of the process it started), and letting go of an SDK handle.
 """
 
 from __future__ import annotations

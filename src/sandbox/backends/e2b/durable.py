@@ -179,7 +179,11 @@ class E2BDurability(Durability):
             raise ProcessNotReattached("the ref holds no e2b pid for this process")
         client = self.session._client
         proc = E2BProcess(
-            tty=process.tty, tag=_tag(process, "tag"), outer_tag=_tag(process, "outer_tag")
+            client,
+            tty=process.tty,
+            keep=self.session._keep,
+            tag=_tag(process, "tag"),
+            outer_tag=_tag(process, "outer_tag"),
         )
         entry.handle = proc
         entry.feed(f"\n[sandbox: {NOT_KEPT}]\n".encode())
@@ -208,19 +212,14 @@ class E2BDurability(Durability):
             raise ProcessNotReattached(GONE_NOTE) from None
         except Exception as exc:
             self.session._errors.fail(exc, "reconnect to a process")
-        proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
+        proc.waiter = asyncio.ensure_future(proc.watch(entry))
 
     async def release(self, entry: OutputSink[E2BProcess]) -> None:
-        """Stop following the process (its waiter, the SDK's reader); envd keeps it."""
+        """Stop following the process (`E2BProcess.release`: its waiter, the SDK's
+        reader); envd keeps it."""
         proc: E2BProcess | None = entry.handle
-        if proc is None:
-            return
-        handle = await proc.started_handle()
-        if proc.waiter is not None:
-            proc.waiter.cancel()
-            await asyncio.wait([proc.waiter])
-        if handle is not None:
-            await self.session._client.disconnect(handle)
+        if proc is not None:
+            await proc.release()
 
     async def detach(self) -> None:
         """Forget the SDK sandbox object; the sandbox keeps running until its own timeout."""

@@ -1,6 +1,8 @@
-"""What the e2b backend keeps about a running command: `E2BProcess` (a PTY entry's
-handle) and `OneShot` (a one-shot `exec`, a `OneShotProcess` the base session drives),
-plus how the SDK's text output becomes bytes again.
+"""The e2b backend's processes: `E2BProcess`, the handle of a `pty_exec_start` process
+(a `Process`: the base session's hooks write to it, resize it, interrupt it, end its
+input and kill it through its methods), `spawn_process` that starts one, and the
+one-shot `exec`'s start (`start_exec`, whose `OneShot` the base session drives), plus
+how the SDK's text output becomes bytes again.
 
 Output: terminal output arrives as bytes. Pipe output arrives as `str`: the SDK decodes
 each stream with an incremental UTF-8 decoder (so characters split across chunks are
@@ -11,12 +13,24 @@ binary output on pipes is not byte-exact (use a terminal or `read_file` for that
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...backend import OutputSink
-from ..toolkit import ShellTrap, new_tag
+from e2b import NotFoundException, PtySize
+
+from ...backend import (
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    OutputSink,
+    Process,
+    cancel_and_wait,
+    settle,
+)
+from ..toolkit import CommandCheck, ShellTrap, new_tag, tag_environment, wait_for_verdict
 from .client import E2BClient
+from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 
 
 def text_to_bytes(chunk: str | bytes | bytearray) -> bytes:
@@ -34,14 +48,19 @@ def text_to_bytes(chunk: str | bytes | bytearray) -> bytes:
 
 
 @dataclass(eq=False)
-class E2BProcess:
-    """What the session keeps about one process (`entry.handle`): its tags (`tag`, the
+class E2BProcess(Process):
+    """What the backend keeps about one process (`entry.handle`): its tags (`tag`, the
     command's, for the interrupt script; `outer_tag`, the process envd started, when it
     differs: see `scripts`), the start task (shielded: the teardown waits for it), the
     SDK handle, the waiter task reporting its end, and the shell trap filtering its
-    output."""
+    output. As a `Process` it keeps what its controls need: `client` (the session's
+    bounded view of the sandbox, whose `errors` translate the SDK's exceptions) and
+    `keep` (the session keeps the sandbox at close: its deletion does not end this
+    process)."""
 
+    client: E2BClient = field(repr=False)
     tty: bool
+    keep: bool = False
     tag: str = field(default_factory=new_tag)
     outer_tag: str = field(default_factory=new_tag)
     start_task: asyncio.Task[Any] | None = None
@@ -56,20 +75,20 @@ class E2BProcess:
         """Every tag of the process's tree (for the kill script)."""
         return (self.tag,) if self.tty else (self.tag, self.outer_tag)
 
-    async def watch(self, entry: OutputSink, client: E2BClient) -> None:
+    async def watch(self, entry: OutputSink[Any]) -> None:
         """Wait for the process's end and report it (or report the stream lost)."""
         try:
-            code = await client.wait_code(self.handle)
+            code = await self.client.wait_code(self.handle)
         except Exception as exc:
             self._flush_trap(entry)
-            entry.report_lost(client.errors.lost_reason(exc))
+            entry.report_lost(self.client.errors.lost_reason(exc))
             return
         self.ended = True
         self._flush_trap(entry)
         entry.report_exit(code)
         entry.report_eof()
 
-    def _flush_trap(self, entry: OutputSink) -> None:
+    def _flush_trap(self, entry: OutputSink[Any]) -> None:
         if self.trap is not None:
             entry.feed(self.trap.flush())
 
@@ -83,6 +102,186 @@ class E2BProcess:
             if not task.cancelled() and task.exception() is None:
                 self.handle = task.result()
         return self.handle
+
+    # ---- the controls (`Process`) ----------------------------------------------------
+
+    async def write(self, data: bytes) -> None:
+        """Send keystrokes to the PTY, or bytes to a pipe command's open stdin (in
+        pieces of at most `STDIN_CHUNK`)."""
+        if self.tty:
+            await self.client.send(self.handle.pid, data)
+        else:
+            await self.client.send_input(self.handle.pid, data)
+
+    async def close_stdin(self) -> None:
+        """`commands.close_stdin`: envd closes the command's stdin pipe after the input
+        sent before (each `send_stdin` answered first). Asked once per process."""
+        if not self.stdin_closed:
+            await self.client.close_input(self.handle.pid)
+            self.stdin_closed = True
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Resize the PTY (`pty.resize`); a process that just exited is left alone."""
+        client = self.client
+        try:
+            await client.timed(
+                client.sandbox.pty.resize(
+                    self.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
+                ),
+                "resize the terminal",
+            )
+        except NotFoundException:
+            return  # it just exited: nothing to resize
+        except Exception as exc:
+            client.errors.fail(exc, "resize the terminal")
+
+    async def interrupt(self) -> None:
+        """SIGINT to a pipe command's process group, sent by the toolkit's interrupt
+        script (a terminal gets the interrupt character through `write`)."""
+        await self.client.interrupt(self.tag)
+
+    async def kill(self, *, sandbox_stopping: bool = False) -> None:
+        """Wait for an unfinished start, kill the tagged tree and the process (unless the
+        sandbox is killed right after), then `release` it: the waiter task stopped, the
+        SDK handle (its reader task) disconnected, whatever happened before."""
+        handle = await self.started_handle()
+        # A sandbox the close kills next takes every process with it: killing them one
+        # by one first would only cost requests.
+        sandbox_going = sandbox_stopping and not self.keep
+        error: BaseException | None = None
+        if handle is not None and not self.ended and not sandbox_going:
+            try:
+                await self.client.kill_tree(handle.pid, self.tags, tty=self.tty)
+            except Exception as exc:
+                error = exc
+        await self.release()
+        if error is not None:
+            raise error
+
+    async def release(self) -> None:
+        """Stop following the process (its waiter, the SDK's reader); envd keeps it
+        running (a detach, or the end of `kill`)."""
+        handle = await self.started_handle()
+        if self.waiter is not None:
+            await cancel_and_wait([self.waiter])
+        if handle is not None:
+            await self.client.disconnect(handle)
+
+
+async def spawn_process(entry: OutputSink[E2BProcess], client: E2BClient, *, keep: bool) -> None:
+    """Start `entry.spec`, its handle an `E2BProcess` stored in `entry.handle` before
+    anything starts. tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
+    background command, its stdin closed unless `entry.stdin_open`. Output flows into
+    `entry.feed`; with a command check, its verdict is waited for."""
+    spec = entry.spec
+    command = spec.command
+    proc = E2BProcess(client, tty=spec.tty, keep=keep)
+    entry.handle = proc
+    # With a check (a `cwd`, or `shell=False`) the process starts in E2B's default
+    # directory and the check enters `cwd`; its verdict is waited for below.
+    check = CommandCheck.needed(command, cwd=command.cwd)
+    shell_command = (
+        command.shell_command if check is None else check.shell(command.argv, announce=True)
+    )
+    cwd = command.cwd if check is None else None
+    if check is not None or spec.tty:
+        proc.trap = ShellTrap(report_exit=False, token=None if check is None else check.token)
+    trap = proc.trap
+    if trap is not None and spec.tty:
+        shell_trap = trap
+
+        def on_data(data: bytes) -> None:
+            """Terminal output, minus what the shell trap added."""
+            shown = shell_trap.feed(bytes(data))
+            if shown:
+                entry.feed(shown)
+
+        # The trap's line reaches the login bash through its environment; only a
+        # short fixed line is typed (see `scripts.line_environment`).
+        line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
+        start: Coroutine[Any, Any, Any] = client.sandbox.pty.create(
+            size=PtySize(rows=spec.rows, cols=spec.cols),
+            on_data=on_data,
+            cwd=cwd,
+            envs={**(command.env or {}), **tag_environment(proc.tag), **line_environment(line)},
+            timeout=client.process_timeout,
+            **client.request(),
+        )
+    else:
+
+        def on_output(chunk: str | bytes) -> None:
+            """Pipe output (stdout and stderr, in arrival order) as bytes."""
+            entry.feed(text_to_bytes(chunk))
+
+        def on_stdout(chunk: str | bytes) -> None:
+            """Stdout behind a check: the trap strips the check's start marker."""
+            assert trap is not None
+            shown = trap.feed(text_to_bytes(chunk))
+            if shown:
+                entry.feed(shown)
+
+        start = client.sandbox.commands.run(
+            pipe_line(proc.tag, shell_command, stdin=spec.stdin),
+            background=True,
+            envs={**(command.env or {}), **tag_environment(proc.outer_tag)},
+            cwd=cwd,
+            on_stdout=on_output if check is None else on_stdout,
+            on_stderr=on_output,
+            stdin=spec.stdin,
+            timeout=client.process_timeout,
+            retain_output=False,
+            **client.request(),
+        )
+    # Our task, shielded: a cancelled caller leaves it to the teardown (`kill`), which
+    # waits for it and kills what it started.
+    proc.start_task = asyncio.ensure_future(client.bounded(start, client.start_timeout))
+    try:
+        proc.handle = await asyncio.shield(proc.start_task)
+    except Exception as exc:
+        client.errors.fail(exc, "start a process")
+    proc.waiter = asyncio.ensure_future(proc.watch(entry))
+    if spec.tty:
+        await client.send(proc.handle.pid, TYPED_LINE.encode())
+    if check is not None and trap is not None:
+        await wait_for_verdict(entry, trap, check)
+
+
+async def start_exec(client: E2BClient, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
+    """Start a one-shot command as a background job under the tagged wrapper, its output
+    streamed into the bounded capture (see `OneShot`). A `cwd` (or `shell=False`) runs
+    behind the command check: E2B would refuse a missing `cwd` with an error of its own."""
+    check = capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
+    command = spec.shell_command if check is None else check.shell(spec.argv, announce=False)
+    proc = E2BProcess(client, tty=False)
+    start = client.sandbox.commands.run(
+        pipe_line(proc.tag, command),
+        background=True,
+        envs={**(spec.env or {}), **tag_environment(proc.outer_tag)},
+        on_stdout=lambda chunk: capture.add_stdout(text_to_bytes(chunk)),
+        on_stderr=lambda chunk: capture.add_stderr(text_to_bytes(chunk)),
+        stdin=False,
+        timeout=client.process_timeout,
+        retain_output=False,
+        **client.request(),
+    )
+    # Our task, shielded: if this caller is cancelled, wait for it and kill what it
+    # started (nobody else knows the command yet).
+    proc.start_task = asyncio.ensure_future(client.bounded(start, client.start_timeout))
+    try:
+        handle = await asyncio.shield(proc.start_task)
+    except asyncio.CancelledError:
+        await settle(_undo_start(proc))
+        raise
+    except Exception as exc:
+        client.errors.fail(exc, "start a command")
+    return OneShot(client, handle, proc.tags)
+
+
+async def _undo_start(process: E2BProcess) -> None:
+    """Kill what a cancelled one-shot start made, once the start came to its end."""
+    handle = await process.started_handle()
+    if handle is not None:
+        await OneShot(process.client, handle, process.tags).kill()
 
 
 class OneShot:

@@ -1,5 +1,8 @@
-"""`E2BSession`: E2B cloud sandboxes through the `e2b` SDK's async surface (the hooks
-only; the SDK calls live beside it, see the package docstring).
+"""`E2BSession`: E2B cloud sandboxes through the `e2b` SDK's async surface (the
+lifecycle hooks only; the SDK calls live beside it, see the package docstring). A
+process's handle is an `E2BProcess` (`processes`), a `Process`: the base session's
+hooks write to it, resize it, interrupt it, end its input and kill it through its
+methods, so the session writes no per-process hook but the spawn and the teardown.
 
 How the contract maps onto E2B:
 
@@ -45,10 +48,10 @@ E2B's create takes no resources (a template has its CPU and memory).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from e2b import AsyncSandbox, NotFoundException, PtySize
+from e2b import AsyncSandbox
 
 from ...backend import (
     BaseSandboxSession,
@@ -58,33 +61,27 @@ from ...backend import (
     OutputSink,
     ShellFileOps,
     ShellWorkspace,
-    cancel_and_wait,
     check_env,
     check_seconds,
     check_str,
     durable_session_id,
-    settle,
+    kill_handle,
 )
 from ...errors import InvalidArgumentError
 from ..toolkit import (
-    CommandCheck,
     Secret,
-    ShellTrap,
     check_limits,
     refuse_renamed,
     refuse_unsupported,
     require_credential,
-    tag_environment,
-    wait_for_verdict,
 )
 from . import durable as durable_e2b
 from . import files, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .files import E2BFiles
-from .processes import E2BProcess, OneShot, text_to_bytes
+from .processes import E2BProcess, spawn_process, start_exec
 from .sandboxes import SESSION_LABEL
-from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 from .workspace import E2BPorts, E2BSnapshots, check_snapshot_mode
 
 API_KEY_ENV = "E2B_API_KEY"
@@ -94,6 +91,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     """Runs commands in an E2B sandbox (see the module docstring for the options)."""
 
     backend_name = "e2b"
+    # A process on pipes may keep envd's stdin pipe open (`E2BProcess.close_stdin` ends it).
+    _stdin_stays_open = True
 
     def __init__(
         self,
@@ -260,184 +259,24 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Start the command as a background job under the tagged wrapper, its output
-        streamed into the bounded capture. A `cwd` (or `shell=False`) runs behind the
-        command check: E2B would refuse a missing `cwd` with an error of its own."""
-        client = self._client
-        check = capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
-        command = spec.shell_command if check is None else check.shell(spec.argv, announce=False)
-        proc = E2BProcess(tty=False)
-        start = client.sandbox.commands.run(
-            pipe_line(proc.tag, command),
-            background=True,
-            envs={**(spec.env or {}), **tag_environment(proc.outer_tag)},
-            on_stdout=lambda chunk: capture.add_stdout(text_to_bytes(chunk)),
-            on_stderr=lambda chunk: capture.add_stderr(text_to_bytes(chunk)),
-            stdin=False,
-            timeout=client.process_timeout,
-            retain_output=False,
-            **client.request(),
-        )
-        # Our task, shielded: if this caller is cancelled, wait for it and kill what it
-        # started (nobody else knows the command yet).
-        proc.start_task = asyncio.ensure_future(client.bounded(start, client.start_timeout))
-        try:
-            handle = await asyncio.shield(proc.start_task)
-        except asyncio.CancelledError:
-            await settle(self._undo_start(proc))
-            raise
-        except Exception as exc:
-            self._errors.fail(exc, "start a command")
-        return OneShot(client, handle, proc.tags)
-
-    async def _undo_start(self, process: E2BProcess) -> None:
-        """Kill what a cancelled one-shot start made, once the start came to its end."""
-        handle = await process.started_handle()
-        if handle is not None:
-            await OneShot(self._client, handle, process.tags).kill()
+        streamed into the bounded capture (`processes.start_exec`). A `cwd` (or
+        `shell=False`) runs behind the command check: E2B would refuse a missing `cwd`
+        with an error of its own."""
+        return await start_exec(self._client, spec, capture)
 
     # ---- processes --------------------------------------------------------------------------
 
     async def _spawn_process(self, entry: OutputSink[E2BProcess]) -> None:
         """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
-        background command with stdin closed. Output flows into `entry.feed`."""
-        client = self._client
-        spec = entry.spec
-        command = spec.command
-        proc = E2BProcess(tty=spec.tty)
-        entry.handle = proc
-        # With a check (a `cwd`, or `shell=False`) the process starts in E2B's default
-        # directory and the check enters `cwd`; its verdict is waited for below.
-        check = CommandCheck.needed(command, cwd=command.cwd)
-        shell_command = (
-            command.shell_command if check is None else check.shell(command.argv, announce=True)
-        )
-        cwd = command.cwd if check is None else None
-        if check is not None or spec.tty:
-            proc.trap = ShellTrap(report_exit=False, token=None if check is None else check.token)
-        trap = proc.trap
-        if trap is not None and spec.tty:
-            shell_trap = trap
-
-            def on_data(data: bytes) -> None:
-                """Terminal output, minus what the shell trap added."""
-                shown = shell_trap.feed(bytes(data))
-                if shown:
-                    entry.feed(shown)
-
-            # The trap's line reaches the login bash through its environment; only a
-            # short fixed line is typed (see `scripts.line_environment`).
-            line = trap.line(tty_command(proc.tag, shell_command), tty=True, announced=bool(check))
-            start: Coroutine[Any, Any, Any] = client.sandbox.pty.create(
-                size=PtySize(rows=spec.rows, cols=spec.cols),
-                on_data=on_data,
-                cwd=cwd,
-                envs={**(command.env or {}), **tag_environment(proc.tag), **line_environment(line)},
-                timeout=client.process_timeout,
-                **client.request(),
-            )
-        else:
-
-            def on_output(chunk: str | bytes) -> None:
-                """Pipe output (stdout and stderr, in arrival order) as bytes."""
-                entry.feed(text_to_bytes(chunk))
-
-            def on_stdout(chunk: str | bytes) -> None:
-                """Stdout behind a check: the trap strips the check's start marker."""
-                assert trap is not None
-                shown = trap.feed(text_to_bytes(chunk))
-                if shown:
-                    entry.feed(shown)
-
-            start = client.sandbox.commands.run(
-                pipe_line(proc.tag, shell_command, stdin=spec.stdin),
-                background=True,
-                envs={**(command.env or {}), **tag_environment(proc.outer_tag)},
-                cwd=cwd,
-                on_stdout=on_output if check is None else on_stdout,
-                on_stderr=on_output,
-                stdin=spec.stdin,
-                timeout=client.process_timeout,
-                retain_output=False,
-                **client.request(),
-            )
-        # Our task, shielded: a cancelled caller leaves it to `_terminate_pty_entry`,
-        # which waits for it and kills what it started.
-        proc.start_task = asyncio.ensure_future(client.bounded(start, client.start_timeout))
-        try:
-            proc.handle = await asyncio.shield(proc.start_task)
-        except Exception as exc:
-            self._errors.fail(exc, "start a process")
-        proc.waiter = asyncio.ensure_future(proc.watch(entry, client))
-        if spec.tty:
-            await client.send(proc.handle.pid, TYPED_LINE.encode())
-        if check is not None and trap is not None:
-            await wait_for_verdict(entry, trap, check)
-
-    async def _write_stdin(self, entry: OutputSink[E2BProcess], data: bytes) -> None:
-        """Send keystrokes to the PTY, or bytes to a pipe command's open stdin (in
-        pieces of at most `STDIN_CHUNK`)."""
-        proc = entry.require_handle()
-        if entry.tty:
-            await self._client.send(proc.handle.pid, data)
-        else:
-            await self._client.send_input(proc.handle.pid, data)
-
-    async def _close_stdin(self, entry: OutputSink[E2BProcess]) -> None:
-        """`commands.close_stdin`: envd closes the command's stdin pipe after the input
-        sent before (each `send_stdin` answered first). Asked once per process."""
-        proc = entry.require_handle()
-        if not proc.stdin_closed:
-            await self._client.close_input(proc.handle.pid)
-            proc.stdin_closed = True
-
-    async def _resize(self, entry: OutputSink[E2BProcess], rows: int, cols: int) -> None:
-        """Resize the PTY (`pty.resize`); a process that just exited is left alone."""
-        proc = entry.require_handle()
-        client = self._client
-        try:
-            await client.timed(
-                client.sandbox.pty.resize(
-                    proc.handle.pid, PtySize(rows=rows, cols=cols), **client.request()
-                ),
-                "resize the terminal",
-            )
-        except NotFoundException:
-            return  # it just exited: nothing to resize
-        except Exception as exc:
-            self._errors.fail(exc, "resize the terminal")
-
-    async def _interrupt(self, entry: OutputSink[E2BProcess]) -> None:
-        """tty: the interrupt character; pipes: SIGINT to the command's process group,
-        sent by the toolkit's interrupt script."""
-        proc = entry.require_handle()
-        if entry.tty:
-            await self._client.send(proc.handle.pid, b"\x03")
-            return
-        await self._client.interrupt(proc.tag)
+        background command, its stdin closed unless `stdin=True`. Output flows into
+        `entry.feed`; the handle is an `E2BProcess` (`processes.spawn_process`)."""
+        await spawn_process(entry, self._client, keep=self._keep)
 
     async def _terminate_pty_entry(self, entry: OutputSink[E2BProcess]) -> None:
-        """Wait for an unfinished start, kill the tagged tree and the process (unless the
-        sandbox is killed right after), stop and await the waiter task, and disconnect
-        the SDK handle (its reader task)."""
-        proc: E2BProcess | None = entry.handle
-        if proc is None:
-            return
-        handle = await proc.started_handle()
-        # A sandbox the close kills next takes every process with it: killing them one
-        # by one first would only cost requests.
-        sandbox_going = entry.sandbox_stopping and not self._keep
-        error: BaseException | None = None
-        if handle is not None and not proc.ended and not sandbox_going:
-            try:
-                await self._client.kill_tree(handle.pid, proc.tags, tty=proc.tty)
-            except Exception as exc:
-                error = exc
-        if proc.waiter is not None:
-            await cancel_and_wait([proc.waiter])
-        if handle is not None:
-            await self._client.disconnect(handle)
-        if error is not None:
-            raise error
+        """`E2BProcess.kill`: wait for an unfinished start, kill the tagged tree and the
+        process (unless the sandbox is killed right after), stop the waiter task and
+        disconnect the SDK handle."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
