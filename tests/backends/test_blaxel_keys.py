@@ -41,12 +41,12 @@ async def test_env_values_full_of_controls_are_data(
 async def test_a_short_line_with_controls_is_typed_not_sourced(session: BlaxelSession) -> None:
     """The short case above really goes through the line editor (not the file a long
     line is written to)."""
-    from sandbox.backends.blaxel.terminal import Terminal
+    from sandbox.backends.toolkit import new_tag
     from sandbox.backends.toolkit.trap import ShellTrap
     from sandbox.process_entry import CommandSpec
 
     spec = CommandSpec(("x",), 'printf %s "$V" > out', "x", True, env={"V": SHORT})
-    line = Terminal(trap=ShellTrap(report_exit=True)).typed_line(spec, True, "/w", None)
+    line = terminal.typed_line(ShellTrap(report_exit=True), new_tag(), spec, True, "/w", None)
     assert len(line.encode()) <= terminal.MAX_TYPED_LINE
     assert line.isascii() and line[:-1].isprintable()
 

@@ -9,7 +9,9 @@
 - `limits`: the portable resource limits as Blaxel's create takes them;
 - `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
 - `files`: files through the sandbox API, regular files only;
-- `terminal`: processes on the terminal WebSocket, killed with the toolkit's script.
+- `terminal`: processes on the terminal WebSocket (its facts, frames, typed lines);
+- `process`: `Terminal`, one such process's handle (a `Process`: write, resize,
+  interrupt, kill with the toolkit's script) and its reader;
 - `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
   id with their replayed output, the lease in the sandbox.
 - `workspace`: exposed ports (private previews and their tokens) and snapshots

@@ -76,8 +76,9 @@ from ..toolkit import (
     taken_from_ref,
 )
 from . import terminal
+from .process import Terminal
 from .sdk import default_api_url
-from .terminal import Terminal, TerminalReader, parse_terminal_frame, text_to_bytes
+from .terminal import parse_terminal_frame, text_to_bytes
 
 # A shell no sandbox has: a reattach must never start a new session (see above).
 MISSING_SHELL = "/nonexistent/sandbox-reattach-only"
@@ -277,7 +278,9 @@ class BlaxelDurability(Durability):
         session = self.session
         sid, tag, token = _handle(process)
         client, options = session._client, session._terminal_options
-        term = Terminal(trap=ShellTrap(report_exit=True, token=token), session_id=sid, tag=tag)
+        term = Terminal(
+            entry, client, options, keep=session.keep, token=token, session_id=sid, tag=tag
+        )
         term.line_sent = True
         entry.handle = term  # from here a cancelled reattach closes the socket, kills nothing
         http = client.http
@@ -292,7 +295,7 @@ class BlaxelDurability(Durability):
         )
         replay = await _first_output(term.ws, options.connect_timeout_s)
         if replay is None:
-            await terminal.close(term, options.close_timeout_s)
+            await term.close()
             entry.handle = None
             raise ProcessNotReattached(GONE_NOTE)
         _show_replay(entry, term, replay, process.output_position)
@@ -300,18 +303,15 @@ class BlaxelDurability(Durability):
             assert term.trap.exit_code is not None
             entry.report_exit(term.trap.exit_code)
             entry.report_eof()
-            await terminal.release_shell(entry, options.close_timeout_s)
-        reader = TerminalReader(entry, term, options, client.redact)
-        term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
+            await term.release_shell(options.close_timeout_s)
+        term.follow()
 
     async def release(self, entry: OutputSink[Terminal]) -> None:
         """Stop following the process (its reader, its socket); the session keeps it. The
         release line is not typed: the ref's next owner still has to read the ring."""
         term = entry.handle
-        if not isinstance(term, Terminal):
-            return
-        term.closing = True
-        await terminal.close(term, self.session._terminal_options.close_timeout_s)
+        if isinstance(term, Terminal):
+            await term.close()
 
     async def detach(self) -> None:
         """Release the clients; the sandbox stays (no close of this client deletes it)."""

@@ -1,17 +1,14 @@
 """`BlaxelSession`: the hooks only. The sandbox is created, or attached to, by name
 through the SDK (`client`) and deleted on close unless `keep=True`; one-shot commands
 are `process.exec` calls (`execs`); files go through the sandbox API (`files`); PTYs
-use the sandbox's terminal WebSocket (`terminal`). Provider facts and their sources:
-docs/providers.md (Blaxel).
+use the sandbox's terminal WebSocket (`terminal`), each process's handle a `Terminal`
+(`process`: a `Process`, so the session writes no write, resize, interrupt or drain
+hook). Provider facts and their sources: docs/providers.md (Blaxel).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import logging
-import math
 import posixpath
 import secrets
 from collections.abc import Mapping
@@ -29,24 +26,18 @@ from ...backend import (
     check_seconds,
     check_str,
     durable_session_id,
+    kill_handle,
 )
-from ...errors import InvalidArgumentError, SandboxError
-from ..toolkit import (
-    CommandCheck,
-    ShellTrap,
-    refuse_renamed,
-    require_credential,
-    wait_for_verdict,
-)
-from . import bounds, limits, terminal, workspace
+from ...errors import InvalidArgumentError
+from ..toolkit import CommandCheck, refuse_renamed, require_credential
+from . import bounds, limits, workspace
 from . import durable as durable_blaxel
 from .client import SESSION_LABEL, BlaxelClient
 from .execs import BlaxelOneShot, exec_request
 from .files import BlaxelFileAccess, BlaxelFiles
-from .terminal import Terminal, TerminalOptions, TerminalReader
+from .process import Terminal
+from .terminal import TerminalOptions
 from .workspace import NOT_WITH_SNAPSHOT, BlaxelPorts, BlaxelSnapshots
-
-logger = logging.getLogger("sandbox.blaxel")
 
 DEFAULT_WORKDIR = "/workspace"
 API_KEY_ENV = "BL_API_KEY"
@@ -284,122 +275,16 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
     # ---- terminal processes ------------------------------------------------------------
 
     async def _spawn_process(self, entry: OutputSink[Terminal]) -> None:
-        """Type the command into a new terminal (see `terminal`)."""
-        spec = entry.spec
-        term = Terminal(trap=ShellTrap(report_exit=True))
+        """Type the command into a new terminal, its handle a `Terminal` stored at once
+        (`Terminal.start`; see `terminal`)."""
+        term = Terminal(entry, self._client, self._terminal_options, keep=self.keep)
         entry.handle = term
-        cwd = self._cwd(spec.command.cwd)
-        check = CommandCheck.needed(spec.command, cwd=cwd, token=term.trap.token)
-        line = await self._typed_line(term, term.typed_line(spec.command, spec.tty, cwd, check))
-        # With a check the terminal starts in `workdir` (it exists) and the check enters
-        # `cwd`: a missing `workingDir` is not reported by the terminal.
-        start_dir = cwd if check is None else self.workdir
-        http = self._client.http
-        if http is None:
-            raise SandboxError("the blaxel session is not started")
-        term.ws = await terminal.connect(
-            http,
-            self._client.terminal_url(term.session_id, spec.rows, spec.cols, start_dir),
-            self._client.auth_headers(),
-            self._terminal_options,
-            f"open a terminal in the Blaxel sandbox {self.sandbox_name!r}",
-        )
-        reader = TerminalReader(entry, term, self._terminal_options, self._client.redact)
-        term.reader = asyncio.create_task(reader.run(), name=f"blaxel-terminal-{entry.process_id}")
-        await terminal.send_input(entry, line.encode())
-        term.line_sent = True
-        if check is not None:
-            await wait_for_verdict(entry, term.trap, check)
-
-    async def _typed_line(self, term: Terminal, line: str) -> str:
-        """`line` as typed, or, when too long to type, a file written through the API
-        (it removes itself) and sourced."""
-        if len(line.encode()) <= terminal.MAX_TYPED_LINE:
-            return line
-        script = f"/tmp/.sandbox-pty-{term.trap.token}"
-        body = f"rm -f {script}\n{line}".encode()
-        instance = self._client.sandbox()
-        await self._client.call(
-            "write the command to the sandbox", lambda: instance.fs.write_binary(script, body)
-        )
-        return f". {script}\n"
-
-    async def _write_stdin(self, entry: OutputSink[Terminal], data: bytes) -> None:
-        """`input` frames on the terminal."""
-        await terminal.send_input(entry, data)
-
-    async def _resize(self, entry: OutputSink[Terminal], rows: int, cols: int) -> None:
-        """The terminal's `resize` message (`handler/terminal.go`; the server ignores a
-        size of zero and answers nothing)."""
-        frame = json.dumps({"type": "resize", "cols": cols, "rows": rows})
-        await terminal.send_frames(entry, [frame])
-
-    async def _interrupt(self, entry: OutputSink[Terminal]) -> None:
-        """The interrupt character, also for tty=False: the command runs in the
-        terminal's foreground process group, signal generation stays on."""
-        await terminal.send_input(entry, b"\x03")
-
-    async def _final_drain(self, entry: OutputSink[Terminal]) -> None:
-        """Frames already received sit in aiohttp's queue: let the reader take them."""
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await term.start(self._cwd(entry.spec.command.cwd), self.workdir, self.sandbox_name)
 
     async def _terminate_pty_entry(self, entry: OutputSink[Terminal]) -> None:
-        """Kill the terminal's tagged session (unless the sandbox's deletion follows),
-        then stop the reader and close the socket."""
-        term = entry.handle
-        if not isinstance(term, Terminal):
-            return
-        term.closing = True
-        error: SandboxError | None = None
-        try:
-            if self._must_kill_remotely(entry, term):
-                if not term.trap.started:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(terminal.START_WAIT_S):
-                            await term.started.wait()
-                # A lost terminal may mean Blaxel is unreachable: do not hold the
-                # window that reports the loss for long.
-                bound = terminal.LOST_KILL_TIMEOUT_S if entry.lost_reason is not None else None
-                try:
-                    await self._kill_terminal_session(term, bound)
-                except SandboxError as exc:
-                    if entry.lost_reason is None:
-                        error = exc
-                    else:  # its connection was already gone: best effort only
-                        logger.info("could not kill a lost Blaxel terminal: %s", exc)
-        finally:
-            if term.trap.done:  # the wrapper lingers until released (see `terminal`)
-                await terminal.release_shell(entry, self._terminal_options.close_timeout_s)
-            await terminal.close(term, self._terminal_options.close_timeout_s)
-        if error is not None:
-            raise error
-
-    def _must_kill_remotely(self, entry: OutputSink[Terminal], term: Terminal) -> bool:
-        if term.trap.done or self._client.instance is None or not term.line_sent:
-            return False
-        # Closing deletes the sandbox right after, which stops everything in it.
-        return not (entry.sandbox_stopping and not self.keep)
-
-    async def _kill_terminal_session(self, term: Terminal, timeout: float | None) -> None:
-        """The toolkit's kill script for the terminal's tag, as a one-shot exec: polite
-        signals, up to `terminate_grace_s`, then SIGKILL."""
-        what = f"stop the terminal {term.session_id}"
-        grace = self.terminate_grace_s
-        instance = self._client.sandbox()
-        response = await self._client.call(
-            what,
-            lambda: instance.process.exec(
-                {
-                    "command": terminal.kill_command(term, grace),
-                    "name": f"kill-{secrets.token_hex(6)}",
-                    "wait_for_completion": True,
-                    "timeout": math.ceil(grace) + 10,
-                }
-            ),
-            timeout=timeout or min(self._client.api_timeout_s, grace + 30.0),
-        )
-        terminal.check_kill_report(response.stdout, what)
+        """`Terminal.kill`: the terminal's tagged session killed (unless the sandbox's
+        deletion follows), then its reader stopped and its socket closed."""
+        await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
