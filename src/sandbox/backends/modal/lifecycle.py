@@ -1,12 +1,16 @@
-"""The calls around a Modal sandbox's life that are not hooks: the token, finding a
-sandbox a cut-short create left, and the calls made while stopping (each bounded by
-`STOP_TIMEOUT_S`)."""
+"""The provider calls around a Modal sandbox's life, which the session's `_start_backend`
+and `_stop_backend` make in order: the token and the client (`connect`), attaching
+(`attach`) or creating (`lookup_app`, `create_sandbox`), and at the end
+`release_sandbox` (terminate, also a sandbox a cut-short create left, found by its
+name; or, kept, remove our markers; then detach) and `close_client`. The calls made
+while stopping are each bounded by `STOP_TIMEOUT_S`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+import secrets
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from modal import exception as modal_exception
@@ -42,6 +46,103 @@ def credentials(token_id: Secret | None, token_secret: Secret | None) -> tuple[S
     if missing:
         raise CredentialsMissingError("; ".join(missing) + " (or pass client=)")
     return found[0], found[1]
+
+
+async def connect(
+    sdk: Any, errors: ModalErrors, token_id: Secret | None, token_secret: Secret | None
+) -> Any:
+    """A client opened with the token (`credentials`): the caller closes it."""
+    found_id, found_secret = credentials(token_id, token_secret)
+    return await errors.call(
+        "connect to Modal",
+        sdk.Client.from_credentials.aio,
+        found_id.reveal(),
+        found_secret.reveal(),
+    )
+
+
+async def attach(sdk: Any, errors: ModalErrors, sandbox_id: str, client: Any) -> Any:
+    """The existing sandbox `sandbox_id` (`Sandbox.from_id`)."""
+    return await errors.call(
+        "attach to the sandbox", sdk.Sandbox.from_id.aio, sandbox_id, client=client
+    )
+
+
+async def lookup_app(sdk: Any, errors: ModalErrors, app_name: str, client: Any) -> Any:
+    """The app a new sandbox belongs to, created if missing."""
+    return await errors.call(
+        "look up the app", sdk.App.lookup.aio, app_name, create_if_missing=True, client=client
+    )
+
+
+def sandbox_name() -> str:
+    """A unique name for a new sandbox: it lets a start that fails or is cancelled while
+    the create call is in flight find, and terminate, a sandbox the provider created
+    anyway (`find_created_sandbox`)."""
+    return f"sandbox-pty-{secrets.token_hex(8)}"
+
+
+async def create_sandbox(
+    sdk: Any,
+    errors: ModalErrors,
+    *,
+    app: Any,
+    name: str,
+    image: Any,
+    client: Any,
+    lifetime_s: int,
+    workdir: str,
+    create_options: Mapping[str, Any],
+    session_id: str,
+    timeout_s: float,
+) -> Any:
+    """`Sandbox.create` within `timeout_s` (it may build the image first), with the
+    caller's tags and ours: `SESSION_LABEL`, the durable session's id (the caller's
+    value for it was refused with the options)."""
+    options = dict(create_options)
+    options["tags"] = {**(options.get("tags") or {}), SESSION_LABEL: session_id}
+    return await errors.timed_call(
+        "create the sandbox",
+        timeout_s,
+        sdk.Sandbox.create.aio,
+        app=app,
+        name=name,
+        image=image,
+        timeout=lifetime_s,
+        workdir=workdir,
+        client=client,
+        **options,
+    )
+
+
+async def release_sandbox(
+    sdk: Any,
+    errors: ModalErrors,
+    sandbox: Any,
+    *,
+    keep: bool,
+    app_name: str,
+    create_name: str | None,
+    client: Any,
+    markers: str | None,
+) -> None:
+    """Terminate `sandbox` unless kept (with none, the one a failed or cancelled create
+    named `create_name` may have left); a kept one loses the directory of our
+    `markers` (None: none was left). Then detach from it."""
+    if not keep:
+        if sandbox is None and create_name is not None:
+            sandbox = await find_created_sandbox(sdk, errors, app_name, create_name, client)
+        if sandbox is not None:
+            await terminate(errors, sandbox)
+    elif sandbox is not None and markers is not None:
+        await quietly(errors, remove_dir(sandbox, markers), "removing markers")
+    if sandbox is not None:
+        await quietly(errors, sandbox.detach.aio(), "detaching from the sandbox")
+
+
+async def close_client(errors: ModalErrors, client: Any) -> None:
+    """Close a client we opened (`connect`); a failure is only logged."""
+    await quietly(errors, client.close.aio(), "closing the Modal client")
 
 
 async def find_created_sandbox(

@@ -6,6 +6,7 @@ finish, and leaves a tree still holding the pipes (a background child) to `relea
 which kills it. The exec also gets a server-side timeout, a backstop only (1 s
 granularity, a little after the base session's own deadline, which is what really ends
 the command): if it fires first, Modal reports -1 and `wait()` raises the timeout error.
+`start_oneshot` starts one (the session's `_start_exec`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import ExecCapture, cancel_and_wait, first_failure
+from ...backend import CommandSpec, ExecCapture, cancel_and_wait, first_failure, settle
 from ...errors import ProviderError
-from ..toolkit import normalize_exit
+from ..toolkit import CommandCheck, normalize_exit
 from .commands import Command, Commands, read_stream
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns when that backstop fired
@@ -99,3 +100,37 @@ def server_timeout(timeout: float | None) -> int | None:
     if timeout is None:
         return None
     return int(-(-timeout // 1)) + SERVER_TIMEOUT_MARGIN_S
+
+
+async def start_oneshot(
+    commands: Commands,
+    spec: CommandSpec,
+    capture: ExecCapture,
+    *,
+    keep: bool,
+    exit_output_grace_s: float,
+) -> ModalOneShot:
+    """One exec (without the wrapper: see `scripts`), stdin closed, both streams read
+    chunk by chunk into the bounded capture. If this is cancelled while the exec is in
+    flight, the tree is killed by its tag (a marker stops it should the exec still
+    start)."""
+    timeout = capture.timeout  # for the server-side backstop just after it
+    command = Command(commands, tty=False, keep=keep)
+    check = capture.check = CommandCheck.needed(spec, cwd=commands.cwd(spec.cwd))
+    try:
+        await commands.start(
+            spec, command, wrap=False, server_timeout=server_timeout(timeout), check=check
+        )
+    except BaseException:
+        # Nobody else knows this command yet: its kill must outlive a second
+        # cancellation (the close cancels this task too).
+        await settle(commands.control(command, "kill"))
+        raise
+    return ModalOneShot(
+        commands,
+        command,
+        capture,
+        display=spec.display,
+        timeout=timeout,
+        exit_output_grace_s=exit_output_grace_s,
+    )

@@ -1,5 +1,6 @@
-"""The tasks behind one process (`pty_exec_start`): a reader per output stream, feeding
-the `OutputSink`, and a watcher reporting the exit.
+"""One process (`pty_exec_start`): its start (`spawn`, the session's `_spawn_process`)
+and the tasks behind it: a reader per output stream, feeding the `OutputSink`, and a
+watcher reporting the exit.
 
 Output and exit status travel on different RPC streams, so the watcher reports the exit
 once the output ended too (or `exit_output_grace_s` passed): reporting it first could
@@ -15,11 +16,49 @@ import asyncio
 from typing import Any
 
 from ...backend import OutputSink, cancel_and_wait
-from ..toolkit import ShellTrap, normalize_exit
-from .commands import Command, read_stream
+from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
+from .commands import Command, Commands, read_stream
 from .errors import ModalErrors
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a status
+
+
+async def spawn(
+    entry: OutputSink[Command],
+    commands: Commands,
+    *,
+    keep: bool,
+    exit_output_grace_s: float,
+    exit_status_timeout_s: float,
+) -> None:
+    """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
+    start one reader task per stream and a watcher task for the exit; behind a command
+    check, wait for its verdict."""
+    spec = entry.spec
+    command = Command(commands, tty=spec.tty, keep=keep)
+    entry.handle = command  # from here on, teardown can find (and kill) it by tag
+    check = CommandCheck.needed(spec.command, cwd=commands.cwd(spec.command.cwd))
+    trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
+    await commands.start(
+        spec.command,
+        command,
+        wrap=True,
+        rows=spec.rows,
+        cols=spec.cols,
+        check=check,
+        announce=True,
+        keep_stdin=spec.stdin,
+    )
+    start_tasks(
+        entry,
+        command,
+        commands.errors,
+        trap,
+        exit_output_grace_s=exit_output_grace_s,
+        exit_status_timeout_s=exit_status_timeout_s,
+    )
+    if check is not None and trap is not None:
+        await wait_for_verdict(entry, trap, check)
 
 
 def start_tasks(

@@ -3,13 +3,16 @@ async (`.aio`) calls.
 
 Every process is a `sandbox.exec.aio(...)` (`pty=True` for a terminal): the command is
 the process, so its exit status comes from `process.wait.aio()` and no shell trap is
-needed. Beside it (one module per idea): `commands` (start a command, signal it with
-the toolkit's scripts, read a stream; `Command`, a process's handle: a `Process` the
-base session's hooks write to, interrupt, end the input of and kill), `scripts` (the
-argv: preamble, toolkit wrapper, kill script), `oneshot` (the `OneShotProcess` of
-`exec`), `processes` (readers and watcher of a `pty_exec_start` process), `files`,
-`errors` (the SDK's exceptions through the toolkit's policy). A terminal is interrupted
-with `\\x03`; resizing raises `UnsupportedOperationError` (the SDK has no call for it).
+needed. Beside it (one module per idea): `options` (the options, their defaults and
+checks), `lifecycle` (the provider calls that connect, create or attach, terminate and
+detach), `commands` (start a command, signal it with the toolkit's scripts, read a
+stream; `Command`, a process's handle: a `Process` the base session's hooks write to,
+interrupt, end the input of and kill), `scripts` (the argv: preamble, toolkit wrapper,
+kill script), `oneshot` (the `OneShotProcess` of `exec`, and its start), `processes`
+(the start, readers and watcher of a `pty_exec_start` process), `files`, `limits`,
+`workspace`, `durable`, `errors` (the SDK's exceptions through the toolkit's policy).
+A terminal is interrupted with `\\x03`; resizing raises `UnsupportedOperationError`
+(the SDK has no call for it).
 
 With `pty=True` the SDK describes the terminal from the *client* process
 (`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
@@ -26,13 +29,10 @@ the installed SDK.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 from collections.abc import Mapping
 from typing import Any
-
-import modal
 
 from ...backend import (
     BaseSandboxSession,
@@ -42,97 +42,50 @@ from ...backend import (
     OutputSink,
     ShellFileOps,
     ShellWorkspace,
-    check_env,
-    check_seconds,
-    check_str,
     durable_session_id,
     kill_handle,
-    settle,
 )
-from ...errors import InvalidArgumentError
-from ..toolkit import (
-    TAG_VARIABLE,
-    CommandCheck,
-    Secret,
-    ShellTrap,
-    check_limits,
-    refuse_renamed,
-    wait_for_verdict,
-)
+from ..toolkit import TAG_VARIABLE, Secret, refuse_renamed
 from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFileAccess, ModalFiles
 from .lifecycle import (
-    SESSION_LABEL,
     TOKEN_ID_ENV,
     TOKEN_SECRET_ENV,
-    credentials,
-    find_created_sandbox,
-    quietly,
-    remove_dir,
-    terminate,
+    attach,
+    close_client,
+    connect,
+    create_sandbox,
+    lookup_app,
+    release_sandbox,
+    sandbox_name,
 )
-from .limits import create_resources
-from .oneshot import ModalOneShot, server_timeout
-from .processes import start_tasks
+from .oneshot import start_oneshot
+from .options import (
+    DEFAULT_APP_NAME,
+    DEFAULT_CREATE_TIMEOUT_S,
+    DEFAULT_SANDBOX_TIMEOUT_S,
+    DEFAULT_TERM,
+    DEFAULT_WORKDIR,
+    STATE_ROOT,
+    check_options,
+)
+from .processes import spawn
 from .workspace import ModalPorts, ModalSnapshots, image_of
 
-logger = logging.getLogger("sandbox.modal")
-
-DEFAULT_APP_NAME = "agent-sandbox-pty"
-DEFAULT_WORKDIR = "/root"
-DEFAULT_SANDBOX_TIMEOUT_S = 3600
-DEFAULT_TERM = "xterm-256color"
-STATE_ROOT = "/tmp/.agent-sandbox-pty"
 TOKEN_ENV = TAG_VARIABLE  # the variable that tags a command's tree
 TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 # Output and exit status travel on different RPC streams: after one of them ends, how long
 # to wait for the other before giving up on it.
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
-# A create may build the image first.
-DEFAULT_CREATE_TIMEOUT_S = 600.0
 
 
 class ModalSession(BaseSandboxSession[Command]):
-    """Runs commands in a Modal sandbox.
-
-    Options:
-
-    - `app_name`: the Modal app the sandbox belongs to (looked up, created if missing);
-    - `image`: a `modal.Image`, or a registry tag such as `"python:3.12-slim"`; default
-      Modal's stock image (Debian slim with Python);
-    - `sandbox_id`: attach to this existing sandbox instead of creating one;
-    - `keep`: do not terminate the sandbox on close (created or attached: by default
-      both are terminated); `sandbox_id` then lets a later session attach to it;
-    - `token_id`, `token_secret`: the Modal token (default `MODAL_TOKEN_ID` and
-      `MODAL_TOKEN_SECRET`), or `client`: a ready `modal.Client` (not closed by us);
-    - `workdir`: the sandbox's working directory, where relative paths and `cwd` point
-      (default `/root`); `env`: variables added to every command;
-    - `sandbox_timeout_s`: the sandbox's maximum lifetime (default 1 h), a backstop
-      should a session never be closed; `create_options`: more `Sandbox.create` options
-      (`cpu`, `memory`, `secrets`, `tags`, ...; the tag `sandbox.session` is the
-      library's: a created sandbox carries the durable session's id there, which a
-      resume checks before it takes on terminating the sandbox);
-    - `call_timeout_s`: bound on each provider call that is not a stream, over the
-      whole call (a lookup, a command's start, a file transfer; default 120 s), and
-      `create_timeout_s` on the create (default 600 s: it may build the image first):
-      a provider that never answers, or trickles, fails with a retryable
-      `ProviderError`; a process's output and exit wait are not bounded;
-    - `terminate_grace_s`: time between the polite signals and SIGKILL (default 1 s);
-    - `term`: the `TERM` of terminal commands (default `xterm-256color`; the SDK would
-      otherwise copy the client process's own `TERM`, or none);
-    - `state_dir`: where, in the sandbox, a start cancelled mid-flight leaves its marker
-      (default `/tmp/.agent-sandbox-pty`; with the fake, that is this machine);
-    - `memory_limit_bytes`, `cpu_limit`: the sandbox's memory (a whole number of MiB)
-      and CPU (a whole number of millicores), each passed to `Sandbox.create` as both
-      request and limit; `process_limit` is refused (Modal has no such setting), as are
-      limits with `sandbox_id` (they apply at create);
-    - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
-      `modal` module; tests pass a `sandbox.testing.modal_fake.FakeModal`);
-
-    plus the base session's options.
+    """Runs commands in a Modal sandbox, created (or attached to by `sandbox_id`) at
+    start and terminated at close unless `keep`; its options are documented, and
+    checked, in `sandbox.backends.modal.options`.
 
     Every command sees one extra variable, the toolkit's `SANDBOX_PROCESS_TAG`, which
     identifies its process tree for teardown (see `scripts`). A one-shot `exec` that
@@ -171,72 +124,40 @@ class ModalSession(BaseSandboxSession[Command]):
     ) -> None:
         refuse_renamed(type(self), options)
         super().__init__(**options)
-        limits = check_limits(
-            memory_limit_bytes=memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
+        given = self._given = check_options(
+            app_name=app_name,
+            image=image,
+            sandbox_id=sandbox_id,
+            keep=keep,
+            token_id=token_id,
+            token_secret=token_secret,
+            client=client,
+            workdir=workdir,
+            env=env,
+            sandbox_timeout_s=sandbox_timeout_s,
+            create_options=create_options,
+            terminate_grace_s=terminate_grace_s,
+            call_timeout_s=call_timeout_s,
+            create_timeout_s=create_timeout_s,
+            state_dir=state_dir,
+            term=term,
+            sdk=sdk,
+            memory_limit_bytes=memory_limit_bytes,
+            process_limit=process_limit,
+            cpu_limit=cpu_limit,
         )
-        if not isinstance(workdir, str) or not workdir.startswith("/"):
-            raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
-        # Every option is checked now, not when first used (a bad grace period would
-        # otherwise surface as a raw TypeError in a teardown).
-        check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        check_seconds("call_timeout_s", call_timeout_s)
-        check_seconds("create_timeout_s", create_timeout_s)
-        self.create_timeout_s = float(create_timeout_s)
-        if (
-            isinstance(sandbox_timeout_s, bool)
-            or not isinstance(sandbox_timeout_s, int)
-            or sandbox_timeout_s <= 0
-        ):
-            raise InvalidArgumentError(
-                f"sandbox_timeout_s must be a positive int (seconds), not {sandbox_timeout_s!r}"
-            )
-        for name, text in (
-            ("app_name", app_name),
-            ("sandbox_id", sandbox_id),
-            ("token_id", token_id),
-            ("token_secret", token_secret),
-            ("state_dir", state_dir),
-            ("term", term),
-        ):
-            check_str(name, text)
-        if not term or "\0" in term:
-            raise InvalidArgumentError("term must be a non-empty terminal type, such as 'xterm'")
-        env = check_env(env)
-        if create_options is not None and not isinstance(create_options, Mapping):
-            raise InvalidArgumentError("create_options must be a mapping of option names")
-        if create_options and create_options.get("env") is not None:
-            # What reaches every command's environment is checked like `env`.
-            given = create_options["env"]
-            if isinstance(given, Mapping):  # None unsets a variable in Modal's env
-                given = {k: v for k, v in given.items() if v is not None}
-            check_env(given, name="create_options['env']")
-        given_tags = (create_options or {}).get("tags")
-        if given_tags is not None:
-            check_env(given_tags, name="create_options['tags']", variables=False)
-            if SESSION_LABEL in given_tags:
-                raise InvalidArgumentError(
-                    f"create_options['tags'][{SESSION_LABEL!r}] is the library's own mark of "
-                    "the sandboxes it creates: choose another tag"
-                )
-        resources = create_resources(limits, attach=sandbox_id is not None)
-        for name in set(resources) & set(create_options or {}):
-            raise InvalidArgumentError(
-                f"create_options[{name!r}] and a resource limit both set the sandbox's {name}"
-            )
-        self.app_name = app_name
-        self.keep = keep
-        self.workdir = workdir
-        self.sandbox_timeout_s = sandbox_timeout_s
-        self.terminate_grace_s = terminate_grace_s
+        self.app_name = given.app_name
+        self.keep = given.keep
+        self.workdir = given.workdir
+        self.sandbox_timeout_s = given.sandbox_timeout_s
+        self.terminate_grace_s = given.terminate_grace_s
+        self.create_timeout_s = given.create_timeout_s
         self.exit_output_grace_s = EXIT_OUTPUT_GRACE_S
         self.exit_status_timeout_s = EXIT_STATUS_TIMEOUT_S
-        self._image = image
-        self._sandbox_id_option = sandbox_id
-        self._token_id = Secret(token_id) if token_id else None
-        self._token_secret = Secret(token_secret) if token_secret else None
-        self._client_option = client
-        self._create_options = {**(create_options or {}), **resources}
-        self._sdk: Any = sdk if sdk is not None else modal
+        # Under the names they always had: a caller resuming with the same SDK and token
+        # reads them here (tests/test_conformance_durable.py).
+        self._sdk: Any = given.sdk
+        self._token_id, self._token_secret = given.token_id, given.token_secret
         self._client: Any = None
         self._owns_client = False
         self._sandbox: Any = None
@@ -244,16 +165,16 @@ class ModalSession(BaseSandboxSession[Command]):
         # Whether this session's start created the sandbox (a resume: its ref said so and
         # the sandbox's tag confirmed it).
         self._created = False
-        self._errors = ModalErrors(self._secrets, float(call_timeout_s))
+        self._errors = ModalErrors(self._secrets, given.call_timeout_s)
         self._commands = Commands(
             self._errors,
-            workdir=workdir,
-            env=dict(env or {}),
-            term=term,
-            state_dir=f"{state_dir}/{secrets.token_hex(8)}",
-            terminate_grace_s=terminate_grace_s,
+            workdir=given.workdir,
+            env=given.env,
+            term=given.term,
+            state_dir=f"{given.state_dir}/{secrets.token_hex(8)}",
+            terminate_grace_s=given.terminate_grace_s,
         )
-        self._files = ModalFiles(self._errors, workdir)
+        self._files = ModalFiles(self._errors, given.workdir)
 
     @property
     def sandbox_id(self) -> str | None:
@@ -268,53 +189,34 @@ class ModalSession(BaseSandboxSession[Command]):
 
     async def _start_backend(self) -> None:
         """Connect with the token (or the given client), then attach to `sandbox_id` or
-        look up the app and create a sandbox with a unique name."""
-        call = self._errors.call
-        if self._client_option is not None:
-            self._client = self._client_option
+        look up the app and create a sandbox with a unique name (see `lifecycle`)."""
+        given, errors, sdk = self._given, self._errors, self._sdk
+        if given.client is not None:
+            self._client = given.client
         else:
-            token_id, token_secret = credentials(self._token_id, self._token_secret)
+            self._client = await connect(sdk, errors, self._token_id, self._token_secret)
             self._owns_client = True
-            self._client = await call(
-                "connect to Modal",
-                self._sdk.Client.from_credentials.aio,
-                token_id.reveal(),
-                token_secret.reveal(),
-            )
-        if self._sandbox_id_option is not None:
-            self._sandbox = await call(
-                "attach to the sandbox",
-                self._sdk.Sandbox.from_id.aio,
-                self._sandbox_id_option,
-                client=self._client,
-            )
+        if given.sandbox_id is not None:
+            self._sandbox = await attach(sdk, errors, given.sandbox_id, self._client)
             self._commands.sandbox = self._sandbox
             return
-        app = await call(
-            "look up the app",
-            self._sdk.App.lookup.aio,
-            self.app_name,
-            create_if_missing=True,
-            client=self._client,
-        )
-        image = image_of(self._sdk, self._image, self._client)
-        # A unique name lets a start that fails or is cancelled while the create call is
-        # in flight find, and terminate, a sandbox the provider created anyway.
-        self._create_name = f"sandbox-pty-{secrets.token_hex(8)}"
-        options = dict(self._create_options)
-        # The caller's tags, and ours (`SESSION_LABEL`: the caller's value is refused).
-        options["tags"] = {**(options.get("tags") or {}), SESSION_LABEL: durable_session_id(self)}
-        self._sandbox = await self._errors.timed_call(
-            "create the sandbox",
-            self.create_timeout_s,
-            self._sdk.Sandbox.create.aio,
+        app = await lookup_app(sdk, errors, self.app_name, self._client)
+        image = image_of(sdk, given.image, self._client)
+        # Named before the create call: a stop after it failed or was cancelled finds
+        # (and terminates) a sandbox the provider created anyway.
+        self._create_name = sandbox_name()
+        self._sandbox = await create_sandbox(
+            sdk,
+            errors,
             app=app,
             name=self._create_name,
             image=image,
-            timeout=self.sandbox_timeout_s,
-            workdir=self.workdir,
             client=self._client,
-            **options,
+            lifetime_s=self.sandbox_timeout_s,
+            workdir=self.workdir,
+            create_options=given.create_options,
+            session_id=durable_session_id(self),
+            timeout_s=self.create_timeout_s,
         )
         self._commands.sandbox = self._sandbox
         self._created = True
@@ -322,54 +224,36 @@ class ModalSession(BaseSandboxSession[Command]):
     async def _stop_backend(self) -> None:
         """Terminate the sandbox unless kept (also one a failed or cancelled create left
         behind, found by its name), detach, and close the client we opened."""
-        sandbox = self._sandbox
+        commands = self._commands
         try:
-            if not self.keep:
-                if sandbox is None and self._create_name is not None:
-                    sandbox = await find_created_sandbox(
-                        self._sdk, self._errors, self.app_name, self._create_name, self._client
-                    )
-                if sandbox is not None:
-                    await terminate(self._errors, sandbox)
-            elif sandbox is not None and self._commands.marked:
-                await quietly(
-                    self._errors, remove_dir(sandbox, self._commands.state_dir), "removing markers"
-                )
-            if sandbox is not None:
-                await quietly(self._errors, sandbox.detach.aio(), "detaching from the sandbox")
+            await release_sandbox(
+                self._sdk,
+                self._errors,
+                self._sandbox,
+                keep=self.keep,
+                app_name=self.app_name,
+                create_name=self._create_name,
+                client=self._client,
+                markers=commands.state_dir if commands.marked else None,
+            )
         finally:
-            self._sandbox = self._commands.sandbox = None
+            self._sandbox = commands.sandbox = None
             self._create_name = None
             client, self._client = self._client, None
             if self._owns_client and client is not None:
                 self._owns_client = False
-                await quietly(self._errors, client.close.aio(), "closing the Modal client")
+                await close_client(self._errors, client)
 
     # ---- one-shot commands -------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
-        """One exec (without the wrapper: see `scripts`), stdin closed, both streams read
-        chunk by chunk into the bounded capture (see `ModalOneShot`). If this is
-        cancelled while the exec is in flight, the tree is killed by its tag (a marker
-        stops it should the exec still start)."""
-        timeout = capture.timeout  # for the server-side backstop just after it
-        command = Command(self._commands, tty=False, keep=self.keep)
-        check = capture.check = CommandCheck.needed(spec, cwd=self._commands.cwd(spec.cwd))
-        try:
-            await self._commands.start(
-                spec, command, wrap=False, server_timeout=server_timeout(timeout), check=check
-            )
-        except BaseException:
-            # Nobody else knows this command yet: its kill must outlive a second
-            # cancellation (the close cancels this task too).
-            await settle(self._commands.control(command, "kill"))
-            raise
-        return ModalOneShot(
+        """One exec, its output read into the bounded capture (`oneshot.start_oneshot`,
+        which kills the tree by its tag should this be cancelled mid-start)."""
+        return await start_oneshot(
             self._commands,
-            command,
+            spec,
             capture,
-            display=spec.display,
-            timeout=timeout,
+            keep=self.keep,
             exit_output_grace_s=self.exit_output_grace_s,
         )
 
@@ -377,32 +261,14 @@ class ModalSession(BaseSandboxSession[Command]):
 
     async def _spawn_process(self, entry: OutputSink[Command]) -> None:
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
-        one reader task per stream and a watcher task for the exit."""
-        spec = entry.spec
-        command = Command(self._commands, tty=spec.tty, keep=self.keep)
-        entry.handle = command  # from here on, teardown can find (and kill) it by tag
-        check = CommandCheck.needed(spec.command, cwd=self._commands.cwd(spec.command.cwd))
-        trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
-        await self._commands.start(
-            spec.command,
-            command,
-            wrap=True,
-            rows=spec.rows,
-            cols=spec.cols,
-            check=check,
-            announce=True,
-            keep_stdin=spec.stdin,
-        )
-        start_tasks(
+        one reader task per stream and a watcher task for the exit (`processes.spawn`)."""
+        await spawn(
             entry,
-            command,
-            self._errors,
-            trap,
+            self._commands,
+            keep=self.keep,
             exit_output_grace_s=self.exit_output_grace_s,
             exit_status_timeout_s=self.exit_status_timeout_s,
         )
-        if check is not None and trap is not None:
-            await wait_for_verdict(entry, trap, check)
 
     async def _terminate_pty_entry(self, entry: OutputSink[Command]) -> None:
         """`Command.kill`: the tree killed by tag, unless the sandbox's deletion right
