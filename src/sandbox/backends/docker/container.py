@@ -1,4 +1,5 @@
-"""The session's container: how a fresh one is made, and the first exec that probes it.
+"""The session's container: how a fresh one is made or an existing one found, the first
+exec that probes it, and how the session lets go of it.
 
 A created container runs a keepalive command (`sleep` for ever by default) under a tiny
 init, labelled with the backend and the session's id (`durable_session_id`: what a
@@ -7,33 +8,35 @@ its name on close, so one whose creation was cut short goes too. The probe is on
 the session's user, before any command: it proves the event subscription is live (its
 `exec_create` event must arrive), that the image has a shell, learns the uid/gid that
 files and folders written through the archive endpoint get, and makes the working
-directory (through that endpoint when the image has no `mkdir`).
+directory (through that endpoint when the image has no `mkdir`): `ready_container`.
+`disconnect` ends the session's link to the engine (a close, which may remove the
+container, or a detach, which leaves it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import posixpath
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...backend import check_env, check_str, settle
-from ...errors import InvalidArgumentError, ProviderError
+from ...backend import settle
+from ...errors import ProviderError
 from .engine import Engine
 from .errors import is_not_found
-from .execs import DockerExec, ExecOptions
+from .execs import DockerExec, ExecOptions, KillBatcher
+from .files import ContainerFiles
+from .options import ContainerSpec, DockerOptions
+from .runner_link import ContainerRunner
 
 logger = logging.getLogger("sandbox.docker")
 
-DEFAULT_KEEPALIVE = ("sleep", "2147483647")
 LABEL_BACKEND = "sandbox.backend"
 LABEL_SESSION = "sandbox.session"
 EVENT_SYNC_TIMEOUT_S = 5.0
-# The engine's smallest CPU quota is 0.01 of a core (NanoCpus 10^7).
-MIN_CPU_LIMIT = 0.01
 
 # Run once at start as the session's user: learn the uid/gid that files and folders
 # written through the archive endpoint should belong to, and make the working directory
@@ -58,92 +61,6 @@ class Probed:
 
     owner: tuple[int, int] | None
     workdir_made: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerSpec:
-    """How a fresh container is made (see `DockerSession` for each option)."""
-
-    workdir: str | None
-    user: str
-    memory_limit_bytes: int | None
-    cpu_limit: float | None
-    process_limit: int | None
-    network_mode: str | None
-    volumes: Mapping[str, Any] | Sequence[str] | None
-    privileged: bool
-    init: bool
-    pull: bool
-    keepalive: tuple[str, ...]
-    labels: Mapping[str, str]
-    name_prefix: str
-    ports: tuple[int, ...] = ()
-
-
-def container_spec(
-    *,
-    workdir: str | None,
-    user: str,
-    memory_limit_bytes: int | None,
-    cpu_limit: float | None,
-    process_limit: int | None,
-    network_mode: str | None,
-    network: bool | None,
-    volumes: Mapping[str, Any] | Sequence[str] | None,
-    privileged: bool,
-    init: bool,
-    pull: bool,
-    keepalive_command: Sequence[str],
-    labels: Mapping[str, str] | None,
-    name_prefix: str,
-    ports: Sequence[int] = (),
-) -> ContainerSpec:
-    """The checked options (`InvalidArgumentError` naming the bad one)."""
-    if isinstance(ports, str | bytes) or not all(
-        isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
-    ):
-        raise InvalidArgumentError("ports must be a list of TCP port numbers (1..65535)")
-    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
-        raise InvalidArgumentError("workdir must be an absolute path in the container")
-    for name, count in (
-        ("memory_limit_bytes", memory_limit_bytes),
-        ("process_limit", process_limit),
-    ):
-        if count is not None and (
-            isinstance(count, bool) or not isinstance(count, int) or count < 1
-        ):
-            raise InvalidArgumentError(f"{name} must be a positive int, got {count!r}")
-    if cpu_limit is not None and (
-        isinstance(cpu_limit, bool)
-        or not isinstance(cpu_limit, int | float)
-        or not MIN_CPU_LIMIT <= cpu_limit < math.inf
-    ):
-        raise InvalidArgumentError(
-            f"cpu_limit must be a number of cores >= {MIN_CPU_LIMIT}, got {cpu_limit!r}"
-        )
-    if not keepalive_command or not all(isinstance(a, str) for a in keepalive_command):
-        raise InvalidArgumentError("keepalive_command must be a non-empty list of str")
-    check_str("network_mode", network_mode)
-    check_str("name_prefix", name_prefix)
-    labels = check_env(labels, name="labels", variables=False)
-    if network_mode is None and network is not None:
-        network_mode = None if network else "none"
-    return ContainerSpec(
-        workdir=workdir,
-        user=user,
-        memory_limit_bytes=memory_limit_bytes,
-        cpu_limit=cpu_limit,
-        process_limit=process_limit,
-        network_mode=network_mode,
-        volumes=volumes,
-        privileged=bool(privileged),
-        init=bool(init),
-        pull=bool(pull),
-        keepalive=tuple(keepalive_command),
-        labels=dict(labels or {}),
-        name_prefix=name_prefix,
-        ports=tuple(ports),
-    )
 
 
 async def create_container(
@@ -288,3 +205,57 @@ async def probe(engine: Engine, options: ExecOptions, workdir: str, timeout: flo
     uid, gid, made = [*text.rsplit("sandbox-probe:", 1)[1].strip().split(":"), "", ""][:3]
     owner = (int(uid), int(gid)) if uid.isdigit() and gid.isdigit() else None
     return Probed(owner, made == "ok")
+
+
+def exec_options(info: Mapping[str, Any], options: DockerOptions) -> ExecOptions:
+    """Where and as whom the session's execs run in the container `info` (its inspect
+    answer): in `workdir`, else the image's working directory, else /."""
+    config = info.get("Config") or {}
+    return ExecOptions(
+        container_id=str(info["Id"]),
+        user=options.user,
+        env=options.env,
+        workdir=posixpath.normpath(options.spec.workdir or config.get("WorkingDir") or "/"),
+        detach_keys=options.detach_keys,
+        memory_limited=options.spec.memory_limit_bytes is not None,
+    )
+
+
+async def ready_container(
+    engine: Engine, options: ExecOptions, owner: tuple[int, int], timeout: float
+) -> tuple[int, int]:
+    """Follow the container's events, probe it (`probe`) and make the working directory
+    through the archive endpoint where the probe could not; the uid/gid that files get
+    (the probe's, else `owner`)."""
+    await engine.watch(options.container_id)
+    probed = await probe(engine, options, options.workdir, timeout)
+    if probed.owner is not None:
+        owner = probed.owner
+    if not probed.workdir_made:
+        # No `mkdir` in the image (or it failed): through the archive endpoint.
+        files = ContainerFiles(engine, options.container_id, options.workdir, owner)
+        await files.make_folder(options.workdir)
+    return owner
+
+
+async def disconnect(
+    engine: Engine,
+    runner: ContainerRunner | None,
+    killer: KillBatcher | None,
+    *,
+    remove: str | None,
+) -> None:
+    """Close the link to the runner, wait for the kills and engine calls in flight, stop
+    following the container's events, remove the container named `remove` (None: it
+    stays), and close the engine connection, even when a step before failed."""
+    try:
+        if runner is not None:
+            await runner.aclose()
+        if killer is not None:
+            await killer.settle()
+        await engine.settle_calls()
+        engine.stop_events()
+        if remove is not None:
+            await remove_container(engine, remove)
+    finally:
+        await engine.close()

@@ -51,7 +51,7 @@ from ..toolkit import (
     running_tags,
     taken_from_ref,
 )
-from .container import LABEL_BACKEND, LABEL_SESSION
+from .container import LABEL_BACKEND, LABEL_SESSION, disconnect
 from .errors import is_not_found
 from .execs import DockerExec, run_kill_script
 
@@ -126,7 +126,7 @@ class DockerDurability(RunnerDurability):
     @property
     def keeps_processes(self) -> bool:
         """True for a session with the runner (it keeps the processes), else False."""
-        return bool(self.session._use_runner)
+        return bool(self.session._docker_options.runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The container, whether the session made it (then a close removes it), and the
@@ -137,8 +137,8 @@ class DockerDurability(RunnerDurability):
             "created_name": session._created_name,
             "keep": session._keep_container,
         }
-        if session._client is None:
-            engine = engine_url(session._base_url)
+        if session._docker_options.client is None:
+            engine = engine_url(session._docker_options.api_url)
             if "@" not in engine:
                 data["engine"] = engine
         return data
@@ -147,14 +147,15 @@ class DockerDurability(RunnerDurability):
         """The base options plus this backend's non-secret ones (no `env`, no client; an
         engine URL only without credentials in it)."""
         session = self.session
+        given = session._docker_options
         options = dict(base)
         options.update({name: getattr(session, name, None) for name in REF_OPTIONS})
-        options["detach_keys"] = session._detach_keys
+        options["detach_keys"] = given.detach_keys
         options["workdir"] = session._workdir
-        options["user"] = session._user or None
-        options["call_timeout_s"] = session._api_timeout
-        options["api_version"] = session._api_version
-        options["runner"] = session._use_runner
+        options["user"] = given.user or None
+        options["call_timeout_s"] = given.call_timeout_s
+        options["api_version"] = given.api_version
+        options["runner"] = given.runner
         return options
 
     def ref_direct_process(self, handle: DockerExec) -> dict[str, Any]:
@@ -179,8 +180,8 @@ class DockerDurability(RunnerDurability):
     def check_engine(self, ref: SessionRef) -> None:
         """Refuse a ref made against another engine than the one this client would use,
         unless the caller named the engine (`api_url=` or `client=`)."""
-        session = self.session
-        if session._base_url is not None or session._client is not None:
+        given = self.session._docker_options
+        if given.api_url is not None or given.client is not None:
             return
         recorded = ref.sandbox.get("engine")
         if recorded is None:
@@ -252,13 +253,6 @@ class DockerDurability(RunnerDurability):
         engine = session._engine
         if engine is None:
             return
-        try:
-            if session._runner is not None:
-                runner, session._runner = session._runner, None
-                await runner.aclose()  # its processes live on in the runner
-            if session._killer is not None:
-                await session._killer.settle()
-            await engine.settle_calls()
-            engine.stop_events()
-        finally:
-            await engine.close()
+        # The runner's link is closed: its processes live on in the runner.
+        runner, session._runner = session._runner, None
+        await disconnect(engine, runner, session._killer, remove=None)

@@ -2,25 +2,54 @@
 handle is the `DockerExec` itself (a `Process`: the base session's hooks write, resize,
 interrupt, end its input, drain and kill through it), and a one-shot command
 (`start_exec`, a `DockerOneShot`). `check_half_close` refuses an open stdin where the
-engine's connection cannot end it.
+engine's connection cannot end it; `checked_command` puts a command behind its command
+check when it needs one, and `exec_environment` adds the terminal's `TERM`.
 
 Each takes what it needs from the session (the engine, the exec options, the kill
-batcher, the grace of a kill), never the session itself.
+batcher, the command's resolved `cwd`, the grace of a kill), never the session itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...backend import ExecCapture, OutputSink, settle
+from ...backend import CommandSpec, ExecCapture, OutputSink, settle
 from ...errors import UnsupportedOperationError
 from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
 from .engine import Engine
 from .execs import DockerExec, DockerOneShot, ExecOptions, KillBatcher
 
+# The terminal type of a tty process whose command and session set no TERM.
+DEFAULT_TERM = "xterm-256color"
+
 # Appended to the output (a one-shot's stderr) of a process the memory limit killed, as
 # on unix_local.
 MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
+
+
+def checked_command(
+    spec: CommandSpec, cwd: str | None, *, announce: bool
+) -> tuple[Sequence[str], str | None, CommandCheck | None]:
+    """The argv and working directory of the exec of `spec` (whose `cwd` resolves to
+    `cwd`), and the command check they run (None when there is no `cwd` and a shell
+    runs the command). With a check the exec starts in the session's directory and the
+    check changes to `cwd`: the engine would otherwise fail the exec itself (exit
+    126/127, its error as output)."""
+    check = CommandCheck.needed(spec, cwd=cwd)
+    if check is None:
+        return spec.argv, cwd, None
+    return check.argv(spec.argv, announce=announce), None, check
+
+
+def exec_environment(
+    spec: CommandSpec, session_env: Mapping[str, str], *, tty: bool
+) -> dict[str, str]:
+    """The command's own variables (the session's come with every exec), plus
+    `TERM=DEFAULT_TERM` for a terminal when neither sets it."""
+    env = dict(spec.env or {})
+    if tty and "TERM" not in env and "TERM" not in session_env:
+        env["TERM"] = DEFAULT_TERM
+    return env
 
 
 async def spawn_exec(
@@ -28,18 +57,19 @@ async def spawn_exec(
     engine: Engine,
     options: ExecOptions,
     killer: KillBatcher | None,
-    argv: Sequence[str],
     *,
     cwd: str | None,
-    env: Mapping[str, str],
-    check: CommandCheck | None,
     grace_s: float,
 ) -> None:
-    """Start `argv` (the entry's command, behind `check` if any) as an attached exec
-    whose socket feeds the entry (no thread); with a check, wait for its verdict. The
-    handle is stored before the first await, so a teardown of a cancelled spawn finds
-    it; `grace_s` is its kill's."""
+    """Start the entry's command (its `cwd` resolved to `cwd`; behind its command check
+    if it needs one) as an attached exec whose socket feeds the entry (no thread); with
+    a check, wait for its verdict. The handle is stored before the first await, so a
+    teardown of a cancelled spawn finds it; `grace_s` is its kill's."""
     spec = entry.spec
+    if spec.stdin:
+        check_half_close(engine)
+    argv, cwd, check = checked_command(spec.command, cwd, announce=True)
+    env = exec_environment(spec.command, options.env, tty=spec.tty)
     trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
 
     def on_output(stream: int, data: bytes) -> None:
@@ -82,15 +112,18 @@ async def start_exec(
     engine: Engine,
     options: ExecOptions,
     killer: KillBatcher | None,
-    argv: Sequence[str],
+    spec: CommandSpec,
     capture: ExecCapture,
     *,
     cwd: str | None,
-    env: Mapping[str, str],
 ) -> DockerOneShot:
-    """Start `argv` as one exec on pipes, stdout and stderr kept apart (each chunk
-    straight into the bounded capture), and return it as a `DockerOneShot`. Cancelled
-    or failed after the exec may exist, it is killed here: nobody else knows it."""
+    """Start `spec` (its `cwd` resolved to `cwd`; behind its command check if it needs
+    one, which `capture` then holds) as one exec on pipes, stdout and stderr kept apart
+    (each chunk straight into the bounded capture), and return it as a `DockerOneShot`.
+    Cancelled or failed after the exec may exist, it is killed here: nobody else knows
+    it."""
+    argv, cwd, capture.check = checked_command(spec, cwd, announce=False)
+    env = exec_environment(spec, options.env, tty=False)
     first = bytearray()  # the first bytes, whatever the stream (see DockerOneShot)
 
     def collect(stream: int, data: bytes) -> None:

@@ -13,7 +13,6 @@ size of tty processes when there is one. The file API runs nothing in the contai
 
 from __future__ import annotations
 
-import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -25,74 +24,26 @@ from ...backend import (
     OneShotProcess,
     OutputSink,
     ShellFileOps,
-    check_env,
-    check_seconds,
-    check_str,
     durable_session_id,
     kill_handle,
 )
-from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ..toolkit import (
-    CommandCheck,
-    RunnerProcess,
-    refuse_renamed,
-    spawn_through_runner,
-    start_one_shot,
-)
+from ..toolkit import RunnerProcess, refuse_renamed, spawn_through_runner, start_one_shot
 from . import durable as durable_docker
-from .container import (
-    DEFAULT_KEEPALIVE,
-    container_spec,
-    probe,
-    remove_container,
-    running_container,
-)
+from .container import disconnect, exec_options, ready_container, running_container
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
 from .execs import DockerExec, ExecOptions, KillBatcher
 from .files import ContainerFiles, DockerFiles
+from .options import DEFAULT_DETACH_KEYS, DEFAULT_KEEPALIVE, TEARDOWN_CONCURRENCY, docker_options
 from .ports import DockerPorts, DockerSnapshots
-from .processes import check_half_close, spawn_exec, start_exec
+from .processes import DEFAULT_TERM, spawn_exec, start_exec
 from .runner_link import ContainerRunner
 from .workspace import ContainerTree, DockerWorkspace
 
-logger = logging.getLogger("sandbox.docker")
-
-DEFAULT_TERM = "xterm-256color"
-# Docker always has detach keys on a tty exec (a lone first key is held back until the
-# next keystroke): use a sequence nobody types by accident.
-DEFAULT_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@"
-TEARDOWN_CONCURRENCY = 64
-
 
 class DockerSession(BaseSandboxSession[DockerExec]):
-    """Runs commands in a Docker container.
-
-    Exactly one of:
-    - `image`: create and start a fresh container from this local image (removed on
-      close unless `keep=True`); `pull=True` pulls it when missing;
-    - `container`: attach to this running container (name or id), left running.
-
-    Options: `workdir` (default: the image's working directory, created if missing),
-    `user`, `env` (added to every command), `terminate_grace_s` (SIGTERM to SIGKILL,
-    default 1 s). For created containers only (with `container=` they raise
-    `UnsupportedOperationError`: a container we do not own keeps its own limits):
-    `memory_limit_bytes` (memory and swap together; a process the limit kills exits
-    137 with a note on its output), `process_limit` (the container's pids limit, which
-    counts its init, keepalive and our wrapper shells too), `cpu_limit` (cores, a
-    float). Also `network_mode` (default: the engine's default; "none" cuts the
-    network) or `network` (bool), `volumes` (the SDK's `binds` format: host paths
-    are mounted only when asked), `privileged` (default False), `init` (a tiny init
-    reaps orphans, default True), `keepalive_command`, `labels`, `name_prefix`,
-    `ports` (container ports published on the host's loopback at create, for
-    `expose_port`). `snapshot=` (through `open_session`): a fresh container from a
-    `snapshot()`'s committed image.
-    Engine: `api_url` (the engine's address, Docker's `base_url`; default: DOCKER_HOST /
-    the local socket), `api_version`, `call_timeout_s` (bound on each engine call), or a
-    ready `client` (a `docker.APIClient`, not closed here).
-    `runner=True`: processes and commands go through the runner (docs/runner.md), put
-    into the container at start: one frame per start instead of an exec, stdin open
-    or closed, whole-tree kills without a script, output kept in a ring by the runner.
-    Plus the base session's options.
+    """Runs commands in a Docker container: a fresh one from `image=`, or a running one
+    given by `container=`. The options are documented, and checked, in
+    `options.DockerOptions`; plus the base session's options.
     """
 
     backend_name = "docker"
@@ -131,24 +82,17 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
-        # Kills that happen together are merged into one exec (see KillBatcher), so a
-        # terminate-all tears every process down at once instead of 8 at a time.
         options.setdefault("teardown_concurrency", TEARDOWN_CONCURRENCY)
         super().__init__(**options)
-        if (image is None) == (container is None):
-            raise InvalidArgumentError(
-                "the docker backend needs exactly one of image= (start a fresh container) "
-                "or container= (attach to a running one)"
-            )
-        for label, value in (("image", image), ("container", container)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise InvalidArgumentError(f"{label} must be a non-empty str")
-        self._spec = container_spec(
+        self._docker_options = o = docker_options(
+            image=image,
+            container=container,
             workdir=workdir,
-            user=user or "",
+            user=user,
+            env=env,
             memory_limit_bytes=memory_limit_bytes,
-            cpu_limit=cpu_limit,
             process_limit=process_limit,
+            cpu_limit=cpu_limit,
             network_mode=network_mode,
             network=network,
             volumes=volumes,
@@ -159,39 +103,20 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             labels=labels,
             name_prefix=name_prefix,
             ports=ports,
+            keep=keep,
+            api_url=api_url,
+            api_version=api_version,
+            call_timeout_s=call_timeout_s,
+            client=client,
+            terminate_grace_s=terminate_grace_s,
+            detach_keys=detach_keys,
+            runner=runner,
         )
-        limits = {
-            "memory_limit_bytes": memory_limit_bytes,
-            "process_limit": process_limit,
-            "cpu_limit": cpu_limit,
-        }
-        if container is not None and (given := [k for k, v in limits.items() if v is not None]):
-            raise UnsupportedOperationError(
-                f"{', '.join(given)}: limits apply only to a container the session creates "
-                "(image=), not to an attached one (container=)"
-            )
-        grace = check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        timeout = check_seconds("call_timeout_s", call_timeout_s)
-        for name, text in (
-            ("user", user or None),  # "" is the image's user, as None
-            ("api_url", api_url),
-            ("api_version", api_version),
-            ("detach_keys", detach_keys),
-        ):
-            check_str(name, text)
-        env = check_env(env)
         self.image = image
         self.container_name = container
-        assert grace is not None and timeout is not None
-        self.terminate_grace_s = grace
-        self._user = user or ""
-        self._env = dict(env or {})
-        self._keep_container = bool(keep)
-        self._base_url = api_url
-        self._api_version = api_version
-        self._api_timeout = timeout
-        self._client = client
-        self._detach_keys = detach_keys
+        self.terminate_grace_s = o.terminate_grace_s
+        # Not only the option's: a resume takes it from its ref (`durable`).
+        self._keep_container = o.keep
         self._engine: Engine | None = None
         self._created_name: str | None = None
         self._container_id: str | None = None
@@ -199,7 +124,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._file_owner = (0, 0)
         self._exec_options: ExecOptions | None = None
         self._killer: KillBatcher | None = None
-        self._use_runner = bool(runner)
         self._runner: ContainerRunner | None = None
 
     @property
@@ -215,47 +139,35 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        """Connect, create or find the container, watch its events, probe it."""
+        """Connect, create or find the container (`container.running_container`), watch
+        its events and probe it (`container.ready_container`), start the runner if asked."""
+        o = self._docker_options
         self._created_name = None
         self._killer = None
         self._engine = engine = Engine(
-            base_url=self._base_url,
-            api_version=self._api_version,
-            api_timeout=self._api_timeout,
-            client=self._client,
+            base_url=o.api_url,
+            api_version=o.api_version,
+            api_timeout=o.call_timeout_s,
+            client=o.client,
         )
         await engine.connect()
         info = await running_container(
             engine,
             self.image,
             self.container_name,
-            self._spec,
+            o.spec,
             self._claim,
             durable_session_id(self),
         )
-        self._container_id = str(info["Id"])
-        config = info.get("Config") or {}
-        self._workdir = posixpath.normpath(self._spec.workdir or config.get("WorkingDir") or "/")
-        self._exec_options = ExecOptions(
-            container_id=self._container_id,
-            user=self._user,
-            env=self._env,
-            workdir=self._workdir,
-            detach_keys=self._detach_keys,
-            memory_limited=self._spec.memory_limit_bytes is not None,
+        self._exec_options = options = exec_options(info, o)
+        self._container_id, self._workdir = options.container_id, options.workdir
+        self._killer = KillBatcher(engine, options)
+        self._file_owner = await ready_container(
+            engine, options, self._file_owner, o.call_timeout_s
         )
-        self._killer = KillBatcher(engine, self._exec_options)
-        await engine.watch(self._container_id)
-        probed = await probe(engine, self._exec_options, self._workdir, self._api_timeout)
-        if probed.owner is not None:
-            self._file_owner = probed.owner
-        if not probed.workdir_made:
-            # No `mkdir` in the image (or it failed): through the archive endpoint.
-            await self._files().make_folder(self._workdir)
-        if self._use_runner:
-            self._runner = await ContainerRunner.start(
-                engine, self._exec_options, config.get("Env")
-            )
+        if o.runner:
+            image_env = (info.get("Config") or {}).get("Env")
+            self._runner = await ContainerRunner.start(engine, options, image_env)
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""
@@ -263,22 +175,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
 
     async def _stop_backend(self) -> None:
         """Wait for calls in flight, remove a created container (by name, so one whose
-        creation was cancelled goes too), close the engine connection."""
+        creation was cancelled goes too), close the engine connection
+        (`container.disconnect`)."""
         engine = self._engine
         if engine is None:
             return
-        try:
-            if self._runner is not None:
-                runner, self._runner = self._runner, None
-                await runner.aclose()
-            if self._killer is not None:
-                await self._killer.settle()
-            await engine.settle_calls()
-            engine.stop_events()
-            if self._created_name is not None and not self._keep_container:
-                await remove_container(engine, self._created_name)
-        finally:
-            await engine.close()
+        runner, self._runner = self._runner, None
+        remove = None if self._keep_container else self._created_name
+        await disconnect(engine, runner, self._killer, remove=remove)
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -290,12 +194,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         if cwd is None:
             return None
         return posixpath.normpath(posixpath.join(self._workdir, cwd))
-
-    def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
-        env = dict(spec.env or {})
-        if tty and "TERM" not in env and "TERM" not in self._env:
-            env["TERM"] = DEFAULT_TERM
-        return env
 
     # ---- commands ----------------------------------------------------------------------
 
@@ -312,22 +210,8 @@ class DockerSession(BaseSandboxSession[DockerExec]):
                 env=self._runner.environment(spec.env, tty=False, term=DEFAULT_TERM),
                 cwd=self._cwd(spec.cwd) or self._workdir,
             )
-        argv, cwd, capture.check = self._checked(spec, announce=False)
-        env = self._environment(spec, tty=False)
-        return await start_exec(engine, options, self._killer, argv, capture, cwd=cwd, env=env)
-
-    def _checked(
-        self, spec: CommandSpec, *, announce: bool
-    ) -> tuple[Sequence[str], str | None, CommandCheck | None]:
-        """The argv and working directory of the exec, and the command check they run
-        (None when there is no `cwd` and a shell runs the command). With a check the
-        exec starts in the session's directory and the check changes to `cwd`: the
-        engine would otherwise fail the exec itself (exit 126/127, its error as output).
-        """
-        check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
-        if check is None:
-            return spec.argv, self._cwd(spec.cwd), None
-        return check.argv(spec.argv, announce=announce), None, check
+        cwd = self._cwd(spec.cwd)
+        return await start_exec(engine, options, self._killer, spec, capture, cwd=cwd)
 
     async def _spawn_process(self, entry: OutputSink[DockerExec]) -> None:
         """Start an attached exec whose socket feeds the entry (no thread), its handle a
@@ -344,19 +228,9 @@ class DockerSession(BaseSandboxSession[DockerExec]):
             )
             return
         engine, options = self._require_engine()
-        if spec.stdin:
-            check_half_close(engine)
-        argv, cwd, check = self._checked(spec.command, announce=True)
+        cwd = self._cwd(spec.command.cwd)
         await spawn_exec(
-            entry,
-            engine,
-            options,
-            self._killer,
-            argv,
-            cwd=cwd,
-            env=self._environment(spec.command, tty=spec.tty),
-            check=check,
-            grace_s=self.terminate_grace_s,
+            entry, engine, options, self._killer, cwd=cwd, grace_s=self.terminate_grace_s
         )
 
     async def _terminate_pty_entry(self, entry: OutputSink[DockerExec]) -> None:
