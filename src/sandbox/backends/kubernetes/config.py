@@ -19,6 +19,7 @@ drops that record).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -359,3 +360,18 @@ async def load_cluster(
         _token=Secret(token) if isinstance(token, str) and token else None,
         _refresh=refresh,
     )
+
+
+async def load_cluster_in_time(
+    kubeconfig: str | None, context: str | None, namespace: str | None
+) -> Cluster:
+    """`load_cluster` within `bounds.CONFIG_TIMEOUT_S`, else `CredentialsMissingError`."""
+    try:
+        # An exec credential plugin may hang (a login that never completes).
+        async with asyncio.timeout(bounds.CONFIG_TIMEOUT_S):
+            return await load_cluster(kubeconfig, context, namespace)
+    except TimeoutError:
+        raise CredentialsMissingError(
+            f"the Kubernetes credentials were not ready within {bounds.CONFIG_TIMEOUT_S:g} s "
+            "(an exec credential plugin did not finish)"
+        ) from None

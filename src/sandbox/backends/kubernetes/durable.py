@@ -109,7 +109,8 @@ def check_server(session: KubernetesSession, server: str) -> None:
     the environment's kubeconfig leads), unless the caller named a kubeconfig or
     context."""
     expected = session._expected_server
-    if expected is None or session._kubeconfig is not None or session._context is not None:
+    given = session._settings
+    if expected is None or given.kubeconfig is not None or given.context is not None:
         return
     recorded, kubeconfig, context = expected
     if recorded.rstrip("/") == server.rstrip("/"):
@@ -122,6 +123,17 @@ def check_server(session: KubernetesSession, server: str) -> None:
         f"kubeconfig (KUBECONFIG or ~/.kube/config) leads to {server!r}; pass {how} to "
         "resume it there"
     )
+
+
+def check_pod_uid(session: KubernetesSession) -> None:
+    """Called by `_start_backend` once it found the pod to attach to: a resume attaches
+    only to the pod with the ref's uid (one made again under the same name is not it)."""
+    expected = session._expected_uid
+    if expected is not None and session._pod_uid != expected:
+        raise SessionGoneError(
+            f"the pod {session.pod_name!r} was deleted and made again (another uid): "
+            "the files and processes of the session are gone"
+        )
 
 
 class PodLease(ScriptLease):
@@ -194,7 +206,7 @@ class KubernetesDurability(RunnerDurability):
     @property
     def keeps_processes(self) -> bool:
         """True for a session with the runner (it keeps the processes), else False."""
-        return bool(self.session._use_runner)
+        return bool(self.session._settings.runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The pod (namespace, name, uid, container), and whether the session created it
@@ -205,7 +217,7 @@ class KubernetesDurability(RunnerDurability):
             "namespace": session.namespace,
             "pod": session.pod_name,
             "uid": session._pod_uid,
-            "container": target.container if target is not None else session._container,
+            "container": target.container if target is not None else session._settings.container,
             "created": session._created,
             "keep": session._keep_pod,
             "server": session._server,
@@ -215,17 +227,18 @@ class KubernetesDurability(RunnerDurability):
         """The base options plus this backend's non-secret ones: the kubeconfig path(s)
         loaded and the context (never their contents), no `env`."""
         session = self.session
+        given = session._settings
         options = dict(base)
         options.update(
             kubeconfig=session._kubeconfig_loaded,
             context=session._context_loaded,
-            workdir=session._workdir,
+            workdir=given.workdir,
             terminate_grace_s=session.terminate_grace_s,
-            call_timeout_s=session._api_timeout,
-            delete_grace_s=session._pod_options.grace_period_s,
-            protocols=list(session._protocols),
-            runner=session._use_runner,
-            runner_dir=session._runner_dir,
+            call_timeout_s=given.call_timeout_s,
+            delete_grace_s=given.pod_options.grace_period_s,
+            protocols=list(given.protocols),
+            runner=given.runner,
+            runner_dir=given.runner_dir,
         )
         return options
 
@@ -273,7 +286,8 @@ class KubernetesDurability(RunnerDurability):
         session = self.session
         name = session.pod_name
         uid = ref.sandbox.get("uid")
-        # Checked by `_start_backend` as soon as it found the pod (before its probe).
+        # Checked by `_start_backend` as soon as it found the pod (`check_pod_uid`,
+        # before its probe).
         session._expected_uid = uid if isinstance(uid, str) and uid else None
         server = ref.sandbox.get("server")
         if isinstance(server, str) and server:

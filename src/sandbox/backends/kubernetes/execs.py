@@ -12,17 +12,19 @@ exec's first process a session leader (runc), as the wrapper needs.
 `KubeProcess` is a process's handle (a `Process`: the base session's hooks write,
 resize, interrupt and end its input through it); `spawn` makes one for an entry and
 `start_command` one for a one-shot command (`KubeOneShot`); `run_control` runs a short
-command of ours to its end.
+command of ours to its end, `check_workdir` the probe of a session's start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...backend import (
     CommandCheck,
+    CommandSpec,
     ExecCapture,
     OutputSink,
     Process,
@@ -35,6 +37,7 @@ from ...errors import (
     ProcessExitedError,
     ProviderError,
     UnsupportedOperationError,
+    WorkdirError,
 )
 from ..toolkit import (
     grace_ticks,
@@ -47,6 +50,9 @@ from ..toolkit import (
 from . import bounds, scripts
 from .channels import ExecStream, OnData
 from .client import V4_PROTOCOL, KubeClient
+
+# A terminal's TERM when the command's environment names none.
+DEFAULT_TERM = "xterm-256color"
 
 
 @dataclass(frozen=True)
@@ -246,24 +252,46 @@ class KubeOneShot:
         await self._process.terminate(0, kill=False)
 
 
+def command_argv(spec: CommandSpec, *, announce: bool) -> tuple[Sequence[str], CommandCheck | None]:
+    """What an exec runs for `spec`: its argv, behind the command check when it needs
+    one (then the check too)."""
+    # Relative stays relative: every exec starts in the workspace.
+    cwd = None if spec.cwd is None else posixpath.normpath(spec.cwd)
+    check = CommandCheck.needed(spec, cwd=cwd)
+    if check is None:
+        return spec.argv, None
+    return check.argv(spec.argv, announce=announce), check
+
+
+def command_environment(env: Mapping[str, str], spec: CommandSpec, *, tty: bool) -> dict[str, str]:
+    """A command's variables: the session's `env`, the command's over them, and TERM
+    for a terminal that names none."""
+    merged = {**env, **(spec.env or {})}
+    if tty:
+        merged.setdefault("TERM", DEFAULT_TERM)
+    return merged
+
+
 async def start_command(
     client: KubeClient,
     target: Target,
-    argv: Sequence[str],
+    spec: CommandSpec,
     capture: ExecCapture,
     *,
     env: Mapping[str, str],
     grace_s: float,
 ) -> KubeOneShot:
     """A one-shot command: one exec on pipes, stdout and stderr apart, straight into
-    `capture`. If its start fails or is cancelled, its tag is killed here (nobody else
+    `capture` (its `check` set when the command runs behind one), with the session's
+    `env`. If its start fails or is cancelled, its tag is killed here (nobody else
     knows it)."""
+    argv, capture.check = command_argv(spec, announce=False)
     process = KubeProcess(
         client,
         target,
         argv,
         tty=False,
-        env=env,
+        env=command_environment(env, spec, tty=False),
         on_stdout=capture.add_stdout,
         on_stderr=capture.add_stderr,
     )
@@ -282,19 +310,19 @@ async def spawn(
     client: KubeClient,
     target: Target,
     entry: OutputSink[KubeProcess],
-    argv: Sequence[str],
-    check: CommandCheck | None,
     *,
     env: Mapping[str, str],
     grace_s: float,
 ) -> None:
-    """Start `entry.spec` as an exec of `argv` (the command behind `check`, if any)
-    whose socket feeds the entry, the handle stored before the first await; with a
-    check, wait for its verdict. Pipes processes get no stdin at all (their EOF, under
-    v4 too), unless started with `stdin=True`: that needs v5's CLOSE to end it, so
-    under v4 it is refused (before the exec when an earlier one agreed on v4, else
-    right after)."""
+    """Start `entry.spec` as an exec (the command behind its check, if it needs one),
+    with the session's `env`, whose socket feeds the entry, the handle stored before
+    the first await; with a check, wait for its verdict. Pipes processes get no stdin
+    at all (their EOF, under v4 too), unless started with `stdin=True`: that needs v5's
+    CLOSE to end it, so under v4 it is refused (before the exec when an earlier one
+    agreed on v4, else right after)."""
     spec = entry.spec
+    argv, check = command_argv(spec.command, announce=True)
+    environment = command_environment(env, spec.command, tty=spec.tty)
     if spec.stdin and client.agreed == V4_PROTOCOL:
         raise _no_stdin_close(V4_PROTOCOL)
     trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
@@ -314,7 +342,7 @@ async def spawn(
         target,
         argv,
         tty=spec.tty,
-        env=env,
+        env=environment,
         rows=spec.rows if spec.tty else None,
         cols=spec.cols if spec.tty else None,
         on_stdout=on_stdout,
@@ -419,3 +447,20 @@ async def run_control(
     finally:
         await settle(process.terminate(0, kill=False))
     return code, bytes(output)
+
+
+async def check_workdir(client: KubeClient, target: Target, workdir: str) -> None:
+    """Reach the pod by an exec that enters the workspace: `WorkdirError` when it
+    cannot (the exec's exit status and first words)."""
+    code, output = await run_control(
+        client,
+        target,
+        scripts.prelude_argv(["sh", "-c", ":"], cwd=target.cwd),
+        "reach the pod",
+    )
+    if code != 0:
+        raise WorkdirError(
+            f"the workdir {workdir!r} is not usable in the pod (exit {code}): "
+            + output.decode("utf-8", "replace").strip()[:200],
+            cwd=workdir,
+        )

@@ -1,5 +1,6 @@
 """The session's pod: its manifest, the create, the wait for a running container by
-watch, the attach to an existing pod, and the deletion (graceful, then forced).
+watch (`start_pod`), the attach to an existing pod (`attach_pod`), and the deletion
+(graceful, then forced).
 
 Facts (kubernetes/kubernetes `pkg/apis/core/types.go`, kubelet `pkg/kubelet/kuberuntime`):
 a container waiting to start says why in `status.containerStatuses[].state.waiting.reason`
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -226,6 +228,44 @@ async def existing_pod(
     if not running:
         raise PodStartError(f"the pod {name!r} is not running: {why}")
     return pod, chosen
+
+
+async def start_pod(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    session_id: str,
+    image: str,
+    options: PodOptions,
+    timeout: float,
+) -> str | None:
+    """Create the session's pod `name` (`pod_manifest`), wait until its container runs
+    (`wait_running`, within `timeout`), and return its uid."""
+    await create_pod(client, namespace, pod_manifest(name, session_id, image, options))
+    running = await wait_running(client, namespace, name, CONTAINER_NAME, timeout)
+    return pod_uid(running)
+
+
+@dataclass(frozen=True)
+class AttachedPod:
+    """A running pod found to attach to: its uid and labels, the container execs go to,
+    and the directory they change to first (None when the container's own working
+    directory is the session's workdir)."""
+
+    uid: str | None
+    labels: dict[str, Any]
+    container: str
+    cwd: str | None
+
+
+async def attach_pod(
+    client: KubeClient, namespace: str, name: str, container: str | None, workdir: str
+) -> AttachedPod:
+    """The running pod `name` (`existing_pod`) as an `AttachedPod` for `workdir`."""
+    found, chosen = await existing_pod(client, namespace, name, container)
+    own = container_workdir(found, chosen)
+    cwd = None if own and posixpath.normpath(own) == workdir else workdir
+    return AttachedPod(pod_uid(found), pod_labels(found), chosen, cwd)
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str | None:

@@ -17,7 +17,8 @@ The link is one exec of `PATH connect --start --socket SOCK` (the binary itself,
 shell): it starts the runner once (its own session in the container, so it outlives the
 exec and this client) and bridges its stdin/stdout to the runner's unix socket. The
 exec's stdout channel feeds an `asyncio.StreamReader`; `ExecLinkWriter` writes to its
-stdin channel with what `RunnerClient` calls on a writer.
+stdin channel with what `RunnerClient` calls on a writer. `PodRunner` is the session's
+end: it starts one-shot commands and processes through the runner.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 
+from ...backend import CommandSpec, ExecCapture, OneShotProcess, OutputSink
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
-from ..toolkit import process_environment
+from ..toolkit import RunnerProcess, process_environment, spawn_through_runner, start_one_shot
 from . import bounds, scripts
 from .channels import ExecStream
 from .client import V5_PROTOCOL, KubeClient
-from .execs import Target, run_control
+from .execs import DEFAULT_TERM, Target, run_control
 
 NAME_PREFIX = ".sandbox-runner-"
 # A runner is a few MiB: a larger packaged file is refused before any byte is sent.
@@ -365,6 +367,33 @@ class PodRunner:
                 return posixpath.join(self.workdir, cwd[len(session_workdir) :].lstrip("/"))
             return cwd
         return posixpath.normpath(posixpath.join(self.workdir, cwd))
+
+    async def start_command(
+        self, spec: CommandSpec, capture: ExecCapture, session_workdir: str
+    ) -> OneShotProcess:
+        """A one-shot command of the runner, stdout and stderr apart, straight into
+        `capture` (`cwd` and `session_workdir` as `cwd` maps them)."""
+        return await start_one_shot(
+            self.client,
+            spec,
+            capture,
+            env=self.environment(spec.env, tty=False, term=DEFAULT_TERM),
+            cwd=self.cwd(spec.cwd, session_workdir),
+        )
+
+    async def spawn(
+        self, entry: OutputSink[RunnerProcess], session_workdir: str, *, grace_s: float
+    ) -> None:
+        """Start `entry.spec` as a process of the runner feeding the entry (`grace_s`:
+        SIGTERM to SIGKILL when it is killed)."""
+        spec = entry.spec
+        await spawn_through_runner(
+            self.client,
+            entry,
+            env=self.environment(spec.command.env, tty=spec.tty, term=DEFAULT_TERM),
+            cwd=self.cwd(spec.command.cwd, session_workdir),
+            grace_s=grace_s,
+        )
 
     async def aclose(self) -> None:
         """Close the connection (the runner and any process it keeps live on)."""
