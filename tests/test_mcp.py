@@ -780,10 +780,13 @@ async def test_http_client_killed_mid_call_then_server_stopped(tmp_path: Path) -
 
 
 class NoResizeSession(UnixLocalSession):
-    """unix_local as a provider without terminal resize (the base hook's default)."""
+    """unix_local as a provider without terminal resize (the base hook's refusal; its
+    default would resize through unix_local's handle)."""
 
     async def _resize(self, entry: PtyEntry, rows: int, cols: int) -> None:
-        await sandbox.BaseSandboxSession._resize(self, entry, rows, cols)
+        raise sandbox.UnsupportedOperationError(
+            f"the {self.backend_name} backend cannot resize a terminal"
+        )
 
 
 class FailingProviderSession(UnixLocalSession):
@@ -838,9 +841,11 @@ async def test_close_stdin_ends_the_input_of_a_pipes_process(tmp_path: Path) -> 
 
 
 class NoOpenStdinSession(UnixLocalSession):
-    """unix_local as a provider that cannot keep stdin open: the hook is the base's."""
+    """unix_local as a provider that cannot keep stdin open: the hook is the base's, and
+    its handles do not say they can."""
 
     _close_stdin = SessionHooks._close_stdin
+    _stdin_stays_open = False
 
 
 async def test_open_stdin_is_refused_at_start_where_the_backend_cannot(tmp_path: Path) -> None:
