@@ -8,10 +8,11 @@ have completed, the task must end in CancelledError with its message, and the re
 must be as expected. The teardown still runs the real backend teardown, so the real
 processes must be gone too.
 
-These are the owned-task paths: unix_local's fast paths (`_spawn_process_nowait`, and
-`_terminate_pty_entry_nowait` for a process that exited with nothing left of it) never
-await, so they have nothing to cancel and skip them; the tests turn them off
-(`owned_paths_only`). tests/backends/test_unix_local_nowait.py covers the fast paths.
+These are the owned-task paths, which every transfer below takes as it is. The one
+fast path on them, an exited process's handle ending it at once (`Process.finish_now`,
+which never awaits, so it has nothing to cancel), cannot end a process that left a
+child alive: the exited process's test leaves one, so its teardown must wait.
+tests/backends/test_unix_local_fast_paths.py covers the fast paths.
 """
 
 from __future__ import annotations
@@ -29,18 +30,10 @@ from sandbox.process_entry import PtyEntry
 from tests.helpers import eventually, host_pids_with_arg, unique_seconds
 
 
-def owned_paths_only(session: UnixLocalSession) -> None:
-    """Turn the session's fast paths off: every spawn and teardown then goes through its
-    owned task and the settled cleanup, which is what these tests hold to."""
-    session._spawn_process_nowait = lambda entry: False  # type: ignore[method-assign]
-    session._terminate_pty_entry_nowait = lambda entry: False  # type: ignore[method-assign]
-
-
 class BlockingTeardown:
     """Stands in for `_terminate_pty_entry`: signals, blocks, then runs the real one."""
 
     def __init__(self, session: UnixLocalSession, *, fail_with: Exception | None = None) -> None:
-        owned_paths_only(session)
         self.real = session._terminate_pty_entry
         self.started = asyncio.Event()
         self.release = asyncio.Event()
@@ -129,9 +122,15 @@ CANCELS = [1, 3]
 
 @pytest.mark.parametrize("cancels", CANCELS)
 async def test_finalizing_an_exited_process(session: UnixLocalSession, cancels: int) -> None:
-    update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
+    # cat exits on ^D, leaving a child alive (off its terminal, so the output ends, and
+    # deaf to the terminal's hangup): its handle cannot end it at once, the settled
+    # teardown must.
+    marker = unique_seconds()
+    child = f"(trap '' HUP; exec sleep {marker}) < /dev/null > /dev/null 2>&1 &"
+    update = await session.pty_exec_start(f"{child} echo ready; exec cat", tty=True, until="ready")
     pid = update.process_id
     assert pid is not None
+    assert await eventually(lambda: bool(host_pids_with_arg(marker)))  # it ignores SIGHUP now
     blocker = BlockingTeardown(session)
     task, outcome = run_task(lambda: session.pty_write_stdin(pid, "\x04", yield_time_s=10))
     await blocker.started.wait()
@@ -144,6 +143,7 @@ async def test_finalizing_an_exited_process(session: UnixLocalSession, cancels: 
     assert outcome.error.args == ("stop-0",)
     assert blocker.completed == [pid]
     assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert not host_pids_with_arg(marker)
 
 
 @pytest.mark.parametrize("cancels", CANCELS)
@@ -233,7 +233,9 @@ async def test_start_cancelled_before_registration(session: UnixLocalSession, ca
     real_spawn = session._spawn_process
 
     async def spawn_then_block(entry: PtyEntry) -> None:
-        await real_spawn(entry)  # the real process now exists...
+        pending = real_spawn(entry)  # the real process now exists...
+        if pending is not None:
+            await pending
         spawned.set()
         await asyncio.Event().wait()  # ...and the start is stuck before registration
 

@@ -88,14 +88,11 @@ def test_the_hooks_are_the_backend_contract() -> None:
         "_stop_backend",
         "_start_exec",
         "_spawn_process",
-        "_spawn_process_nowait",
-        "_write_stdin_nowait",
         "_write_stdin",
         "_close_stdin",
         "_resize",
         "_interrupt",
         "_terminate_pty_entry",
-        "_terminate_pty_entry_nowait",
         "_abandon",
         "_final_drain",
         # capabilities: one attribute each (session/capabilities.py)
@@ -107,7 +104,9 @@ def test_the_hooks_are_the_backend_contract() -> None:
         # a flag: whether the backend's `Process` handles can keep stdin open
         "_stdin_stays_open",
     }
-    for name in HOOKS - CAPABILITIES - {"_stdin_stays_open"}:  # capability types, described by their comment
+    for name in (
+        HOOKS - CAPABILITIES - {"_stdin_stays_open"}
+    ):  # capability types, described by their comment
         assert inspect.getdoc(getattr(SessionHooks, name)), f"{name} has no contract docstring"
     # The base session's internals live in its collaborators, not beside the hooks.
     assert {"_processes", "_owned", "_lifecycle", "_session_options"} <= BASE_ATTRIBUTES

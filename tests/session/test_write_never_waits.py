@@ -1,18 +1,22 @@
 """A keystroke never waits behind a poll of the same process, whatever the interleaving.
 
-Each test drives a real unix_local session with a `cat` on a PTY. A write in flight
-(W1) is held inside the backend's `_write_stdin` by a `HookGate` (the real hook then
-runs) while it holds the entry; unix_local's `_write_stdin_nowait` fast path, which would
-write at once without the hook, is turned off (`write_through_the_hook`); polls have a
-30 s window. Nothing reads a clock: a window that
-ran to its deadline is counted by `DeadlineCount`, and the order in which the calls
-complete says who waited for whom.
+Each test drives a real unix_local session with a line filter on a PTY (a `cat` that
+drops lines of only x's; the terminal does not echo, so each line written comes back
+once, from the filter). A write in flight (W1) holds the entry: its process is stopped
+(SIGSTOP), so the terminal does not read its input, and W1 writes more than the
+terminal has room for: what the handle's `try_write` takes at once is part of it, the
+rest goes through the backend's `_write_stdin`, held there by a `HookGate` until the
+test releases it and continues the process. Polls have a 30 s window. Nothing reads a
+clock: a window that ran to its deadline is counted by `DeadlineCount`, and the order
+in which the calls complete says who waited for whom.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,11 +24,16 @@ import pytest
 from sandbox import PtyUpdate
 from sandbox.backends.unix_local import UnixLocalSession
 from sandbox.process_entry import PtyEntry
+from sandbox.testing.faults import Gate
 from tests.helpers import DeadlineCount, HookGate, eventually
 
 LONG_POLL_S = 30.0  # the longest window a poll may ask for
 SHORTEST_POLL_S = 5.0  # the shortest (a poll's window is clamped to [5 s, 30 s])
 WRITE_WINDOW_S = 20.0  # ended by `until` long before
+# Lines the filter drops, ahead of W1's own: many times what a terminal whose reader
+# stopped takes at once (about 14 KiB on Linux: the line discipline's and the flip
+# buffers), so the write cannot finish without its process reading.
+FILLER = ("x" * 79 + "\n") * 4096
 
 
 def queued(entry: PtyEntry) -> int:
@@ -34,27 +43,47 @@ def queued(entry: PtyEntry) -> int:
     return sum(1 for waiter in waiters if not waiter.done())
 
 
-def write_through_the_hook(s: UnixLocalSession) -> None:
-    """Every write then goes through `_write_stdin` (what a backend without the fast
-    path does: the base hook's default writes nothing at once)."""
-    s._write_stdin_nowait = lambda entry, data: 0  # type: ignore[method-assign]
-
-
 def queued_is(entry: PtyEntry, count: int) -> bool:
     return queued(entry) == count
 
 
 async def start_cat(s: UnixLocalSession) -> tuple[int, PtyEntry]:
-    update = await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
+    update = await s.pty_exec_start(
+        "stty -echo; echo r; exec grep --line-buffered -vx 'x*'", tty=True, until="r"
+    )
     assert update.process_id is not None
     return update.process_id, s._processes.lookup(update.process_id)
 
 
-def write(s: UnixLocalSession, pid: int, line: str) -> asyncio.Future[PtyUpdate]:
-    """A write of `line` whose window ends when cat has echoed it back."""
+def write(
+    s: UnixLocalSession, pid: int, line: str, *, filler: str = ""
+) -> asyncio.Future[PtyUpdate]:
+    """A write of `line` (after `filler`) whose window ends when the filter has written
+    it back."""
     return asyncio.ensure_future(
-        s.pty_write_stdin(pid, line + "\n", until=f"{line}\r\n{line}", yield_time_s=WRITE_WINDOW_S)
+        s.pty_write_stdin(
+            pid, filler + line + "\n", until=f"{line}\r\n", yield_time_s=WRITE_WINDOW_S
+        )
     )
+
+
+async def write_in_flight(
+    s: UnixLocalSession, pid: int, entry: PtyEntry, line: str
+) -> tuple[asyncio.Future[PtyUpdate], Gate]:
+    """W1: a write of `line` behind `FILLER` to a process that does not read, held in
+    `_write_stdin` (the terminal took part of it at once): release the gate, then
+    `resume` the process."""
+    os.kill(entry.require_handle().pid, signal.SIGSTOP)
+    gate = HookGate(s, "_write_stdin")
+    w1 = write(s, pid, line, filler=FILLER)
+    await gate.reached.wait()
+    assert 0 < entry.input_accepted < len(FILLER), "the terminal took only part of it"
+    return w1, gate
+
+
+def resume(entry: PtyEntry) -> None:
+    """The process reads its input again."""
+    os.kill(entry.require_handle().pid, signal.SIGCONT)
 
 
 def poll(s: UnixLocalSession, pid: int) -> asyncio.Future[PtyUpdate]:
@@ -80,14 +109,11 @@ async def test_a_write_never_waits_behind_a_poll(tmp_path: Path, order: str) -> 
         deadlines = DeadlineCount(s)
         first, *rest = order.split()
         gate = None
-        if first == "W1":
-            write_through_the_hook(s)
-            gate = HookGate(s, "_write_stdin")
         calls: dict[str, asyncio.Future[PtyUpdate]] = {}
         polls: list[asyncio.Future[PtyUpdate]] = []
-        if gate is not None:
-            w1 = calls["W1"] = write(s, pid, "one")
-            await gate.reached.wait()  # W1 holds the entry, writing
+        if first == "W1":
+            w1, gate = await write_in_flight(s, pid, entry, "one")  # W1 holds the entry
+            calls["W1"] = w1
         else:
             polls.append(poll(s, pid))
             assert await eventually(entry.call_lock.locked)  # the poll is in its window
@@ -102,10 +128,11 @@ async def test_a_write_never_waits_behind_a_poll(tmp_path: Path, order: str) -> 
                 assert await eventually(functools.partial(queued_is, entry, i + 1))
         if gate is not None:
             gate.release()
+            resume(entry)
         w2 = await calls["W2"]
-        assert "two\r\ntwo" in w2.output
+        assert "two\r\n" in w2.output
         if gate is not None:
-            assert "one\r\none" in (await w1).output
+            assert "one\r\n" in (await w1).output
         # Every poll that held the entry or was queued ahead of W2 had already returned
         # when W2 did (each ended at once, with W2 waiting); none ran to its deadline.
         ahead = polls[: polls_ahead + (first == "P")]
@@ -127,10 +154,7 @@ async def test_a_write_cancelled_while_it_waits_leaves_no_preemption_behind(
 ) -> None:
     async with UnixLocalSession(workdir=tmp_path) as s:
         pid, entry = await start_cat(s)
-        write_through_the_hook(s)
-        gate = HookGate(s, "_write_stdin")
-        w1 = write(s, pid, "one")
-        await gate.reached.wait()
+        w1, gate = await write_in_flight(s, pid, entry, "one")
         w2 = write(s, pid, "two")
         assert await eventually(lambda: queued(entry) == 1)
         assert entry.writers_waiting == 1
@@ -139,7 +163,8 @@ async def test_a_write_cancelled_while_it_waits_leaves_no_preemption_behind(
             await w2
         assert entry.writers_waiting == 0
         gate.release()
-        assert "one\r\none" in (await w1).output
+        resume(entry)
+        assert "one\r\n" in (await w1).output
         # Nothing waits now: a poll runs its whole (shortest) window, to its deadline.
         deadlines = DeadlineCount(s)
         update = await s.pty_write_stdin(pid, "", yield_time_s=SHORTEST_POLL_S)

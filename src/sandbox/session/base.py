@@ -110,7 +110,6 @@ class BaseSandboxSession(SessionHooks[H]):
             concurrency=options.teardown_concurrency,
             release=lambda entry: self._release_entry(entry),
             changed=self._lifecycle.changed,
-            terminate_nowait=lambda entry: self._terminate_pty_entry_nowait(entry),
         )
         # `record_dir` and its fd, from `start()` to the close.
         self._recordings = recordings

@@ -15,7 +15,7 @@ backend overrides no underscore name of the base but these hooks
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, ClassVar, Generic
 
 from ..errors import UnsupportedOperationError
@@ -28,8 +28,9 @@ from .capabilities import Durability, FileAccess, Ports, Snapshots, WorkspaceAcc
 class SessionHooks(Generic[H]):
     """The hooks of a backend session, with their defaults (see the module docstring).
 
-    Hooks run in tasks the session owns, not in their caller's task; a hook that is
-    cancelled must undo what it made before the cancellation propagates.
+    Hooks run in tasks the session owns, not in their caller's task (but for what a
+    spawn does before it returns: see `_spawn_process`); a hook that is cancelled must
+    undo what it made before the cancellation propagates.
     """
 
     backend_name: ClassVar[str] = "base"
@@ -74,7 +75,7 @@ class SessionHooks(Generic[H]):
 
     # ---- processes -----------------------------------------------------------------
 
-    async def _spawn_process(self, entry: OutputSink[H]) -> None:
+    def _spawn_process(self, entry: OutputSink[H]) -> Awaitable[None] | None:
         """Start `entry.spec` and arrange for its output to flow into `entry.feed()` and
         its end into `entry.report_exit()` / `report_eof()` / `report_lost()`.
 
@@ -83,29 +84,28 @@ class SessionHooks(Generic[H]):
         For `tty=False`, stdin must be closed (EOF) for the process, unless
         `entry.stdin_open` (`stdin=True`): then keep a way to write to its stdin
         (`_write_stdin`) and to end it (`_close_stdin`). The base session asks for that
-        only of a backend that overrides `_close_stdin`; one that can do it only in some
-        setups raises `UnsupportedOperationError` here, before anything starts.
+        only of a backend that overrides `_close_stdin` or sets `_stdin_stays_open`; one
+        that can do it only in some setups raises `UnsupportedOperationError` here,
+        before anything starts.
+
+        Returns what is left to await, run as a task the session owns: an `async def`
+        hook's coroutine is all of it (the usual case). A spawn that can finish without
+        awaiting (unix_local's one synchronous clone) is a plain `def` that returns None
+        then, and an awaitable only when it must wait: nothing can interleave with a
+        call that never awaits, so it needs no task. What it does before returning runs
+        in the caller's task, so whatever binds to the current task (`asyncio.timeout`)
+        belongs in the awaitable. (Not an eager task start: Python 3.11 has none, and
+        stepping a coroutine by hand would run its first step with the caller as its
+        current task.) A subclass that extends such a hook awaits what `super()`
+        returns unless it is None.
         """
         raise UnsupportedOperationError(f"{self.backend_name} cannot start processes")
 
-    def _spawn_process_nowait(self, entry: OutputSink[H]) -> bool:
-        """Optional fast path: do all of `_spawn_process` now, without awaiting
-        anything, and return True; or do nothing and return False (then
-        `_spawn_process` runs, as a task the session owns). Nothing can interleave with
-        a call that never awaits, so it needs no task, and a start saves the loop turns
-        of one. Default: False."""
-        return False
-
-    def _write_stdin_nowait(self, entry: OutputSink[H], data: bytes) -> int:
-        """Optional fast path: write what the terminal takes right now, without waiting,
-        and return how many bytes that was (the rest goes through `_write_stdin`).
-        Default: the handle's `Process.try_write`, else 0."""
-        handle = entry.handle
-        return handle.try_write(data) if isinstance(handle, Process) else 0
-
     async def _write_stdin(self, entry: OutputSink[H], data: bytes) -> None:
         """Write bytes to the terminal of a running tty process, or to the open stdin of
-        a process on pipes (`entry.stdin_open`). Default: the handle's `Process.write`."""
+        a process on pipes (`entry.stdin_open`). Default: the handle's `Process.write`.
+        What a `Process` handle's `try_write` took at once never comes here: the base
+        session asks it first, and sends only the rest."""
         handle = entry.require_handle()
         if not overrides(handle, "write"):
             raise UnsupportedOperationError(f"{self.backend_name} cannot write to processes")
@@ -167,17 +167,9 @@ class SessionHooks(Generic[H]):
         `entry.sandbox_stopping` says the whole sandbox is being stopped right after (the
         session's close): a backend whose sandbox deletion kills every process may skip
         the per-process kill then; it never reads the session's state itself. A
-        backend whose handles are `Process`es writes `await kill_handle(entry)`."""
-
-    def _terminate_pty_entry_nowait(self, entry: OutputSink[H]) -> bool:
-        """Optional fast path: do all of `_terminate_pty_entry` now, without awaiting
-        anything, and return True (the process's end is certain: it exited, and nothing
-        of it is left to wait for); or do nothing and return False (then the settled
-        teardown runs `_terminate_pty_entry`). Tried only where an exited process's
-        window hands it over, never by a close. Default: the handle's
-        `Process.finish_now`, else False."""
-        handle = entry.handle
-        return handle.finish_now() if isinstance(handle, Process) else False
+        backend whose handles are `Process`es writes `await kill_handle(entry)`.
+        Not called for an exited process that a window hands over when its `Process`
+        handle's `finish_now` ended it at once (nothing of it was left to wait for)."""
 
     def _abandon(self, entries: Sequence[OutputSink[H]]) -> None:
         """Called (synchronously, best effort) when a session that was never closed is

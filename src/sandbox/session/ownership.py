@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import CleanupError, SessionClosedError
 from ..process_entry import H, PtyEntry
+from ..process_handle import Process
 from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
 from .registry import ProcessRegistry
 
@@ -43,7 +44,6 @@ class OwnedTasks(Generic[H]):
     `release` is the `_release_entry` hook, run instead of `terminate` for the entries a
     batch lets go of (a detach, a takeover: they stay the ref's); `changed()` is called
     after a process was admitted or a batch ended (the ref file follows).
-    `terminate_nowait` is the `_terminate_pty_entry_nowait` fast path, tried by `discard`.
     """
 
     def __init__(
@@ -55,7 +55,6 @@ class OwnedTasks(Generic[H]):
         concurrency: int = DEFAULT_BATCH_CONCURRENCY,
         release: Callable[[PtyEntry[H]], Awaitable[None]] | None = None,
         changed: Callable[[], None] | None = None,
-        terminate_nowait: Callable[[PtyEntry[H]], bool] | None = None,
     ) -> None:
         self.concurrency = concurrency
         # The `start()` in progress, if any (the close cancels it first).
@@ -63,7 +62,6 @@ class OwnedTasks(Generic[H]):
         self._processes = processes
         self._terminate = terminate
         self._release = release or terminate
-        self._terminate_nowait = terminate_nowait or (lambda entry: False)
         self._changed = changed or (lambda: None)
         self._letting_go: set[int] = set()  # ids whose teardown releases, not ends
         self._closing = closing
@@ -114,14 +112,13 @@ class OwnedTasks(Generic[H]):
         victim: PtyEntry[H] | None,
         *,
         prepare: Callable[[], None],
-        spawn: Callable[[PtyEntry[H]], Awaitable[None]],
-        spawn_nowait: Callable[[PtyEntry[H]], bool] = lambda entry: False,
+        spawn: Callable[[PtyEntry[H]], Awaitable[None] | None],
     ) -> None:
         """Bring a reserved entry to the registry: tear the prune `victim` down (its
         failure is only logged: not this start's), `prepare()` (open the recording),
-        run `spawn(entry)` (the backend's hook) as an owned task, then admit it. If
-        `spawn_nowait(entry)` (the fast path) did the whole spawn, no task is made:
-        nothing could interleave with it.
+        call `spawn(entry)` (the backend's hook) and run what it returns as an owned
+        task, then admit it. A spawn that returns None did all of it without awaiting:
+        no task is made, nothing could interleave with it.
 
         If anything fails or the caller is cancelled, the entry is torn down (settled)
         before the error propagates; if the close took the entry or came first, it is
@@ -134,8 +131,9 @@ class OwnedTasks(Generic[H]):
             if not self._processes.is_starting(entry):
                 raise lost  # closed while the victim went
             prepare()
-            if not spawn_nowait(entry):
-                task = asyncio.ensure_future(spawn(entry))
+            pending = spawn(entry)
+            if pending is not None:
+                task = asyncio.ensure_future(pending)
                 entry.spawn_task = task
                 await self.wait(task)
         except BaseException as exc:
@@ -198,20 +196,25 @@ class OwnedTasks(Generic[H]):
 
     async def discard(self, entry: PtyEntry[H]) -> None:
         """Take `entry` from the registry if it is still there, and tear it down: at
-        once if the backend's fast path can (`terminate_nowait`), else settled."""
+        once if its `Process` handle's `finish_now` can, else settled."""
         if self._processes.take_entry(entry) and not self._teardown_nowait(entry):
             await self.settle_batch([entry])
 
     def _teardown_nowait(self, entry: PtyEntry[H]) -> bool:
-        """`_teardown_entry` without a wait, if the backend's fast path takes the entry
-        (False: nothing was done). It never awaits, so no cancellation or close can come
-        between its steps: the one owner is this call, from start to end."""
+        """`_teardown_entry` without a wait, if the handle's `Process.finish_now` ends
+        the process (False: nothing was done). It never awaits, so no cancellation or
+        close can come between its steps: the one owner is this call, from start to
+        end. The same code for every caller: the `_terminate_pty_entry` hook (or a
+        test's gate on it) is for what must wait."""
         write = entry.write_task
         if (write is not None and not write.done()) or entry.process_id in self._letting_go:
             return False
-        ended = True  # a hook that raised half-way ended the entry's teardown too
+        handle = entry.handle
+        if not isinstance(handle, Process):
+            return False
+        ended = True  # a handle that raised half-way ended the entry's teardown too
         try:
-            ended = self._terminate_nowait(entry)
+            ended = handle.finish_now()
         finally:
             if ended:
                 self._finish_teardown(entry)

@@ -100,13 +100,8 @@ class PtyCalls(Generic[H]):
             if spec.tty:
                 self._recordings.start(entry, record, record_input, closed=self.closed_error())
 
-        hooks = self._hooks
         await self._owned.start_process(
-            entry,
-            victim,
-            prepare=prepare,
-            spawn=hooks._spawn_process,
-            spawn_nowait=hooks._spawn_process_nowait,
+            entry, victim, prepare=prepare, spawn=self._hooks._spawn_process
         )
         try:
             async with entry.call_lock:
@@ -158,12 +153,7 @@ class PtyCalls(Generic[H]):
                     )
                 entry.record_input(data)
                 unwritten = await write_within(
-                    entry,
-                    data,
-                    window_end,
-                    write_nowait=self._hooks._write_stdin_nowait,
-                    write=self._hooks._write_stdin,
-                    gone=self.gone,
+                    entry, data, window_end, write=self._hooks._write_stdin, gone=self.gone
                 )
             remaining = max(0.0, window_end - loop.time())
             update = await self.collect(

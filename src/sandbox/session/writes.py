@@ -1,10 +1,10 @@
 """`write_within`: keystrokes written within a window, never queued behind a full terminal;
 `close_input`: the end of a pipe process's input, ordered after every write.
 
-What the terminal takes at once goes through the backend's fast path; the rest is a
-write task of the entry's (`entry.write_task`), so a terminate, the close or an
-interrupt can end it at once, and the window's end cancels it: the caller learns how
-many bytes were not written.
+What the terminal takes at once goes in without a task (the handle's
+`Process.try_write`); the rest is a write task of the entry's (`entry.write_task`, the
+backend's `_write_stdin`), so a terminate, the close or an interrupt can end it at once,
+and the window's end cancels it: the caller learns how many bytes were not written.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import SandboxError
 from ..process_entry import H, PtyEntry
+from ..process_handle import Process
 from ..settle import settle
 from .ownership import finished
 
@@ -23,16 +24,17 @@ async def write_within(
     data: bytes,
     window_end: float,
     *,
-    write_nowait: Callable[[PtyEntry[H], bytes], int],
     write: Callable[[PtyEntry[H], bytes], Awaitable[None]],
     gone: Callable[[PtyEntry[H]], SandboxError],
 ) -> int:
-    """Write `data` by the loop time `window_end` with the backend's hooks
-    (`_write_stdin_nowait`, then `_write_stdin`); return how many bytes the terminal
-    did not take. A write that fails because its entry was removed meanwhile raises
-    `gone(entry)` (from the write's error); a cancelled caller ends the write first."""
+    """Write `data` by the loop time `window_end`: what the entry's `Process` handle
+    takes at once (`try_write`), then the rest with `write` (the `_write_stdin` hook);
+    return how many bytes the terminal did not take. A write that fails because its
+    entry was removed meanwhile raises `gone(entry)` (from the write's error); a
+    cancelled caller ends the write first."""
     entry.input_accepted = 0
-    taken = write_nowait(entry, data)
+    handle = entry.handle
+    taken = handle.try_write(data) if isinstance(handle, Process) else 0
     if taken >= len(data):
         return 0  # the common case: the terminal had room, no task needed
     data = data[taken:]

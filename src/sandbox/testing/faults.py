@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -298,15 +299,21 @@ def park_calls(obj: object, name: str, *, after: bool = False) -> Gate:
     gate, returned. The real method still does all the work: before it (`after=False`)
     or after it, with its result held back until the gate is released (what it made
     exists; its caller does not know yet). A gate that `fail`s makes the calls raise.
+
+    A method that returns an awaitable or None (a `_spawn_process` that may finish
+    without awaiting) is parked too: the parked call awaits what it returns, so the
+    session sees an awaitable and runs it as its owned task, which is what parks.
     """
-    original: Callable[..., Awaitable[Any]] = getattr(obj, name)
+    original: Callable[..., Awaitable[Any] | None] = getattr(obj, name)
     gate = Gate(name, after=after)
 
     @functools.wraps(original)
     async def parked(*args: Any, **kwargs: Any) -> Any:
         if not after:
             await gate.park()
-        result = await original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
         if after:
             await gate.park()
         return result

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import errno
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from ...backend import (
@@ -56,12 +56,6 @@ from .handle import LocalHandle
 from .workspace import LocalPorts, LocalWorkspace, Workspace
 
 DEFAULT_TERM = "xterm-256color"
-
-
-def _own_hook(bound: Callable[..., Any], own: Callable[..., Any]) -> bool:
-    """Whether the session's hook `bound` is `own`, this class's: a fast path may stand
-    in only for the hook it was written beside."""
-    return getattr(bound, "__func__", None) is own
 
 
 CONTAINMENTS = ("auto", "cgroup", "tag")
@@ -336,38 +330,39 @@ class UnixLocalSession(BaseSandboxSession[Process]):
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
         return _LocalOneShot(proc, capture, self._memory_note)
 
-    def _spawn_process_nowait(self, entry: OutputSink[Process]) -> bool:
-        """The spawn is one synchronous clone: done here, without a task, unless the
-        command check must run first in the jail (that waits for its verdict), or
-        `_spawn_process` is not this class's own (a subclass's, or a wrapper set on the
-        instance, such as a test's gate): then that one runs."""
-        if self.runner or not _own_hook(self._spawn_process, UnixLocalSession._spawn_process):
-            return False
-        command, check = self._checked_command(entry.spec.command, announce=True)
-        if check is not None:
-            return False
-        self._spawn_local(entry, command, None)
-        return True
-
-    async def _spawn_process(self, entry: OutputSink[Process]) -> None:
-        """A local child on a PTY or pipes (`LocalHandle`); a confined one with a `cwd`
-        (or without a shell) first runs the command check inside the jail and is waited
-        for. With the runner: the runner's process (`RunnerProcess`)."""
+    def _spawn_process(self, entry: OutputSink[Process]) -> Awaitable[None] | None:
+        """A local child on a PTY or pipes (`LocalHandle`): one synchronous clone, done
+        here without a task (None). What must be awaited is returned instead: in the
+        jail, the command check's verdict when a `cwd` (or no shell) needs one; with the
+        runner, all of the runner's spawn (`RunnerProcess`)."""
         command, check = self._checked_command(entry.spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
         if self.runner:
-            started, cwd = self._runner_command(command)
-            await spawn_through_runner(
-                self._require_runner(),
-                cast(OutputSink[RunnerProcess], entry),
-                env=self._environment(command, tty=entry.spec.tty),
-                cwd=cwd,
-                argv=started.argv,
-                shown=None if trap is None else trap.feed,
-                grace_s=self.terminate_grace_s,
-            )
-        else:
-            self._spawn_local(entry, command, trap)
+            return self._spawn_through_runner(entry, command, trap, check)
+        self._spawn_local(entry, command, trap)
+        if trap is None or check is None:
+            return None
+        return wait_for_verdict(entry, trap, check)
+
+    async def _spawn_through_runner(
+        self,
+        entry: OutputSink[Process],
+        command: CommandSpec,
+        trap: ShellTrap | None,
+        check: CommandCheck | None,
+    ) -> None:
+        """Start `command` (the entry's, checked) through the runner, then wait for the
+        check's verdict if it has one."""
+        started, cwd = self._runner_command(command)
+        await spawn_through_runner(
+            self._require_runner(),
+            cast(OutputSink[RunnerProcess], entry),
+            env=self._environment(command, tty=entry.spec.tty),
+            cwd=cwd,
+            argv=started.argv,
+            shown=None if trap is None else trap.feed,
+            grace_s=self.terminate_grace_s,
+        )
         if trap is not None and check is not None:
             await wait_for_verdict(entry, trap, check)
 
@@ -426,15 +421,6 @@ class UnixLocalSession(BaseSandboxSession[Process]):
             return spec, None
         argv = tuple(check.argv(spec.argv, announce=announce))
         return dataclasses.replace(spec, argv=argv, cwd=None), check
-
-    def _terminate_pty_entry_nowait(self, entry: OutputSink[Process]) -> bool:
-        """The handle's `finish_now` (an exited leader whose cgroup leaf holds nobody
-        alive), unless `_terminate_pty_entry` is not this class's own (see
-        `_spawn_process_nowait`)."""
-        if not _own_hook(self._terminate_pty_entry, UnixLocalSession._terminate_pty_entry):
-            return False
-        handle = entry.handle
-        return handle is None or handle.finish_now()
 
     async def _terminate_pty_entry(self, entry: OutputSink[Process]) -> None:
         """The handle's kill: the runner's (it ends the whole tree, being its
