@@ -1,6 +1,6 @@
-"""`LocalHandle`: a unix_local process (a `LocalProcess`, this client's child) as the
-`Process` its spawn stores, so the base session's hooks write, resize, interrupt, end
-input and drain through it.
+"""The handles of unix_local's children (`LocalProcess`es): `LocalHandle`, a `pty_*`
+process as the `Process` its spawn stores, so the base session's hooks write, resize,
+interrupt, end input and drain through it; `LocalOneShot`, a one-shot command.
 
 Every control but `write` and `kill` is one synchronous call on the child: a write
 takes what the terminal has room for at once (`try_write`), and an exited process with
@@ -9,10 +9,13 @@ nobody left alive in its cgroup leaf is torn down without waiting (`finish_now`)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ...backend import LocalProcess, OutputSink, Process
+from ...backend import EXIT_DRAIN_GRACE_S, ExecCapture, LocalProcess, OutputSink, Process
 
 
 class LocalHandle(Process):
@@ -86,3 +89,37 @@ class LocalHandle(Process):
         """SIGKILL the tree synchronously, touching no event loop (an unclosed session
         being garbage-collected)."""
         self.process.kill_now()
+
+
+class LocalOneShot:
+    """A one-shot local command (`OneShotProcess`)."""
+
+    def __init__(
+        self, proc: LocalProcess, capture: ExecCapture, memory_note: Callable[[int], bytes]
+    ) -> None:
+        self._proc = proc
+        self._capture = capture
+        self._memory_note = memory_note
+
+    async def wait(self) -> int:
+        """The exit status, once the output ended (or its short grace passed); the
+        memory limit's note goes to stderr."""
+        code = await self._proc.wait()
+        note = self._memory_note(code)
+        if note:
+            self._capture.add_stderr(note)
+        # A background child may hold the pipes open: give it the same short grace a
+        # PTY window gives, then `release` kills the whole group.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
+                await self._proc.wait_eof()
+        self._proc.drain_now()
+        return code
+
+    async def kill(self) -> None:
+        """SIGKILL at once (a timed-out or cancelled command)."""
+        await self._proc.terminate(0)
+
+    async def release(self) -> None:
+        """Kill what is left of its group, reap it, close its fds."""
+        self._proc.close()

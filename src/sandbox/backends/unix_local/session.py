@@ -9,15 +9,13 @@ HOME.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import errno
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, cast
 
 from ...backend import (
-    EXIT_DRAIN_GRACE_S,
     BaseSandboxSession,
     CommandSpec,
     ExecCapture,
@@ -52,7 +50,7 @@ from ..toolkit import (
 from . import cgroup_limits, local_files
 from . import confine as jail
 from . import durable as durable_local
-from .handle import LocalHandle
+from .handle import LocalHandle, LocalOneShot
 from .workspace import LocalPorts, LocalWorkspace, Workspace
 
 DEFAULT_TERM = "xterm-256color"
@@ -304,7 +302,7 @@ class UnixLocalSession(BaseSandboxSession[Process]):
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Pipes read by the event loop straight into the bounded capture; the base
-        session waits, times out and kills (see `_LocalOneShot`)."""
+        session waits, times out and kills (see `LocalOneShot`)."""
         command, capture.check = self._checked_command(spec, announce=False)
         if self.runner:
             started, cwd = self._runner_command(command)
@@ -328,7 +326,7 @@ class UnixLocalSession(BaseSandboxSession[Process]):
             )
         except OSError as exc:
             raise _start_error(spec, self._workspace.cwd_for(spec.cwd), exc) from None
-        return _LocalOneShot(proc, capture, self._memory_note)
+        return LocalOneShot(proc, capture, self._memory_note)
 
     def _spawn_process(self, entry: OutputSink[Process]) -> Awaitable[None] | None:
         """A local child on a PTY or pipes (`LocalHandle`): one synchronous clone, done
@@ -511,33 +509,3 @@ def _check_workdir_option(workdir: object) -> None:
 def _is_locale_or_identity(name: str) -> bool:
     """Variables a confined session passes on without `inherit_env`: none is a secret."""
     return name in ("LANG", "LANGUAGE", "TZ", "USER", "LOGNAME") or name.startswith("LC_")
-
-
-class _LocalOneShot:
-    """A one-shot local command (`OneShotProcess`)."""
-
-    def __init__(
-        self, proc: LocalProcess, capture: ExecCapture, memory_note: Callable[[int], bytes]
-    ) -> None:
-        self._proc = proc
-        self._capture = capture
-        self._memory_note = memory_note
-
-    async def wait(self) -> int:
-        code = await self._proc.wait()
-        note = self._memory_note(code)
-        if note:
-            self._capture.add_stderr(note)
-        # A background child may hold the pipes open: give it the same short grace a
-        # PTY window gives, then `release` kills the whole group.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(EXIT_DRAIN_GRACE_S):
-                await self._proc.wait_eof()
-        self._proc.drain_now()
-        return code
-
-    async def kill(self) -> None:
-        await self._proc.terminate(0)
-
-    async def release(self) -> None:
-        self._proc.close()
