@@ -271,12 +271,13 @@ async def key_during_poll(cfg: Config) -> list[Figure]:
         differences = []
         for _ in range(cfg.rounds):
             async with session(cfg) as s:
-                if in_flight:
-                    s._write_stdin_nowait = lambda entry, data: 0  # type: ignore[method-assign]
                 start = await s.pty_exec_start("cat", tty=True, yield_time_s=0.25)
                 pid = start.process_id
                 assert pid is not None
                 entry = s._processes.lookup(pid)
+                if in_flight:
+                    # The handle's fast write off: every key goes through a write task.
+                    entry.handle.try_write = lambda data: 0
 
                 async def key(line: str, pid: int = pid) -> None:
                     want = f"{line}\r\n{line}\r\n"
