@@ -43,8 +43,9 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
         )
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"
         assert fake.open_clients() == [], "the Modal client was not closed"
-        # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
-        assert await eventually(lambda: fake.leftover_pids() == []), describe_pids(
+        # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later
+        # (15 s: on a loaded machine the reap of a whole tree took more than 5 s).
+        assert await eventually(lambda: fake.leftover_pids() == [], timeout=15), describe_pids(
             fake.leftover_pids()
         )
         current = asyncio.current_task()
