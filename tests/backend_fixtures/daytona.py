@@ -38,7 +38,7 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
         # Closing the session deleted its sandbox, and with it every process.
         assert fake.live_sandbox_ids() == []
         # The kill is sent, not finished: a SIGKILLed process leaves the table a moment later.
-        assert await eventually(lambda: fake.leftover_pids() == []), describe_pids(
+        assert await eventually(lambda: fake.leftover_pids() == [], timeout=15), describe_pids(
             fake.leftover_pids()
         )
         assert fake.open_streams() == []
