@@ -21,11 +21,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ...errors import InvalidArgumentError, UnsupportedOperationError
+from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedOperationError
 from ...local import cgroups
 
 CPU_PERIOD_US = 100_000
 MIN_CPU = 0.01  # the kernel's smallest quota is 1 ms per 100 ms period
+MEMORY_NOTE = b"\n[sandbox: killed by the session's memory limit (memory_limit_bytes)]\n"
+PROCESS_NOTE = b"\n[sandbox: the session's process limit (process_limit) refused a new process]\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,3 +272,41 @@ def support() -> dict[str, str | None]:
         else:
             found[option] = None
     return found
+
+
+def make_session_cgroup(
+    containment: str, limits: Limits
+) -> tuple[cgroups.SessionCgroup | None, AppliedLimits | None]:
+    """A session's cgroup (per `containment`: none for "tag", none when none can be made
+    for "auto", `BackendUnavailableError` then for "cgroup") and its limits in force
+    (None: none asked for), in one synchronous step: a cancelled start leaves nothing
+    half made."""
+    cgroup = None
+    if containment != "tag":
+        try:
+            cgroup = cgroups.SessionCgroup.create()
+        except (cgroups.CgroupUnavailable, OSError) as exc:
+            if containment == "cgroup":
+                raise BackendUnavailableError(
+                    f"containment='cgroup' but no cgroup can be made here: {exc}"
+                ) from None
+    applied = apply(limits, cgroup) if limits.wanted() else None
+    return cgroup, applied
+
+
+async def remove_session_cgroup(cgroup: cgroups.SessionCgroup) -> None:
+    """Kill what is in the session's cgroup (everything the session started: one
+    write), wait until it is empty, and remove it."""
+    cgroup.kill()
+    await cgroup.wait_empty()
+    cgroup.remove()
+
+
+def exit_note(applied: AppliedLimits | None, code: int) -> bytes:
+    """The note a process killed by the memory limit gets, or one that failed after the
+    process limit refused it a fork (b"" otherwise)."""
+    if code == 137 and applied is not None and applied.memory_killed():
+        return MEMORY_NOTE
+    if code != 0 and applied is not None and applied.process_limit_hit():
+        return PROCESS_NOTE
+    return b""
