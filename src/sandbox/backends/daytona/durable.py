@@ -48,12 +48,11 @@ from ...backend import (
 )
 from ...errors import (
     ProviderError,
-    SandboxError,
-    SessionGoneError,
 )
 from ..toolkit import (
     ScriptLease,
     attach_options,
+    attach_or_gone,
     check_mark,
     lease_line,
     parse_lease,
@@ -169,12 +168,7 @@ class DaytonaDurability(Durability):
         `SessionGoneError`."""
         session = self.session
         self.check_endpoint(ref)
-        try:
-            await session._start_backend()
-        except SandboxError as exc:
-            if "not found" in str(exc).lower() or "404" in str(exc):
-                raise SessionGoneError(f"the daytona sandbox of this ref is gone: {exc}") from None
-            raise
+        await attach_or_gone(session, "daytona", gone_words=("not found", "404"))
         if not session.keep:
             self.check_created(ref)
         session._created = ref.sandbox.get("created") is True

@@ -38,10 +38,11 @@ from ...backend import (
     SessionRef,
     durable_session_id,
 )
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import ProviderError, SandboxError
 from ..toolkit import (
     ScriptLease,
     attach_options,
+    attach_or_gone,
     check_mark,
     check_tag,
     lease_line,
@@ -142,12 +143,7 @@ class E2BDurability(Durability):
         """Connect to the sandbox (a missing one is `SessionGoneError`), and check it is
         the library's before taking on its deletion (`check_created`)."""
         session = self.session
-        try:
-            await session._start_backend()
-        except SandboxError as exc:
-            if isinstance(exc.__cause__, GONE) or "not found" in str(exc).lower():
-                raise SessionGoneError(f"the e2b sandbox of this ref is gone: {exc}") from None
-            raise
+        await attach_or_gone(session, "e2b", gone=GONE)
         if not session._keep:
             await self.check_created(ref)
         session._created = ref.sandbox.get("created") is True

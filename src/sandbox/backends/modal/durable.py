@@ -33,9 +33,10 @@ from ...backend import (
     SessionRef,
     durable_session_id,
 )
-from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...errors import ProviderError, SessionGoneError
 from ..toolkit import (
     ScriptLease,
+    attach_or_gone,
     check_mark,
     check_tag,
     parse_lease,
@@ -145,12 +146,7 @@ class ModalDurability(Durability):
     async def resume(self, ref: SessionRef) -> None:
         """`Sandbox.from_id`; then kill the trees a dead client left (by tag)."""
         session = self.session
-        try:
-            await session._start_backend()
-        except SandboxError as exc:
-            if isinstance(exc.__cause__, SANDBOX_GONE) or "not found" in str(exc).lower():
-                raise SessionGoneError(f"the modal sandbox of this ref is gone: {exc}") from None
-            raise
+        await attach_or_gone(session, "modal", gone=SANDBOX_GONE)
         # `from_id` also finds a sandbox that finished (modal/sandbox/_sandbox.py): `poll`
         # says which (None while it runs).
         sandbox = session._commands.require_sandbox()

@@ -21,7 +21,8 @@
   `parse_lease`; see docs/durable-sessions.md).
 - `durable_common`: what the durability of a remote sandbox repeats: `ScriptLease`, the
   `LeaseStore` over that script (a backend writes only how a command runs), and
-  `attach_options`, a resume's options from a ref that names its sandbox.
+  `attach_options`, a resume's options from a ref that names its sandbox;
+  `attach_or_gone`, its attach, a missing sandbox `SessionGoneError`.
 - `ref_trust`: what even a sealed ref may not decide (`taken_from_ref`,
   `refuse_other_endpoint`, `check_mark` with `SESSION_MARK`).
 - `options`: the one name of each option concept, an earlier name refused by
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from .check import CommandCheck
 from .credentials import Secret, require_credential
-from .durable_common import ScriptLease, attach_options
+from .durable_common import ScriptLease, attach_options, attach_or_gone
 from .errors import (
     REDACTED,
     RETRYABLE_STATUSES,
@@ -109,6 +110,7 @@ __all__ = [
     "Secret",
     "ShellTrap",
     "attach_options",
+    "attach_or_gone",
     "check_limits",
     "check_mark",
     "check_tag",

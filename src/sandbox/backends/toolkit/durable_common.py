@@ -7,6 +7,8 @@
   failure is reported, so that is all a backend writes (`run`).
 - `attach_options`: the constructor options of a resume that attaches to the sandbox a
   ref names, taking only the ref's allowed options (`ref_trust.taken_from_ref`).
+- `attach_or_gone`: the resume's attach (the session's `_start_backend` with the ref's
+  `sandbox_id`), where a sandbox the provider no longer has is `SessionGoneError`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ...durable.refs import SessionRef
-from ...errors import SessionGoneError
+from ...errors import SandboxError, SessionGoneError
 from .lease import lease_path, lease_read_argv, lease_swap_argv
 
 
@@ -67,3 +69,22 @@ def attach_options(
     options["sandbox_id"] = sandbox_id
     options["keep"] = bool(ref.sandbox.get("keep"))
     return options
+
+
+async def attach_or_gone(
+    session: Any,
+    backend: str,
+    *,
+    gone: tuple[type[BaseException], ...] = (),
+    gone_words: Collection[str] = ("not found",),
+) -> None:
+    """Attach `session` (made from a ref, so its `_start_backend` attaches to the ref's
+    sandbox); a failure the provider caused by a missing sandbox (its cause one of
+    `gone`, or its message naming one of `gone_words`) is `SessionGoneError`."""
+    try:
+        await session._start_backend()
+    except SandboxError as exc:
+        text = str(exc).lower()
+        if isinstance(exc.__cause__, gone) or any(word in text for word in gone_words):
+            raise SessionGoneError(f"the {backend} sandbox of this ref is gone: {exc}") from None
+        raise
