@@ -274,7 +274,7 @@ async def key_during_poll(cfg: Config) -> list[Figure]:
                 start = await s.pty_exec_start("cat", tty=True, yield_time_s=0.25)
                 pid = start.process_id
                 assert pid is not None
-                entry = s._processes.lookup(pid)
+                entry = s._core.processes.lookup(pid)
                 if in_flight:
                     # The handle's fast write off: every key goes through a write task.
                     entry.handle.try_write = lambda data: 0
@@ -419,7 +419,7 @@ async def memory(cfg: Config) -> list[Figure]:
                 f"echo go; yes | head -c {backlog}; exec sleep 60", until="go"
             )
             assert update.process_id is not None
-            entry = s._processes.lookup(update.process_id)
+            entry = s._core.processes.lookup(update.process_id)
             while entry.output.end_pos < backlog + 3:
                 await asyncio.sleep(0.01)
             with StallMeter() as meter:

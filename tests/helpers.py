@@ -60,7 +60,12 @@ def HookGate(session: sandbox.BaseSandboxSession, hook: str, *, after: bool = Fa
 
     A deterministic interleaving point for races the base session must win (a close
     against a start, a spawn or an exec): the real hook still does all the work.
+    `hook` is a hook of the session (`"_spawn_process"`) or a method of one of its
+    capability objects (`"durability.resume"`): the session calls both at each use.
     """
+    if "." in hook:
+        capability, method = hook.split(".")
+        return park_calls(getattr(session._core.capabilities, capability), method, after=after)
     return park_calls(session, hook, after=after)
 
 

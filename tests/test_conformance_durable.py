@@ -145,7 +145,7 @@ async def test_resume_of_a_closed_session_is_gone(backend: Any, tmp_path: Path) 
         assert caught.value.retryable is False
 
 
-@pytest.mark.parametrize("hook", ["_detach_backend", "_release_entry"])
+@pytest.mark.parametrize("hook", ["durability.detach", "durability.release"])
 @pytest.mark.parametrize("after", [False, True])
 async def test_cancelled_detach_leaves_the_ref_the_owner(
     backend: Any, tmp_path: Path, hook: str, after: bool
@@ -153,7 +153,7 @@ async def test_cancelled_detach_leaves_the_ref_the_owner(
     async with backend.session(tmp_path) as s:
         _ref_or_skip(backend, s)
         await s.pty_exec_start("sleep 600", yield_time_s=0.2)
-        if hook == "_release_entry" and not s.keeps_processes:
+        if hook == "durability.release" and not s.keeps_processes:
             hook = "_terminate_pty_entry"  # nothing is released: the process is torn down
         gate = HookGate(s, hook, after=after)
         detaching = asyncio.ensure_future(s.detach())
@@ -168,7 +168,7 @@ async def test_cancelled_detach_leaves_the_ref_the_owner(
             assert len(resumed.pty_processes()) == 1
 
 
-@pytest.mark.parametrize("hook", ["_resume_backend", "_reattach_process"])
+@pytest.mark.parametrize("hook", ["durability.resume", "durability.reattach"])
 @pytest.mark.parametrize("after", [False, True])
 async def test_cancelled_resume_leaves_the_ref_the_owner(
     backend: Any, tmp_path: Path, hook: str, after: bool
@@ -178,7 +178,7 @@ async def test_cancelled_resume_leaves_the_ref_the_owner(
         await s.write_file("kept.txt", b"kept")
         await s.pty_exec_start("sleep 600", yield_time_s=0.2)
         ref = await s.detach()
-        if hook == "_reattach_process" and not s.keeps_processes:
+        if hook == "durability.reattach" and not s.keeps_processes:
             pytest.skip(f"{backend.name}: the ref's processes ended at detach: none reattached")
         resumed = _resume(backend, s, ref)
         gate = HookGate(resumed, hook, after=after)

@@ -47,7 +47,7 @@ async def _blocked_write(session: UnixLocalSession, pid: int) -> asyncio.Future[
 
 
 async def _write_is_pending(session: UnixLocalSession, pid: int) -> bool:
-    entry = session._processes.lookup(pid)
+    entry = session._core.processes.lookup(pid)
     return await eventually(lambda: entry.write_task is not None and not entry.write_task.done())
 
 

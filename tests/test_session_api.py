@@ -168,7 +168,7 @@ async def test_a_write_preempts_a_long_poll(tmp_path: Path) -> None:
         assert pid is not None
         deadlines = DeadlineCount(s)
         poll = asyncio.ensure_future(s.pty_write_stdin(pid, "", yield_time_s=30))
-        assert await eventually(lambda: s._processes.lookup(pid).call_lock.locked())
+        assert await eventually(lambda: s._core.processes.lookup(pid).call_lock.locked())
         write = await s.pty_write_stdin(pid, "hi\n", until="hi\r\nhi", yield_time_s=20)
         assert (await poll).process_id == pid
         assert deadlines.count == 0, "the write must end the poll, and until the write"

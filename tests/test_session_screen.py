@@ -159,7 +159,7 @@ async def test_a_flood_is_not_emulated_until_the_screen_is_asked_for(
         f"seq 1 {last}; echo done; exec sleep 600", tty=True, until="done", yield_time_s=LONG
     )
     assert update.process_id is not None and "done" in update.output
-    screen = session._processes.lookup(update.process_id).screen
+    screen = session._core.processes.lookup(update.process_id).screen
     assert screen is not None
     # Nothing was emulated while the output streamed: the screen is as it started.
     assert screen.snapshot().lines == ("",) * 24
@@ -199,7 +199,7 @@ async def test_a_write_preempts_a_poll_waiting_on_the_screen(
     poll = asyncio.ensure_future(
         session.pty_write_stdin(pid, "", until_screen="never shown", yield_time_s=LONG)
     )
-    assert await eventually(lambda: session._processes.lookup(pid).call_lock.locked())
+    assert await eventually(lambda: session._core.processes.lookup(pid).call_lock.locked())
     write = await session.pty_write_stdin(
         pid, "hi\n", until_screen=re.compile(r"hi\nhi"), yield_time_s=LONG
     )
@@ -220,7 +220,7 @@ async def test_pipes_and_screen_false_have_no_screen(session: BaseSandboxSession
             await session.pty_screen(pid)
         with pytest.raises(sandbox.InvalidArgumentError):
             await session.pty_write_stdin(pid, "", until_screen="x")
-        assert session._processes.lookup(pid).screen is None
+        assert session._core.processes.lookup(pid).screen is None
     with pytest.raises(sandbox.InvalidArgumentError):
         await session.pty_exec_start("true", until_screen="x")
     with pytest.raises(sandbox.PtyProcessNotFoundError):
@@ -238,7 +238,7 @@ async def test_recording_of_a_killed_process_and_nothing_left_on_the_loop(
     await session.pty_resize(pid, rows=30, cols=100)
     # A flood is under way when the terminate comes.
     await session.pty_write_stdin(pid, "yes\r", until="y\r\ny", yield_time_s=LONG)
-    entry = session._processes.lookup(pid)
+    entry = session._core.processes.lookup(pid)
     await session.pty_terminate(pid)
     assert entry_handles(session, pid) == []
     assert entry.recorder is not None and entry.recorder.closed
@@ -262,7 +262,7 @@ async def test_recording_survives_a_cancelled_close(tmp_path: Path) -> None:
     pid = await start_bash(session)
     await session.pty_write_stdin(pid, "echo hi\r", until_screen="\nhi\n", yield_time_s=LONG)
     await session.pty_resize(pid, rows=30, cols=100)
-    entry = session._processes.lookup(pid)
+    entry = session._core.processes.lookup(pid)
     closing = asyncio.ensure_future(session.aclose())
     await asyncio.sleep(0)  # the close is under way: now its caller is cancelled
     closing.cancel()

@@ -142,7 +142,7 @@ async def test_finalizing_an_exited_process(session: UnixLocalSession, cancels: 
     assert isinstance(outcome.error, asyncio.CancelledError)
     assert outcome.error.args == ("stop-0",)
     assert blocker.completed == [pid]
-    assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert session.pty_processes() == [] and session._core.processes.reserved == set()
     assert not host_pids_with_arg(marker)
 
 
@@ -165,7 +165,7 @@ async def test_pruning_a_full_registry(tmp_path: Path, cancels: int) -> None:
         assert victim in blocker.completed
         assert set(blocker.begun) == set(blocker.completed)
         assert {i.process_id for i in s.pty_processes()} == set(pids[1:])
-        assert s._processes.reserved == set(pids[1:])
+        assert s._core.processes.reserved == set(pids[1:])
     assert await eventually(lambda: not host_pids_with_arg(marker))
 
 
@@ -183,7 +183,7 @@ async def test_terminate_one(session: UnixLocalSession, cancels: int) -> None:
     assert isinstance(outcome.error, asyncio.CancelledError)
     assert outcome.error.args == ("stop-0",)
     assert blocker.completed == [pid]
-    assert session._processes.reserved == set()
+    assert session._core.processes.reserved == set()
     assert not host_pids_with_arg(marker)
 
 
@@ -205,7 +205,7 @@ async def test_terminate_all_is_one_batch(tmp_path: Path, cancels: int) -> None:
         assert isinstance(outcome.error, asyncio.CancelledError)
         assert outcome.error.args == ("stop-0",)
         assert sorted(blocker.completed) == sorted(pids), "the second entry is torn down too"
-        assert s._processes.reserved == set()
+        assert s._core.processes.reserved == set()
         assert not host_pids_with_arg(marker)
 
 
@@ -223,7 +223,7 @@ async def test_start_that_fails_before_registration(
     assert isinstance(outcome.error, asyncio.CancelledError)
     assert outcome.error.args == ("stop-0",)
     assert len(blocker.completed) == 1
-    assert session._processes.reserved == set()
+    assert session._core.processes.reserved == set()
 
 
 @pytest.mark.parametrize("cancels", CANCELS)
@@ -254,7 +254,7 @@ async def test_start_cancelled_before_registration(session: UnixLocalSession, ca
     assert isinstance(outcome.error, asyncio.CancelledError)
     assert outcome.error.args == ("stop-0",)
     assert len(blocker.completed) == 1
-    assert session._processes.reserved == set()
+    assert session._core.processes.reserved == set()
     assert not host_pids_with_arg(marker)
 
 
@@ -291,7 +291,7 @@ async def test_cleanup_error_surfaces_even_when_cancelled(session: UnixLocalSess
         await task
     assert isinstance(outcome.error, RuntimeError)
     assert blocker.completed == [pid]
-    assert session._processes.reserved == set()
+    assert session._core.processes.reserved == set()
 
 
 async def test_batch_attempts_every_entry_when_one_fails(tmp_path: Path) -> None:
@@ -311,5 +311,5 @@ async def test_batch_attempts_every_entry_when_one_fails(tmp_path: Path) -> None
         with pytest.raises(OSError, match="one teardown failed"):
             await s.pty_terminate_all()
         assert failed == [pids[1]]
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         assert not host_pids_with_arg(marker)

@@ -300,7 +300,7 @@ async def test_terminal_handshake_refused(
     assert (error.status, error.retryable) == (status, retryable)
     assert error.__cause__ is None and error.__context__ is None
     assert_no_secret(*texts_of(error))
-    assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert session.pty_processes() == [] and session._core.processes.reserved == set()
     assert (await session.pty_exec_start("exit 2", tty=True)).exit_code == 2
 
 
@@ -314,7 +314,7 @@ async def test_dropped_socket_ends_the_process(
     final = await session.pty_write_stdin(update.process_id, "", yield_time_s=20)
     assert (final.process_id, final.exit_code) == (None, None)
     assert "[sandbox: process lost: the Blaxel terminal connection closed" in final.output
-    assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert session.pty_processes() == [] and session._core.processes.reserved == set()
     assert await eventually(lambda: not host_pids_with_arg(marker))
 
 
@@ -488,7 +488,7 @@ async def test_cancel_start_while_the_handshake_is_blocked(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert session.pty_processes() == [] and session._core.processes.reserved == set()
     server.release()
     assert await eventually(lambda: server.live_processes() == 0)
     assert (await session.pty_exec_start("exit 3", tty=True)).exit_code == 3
@@ -536,7 +536,7 @@ async def test_cancel_a_write_blocked_by_a_full_socket(
     with pytest.raises(asyncio.CancelledError):
         await task
     await session.pty_terminate(pid)
-    assert session.pty_processes() == [] and session._processes.reserved == set()
+    assert session.pty_processes() == [] and session._core.processes.reserved == set()
     server.release()
     assert await eventually(lambda: server.live_processes() == 0)
 
@@ -651,7 +651,7 @@ async def test_secrets_never_leak(
             seen += texts_of(info.value)
         update = await session.pty_exec_start("echo ready; exec cat", tty=True, until="ready")
         assert update.process_id is not None
-        seen += [repr(session.pty_processes()), repr(session._processes.entries())]
+        seen += [repr(session.pty_processes()), repr(session._core.processes.entries())]
         await server.send_terminal_error(SPECIAL_KEY)
         server.drop_terminals()
         final = await session.pty_write_stdin(update.process_id, "", yield_time_s=10)
@@ -827,7 +827,7 @@ async def test_a_shell_killed_without_the_end_marker_is_lost_in_bounded_time(
         assert "process lost: the Blaxel terminal's shell ended" in final.output
         assert server.inputs >= 2  # the typed line, then at least one probe
         assert await eventually(lambda: not host_pids_with_arg(marker))
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
 
 
 async def test_split_utf8_arrives_as_the_server_sends_it(

@@ -308,7 +308,7 @@ async def test_refused_terminal_handshake(
             await s.pty_exec_start("echo hi", tty=True)
         assert info.value.retryable is retryable
         assert_no_secret(info.value)
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         update = await s.pty_exec_start("echo hi", tty=True)
         assert update.output == "hi\r\n" and update.exit_code == 0
 
@@ -505,7 +505,7 @@ async def test_error_frame_before_ready(server: CloudflareWorkerServer) -> None:
         with pytest.raises(sandbox.ProviderError, match="no capacity for <redacted>") as info:
             await s.pty_exec_start("echo hi", tty=True)
         assert_no_secret(info.value)
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         await idle(server)
         assert server.live_processes() == 0
 
@@ -551,7 +551,7 @@ async def test_terminal_not_ready_in_time(server: CloudflareWorkerServer) -> Non
         with pytest.raises(sandbox.ProviderError, match="not ready within") as info:
             await s.pty_exec_start("echo hi", tty=True)
         assert info.value.retryable
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         await stall.abandoned.wait()
         stall.release()
         await idle(server)
@@ -597,7 +597,7 @@ async def test_cancel_start_during_the_handshake(
         task = await cancel_when_reached(s.pty_exec_start("echo hi", tty=True), stall.reached)
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         await stall.abandoned.wait()
         stall.release()
         await idle(server)
@@ -674,7 +674,7 @@ async def test_cancel_write_in_flight_keeps_the_stream_intact(
         def in_flight() -> bool:
             # Filled the socket and blocked in the drain (on a loaded machine the write
             # task may take a while to get there).
-            write = s._processes.lookup(pid).write_task
+            write = s._core.processes.lookup(pid).write_task
             return write is not None and "send_frame" in awaiting(write)
 
         assert await eventually(in_flight, timeout=10), "the write itself is in flight"
@@ -709,7 +709,7 @@ async def test_cancel_terminate_while_the_session_delete_is_in_flight(
         stall.release()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert s.pty_processes() == [] and s._processes.reserved == set()
+        assert s.pty_processes() == [] and s._core.processes.reserved == set()
         await idle(server)
         assert await eventually(lambda: not host_pids_with_arg(marker), timeout=3)
 
@@ -740,7 +740,7 @@ async def test_key_not_in_reprs(server: CloudflareWorkerServer) -> None:
     async with open_cf(server) as s:
         update = await s.pty_exec_start("echo r; exec cat", tty=True, until="r")
         assert update.process_id is not None
-        entry_handle = s._processes.lookup(update.process_id).handle
+        entry_handle = s._core.processes.lookup(update.process_id).handle
         assert_no_secret(s, vars(s), entry_handle, s._client.http, server)
 
 

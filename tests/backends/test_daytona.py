@@ -110,7 +110,7 @@ async def nothing_left(fake: FakeDaytona, session: DaytonaSession | None = None)
     assert await eventually(lambda: other_tasks() == []), other_tasks()
     if session is not None and session.sandbox_id in fake.sandboxes:
         assert session.pty_processes() == []
-        assert session._processes.reserved == set()
+        assert session._core.processes.reserved == set()
         assert await eventually(lambda: fake.pty_ids(session.sandbox_id or "") == [])
         assert fake.session_ids(session.sandbox_id or "") == []
 
@@ -1060,7 +1060,7 @@ async def test_cancel_during_kill_still_leaves_nothing(
         assert await eventually(lambda: not host_pids_with_arg(marker))
         # A session whose deletion never got an answer may still exist on the provider.
         await nothing_left(fake, None if point == "delete_session" else session)
-        assert session._processes.reserved == set()
+        assert session._core.processes.reserved == set()
 
 
 async def test_kill_that_never_returns_is_reported_for_pipes(fake: FakeDaytona) -> None:

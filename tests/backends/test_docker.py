@@ -692,7 +692,7 @@ async def test_cancel_process_start_leaves_no_process(method: str, tty: bool) ->
                 client, s.pty_exec_start(f"exec sleep {marker}", tty=tty)
             )
             assert isinstance(outcome, asyncio.CancelledError)
-            assert s.pty_processes() == [] and s._processes.reserved == set()
+            assert s.pty_processes() == [] and s._core.processes.reserved == set()
             assert await eventually(lambda: not host_pids_with_arg(marker))
             assert (await s.exec("echo fine")).stdout == b"fine\n"
     finally:
@@ -737,7 +737,7 @@ async def test_cancel_write_blocked_on_a_full_socket() -> None:
         update = await s.pty_exec_start("stty -echo; echo r; exec sleep 600", tty=True, until="r")
         pid = update.process_id
         assert pid is not None
-        proc = s._processes.lookup(pid).handle
+        proc = s._core.processes.lookup(pid).handle
         task = asyncio.ensure_future(s.pty_write_stdin(pid, "z" * (8 << 20)))
         # The terminal is not read, so the socket fills up and the write waits for room.
         assert await eventually(lambda: proc._stream._write_waiter is not None, timeout=20)
@@ -772,7 +772,7 @@ async def test_cancel_terminate_mid_kill_still_kills(method: str) -> None:
             assert update.process_id is not None
             outcome = await cancel_when_blocked(client, s.pty_terminate(update.process_id))
             assert isinstance(outcome, asyncio.CancelledError)
-            assert s.pty_processes() == [] and s._processes.reserved == set()
+            assert s.pty_processes() == [] and s._core.processes.reserved == set()
             assert await eventually(lambda: not host_pids_with_arg(marker))
     finally:
         client.release.set()

@@ -669,7 +669,7 @@ async def test_cancel_during_process_create(fake: FakeE2B, tty: bool, after: boo
         started = [p for p in fake.processes if p.tty is tty]
         # The marker is gone, but the rest of each session may still be dying.
         assert await eventually(lambda: all(p.session_pids() == [] for p in started))
-        assert session._processes.reserved == set()
+        assert session._core.processes.reserved == set()
     await assert_clean(fake)
 
 
@@ -768,7 +768,7 @@ async def test_cancel_during_kill_still_kills(fake: FakeE2B, tty: bool) -> None:
             await task
         assert session.pty_processes() == []
         assert await eventually(lambda: not host_pids_with_arg(marker))
-        assert session._processes.reserved == set()
+        assert session._core.processes.reserved == set()
     await assert_clean(fake)
 
 

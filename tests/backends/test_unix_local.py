@@ -145,7 +145,7 @@ async def test_unread_flood_keeps_memory_bounded(session: UnixLocalSession) -> N
     assert update.process_id is not None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     await asyncio.sleep(1.5)  # `yes` floods while nobody reads: that is the point
-    entry = session._processes.lookup(update.process_id)
+    entry = session._core.processes.lookup(update.process_id)
     assert entry.output.retained <= session.output_limit_bytes
     assert entry.output.omitted > 10 * session.output_limit_bytes
     poll = await session.pty_write_stdin(update.process_id, "", until="y\n", max_output_tokens=2000)

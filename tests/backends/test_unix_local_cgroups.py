@@ -235,7 +235,7 @@ async def test_cpu_and_process_limits_are_in_force_for_the_process(tmp_path: Pat
         update = await s.pty_exec_start("echo up; exec sleep 60", until="up")
         assert update.process_id is not None
         pid = next(p.process_id for p in s.pty_processes())
-        entry = s._processes.lookup(pid)
+        entry = s._core.processes.lookup(pid)
         proc_pid = entry.handle.pid  # type: ignore[union-attr]
         assert set(s.limits_enforced) == {"cpu_limit", "process_limit"}
         cpu = _limit_file_of(proc_pid, "cpu", "cpu.cfs_quota_us", "cpu.max")

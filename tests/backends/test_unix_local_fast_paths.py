@@ -85,7 +85,7 @@ async def test_a_command_that_ends_in_its_window_takes_the_fast_paths(
         assert shell_pid(update.output) not in children_of_me(), "reaped at once"
     assert (calls.spawns, calls.teardowns) == (0, 0)
     assert open_fds() == fds
-    assert s.pty_processes() == [] and s._processes.reserved == set()
+    assert s.pty_processes() == [] and s._core.processes.reserved == set()
 
 
 async def test_a_child_left_alive_in_the_leaf_goes_through_the_settled_teardown(
@@ -98,7 +98,7 @@ async def test_a_child_left_alive_in_the_leaf_goes_through_the_settled_teardown(
     assert update.process_id is None and update.output == "started\n"
     assert calls.teardowns == 1, "a live child in the leaf: the teardown must wait for it"
     assert host_pids_with_arg(marker) == []
-    assert s.pty_processes() == [] and s._processes.reserved == set()
+    assert s.pty_processes() == [] and s._core.processes.reserved == set()
 
 
 async def test_tag_containment_takes_the_settled_teardown(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ async def test_a_gated_spawn_runs_as_an_owned_task_and_the_handle_still_ends_it(
     gate = HookGate(s, "_spawn_process")
     start = asyncio.ensure_future(s.pty_exec_start("echo $$"))
     await gate.reached.wait()
-    assert not start.done() and s._processes.spawn_tasks(), "the spawn is an owned task"
+    assert not start.done() and s._core.processes.spawn_tasks(), "the spawn is an owned task"
     gate.release()
     update = await start
     assert update.process_id is None and update.exit_code == 0
@@ -189,5 +189,5 @@ async def test_a_fast_started_process_cancelled_in_its_window_is_torn_down(
         await task
     assert calls.spawns == 0 and calls.teardowns == 1
     assert host_pids_with_arg(marker) == []
-    assert s.pty_processes() == [] and s._processes.reserved == set()
+    assert s.pty_processes() == [] and s._core.processes.reserved == set()
     assert open_fds() == fds

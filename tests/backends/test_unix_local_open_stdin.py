@@ -119,7 +119,7 @@ async def test_a_close_waits_for_the_write_before_it(tmp_path: Path, path: str) 
         )
         pid = update.process_id
         assert pid is not None
-        entry = s._processes.lookup(pid)
+        entry = s._core.processes.lookup(pid)
         writing = asyncio.ensure_future(
             s.pty_write_stdin(pid, payload, until="0065535\n", yield_time_s=30)
         )

@@ -289,7 +289,7 @@ async def test_a_resume_that_won_the_lease_makes_the_old_close_let_go(server):
     started = await old.pty_exec_start("cat", tty=True, yield_time_s=0.2)
     ref = old.ref()
     new = _resume(ref)
-    gate = HookGate(new, "_reattach_process")  # the lease is the new client's by now
+    gate = HookGate(new, "durability.reattach")  # the lease is the new client's by now
     starting = asyncio.ensure_future(new.start())
     await gate.reached.wait()
     await old.aclose()  # its claim fails: it lets go, deletes nothing

@@ -97,7 +97,7 @@ async def test_cancelled_reattach_releases_without_killing(tmp_path):
         update = await session.pty_exec_start("sleep 30", yield_time_s=0.1)
         ref = await session.detach()
         resumed = _resume(fake, ref)
-        gate = HookGate(resumed, "_reattach_process", after=True)
+        gate = HookGate(resumed, "durability.reattach", after=True)
         starting = asyncio.ensure_future(resumed.start())
         await gate.reached.wait()
         starting.cancel()

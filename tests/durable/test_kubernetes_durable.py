@@ -251,7 +251,7 @@ async def test_a_close_before_the_resume_takes_the_lease_wins(server, tmp_path):
     await old.start()
     ref = old.ref()
     resumed = sandbox.resume_session(ref)
-    gate = HookGate(resumed, "_resume_backend", after=True)  # attached, lease not yet taken
+    gate = HookGate(resumed, "durability.resume", after=True)  # attached, lease not yet taken
     starting = asyncio.ensure_future(resumed.start())
     await gate.reached.wait()
     await old.aclose()  # still the owner: deletes the pod

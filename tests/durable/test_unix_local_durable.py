@@ -134,7 +134,7 @@ async def test_resume_racing_the_old_close_leaves_one_owner(tmp_path, winner):
         assert not os.path.exists(workspace)
     else:
         # The resume has attached and is about to take the lease when the close starts.
-        gate = HookGate(new, "_resume_backend", after=True)
+        gate = HookGate(new, "durability.resume", after=True)
         starting = asyncio.ensure_future(new.start())
         await gate.reached.wait()
         gate.release()
@@ -151,7 +151,7 @@ async def test_cancelled_resume_leaves_the_ref_the_owner(tmp_path):
     await session.start()
     ref = await session.detach()
     new = sandbox.resume_session(ref)
-    gate = HookGate(new, "_resume_backend", after=True)
+    gate = HookGate(new, "durability.resume", after=True)
     starting = asyncio.ensure_future(new.start())
     await gate.reached.wait()
     starting.cancel()
@@ -168,7 +168,7 @@ async def test_cancelled_detach_still_hands_the_sandbox_to_the_ref(tmp_path):
     session = sandbox.open_session("unix_local", workdir=tmp_path)
     await session.start()
     await session.pty_exec_start("sleep", marker, yield_time_s=0.1)
-    gate = HookGate(session, "_detach_backend")
+    gate = HookGate(session, "durability.detach")
     detaching = asyncio.ensure_future(session.detach())
     await gate.reached.wait()
     detaching.cancel()

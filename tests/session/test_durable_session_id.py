@@ -17,6 +17,6 @@ async def test_it_is_the_refs_id_and_a_resume_takes_it_over(tmp_path: Path) -> N
         ref = first.ref()
         assert durable_session_id(first) == ref.session_id
         resumed = sandbox.resume_session(ref)
-        # Set when the resume is made, before `_resume_backend` could ask for it.
+        # Set when the resume is made, before `Durability.resume` could ask for it.
         assert durable_session_id(resumed) == ref.session_id
         assert resumed.state is sandbox.SessionState.NEW

@@ -1,8 +1,8 @@
 """`sandbox.session.lifecycle.Lifecycle`, alone: real collaborators, steerable hooks.
 
 `Host` is a session as the lifecycle sees it: a real `ProcessRegistry`, `OwnedTasks`,
-`Recordings` and `DurableState`, and backend hooks a test steers (the start can park
-on an event and fail; each hook records that it ran).
+`Recordings` and `DurableState` in a `_core` as a session's, and backend hooks a test
+steers (the start can park on an event and fail; each hook records that it ran).
 """
 
 from __future__ import annotations
@@ -61,22 +61,26 @@ class Host:
         self.teardown_go = asyncio.Event()
         self.teardown_go.set()
         self.abandoned: list[int] = []
-        self._durable = DurableState(None)
-        self._session_options = SessionOptions()
-        self._capabilities = SimpleNamespace(durability=HostDurability(self))
-        self._processes: ProcessRegistry[None] = ProcessRegistry("test", output_limit_bytes=4096)
-        self._recordings = Recordings(None)
-        self.lifecycle = Lifecycle(self)
-        self._owned: OwnedTasks[None] = OwnedTasks(
-            self._processes,
+        processes: ProcessRegistry[None] = ProcessRegistry("test", output_limit_bytes=4096)
+        self._core = SimpleNamespace(
+            durable=DurableState(None),
+            options=SessionOptions(),
+            capabilities=SimpleNamespace(durability=HostDurability(self)),
+            processes=processes,
+            recordings=Recordings(None),
+        )
+        self.lifecycle = self._core.lifecycle = Lifecycle(self)
+        self._core.owned = OwnedTasks(
+            processes,
             self._terminate,
-            closing=self.lifecycle.is_closing,
+            admission=self.lifecycle,
             changed=self.lifecycle.changed,
         )
 
     async def admitted(self) -> PtyEntry[None]:
-        entry, _ = await self._processes.reserve(SPEC, check_open=self.lifecycle.require_running)
-        assert self._processes.admit(entry)
+        processes = self._core.processes
+        entry, _ = await processes.reserve(SPEC, check_open=self.lifecycle.admit_now)
+        assert processes.admit(entry)
         return entry
 
     async def _terminate(self, entry: PtyEntry[None]) -> None:
@@ -97,16 +101,6 @@ class Host:
     def _abandon(self, entries: list[PtyEntry[None]]) -> None:
         self.abandoned.extend(e.process_id for e in entries)
 
-    # The durable calls the session makes (no lease store: a ref file only).
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        raise AssertionError("not resumed here")
-
-    async def _reattach_process(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
-        raise AssertionError("not resumed here")
-
-    async def _detach_backend(self) -> None:
-        self.calls.append("detach")
-
 
 class HostDurability(Durability):
     """The test host's refs: one sandbox, no options of its own, no lease."""
@@ -120,26 +114,32 @@ class HostDurability(Durability):
     async def resume(self, ref: SessionRef) -> None:
         raise AssertionError("not resumed here")
 
+    async def reattach(self, entry: PtyEntry[Any], process: ProcessRef) -> None:
+        raise AssertionError("not resumed here")
+
+    async def detach(self) -> None:
+        self.session.calls.append("detach")
+
 
 async def test_calls_are_refused_before_the_start_and_after_the_close() -> None:
     host = Host()
     life = host.lifecycle
-    assert life.state is SessionState.NEW and not life.is_closing()
+    assert life.state is SessionState.NEW and not life.closing
     with pytest.raises(SessionNotStartedError, match="test session is not started"):
-        life.require_running()
+        life.admit_now()
     with pytest.raises(SessionNotStartedError):
-        await life.guard()
+        await life.admit()
     await life.start()
     assert life.state is SessionState.RUNNING
-    life.require_running()
-    await life.guard()
+    life.admit_now()
+    await life.admit()
     await life.start()  # a no-op when running
     assert host.calls == ["start"]
     await life.close()
-    assert life.state is SessionState.CLOSED and life.is_closing()
+    assert life.state is SessionState.CLOSED and life.closing
     assert host.calls == ["start", "stop"]
     with pytest.raises(SessionClosedError, match="test session is closed"):
-        await life.guard()
+        await life.admit()
     with pytest.raises(SessionClosedError):
         await life.start()
     await life.close()  # idempotent: the backend is stopped once
@@ -152,7 +152,7 @@ async def test_a_failed_start_is_undone_and_may_be_retried() -> None:
         await host.lifecycle.start()
     assert host.lifecycle.state is SessionState.NEW
     assert host.calls == ["start", "stop"]  # what it half made is stopped
-    assert host._owned.start_task is None
+    assert host._core.owned.start_task is None
     host.fail_start = None
     await host.lifecycle.start()
     assert host.lifecycle.state is SessionState.RUNNING
@@ -193,7 +193,7 @@ async def test_the_close_tears_every_process_down_before_the_backend_stops() -> 
         [f"terminate {first.process_id}", f"terminate {second.process_id}"]
     )
     assert host.calls[3:] == ["stop"]
-    assert host._processes.reserved == set() and len(host._processes) == 0
+    assert host._core.processes.reserved == set() and len(host._core.processes) == 0
 
 
 async def test_a_cancelled_closer_leaves_the_close_running_and_a_second_close_awaits_it() -> None:
@@ -241,11 +241,11 @@ async def test_run_closing_returns_the_result_and_closes_even_when_the_work_fail
 async def test_a_taken_over_session_refuses_every_call() -> None:
     host = Host()
     await host.lifecycle.start()
-    host._durable.taken_over = True
+    host._core.durable.taken_over = True
     with pytest.raises(SessionTakenOverError, match="resumed by another client"):
-        host.lifecycle.require_running()
+        host.lifecycle.admit_now()
     with pytest.raises(SessionTakenOverError):
-        await host.lifecycle.check_lease()
+        await host.lifecycle.admit()
     await host.lifecycle.close()  # only lets go: the sandbox is the new owner's
     assert host.calls == ["start", "detach"]
 
@@ -253,7 +253,7 @@ async def test_a_taken_over_session_refuses_every_call() -> None:
 async def test_the_ref_file_follows_changes_only_while_running(tmp_path: Path) -> None:
     host = Host()
     ref_path = tmp_path / "ref.json"
-    host._durable = DurableState(ref_path)
+    host._core.durable = DurableState(ref_path)
     host.lifecycle.changed()
     assert not ref_path.exists()  # not started: nothing to write yet
     await host.lifecycle.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,14 +56,19 @@ class Teardowns:
             self.running -= 1
 
 
+# An admission (the session's lifecycle) whose session is not closing.
+OPEN = SimpleNamespace(closing=False)
+
+
 class Session:
-    """The two collaborators wired as `BaseSandboxSession` wires them."""
+    """The two collaborators wired as `BaseSandboxSession` wires them (the session is
+    their admission here: `closing` is a switch the test flips)."""
 
     def __init__(self, teardowns: Teardowns, *, concurrency: int = 8) -> None:
         self.closing = False
         self.processes: ProcessRegistry = ProcessRegistry("test", output_limit_bytes=4096)
         self.owned: OwnedTasks = OwnedTasks(
-            self.processes, teardowns, closing=lambda: self.closing, concurrency=concurrency
+            self.processes, teardowns, admission=self, concurrency=concurrency
         )
 
     async def admitted(self, n: int) -> list[PtyEntry]:
@@ -97,7 +103,7 @@ async def test_every_entry_is_attempted_and_failures_come_back_together() -> Non
     s = Session(Teardowns())
     entries = await s.admitted(3)
     failing = {entries[0].process_id, entries[2].process_id}
-    s.owned = OwnedTasks(s.processes, Teardowns(fail=failing), closing=lambda: False)
+    s.owned = OwnedTasks(s.processes, Teardowns(fail=failing), admission=OPEN)
     with pytest.raises(CleanupError) as caught:
         await s.owned.settle_batch(s.processes.take_all())
     assert len(caught.value.errors) == 2
@@ -110,7 +116,7 @@ async def test_one_failure_is_raised_as_itself_or_only_logged(
     s = Session(Teardowns())
     first, second = await s.admitted(2)
     s.owned = OwnedTasks(
-        s.processes, Teardowns(fail={first.process_id, second.process_id}), closing=lambda: False
+        s.processes, Teardowns(fail={first.process_id, second.process_id}), admission=OPEN
     )
     with pytest.raises(ConnectionLostError, match=f"teardown of {first.process_id}"):
         await s.owned.settle_batch([s.processes.take(first.process_id)])
@@ -146,7 +152,7 @@ async def test_a_pending_write_is_ended_before_the_backends_teardown() -> None:
         order.append("write done" if entry.write_task.done() else "write pending")
 
     s = Session(Teardowns())
-    s.owned = OwnedTasks(s.processes, terminate, closing=lambda: False)
+    s.owned = OwnedTasks(s.processes, terminate, admission=OPEN)
     (entry,) = await s.admitted(1)
     entry.write_task = asyncio.ensure_future(asyncio.Event().wait())
     await s.owned.settle_batch(s.processes.take_all())
@@ -376,7 +382,7 @@ async def test_let_go_entries_are_released_not_ended_and_changed_is_called() -> 
     s.owned = OwnedTasks(
         s.processes,
         ended,
-        closing=lambda: False,
+        admission=OPEN,
         release=released,
         changed=lambda: changes.append(len(s.processes)),
     )
@@ -397,7 +403,7 @@ async def test_settle_all_returns_the_failures_instead_of_raising() -> None:
     s = Session(Teardowns())
     entries = await s.admitted(2)
     failing = {entries[0].process_id}
-    s.owned = OwnedTasks(s.processes, Teardowns(fail=failing), closing=lambda: False)
+    s.owned = OwnedTasks(s.processes, Teardowns(fail=failing), admission=OPEN)
     errors = await s.owned.settle_all(s.processes.take_all())
     assert [str(e) for e in errors] == [f"teardown of {entries[0].process_id} failed"]
     assert s.processes.reserved == set()

@@ -52,7 +52,7 @@ async def start_cat(s: UnixLocalSession) -> tuple[int, PtyEntry]:
         "stty -echo; echo r; exec grep --line-buffered -vx 'x*'", tty=True, until="r"
     )
     assert update.process_id is not None
-    return update.process_id, s._processes.lookup(update.process_id)
+    return update.process_id, s._core.processes.lookup(update.process_id)
 
 
 def write(

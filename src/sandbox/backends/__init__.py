@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendUnavailableError, InvalidArgumentError, UnknownBackendError
+from ..session.capabilities import snapshot_options_of
 from ..session.options import bad_option_error
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def open_session(backend: str = "unix_local", **options: Any) -> BaseSandboxSess
         ref = SnapshotRef.from_json(ref) if isinstance(ref, str | bytes) else ref
         if not isinstance(ref, SnapshotRef) or ref.backend != backend:
             raise InvalidArgumentError(f"snapshot must be a SnapshotRef of the {backend} backend")
-        options = cls._snapshot_options(ref, options)
+        options = snapshot_options_of(cls.backend_name, cls._snapshots, ref, options)
     elif "snapshot" in options:
         options.pop("snapshot")  # `snapshot=None`: none
     try:

@@ -5,9 +5,8 @@ collaborators exactly as its close does (every entry changes hands through the
 `ProcessRegistry`'s `take*`/`adopt`, every teardown goes through `OwnedTasks`, which
 releases instead of ending the entries it is told to let go of), and call the backend's
 durability (`sandbox.session.capabilities.Durability`: `ref_sandbox`, `ref_options`,
-`ref_process`, `lease_store` directly; `resume`, `reattach` and `detach` through the
-session's `_resume_backend`, `_reattach_process` and `_detach_backend`, where a test
-can park them).
+`ref_process`, `lease_store`, `resume`, `reattach` and `detach`), looked up at each
+call (a test parks one on the capability object).
 
 The session is typed as `DurableSession`, the part of `BaseSandboxSession` used here
 (the session package imports this module, so this one must not import it back).
@@ -40,6 +39,17 @@ DETACH_NOTE = "ended at detach: {backend} processes cannot outlive the client th
 __all__ = ["DurableSession", "ProcessNotReattached"]
 
 
+class DurableCore(Protocol):
+    """What these functions use of a session's `SessionCore`."""
+
+    durable: DurableState
+    processes: ProcessRegistry[Any]
+    owned: OwnedTasks[Any]
+    recordings: Recordings
+    options: SessionOptions
+    capabilities: Capabilities
+
+
 class DurableSession(Protocol):
     """What these functions use of a `BaseSandboxSession`: its durable state, its
     collaborators and its durability."""
@@ -47,22 +57,14 @@ class DurableSession(Protocol):
     @property
     def backend_name(self) -> str: ...
 
-    output_limit_bytes: int
-    _durable: DurableState
-    _processes: ProcessRegistry[Any]
-    _owned: OwnedTasks[Any]
-    _recordings: Recordings
-    _session_options: SessionOptions
-    _capabilities: Capabilities
+    @property
+    def output_limit_bytes(self) -> int: ...
+
+    @property
+    def _core(self) -> DurableCore: ...
 
     @property
     def keeps_processes(self) -> bool: ...
-
-    async def _resume_backend(self, ref: SessionRef) -> None: ...
-
-    async def _reattach_process(self, entry: PtyEntry[Any], process: ProcessRef) -> None: ...
-
-    async def _detach_backend(self) -> None: ...
 
 
 def process_ref(
@@ -84,7 +86,7 @@ def process_ref(
         note=note if note is not None else entry.lost_reason,
         output_position=entry.output.start_pos,
         handle=(
-            session._capabilities.durability.ref_process(entry)
+            session._core.capabilities.durability.ref_process(entry)
             if running and entry.handle is not None
             else {}
         ),
@@ -93,7 +95,7 @@ def process_ref(
 
 def base_options(session: DurableSession) -> dict[str, Any]:
     """The base session's options a ref keeps: its bounds, none of them a secret."""
-    options = session._session_options
+    options = session._core.options
     return {
         "max_processes": options.max_processes,
         "output_limit_bytes": options.output_limit_bytes,
@@ -105,14 +107,14 @@ def base_options(session: DurableSession) -> dict[str, Any]:
 
 def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None) -> SessionRef:
     """The session's ref now (its registered processes, oldest first)."""
-    durable = session._durable
+    durable = session._core.durable
     if processes is None:
-        processes = [process_ref(session, entry) for entry in session._processes.registered()]
+        processes = [process_ref(session, entry) for entry in session._core.processes.registered()]
     return SessionRef(
         backend=session.backend_name,
         session_id=durable.session_id,
-        sandbox=session._capabilities.durability.ref_sandbox(),
-        options=session._capabilities.durability.ref_options(base_options(session)),
+        sandbox=session._core.capabilities.durability.ref_sandbox(),
+        options=session._core.capabilities.durability.ref_options(base_options(session)),
         processes=tuple(processes),
         keeps_processes=session.keeps_processes,
     )
@@ -121,7 +123,7 @@ def make_ref(session: DurableSession, processes: list[ProcessRef] | None = None)
 def changed(session: DurableSession) -> None:
     """Keep the ref file current after a process started or left (failures are logged:
     a full disk must not fail a teardown)."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.ref_file is None or durable.taken_over or durable.detached is not None:
         return
     try:
@@ -132,16 +134,16 @@ def changed(session: DurableSession) -> None:
 
 def _store(session: DurableSession) -> lease.LeaseStore | None:
     """The session's lease store (asked of the backend once, then kept)."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.store is None:
-        durable.store = session._capabilities.durability.lease_store()
+        durable.store = session._core.capabilities.durability.lease_store()
     return durable.store
 
 
 def _holder(session: DurableSession) -> lease.Holder:
     """This client's part in the lease (made once the session id is final: the
     session's secret is derived from it)."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.holder is None:
         key = seal.session_secret(durable.session_id)
         durable.holder = lease.Holder(durable.token, key, lambda reason: _forged(session, reason))
@@ -150,7 +152,7 @@ def _holder(session: DurableSession) -> lease.Holder:
 
 def _forged(session: DurableSession, reason: str) -> None:
     """Report, once per session, a lease value that failed the check."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.forged_seen:
         return
     durable.forged_seen = True
@@ -164,14 +166,14 @@ def _forged(session: DurableSession, reason: str) -> None:
 
 def close_store(session: DurableSession) -> None:
     """Release what the lease store holds (a folder fd), at the end of this client's hold."""
-    store, session._durable.store = session._durable.store, None
+    store, session._core.durable.store = session._core.durable.store, None
     close = getattr(store, "close", None)
     if close is not None:
         close()
 
 
 def _what(session: DurableSession) -> str:
-    return f"the {session.backend_name} session {session._durable.session_id}"
+    return f"the {session.backend_name} session {session._core.durable.session_id}"
 
 
 def taken_over_error(session: DurableSession) -> SessionTakenOverError:
@@ -187,7 +189,7 @@ async def guard(session: DurableSession) -> None:
     client took it over. Reads the lease only when the last check is older than the
     hold (`lease.HOLD_MS`); while calls keep coming, a task of the session reads it
     again before then (`_renew`), so a session in use pays no read per call."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.taken_over:
         raise taken_over_error(session)
     if not durable.shared:
@@ -207,7 +209,7 @@ async def guard(session: DurableSession) -> None:
 async def _refresh(session: DurableSession) -> None:
     """One check of the lease: extend the deadline from when it began, or flip
     `taken_over`."""
-    durable = session._durable
+    durable = session._core.durable
     store = _store(session)
     if store is None:
         durable.valid_until = float("inf")
@@ -227,7 +229,7 @@ async def _renew(session: DurableSession) -> None:
     """The session's renewer: reads the lease before the deadline runs out while calls
     keep coming; ends when no call came since its last read (an idle session asks the
     sandbox nothing), at a takeover, or when a read fails (the next call reads itself)."""
-    durable = session._durable
+    durable = session._core.durable
     loop = asyncio.get_running_loop()
     while not durable.taken_over:
         hold_s = _holder(session).hold_ms / 1000
@@ -245,7 +247,7 @@ async def _renew(session: DurableSession) -> None:
 
 async def stop_renewing(session: DurableSession) -> None:
     """At a close or detach: end the renewer (cancelled and awaited) for good."""
-    durable = session._durable
+    durable = session._core.durable
     durable.renewing_stopped = True
     renewer, durable.renewer = durable.renewer, None
     if renewer is not None and not renewer.done():
@@ -283,10 +285,10 @@ async def resume(session: DurableSession) -> None:
     """`start()` of a resumed session: attach, take the lease over, reattach processes.
     If this fails or is cancelled, `abandon_resume` releases what it attached (the
     sandbox stays: its owner is still the ref)."""
-    durable = session._durable
+    durable = session._core.durable
     ref = durable.resume_ref
     assert ref is not None
-    await session._resume_backend(ref)
+    await session._core.capabilities.durability.resume(ref)
     store = _store(session)
     if store is not None:
         holder = _holder(session)
@@ -300,7 +302,7 @@ async def resume(session: DurableSession) -> None:
         durable.valid_until = swapped + holder.hold_ms / 1000
     for pref in ref.processes:
         entry = _entry_for(session, pref)
-        session._processes.adopt(entry)  # ours from now: a failure releases it
+        session._core.processes.adopt(entry)  # ours from now: a failure releases it
         if not pref.running:
             entry.report_exit(pref.exit_code if pref.exit_code is not None else -1)
             entry.report_eof()
@@ -308,7 +310,7 @@ async def resume(session: DurableSession) -> None:
                 entry.feed(f"\n[sandbox: {pref.note}]\n".encode())
             continue
         try:
-            await session._reattach_process(entry, pref)
+            await session._core.capabilities.durability.reattach(entry, pref)
         except ProcessNotReattached as gone:
             if gone.exit_code is not None:
                 entry.feed(f"\n[sandbox: {gone.note}]\n".encode())
@@ -321,12 +323,12 @@ async def resume(session: DurableSession) -> None:
 async def abandon_resume(session: DurableSession) -> None:
     """Undo a resume that failed or was cancelled: let go of the reattached processes
     (they stay the ref's) and of the backend's clients; the sandbox is left running."""
-    entries = session._processes.take_all()
+    entries = session._core.processes.take_all()
     try:
-        await session._owned.settle_batch(entries, let_go={e.process_id for e in entries})
+        await session._core.owned.settle_batch(entries, let_go={e.process_id for e in entries})
     finally:
         close_store(session)
-        await settle(session._detach_backend())
+        await settle(session._core.capabilities.durability.detach())
 
 
 # ---- detach and close ------------------------------------------------------------------
@@ -335,16 +337,16 @@ async def abandon_resume(session: DurableSession) -> None:
 async def detach_everything(session: DurableSession) -> SessionRef:
     """The work of `detach()` (run as the session's closing task, settled)."""
     await stop_renewing(session)
-    await session._owned.cancel_in_flight()
-    starting = session._processes.take_all_starting()
-    registered = sorted(session._processes.take_all(), key=lambda e: e.started_at)
+    await session._core.owned.cancel_in_flight()
+    starting = session._core.processes.take_all_starting()
+    registered = sorted(session._core.processes.take_all(), key=lambda e: e.started_at)
     keep = [e for e in registered if session.keeps_processes and e.running and e.handle]
     kept_ids = {e.process_id for e in keep}
     ended = [e for e in registered if e.process_id not in kept_ids]
     # What the ref says of a kept process is read before its reader lets go of it.
     kept_refs = {e.process_id: process_ref(session, e) for e in keep}
     cut_short = {e.process_id for e in ended if e.running}
-    errors = await session._owned.settle_all(keep + ended + starting, let_go=kept_ids)
+    errors = await session._core.owned.settle_all(keep + ended + starting, let_go=kept_ids)
     note = DETACH_NOTE.format(backend=session.backend_name)
     processes = [
         kept_refs[e.process_id]
@@ -353,17 +355,17 @@ async def detach_everything(session: DurableSession) -> SessionRef:
         for e in registered
     ]
     ref = make_ref(session, processes)
-    session._durable.detached = ref
+    session._core.durable.detached = ref
     try:
         await _release_lease(session)
     except Exception as exc:
         errors.append(exc)
     try:
-        await session._detach_backend()
+        await session._core.capabilities.durability.detach()
     except Exception as exc:
         errors.append(exc)
     finish_ref_file(session, ref)
-    session._recordings.close()
+    session._core.recordings.close()
     if errors:
         logger.warning(
             "%s session: detaching left errors: %s",
@@ -378,7 +380,7 @@ def finish_ref_file(session: DurableSession, ref: SessionRef | None, *, keep: bo
     file (a close that deleted the sandbox); a taken-over session leaves it alone, and
     so does `keep` (a close whose teardown failed: the sandbox may still be there, and
     the file is what a retried close finds it from)."""
-    durable = session._durable
+    durable = session._core.durable
     close_store(session)
     ref_file, durable.ref_file = durable.ref_file, None
     if ref_file is None:
@@ -400,7 +402,7 @@ async def release_close(session: DurableSession) -> None:
     """A close whose teardown failed keeps the ref file: the lease it claimed goes back
     to this client, or the retried close (a resume of that file) would find the session
     closing and call it gone. Failures are logged (the close already failed)."""
-    durable = session._durable
+    durable = session._core.durable
     if not durable.shared or durable.taken_over:
         return
     try:
@@ -414,7 +416,7 @@ async def release_close(session: DurableSession) -> None:
 async def _release_lease(session: DurableSession) -> None:
     """At a detach: tell the next resume it need not wait for this client's checks
     (shared or not: with no record at all, the resume would wait out `HOLD_MS`)."""
-    durable = session._durable
+    durable = session._core.durable
     if not durable.taken_over:
         store = _store(session)
         if store is not None:
@@ -425,7 +427,7 @@ async def claim_close(session: DurableSession) -> bool:
     """At the start of a close: whether this client still owns the sandbox (and may
     tear it down). False when another client resumed it: the close then only lets go.
     A lease value that fails the check is no takeover (see `sandbox.durable.lease`)."""
-    durable = session._durable
+    durable = session._core.durable
     if durable.taken_over:
         return False
     if not durable.shared:
@@ -445,14 +447,14 @@ async def let_go(
     """The close of a taken-over session: release every entry (no kill: the new owner
     decides), then the backend's clients. Returns the errors met. `keep_ref_file`: leave
     the ref file holding the last ref (the sandbox stays, and is found again from it)."""
-    errors = await session._owned.settle_all(entries, let_go={e.process_id for e in entries})
+    errors = await session._core.owned.settle_all(entries, let_go={e.process_id for e in entries})
     try:
-        await session._detach_backend()
+        await session._core.capabilities.durability.detach()
     except Exception as exc:
         errors.append(exc)
     if keep_ref_file:
         close_store(session)
-        ref_file, session._durable.ref_file = session._durable.ref_file, None
+        ref_file, session._core.durable.ref_file = session._core.durable.ref_file, None
         if ref_file is not None:
             ref_file.close()
     else:
@@ -472,7 +474,7 @@ async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]])
         # could destroy what a new owner holds, so this client only lets go, and says so;
         # the ref file keeps the last ref, to resume or close the sandbox from.
         errors = await let_go(session, entries, keep_ref_file=True)
-        session._recordings.close()
+        session._core.recordings.close()
         raise CleanupError(
             f"closing the {session.backend_name} session: could not check whether another "
             f"client took the sandbox over ({exc}); the sandbox was left running and this "
@@ -482,7 +484,7 @@ async def close_or_let_go(session: DurableSession, entries: list[PtyEntry[Any]])
     if owner:
         return True
     errors = await let_go(session, entries)
-    session._recordings.close()
+    session._core.recordings.close()
     for error in errors:
         logger.warning("%s session: letting go failed: %s", session.backend_name, error)
     return False

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..session.capabilities import Durability
 from ..session.options import bad_option_error
 from .ref_file import read_ref_file
 from .refs import SessionRef
@@ -58,10 +59,10 @@ def resume_session(ref: SessionRef | str | bytes | os.PathLike[str], **options: 
 
     ref = load_ref(ref)
     cls = load_backend(ref.backend)
-    merged = merge_options(cls._options_from_ref(ref), options)
+    merged = merge_options((cls._durability or Durability).options_from_ref(ref), options)
     try:
         session = cls(**merged)
     except TypeError as exc:
         raise bad_option_error(ref.backend, cls, merged, exc) from None
-    session._durable.begin_resume(ref)
+    session._core.durable.begin_resume(ref)
     return session

@@ -1,14 +1,13 @@
-"""`BaseSandboxSession`: the public face of a session, orchestrating its collaborators.
+"""`BaseSandboxSession`: the public face of a session.
 
 Options, the lifecycle (`start`, `aclose`, `detach`) and the public calls (`exec`,
-`exec_stream`, files, workspace, `pty_*`) live here, each a check or two handed to a
-collaborator that owns its state: the `Lifecycle` (`self._lifecycle`: the state, the start and
-close tasks, the check each call makes first), the `ProcessRegistry`
-(`self._processes`: ids, slots, who owns each entry), `OwnedTasks` (`self._owned`:
-owned tasks and every teardown), `Recordings`, `PtyCalls` (`self._pty`), `FileCalls`,
-`WorkspaceCalls`, and the functions of `run_one_shot` and `sandbox.durable.ops`. The hooks a
-backend implements are inherited from `SessionHooks` (`hooks.py`); a backend never
-touches anything else here.
+`exec_stream`, files, workspace, `pty_*`) live here, each an argument check or two
+handed to the part of the session's one `SessionCore` (`core.py`) that owns the state it
+touches: its `Lifecycle` (admits every call), `ProcessRegistry`, `OwnedTasks`,
+`Recordings`, the calls (`FileCalls`, `WorkspaceCalls`, `PtyCalls`) and the functions of
+`run_one_shot` and `sandbox.durable.ops`. The hooks a backend implements are inherited
+from `SessionHooks` (`hooks.py`); a backend subclass defines nothing else of the base
+(refused when its class is made) and never touches the core.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Self
 
 from .. import arguments
 from ..durable import ops as durable_ops
-from ..durable.refs import ProcessRef, SessionRef
-from ..durable.state import DurableState
+from ..durable.refs import SessionRef
 from ..errors import InvalidArgumentError, UnsupportedOperationError
 from ..exec_output import DEFAULT_EXEC_OUTPUT_LIMIT, ExecCapture
 from ..files import arguments as files
 from ..output.buffer import DEFAULT_OUTPUT_LIMIT
 from ..output.until import UntilPattern, check_until
-from ..process_entry import H, ProcessSpec, PtyEntry
+from ..process_entry import H, ProcessSpec
 from ..settle import DEFAULT_BATCH_CONCURRENCY
 from ..terminal.screen_limit import check_screen_cells
 from ..types import ExecResult, PtyProcessInfo, PtyUpdate
@@ -35,21 +33,22 @@ from ..workspace import extract as ws_extract
 from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
-from . import file_calls, lifecycle, workspace_calls
-from .capabilities import Capabilities, Durability, snapshot_options_of
+from . import file_calls, workspace_calls
+from .core import SessionCore
 from .exec_stream import DEFAULT_STREAM_BUFFER, ExecStream
 from .hooks import SessionHooks
-from .lifecycle import SessionState
+from .lifecycle import Lifecycle, SessionState
 from .oneshot import run_one_shot
 from .options import SessionOptions
-from .ownership import OwnedTasks
-from .pty_calls import PtyCalls
-from .recordings import Recordings
-from .registry import MAX_PROCESSES, ProcessRegistry
+from .registry import MAX_PROCESSES
 from .windows import check_until_screen
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..terminal.screen import ScreenSnapshot
+
+
+# What a backend subclass may define of the base: the hooks and the capability types.
+_HOOK_NAMES = frozenset(name for name in vars(SessionHooks) if not name.startswith("__"))
 
 
 class BaseSandboxSession(SessionHooks[H]):
@@ -81,96 +80,80 @@ class BaseSandboxSession(SessionHooks[H]):
         record_dir: str | os.PathLike[str] | None = None,
         ref_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        recordings = Recordings(record_dir)
         # Checked here, not at teardown: a bad option must fail when it is given.
-        options = self._session_options = SessionOptions(
+        options = SessionOptions(
             max_processes=max_processes,
             output_limit_bytes=output_limit_bytes,
             teardown_concurrency=teardown_concurrency,
             read_limit_bytes=read_limit_bytes,
             exec_output_limit_bytes=exec_output_limit_bytes,
         )
-        self.output_limit_bytes = options.output_limit_bytes
-        self.read_limit_bytes = options.read_limit_bytes
-        self.exec_output_limit_bytes = options.exec_output_limit_bytes
-        # The state, the start and close tasks, the checks each call makes first.
-        self._lifecycle = lifecycle.Lifecycle(self)
-        # Which processes exist and who owns each (`registry.py` states the rule).
-        self._processes: ProcessRegistry[H] = ProcessRegistry(
-            self.backend_name,
-            max_processes=options.max_processes,
-            output_limit_bytes=options.output_limit_bytes,
+        # Name-mangled: no subclass can reach or replace it by accident.
+        self.__core: SessionCore[H] = SessionCore(
+            self, Lifecycle(self), options, record_dir=record_dir, ref_file=ref_file
         )
-        # The start, spawn and one-shot tasks it owns, and every teardown batch.
-        self._owned: OwnedTasks[H] = OwnedTasks(
-            self._processes,
-            # Looked up at each teardown: a test's `HookGate` may wrap the hook later.
-            lambda entry: self._terminate_pty_entry(entry),
-            closing=self._lifecycle.is_closing,
-            concurrency=options.teardown_concurrency,
-            release=lambda entry: self._release_entry(entry),
-            changed=self._lifecycle.changed,
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A backend implements hooks and keeps its own state; redefining anything else
+        # of the base would bypass the checks and the ownership rules its calls keep.
+        super().__init_subclass__(**kwargs)
+        clashes = sorted(
+            name
+            for name in vars(cls)
+            if not (name.startswith("__") and name.endswith("__"))
+            and name not in _HOOK_NAMES
+            and hasattr(BaseSandboxSession, name)
         )
-        # `record_dir` and its fd, from `start()` to the close.
-        self._recordings = recordings
-        # Refs, the lease and the ref file (`sandbox.durable`); the file's folder is
-        # opened now, before the sandbox runs anything.
-        if ref_file is not None and self._durability is None:
-            raise UnsupportedOperationError(
-                f"ref_file: the {self.backend_name} backend cannot detach or resume sessions"
+        if clashes:
+            raise TypeError(
+                f"{cls.__qualname__} redefines {', '.join(clashes)} of BaseSandboxSession: "
+                "a backend implements only the hooks of SessionHooks (docs/architecture.md)"
             )
-        self._durable = DurableState(ref_file)
-        # What the backend can do besides processes: one object per capability, built
-        # once (the refusing one where the backend has none).
-        self._capabilities = Capabilities.of(self)
-        # The file and workspace calls: argument checks, then one hook each.
-        self._file_calls = file_calls.FileCalls(
-            self._capabilities.files,
-            read_limit=lambda: self.read_limit_bytes,
-            ready=self._lifecycle.require_running,
-            guard=self._lifecycle.check_lease,
-        )
-        self._workspace_calls = workspace_calls.WorkspaceCalls(
-            self._capabilities,
-            read_limit=lambda: self.read_limit_bytes,
-            ready=self._lifecycle.require_running,
-            guard=self._lifecycle.check_lease,
-        )
-        # What the `pty_*` calls do once their arguments are checked.
-        self._pty: PtyCalls[H] = PtyCalls(
-            self,
-            self._processes,
-            self._owned,
-            recordings,
-            ready=self._lifecycle.require_running,
-            guard=self._lifecycle.check_lease,
-            closing=self._lifecycle.is_closing,
-        )
+
+    @property
+    def _core(self) -> SessionCore[H]:
+        """Everything the base session owns (`core.py`); read-only."""
+        return self.__core
+
+    @property
+    def output_limit_bytes(self) -> int:
+        """At most this many bytes of a process's output are kept between two calls."""
+        return self.__core.options.output_limit_bytes
+
+    @property
+    def read_limit_bytes(self) -> int:
+        """The default bound of a file read whole (`read_file`)."""
+        return self.__core.options.read_limit_bytes
+
+    @property
+    def exec_output_limit_bytes(self) -> int:
+        """The default bound of each stream of a one-shot command (`exec`)."""
+        return self.__core.options.exec_output_limit_bytes
 
     @property
     def record_dir(self) -> str | None:
         """Where tty processes are recorded (`<process_id>.cast`), if anywhere."""
-        return self._recordings.record_dir
+        return self.__core.recordings.record_dir
 
     @property
     def max_processes(self) -> int:
         """At most this many processes at once; one more prunes the least recently used."""
-        return self._processes.max_processes
+        return self.__core.processes.max_processes
 
     @property
     def teardown_concurrency(self) -> int:
         """How many processes one teardown batch tears down at a time."""
-        return self._owned.concurrency
+        return self.__core.owned.concurrency
 
     @property
     def warn_processes(self) -> int:
         """How many processes make the session warn that pruning is near."""
-        return self._processes.warn_processes
+        return self.__core.processes.warn_processes
 
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} backend={self.backend_name!r} state={self.state.value} "
-            f"processes={len(self._processes)}>"
+            f"processes={len(self.__core.processes)}>"
         )
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -178,7 +161,7 @@ class BaseSandboxSession(SessionHooks[H]):
     @property
     def state(self) -> SessionState:
         """The session's lifecycle state."""
-        return self._lifecycle.state
+        return self.__core.lifecycle.state
 
     async def start(self) -> None:
         """Start the sandbox. A no-op when already running.
@@ -188,7 +171,7 @@ class BaseSandboxSession(SessionHooks[H]):
         If `aclose()` is called meanwhile, the start is cancelled, the close tears down
         whatever it made, and this raises `SessionClosedError`.
         """
-        await self._lifecycle.start()
+        await self.__core.lifecycle.start()
 
     async def aclose(self) -> None:
         """Cancel whatever is starting or running (a `start()`, one-shot commands, spawns),
@@ -196,7 +179,7 @@ class BaseSandboxSession(SessionHooks[H]):
         left. Idempotent; safe after a failed start; completes even if the caller is
         cancelled (then re-raises that). Several failures come back together as a
         `CleanupError`."""
-        await self._lifecycle.close()
+        await self.__core.lifecycle.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -234,7 +217,7 @@ class BaseSandboxSession(SessionHooks[H]):
         `shell=False`, a program that does not exist or is not executable raises
         `CommandNotFoundError` (with `shell=True` that is the shell's exit 127).
         """
-        await self._lifecycle.guard()
+        await self.__core.lifecycle.admit()
         spec = arguments.build_command(command, shell=shell, env=env, cwd=cwd)
         checked_timeout = arguments.check_timeout(timeout)
         limit = (
@@ -245,7 +228,7 @@ class BaseSandboxSession(SessionHooks[H]):
         capture = ExecCapture(limit, timeout=checked_timeout)
         # The session owns the command: close cancels it (its hook kills the tree).
         work = run_one_shot(self._start_exec, spec, checked_timeout, capture)
-        return await self._owned.run(work)
+        return await self.__core.owned.run(work)
 
     def exec_stream(
         self,
@@ -276,8 +259,8 @@ class BaseSandboxSession(SessionHooks[H]):
             spec,
             timeout=arguments.check_timeout(timeout),
             max_buffered_bytes=bound,
-            guard=self._lifecycle.guard,
-            owned=self._owned,
+            admission=self.__core.lifecycle,
+            owned=self.__core.owned,
         )
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -288,13 +271,13 @@ class BaseSandboxSession(SessionHooks[H]):
         `read_limit_bytes`, 64 MiB) raises `FileTooLargeError`, before it is read where
         the backend can tell its size; stream big files with `read_file_chunks`.
         """
-        return await self._file_calls.read_file(path, max_bytes)
+        return await self.__core.files.read_file(path, max_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a regular file in the sandbox (str is UTF-8 encoded), creating parent
         folders. Writing over a directory, FIFO, socket or device, or under a path whose
         parent is a file, raises `NotAFileError` and changes nothing."""
-        await self._file_calls.write_file(path, data)
+        await self.__core.files.write_file(path, data)
 
     def read_file_chunks(
         self, path: str, *, chunk_size: int = files.DEFAULT_CHUNK_SIZE
@@ -306,7 +289,7 @@ class BaseSandboxSession(SessionHooks[H]):
         first, bounded by `read_limit_bytes`. Stop early with `contextlib.aclosing` so the
         file is closed at once. Same errors as `read_file`, raised by the first chunk.
         """
-        return self._file_calls.read_file_chunks(path, chunk_size)
+        return self.__core.files.read_file_chunks(path, chunk_size)
 
     async def write_file_chunks(self, path: str, chunks: file_calls.Chunks) -> None:
         """Write a regular file from an iterable or async iterable of chunks (bytes,
@@ -317,7 +300,7 @@ class BaseSandboxSession(SessionHooks[H]):
         file first, as its archive needs the size up front); elsewhere the chunks are
         joined, then written. If `chunks` fails, its error propagates and the file may
         hold part of the data."""
-        await self._file_calls.write_file_chunks(path, chunks)
+        await self.__core.files.write_file_chunks(path, chunks)
 
     # ---- workspace (`WorkspaceCalls`; the rules are in docs/workspaces.md) ----------
     # Paths follow the file calls' rules: relative ones are in the workspace, nothing
@@ -326,28 +309,28 @@ class BaseSandboxSession(SessionHooks[H]):
     async def stat(self, path: str) -> FileInfo:
         """What `path` names (a symlink is described, not followed): a `FileInfo`.
         `SandboxFileNotFoundError` when nothing is there."""
-        return await self._workspace_calls.stat(path)
+        return await self.__core.workspace.stat(path)
 
     async def list_dir(self, path: str = ".") -> list[FileInfo]:
         """The entries of the directory `path` (not `.`/`..`), sorted by name."""
-        return await self._workspace_calls.list_dir(path)
+        return await self.__core.workspace.list_dir(path)
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file, symlink (not its target) or directory; a non-empty directory
         needs `recursive=True` (else `InvalidArgumentError`, nothing removed).
         `SandboxFileNotFoundError` when nothing is there."""
-        await self._workspace_calls.remove(path, recursive)
+        await self.__core.workspace.remove(path, recursive)
 
     async def make_dir(self, path: str, *, parents: bool = True) -> None:
         """Make the directory `path`; with `parents` (the default) missing parents are
         made and an existing directory is fine, like `mkdir -p`."""
-        await self._workspace_calls.make_dir(path, parents)
+        await self.__core.workspace.make_dir(path, parents)
 
     def persist_workspace(self, path: str = ".") -> AsyncIterator[bytes]:
         """Stream the workspace (or the subtree `path`) as a POSIX pax tar: relative
         member names, modes, symlinks (stored, not followed) and empty directories
         kept; FIFOs, sockets and devices left out. Memory stays bounded."""
-        return self._workspace_calls.persist_workspace(path)
+        return self.__core.workspace.persist_workspace(path)
 
     async def hydrate_workspace(
         self,
@@ -362,19 +345,19 @@ class BaseSandboxSession(SessionHooks[H]):
         links, devices, FIFOs and members through a symlink the archive made are refused
         with an `InvalidArgumentError` naming the member, before it lands; so are more
         than `max_members` members or `max_bytes` of file data."""
-        return await self._workspace_calls.hydrate_workspace(chunks, path, max_members, max_bytes)
+        return await self.__core.workspace.hydrate_workspace(chunks, path, max_members, max_bytes)
 
     async def expose_port(self, port: int) -> ExposedPort:
         """How a client outside the sandbox reaches a server listening on `port`
         inside: an `ExposedPort` (url, host, port, tls, headers to send). A port the
         backend cannot expose is an `UnsupportedOperationError` saying why."""
-        return await self._workspace_calls.expose_port(port)
+        return await self.__core.workspace.expose_port(port)
 
     async def snapshot(self) -> SnapshotRef:
         """Snapshot the sandbox with the provider's own means (docker: an image); open
         it later with `open_session(backend, snapshot=ref)`. Backends without one raise
         `UnsupportedOperationError` (`persist_workspace` is the portable way)."""
-        return await self._workspace_calls.snapshot()
+        return await self.__core.workspace.snapshot()
 
     # ---- the PTY API ---------------------------------------------------------------
 
@@ -417,7 +400,7 @@ class BaseSandboxSession(SessionHooks[H]):
         always to a new file: anything at its name, or a symlink on the way of a
         `record` path, fails the start with `HostPathError` (`sandbox.files.host`).
         """
-        await self._lifecycle.guard()
+        await self.__core.lifecycle.admit()
         if record is not None and not isinstance(record, str | os.PathLike):
             raise InvalidArgumentError(f"record must be a path, not {record!r}")
         open_stdin = bool(stdin) and not tty
@@ -447,7 +430,7 @@ class BaseSandboxSession(SessionHooks[H]):
         screen_pattern = check_until_screen(until_screen, spec.screen)
         if screen_pattern is not None:
             check_screen_cells(rows, cols)
-        return await self._pty.start(
+        return await self.__core.pty.start(
             spec, window, pattern, max_tokens, screen_pattern, record, record_input
         )
 
@@ -480,7 +463,9 @@ class BaseSandboxSession(SessionHooks[H]):
             )
         max_tokens = arguments.check_max_tokens(max_output_tokens)
         pattern = check_until(until)
-        return await self._pty.write(process_id, data, window, pattern, max_tokens, until_screen)
+        return await self.__core.pty.write(
+            process_id, data, window, pattern, max_tokens, until_screen
+        )
 
     async def pty_close_stdin(self, process_id: int) -> None:
         """End the input of a process started with `tty=False, stdin=True`: it reads
@@ -491,18 +476,18 @@ class BaseSandboxSession(SessionHooks[H]):
         `StdinClosedError` for a process started without `stdin=True`,
         `ProcessExitedError` once it exited, `PtyProcessNotFoundError` for an unknown id.
         """
-        await self._pty.close_stdin(process_id)
+        await self.__core.pty.close_stdin(process_id)
 
     async def pty_resize(self, process_id: int, *, rows: int, cols: int) -> None:
         """Resize a process's terminal (`UnsupportedOperationError` where the provider
         cannot, `InvalidArgumentError` for a process without a terminal)."""
         arguments.check_terminal_size(rows, cols)
-        await self._pty.resize(process_id, rows, cols)
+        await self.__core.pty.resize(process_id, rows, cols)
 
     async def pty_interrupt(self, process_id: int) -> None:
         """Send Ctrl-C: the interrupt character on a terminal, SIGINT to a pipe process's
         group. Does not wait for a window: poll afterwards to see the effect."""
-        await self._pty.interrupt(process_id)
+        await self.__core.pty.interrupt(process_id)
 
     async def pty_screen(self, process_id: int) -> ScreenSnapshot:
         """The rendered screen of a tty process: what a person at its terminal would see
@@ -511,21 +496,21 @@ class BaseSandboxSession(SessionHooks[H]):
         `InvalidArgumentError` for a process without a terminal or started with
         `screen=False`. Does not wait for a write or a poll in progress.
         """
-        return await self._pty.screen(process_id)
+        return await self.__core.pty.screen(process_id)
 
     async def pty_terminate(self, process_id: int) -> None:
         """Tear one process down (its whole tree) and remove it from the registry."""
-        await self._lifecycle.guard()
-        await self._owned.settle_batch([self._processes.take(process_id)])
+        await self.__core.lifecycle.admit()
+        await self.__core.owned.settle_batch([self.__core.processes.take(process_id)])
 
     async def pty_terminate_all(self) -> None:
         """Tear down every registered process as one settled batch."""
-        await self._lifecycle.guard()
-        await self._owned.settle_batch(self._processes.take_all())
+        await self.__core.lifecycle.admit()
+        await self.__core.owned.settle_batch(self.__core.processes.take_all())
 
     def pty_processes(self) -> list[PtyProcessInfo]:
         """The live registry, oldest first, so an agent can find processes it forgot."""
-        return self._processes.infos()
+        return self.__core.processes.infos()
 
     # ---- durable sessions (the work is in `sandbox.durable.ops`) ---------------------
 
@@ -534,17 +519,18 @@ class BaseSandboxSession(SessionHooks[H]):
         """Whether this backend's processes keep running, and can be reattached, while
         no client is connected (`detach()`, a crash). False: they are children of this
         client (or of its connection), so `detach()` ends them as `pty_terminate` does."""
-        return self._capabilities.durability.keeps_processes
+        return self.__core.capabilities.durability.keeps_processes
 
     def ref(self) -> SessionRef:
         """A `SessionRef` for this session now: enough for `sandbox.resume_session` to
         attach to the same sandbox and processes from another client (never a secret).
         From now on this session checks, at each call, that no other client took the
         sandbox over (`SessionTakenOverError`). A detached session returns its final ref."""
-        if self._durable.detached is not None:
-            return self._durable.detached
-        self._lifecycle.require_running()
-        self._durable.shared = True
+        durable = self.__core.durable
+        if durable.detached is not None:
+            return durable.detached
+        self.__core.lifecycle.admit_now()
+        durable.shared = True
         return durable_ops.make_ref(self)
 
     async def detach(self) -> SessionRef:
@@ -553,47 +539,18 @@ class BaseSandboxSession(SessionHooks[H]):
         the others are torn down as by `pty_terminate` and listed as ended with their
         exit codes. Afterwards every call raises `SessionClosedError`. Completes when
         its caller is cancelled (then `ref()` still returns the ref)."""
-        await self._lifecycle.guard()
-        return await self._lifecycle.run_closing(durable_ops.detach_everything(self))
-
-    # The durable calls into the durability capability, looked up on the session at
-    # each call (a test's `HookGate` parks them here, whichever backend runs).
-
-    @classmethod
-    def _snapshot_options(cls, snapshot: SnapshotRef, options: dict[str, Any]) -> dict[str, Any]:
-        """The options that open `snapshot` (`open_session(snapshot=...)`)."""
-        return snapshot_options_of(cls.backend_name, cls._snapshots, snapshot, options)
-
-    @classmethod
-    def _options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
-        return (cls._durability or Durability).options_from_ref(ref)
-
-    async def _resume_backend(self, ref: SessionRef) -> None:
-        await self._capabilities.durability.resume(ref)
-
-    async def _reattach_process(self, entry: PtyEntry[H], process: ProcessRef) -> None:
-        await self._capabilities.durability.reattach(entry, process)
-
-    async def _release_entry(self, entry: PtyEntry[H]) -> None:
-        await self._capabilities.durability.release(entry)
-
-    async def _detach_backend(self) -> None:
-        await self._capabilities.durability.detach()
-
-    # ---- what the calls share ------------------------------------------------------
-
-    def _lookup(self, process_id: int) -> PtyEntry[H]:
-        return self._pty.lookup(process_id)
+        await self.__core.lifecycle.admit()
+        return await self.__core.lifecycle.run_closing(durable_ops.detach_everything(self))
 
     def __del__(self) -> None:
         # Warn and kill what can be killed synchronously, if it was started and not closed.
-        life = getattr(self, "_lifecycle", None)  # None: the constructor raised
-        if life is not None:
-            life.unclosed()
+        core = self.__dict__.get("_BaseSandboxSession__core")  # None: the constructor raised
+        if core is not None:
+            core.lifecycle.unclosed()
 
 
 def durable_session_id(session: BaseSandboxSession[Any]) -> str:
     """The id that names `session` across its clients: new with the session, or its
     ref's at a resume (then set before `_resume_backend` runs), stable afterwards. A
     backend names its lease and its provider-side marks with it."""
-    return session._durable.session_id
+    return session._core.durable.session_id

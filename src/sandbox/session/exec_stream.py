@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -30,6 +30,7 @@ from ..exec_output import START_BYTES, BoundedBytes, ExecCapture
 from ..process_entry import CommandSpec
 from ..settle import settle
 from ..types import ExecResult
+from .admission import Admission
 from .oneshot import StartExec, run_one_shot
 from .ownership import OwnedTasks, finished
 
@@ -235,14 +236,14 @@ class ExecStream:
         *,
         timeout: float | None,
         max_buffered_bytes: int,
-        guard: Callable[[], Awaitable[None]],
+        admission: Admission,
         owned: OwnedTasks[Any],
     ) -> None:
         self._start = start
         self._spec = spec
         self._timeout = timeout
         self._bound = max_buffered_bytes
-        self._guard = guard
+        self._admission = admission
         self._owned = owned
         self._capture: StreamCapture | None = None
         self._task: asyncio.Task[ExecResult] | None = None
@@ -265,7 +266,7 @@ class ExecStream:
     async def __aenter__(self) -> ExecStream:
         if self._task is not None:
             raise SessionStateError("an exec_stream runs its command once: make a new one")
-        await self._guard()
+        await self._admission.admit()
         capture = StreamCapture(self._bound, timeout=self._timeout, wake=self._wake)
         self._capture = capture
         # The session owns the command: its close cancels the task (the tree is killed).

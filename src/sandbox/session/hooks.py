@@ -6,10 +6,10 @@ them and does everything around them: argument checks, the registry, windows,
 timeouts, cancellation and the settled teardown. Each docstring is the hook's
 contract. The bodies only raise `UnsupportedOperationError` or do the default.
 
-A backend's own state lives in its own underscore attributes (`_client`, `_files`);
-the base session keeps its state in two collaborators (`_processes`, `_owned`), and a
-backend overrides no underscore name of the base but these hooks
-(`tests/meta/test_hooks_contract.py` checks every class in `BACKENDS`).
+A backend's own state lives in its own attributes (`_client`, `_files`); the base
+session keeps all of its state in one object out of the subclass's reach
+(`SessionCore`), and a subclass that redefines anything of the base but these hooks is
+refused when its class is made (`BaseSandboxSession.__init_subclass__`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,17 @@ class SessionHooks(Generic[H]):
     """
 
     backend_name: ClassVar[str] = "base"
-    # Set by the session's options.
-    read_limit_bytes: int
-    # Set by the session's options.
-    output_limit_bytes: int
-    exec_output_limit_bytes: int
 
     if TYPE_CHECKING:  # the base session's read-only options (properties there)
+
+        @property
+        def read_limit_bytes(self) -> int: ...
+
+        @property
+        def output_limit_bytes(self) -> int: ...
+
+        @property
+        def exec_output_limit_bytes(self) -> int: ...
 
         @property
         def max_processes(self) -> int: ...

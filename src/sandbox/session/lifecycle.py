@@ -1,10 +1,10 @@
 """A session's life: its state, its start and close tasks, and the check every call makes.
 
-`Lifecycle` is the collaborator `BaseSandboxSession` holds as `_lifecycle`: it owns the
-state machine (`SessionState`) and the close task, runs `start()` / `aclose()` /
-`detach()`'s closing, answers "may a call run now?" (`require_running`, `guard`) and
-"is the session closing?", keeps the ref file current after a change, and does the
-work of an unclosed session's `__del__`. What the start and close tasks do is in the
+`Lifecycle` is the part of the session's `SessionCore` (`core.py`) that owns the state
+machine (`SessionState`) and the close task, runs `start()` / `aclose()` / `detach()`'s
+closing, answers "may a call run now?" (`admit`, the `Admission` of `admission.py`)
+and "is the session closing?" (`closing`), keeps the ref file current after a change,
+and does the work of an unclosed session's `__del__`. What the start and close tasks do is in the
 functions below it, in order: a start that creates or resumes the sandbox and undoes
 itself when it fails; a close that cancels what is in flight, takes every entry, tears
 them down as one settled batch, waits for teardowns other calls own, then stops the
@@ -59,7 +59,7 @@ class LifecycleSession(durable_ops.DurableSession, Protocol):
 async def undo_start(session: LifecycleSession) -> None:
     """Undo a start that failed or was cancelled: a resume lets go (the sandbox stays
     the ref's), a fresh start stops what it made."""
-    if session._durable.resuming:
+    if session._core.durable.resuming:
         await durable_ops.abandon_resume(session)
     else:
         await session._stop_backend()
@@ -69,7 +69,7 @@ async def run_start(session: LifecycleSession) -> None:
     """The start task: create (or resume) the sandbox; if that fails or is cancelled,
     undo it (settled) before the error propagates, a failed undo noted on it."""
     try:
-        if session._durable.resuming:
+        if session._core.durable.resuming:
             await durable_ops.resume(session)
         else:
             await session._start_backend()
@@ -87,26 +87,26 @@ async def close_everything(session: LifecycleSession, previous: SessionState) ->
     it is, several as one `CleanupError`."""
     errors: list[BaseException] = []
     backend_up = previous is SessionState.RUNNING
-    start = session._owned.start_task
+    start = session._core.owned.start_task
     if previous is SessionState.STARTING and start is not None:
         start.cancel()  # the start's own failure path stops what it made
         await asyncio.wait({start})
         backend_up = not start.cancelled() and start.exception() is None
     # Calls in flight lose: their hooks see the cancellation and undo what they made.
-    await session._owned.cancel_in_flight()
-    entries = session._processes.take_everything()
+    await session._core.owned.cancel_in_flight()
+    entries = session._core.processes.take_everything()
     if backend_up and not await durable_ops.close_or_let_go(session, entries):
         return  # another client resumed the sandbox: it was only let go of
     for entry in entries:
         entry.sandbox_stopping = True
     try:
-        await session._owned.settle_batch(entries)
+        await session._core.owned.settle_batch(entries)
     except CleanupError as exc:
         errors.extend(exc.errors)
     except Exception as exc:
         errors.append(exc)
     # Teardowns other calls own (a terminate, a prune) finish before the backend stops.
-    await session._owned.wait_teardowns()
+    await session._core.owned.wait_teardowns()
     stopped = backend_up
     if backend_up:
         try:
@@ -114,12 +114,12 @@ async def close_everything(session: LifecycleSession, previous: SessionState) ->
         except Exception as exc:
             errors.append(exc)
             stopped = False
-    session._recordings.close()
+    session._core.recordings.close()
     # The ref file goes only once the sandbox is gone: after a failed stop it may still
     # be there (a workspace left half removed, a provider's sandbox not deleted), and
     # the file is what a retried close (`sandbox close`) finds it from. A resume that
     # never came up left the sandbox the ref's.
-    gone = stopped or not (backend_up or session._durable.resuming)
+    gone = stopped or not (backend_up or session._core.durable.resuming)
     if backend_up and not stopped:
         await durable_ops.release_close(session)
     durable_ops.finish_ref_file(session, None, keep=not gone)
@@ -145,38 +145,35 @@ class Lifecycle:
         self._session = session
         self.state = SessionState.NEW
         # The close (or detach) task once one began: a second `aclose()` awaits it.
-        self._closing: asyncio.Future[Any] | None = None
+        self._close_task: asyncio.Future[Any] | None = None
 
-    def is_closing(self) -> bool:
+    @property
+    def closing(self) -> bool:
         """Whether a close (or detach) began: calls that lose to it raise
         `SessionClosedError`."""
         return self.state in (SessionState.CLOSING, SessionState.CLOSED)
 
-    def require_running(self) -> None:
-        """Raise unless calls may run now: `SessionTakenOverError` once another client
-        resumed the sandbox, `SessionClosedError` once closing, else
-        `SessionNotStartedError` before the start completed."""
+    def admit_now(self) -> None:
+        """`Admission.admit_now`: raise unless calls may run now, as far as can be told
+        without awaiting (`SessionTakenOverError` once another client resumed the
+        sandbox, `SessionClosedError` once closing, else `SessionNotStartedError`)."""
         name = self._session.backend_name
-        if self._session._durable.taken_over:
+        if self._session._core.durable.taken_over:
             raise durable_ops.taken_over_error(self._session)
         if self.state is SessionState.RUNNING:
             return
-        if self.is_closing():
+        if self.closing:
             raise SessionClosedError(f"the {name} session is closed")
         raise SessionNotStartedError(
             f"the {name} session is not started: use `async with session:` or await session.start()"
         )
 
-    async def check_lease(self) -> None:
-        """Raise `SessionTakenOverError` if another client took the (shared) sandbox
-        over: one read of the lease, nothing when no ref was handed out."""
+    async def admit(self) -> None:
+        """`Admission.admit`, the one check every call makes before it runs:
+        `admit_now()`, then the lease of a shared session (one read, nothing when no ref
+        was handed out)."""
+        self.admit_now()
         await durable_ops.guard(self._session)
-
-    async def guard(self) -> None:
-        """What a call that changes the sandbox checks first: `require_running`, then
-        the lease (`check_lease`)."""
-        self.require_running()
-        await self.check_lease()
 
     def changed(self) -> None:
         """After a process was admitted or a teardown batch ended: the ref file follows
@@ -189,16 +186,16 @@ class Lifecycle:
         session = self._session
         if self.state is SessionState.RUNNING:
             return
-        if self.is_closing():
+        if self.closing:
             raise SessionClosedError(f"the {session.backend_name} session is closed")
         if self.state is SessionState.STARTING:
             raise SessionStateError("start() is already in progress")
-        session._recordings.open()  # before the sandbox runs anything (`recordings.py`)
+        session._core.recordings.open()  # before the sandbox runs anything (`recordings.py`)
         self.state = SessionState.STARTING
         task = asyncio.ensure_future(run_start(session))
-        session._owned.start_task = task
+        session._core.owned.start_task = task
         try:
-            await session._owned.wait(task)
+            await session._core.owned.wait(task)
         except BaseException as exc:
             if self.state is SessionState.STARTING:
                 if task.done() and not task.cancelled() and task.exception() is None:
@@ -208,11 +205,11 @@ class Lifecycle:
                     except Exception as cleanup_exc:
                         exc.add_note(f"stopping the started backend failed: {cleanup_exc}")
                 self.state = SessionState.NEW
-                session._recordings.close()
+                session._core.recordings.close()
             raise
         finally:
-            if session._owned.start_task is task:
-                session._owned.start_task = None
+            if session._core.owned.start_task is task:
+                session._core.owned.start_task = None
         if self.state is not SessionState.STARTING:
             # The close came after the backend was up: it stops the backend, we lost.
             raise SessionClosedError(
@@ -226,8 +223,8 @@ class Lifecycle:
         close or detach began)."""
         if self.state is SessionState.CLOSED:
             return
-        if self._closing is not None:
-            await settle(finished(self._closing))
+        if self._close_task is not None:
+            await settle(finished(self._close_task))
             return
         await self.run_closing(close_everything(self._session, self.state))
 
@@ -239,7 +236,7 @@ class Lifecycle:
         when `work` failed."""
         self.state = SessionState.CLOSING
         task = asyncio.ensure_future(work)
-        self._closing = task
+        self._close_task = task
         try:
             await settle(task)
         finally:
@@ -262,4 +259,4 @@ class Lifecycle:
             stacklevel=2,
         )
         with contextlib.suppress(Exception):
-            session._abandon(session._processes.entries())
+            session._abandon(session._core.processes.entries())

@@ -1,7 +1,7 @@
 """`SessionOptions`: the options every session takes, checked when they are given.
 
-`BaseSandboxSession.__init__` builds one from its keyword arguments and holds it as
-`_session_options` (not `_options`: that name is a backend's own). A bad option must
+`BaseSandboxSession.__init__` builds one from its keyword arguments and keeps it in its
+core (`_core.options`). A bad option must
 fail when the session is opened, naming the option, never as a `TypeError` at the
 first use or at teardown.
 """

@@ -19,6 +19,7 @@ from ..errors import CleanupError, SessionClosedError
 from ..process_entry import H, PtyEntry
 from ..process_handle import Process
 from ..settle import DEFAULT_BATCH_CONCURRENCY, attempt_all, settle
+from .admission import Admission
 from .registry import ProcessRegistry
 
 logger = logging.getLogger("sandbox")
@@ -39,8 +40,8 @@ async def finished(task: asyncio.Future[Any]) -> None:
 class OwnedTasks(Generic[H]):
     """The start, spawn and one-shot tasks of one session, and its teardown batches.
 
-    `terminate` is the backend's `_terminate_pty_entry` hook; `closing()` says whether
-    the session is closing or closed (a task that failed then lost to the close).
+    `terminate` is the backend's `_terminate_pty_entry` hook; `admission.closing` says
+    whether the session is closing or closed (a task that failed then lost to the close).
     `release` is the `_release_entry` hook, run instead of `terminate` for the entries a
     batch lets go of (a detach, a takeover: they stay the ref's); `changed()` is called
     after a process was admitted or a batch ended (the ref file follows).
@@ -51,7 +52,7 @@ class OwnedTasks(Generic[H]):
         processes: ProcessRegistry[H],
         terminate: Callable[[PtyEntry[H]], Awaitable[None]],
         *,
-        closing: Callable[[], bool],
+        admission: Admission,
         concurrency: int = DEFAULT_BATCH_CONCURRENCY,
         release: Callable[[PtyEntry[H]], Awaitable[None]] | None = None,
         changed: Callable[[], None] | None = None,
@@ -64,7 +65,7 @@ class OwnedTasks(Generic[H]):
         self._release = release or terminate
         self._changed = changed or (lambda: None)
         self._letting_go: set[int] = set()  # ids whose teardown releases, not ends
-        self._closing = closing
+        self._admission = admission
         self._execs: set[asyncio.Task[Any]] = set()
         self._teardowns: set[asyncio.Task[None]] = set()
 
@@ -89,7 +90,7 @@ class OwnedTasks(Generic[H]):
             task.cancel()
             await settle(finished(task))
             raise
-        if (task.cancelled() or task.exception() is not None) and self._closing():
+        if (task.cancelled() or task.exception() is not None) and self._admission.closing:
             error = None if task.cancelled() else task.exception()
             raise closed_error(self._processes.backend_name) from error
         return task.result()
@@ -143,7 +144,7 @@ class OwnedTasks(Generic[H]):
                 except Exception as cleanup_exc:
                     exc.add_note(f"tearing down the failed start also failed: {cleanup_exc}")
             raise
-        if self._closing() and self._processes.take_starting(entry):
+        if self._admission.closing and self._processes.take_starting(entry):
             await self.settle_batch([entry])  # the spawn won against the close: undo it
             raise lost
         if not self._processes.admit(entry):

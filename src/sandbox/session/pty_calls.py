@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Generic
 
 from ..errors import (
@@ -27,6 +26,7 @@ from ..errors import (
 from ..output.until import UntilPattern
 from ..process_entry import H, ProcessSpec, PtyEntry
 from ..types import PtyUpdate
+from .admission import Admission
 from .hooks import SessionHooks
 from .ownership import OwnedTasks, closed_error
 from .recordings import Recordings
@@ -41,9 +41,8 @@ if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
 class PtyCalls(Generic[H]):
     """The `pty_*` work of one session over its collaborators and `hooks`.
 
-    `ready()` raises when the session is not running, `guard()` when another client
-    took it over, and `closing()` says whether the session is closing (a removed
-    process is then reported as the session's close)."""
+    `admission` is the session's lifecycle: each call is admitted by it first, and its
+    `closing` says whether a removed process is reported as the session's close."""
 
     def __init__(
         self,
@@ -52,17 +51,13 @@ class PtyCalls(Generic[H]):
         owned: OwnedTasks[H],
         recordings: Recordings,
         *,
-        ready: Callable[[], None],
-        guard: Callable[[], Awaitable[None]],
-        closing: Callable[[], bool],
+        admission: Admission,
     ) -> None:
         self._hooks = hooks
         self._processes = processes
         self._owned = owned
         self._recordings = recordings
-        self._ready = ready
-        self._guard = guard
-        self._closing = closing
+        self._admission = admission
 
     def closed_error(self) -> SessionClosedError:
         """The error a call gets when the session closed under it."""
@@ -70,11 +65,16 @@ class PtyCalls(Generic[H]):
 
     def gone(self, entry: PtyEntry[H]) -> SandboxError:
         """The error for a call that finds its process removed while it waited."""
-        return self.closed_error() if self._closing() else self._processes.gone(entry)
+        return self.closed_error() if self._admission.closing else self._processes.gone(entry)
 
     def lookup(self, process_id: int) -> PtyEntry[H]:
         """The registered entry of `process_id` (the session must be running)."""
-        self._ready()
+        self._admission.admit_now()
+        return self._processes.lookup(process_id)
+
+    async def admitted(self, process_id: int) -> PtyEntry[H]:
+        """The registered entry of `process_id`, once the call was admitted."""
+        await self._admission.admit()
         return self._processes.lookup(process_id)
 
     async def start(
@@ -92,7 +92,7 @@ class PtyCalls(Generic[H]):
         nobody would know its id."""
         entry, victim = await self._processes.reserve(
             spec,
-            check_open=self._ready,
+            check_open=self._admission.admit_now,
             name_taken=self._recordings.name_taken if spec.tty and record is None else None,
         )
 
@@ -123,8 +123,7 @@ class PtyCalls(Generic[H]):
     ) -> PtyUpdate:
         """`pty_write_stdin` after its argument checks: `data` written within the window
         (empty: a poll), then the rest of the window collected."""
-        entry = self.lookup(process_id)
-        await self._guard()
+        entry = await self.admitted(process_id)
         screen_pattern = check_until_screen(until_screen, entry.screen is not None)
         if screen_pattern is not None and entry.screen is not None:
             entry.screen.check_size()
@@ -165,8 +164,7 @@ class PtyCalls(Generic[H]):
 
     async def close_stdin(self, process_id: int) -> None:
         """`pty_close_stdin`: after every earlier write, the backend's `_close_stdin`."""
-        entry = self.lookup(process_id)
-        await self._guard()
+        entry = await self.admitted(process_id)
         if entry.tty:
             raise InvalidArgumentError(
                 f"process {process_id} runs on a terminal (tty=True), whose input has no "
@@ -196,8 +194,7 @@ class PtyCalls(Generic[H]):
 
     async def resize(self, process_id: int, rows: int, cols: int) -> None:
         """`pty_resize` after its size check."""
-        entry = self.lookup(process_id)
-        await self._guard()
+        entry = await self.admitted(process_id)
         if not entry.tty:
             raise InvalidArgumentError(f"process {process_id} has no terminal (tty=False)")
         entry.touch()
@@ -208,8 +205,7 @@ class PtyCalls(Generic[H]):
 
     async def interrupt(self, process_id: int) -> None:
         """`pty_interrupt`: a pending write ends first, then the hook."""
-        entry = self.lookup(process_id)
-        await self._guard()
+        entry = await self.admitted(process_id)
         entry.touch()
         if entry.exited:
             return

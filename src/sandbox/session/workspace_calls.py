@@ -1,8 +1,7 @@
 """`WorkspaceCalls`: the session's workspace calls, from the caller's arguments to a capability.
 
 File operations, archives, ports and snapshots (`sandbox.workspace`; the rules are in
-docs/workspaces.md). Each call checks that the session runs (`ready`) and, like every
-call that reaches the sandbox, the lease of a shared session (`guard`), checks its
+docs/workspaces.md). Each call is admitted first (`Admission.admit`), checks its
 arguments (paths as the file calls do, flags, limits, ports), then calls the backend's
 capability once (`WorkspaceAccess`, `Ports`, `Snapshots`); `list_dir` sorts what the
 backend listed, so every backend answers in the same order.
@@ -10,7 +9,7 @@ backend listed, so every backend answers in the same order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 
 from ..files import arguments as files
 from ..workspace import calls as ws_calls
@@ -18,71 +17,66 @@ from ..workspace import ports as ws_ports
 from ..workspace.info import FileInfo
 from ..workspace.ports import ExposedPort
 from ..workspace.snapshots import SnapshotRef
+from .admission import Admission
 from .capabilities import Capabilities
-from .file_calls import guarded
+from .file_calls import admitted
 
 Archive = AsyncIterable[bytes | bytearray | memoryview] | Iterable[bytes | bytearray | memoryview]
 
 
 class WorkspaceCalls:
-    """The workspace calls of a session over its `capabilities`; `ready()` raises when
-    the session is not running, `guard()` when another client took the sandbox over;
-    `read_limit()` bounds a file a persist fetches whole (the session's option)."""
+    """The workspace calls of a session over its `capabilities`, each admitted by
+    `admission` (the session's lifecycle) first; `read_limit` bounds a file a persist
+    fetches whole (the session's option)."""
 
     def __init__(
         self,
         capabilities: Capabilities,
         *,
-        read_limit: Callable[[], int],
-        ready: Callable[[], None],
-        guard: Callable[[], Awaitable[None]],
+        read_limit: int,
+        admission: Admission,
     ) -> None:
         self._workspace = capabilities.workspace
         self._files = capabilities.files
         self._ports = capabilities.ports
         self._snapshots = capabilities.snapshots
         self._read_limit = read_limit
-        self._ready = ready
-        self._guard = guard
-
-    async def _enter(self) -> None:
-        self._ready()
-        await self._guard()
+        self._admission = admission
 
     async def stat(self, path: str) -> FileInfo:
         """`BaseSandboxSession.stat`."""
-        await self._enter()
+        await self._admission.admit()
         return await self._workspace.stat(files.check_path(path))
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         """`BaseSandboxSession.list_dir`: the backend's entries, sorted by name."""
-        await self._enter()
+        await self._admission.admit()
         entries = await self._workspace.list_dir(files.check_path(path))
         return sorted(entries, key=lambda info: info.name)
 
     async def remove(self, path: str, recursive: bool) -> None:
         """`BaseSandboxSession.remove`."""
-        await self._enter()
+        await self._admission.admit()
         checked = files.check_path(path)
         await self._workspace.remove(checked, ws_calls.check_flag(recursive, "recursive"))
 
     async def make_dir(self, path: str, parents: bool) -> None:
         """`BaseSandboxSession.make_dir`."""
-        await self._enter()
+        await self._admission.admit()
         checked = files.check_path(path)
         await self._workspace.make_dir(checked, ws_calls.check_flag(parents, "parents"))
 
     def persist_workspace(self, path: str) -> AsyncIterator[bytes]:
         """`BaseSandboxSession.persist_workspace` (a plain call: it returns the stream)."""
-        self._ready()
-        stream = self._workspace.persist(files.check_path(path), self._files, self._read_limit())
-        return guarded(self._guard, stream)
+        self._admission.admit_now()
+        stream = self._workspace.persist(files.check_path(path), self._files, self._read_limit)
+        return admitted(self._admission, stream)
 
     async def hydrate_workspace(
         self, chunks: Archive, path: str, max_members: int, max_bytes: int
     ) -> int:
         """`BaseSandboxSession.hydrate_workspace`: the member count."""
-        await self._enter()
+        await self._admission.admit()
         root = files.check_path(path)
         members = ws_calls.check_limit(max_members, "max_members")
         size = ws_calls.check_limit(max_bytes, "max_bytes")
@@ -92,10 +86,10 @@ class WorkspaceCalls:
 
     async def expose_port(self, port: int) -> ExposedPort:
         """`BaseSandboxSession.expose_port`."""
-        await self._enter()
+        await self._admission.admit()
         return await self._ports.expose(ws_ports.check_port(port))
 
     async def snapshot(self) -> SnapshotRef:
         """`BaseSandboxSession.snapshot`."""
-        await self._enter()
+        await self._admission.admit()
         return await self._snapshots.take()

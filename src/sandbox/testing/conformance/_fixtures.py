@@ -63,13 +63,13 @@ def need_process_lister(backend: Backend) -> None:
 
 def reserved_ids(session: BaseSandboxSession) -> set[int]:
     """The process ids the session holds (registered, or reserved by a start)."""
-    return session._processes.reserved
+    return session._core.processes.reserved
 
 
 def call_in_progress(session: BaseSandboxSession, process_id: int) -> bool:
     """Whether a write or poll of `process_id` holds its call lock now."""
     try:
-        entry = session._processes.lookup(process_id)
+        entry = session._core.processes.lookup(process_id)
     except SandboxError:
         return False
     return entry.call_lock.locked()
