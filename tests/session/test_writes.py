@@ -13,10 +13,10 @@ import asyncio
 import pytest
 
 from sandbox import arguments
-from sandbox.errors import ConnectionLostError, PtyProcessNotFoundError, SandboxError
+from sandbox.errors import ConnectionLostError
 from sandbox.process_entry import ProcessSpec, PtyEntry
 from sandbox.process_handle import Process
-from sandbox.session.writes import write_within
+from sandbox.session.writes import EntryRemoved, write_within
 
 LONG = 3600.0
 
@@ -64,10 +64,6 @@ class Terminal(Process):
         self.freed.set()
 
 
-def _gone(entry: PtyEntry) -> SandboxError:
-    return PtyProcessNotFoundError(f"process {entry.process_id} was terminated")
-
-
 async def _write_stdin(entry: PtyEntry, data: bytes) -> None:
     """The base session's default `_write_stdin`: the handle's `write`."""
     await entry.require_handle().write(data)
@@ -75,7 +71,7 @@ async def _write_stdin(entry: PtyEntry, data: bytes) -> None:
 
 async def _write(terminal: Terminal, entry: PtyEntry, data: bytes, within: float) -> int:
     end = asyncio.get_running_loop().time() + within
-    return await write_within(entry, data, end, write=_write_stdin, gone=_gone)
+    return await write_within(entry, data, end, write=_write_stdin)
 
 
 async def test_what_fits_goes_at_once_without_a_task() -> None:
@@ -118,7 +114,7 @@ async def test_a_write_ended_part_way_reports_the_bytes_it_did_not_write() -> No
     assert terminal.written == b"01234"
 
 
-async def test_a_failed_write_raises_its_error_or_gone_once_removed() -> None:
+async def test_a_failed_write_raises_its_error_or_entry_removed_once_removed() -> None:
     lost = ConnectionLostError("socket closed")
     entry = _entry()
     terminal = Terminal(entry, room=0, fail=lost)
@@ -126,7 +122,7 @@ async def test_a_failed_write_raises_its_error_or_gone_once_removed() -> None:
         await _write(terminal, entry, b"x", LONG)
     assert caught.value is lost
     entry.removed = True
-    with pytest.raises(PtyProcessNotFoundError, match="was terminated") as gone:
+    with pytest.raises(EntryRemoved) as gone:  # the caller says why (`PtyCalls.gone`)
         await _write(terminal, entry, b"x", LONG)
     assert gone.value.__cause__ is lost
 

@@ -32,7 +32,7 @@ from .ownership import OwnedTasks, closed_error
 from .recordings import Recordings
 from .registry import ProcessRegistry
 from .windows import SCREEN_CHECK_SLICE_S, check_until_screen, collect_window
-from .writes import close_input, write_within
+from .writes import EntryRemoved, close_input, write_within
 
 if TYPE_CHECKING:  # the emulator (pyte) is imported only when a screen is made
     from ..terminal.screen import ScreenSnapshot
@@ -151,9 +151,12 @@ class PtyCalls(Generic[H]):
                         "collect its remaining output and exit code"
                     )
                 entry.record_input(data)
-                unwritten = await write_within(
-                    entry, data, window_end, write=self._hooks._write_stdin, gone=self.gone
-                )
+                try:
+                    unwritten = await write_within(
+                        entry, data, window_end, write=self._hooks._write_stdin
+                    )
+                except EntryRemoved as removed:
+                    raise self.gone(entry) from removed.__cause__
             remaining = max(0.0, window_end - loop.time())
             update = await self.collect(
                 entry, remaining, until, max_tokens, poll=not data, until_screen=screen_pattern
@@ -190,7 +193,10 @@ class PtyCalls(Generic[H]):
                     "collect its remaining output and exit code"
                 )
             entry.stdin_ended = True
-            await close_input(entry, close=self._hooks._close_stdin, gone=self.gone)
+            try:
+                await close_input(entry, close=self._hooks._close_stdin)
+            except EntryRemoved as removed:
+                raise self.gone(entry) from removed.__cause__
 
     async def resize(self, process_id: int, rows: int, cols: int) -> None:
         """`pty_resize` after its size check."""

@@ -12,11 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from ..errors import SandboxError
 from ..process_entry import H, PtyEntry
 from ..process_handle import Process
 from ..settle import settle
 from .ownership import finished
+
+
+class EntryRemoved(Exception):
+    """The entry was removed (terminated, pruned, the session closed) while its write or
+    end of input ran; the caller says which, from the session's state (the cause, if
+    any, is the backend's error)."""
 
 
 async def write_within(
@@ -25,12 +30,11 @@ async def write_within(
     window_end: float,
     *,
     write: Callable[[PtyEntry[H], bytes], Awaitable[None]],
-    gone: Callable[[PtyEntry[H]], SandboxError],
 ) -> int:
     """Write `data` by the loop time `window_end`: what the entry's `Process` handle
     takes at once (`try_write`), then the rest with `write` (the `_write_stdin` hook);
     return how many bytes the terminal did not take. A write that fails because its
-    entry was removed meanwhile raises `gone(entry)` (from the write's error); a
+    entry was removed meanwhile raises `EntryRemoved` (from the write's error); a
     cancelled caller ends the write first."""
     entry.input_accepted = 0
     handle = entry.handle
@@ -60,7 +64,7 @@ async def write_within(
         error = task.exception()
         if error is not None:
             if entry.removed:
-                raise gone(entry) from error
+                raise EntryRemoved from error
             raise error
         accepted = len(data)
     return len(data) - min(max(accepted, 0), len(data))
@@ -70,7 +74,6 @@ async def close_input(
     entry: PtyEntry[H],
     *,
     close: Callable[[PtyEntry[H]], Awaitable[None]],
-    gone: Callable[[PtyEntry[H]], SandboxError],
 ) -> None:
     """End `entry`'s stdin with the backend's `_close_stdin`, run as the entry's write
     task: like a write, a terminate or the close cancels it and waits for it before the
@@ -89,10 +92,10 @@ async def close_input(
             entry.write_task = None
     if task.cancelled():
         # Only a teardown cancels it (the caller's own cancellation raised above).
-        raise gone(entry)
+        raise EntryRemoved
     error = task.exception()
     if error is not None:
         if entry.removed:
-            raise gone(entry) from error
+            raise EntryRemoved from error
         raise error
     entry.stdin_closed = True

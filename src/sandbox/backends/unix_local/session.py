@@ -3,15 +3,14 @@
 No thread per process or per read: output fds are read with event-loop readers and exits
 are seen through pidfds (see `sandbox.local.process`). The session's folder, its
 workspace (`workdir`, or a temporary one removed on close), is every command's cwd and
-HOME. Its options are in `options`; how a command starts, in `processes` (on this host)
-and `runner_link` (through the runner); the jail, in `confine`; the cgroup and its
-limits, in `cgroup_limits`.
+HOME. Its options are in `options`; what a command runs as (argv, environment, cwd),
+in `commands`; how it starts, in `processes` (on this host) and `runner_link` (through
+the runner); the jail, in `confine`; the cgroup and its limits, in `cgroup_limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from . import cgroup_limits, local_files, processes, runner_link
 from . import confine as jail
 from . import durable as durable_local
 from .cgroup_limits import MEMORY_NOTE, PROCESS_NOTE
+from .commands import LocalCommands
 from .handle import LocalHandle
 from .options import CONTAINMENTS, check_options
 from .processes import DEFAULT_TERM
@@ -91,14 +91,17 @@ class UnixLocalSession(BaseSandboxSession[Process]):
         # Every process of this session carries a tag within this one (see
         # `process_tree`): what escaped its own tree is still found when the session stops.
         self._session_tag = process_tree.new_session_tag()
-        self._env = settings.env
-        self._inherit_env = settings.inherit_env
         self.terminate_grace_s = settings.terminate_grace_s
         self.confine = settings.confine
         self.network = settings.network
-        self._readonly_request = list(settings.readonly_paths)
-        self._readonly_paths: list[str] = []
-        self._bwrap: str | None = None
+        self._commands = LocalCommands(
+            self._workspace,
+            env=settings.env,
+            inherit_env=settings.inherit_env,
+            confine=settings.confine,
+            network=settings.network,
+            readonly_paths=settings.readonly_paths,
+        )
         self.containment = settings.containment
         self._limits = settings.limits
         self._cgroup: cgroups.SessionCgroup | None = None
@@ -121,8 +124,7 @@ class UnixLocalSession(BaseSandboxSession[Process]):
 
     async def _start_backend(self) -> None:
         if self.confine:
-            self._bwrap = await asyncio.to_thread(jail.require_bwrap)
-            self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
+            self._commands.enter_jail(await asyncio.to_thread(jail.require_bwrap))
         self._workspace.create()
         if self.confine:
             jail.check_workspace(self._workspace.path)
@@ -187,73 +189,26 @@ class UnixLocalSession(BaseSandboxSession[Process]):
 
     # ---- commands ------------------------------------------------------------------
 
-    def _environment(self, spec: CommandSpec, *, tty: bool) -> dict[str, str]:
-        return processes.command_environment(
-            spec,
-            tty=tty,
-            inherit_env=self._inherit_env,
-            env=self._env,
-            confine=self.confine,
-            home=self._workspace.path,
-            pwd=self._workspace.cwd_for(spec.cwd),
-        )
-
-    def _argv(self, spec: CommandSpec) -> list[str]:
-        """The argv actually executed (a hook for wrappers such as a jail)."""
-        if not self.confine:
-            return list(spec.argv)
-        assert self._bwrap is not None, "a confined session runs commands only once started"
-        return jail.jail_argv(
-            spec.argv,
-            bwrap=self._bwrap,
-            workspace=self._workspace.path,
-            cwd=self._workspace.cwd_for(spec.cwd),
-            network=self.network,
-            readonly_paths=self._readonly_paths,
-        )
-
     def _require_runner(self) -> RunnerClient:
         assert self._runner is not None, "a runner session runs commands only once started"
         return self._runner
 
-    def _runner_command(self, command: CommandSpec) -> tuple[CommandSpec, str]:
-        """The command the runner starts (the jail's argv when confined: `command` is
-        then the checked one) and its cwd on the host. Unconfined, the runner reports a
-        missing cwd or program itself; in the jail, bwrap changes into the cwd."""
-        cwd = self._workspace.cwd_for(command.cwd)
-        if not self.confine:
-            return command, cwd
-        return dataclasses.replace(command, argv=tuple(self._argv(command))), self.workdir
-
-    def _checked_command(
-        self, spec: CommandSpec, *, announce: bool
-    ) -> tuple[CommandSpec, CommandCheck | None]:
-        """The command to start, and its check (None: not needed; see
-        `processes.checked_command`)."""
-        return processes.checked_command(
-            spec, confine=self.confine, cwd=self._workspace.cwd_for(spec.cwd), announce=announce
-        )
-
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Pipes read by the event loop straight into the bounded capture; the base
         session waits, times out and kills (see `LocalOneShot`)."""
-        command, capture.check = self._checked_command(spec, announce=False)
+        commands = self._commands
+        command, capture.check = commands.checked(spec, announce=False)
+        env = commands.environment(command, tty=False)
         if self.runner:
-            started, cwd = self._runner_command(command)
-            return await start_one_shot(
-                self._require_runner(),
-                started,
-                capture,
-                env=self._environment(command, tty=False),
-                cwd=cwd,
-            )
+            started, cwd = commands.for_runner(command)
+            return await start_one_shot(self._require_runner(), started, capture, env=env, cwd=cwd)
         return processes.start_one_shot(
             spec,
             capture,
-            argv=self._argv(command),
-            env=self._environment(command, tty=False),
-            cwd=self._workspace.cwd_for(command.cwd),
-            error_cwd=self._workspace.cwd_for(spec.cwd),
+            argv=commands.argv(command),
+            env=env,
+            cwd=commands.cwd(command),
+            error_cwd=commands.cwd(spec),
             placement=self._placement(),
             note=self._memory_note,
         )
@@ -263,7 +218,8 @@ class UnixLocalSession(BaseSandboxSession[Process]):
         here without a task (None). What must be awaited is returned instead: in the
         jail, the command check's verdict when a `cwd` (or no shell) needs one; with the
         runner, all of the runner's spawn (`runner_link.spawn`)."""
-        command, check = self._checked_command(entry.spec.command, announce=True)
+        commands = self._commands
+        command, check = commands.checked(entry.spec.command, announce=True)
         trap = None if check is None else ShellTrap(report_exit=False, token=check.token)
         if self.runner:
             return self._spawn_through_runner(entry, command, trap, check)
@@ -271,10 +227,10 @@ class UnixLocalSession(BaseSandboxSession[Process]):
         processes.spawn(
             entry,
             trap,
-            argv=self._argv(command),
-            env=self._environment(command, tty=spec.tty),
-            cwd=self._workspace.cwd_for(command.cwd),
-            error_cwd=self._workspace.cwd_for(spec.command.cwd),
+            argv=commands.argv(command),
+            env=commands.environment(command, tty=spec.tty),
+            cwd=commands.cwd(command),
+            error_cwd=commands.cwd(spec.command),
             placement=self._placement(),
             note=None if self._applied is None else self._memory_note,
             grace_s=self.terminate_grace_s,
@@ -292,14 +248,14 @@ class UnixLocalSession(BaseSandboxSession[Process]):
     ) -> None:
         """Start `command` (the entry's, checked) through the runner (what it starts and
         where, worked out when awaited), then wait for the check's verdict if any."""
-        started, cwd = self._runner_command(command)
+        started, cwd = self._commands.for_runner(command)
         await runner_link.spawn(
             self._require_runner(),
             entry,
             started,
             trap,
             check,
-            env=self._environment(command, tty=entry.spec.tty),
+            env=self._commands.environment(command, tty=entry.spec.tty),
             cwd=cwd,
             grace_s=self.terminate_grace_s,
         )
