@@ -1,7 +1,8 @@
 """Why `sandbox.settle` and `sandbox.tasks` are not the stdlib (issue 36).
 
 Each scenario runs on our helper and on the nearest stdlib code (anyio is not a runtime
-dependency, and its shielded `CancelScope` does not hold off a plain `task.cancel()`).
+dependency, and its shielded `CancelScope` does not hold off a plain `task.cancel()`:
+test_an_anyio_shield_does_not_hold_off_a_plain_cancel).
 Our row is the property the library relies on: it fails if the helper is swapped for
 the stdlib one. The stdlib row records that the stdlib lacks it today; if a later
 Python gains it, that row fails and ours can go. docs/performance.md has the costs.
@@ -64,6 +65,30 @@ async def test_a_cancelled_caller_waits_for_its_cleanup(wait_with: Waiter, waits
         await task
     assert finished.is_set() is waits  # settle: done before the caller left
     await finished.wait()  # the shielded cleanup still ends (after its caller left)
+
+
+async def test_an_anyio_shield_does_not_hold_off_a_plain_cancel() -> None:
+    # anyio is only here as a dependency of optional extras; its shielded scope guards
+    # against its own scopes' cancellation, not the `task.cancel()` that asyncio.timeout,
+    # wait_for and TaskGroup send: the cleanup, run in the caller's task, is cut short.
+    anyio = pytest.importorskip("anyio")
+    started, finished = asyncio.Event(), asyncio.Event()
+
+    async def cleanup() -> None:
+        started.set()
+        await asyncio.Event().wait()
+        finished.set()
+
+    async def caller() -> None:
+        with anyio.CancelScope(shield=True):
+            await cleanup()
+
+    task = asyncio.create_task(caller())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not finished.is_set()
 
 
 @pytest.mark.parametrize(
