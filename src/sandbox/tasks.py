@@ -23,7 +23,7 @@ async def cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
     # Kept over the stdlib (bench/settle_cases.py, tests/test_settle_vs_stdlib.py): a
     # TaskGroup cannot take tasks already running; cancel + `asyncio.wait` lets a
     # cancelled caller leave before they stop; cancel + `gather(return_exceptions=True)`
-    # does the job but costs 12.1 us for one task (33.1 us for 8) where this costs 7.9
+    # does the job but costs 12.1 us of CPU for one task (33.1 for 8) where this costs 7.9
     # (20.4), and logs nothing.
     # An awaited coroutine under asyncio always runs in a task.
     current = cast("asyncio.Task[Any]", asyncio.current_task())
@@ -53,7 +53,7 @@ async def first_failure(tasks: Sequence[asyncio.Future[Any]], until: asyncio.Fut
     # Not a TaskGroup, which would hold on until every reader ended (here `until` ends
     # the wait and the caller gives its readers a grace), takes only coroutines it
     # starts itself, and raises the error inside an ExceptionGroup
-    # (tests/test_settle_vs_stdlib.py). It costs 28.6 us for two readers and `until`
+    # (tests/test_settle_vs_stdlib.py). It costs 28.6 us of CPU for two readers and `until`
     # where a TaskGroup of the same three takes 24.0 (bench/settle_cases.py).
     try:
         while True:
