@@ -121,18 +121,24 @@ class build_runner(Command):
             why = self._without_cargo(bin_dir / name)
         else:
             why = self._cargo_build(arch, bin_dir / name)
-        if why:
+        if why and self.editable_mode and (bin_dir / name).is_file():
+            _warn(
+                f"the sandbox runner was not built ({why}): the editable install uses "
+                f"the one already in {(bin_dir / name).relative_to(HERE)}"
+            )
+        elif why:
             _warn(
                 f"the sandbox runner is not in this install ({why}): "
                 "the backends keep their per-exec path"
             )
+            # An editable install leaves the source tree as it was when it built nothing
+            # (no untracked note appears there).
             if not self.editable_mode:
                 # What build_py copied from the source tree is not shipped either.
                 (bin_dir / name).unlink(missing_ok=True)
                 self._write(bin_dir / NOT_BUILT, why + "\n")
-        # An editable install leaves the source tree as it was when it built nothing:
-        # a binary `make runner` made stays, and no untracked note appears.
         elif not self.editable_mode:
+            # A note an earlier build left in the build folder, or build_py copied.
             (bin_dir / NOT_BUILT).unlink(missing_ok=True)
 
     def _without_cargo(self, target: Path) -> str:
@@ -143,6 +149,12 @@ class build_runner(Command):
         newest_source = max(p.stat().st_mtime for p in _runner_sources() if p.exists())
         if target.stat().st_mtime < newest_source:
             return "cargo missing at install; the binary in the source tree is older than runner/"
+        print(
+            "cargo not found: shipping the sandbox runner already in the source tree "
+            "(newer than every runner source)",
+            file=sys.stderr,
+            flush=True,
+        )
         self._outputs.append(str(target))
         return ""
 
@@ -172,7 +184,7 @@ class build_runner(Command):
         except OSError as exc:
             return f"cargo did not start: {exc}"
         if done.returncode != 0:
-            return f"cargo build failed at install (exit {done.returncode})"
+            return f"cargo build failed at install, exit {done.returncode}"
         built = None
         for line in done.stdout.splitlines():
             try:
