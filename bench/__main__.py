@@ -52,6 +52,7 @@ def extra_cases() -> list[object]:
         "bench.lease_cases",
         "bench.cli_cases",
         "bench.runner_cases",
+        "bench.settle_cases",
     )
     for module_name in optional:
         try:
