@@ -1,8 +1,9 @@
 """The runner binary shipped as package data (`sandbox/runner/bin/`), its content hash
 (what delivery into a sandbox checks), and why it is missing when it is.
 
-The install builds `sandbox-runner-linux-<arch>` from the crate in runner/ (`make
-runner`). Where it could not, the build may leave `bin/NOT-BUILT`, one line saying why
+The install builds `sandbox-runner-linux-<arch>` from the crate in runner/ (setup.py's
+`build_runner`, run by `pip install .`, `python -m build` and `make install`; `make
+runner` alone too). Where it could not, the build may leave `bin/NOT-BUILT`, one line saying why
 (cargo missing, ...): `unavailable_reason()` passes it on for `sandbox backends`.
 """
 

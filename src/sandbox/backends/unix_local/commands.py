@@ -32,10 +32,11 @@ class LocalCommands:
     ) -> None:
         self.workspace = workspace
         self.confine = confine
+        self.inherit_env = inherit_env
+        # As given (a ref names them so): checked against the host at the start.
+        self.readonly_request = tuple(readonly_paths)
         self._env = env
-        self._inherit_env = inherit_env
         self._network = network
-        self._readonly_request = list(readonly_paths)
         self._readonly_paths: list[str] = []
         self._bwrap: str | None = None  # found by `enter_jail`
 
@@ -43,7 +44,7 @@ class LocalCommands:
         """At a confined session's start: the bubblewrap to run, and the read-only
         paths checked now (they must exist on the host)."""
         self._bwrap = bwrap
-        self._readonly_paths = jail.check_readonly_paths(self._readonly_request)
+        self._readonly_paths = jail.check_readonly_paths(self.readonly_request)
 
     def cwd(self, spec: CommandSpec) -> str:
         """`spec`'s working folder on the host (the workspace's, or one under it)."""
@@ -54,7 +55,7 @@ class LocalCommands:
         return processes.command_environment(
             spec,
             tty=tty,
-            inherit_env=self._inherit_env,
+            inherit_env=self.inherit_env,
             env=self._env,
             confine=self.confine,
             home=self.workspace.path,

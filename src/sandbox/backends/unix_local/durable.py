@@ -136,8 +136,8 @@ class LocalDurability(RunnerDurability):
         session = self.session
         options = dict(base)
         options.update({name: getattr(session, name) for name in REF_OPTIONS})
-        options["inherit_env"] = session._inherit_env
-        options["readonly_paths"] = list(session._readonly_request)
+        options["inherit_env"] = session._commands.inherit_env
+        options["readonly_paths"] = list(session._commands.readonly_request)
         limits = session._limits
         options["memory_limit_bytes"] = limits.memory_bytes
         options["process_limit"] = limits.processes
@@ -166,7 +166,7 @@ class LocalDurability(RunnerDurability):
         temporary = ref.sandbox.get("temporary") is True
         if temporary:
             await asyncio.to_thread(check_temporary, where)
-        session._workspace = Workspace.adopted(where, temporary=temporary)
+        session._commands.workspace = Workspace.adopted(where, temporary=temporary)
         await session._start_backend()
         if not session.runner:  # a runner's processes are not leftovers: they are reattached
             await asyncio.to_thread(_kill_leftovers, ref)

@@ -87,15 +87,16 @@ class UnixLocalSession(BaseSandboxSession[Process]):
             cpu_limit=cpu_limit,
             runner=runner,
         )
-        self._workspace = Workspace(workdir)
         # Every process of this session carries a tag within this one (see
         # `process_tree`): what escaped its own tree is still found when the session stops.
         self._session_tag = process_tree.new_session_tag()
         self.terminate_grace_s = settings.terminate_grace_s
         self.confine = settings.confine
         self.network = settings.network
+        # The session's folder lives here, where its commands find it (a resume adopts
+        # the ref's: `LocalDurability.resume`).
         self._commands = LocalCommands(
-            self._workspace,
+            Workspace(workdir),
             env=settings.env,
             inherit_env=settings.inherit_env,
             confine=settings.confine,
@@ -109,6 +110,10 @@ class UnixLocalSession(BaseSandboxSession[Process]):
         self._readers: ReadinessHub | None = None  # from the start to the stop
         self.runner = settings.runner
         self._runner: RunnerClient | None = None  # from the start to the stop (runner)
+
+    @property
+    def _workspace(self) -> Workspace:
+        return self._commands.workspace
 
     @property
     def workdir(self) -> str:
