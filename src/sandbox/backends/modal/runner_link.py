@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ...backend import cancel_and_wait
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
 from ..toolkit import process_environment
@@ -154,10 +155,15 @@ async def _control(
                 await process.stdin.drain.aio()
             process.stdin.write_eof()
             await process.stdin.drain.aio()
-            await asyncio.gather(
-                read_stream(process.stdout, keep(stdout)),
-                read_stream(process.stderr, keep(stderr)),
-            )
+            readers = [
+                asyncio.ensure_future(read_stream(process.stdout, keep(stdout))),
+                asyncio.ensure_future(read_stream(process.stderr, keep(stderr))),
+            ]
+            try:
+                await asyncio.gather(*readers)
+            finally:
+                # One reader failed (or this was cancelled): the other stops too.
+                await cancel_and_wait(readers)
             code = await process.wait.aio()
     except TimeoutError:
         raise ProviderError(
@@ -255,7 +261,21 @@ class StdinWriter:
         """End the exec's stdin (the bridge then exits; the runner stays)."""
         if self._closing is None:
             self._queued.clear()
-            self._closing = asyncio.ensure_future(self._link.end())
+            self._closing = asyncio.ensure_future(self._close())
+
+    async def _close(self) -> None:
+        # After the drain in flight, if any (the SDK's writer takes one drain at a
+        # time); one that never returns does not keep the link open.
+        acquired = False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self._lock.acquire()
+                acquired = True
+        try:
+            await self._link.end()
+        finally:
+            if acquired:
+                self._lock.release()
 
     def abort(self) -> None:
         """The same as `close` (nothing is flushed either way)."""
@@ -276,6 +296,7 @@ class SandboxLink:
         self.reader = asyncio.StreamReader(limit=2**20)
         self.writer = StdinWriter(self)
         self._stderr = bytearray()
+        self._ending: asyncio.Future[None] | None = None
         self._readers = [
             asyncio.ensure_future(self._pump(process.stdout, self.reader.feed_data, True)),
             asyncio.ensure_future(self._pump(process.stderr, self._keep_stderr, False)),
@@ -307,7 +328,13 @@ class SandboxLink:
 
     async def end(self) -> None:
         """End the exec's stdin (EOF: the bridge exits, the runner and its processes go
-        on), let its output end, and stop the readers."""
+        on), let its output end, and stop the readers. Once, whoever asks first (the
+        writer's close, the runner's `aclose`); a cancelled caller leaves it going."""
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._end())
+        await asyncio.shield(self._ending)
+
+    async def _end(self) -> None:
         try:
             if not self.ended:
                 stdin = self.process.stdin
@@ -413,4 +440,6 @@ class SandboxRunner:
         try:
             await self.client.aclose()
         finally:
-            await self.link.end()
+            # Through the writer: its close waits for a drain in flight first.
+            self.link.writer.close()
+            await self.link.writer.wait_closed()
