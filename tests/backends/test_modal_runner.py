@@ -12,6 +12,7 @@ machine (`runner=None`) or a refusal (`runner=True`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import stat
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from modal import exception as mx
 
 import sandbox
 from sandbox.backends.modal import ModalSession
@@ -237,3 +239,38 @@ async def test_the_default_is_the_per_exec_path(fake: FakeModal, tmp_path: Path)
 def test_runner_must_be_a_bool_or_none(tmp_path: Path) -> None:
     with pytest.raises(sandbox.InvalidArgumentError, match="runner"):
         sandbox.open_session("modal", sdk=FakeModal(), runner="yes", **TOKEN)
+
+
+async def test_a_dropped_link_loses_the_processes_and_the_next_session_has_the_runner(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    async with open_modal(fake, tmp_path, keep=True) as s:
+        started = await s.pty_exec_start("echo up; sleep 600", yield_time_s=5, until="up")
+        pid = runner_pid(s)
+        sandbox_id = s.sandbox_id
+        # The link's stdout fails at its next chunk (a stream Modal reset).
+        fake.fail("read", mx.ConnectionError("stream reset"), when=lambda argv: CONNECT in argv)
+        with pytest.raises(sandbox.ConnectionLostError):
+            await s.exec("echo", "never")
+        last = await s.pty_write_stdin(started.process_id, "", yield_time_s=1)
+        assert "process lost" in last.output and last.exit_code is None
+    # The runner did not end with its link: the next client reaches it.
+    async with open_modal(fake, tmp_path, sandbox_id=sandbox_id) as again:
+        assert runner_pid(again) == pid
+        assert (await again.exec("echo", "back")).stdout == b"back\n"
+
+
+async def test_a_start_cancelled_during_the_upload_leaves_nothing(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    gate = fake.block("exec", when=lambda argv: UPLOAD in argv)
+    s = open_modal(fake, tmp_path)
+    starting = asyncio.ensure_future(s.start())
+    await gate.reached.wait()
+    starting.cancel()
+    gate.release()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await s.aclose()
+    assert fake.live_sandboxes() == [] and fake.open_clients() == []
+    assert execs(fake, CONNECT) == 0
