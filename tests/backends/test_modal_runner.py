@@ -274,3 +274,24 @@ async def test_a_start_cancelled_during_the_upload_leaves_nothing(
     await s.aclose()
     assert fake.live_sandboxes() == [] and fake.open_clients() == []
     assert execs(fake, CONNECT) == 0
+
+
+async def test_an_upload_cut_short_ends_its_exec_and_renames_nothing(
+    fake: FakeModal, tmp_path: Path
+) -> None:
+    # Held at its first drain of the binary's bytes: the exec runs, waiting for them.
+    gate = fake.block("write", when=lambda argv: UPLOAD in argv)
+    s = open_modal(fake, tmp_path, keep=True)
+    starting = asyncio.ensure_future(s.start())
+    await gate.reached.wait()
+    starting.cancel()
+    gate.release()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    [box] = fake.live_sandboxes()  # kept: the sandbox outlives the cancelled start
+    [upload] = [p for p in box.processes if UPLOAD in p.argv]
+    # Its stdin was ended: the exec finished instead of waiting for the rest forever.
+    assert await eventually(lambda: upload._local is not None and upload._local.exited)
+    assert box._runner_dir is not None
+    assert [n for n in os.listdir(box._runner_dir) if not n.endswith(".tmp")] == []
+    await s.aclose()

@@ -10,7 +10,8 @@ the sandbox's, which every exec starts from; the runner spawns with exactly the
 environment it is given). When the digest for the sandbox's machine is not ours (no
 file, another build, a file someone changed), a second exec (`UPLOAD_SCRIPT`) takes the
 binary's bytes on its stdin (`text=False`, ended by `write_eof`), writes them to a
-private temporary file, hashes it back and renames it over the path.
+private temporary file, hashes it back and renames it over the path only when its size
+and digest are right (an upload cut short leaves nothing there).
 
 The link is one exec of `PATH connect --start --socket PATH.sock` (the binary itself, no
 shell, no terminal, `text=False`): it starts the runner once (`serve --detach`: its own
@@ -74,12 +75,17 @@ PREPARE_SCRIPT = (
     'h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; '
     'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
 )
-# `sh -c UPLOAD_SCRIPT sandbox-runner-upload PATH`: copies stdin to its end into PATH
-# (through a private temporary file) and prints the sha256 of what it wrote.
+# `sh -c UPLOAD_SCRIPT sandbox-runner-upload PATH SHA256 SIZE`: copies stdin to its end
+# into a private temporary file, prints its sha256 (where `sha256sum` exists), and
+# renames it over PATH only when it has SIZE bytes and that digest (an upload cut short,
+# whose stdin was ended early, leaves nothing at PATH).
 UPLOAD_SCRIPT = (
     'f=$1; t="$f.$$.tmp"; umask 077; mkdir -p -- "${f%/*}" || exit 1; '
     'cat > "$t" || { rm -f -- "$t"; exit 1; }; '
-    'h=$(sha256sum -- "$t" 2>/dev/null) && printf "%s" "${h%% *}"; '
+    'n=$(($(wc -c < "$t"))); if [ "$n" -ne "$3" ]; then rm -f -- "$t"; '
+    'echo "received $n of $3 bytes" >&2; exit 1; fi; '
+    'if h=$(sha256sum -- "$t" 2>/dev/null); then h=${h%% *}; printf "%s" "$h"; '
+    'if [ "$h" != "$2" ]; then rm -f -- "$t"; exit 1; fi; fi; '
     'chmod 755 "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }'
 )
 
@@ -146,15 +152,20 @@ async def _control(
     def keep(into: bytearray) -> Any:
         return lambda data: into.extend(data[: MAX_CONTROL_OUTPUT_BYTES - len(into)])
 
+    process: Any = None
     try:
         async with asyncio.timeout(CONTROL_TIMEOUT_S):
             process = await sandbox.exec.aio(*argv, text=False, env=dict(env))
-            for start in range(0, len(stdin or b""), WRITE_CHUNK):
-                assert stdin is not None
-                process.stdin.write(stdin[start : start + WRITE_CHUNK])
-                await process.stdin.drain.aio()
-            process.stdin.write_eof()
-            await process.stdin.drain.aio()
+            try:
+                for start in range(0, len(stdin or b""), WRITE_CHUNK):
+                    assert stdin is not None
+                    process.stdin.write(stdin[start : start + WRITE_CHUNK])
+                    await process.stdin.drain.aio()
+            finally:
+                # Also when cut short: an upload's `cat` must not wait for more forever
+                # (its partial file is a temporary one, never renamed into place).
+                process.stdin.write_eof()
+                await asyncio.shield(_drain_quietly(process))
             readers = [
                 asyncio.ensure_future(read_stream(process.stdout, keep(stdout))),
                 asyncio.ensure_future(read_stream(process.stderr, keep(stderr))),
@@ -173,6 +184,14 @@ async def _control(
     except SDK_ERRORS as exc:
         raise errors.map(what, exc) from None
     return int(code), bytes(stdout), bytes(stderr)
+
+
+async def _drain_quietly(process: Any) -> None:
+    """Send what the stdin writer holds (the EOF among it), bounded; a failure here is
+    the link's end, reported by what reads it."""
+    with contextlib.suppress(*SDK_ERRORS, TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await process.stdin.drain.aio()
 
 
 async def prepare(
@@ -198,18 +217,19 @@ async def upload(
     data = await asyncio.to_thread(binary.path.read_bytes)
     if hashlib.sha256(data).hexdigest() != binary.sha256:
         raise ProviderError("the packaged runner changed while in use", retryable=True)
-    argv = ["sh", "-c", UPLOAD_SCRIPT, "sandbox-runner-upload", path]
+    argv = ["sh", "-c", UPLOAD_SCRIPT, "sandbox-runner-upload", path, binary.sha256]
+    argv.append(str(len(data)))
     what = "put the runner into the sandbox"
     code, stdout, stderr = await _control(sandbox, errors, argv, what, env=env, stdin=data)
-    if code != 0:
-        said = stderr.decode("utf-8", "replace").strip()[:300]
-        raise ProviderError(f"could not {what} (exit {code}): {said}", retryable=False)
     digest = stdout.decode("ascii", "replace").strip()
     if digest and digest != binary.sha256:
         raise ProviderError(
             "the runner put into the sandbox reads back as other bytes "
             f"(sha256 {digest[:16]}..., expected {binary.sha256[:16]}...)"
         )
+    if code != 0:
+        said = stderr.decode("utf-8", "replace").strip()[:300]
+        raise ProviderError(f"could not {what} (exit {code}): {said}", retryable=False)
 
 
 class StdinWriter:

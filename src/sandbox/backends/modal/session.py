@@ -3,17 +3,17 @@ async (`.aio`) calls.
 
 On the per-exec path (the default) every process is a `sandbox.exec.aio(...)`
 (`pty=True` for a terminal): the command is the process, so its exit status comes from
-`process.wait.aio()` and no shell trap is needed. Beside it (one module per idea): `options` (the options, their defaults and
-checks), `lifecycle` (the provider calls that connect, create or attach, terminate and
-detach), `commands` (start a command, signal it with the toolkit's scripts, read a
-stream; `Command`, a process's handle: a `Process` the base session's hooks write to,
-interrupt, end the input of and kill), `scripts` (the argv: preamble, toolkit wrapper,
-kill script), `oneshot` (the `OneShotProcess` of `exec`, and its start), `processes`
-(the start, readers and watcher of a `pty_exec_start` process), `files`, `limits`,
-`workspace`, `durable`, `errors` (the SDK's exceptions through the toolkit's policy),
-`runner_link` (the runner in the sandbox: delivery, the exec that carries its link).
-A terminal is interrupted with `\\x03`; resizing raises `UnsupportedOperationError`
-there (the SDK has no call for it).
+`process.wait.aio()` and no shell trap is needed. Beside it (one module per idea):
+`options` (the options, their defaults and checks), `lifecycle` (the provider calls that
+connect, create or attach, terminate and detach), `commands` (start a command, signal it
+with the toolkit's scripts, read a stream; `Command`, a process's handle: a `Process`
+the base session's hooks write to, interrupt, end the input of and kill), `scripts` (the
+argv: preamble, toolkit wrapper, kill script), `oneshot` (the `OneShotProcess` of
+`exec`, and its start), `processes` (the start, readers and watcher of a
+`pty_exec_start` process), `files`, `limits`, `workspace`, `durable`, `errors` (the
+SDK's exceptions through the toolkit's policy), `runner_link` (the runner in the
+sandbox: delivery, the exec that carries its link). A terminal is interrupted with
+`\\x03`; resizing raises `UnsupportedOperationError` there (the SDK has no call for it).
 
 With `runner=True` (or `runner=None` where this install has a runner for the sandbox's
 machine) processes and commands go through the runner instead (docs/runner.md,
