@@ -66,8 +66,9 @@ The runner (docs/runner.md) runs in a fake sandbox as in a real one: delivered b
 exec with stdin, started detached by `connect --start`, reached again by the next
 client's exec. A real sandbox's /tmp is its own; here /tmp is this machine's, shared by
 every fake sandbox, so each sandbox's processes see `SANDBOX_RUNNER_DIR`, a short
-private folder of its own (removed when it is terminated) where the backend puts its
-runner, as the kubernetes stand-in does per pod.
+folder name of its own (made by whoever puts a runner there, removed when the sandbox
+is terminated) where the backend puts its runner, as the kubernetes stand-in does per
+pod.
 
 Known differences from the real service: a finished process
 keeps its local fds until the sandbox is terminated; the sandbox lifetime `timeout` is
@@ -479,7 +480,7 @@ class FakeSandbox:
         self._filesystem = FakeSandboxFilesystem(self)
         self._tunnels: dict[int, PreviewProxy] = {}
         # The sandbox's own runner folder (`RUNNER_DIR_ENV`): short, since a unix
-        # socket's path must stay under 108 bytes; made at create, removed at terminate.
+        # socket's path must stay under 108 bytes; named at create, removed at terminate.
         self._runner_dir: str | None = None
 
     @property
@@ -599,7 +600,9 @@ class FakeSandbox:
                     symlinks=True,
                     dirs_exist_ok=True,
                 )
-        sandbox._runner_dir = await asyncio.to_thread(tempfile.mkdtemp, prefix="mrun-", dir="/tmp")
+        # Named, not made: the runner's upload makes it (0700) for a sandbox that uses
+        # one, so a sandbox a test never terminates leaves no empty folder behind.
+        sandbox._runner_dir = f"/tmp/mrun-{secrets.token_hex(6)}"
         fake.sandboxes[sandbox.object_id] = sandbox
         await fake._check("create_response")
         return sandbox
