@@ -269,19 +269,12 @@ class ModalSession(BaseSandboxSession[Command]):
         commands = self._commands
         runner, self._runner = self._runner, None
         try:
-            if runner is not None:
-                # The runner lives on in a kept sandbox; a terminated one ends it.
-                await runner.aclose()
-            await release_sandbox(
-                self._sdk,
-                self._errors,
-                self._sandbox,
-                keep=self.keep,
-                app_name=self.app_name,
-                create_name=self._create_name,
-                client=self._client,
-                markers=commands.state_dir if commands.marked else None,
-            )
+            try:
+                if runner is not None:
+                    # The runner lives on in a kept sandbox; a terminated one ends it.
+                    await runner.aclose()
+            finally:  # whatever became of the link, the sandbox is released
+                await self._release_sandbox()
         finally:
             self._sandbox = commands.sandbox = None
             self._create_name = None
@@ -289,6 +282,20 @@ class ModalSession(BaseSandboxSession[Command]):
             if self._owns_client and client is not None:
                 self._owns_client = False
                 await close_client(self._errors, client)
+
+    async def _release_sandbox(self) -> None:
+        """Terminate the sandbox unless kept (`lifecycle.release_sandbox`)."""
+        commands = self._commands
+        await release_sandbox(
+            self._sdk,
+            self._errors,
+            self._sandbox,
+            keep=self.keep,
+            app_name=self.app_name,
+            create_name=self._create_name,
+            client=self._client,
+            markers=commands.state_dir if commands.marked else None,
+        )
 
     # ---- one-shot commands -------------------------------------------------------------
 
