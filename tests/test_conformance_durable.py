@@ -39,7 +39,7 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
         }
     if backend.name == "cloudflare":
         return {"worker_url": session._worker_url, "api_key": session._client.key.reveal()}
-    if backend.name == "modal":
+    if backend.name in ("modal", "modal_runner"):
         return {
             "sdk": session._sdk,
             "token_id": session._token_id.reveal(),

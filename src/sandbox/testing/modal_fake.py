@@ -62,9 +62,17 @@ A pipe process's stdin is a real pipe, as Modal's: `drain()` writes what `write(
 buffered, and after `write_eof()` the process reads end-of-file (a `write()` then raises
 `ValueError("Stdin is closed. Cannot write to it.")`, the SDK's words).
 
+The runner (docs/runner.md) runs in a fake sandbox as in a real one: delivered by an
+exec with stdin, started detached by `connect --start`, reached again by the next
+client's exec. A real sandbox's /tmp is its own; here /tmp is this machine's, shared by
+every fake sandbox, so each sandbox's processes see `SANDBOX_RUNNER_DIR`, a short
+folder name of its own (made by whoever puts a runner there, removed when the sandbox
+is terminated) where the backend puts its runner, as the kubernetes stand-in does per
+pod.
+
 Known differences from the real service: a finished process
 keeps its local fds until the sandbox is terminated; the sandbox lifetime `timeout` is
-not enforced.
+not enforced; every process sees `SANDBOX_RUNNER_DIR` (above).
 """
 
 from __future__ import annotations
@@ -97,6 +105,9 @@ from .special_files import wait_forever_on_special_file
 # Every process a fake sandbox starts carries this variable, so that terminating the
 # sandbox can find processes that left their process group (like a container teardown).
 FAKE_SANDBOX_ENV = "SANDBOX_MODAL_FAKE_ID"
+# Where the backend puts the runner (its `$SANDBOX_RUNNER_DIR`): each fake sandbox gets a
+# folder of its own, since they all share this machine's /tmp (see the module docstring).
+RUNNER_DIR_ENV = "SANDBOX_RUNNER_DIR"
 STDIN_BUFFER_LIMIT = 16 * 1024 * 1024  # the SDK's limit for the command-router writer
 
 # The SDK class each fake class stands for, by name (the drift check maps return
@@ -468,6 +479,9 @@ class FakeSandbox:
         self._attached = True
         self._filesystem = FakeSandboxFilesystem(self)
         self._tunnels: dict[int, PreviewProxy] = {}
+        # The sandbox's own runner folder (`RUNNER_DIR_ENV`): short, since a unix
+        # socket's path must stay under 108 bytes; named at create, removed at terminate.
+        self._runner_dir: str | None = None
 
     @property
     def _terminated(self) -> bool:
@@ -586,6 +600,9 @@ class FakeSandbox:
                     symlinks=True,
                     dirs_exist_ok=True,
                 )
+        # Named, not made: the runner's upload makes it (0700) for a sandbox that uses
+        # one, so a sandbox a test never terminates leaves no empty folder behind.
+        sandbox._runner_dir = f"/tmp/mrun-{secrets.token_hex(6)}"
         fake.sandboxes[sandbox.object_id] = sandbox
         await fake._check("create_response")
         return sandbox
@@ -677,6 +694,8 @@ class FakeSandbox:
         environment.update(self._env)
         environment.update({k: v for k, v in (env or {}).items() if v is not None})
         environment[FAKE_SANDBOX_ENV] = f"{self._fake.id}-{self._object_id}"
+        if self._runner_dir is not None:
+            environment[RUNNER_DIR_ENV] = self._runner_dir
         if pty:
             # As the SDK's `get_pty_info`: the terminal type is the client's own `TERM`
             # (none if it has none) unless the command's env names one.
@@ -746,6 +765,8 @@ class FakeSandbox:
         for pid in procfs.pids_with_env(FAKE_SANDBOX_ENV, marker, prefix=True):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self._runner_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._runner_dir, True)
 
 
 def _sdk_sandbox_create() -> Callable[..., Any]:
@@ -1075,6 +1096,7 @@ class FakeStreamWriter:
 __all__ = [
     "FAKE_SANDBOX_ENV",
     "OPS",
+    "RUNNER_DIR_ENV",
     "SDK_NAMES",
     "STDIN_BUFFER_LIMIT",
     "AioCallable",

@@ -1,12 +1,23 @@
-"""Detach and resume for `modal`: the sandbox outlives the client, exec streams do not.
+"""Detach and resume for `modal`: the sandbox outlives the client, exec streams do not
+(the runner's processes do).
 
-Facts (modal==the pinned SDK): `Sandbox.from_id(sandbox_id)` attaches to a running
-sandbox (`modal/sandbox/_sandbox.py`); an exec's `ContainerProcess` is built by
-`Sandbox.exec` from the exec id the server returns and read through the client's own
-command-router stream (`modal/container_process.py`); the SDK has no call that finds a
-process by id again. So `keeps_processes` is False: `detach()` kills each tree by its
-toolkit tag (as `pty_terminate`), and after a crash `resume_session` kills the trees the
-ref file lists by their tags, reporting each as ended with a note. A sandbox that is
+With the runner (`runner=True`, or `runner=None` where it started) the runner inside the
+sandbox keeps every process and its latest output in a ring (docs/runner.md), so
+`keeps_processes` is True for such a session: `detach()` stops following each process
+and ends the link's exec, the ref lists each by its runner id (and says `runner: true`
+in its options), and `resume_session` reaches the same runner through a new exec
+(`connect`: no second runner, no second upload when the digest matches) and reattaches
+each process from the output position the client had reached (what it printed
+meanwhile first, the omission marker past the ring, its exit code if it ended).
+
+Without the runner: facts (modal==the pinned SDK): `Sandbox.from_id(sandbox_id)`
+attaches to a running sandbox (`modal/sandbox/_sandbox.py`); an exec's
+`ContainerProcess` is built by `Sandbox.exec` from the exec id the server returns and
+read through the client's own command-router stream (`modal/container_process.py`);
+the SDK has no call that finds a process by id again. So `keeps_processes` is False:
+`detach()` kills each tree by its toolkit tag (as `pty_terminate`), and after a crash
+`resume_session` kills the trees the ref file lists by their tags, reporting each as
+ended with a note. A sandbox that is
 gone (`NotFoundError` from `from_id`) is `SessionGoneError`.
 
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), one exec each.
@@ -25,16 +36,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import (
-    Durability,
-    OutputSink,
-    ProcessNotReattached,
-    ProcessRef,
-    SessionRef,
-    durable_session_id,
-)
+from ...backend import SessionRef, durable_session_id
 from ...errors import ProviderError, SessionGoneError
+from ...runner import RunnerClient
 from ..toolkit import (
+    RunnerDurability,
     ScriptLease,
     attach_or_gone,
     check_mark,
@@ -63,7 +69,7 @@ NOT_REATTACHED = (
 )
 LEASE_TIMEOUT_S = 30.0
 # The options a resume takes from a ref: never a token, a client or an SDK.
-TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "term")
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "term", "runner")
 
 
 class SandboxLease(ScriptLease):
@@ -87,11 +93,16 @@ class SandboxLease(ScriptLease):
         return parse_lease(output.decode("utf-8", "replace"), code, "modal")
 
 
-class ModalDurability(Durability):
+class ModalDurability(RunnerDurability):
     """The modal backend's durable sessions (the module docstring says what outlives
     the client), over the session it was made with."""
 
-    keeps_processes = False
+    not_reattached = NOT_REATTACHED
+
+    @property
+    def keeps_processes(self) -> bool:
+        """True for a session whose processes the runner keeps, else False."""
+        return bool(self.session._uses_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox id, whether the session created it, and whether the close
@@ -106,11 +117,19 @@ class ModalDurability(Durability):
         options.update({name: getattr(session, name) for name in REF_OPTIONS})
         options["call_timeout_s"] = session._errors.call_timeout_s
         options["term"] = session._commands._term
+        # What the session ended up with (`runner=None` may have fallen back): a resume
+        # reaches the same runner, or keeps the per-exec path.
+        options["runner"] = bool(session._uses_runner)
         return options
 
-    def ref_process(self, entry: OutputSink[Any]) -> dict[str, Any]:
-        """The toolkit tag that finds the command's tree."""
-        return {"tag": entry.require_handle().tag}
+    def ref_direct_process(self, handle: Any) -> dict[str, Any]:
+        """An exec of the per-exec path: the toolkit tag that finds its tree."""
+        return {"tag": handle.tag}
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the sandbox, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
@@ -144,9 +163,14 @@ class ModalDurability(Durability):
         )
 
     async def resume(self, ref: SessionRef) -> None:
-        """`Sandbox.from_id`; then kill the trees a dead client left (by tag)."""
+        """`Sandbox.from_id`; connect to the runner if the ref's session had it (once the
+        sandbox is known to run); then kill the trees a dead client left (by tag)."""
         session = self.session
-        await attach_or_gone(session, "modal", gone=SANDBOX_GONE)
+        session._runner_deferred = True
+        try:
+            await attach_or_gone(session, "modal", gone=SANDBOX_GONE)
+        finally:
+            session._runner_deferred = False
         # `from_id` also finds a sandbox that finished (modal/sandbox/_sandbox.py): `poll`
         # says which (None while it runs).
         sandbox = session._commands.require_sandbox()
@@ -155,6 +179,7 @@ class ModalDurability(Durability):
         if not session.keep:
             await self.check_created(ref)
         session._created = ref.sandbox.get("created") is True
+        await session._start_runner()
         commands = session._commands
         for process in ref.processes:
             tag = process.handle.get("tag")
@@ -168,17 +193,17 @@ class ModalDurability(Durability):
             stand_in = Command(commands, tty=process.tty, keep=session.keep, tag=tag, process=True)
             await commands.control(stand_in, "kill")
 
-    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
-        """Never possible (see the module docstring)."""
-        raise ProcessNotReattached(NOT_REATTACHED)
-
     async def detach(self) -> None:
-        """Detach from the sandbox (it keeps running) and close the client we opened."""
+        """Close the runner's link (its processes live on in the runner), detach from
+        the sandbox (it keeps running) and close the client we opened."""
         session = self.session
+        runner, session._runner = session._runner, None
         sandbox, session._sandbox = session._sandbox, None
         session._commands.sandbox = None
         session._create_name = None
         try:
+            if runner is not None:
+                await runner.aclose()
             if sandbox is not None:
                 await quietly(session._errors, sandbox.detach.aio(), "detaching from the sandbox")
         finally:

@@ -33,6 +33,17 @@ first use (a bad grace period would otherwise surface as a raw TypeError in a te
   limits with `sandbox_id` (they apply at create; see `limits`);
 - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
   `modal` module; tests pass a `sandbox.testing.modal_fake.FakeModal`);
+- `runner`: `True` runs processes and commands through the runner (docs/runner.md):
+  put into the sandbox once (by an exec's stdin, skipped when the file at its
+  content-named path in `$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp, has the same
+  sha256), started detached and reached by one exec of `connect --start` whose binary
+  stdin and stdout carry its frames; processes then outlive the client
+  (`keeps_processes`: detach and resume reattach them with what they printed
+  meanwhile), stdin stays open until `close_stdin`, kills end the whole tree, and a
+  terminal resizes. Refused (`UnsupportedOperationError`) where this install has no
+  runner for the sandbox's machine (`uname -m`). `None`: the runner where there is
+  one, else the per-exec path. Default `False`: the per-exec path (every process an
+  exec of its own, ended with its client);
 
 plus the base session's options.
 """
@@ -83,6 +94,7 @@ class ModalOptions:
     state_dir: str
     term: str
     sdk: Any
+    runner: bool | None
 
 
 def check_options(
@@ -107,6 +119,7 @@ def check_options(
     memory_limit_bytes: int | None,
     process_limit: int | None,
     cpu_limit: float | None,
+    runner: bool | None = False,
 ) -> ModalOptions:
     """Check every option (`InvalidArgumentError`, or `UnsupportedOperationError` for a
     limit Modal cannot apply) and answer them as `ModalOptions`."""
@@ -138,6 +151,8 @@ def check_options(
     if not term or "\0" in term:
         raise InvalidArgumentError("term must be a non-empty terminal type, such as 'xterm'")
     env = check_env(env)
+    if runner is not None and not isinstance(runner, bool):
+        raise InvalidArgumentError(f"runner must be True, False or None, not {runner!r}")
     if create_options is not None and not isinstance(create_options, Mapping):
         raise InvalidArgumentError("create_options must be a mapping of option names")
     if create_options and create_options.get("env") is not None:
@@ -177,4 +192,5 @@ def check_options(
         state_dir=state_dir,
         term=term,
         sdk=sdk if sdk is not None else modal,
+        runner=runner,
     )

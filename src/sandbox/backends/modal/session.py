@@ -1,18 +1,26 @@
 """`ModalSession`: the `modal` backend's hooks, on Modal sandboxes through the SDK's
 async (`.aio`) calls.
 
-Every process is a `sandbox.exec.aio(...)` (`pty=True` for a terminal): the command is
-the process, so its exit status comes from `process.wait.aio()` and no shell trap is
-needed. Beside it (one module per idea): `options` (the options, their defaults and
-checks), `lifecycle` (the provider calls that connect, create or attach, terminate and
-detach), `commands` (start a command, signal it with the toolkit's scripts, read a
-stream; `Command`, a process's handle: a `Process` the base session's hooks write to,
-interrupt, end the input of and kill), `scripts` (the argv: preamble, toolkit wrapper,
-kill script), `oneshot` (the `OneShotProcess` of `exec`, and its start), `processes`
-(the start, readers and watcher of a `pty_exec_start` process), `files`, `limits`,
-`workspace`, `durable`, `errors` (the SDK's exceptions through the toolkit's policy).
-A terminal is interrupted with `\\x03`; resizing raises `UnsupportedOperationError`
-(the SDK has no call for it).
+On the per-exec path (the default) every process is a `sandbox.exec.aio(...)`
+(`pty=True` for a terminal): the command is the process, so its exit status comes from
+`process.wait.aio()` and no shell trap is needed. Beside it (one module per idea):
+`options` (the options, their defaults and checks), `lifecycle` (the provider calls that
+connect, create or attach, terminate and detach), `commands` (start a command, signal it
+with the toolkit's scripts, read a stream; `Command`, a process's handle: a `Process`
+the base session's hooks write to, interrupt, end the input of and kill), `scripts` (the
+argv: preamble, toolkit wrapper, kill script), `oneshot` (the `OneShotProcess` of
+`exec`, and its start), `processes` (the start, readers and watcher of a
+`pty_exec_start` process), `files`, `limits`, `workspace`, `durable`, `errors` (the
+SDK's exceptions through the toolkit's policy), `runner_link` (the runner in the
+sandbox: delivery, the exec that carries its link). A terminal is interrupted with
+`\\x03`; resizing raises `UnsupportedOperationError` there (the SDK has no call for it).
+
+With `runner=True` (or `runner=None` where this install has a runner for the sandbox's
+machine) processes and commands go through the runner instead (docs/runner.md,
+`runner_link`): put into the sandbox once (checked by content hash), started detached,
+and reached by one exec whose binary stdin and stdout carry its protocol. Its processes
+outlive the client (`keeps_processes`), keep stdin open until `close_stdin`, are killed
+with their whole tree, and resize (the runner owns the terminal).
 
 With `pty=True` the SDK describes the terminal from the *client* process
 (`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
@@ -32,7 +40,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ...backend import (
     BaseSandboxSession,
@@ -45,7 +53,14 @@ from ...backend import (
     durable_session_id,
     kill_handle,
 )
-from ..toolkit import TAG_VARIABLE, Secret, refuse_renamed
+from ..toolkit import (
+    TAG_VARIABLE,
+    RunnerProcess,
+    Secret,
+    refuse_renamed,
+    spawn_through_runner,
+    start_one_shot,
+)
 from . import durable as durable_modal
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
@@ -72,6 +87,7 @@ from .options import (
     check_options,
 )
 from .processes import spawn
+from .runner_link import SandboxRunner
 from .workspace import ModalPorts, ModalSnapshots, image_of
 
 TOKEN_ENV = TAG_VARIABLE  # the variable that tags a command's tree
@@ -87,8 +103,9 @@ class ModalSession(BaseSandboxSession[Command]):
     start and terminated at close unless `keep`; its options are documented, and
     checked, in `sandbox.backends.modal.options`.
 
-    Every command sees one extra variable, the toolkit's `SANDBOX_PROCESS_TAG`, which
-    identifies its process tree for teardown (see `scripts`). A one-shot `exec` that
+    Without the runner, every command sees one extra variable, the toolkit's
+    `SANDBOX_PROCESS_TAG`, which identifies its process tree for teardown (see
+    `scripts`). A one-shot `exec` that
     leaves a daemon with its output redirected leaves it running (like `docker exec`);
     one still holding the output pipes is killed after a short grace.
     """
@@ -120,6 +137,7 @@ class ModalSession(BaseSandboxSession[Command]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool | None = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -145,6 +163,7 @@ class ModalSession(BaseSandboxSession[Command]):
             memory_limit_bytes=memory_limit_bytes,
             process_limit=process_limit,
             cpu_limit=cpu_limit,
+            runner=runner,
         )
         self.app_name = given.app_name
         self.keep = given.keep
@@ -175,6 +194,14 @@ class ModalSession(BaseSandboxSession[Command]):
             terminate_grace_s=given.terminate_grace_s,
         )
         self._files = ModalFiles(self._errors, given.workdir)
+        # The link to the runner in the sandbox, while the session has one.
+        self._runner: SandboxRunner | None = None
+        # Whether this session runs its processes through the runner: True once a start
+        # connected to it (`runner=None` may fall back), and after a detach (its ref
+        # says so); before the start, whether `runner=True` asks for it.
+        self._uses_runner = given.runner is True
+        # A resume starts the runner only once the sandbox is known to run (`durable`).
+        self._runner_deferred = False
 
     @property
     def sandbox_id(self) -> str | None:
@@ -199,6 +226,8 @@ class ModalSession(BaseSandboxSession[Command]):
         if given.sandbox_id is not None:
             self._sandbox = await attach(sdk, errors, given.sandbox_id, self._client)
             self._commands.sandbox = self._sandbox
+            if not self._runner_deferred:
+                await self._start_runner()
             return
         app = await lookup_app(sdk, errors, self.app_name, self._client)
         image = image_of(sdk, given.image, self._client)
@@ -220,22 +249,32 @@ class ModalSession(BaseSandboxSession[Command]):
         )
         self._commands.sandbox = self._sandbox
         self._created = True
+        await self._start_runner()
+
+    async def _start_runner(self) -> None:
+        """Connect to the runner in the sandbox (delivered and started when needed) if
+        the `runner` option asks for it; `runner=None` falls back to the per-exec path
+        where this install has no runner for the sandbox's machine."""
+        wanted = self._given.runner
+        if wanted is False:
+            return
+        self._runner = await SandboxRunner.start(
+            self._commands.require_sandbox(), self._errors, self._given.env, required=bool(wanted)
+        )
+        self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
         """Terminate the sandbox unless kept (also one a failed or cancelled create left
         behind, found by its name), detach, and close the client we opened."""
         commands = self._commands
+        runner, self._runner = self._runner, None
         try:
-            await release_sandbox(
-                self._sdk,
-                self._errors,
-                self._sandbox,
-                keep=self.keep,
-                app_name=self.app_name,
-                create_name=self._create_name,
-                client=self._client,
-                markers=commands.state_dir if commands.marked else None,
-            )
+            try:
+                if runner is not None:
+                    # The runner lives on in a kept sandbox; a terminated one ends it.
+                    await runner.aclose()
+            finally:  # whatever became of the link, the sandbox is released
+                await self._release_sandbox()
         finally:
             self._sandbox = commands.sandbox = None
             self._create_name = None
@@ -244,11 +283,35 @@ class ModalSession(BaseSandboxSession[Command]):
                 self._owns_client = False
                 await close_client(self._errors, client)
 
+    async def _release_sandbox(self) -> None:
+        """Terminate the sandbox unless kept (`lifecycle.release_sandbox`)."""
+        commands = self._commands
+        await release_sandbox(
+            self._sdk,
+            self._errors,
+            self._sandbox,
+            keep=self.keep,
+            app_name=self.app_name,
+            create_name=self._create_name,
+            client=self._client,
+            markers=commands.state_dir if commands.marked else None,
+        )
+
     # ---- one-shot commands -------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One exec, its output read into the bounded capture (`oneshot.start_oneshot`,
-        which kills the tree by its tag should this be cancelled mid-start)."""
+        which kills the tree by its tag should this be cancelled mid-start). With the
+        runner: the runner's one-shot, stdout and stderr apart."""
+        runner = self._runner
+        if runner is not None:
+            return await start_one_shot(
+                runner.client,
+                spec,
+                capture,
+                env=runner.environment(spec.env, tty=False, term=self._given.term),
+                cwd=self._commands.cwd(spec.cwd),
+            )
         return await start_oneshot(
             self._commands,
             spec,
@@ -261,7 +324,19 @@ class ModalSession(BaseSandboxSession[Command]):
 
     async def _spawn_process(self, entry: OutputSink[Command]) -> None:
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
-        one reader task per stream and a watcher task for the exit (`processes.spawn`)."""
+        one reader task per stream and a watcher task for the exit (`processes.spawn`).
+        With the runner: the runner's process (`RunnerProcess`)."""
+        runner = self._runner
+        if runner is not None:
+            spec = entry.spec
+            await spawn_through_runner(
+                runner.client,
+                cast(OutputSink[RunnerProcess], entry),
+                env=runner.environment(spec.command.env, tty=spec.tty, term=self._given.term),
+                cwd=self._commands.cwd(spec.command.cwd),
+                grace_s=self.terminate_grace_s,
+            )
+            return
         await spawn(
             entry,
             self._commands,
@@ -272,7 +347,8 @@ class ModalSession(BaseSandboxSession[Command]):
 
     async def _terminate_pty_entry(self, entry: OutputSink[Command]) -> None:
         """`Command.kill`: the tree killed by tag, unless the sandbox's deletion right
-        after ends it; the reader and watcher tasks stopped either way."""
+        after ends it; the reader and watcher tasks stopped either way. A runner's
+        process: its tree killed by the runner (`RunnerProcess.kill`)."""
         await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----

@@ -486,6 +486,8 @@ async def start_one_shot(
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(process.terminate(0))
+            if sink.code.done() and not sink.code.cancelled():
+                sink.code.exception()  # a lost link's, told by this raise: not unretrieved
             raise
         return RunnerOneShot(process, sink)
     raise AssertionError("unreachable")  # pragma: no cover
