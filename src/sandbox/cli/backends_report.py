@@ -102,6 +102,7 @@ def native_notes() -> str:
 RUNNER_BACKENDS = {
     "docker": "with runner=True",
     "kubernetes": "with runner=True",
+    "modal": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "unix_local": "for `sandbox open` sessions, or runner=True",
 }
 
