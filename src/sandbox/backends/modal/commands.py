@@ -5,6 +5,14 @@ from `scripts` and whose environment carries the toolkit's tag. Signals go throu
 second exec of the toolkit's kill or interrupt script (`Commands.control`). `Command`,
 the handle of one command, is a `Process`: the base session's hooks write to it,
 interrupt it, end its input and kill it through its methods.
+
+With `pty=True` the SDK describes the terminal from the *client* process
+(`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
+`modal.sandbox._common.default_pty_info`): `TERM`, `COLORTERM` and `TERM_PROGRAM` from
+`os.environ`, the window size from `sys.stdin`'s terminal. A server process has no TERM
+and no terminal, so every terminal command gets `TERM` explicitly in its environment
+(option `term`, default `xterm-256color`; a `TERM` in `env` or the command's own env
+wins) and the toolkit's wrapper applies the requested size with `stty`.
 """
 
 from __future__ import annotations

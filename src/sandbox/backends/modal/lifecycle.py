@@ -1,9 +1,10 @@
 """The provider calls around a Modal sandbox's life, which the session's `_start_backend`
-and `_stop_backend` make in order: the token and the client (`connect`), attaching
-(`attach`) or creating (`lookup_app`, `create_sandbox`), and at the end
-`release_sandbox` (terminate, also a sandbox a cut-short create left, found by its
-name; or, kept, remove our markers; then detach) and `close_client`. The calls made
-while stopping are each bounded by `STOP_TIMEOUT_S`."""
+and `_stop_backend` make in order: the token and the client (`open_client`: the given
+one, or `connect`), attaching (`attach`) or creating (`lookup_app`, `create_sandbox`),
+and at the end `shut_down`: the runner's link closed, `release_sandbox` (terminate, also
+a sandbox a cut-short create left, found by its name; or, kept, remove our markers;
+then detach) and `close_client`. The calls made while stopping are each bounded by
+`STOP_TIMEOUT_S`."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from modal import exception as modal_exception
 from ...errors import CredentialsMissingError
 from ..toolkit import Secret, require_credential
 from .errors import SANDBOX_GONE, SDK_ERRORS, ModalErrors
+from .runner_link import SandboxRunner
 
 logger = logging.getLogger("sandbox.modal")
 
 STOP_TIMEOUT_S = 60.0  # each call made while stopping the sandbox
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
+TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
 # The tag that marks a sandbox this library created, with the durable session's id: a
 # resume checks it (`Sandbox.get_tags`) before it takes on the sandbox's termination.
 SESSION_LABEL = "sandbox.session"
@@ -59,6 +62,20 @@ async def connect(
         found_id.reveal(),
         found_secret.reveal(),
     )
+
+
+async def open_client(
+    sdk: Any,
+    errors: ModalErrors,
+    given: Any,
+    token_id: Secret | None,
+    token_secret: Secret | None,
+) -> tuple[Any, bool]:
+    """The client and whether we opened it (then the stop closes it): the `given` one
+    (the `client` option), else one opened with the token (`connect`)."""
+    if given is not None:
+        return given, False
+    return await connect(sdk, errors, token_id, token_secret), True
 
 
 async def attach(sdk: Any, errors: ModalErrors, sandbox_id: str, client: Any) -> Any:
@@ -113,6 +130,43 @@ async def create_sandbox(
         client=client,
         **options,
     )
+
+
+async def shut_down(
+    sdk: Any,
+    errors: ModalErrors,
+    sandbox: Any,
+    *,
+    runner: SandboxRunner | None,
+    client: Any,
+    owns_client: bool,
+    keep: bool,
+    app_name: str,
+    create_name: str | None,
+    markers: str | None,
+) -> None:
+    """The session's stop: close the runner's link (the runner lives on in a kept
+    sandbox; a terminated one ends it), release the sandbox whatever became of the link
+    (`release_sandbox`), and close `client` if we opened it (`owns_client`) whatever
+    became of the sandbox."""
+    try:
+        try:
+            if runner is not None:
+                await runner.aclose()
+        finally:
+            await release_sandbox(
+                sdk,
+                errors,
+                sandbox,
+                keep=keep,
+                app_name=app_name,
+                create_name=create_name,
+                client=client,
+                markers=markers,
+            )
+    finally:
+        if owns_client and client is not None:
+            await close_client(errors, client)
 
 
 async def release_sandbox(

@@ -6,7 +6,8 @@ finish, and leaves a tree still holding the pipes (a background child) to `relea
 which kills it. The exec also gets a server-side timeout, a backstop only (1 s
 granularity, a little after the base session's own deadline, which is what really ends
 the command): if it fires first, Modal reports -1 and `wait()` raises the timeout error.
-`start_oneshot` starts one (the session's `_start_exec`).
+`start_oneshot` starts one (the session's `_start_exec`); with the runner,
+`start_on_runner` starts the runner's one-shot instead (the toolkit's `start_one_shot`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...backend import CommandSpec, ExecCapture, cancel_and_wait, first_failure, settle
+from ...backend import (
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    cancel_and_wait,
+    first_failure,
+    settle,
+)
 from ...errors import ProviderError
-from ..toolkit import CommandCheck, normalize_exit
+from ..toolkit import CommandCheck, normalize_exit, start_one_shot
 from .commands import Command, Commands, read_stream
+from .runner_link import SandboxRunner
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns when that backstop fired
 SERVER_TIMEOUT_MARGIN_S = 2
@@ -134,3 +143,12 @@ async def start_oneshot(
         timeout=timeout,
         exit_output_grace_s=exit_output_grace_s,
     )
+
+
+async def start_on_runner(
+    runner: SandboxRunner, commands: Commands, spec: CommandSpec, capture: ExecCapture
+) -> OneShotProcess:
+    """The runner's one-shot of `spec`, stdout and stderr apart, in its folder under the
+    workdir (`commands.cwd`) with the runner's environment for it."""
+    env = runner.environment(spec.env, tty=False)
+    return await start_one_shot(runner.client, spec, capture, env=env, cwd=commands.cwd(spec.cwd))

@@ -1,6 +1,7 @@
 """One process (`pty_exec_start`): its start (`spawn`, the session's `_spawn_process`)
 and the tasks behind it: a reader per output stream, feeding the `OutputSink`, and a
-watcher reporting the exit.
+watcher reporting the exit. With the runner, `spawn_on_runner` starts the runner's
+process instead (`RunnerProcess`, the toolkit's `spawn_through_runner`).
 
 Output and exit status travel on different RPC streams, so the watcher reports the exit
 once the output ended too (or `exit_output_grace_s` passed): reporting it first could
@@ -13,14 +14,27 @@ fails cancels the other reader and the watcher; a wait that fails cancels the re
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from ...backend import OutputSink, cancel_and_wait
-from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    normalize_exit,
+    spawn_through_runner,
+    wait_for_verdict,
+)
 from .commands import Command, Commands, read_stream
 from .errors import ModalErrors
+from .runner_link import SandboxRunner
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a status
+# Output and exit status travel on different RPC streams: after one of them ends, how long
+# to wait for the other before giving up on it (the session's `exit_output_grace_s` and
+# `exit_status_timeout_s`, which a one-shot's wait uses too).
+EXIT_OUTPUT_GRACE_S = 1.0
+EXIT_STATUS_TIMEOUT_S = 10.0
 
 
 async def spawn(
@@ -59,6 +73,19 @@ async def spawn(
     )
     if check is not None and trap is not None:
         await wait_for_verdict(entry, trap, check)
+
+
+async def spawn_on_runner(
+    entry: OutputSink[Command], runner: SandboxRunner, commands: Commands, *, grace_s: float
+) -> None:
+    """Start the entry's command as a process of the runner (its handle a
+    `RunnerProcess`, killed with its tree, SIGTERM to SIGKILL in `grace_s`), in its folder
+    under the workdir (`commands.cwd`) with the runner's environment for it."""
+    command = entry.spec.command
+    env = runner.environment(command.env, tty=entry.spec.tty)
+    sink = cast(OutputSink[RunnerProcess], entry)
+    cwd = commands.cwd(command.cwd)
+    await spawn_through_runner(runner.client, sink, env=env, cwd=cwd, grace_s=grace_s)
 
 
 def start_tasks(

@@ -388,21 +388,35 @@ async def open_link(sandbox: Any, errors: ModalErrors, path: str, sock: str) -> 
 
 class SandboxRunner:
     """The session's connection to the runner in its sandbox: the client, the exec that
-    carries it, and the environment every process starts with."""
+    carries it, and the environment every process starts with (`term`: the TERM of a
+    terminal, the session's option)."""
 
-    def __init__(self, client: RunnerClient, link: SandboxLink, base_env: dict[str, str]) -> None:
+    def __init__(
+        self, client: RunnerClient, link: SandboxLink, base_env: dict[str, str], term: str
+    ) -> None:
         self.client = client
         self.link = link
         self.base_env = base_env
+        self.term = term
 
     @classmethod
     async def start(
-        cls, sandbox: Any, errors: ModalErrors, env: Mapping[str, str], *, required: bool
+        cls,
+        sandbox: Any,
+        errors: ModalErrors,
+        env: Mapping[str, str],
+        term: str,
+        *,
+        wanted: bool | None,
     ) -> SandboxRunner | None:
-        """Deliver the runner (unless the same bytes are there), start it or find it
+        """The runner the session's `runner` option asks for (`wanted`): None for False.
+        Else deliver the runner (unless the same bytes are there), start it or find it
         running, and connect. Where this install has no runner for the sandbox's
-        machine: `UnsupportedOperationError` when `required`, else None (the session
-        keeps its per-exec path)."""
+        machine: `UnsupportedOperationError` for True, else None (`runner=None`: the
+        session keeps its per-exec path)."""
+        if wanted is False:
+            return None
+        required = wanted is True
         builds = packaged()
         if not builds:
             if required:
@@ -446,14 +460,12 @@ class SandboxRunner:
             with contextlib.suppress(Exception):
                 await asyncio.shield(link.end())
             raise
-        return cls(client, link, {**place.env, **env})
+        return cls(client, link, {**place.env, **env}, term)
 
-    def environment(
-        self, extra: Mapping[str, str] | None, *, tty: bool, term: str
-    ) -> dict[str, str]:
+    def environment(self, extra: Mapping[str, str] | None, *, tty: bool) -> dict[str, str]:
         """The whole environment of one process: the sandbox's, the session's, the
-        command's, and TERM for a terminal."""
-        return process_environment(self.base_env, extra, tty=tty, term=term)
+        command's, and TERM (`term`) for a terminal."""
+        return process_environment(self.base_env, extra, tty=tty, term=self.term)
 
     async def aclose(self) -> None:
         """Close the connection (the runner and any process it keeps live on)."""

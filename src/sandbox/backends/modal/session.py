@@ -5,14 +5,16 @@ On the per-exec path (the default) every process is a `sandbox.exec.aio(...)`
 (`pty=True` for a terminal): the command is the process, so its exit status comes from
 `process.wait.aio()` and no shell trap is needed. Beside it (one module per idea):
 `options` (the options, their defaults and checks), `lifecycle` (the provider calls that
-connect, create or attach, terminate and detach), `commands` (start a command, signal it
-with the toolkit's scripts, read a stream; `Command`, a process's handle: a `Process`
-the base session's hooks write to, interrupt, end the input of and kill), `scripts` (the
-argv: preamble, toolkit wrapper, kill script), `oneshot` (the `OneShotProcess` of
-`exec`, and its start), `processes` (the start, readers and watcher of a
-`pty_exec_start` process), `files`, `limits`, `workspace`, `durable`, `errors` (the
-SDK's exceptions through the toolkit's policy), `runner_link` (the runner in the
-sandbox: delivery, the exec that carries its link). A terminal is interrupted with
+connect, create or attach, and at the stop close the runner's link, terminate and
+detach), `commands` (start a command, a terminal one with an explicit `TERM` (see
+there), signal it with the toolkit's scripts, read a stream; `Command`, a process's
+handle: a `Process` the base session's hooks write to, interrupt, end the input of and
+kill), `scripts` (the argv: preamble, toolkit wrapper, kill script), `oneshot` (the
+`OneShotProcess` of `exec`, and its start: per exec or through the runner),
+`processes` (the start, readers and watcher of a `pty_exec_start` process; or its start
+through the runner), `files`, `limits`, `workspace`, `durable`, `errors` (the SDK's
+exceptions through the toolkit's policy), `runner_link` (the runner in the sandbox:
+delivery, start, the exec that carries its link). A terminal is interrupted with
 `\\x03`; resizing raises `UnsupportedOperationError` there (the SDK has no call for it).
 
 With `runner=True` (or `runner=None` where this install has a runner for the sandbox's
@@ -21,14 +23,6 @@ machine) processes and commands go through the runner instead (docs/runner.md,
 and reached by one exec whose binary stdin and stdout carry its protocol. Its processes
 outlive the client (`keeps_processes`), keep stdin open until `close_stdin`, are killed
 with their whole tree, and resize (the runner owns the terminal).
-
-With `pty=True` the SDK describes the terminal from the *client* process
-(`modal._output.pty.get_pty_info`, called by `Sandbox.exec` through
-`modal.sandbox._common.default_pty_info`): `TERM`, `COLORTERM` and `TERM_PROGRAM` from
-`os.environ`, the window size from `sys.stdin`'s terminal. A server process has no TERM
-and no terminal, so every terminal command gets `TERM` explicitly in its environment
-(option `term`, default `xterm-256color`; a `TERM` in `env` or the command's own env
-wins) and the toolkit's wrapper applies the requested size with `stty`.
 
 Tests run this backend against `sandbox.testing.modal_fake.FakeModal` (option `sdk`),
 a fake of the SDK surface used here, driven by real local processes and checked against
@@ -40,7 +34,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from ...backend import (
     BaseSandboxSession,
@@ -53,49 +47,17 @@ from ...backend import (
     durable_session_id,
     kill_handle,
 )
-from ..toolkit import (
-    TAG_VARIABLE,
-    RunnerProcess,
-    Secret,
-    refuse_renamed,
-    spawn_through_runner,
-    start_one_shot,
-)
+from ..toolkit import TAG_VARIABLE, Secret, refuse_renamed
 from . import durable as durable_modal
+from . import lifecycle, oneshot, processes
+from . import options as modal_options
 from .commands import Command, Commands
 from .errors import DEFAULT_CALL_TIMEOUT_S, ModalErrors
 from .files import ModalFileAccess, ModalFiles
-from .lifecycle import (
-    TOKEN_ID_ENV,
-    TOKEN_SECRET_ENV,
-    attach,
-    close_client,
-    connect,
-    create_sandbox,
-    lookup_app,
-    release_sandbox,
-    sandbox_name,
-)
-from .oneshot import start_oneshot
-from .options import (
-    DEFAULT_APP_NAME,
-    DEFAULT_CREATE_TIMEOUT_S,
-    DEFAULT_SANDBOX_TIMEOUT_S,
-    DEFAULT_TERM,
-    DEFAULT_WORKDIR,
-    STATE_ROOT,
-    check_options,
-)
-from .processes import spawn
 from .runner_link import SandboxRunner
 from .workspace import ModalPorts, ModalSnapshots, image_of
 
 TOKEN_ENV = TAG_VARIABLE  # the variable that tags a command's tree
-TOKEN_ENVS = (TOKEN_ID_ENV, TOKEN_SECRET_ENV)
-# Output and exit status travel on different RPC streams: after one of them ends, how long
-# to wait for the other before giving up on it.
-EXIT_OUTPUT_GRACE_S = 1.0
-EXIT_STATUS_TIMEOUT_S = 10.0
 
 
 class ModalSession(BaseSandboxSession[Command]):
@@ -105,9 +67,9 @@ class ModalSession(BaseSandboxSession[Command]):
 
     Without the runner, every command sees one extra variable, the toolkit's
     `SANDBOX_PROCESS_TAG`, which identifies its process tree for teardown (see
-    `scripts`). A one-shot `exec` that
-    leaves a daemon with its output redirected leaves it running (like `docker exec`);
-    one still holding the output pipes is killed after a short grace.
+    `scripts`). A one-shot `exec` that leaves a daemon with its output redirected leaves
+    it running (like `docker exec`); one still holding the output pipes is killed after
+    a short grace.
     """
 
     backend_name = "modal"
@@ -117,22 +79,22 @@ class ModalSession(BaseSandboxSession[Command]):
     def __init__(
         self,
         *,
-        app_name: str = DEFAULT_APP_NAME,
+        app_name: str = modal_options.DEFAULT_APP_NAME,
         image: Any = None,
         sandbox_id: str | None = None,
         keep: bool = False,
         token_id: str | None = None,
         token_secret: str | None = None,
         client: Any = None,
-        workdir: str = DEFAULT_WORKDIR,
+        workdir: str = modal_options.DEFAULT_WORKDIR,
         env: Mapping[str, str] | None = None,
-        sandbox_timeout_s: int = DEFAULT_SANDBOX_TIMEOUT_S,
+        sandbox_timeout_s: int = modal_options.DEFAULT_SANDBOX_TIMEOUT_S,
         create_options: Mapping[str, Any] | None = None,
         terminate_grace_s: float = 1.0,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-        create_timeout_s: float = DEFAULT_CREATE_TIMEOUT_S,
-        state_dir: str = STATE_ROOT,
-        term: str = DEFAULT_TERM,
+        create_timeout_s: float = modal_options.DEFAULT_CREATE_TIMEOUT_S,
+        state_dir: str = modal_options.STATE_ROOT,
+        term: str = modal_options.DEFAULT_TERM,
         sdk: Any = None,
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
@@ -142,7 +104,7 @@ class ModalSession(BaseSandboxSession[Command]):
     ) -> None:
         refuse_renamed(type(self), options)
         super().__init__(**options)
-        given = self._given = check_options(
+        given = self._given = modal_options.check_options(
             app_name=app_name,
             image=image,
             sandbox_id=sandbox_id,
@@ -171,8 +133,8 @@ class ModalSession(BaseSandboxSession[Command]):
         self.sandbox_timeout_s = given.sandbox_timeout_s
         self.terminate_grace_s = given.terminate_grace_s
         self.create_timeout_s = given.create_timeout_s
-        self.exit_output_grace_s = EXIT_OUTPUT_GRACE_S
-        self.exit_status_timeout_s = EXIT_STATUS_TIMEOUT_S
+        self.exit_output_grace_s = processes.EXIT_OUTPUT_GRACE_S
+        self.exit_status_timeout_s = processes.EXIT_STATUS_TIMEOUT_S
         # Under the names they always had: a caller resuming with the same SDK and token
         # reads them here (tests/test_conformance_durable.py).
         self._sdk: Any = given.sdk
@@ -210,114 +172,88 @@ class ModalSession(BaseSandboxSession[Command]):
 
     def _secrets(self) -> list[str | Secret | None]:
         """What no message may show: the token, given or found in the environment."""
-        return [self._token_secret, self._token_id, *map(os.environ.get, TOKEN_ENVS)]
+        return [self._token_secret, self._token_id, *map(os.environ.get, lifecycle.TOKEN_ENVS)]
 
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
         """Connect with the token (or the given client), then attach to `sandbox_id` or
-        look up the app and create a sandbox with a unique name (see `lifecycle`)."""
+        look up the app and create a sandbox with a unique name (see `lifecycle`); then
+        the runner if asked for (on a resume: once `durable` knows the sandbox runs)."""
         given, errors, sdk = self._given, self._errors, self._sdk
-        if given.client is not None:
-            self._client = given.client
-        else:
-            self._client = await connect(sdk, errors, self._token_id, self._token_secret)
-            self._owns_client = True
-        if given.sandbox_id is not None:
-            self._sandbox = await attach(sdk, errors, given.sandbox_id, self._client)
-            self._commands.sandbox = self._sandbox
-            if not self._runner_deferred:
-                await self._start_runner()
-            return
-        app = await lookup_app(sdk, errors, self.app_name, self._client)
-        image = image_of(sdk, given.image, self._client)
-        # Named before the create call: a stop after it failed or was cancelled finds
-        # (and terminates) a sandbox the provider created anyway.
-        self._create_name = sandbox_name()
-        self._sandbox = await create_sandbox(
-            sdk,
-            errors,
-            app=app,
-            name=self._create_name,
-            image=image,
-            client=self._client,
-            lifetime_s=self.sandbox_timeout_s,
-            workdir=self.workdir,
-            create_options=given.create_options,
-            session_id=durable_session_id(self),
-            timeout_s=self.create_timeout_s,
+        self._client, self._owns_client = await lifecycle.open_client(
+            sdk, errors, given.client, self._token_id, self._token_secret
         )
+        if given.sandbox_id is not None:
+            self._sandbox = await lifecycle.attach(sdk, errors, given.sandbox_id, self._client)
+        else:
+            app = await lifecycle.lookup_app(sdk, errors, self.app_name, self._client)
+            image = image_of(sdk, given.image, self._client)
+            # Named before the create call: a stop after it failed or was cancelled finds
+            # (and terminates) a sandbox the provider created anyway.
+            self._create_name = lifecycle.sandbox_name()
+            self._sandbox = await lifecycle.create_sandbox(
+                sdk,
+                errors,
+                app=app,
+                name=self._create_name,
+                image=image,
+                client=self._client,
+                lifetime_s=self.sandbox_timeout_s,
+                workdir=self.workdir,
+                create_options=given.create_options,
+                session_id=durable_session_id(self),
+                timeout_s=self.create_timeout_s,
+            )
+            self._created = True
         self._commands.sandbox = self._sandbox
-        self._created = True
-        await self._start_runner()
+        if not self._runner_deferred:
+            await self._start_runner()
 
     async def _start_runner(self) -> None:
-        """Connect to the runner in the sandbox (delivered and started when needed) if
-        the `runner` option asks for it; `runner=None` falls back to the per-exec path
-        where this install has no runner for the sandbox's machine."""
-        wanted = self._given.runner
-        if wanted is False:
-            return
+        """Connect to the runner in the sandbox if the `runner` option asks for it
+        (`SandboxRunner.start`: `runner=None` falls back to the per-exec path where this
+        install has no runner for the sandbox's machine)."""
+        given, sandbox = self._given, self._commands.require_sandbox()
         self._runner = await SandboxRunner.start(
-            self._commands.require_sandbox(), self._errors, self._given.env, required=bool(wanted)
+            sandbox, self._errors, given.env, given.term, wanted=given.runner
         )
         self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
-        """Terminate the sandbox unless kept (also one a failed or cancelled create left
-        behind, found by its name), detach, and close the client we opened."""
+        """Close the runner's link, terminate the sandbox unless kept (also one a failed
+        or cancelled create left behind, found by its name), detach, and close the
+        client we opened (`lifecycle.shut_down`)."""
         commands = self._commands
         runner, self._runner = self._runner, None
         try:
-            try:
-                if runner is not None:
-                    # The runner lives on in a kept sandbox; a terminated one ends it.
-                    await runner.aclose()
-            finally:  # whatever became of the link, the sandbox is released
-                await self._release_sandbox()
+            await lifecycle.shut_down(
+                self._sdk,
+                self._errors,
+                self._sandbox,
+                runner=runner,
+                client=self._client,
+                owns_client=self._owns_client,
+                keep=self.keep,
+                app_name=self.app_name,
+                create_name=self._create_name,
+                markers=commands.state_dir if commands.marked else None,
+            )
         finally:
-            self._sandbox = commands.sandbox = None
-            self._create_name = None
-            client, self._client = self._client, None
-            if self._owns_client and client is not None:
-                self._owns_client = False
-                await close_client(self._errors, client)
-
-    async def _release_sandbox(self) -> None:
-        """Terminate the sandbox unless kept (`lifecycle.release_sandbox`)."""
-        commands = self._commands
-        await release_sandbox(
-            self._sdk,
-            self._errors,
-            self._sandbox,
-            keep=self.keep,
-            app_name=self.app_name,
-            create_name=self._create_name,
-            client=self._client,
-            markers=commands.state_dir if commands.marked else None,
-        )
+            self._sandbox = commands.sandbox = self._client = self._create_name = None
+            self._owns_client = False
 
     # ---- one-shot commands -------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One exec, its output read into the bounded capture (`oneshot.start_oneshot`,
         which kills the tree by its tag should this be cancelled mid-start). With the
-        runner: the runner's one-shot, stdout and stderr apart."""
-        runner = self._runner
-        if runner is not None:
-            return await start_one_shot(
-                runner.client,
-                spec,
-                capture,
-                env=runner.environment(spec.env, tty=False, term=self._given.term),
-                cwd=self._commands.cwd(spec.cwd),
-            )
-        return await start_oneshot(
-            self._commands,
-            spec,
-            capture,
-            keep=self.keep,
-            exit_output_grace_s=self.exit_output_grace_s,
+        runner: the runner's one-shot, stdout and stderr apart (`oneshot.start_on_runner`)."""
+        if self._runner is not None:
+            return await oneshot.start_on_runner(self._runner, self._commands, spec, capture)
+        grace_s = self.exit_output_grace_s
+        return await oneshot.start_oneshot(
+            self._commands, spec, capture, keep=self.keep, exit_output_grace_s=grace_s
         )
 
     # ---- processes -------------------------------------------------------------------
@@ -325,19 +261,12 @@ class ModalSession(BaseSandboxSession[Command]):
     async def _spawn_process(self, entry: OutputSink[Command]) -> None:
         """Exec the command under the toolkit's wrapper (`pty=True` for a terminal), then
         one reader task per stream and a watcher task for the exit (`processes.spawn`).
-        With the runner: the runner's process (`RunnerProcess`)."""
-        runner = self._runner
-        if runner is not None:
-            spec = entry.spec
-            await spawn_through_runner(
-                runner.client,
-                cast(OutputSink[RunnerProcess], entry),
-                env=runner.environment(spec.command.env, tty=spec.tty, term=self._given.term),
-                cwd=self._commands.cwd(spec.command.cwd),
-                grace_s=self.terminate_grace_s,
-            )
+        With the runner: the runner's process (`processes.spawn_on_runner`)."""
+        if self._runner is not None:
+            grace_s = self.terminate_grace_s
+            await processes.spawn_on_runner(entry, self._runner, self._commands, grace_s=grace_s)
             return
-        await spawn(
+        await processes.spawn(
             entry,
             self._commands,
             keep=self.keep,
