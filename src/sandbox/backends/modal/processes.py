@@ -31,8 +31,8 @@ from .runner_link import SandboxRunner
 
 SERVER_TIMEOUT_CODE = -1  # what `ContainerProcess.wait()` returns without a status
 # Output and exit status travel on different RPC streams: after one of them ends, how long
-# to wait for the other before giving up on it (the session's `exit_output_grace_s` and
-# `exit_status_timeout_s`, which a one-shot's wait uses too).
+# to wait for the other before giving up on it (the session's `exit_output_grace_s`,
+# which a one-shot's wait takes too, and `exit_status_timeout_s`).
 EXIT_OUTPUT_GRACE_S = 1.0
 EXIT_STATUS_TIMEOUT_S = 10.0
 
