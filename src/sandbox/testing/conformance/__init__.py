@@ -185,9 +185,11 @@ def unique_seconds() -> str:
     return str(600_000 + secrets.randbelow(300_000))
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+async def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
     """Poll `predicate` until it holds (for state only observable by looking, such as a
-    process table); returns its final value."""
+    process table); returns its final value. The timeout is only a ceiling (a passing
+    check returns as soon as it holds): 15 s, as a kill script's exec plus the kill's
+    grace on a loaded two-core machine took more than 5."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
