@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ MAX_RUNNER_BYTES = 16 * 1024 * 1024
 # What the link's stderr may hold for an error message (the rest is dropped).
 MAX_STDERR_BYTES = 4096
 BLOCK = 512  # a tar header
+
+logger = logging.getLogger("sandbox.docker")
 
 
 def runner_path(binary: RunnerBinary) -> str:
@@ -268,6 +271,13 @@ class ContainerRunner:
             raise UnsupportedOperationError(
                 f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
             )
+        return await cls.start_with(binary, engine, options, config_env)
+
+    @classmethod
+    async def start_with(
+        cls, binary: RunnerBinary, engine: Engine, options: ExecOptions, config_env: object
+    ) -> ContainerRunner:
+        """`start` with this binary (found already)."""
         path = await deliver(engine, options.container_id, binary)
         link = await open_link(engine, options, path, socket_path(binary, options.user))
         try:
@@ -292,6 +302,39 @@ class ContainerRunner:
             await self.client.aclose()
         finally:
             self.link.close()
+
+
+# Why a session has no runner when it was opened with `runner=False`.
+RUNNER_OFF = "runner=False"
+# What a failed delivery or start raises that sends a session in auto mode
+# (`runner=None`) to the per-exec path instead of failing its start: the engine's
+# refusals (a read-only root filesystem, a container gone), a runner that cannot run
+# there (noexec, another architecture: it never answers HELLO), a TLS engine connection.
+FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
+
+
+async def choose_runner(
+    engine: Engine, options: ExecOptions, config_env: object, asked: bool | None
+) -> tuple[ContainerRunner | None, str | None]:
+    """The session's runner as its `runner` option asks, and why it has none (None while
+    it has one): False, none; True, the runner or the error saying why not; None (auto),
+    the runner where this install has one and the container takes it, else none, with
+    the reason (a failed delivery or start is logged as a warning too: the install has
+    the runner, so the per-exec path is a surprise there)."""
+    if asked is False:
+        return None, RUNNER_OFF
+    if asked:
+        return await ContainerRunner.start(engine, options, config_env), None
+    binary = runner_binary()
+    if binary is None:
+        return None, unavailable_reason() or "runner: not built"
+    try:
+        runner = await ContainerRunner.start_with(binary, engine, options, config_env)
+    except FALLBACK_ERRORS as exc:
+        reason = f"runner: could not be started in the container ({exc})"
+        logger.warning("docker session: %s; processes go by exec (per-exec path)", reason)
+        return None, reason
+    return runner, None
 
 
 def base_environment(config_env: object, options: ExecOptions) -> dict[str, str]:
