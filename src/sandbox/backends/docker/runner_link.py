@@ -266,19 +266,20 @@ class ContainerRunner:
     ) -> ContainerRunner:
         """Deliver the runner, start it (or find it running) and connect; raises
         `UnsupportedOperationError` when this install has no runner to deliver."""
-        binary = runner_binary()
-        if binary is None:
-            raise UnsupportedOperationError(
-                f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
-            )
-        return await cls.start_with(binary, engine, options, config_env)
+        delivered = await deliver_as_asked(engine, options.container_id, True)
+        assert delivered.binary is not None and delivered.path is not None
+        return await cls.connect(delivered.binary, delivered.path, engine, options, config_env)
 
     @classmethod
-    async def start_with(
-        cls, binary: RunnerBinary, engine: Engine, options: ExecOptions, config_env: object
+    async def connect(
+        cls,
+        binary: RunnerBinary,
+        path: str,
+        engine: Engine,
+        options: ExecOptions,
+        config_env: object,
     ) -> ContainerRunner:
-        """`start` with this binary (found already)."""
-        path = await deliver(engine, options.container_id, binary)
+        """Start the runner delivered at `path` (or find it running) and connect."""
         link = await open_link(engine, options, path, socket_path(binary, options.user))
         try:
             client = await RunnerClient.open(link.reader, link.writer, timeout=HELLO_TIMEOUT_S)
@@ -313,27 +314,65 @@ RUNNER_OFF = "runner=False"
 FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
 
 
-async def choose_runner(
-    engine: Engine, options: ExecOptions, config_env: object, asked: bool | None
-) -> tuple[ContainerRunner | None, str | None]:
-    """The session's runner as its `runner` option asks, and why it has none (None while
-    it has one): False, none; True, the runner or the error saying why not; None (auto),
-    the runner where this install has one and the container takes it, else none, with
-    the reason (a failed delivery or start is logged as a warning too: the install has
-    the runner, so the per-exec path is a surprise there)."""
+@dataclass(frozen=True)
+class Delivered:
+    """The runner in the container (`binary` and its `path` there), or why the session
+    goes without it (`reason`)."""
+
+    binary: RunnerBinary | None
+    path: str | None
+    reason: str | None
+
+
+def _fallen_back(exc: BaseException) -> str:
+    """Auto mode's reason for the per-exec path after a failed delivery or start, logged
+    as a warning: this install has the runner, so the per-exec path is a surprise."""
+    reason = f"runner: could not be started in the container ({exc})"
+    logger.warning("docker session: %s; processes go by exec (per-exec path)", reason)
+    return reason
+
+
+async def deliver_as_asked(engine: Engine, container_id: str, asked: bool | None) -> Delivered:
+    """The delivery the session's `runner` option asks for: False, none; True, the
+    runner put into the container or the error saying why not; None (auto), the runner
+    where this install has one and the container takes it, else why not."""
     if asked is False:
-        return None, RUNNER_OFF
-    if asked:
-        return await ContainerRunner.start(engine, options, config_env), None
+        return Delivered(None, None, RUNNER_OFF)
     binary = runner_binary()
     if binary is None:
-        return None, unavailable_reason() or "runner: not built"
+        why = unavailable_reason() or "runner: not built"
+        if asked:
+            raise UnsupportedOperationError(f"runner=True, but {why}")
+        return Delivered(None, None, why)
     try:
-        runner = await ContainerRunner.start_with(binary, engine, options, config_env)
+        path = await deliver(engine, container_id, binary)
     except FALLBACK_ERRORS as exc:
-        reason = f"runner: could not be started in the container ({exc})"
-        logger.warning("docker session: %s; processes go by exec (per-exec path)", reason)
-        return None, reason
+        if asked:
+            raise
+        return Delivered(None, None, _fallen_back(exc))
+    return Delivered(binary, path, None)
+
+
+async def connect_as_asked(
+    delivered: Delivered,
+    engine: Engine,
+    options: ExecOptions,
+    config_env: object,
+    asked: bool | None,
+) -> tuple[ContainerRunner | None, str | None]:
+    """The session's runner once `delivered`, and why it has none (None while it has
+    one): a failed start is an error when the runner was required (`asked` True), the
+    per-exec path with its reason in auto mode."""
+    if delivered.binary is None or delivered.path is None:
+        return None, delivered.reason
+    try:
+        runner = await ContainerRunner.connect(
+            delivered.binary, delivered.path, engine, options, config_env
+        )
+    except FALLBACK_ERRORS as exc:
+        if asked:
+            raise
+        return None, _fallen_back(exc)
     return runner, None
 
 
