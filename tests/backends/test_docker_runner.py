@@ -1,9 +1,12 @@
-"""docker with `runner=True` (docs/runner.md): delivery checked by content, processes that
-outlive their client and replay what they printed meanwhile, a dropped link that kills
-nothing, a tree kill that catches escapees.
+"""docker through the runner (docs/runner.md), its default: delivery checked by content,
+processes that outlive their client and replay what they printed meanwhile, a dropped
+link that kills nothing, a tree kill that catches escapees; and the `runner` option
+itself: auto (None, the default) uses the runner and falls back to the per-exec path
+with its reason where the container cannot take it, True requires it, False never uses
+it, and `keeps_processes` and a ref follow what the session used.
 
-The conformance, ownership and durable suites run on this configuration too (fixture
-`docker_runner`); these are the runner's own promises.
+The conformance, ownership and durable suites run on both paths (fixtures `docker`, the
+default, and `docker_exec`, `runner=False`); these are the runner's own promises.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from sandbox.backends.docker.runner_link import runner_path
 from sandbox.runner import runner_binary, unavailable_reason
 from sandbox.testing.conformance import eventually
 from tests.backend_fixtures import docker as fx
-from tests.backend_fixtures.docker_runner import runner_container
 from tests.conftest import skip_or_fail
 
 
@@ -55,7 +57,7 @@ async def _until_file(container: str, path: str) -> None:
 
 @asynccontextmanager
 async def _session(**options: Any) -> AsyncIterator[tuple[sandbox.BaseSandboxSession, str]]:
-    container = runner_container()
+    container = fx.shared_container()
     workdir = f"/tmp/rn-{secrets.token_hex(6)}"
     session = sandbox.open_session(
         "docker", container=container, workdir=workdir, runner=True, **options
@@ -80,7 +82,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
         [kept] = ref.processes
         assert kept.running and "runner_id" in kept.handle
         # Nobody follows the process now: it prints, and the runner's ring keeps it.
-        container = runner_container()
+        container = fx.shared_container()
         await asyncio.to_thread(_exec, container, "touch", f"{workdir}/go")
         await _until_file(container, f"{workdir}/printed")
         async with sandbox.resume_session(ref) as resumed:
@@ -99,7 +101,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
 async def test_a_second_session_reuses_the_delivered_runner_and_a_forged_one_is_replaced() -> None:
     binary = runner_binary()
     assert binary is not None
-    container = runner_container()
+    container = fx.shared_container()
     path = runner_path(binary)
     async with _session() as (s, _):
         await s.start()
@@ -134,7 +136,7 @@ async def test_the_tree_kill_reaches_double_forked_and_setsid_escapees() -> None
         started = await s.pty_exec_start(command, yield_time_s=0.5)
         assert started.process_id is not None
         await s.pty_terminate(started.process_id)
-    container = runner_container()
+    container = fx.shared_container()
     deadline = time.monotonic() + 10
     while any(marker in p for p in fx.container_processes(container)):
         assert time.monotonic() < deadline, fx.container_processes(container)
@@ -150,7 +152,7 @@ async def test_a_dropped_link_kills_nothing() -> None:
         assert started.process_id is not None
         ref = s.ref()
         # The bridge exec goes away (as if the engine connection broke).
-        container = runner_container()
+        container = fx.shared_container()
         runner = s._runner
         assert runner is not None
         runner.link.close()
@@ -197,7 +199,7 @@ def _fd_targets() -> list[str]:
 async def test_a_start_cancelled_while_the_link_opens_leaks_no_socket_and_no_bridge() -> None:
     import docker
 
-    container = runner_container()
+    container = fx.shared_container()
     async with _session() as (warm, _):
         await warm.start()  # the runner is delivered and running: only the link is left
     before = _fds()

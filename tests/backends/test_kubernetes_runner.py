@@ -1,10 +1,15 @@
-"""kubernetes with `runner=True` (docs/runner.md), on the loopback API server whose pods
-run real local processes: delivery by an exec with stdin, checked by content; a second
-session finds the same runner; a dropped link kills nothing; a pod's deletion ends its
-runner and everything it keeps; open stdin through the runner under v4 too.
+"""kubernetes through the runner (docs/runner.md), its default, on the loopback API server
+whose pods run real local processes: delivery by an exec with stdin, checked by
+content; a second session finds the same runner; a dropped link kills nothing; a pod's
+deletion ends its runner and everything it keeps; open stdin through the runner under
+v4 too. And the `runner` option itself: auto (None, the default) uses the runner and
+falls back to the per-exec path with its reason where the pod cannot take it, True
+requires it, False never uses it, and `keeps_processes` and a ref follow what the
+session used.
 
-The conformance and durable suites run on this configuration too (fixture
-`kubernetes_runner`); these are the runner's own promises on this backend.
+The conformance and durable suites run on both paths (fixtures `kubernetes`, the
+default, and `kubernetes_exec`, `runner=False`); these are the runner's own promises on
+this backend.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from sandbox.backends.kubernetes.client import V4_PROTOCOL
 from sandbox.backends.kubernetes.runner_link import runner_name
 from sandbox.runner import runner_binary, unavailable_reason
 from sandbox.testing.kubernetes_server import KubernetesApiServer
-from tests.backend_fixtures.kubernetes_runner import assert_runner_gone, processes_mentioning
+from tests.backend_fixtures.kubernetes import assert_runner_gone, processes_mentioning
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually, host_pids_with_arg
 

@@ -79,8 +79,10 @@ class DockerOptions:
     uses it where this install has the runner and the container takes it, else (not
     built, a read-only or noexec /tmp, another architecture, a TLS engine connection)
     the per-exec path, the reason in `DockerSession.runner_fallback_reason` (and a
-    logged warning when the delivery or start failed); True requires it (the start
-    fails with the reason); False never uses it (an exec per process).
+    logged warning when the delivery or start failed); None with `memory_limit_bytes`
+    keeps the per-exec path too (only it notes a process the limit killed). True
+    requires the runner (the start fails with the reason; a process the memory limit
+    kills then exits 137 without the note); False never uses it (an exec per process).
     Plus the base session's options (`teardown_concurrency` defaults to
     `TEARDOWN_CONCURRENCY` here).
 

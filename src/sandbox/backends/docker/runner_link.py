@@ -266,7 +266,7 @@ class ContainerRunner:
     ) -> ContainerRunner:
         """Deliver the runner, start it (or find it running) and connect; raises
         `UnsupportedOperationError` when this install has no runner to deliver."""
-        delivered = await deliver_as_asked(engine, options.container_id, True)
+        delivered = await deliver_as_asked(engine, options, True)
         assert delivered.binary is not None and delivered.path is not None
         return await cls.connect(delivered.binary, delivered.path, engine, options, config_env)
 
@@ -332,12 +332,24 @@ def _fallen_back(exc: BaseException) -> str:
     return reason
 
 
-async def deliver_as_asked(engine: Engine, container_id: str, asked: bool | None) -> Delivered:
+# Why a session in auto mode with `memory_limit_bytes` keeps the per-exec path: only it
+# says so on the output of a process the limit killed (the container's `oom` event
+# matched to the exec's 137); the runner reports the 137 alone.
+MEMORY_LIMITED = (
+    "memory_limit_bytes: the per-exec path notes a process the limit killed "
+    "(runner=True uses the runner without that note)"
+)
+
+
+async def deliver_as_asked(engine: Engine, options: ExecOptions, asked: bool | None) -> Delivered:
     """The delivery the session's `runner` option asks for: False, none; True, the
     runner put into the container or the error saying why not; None (auto), the runner
-    where this install has one and the container takes it, else why not."""
+    where this install has one and the container takes it, else why not (and none for
+    a session with a memory limit: `MEMORY_LIMITED`)."""
     if asked is False:
         return Delivered(None, None, RUNNER_OFF)
+    if asked is None and options.memory_limited:
+        return Delivered(None, None, MEMORY_LIMITED)
     binary = runner_binary()
     if binary is None:
         why = unavailable_reason() or "runner: not built"
@@ -345,7 +357,7 @@ async def deliver_as_asked(engine: Engine, container_id: str, asked: bool | None
             raise UnsupportedOperationError(f"runner=True, but {why}")
         return Delivered(None, None, why)
     try:
-        path = await deliver(engine, container_id, binary)
+        path = await deliver(engine, options.container_id, binary)
     except FALLBACK_ERRORS as exc:
         if asked:
             raise

@@ -189,7 +189,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         )
         # (Run alongside the probe, the delivery saved nothing measurable on a loaded
         # 2-core machine: the engine and the read-back's hashing compete for the CPU.)
-        delivered = await deliver_as_asked(engine, options.container_id, o.runner)
+        delivered = await deliver_as_asked(engine, options, o.runner)
         image_env = (info.get("Config") or {}).get("Env")
         self._runner, self._runner_fallback = await connect_as_asked(
             delivered, engine, options, image_env, o.runner
