@@ -42,6 +42,8 @@ NAME_PREFIX = ".sandbox-runner-"
 MAX_RUNNER_BYTES = 16 * 1024 * 1024
 # What the link's stderr may hold for an error message (the rest is dropped).
 MAX_STDERR_BYTES = 4096
+# What the link's first stdout bytes kept for an error message may hold.
+MAX_HEAD_BYTES = 512
 BLOCK = 512  # a tar header
 
 logger = logging.getLogger("sandbox.docker")
@@ -138,9 +140,15 @@ class _LinkProtocol(asyncio.StreamReaderProtocol):
         self._decoder = FrameDecoder(self._payload)
         self._keep = keep
         self.stderr = bytearray()
+        # The first bytes of stdout: where the engine writes why it could not run the
+        # runner at all (a noexec folder, another architecture), as text.
+        self.head = bytearray()
 
     def _payload(self, stream: int, data: bytes) -> None:
         if stream == STDOUT:
+            room = MAX_HEAD_BYTES - len(self.head)
+            if room > 0:
+                self.head += data[:room]
             super().data_received(data)
         elif stream in (STDERR, SYSTEM_ERROR):
             room = MAX_STDERR_BYTES - len(self.stderr)
@@ -172,6 +180,18 @@ class RunnerLink:
     def stderr(self) -> str:
         """What the bridge printed on stderr (bounded), for an error message."""
         return bytes(self._protocol.stderr).decode("utf-8", "replace")
+
+    @property
+    def said(self) -> str:
+        """What explains a link that failed: the bridge's stderr, else the start of its
+        stdout when that is text, not the runner's frames (the engine's own message when
+        it could not run the runner: "OCI runtime exec failed: ... permission denied")."""
+        if said := self.stderr.strip():
+            return said
+        head = bytes(self._protocol.head)
+        if head[:4].isascii() and head[:4].decode("ascii").isprintable():
+            return head.decode("utf-8", "replace").strip()
+        return ""
 
     def close(self) -> None:
         """Drop the connection (the runner and its processes go on)."""
@@ -236,7 +256,7 @@ def _close_started(future: asyncio.Future[Any]) -> None:
 
 def link_failed(link: RunnerLink, what: str) -> ProviderError:
     """The error for a link that ended before the runner answered."""
-    said = link.stderr.strip()
+    said = link.said
     detail = f": {said[-300:]}" if said else ""
     with contextlib.suppress(Exception):
         link.close()
