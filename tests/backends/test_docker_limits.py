@@ -90,8 +90,14 @@ def test_earlier_limit_names_are_refused_naming_the_new_ones() -> None:
 
 async def test_memory_hog_is_killed_with_137_and_says_why() -> None:
     case = secrets.token_hex(6)
+    session = sandbox.open_session(
+        "docker", image=fx.image(), memory_limit_bytes=32 * MIB, labels={TEST_LABEL: case}
+    )
+    # By default (auto) a memory limit keeps the per-exec path, which says why; so the
+    # session says before its start too.
+    assert not session.keeps_processes
+    await session.aclose()
     async with limited_session(case, memory_limit_bytes=32 * MIB) as s:
-        # By default (auto) a memory limit keeps the per-exec path, which says why.
         assert not s.uses_runner and not s.keeps_processes
         if runner_binary() is not None:
             assert s.runner_fallback_reason == MEMORY_LIMITED

@@ -129,7 +129,11 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         # Whether processes go through the runner: what the options would pick until the
         # start decides (auto falls back where the container cannot take it); not cleared
         # by a close or a detach (a ref made then says what the session used).
-        self._uses_runner = o.runner is True or (o.runner is None and runner_binary() is not None)
+        self._uses_runner = o.runner is True or (
+            o.runner is None
+            and o.spec.memory_limit_bytes is None  # auto keeps the per-exec path then
+            and runner_binary() is not None
+        )
         self._runner_fallback: str | None = None
 
     @property
