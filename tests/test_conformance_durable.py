@@ -53,7 +53,7 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
             "workspace": client._workspace.reveal(),
             "api_url": client._api_url,  # a ref's endpoint is never taken from the ref
         }
-    if backend.name in ("kubernetes", "kubernetes_runner"):
+    if backend.name in ("kubernetes", "kubernetes_exec"):
         # A kubeconfig (it can run an exec plugin) is never taken from a ref.
         return {"kubeconfig": session._kubeconfig}
     return {}

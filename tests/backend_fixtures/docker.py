@@ -1,9 +1,15 @@
-"""Conformance fixture for the `docker` backend, against this machine's real engine.
+"""Conformance fixture for the `docker` backend as it is opened by default, against this
+machine's real engine: through the runner (docs/runner.md) where this install has it
+(`runner` left to its default, auto), else the per-exec path. The per-exec path is
+covered on its own by the `docker_exec` fixture (`runner=False`).
 
 For speed every session attaches (`container=`) to one shared container, started once per
 test run from the locally built busybox image; each session gets its own fresh working
 directory, so it sees a clean state. On exit the fixture checks through the Docker API
-that the session left no exec running and no process beyond the container's own, then
+that the session left no exec running and no process beyond the container's own and the
+runner's daemon (it stays in the container between sessions: every session reaches the
+one runner the first put there, one per user and build), no keeper (a process the runner
+still holds), no bridge exec; that a session of an install with the runner used it; then
 removes the session's directory. The shared container is removed when the run ends, and
 a run stopped before it could remove it (SIGTERM, SIGKILL) leaves one labelled with its
 owner (`OWNER_LABEL`: the pid namespace, pid and start time of the run's process): the
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import sandbox
+from sandbox.runner import runner_binary
 from sandbox.testing import conformance, procfs
 
 SHARED_LABEL = "sandbox.test.shared"
@@ -148,13 +155,34 @@ def running_execs(container_id: str) -> list[str]:
     return running
 
 
-def assert_only_keepalive(container_id: str, timeout: float = 10.0) -> None:
+def stray_processes(procs: list[str], *, runner_daemons: bool) -> list[str]:
+    """The processes of `procs` (command lines) that are not the container's own (its
+    init and keepalive command), nor, with `runner_daemons`, a runner's daemon: one per
+    socket (a user and build), never a second on the same socket."""
+    sockets: set[str] = set()
+    stray = []
+    for proc in procs:
+        if "docker-init" in proc or proc == " ".join(KEEPALIVE):
+            continue
+        if runner_daemons and proc.startswith("/tmp/.sandbox-runner-") and " serve " in proc:
+            socket = proc.partition(" --socket ")[2].split(" ", 1)[0]
+            if socket not in sockets:
+                sockets.add(socket)
+                continue
+        stray.append(proc)
+    return stray
+
+
+def assert_only_keepalive(
+    container_id: str, timeout: float = 10.0, *, runner_daemons: bool = False
+) -> None:
     """Fail unless, within `timeout`, the container runs nothing but its init and the
-    keepalive command, and no exec is running."""
+    keepalive command (and, with `runner_daemons`, the runners' daemons: see
+    `stray_processes`), and no exec is running."""
     deadline = time.monotonic() + timeout
     while True:
         procs = container_processes(container_id)
-        stray = [p for p in procs if "docker-init" not in p and p != " ".join(KEEPALIVE)]
+        stray = stray_processes(procs, runner_daemons=runner_daemons)
         execs = running_execs(container_id)
         if not stray and not execs:
             return
@@ -163,16 +191,38 @@ def assert_only_keepalive(container_id: str, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def assert_only_runner(container_id: str, timeout: float = 10.0) -> None:
+    """`assert_only_keepalive`, the runners' daemons allowed: what a shared container
+    holds after sessions opened by default (through the runner) left it."""
+    assert_only_keepalive(container_id, timeout, runner_daemons=True)
+
+
+# How many of this fixture's sessions are open now (a test may open one inside another:
+# the outer one's link to the runner is a running exec the inner one's check would see).
+_open_sessions = 0
+
+
 @asynccontextmanager
 async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSession]:
+    global _open_sessions
     container_id = shared_container()
     workdir = f"/tmp/ws-{secrets.token_hex(6)}"
+    _open_sessions += 1
     try:
-        yield sandbox.open_session(
+        session = sandbox.open_session(
             "docker", container=container_id, workdir=workdir, terminate_grace_s=0.5
         )
-        assert_only_keepalive(container_id)
+        yield session
+        # The default is the runner wherever this install has it: a session that fell
+        # back would run this suite on the per-exec path twice and the runner's never.
+        if runner_binary() is not None:
+            assert session.runner_fallback_reason is None, session.runner_fallback_reason
+            assert session.keeps_processes
+        # A session inside another: the outermost one's check sees what it left.
+        if _open_sessions == 1:
+            assert_only_runner(container_id)
     finally:
+        _open_sessions -= 1
         exec_id = _client().exec_create(container_id, ["rm", "-rf", workdir])["Id"]
         _client().exec_start(exec_id)
 

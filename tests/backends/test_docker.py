@@ -3,6 +3,10 @@ multiplexed stream, faults (a container killed or removed mid-stream, a dropped 
 connection, an unreachable engine), cancellation at every await point of the SDK
 boundary, 64 PTYs at once, big files, and that nothing is left behind.
 
+These are the per-exec path's (an exec per process): its sessions say `runner=False`,
+the runner being the default where this install has it (the runner's own promises and
+the option's defaults: test_docker_runner.py).
+
 Faults are real: containers are killed through the engine, and the engine connection
 runs through a TCP proxy on 127.0.0.1 that the test kills. Cancellation points are
 found by a `docker.APIClient` subclass that, for one chosen SDK call, signals that it is
@@ -73,6 +77,7 @@ def docker_threads() -> list[threading.Thread]:
 
 
 def open_image(case: str, **options: Any) -> DockerSession:
+    options.setdefault("runner", False)  # the per-exec path (the module docstring)
     options.setdefault("network_mode", "none")
     options.setdefault("terminate_grace_s", 0.3)
     session = sandbox.open_session("docker", image=fx.image(), labels={TEST_LABEL: case}, **options)
@@ -94,6 +99,7 @@ async def image_session(case: str, **options: Any) -> AsyncIterator[DockerSessio
 async def shared_session(**options: Any) -> AsyncIterator[DockerSession]:
     """A session attached to the shared test container; checks it left nothing."""
     container = fx.shared_container()
+    options.setdefault("runner", False)  # the per-exec path (the module docstring)
     options.setdefault("terminate_grace_s", 0.3)
     session = sandbox.open_session(
         "docker", container=container, workdir=f"/tmp/ws-{secrets.token_hex(6)}", **options
@@ -102,7 +108,9 @@ async def shared_session(**options: Any) -> AsyncIterator[DockerSession]:
     try:
         async with session:
             yield session
-        fx.assert_only_keepalive(container)
+        # Sessions opened by default (other tests') may have left the runner's daemon in
+        # the shared container: nothing else may be there.
+        fx.assert_only_keepalive(container, runner_daemons=True)
     finally:
         exec_id = fx._client().exec_create(container, ["rm", "-rf", session.workdir])["Id"]
         fx._client().exec_start(exec_id)

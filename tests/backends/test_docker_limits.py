@@ -1,7 +1,9 @@
 """docker's resource limits (`memory_limit_bytes`, `process_limit`, `cpu_limit`) on a
 container the session creates, against this machine's real engine: a memory hog is
-killed with 137 and says why, a fork bomb stops at the process limit and the close
-still finishes, the CPU limit is the container's; an attached container refuses them.
+killed with 137 and says why (a session with a memory limit keeps the per-exec path
+unless it asks for the runner), a fork bomb stops at the process limit and the close
+still finishes (the runner's kill needs no fork, so it works there too), the CPU limit
+is the container's; an attached container refuses them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pytest
 
 import sandbox
 from sandbox.backends.docker import DockerSession
+from sandbox.backends.docker.runner_link import MEMORY_LIMITED
+from sandbox.runner import runner_binary, unavailable_reason
 from tests.backend_fixtures import docker as fx
 from tests.conftest import skip_or_fail
 
@@ -86,7 +90,17 @@ def test_earlier_limit_names_are_refused_naming_the_new_ones() -> None:
 
 async def test_memory_hog_is_killed_with_137_and_says_why() -> None:
     case = secrets.token_hex(6)
+    session = sandbox.open_session(
+        "docker", image=fx.image(), memory_limit_bytes=32 * MIB, labels={TEST_LABEL: case}
+    )
+    # By default (auto) a memory limit keeps the per-exec path, which says why; so the
+    # session says before its start too.
+    assert not session.keeps_processes
+    await session.aclose()
     async with limited_session(case, memory_limit_bytes=32 * MIB) as s:
+        assert not s.uses_runner and not s.keeps_processes
+        if runner_binary() is not None:
+            assert s.runner_fallback_reason == MEMORY_LIMITED
         host = fx._client().inspect_container(s.container_id)["HostConfig"]
         assert host["Memory"] == host["MemorySwap"] == 32 * MIB
         result = await s.exec(HOG)
@@ -103,13 +117,29 @@ async def test_memory_hog_is_killed_with_137_and_says_why() -> None:
     assert containers_of(case) == []
 
 
-async def test_fork_loop_stops_at_the_process_limit_and_close_finishes() -> None:
+async def test_memory_hog_through_the_runner_is_killed_with_137() -> None:
+    if runner_binary() is None:
+        skip_or_fail(f"docker runner: {unavailable_reason()}")
+    case = secrets.token_hex(6)
+    async with limited_session(case, memory_limit_bytes=32 * MIB, runner=True) as s:
+        assert s.uses_runner and s.keeps_processes
+        result = await s.exec(HOG)
+        assert result.exit_code == 137 and NOTE not in result.stderr.decode()
+        assert (await s.exec("echo fine")).stdout == b"fine\n"
+    assert containers_of(case) == []
+
+
+@pytest.mark.parametrize("runner", [False, None], ids=["per-exec", "default"])
+async def test_fork_loop_stops_at_the_process_limit_and_close_finishes(
+    runner: bool | None,
+) -> None:
     """An interactive shell forks sleepers until fork fails; it survives the failure, so
-    the container stays full: the kill cannot run, and the close still ends, removing
-    the container."""
+    the container stays full: the per-exec kill cannot run (it needs a shell), the
+    runner's can (it forks nothing); either way the close ends, removing the container."""
     case = secrets.token_hex(6)
     async with asyncio.timeout(120):  # a bound against a hang, not a timing check
-        async with limited_session(case, process_limit=40, cpu_limit=0.5) as s:
+        async with limited_session(case, process_limit=40, cpu_limit=0.5, runner=runner) as s:
+            assert s.uses_runner is (runner is None and runner_binary() is not None)
             host = fx._client().inspect_container(s.container_id)["HostConfig"]
             assert host["PidsLimit"] == 40 and host["NanoCpus"] == 500_000_000
             update = await s.pty_exec_start("exec sh -i", tty=True, until="# ")
@@ -128,6 +158,11 @@ async def test_fork_loop_stops_at_the_process_limit_and_close_finishes() -> None
             assert "loop-42" in update.output and update.process_id is not None
             stats = fx._client().stats(s.container_id, stream=False)
             assert stats["pids_stats"]["current"] == 40
-            with pytest.raises(sandbox.ProviderError, match="process_limit"):
+            if not s.uses_runner:
+                with pytest.raises(sandbox.ProviderError, match="process_limit"):
+                    await s.pty_terminate(update.process_id)
+            else:
                 await s.pty_terminate(update.process_id)
+                # The whole tree went: there is room to fork again.
+                assert (await s.exec("echo room")).stdout == b"room\n"
     assert containers_of(case) == []

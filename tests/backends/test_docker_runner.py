@@ -1,17 +1,23 @@
-"""docker with `runner=True` (docs/runner.md): delivery checked by content, processes that
-outlive their client and replay what they printed meanwhile, a dropped link that kills
-nothing, a tree kill that catches escapees.
+"""docker through the runner (docs/runner.md), its default: delivery checked by content,
+processes that outlive their client and replay what they printed meanwhile, a dropped
+link that kills nothing, a tree kill that catches escapees; and the `runner` option
+itself: auto (None, the default) uses the runner and falls back to the per-exec path
+with its reason where the container cannot take it, True requires it, False never uses
+it, and `keeps_processes` and a ref follow what the session used.
 
-The conformance, ownership and durable suites run on this configuration too (fixture
-`docker_runner`); these are the runner's own promises.
+The conformance, ownership and durable suites run on both paths (fixtures `docker`, the
+default, and `docker_exec`, `runner=False`); these are the runner's own promises.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import io
+import logging
 import os
+import re
 import secrets
 import tarfile
 import time
@@ -22,11 +28,11 @@ from typing import Any
 import pytest
 
 import sandbox
+from sandbox.backends.docker import DockerSession
 from sandbox.backends.docker.runner_link import runner_path
 from sandbox.runner import runner_binary, unavailable_reason
 from sandbox.testing.conformance import eventually
 from tests.backend_fixtures import docker as fx
-from tests.backend_fixtures.docker_runner import runner_container
 from tests.conftest import skip_or_fail
 
 
@@ -55,7 +61,7 @@ async def _until_file(container: str, path: str) -> None:
 
 @asynccontextmanager
 async def _session(**options: Any) -> AsyncIterator[tuple[sandbox.BaseSandboxSession, str]]:
-    container = runner_container()
+    container = fx.shared_container()
     workdir = f"/tmp/rn-{secrets.token_hex(6)}"
     session = sandbox.open_session(
         "docker", container=container, workdir=workdir, runner=True, **options
@@ -80,7 +86,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
         [kept] = ref.processes
         assert kept.running and "runner_id" in kept.handle
         # Nobody follows the process now: it prints, and the runner's ring keeps it.
-        container = runner_container()
+        container = fx.shared_container()
         await asyncio.to_thread(_exec, container, "touch", f"{workdir}/go")
         await _until_file(container, f"{workdir}/printed")
         async with sandbox.resume_session(ref) as resumed:
@@ -99,7 +105,7 @@ async def test_a_detached_process_runs_on_and_its_output_meanwhile_is_replayed()
 async def test_a_second_session_reuses_the_delivered_runner_and_a_forged_one_is_replaced() -> None:
     binary = runner_binary()
     assert binary is not None
-    container = runner_container()
+    container = fx.shared_container()
     path = runner_path(binary)
     async with _session() as (s, _):
         await s.start()
@@ -134,7 +140,7 @@ async def test_the_tree_kill_reaches_double_forked_and_setsid_escapees() -> None
         started = await s.pty_exec_start(command, yield_time_s=0.5)
         assert started.process_id is not None
         await s.pty_terminate(started.process_id)
-    container = runner_container()
+    container = fx.shared_container()
     deadline = time.monotonic() + 10
     while any(marker in p for p in fx.container_processes(container)):
         assert time.monotonic() < deadline, fx.container_processes(container)
@@ -150,7 +156,7 @@ async def test_a_dropped_link_kills_nothing() -> None:
         assert started.process_id is not None
         ref = s.ref()
         # The bridge exec goes away (as if the engine connection broke).
-        container = runner_container()
+        container = fx.shared_container()
         runner = s._runner
         assert runner is not None
         runner.link.close()
@@ -197,7 +203,7 @@ def _fd_targets() -> list[str]:
 async def test_a_start_cancelled_while_the_link_opens_leaks_no_socket_and_no_bridge() -> None:
     import docker
 
-    container = runner_container()
+    container = fx.shared_container()
     async with _session() as (warm, _):
         await warm.start()  # the runner is delivered and running: only the link is left
     before = _fds()
@@ -231,3 +237,143 @@ async def test_a_start_cancelled_while_the_link_opens_leaks_no_socket_and_no_bri
     finally:
         api.close()
     assert await eventually(lambda: _fds() <= before, timeout=10), "; ".join(_fd_targets())
+
+
+# ---- the `runner` option: auto (the default), True, False ------------------------------
+
+
+@asynccontextmanager
+async def _attached(container: str | None = None, **options: Any) -> AsyncIterator[DockerSession]:
+    """An unstarted session attached to `container` (the shared one) in a fresh workdir,
+    removed afterwards; the test starts and closes it."""
+    container = container or fx.shared_container()
+    workdir = f"/tmp/rn-{secrets.token_hex(6)}"
+    session = sandbox.open_session(
+        "docker", container=container, workdir=workdir, terminate_grace_s=0.3, **options
+    )
+    assert isinstance(session, DockerSession)
+    try:
+        yield session
+    finally:
+        await session.aclose()
+        await asyncio.to_thread(_exec, container, "rm", "-rf", workdir)
+
+
+async def test_by_default_a_session_goes_through_the_runner_and_keeps_processes() -> None:
+    async with _attached() as s:
+        # Before the start: what the options pick (this install has the runner).
+        assert s.uses_runner and s.keeps_processes
+        await s.start()
+        assert s.uses_runner and s.keeps_processes and s.runner_fallback_reason is None
+        started = await s.pty_exec_start("exec sleep 600", yield_time_s=0.1)
+        assert started.process_id is not None
+        ref = s.ref()
+        assert ref.keeps_processes and ref.options["runner"] is True
+        [kept] = ref.processes
+        assert "runner_id" in kept.handle
+
+
+async def test_a_fresh_container_gets_the_runner_by_default_and_is_removed() -> None:
+    case = secrets.token_hex(6)
+    label = "sandbox.test.case"
+    session = sandbox.open_session(
+        "docker", image=fx.image(), labels={label: case}, network_mode="none"
+    )
+    assert isinstance(session, DockerSession)
+    try:
+        async with session as s:
+            assert s.uses_runner and s.runner_fallback_reason is None
+            assert (await s.exec("echo", "fresh")).stdout == b"fresh\n"
+        assert fx._client().containers(all=True, filters={"label": f"{label}={case}"}) == []
+    finally:
+        for info in fx._client().containers(all=True, filters={"label": f"{label}={case}"}):
+            fx._client().remove_container(info["Id"], force=True, v=True)
+
+
+async def test_runner_false_is_the_per_exec_path() -> None:
+    async with _attached(runner=False) as s:
+        assert not s.uses_runner and not s.keeps_processes
+        await s.start()
+        assert not s.uses_runner and not s.keeps_processes
+        assert s.runner_fallback_reason == "runner=False" and s._runner is None
+        assert (await s.exec("echo", "by exec")).stdout == b"by exec\n"
+        started = await s.pty_exec_start("exec sleep 600", yield_time_s=0.1)
+        assert started.process_id is not None
+        ref = s.ref()
+        assert not ref.keeps_processes and ref.options["runner"] is False
+        [direct] = ref.processes
+        assert "exec_id" in direct.handle and "runner_id" not in direct.handle
+
+
+def test_runner_must_be_true_false_or_none() -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="runner must be True, False or None"):
+        sandbox.open_session("docker", container="any", runner="yes")
+
+
+async def test_a_resume_takes_the_path_its_ref_says_the_session_used() -> None:
+    for runner in (None, False):
+        async with _attached(runner=runner) as s:
+            await s.start()
+            ref = await s.detach()
+            assert ref.options["runner"] is (runner is None)
+            async with sandbox.resume_session(ref) as resumed:
+                assert resumed.uses_runner is (runner is None)
+                assert resumed.keeps_processes is (runner is None)
+    # A ref made before the runner existed has no `runner`: its session was per-exec,
+    # and so is the resumed one (not auto's runner).
+    async with _attached(runner=False) as s:
+        await s.start()
+        ref = await s.detach()
+        options = {k: v for k, v in ref.options.items() if k != "runner"}
+        legacy = dataclasses.replace(ref, options=options)
+        async with sandbox.resume_session(legacy) as resumed:
+            assert not resumed.uses_runner and not resumed.keeps_processes
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ({"read_only": True}, "read-only"),
+        # The archive endpoint cannot write into a tmpfs (what it puts lands under the
+        # mount, unseen), and a noexec one would not run it: the runner is not there.
+        ({"tmpfs": {"/tmp": "rw,noexec,size=64m"}}, "OCI runtime exec failed"),
+    ],
+    ids=["read-only root", "tmpfs noexec /tmp"],
+)
+async def test_auto_falls_back_to_the_per_exec_path_where_the_container_cannot_take_it(
+    host: dict[str, Any], why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = fx._client()
+    container = api.create_container(
+        fx.image(),
+        command=fx.KEEPALIVE[1:],
+        entrypoint=fx.KEEPALIVE[:1],
+        labels={"sandbox.test.case": secrets.token_hex(6)},
+        host_config=api.create_host_config(init=True, network_mode="none", **host),
+    )["Id"]
+    workdir = "/" if host.get("read_only") else "/tmp/ws"
+    try:
+        api.start(container)
+        session = sandbox.open_session("docker", container=container, workdir=workdir)
+        assert isinstance(session, DockerSession)
+        with caplog.at_level(logging.WARNING, logger="sandbox.docker"):
+            async with session as s:
+                assert not s.uses_runner and not s.keeps_processes
+                reason = s.runner_fallback_reason
+                assert reason is not None and why in reason, reason
+                assert reason.startswith("runner: could not be started in the container")
+                assert (await s.exec("echo", "by exec")).stdout == b"by exec\n"
+                update = await s.pty_exec_start("echo r; exec cat", stdin=True, until="r")
+                assert update.process_id is not None
+                await s.pty_terminate(update.process_id)
+        assert reason in caplog.text  # said once, as a warning, at the start
+        # Required, the same failure fails the start, saying why.
+        strict = sandbox.open_session("docker", container=container, workdir=workdir, runner=True)
+        try:
+            with pytest.raises(sandbox.ProviderError, match=re.escape(why)):
+                await strict.start()
+        finally:
+            await strict.aclose()
+        fx.assert_only_keepalive(container)
+    finally:
+        api.remove_container(container, force=True, v=True)

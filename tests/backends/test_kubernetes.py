@@ -5,6 +5,10 @@ parked on the server (signal-based).
 
 Everything runs against `sandbox.testing.kubernetes_server` on loopback: real sockets,
 real processes behind it, a kubeconfig written by the test.
+
+These are the per-exec path's (an exec per process): its sessions say `runner=False`,
+the runner being the default where this install has it (the runner's own promises and
+the option's defaults: test_kubernetes_runner.py).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ async def server(tmp_path: Path) -> AsyncIterator[KubernetesApiServer]:
 def open_k8s(server: KubernetesApiServer, tmp_path: Path, **options: Any) -> KubernetesSession:
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     options.setdefault("image", "busybox")
+    options.setdefault("runner", False)  # the per-exec path (the module docstring)
     s = sandbox.open_session("kubernetes", kubeconfig=str(kubeconfig), **options)
     assert isinstance(s, KubernetesSession)
     return s
@@ -228,7 +233,10 @@ async def test_exec_credential_plugin_is_run_again_when_its_token_expired(
         }
     }
     (tmp_path / "kc").write_text(json.dumps(config))
-    s = sandbox.open_session("kubernetes", kubeconfig=str(tmp_path / "kc"), image="busybox")
+    # The per-exec path: each command is an API call (the runner's go over one link).
+    s = sandbox.open_session(
+        "kubernetes", kubeconfig=str(tmp_path / "kc"), image="busybox", runner=False
+    )
     async with s:
         assert (await s.exec("echo plugged")).stdout == b"plugged\n"
         before = len(runs.read_text())

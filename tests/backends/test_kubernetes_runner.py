@@ -1,15 +1,22 @@
-"""kubernetes with `runner=True` (docs/runner.md), on the loopback API server whose pods
-run real local processes: delivery by an exec with stdin, checked by content; a second
-session finds the same runner; a dropped link kills nothing; a pod's deletion ends its
-runner and everything it keeps; open stdin through the runner under v4 too.
+"""kubernetes through the runner (docs/runner.md), its default, on the loopback API server
+whose pods run real local processes: delivery by an exec with stdin, checked by
+content; a second session finds the same runner; a dropped link kills nothing; a pod's
+deletion ends its runner and everything it keeps; open stdin through the runner under
+v4 too. And the `runner` option itself: auto (None, the default) uses the runner and
+falls back to the per-exec path with its reason where the pod cannot take it, True
+requires it, False never uses it, and `keeps_processes` and a ref follow what the
+session used.
 
-The conformance and durable suites run on this configuration too (fixture
-`kubernetes_runner`); these are the runner's own promises on this backend.
+The conformance and durable suites run on both paths (fixtures `kubernetes`, the
+default, and `kubernetes_exec`, `runner=False`); these are the runner's own promises on
+this backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -27,7 +34,7 @@ from sandbox.backends.kubernetes.client import V4_PROTOCOL
 from sandbox.backends.kubernetes.runner_link import runner_name
 from sandbox.runner import runner_binary, unavailable_reason
 from sandbox.testing.kubernetes_server import KubernetesApiServer
-from tests.backend_fixtures.kubernetes_runner import assert_runner_gone, processes_mentioning
+from tests.backend_fixtures.kubernetes import assert_runner_gone, processes_mentioning
 from tests.conftest import skip_or_fail
 from tests.helpers import eventually, host_pids_with_arg
 
@@ -263,3 +270,110 @@ async def test_a_sigkilled_clients_process_is_reattached_at_the_resume(
         assert "after" in last.output and last.exit_code == 3
     assert await eventually(lambda: server.pods == {} and server.live_processes() == 0)
     assert_runner_gone(list(server.runner_dirs))
+
+
+# ---- the `runner` option: auto (the default), True, False ------------------------------
+
+
+def open_default(server: KubernetesApiServer, tmp_path: Path, **options: Any) -> KubernetesSession:
+    """A session with the `runner` option as given (left out: the default, auto)."""
+    options.setdefault("image", "busybox")
+    s = sandbox.open_session("kubernetes", kubeconfig=_kubeconfig(server, tmp_path), **options)
+    assert isinstance(s, KubernetesSession)
+    return s
+
+
+def runner_execs(server: KubernetesApiServer) -> list[list[str]]:
+    """The execs the server ran that put, found or reached a runner."""
+    return [a for a in server.exec_argvs if any("sandbox-runner" in part for part in a)]
+
+
+async def test_by_default_a_session_goes_through_the_runner_and_keeps_processes(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    s = open_default(server, tmp_path)
+    # Before the start: what the options pick (this install has the runner).
+    assert s.uses_runner and s.keeps_processes
+    async with s:
+        assert s.uses_runner and s.keeps_processes and s.runner_fallback_reason is None
+        assert uploads(server) == 1
+        started = await s.pty_exec_start("exec sleep 600", yield_time_s=0.1)
+        assert started.process_id is not None
+        ref = s.ref()
+        assert ref.keeps_processes and ref.options["runner"] is True
+        [kept] = ref.processes
+        assert "runner_id" in kept.handle
+    assert_runner_gone(list(server.runner_dirs))
+
+
+async def test_runner_false_is_the_per_exec_path(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    s = open_default(server, tmp_path, runner=False)
+    assert not s.uses_runner and not s.keeps_processes
+    async with s:
+        assert not s.uses_runner and not s.keeps_processes and s._runner is None
+        assert s.runner_fallback_reason == "runner=False"
+        assert (await s.exec("echo", "by exec")).stdout == b"by exec\n"
+        started = await s.pty_exec_start("exec sleep 600", yield_time_s=0.1)
+        assert started.process_id is not None
+        ref = s.ref()
+        assert not ref.keeps_processes and ref.options["runner"] is False
+        [direct] = ref.processes
+        assert "tag" in direct.handle and "runner_id" not in direct.handle
+    assert runner_execs(server) == []
+    assert await eventually(lambda: server.pods == {} and server.live_processes() == 0)
+
+
+def test_runner_must_be_true_false_or_none() -> None:
+    with pytest.raises(sandbox.InvalidArgumentError, match="runner must be True, False or None"):
+        sandbox.open_session("kubernetes", image="busybox", runner=1)
+
+
+async def test_a_resume_takes_the_path_its_ref_says_the_session_used(
+    server: KubernetesApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = _kubeconfig(server, tmp_path)
+    for runner in (None, False):
+        async with open_default(server, tmp_path, runner=runner) as s:
+            ref = await s.detach()
+            assert ref.options["runner"] is (runner is None)
+            async with sandbox.resume_session(ref, kubeconfig=kubeconfig) as resumed:
+                assert resumed.uses_runner is (runner is None)
+                assert resumed.keeps_processes is (runner is None)
+    # A ref made before the runner existed has no `runner`: its session was per-exec,
+    # and so is the resumed one (not auto's runner).
+    async with open_default(server, tmp_path, runner=False) as s:
+        ref = await s.detach()
+        options = {k: v for k, v in ref.options.items() if k != "runner"}
+        legacy = dataclasses.replace(ref, options=options)
+        async with sandbox.resume_session(legacy, kubeconfig=kubeconfig) as resumed:
+            assert not resumed.uses_runner and not resumed.keeps_processes
+    assert await eventually(lambda: server.pods == {} and server.live_processes() == 0)
+
+
+async def test_auto_falls_back_to_the_per_exec_path_where_the_runner_dir_is_not_writable(
+    server: KubernetesApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nobody, root included, makes a folder in /proc: the upload fails.
+    unwritable = f"/proc/sandbox-runner-{secrets.token_hex(4)}"
+    with caplog.at_level(logging.WARNING, logger="sandbox.kubernetes"):
+        async with open_default(server, tmp_path, runner_dir=unwritable) as s:
+            assert not s.uses_runner and not s.keeps_processes and s._runner is None
+            reason = s.runner_fallback_reason
+            assert reason is not None, "the session should have fallen back"
+            assert reason.startswith("runner: could not be started in the pod")
+            assert "could not put the runner into the pod" in reason
+            assert (await s.exec("echo", "by exec")).stdout == b"by exec\n"
+            update = await s.pty_exec_start("echo r; exec cat", stdin=True, until="r")
+            assert update.process_id is not None
+            await s.pty_terminate(update.process_id)
+    assert reason in caplog.text  # said once, as a warning, at the start
+    # Nothing of the runner connected: only the failed delivery ran.
+    assert not any("connect" in argv for argv in runner_execs(server))
+    # Required, the same failure fails the start, saying why.
+    strict = open_default(server, tmp_path, runner_dir=unwritable, runner=True)
+    with pytest.raises(sandbox.ProviderError, match="could not put the runner into the pod"):
+        await strict.start()
+    await strict.aclose()
+    assert await eventually(lambda: server.pods == {} and server.live_processes() == 0)

@@ -1,4 +1,6 @@
-"""Detach, resume, takeover and crash survival on docker (the real engine)."""
+"""Detach, resume, takeover and crash survival on docker (the real engine), on the per-exec
+path (`runner=False`: what a session without the runner promises); through the runner,
+the default, in tests/backends/test_docker_runner.py and the durable conformance suite."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ def _exists(container_id: str) -> bool:
 
 
 def _open(**options: object) -> sandbox.BaseSandboxSession:
+    options.setdefault("runner", False)  # the per-exec path (the module docstring)
     return sandbox.open_session(
         "docker", image=docker_fixture.image(), terminate_grace_s=0.2, **options
     )
@@ -104,7 +107,7 @@ async def test_sigkilled_client_leaves_its_exec_running_until_the_resume(tmp_pat
     ref_file = tmp_path / "ref.json"
     process_id = await crash_with_a_process(
         "docker",
-        {"image": docker_fixture.image(), "terminate_grace_s": 0.2},
+        {"image": docker_fixture.image(), "terminate_grace_s": 0.2, "runner": False},
         ref_file,
         ["sleep", marker],
     )

@@ -1,6 +1,9 @@
 """Detach, resume, takeover and crash survival on kubernetes, against the loopback API
 server (`sandbox.testing.kubernetes_server`): real sockets, real processes behind it, a
-kubeconfig written by the test (its bearer token must never reach a ref)."""
+kubeconfig written by the test (its bearer token must never reach a ref). On the
+per-exec path (`runner=False`: what a session without the runner promises); through the
+runner, the default, in tests/backends/test_kubernetes_runner.py and the durable
+conformance suite."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ def _kubeconfig(server: KubernetesApiServer, tmp_path: Path) -> str:
 
 def _open(server: KubernetesApiServer, tmp_path: Path, **options: Any) -> KubernetesSession:
     options.setdefault("image", "busybox")
+    options.setdefault("runner", False)  # the per-exec path (the module docstring)
     s = sandbox.open_session(
         "kubernetes", kubeconfig=_kubeconfig(server, tmp_path), terminate_grace_s=0.2, **options
     )
@@ -301,7 +305,7 @@ async def test_sigkilled_client_leaves_its_exec_running_until_the_resume(server,
 
     marker = unique_seconds()
     ref_file = tmp_path / "ref.json"
-    options = {"kubeconfig": _kubeconfig(server, tmp_path), "image": "busybox"}
+    options = {"kubeconfig": _kubeconfig(server, tmp_path), "image": "busybox", "runner": False}
     process_id = await crash_with_a_process(
         "kubernetes", options, ref_file, ["sleep", marker], tty=tty
     )

@@ -100,8 +100,8 @@ def native_notes() -> str:
 # The backends that can run their processes through the runner (docs/runner.md), and how
 # a session asks for it.
 RUNNER_BACKENDS = {
-    "docker": "with runner=True",
-    "kubernetes": "with runner=True",
+    "docker": "used by default (runner=False: per-exec)",
+    "kubernetes": "used by default (runner=False: per-exec)",
     "modal": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "unix_local": "for `sandbox open` sessions, or runner=True",
 }

@@ -1,14 +1,19 @@
 """Detach and resume for `docker`: the container outlives the client, exec streams do not
 (the runner's processes do).
 
-With `runner=True` the runner inside the container keeps every process, and its latest
-output in a ring (docs/runner.md), so `keeps_processes` is True for such a session:
+With the runner (the default where this install has it and the container takes it:
+`runner=None`, or `runner=True`) the runner inside the container keeps every process,
+and its latest output in a ring (docs/runner.md), so `keeps_processes` is True for such
+a session:
 `detach()` stops following each process and closes the link, the ref lists each by its
 runner id, and `resume_session` reattaches each from the output position the client had
 reached (what it printed meanwhile first, the omission marker past the ring, its exit
-code if it ended).
+code if it ended). The ref's `runner` option says what the session used, not what it
+was asked: True makes the resume require the runner (its processes are there), False
+(a per-exec session, `runner=False` or auto's fallback; a ref without it, made before
+the runner, too) keeps the resume on the per-exec path.
 
-Without the runner, the Engine API has no call that attaches to a running exec's streams
+Without it, the Engine API has no call that attaches to a running exec's streams
 again (an exec is started attached once: `POST /exec/{id}/start`;
 `/containers/{id}/attach` reaches the container's main process only), so
 `keeps_processes` is False:
@@ -125,8 +130,9 @@ class DockerDurability(RunnerDurability):
 
     @property
     def keeps_processes(self) -> bool:
-        """True for a session with the runner (it keeps the processes), else False."""
-        return bool(self.session._docker_options.runner)
+        """True for a session with the runner (it keeps the processes), else False;
+        before start, what its options would pick."""
+        return bool(self.session._uses_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The container, whether the session made it (then a close removes it), and the
@@ -155,7 +161,9 @@ class DockerDurability(RunnerDurability):
         options["user"] = given.user or None
         options["call_timeout_s"] = given.call_timeout_s
         options["api_version"] = given.api_version
-        options["runner"] = given.runner
+        # What the session used, not what it asked (auto may have fallen back): a resume
+        # then takes the same path, the runner's processes being only in the runner.
+        options["runner"] = bool(session._uses_runner)
         return options
 
     def ref_direct_process(self, handle: DockerExec) -> dict[str, Any]:
@@ -171,6 +179,8 @@ class DockerDurability(RunnerDurability):
         if not isinstance(container, str) or not container:
             raise SessionGoneError("the docker ref names no container")
         options["container"] = container
+        # A ref without it was made before the runner: its session was per-exec.
+        options.setdefault("runner", False)
         return options
 
     def lease_store(self) -> ContainerLease:

@@ -72,9 +72,17 @@ class DockerOptions:
     Engine: `api_url` (the engine's address, Docker's `base_url`; default: DOCKER_HOST /
     the local socket), `api_version`, `call_timeout_s` (bound on each engine call), or a
     ready `client` (a `docker.APIClient`, not closed here).
-    `runner=True`: processes and commands go through the runner (docs/runner.md), put
-    into the container at start: one frame per start instead of an exec, stdin open
-    or closed, whole-tree kills without a script, output kept in a ring by the runner.
+    `runner` (default None: auto): processes and commands go through the runner
+    (docs/runner.md), put into the container at start: one frame per start instead of
+    an exec, stdin open or closed, whole-tree kills without a script, output kept in a
+    ring by the runner, processes that outlive their client (`keeps_processes`). None
+    uses it where this install has the runner and the container takes it, else (not
+    built, a read-only or noexec /tmp, another architecture, a TLS engine connection)
+    the per-exec path, the reason in `DockerSession.runner_fallback_reason` (and a
+    logged warning when the delivery or start failed); None with `memory_limit_bytes`
+    keeps the per-exec path too (only it notes a process the limit killed). True
+    requires the runner (the start fails with the reason; a process the memory limit
+    kills then exits 137 without the note); False never uses it (an exec per process).
     Plus the base session's options (`teardown_concurrency` defaults to
     `TEARDOWN_CONCURRENCY` here).
 
@@ -93,7 +101,8 @@ class DockerOptions:
     client: Any
     terminate_grace_s: float
     detach_keys: str
-    runner: bool
+    # None: auto (the runner where it can be used); True: required; False: never.
+    runner: bool | None
 
 
 def docker_options(
@@ -123,7 +132,7 @@ def docker_options(
     client: Any,
     terminate_grace_s: float,
     detach_keys: str,
-    runner: bool,
+    runner: bool | None,
 ) -> DockerOptions:
     """The checked options of `DockerSession(...)` (see `DockerOptions`), in the order
     the session always checked them: which container, how a fresh one is made, the
@@ -173,6 +182,7 @@ def docker_options(
     ):
         check_str(name, text)
     env = check_env(env)
+    check_runner(runner)
     assert grace is not None and timeout is not None
     return DockerOptions(
         image=image,
@@ -187,8 +197,17 @@ def docker_options(
         client=client,
         terminate_grace_s=grace,
         detach_keys=detach_keys,
-        runner=bool(runner),
+        runner=runner,
     )
+
+
+def check_runner(runner: object) -> None:
+    """`runner` is True, False or None (auto): `InvalidArgumentError` otherwise."""
+    if runner is not None and not isinstance(runner, bool):
+        raise InvalidArgumentError(
+            f"runner must be True, False or None (auto: the runner where it can be used), "
+            f"not {runner!r}"
+        )
 
 
 def container_spec(

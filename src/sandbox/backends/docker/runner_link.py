@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -41,7 +42,11 @@ NAME_PREFIX = ".sandbox-runner-"
 MAX_RUNNER_BYTES = 16 * 1024 * 1024
 # What the link's stderr may hold for an error message (the rest is dropped).
 MAX_STDERR_BYTES = 4096
+# What the link's first stdout bytes kept for an error message may hold.
+MAX_HEAD_BYTES = 512
 BLOCK = 512  # a tar header
+
+logger = logging.getLogger("sandbox.docker")
 
 
 def runner_path(binary: RunnerBinary) -> str:
@@ -135,9 +140,15 @@ class _LinkProtocol(asyncio.StreamReaderProtocol):
         self._decoder = FrameDecoder(self._payload)
         self._keep = keep
         self.stderr = bytearray()
+        # The first bytes of stdout: where the engine writes why it could not run the
+        # runner at all (a noexec folder, another architecture), as text.
+        self.head = bytearray()
 
     def _payload(self, stream: int, data: bytes) -> None:
         if stream == STDOUT:
+            room = MAX_HEAD_BYTES - len(self.head)
+            if room > 0:
+                self.head += data[:room]
             super().data_received(data)
         elif stream in (STDERR, SYSTEM_ERROR):
             room = MAX_STDERR_BYTES - len(self.stderr)
@@ -169,6 +180,18 @@ class RunnerLink:
     def stderr(self) -> str:
         """What the bridge printed on stderr (bounded), for an error message."""
         return bytes(self._protocol.stderr).decode("utf-8", "replace")
+
+    @property
+    def said(self) -> str:
+        """What explains a link that failed: the bridge's stderr, else the start of its
+        stdout when that is text, not the runner's frames (the engine's own message when
+        it could not run the runner: "OCI runtime exec failed: ... permission denied")."""
+        if said := self.stderr.strip():
+            return said
+        head = bytes(self._protocol.head)
+        if head[:4].isascii() and head[:4].decode("ascii").isprintable():
+            return head.decode("utf-8", "replace").strip()
+        return ""
 
     def close(self) -> None:
         """Drop the connection (the runner and its processes go on)."""
@@ -233,7 +256,7 @@ def _close_started(future: asyncio.Future[Any]) -> None:
 
 def link_failed(link: RunnerLink, what: str) -> ProviderError:
     """The error for a link that ended before the runner answered."""
-    said = link.stderr.strip()
+    said = link.said
     detail = f": {said[-300:]}" if said else ""
     with contextlib.suppress(Exception):
         link.close()
@@ -263,12 +286,20 @@ class ContainerRunner:
     ) -> ContainerRunner:
         """Deliver the runner, start it (or find it running) and connect; raises
         `UnsupportedOperationError` when this install has no runner to deliver."""
-        binary = runner_binary()
-        if binary is None:
-            raise UnsupportedOperationError(
-                f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
-            )
-        path = await deliver(engine, options.container_id, binary)
+        delivered = await deliver_as_asked(engine, options, True)
+        assert delivered.binary is not None and delivered.path is not None
+        return await cls.connect(delivered.binary, delivered.path, engine, options, config_env)
+
+    @classmethod
+    async def connect(
+        cls,
+        binary: RunnerBinary,
+        path: str,
+        engine: Engine,
+        options: ExecOptions,
+        config_env: object,
+    ) -> ContainerRunner:
+        """Start the runner delivered at `path` (or find it running) and connect."""
         link = await open_link(engine, options, path, socket_path(binary, options.user))
         try:
             client = await RunnerClient.open(link.reader, link.writer, timeout=HELLO_TIMEOUT_S)
@@ -292,6 +323,89 @@ class ContainerRunner:
             await self.client.aclose()
         finally:
             self.link.close()
+
+
+# Why a session has no runner when it was opened with `runner=False`.
+RUNNER_OFF = "runner=False"
+# What a failed delivery or start raises that sends a session in auto mode
+# (`runner=None`) to the per-exec path instead of failing its start: the engine's
+# refusals (a read-only root filesystem, a container gone), a runner that cannot run
+# there (noexec, another architecture: it never answers HELLO), a TLS engine connection.
+FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """The runner in the container (`binary` and its `path` there), or why the session
+    goes without it (`reason`)."""
+
+    binary: RunnerBinary | None
+    path: str | None
+    reason: str | None
+
+
+def _fallen_back(exc: BaseException) -> str:
+    """Auto mode's reason for the per-exec path after a failed delivery or start, logged
+    as a warning: this install has the runner, so the per-exec path is a surprise."""
+    reason = f"runner: could not be started in the container ({exc})"
+    logger.warning("docker session: %s; processes go by exec (per-exec path)", reason)
+    return reason
+
+
+# Why a session in auto mode with `memory_limit_bytes` keeps the per-exec path: only it
+# says so on the output of a process the limit killed (the container's `oom` event
+# matched to the exec's 137); the runner reports the 137 alone.
+MEMORY_LIMITED = (
+    "memory_limit_bytes: the per-exec path notes a process the limit killed "
+    "(runner=True uses the runner without that note)"
+)
+
+
+async def deliver_as_asked(engine: Engine, options: ExecOptions, asked: bool | None) -> Delivered:
+    """The delivery the session's `runner` option asks for: False, none; True, the
+    runner put into the container or the error saying why not; None (auto), the runner
+    where this install has one and the container takes it, else why not (and none for
+    a session with a memory limit: `MEMORY_LIMITED`)."""
+    if asked is False:
+        return Delivered(None, None, RUNNER_OFF)
+    if asked is None and options.memory_limited:
+        return Delivered(None, None, MEMORY_LIMITED)
+    binary = runner_binary()
+    if binary is None:
+        why = unavailable_reason() or "runner: not built"
+        if asked:
+            raise UnsupportedOperationError(f"runner=True, but {why}")
+        return Delivered(None, None, why)
+    try:
+        path = await deliver(engine, options.container_id, binary)
+    except FALLBACK_ERRORS as exc:
+        if asked:
+            raise
+        return Delivered(None, None, _fallen_back(exc))
+    return Delivered(binary, path, None)
+
+
+async def connect_as_asked(
+    delivered: Delivered,
+    engine: Engine,
+    options: ExecOptions,
+    config_env: object,
+    asked: bool | None,
+) -> tuple[ContainerRunner | None, str | None]:
+    """The session's runner once `delivered`, and why it has none (None while it has
+    one): a failed start is an error when the runner was required (`asked` True), the
+    per-exec path with its reason in auto mode."""
+    if delivered.binary is None or delivered.path is None:
+        return None, delivered.reason
+    try:
+        runner = await ContainerRunner.connect(
+            delivered.binary, delivered.path, engine, options, config_env
+        )
+    except FALLBACK_ERRORS as exc:
+        if asked:
+            raise
+        return None, _fallen_back(exc)
+    return runner, None
 
 
 def base_environment(config_env: object, options: ExecOptions) -> dict[str, str]:

@@ -27,6 +27,7 @@ from ...backend import (
     durable_session_id,
     kill_handle,
 )
+from ...runner import runner_binary
 from ..toolkit import RunnerProcess, refuse_renamed, spawn_through_runner, start_one_shot
 from . import durable as durable_docker
 from .container import disconnect, exec_options, ready_container, running_container
@@ -36,7 +37,7 @@ from .files import ContainerFiles, DockerFiles
 from .options import DEFAULT_DETACH_KEYS, DEFAULT_KEEPALIVE, TEARDOWN_CONCURRENCY, docker_options
 from .ports import DockerPorts, DockerSnapshots
 from .processes import DEFAULT_TERM, spawn_exec, start_exec
-from .runner_link import ContainerRunner
+from .runner_link import ContainerRunner, connect_as_asked, deliver_as_asked
 from .workspace import ContainerTree, DockerWorkspace
 
 
@@ -78,7 +79,7 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         client: Any = None,
         terminate_grace_s: float = 1.0,
         detach_keys: str = DEFAULT_DETACH_KEYS,
-        runner: bool = False,
+        runner: bool | None = None,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -125,6 +126,15 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._exec_options: ExecOptions | None = None
         self._killer: KillBatcher | None = None
         self._runner: ContainerRunner | None = None
+        # Whether processes go through the runner: what the options would pick until the
+        # start decides (auto falls back where the container cannot take it); not cleared
+        # by a close or a detach (a ref made then says what the session used).
+        self._uses_runner = o.runner is True or (
+            o.runner is None
+            and o.spec.memory_limit_bytes is None  # auto keeps the per-exec path then
+            and runner_binary() is not None
+        )
+        self._runner_fallback: str | None = None
 
     @property
     def container_id(self) -> str | None:
@@ -136,11 +146,27 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         """The working directory of commands (after start)."""
         return self._workdir
 
+    @property
+    def uses_runner(self) -> bool:
+        """Whether the session's processes and commands go through the runner
+        (docs/runner.md): decided at start by the `runner` option (before it, what the
+        options would pick)."""
+        return self._uses_runner
+
+    @property
+    def runner_fallback_reason(self) -> str | None:
+        """Why the started session runs its processes by exec instead of through the
+        runner: "runner=False", the reason this install has no runner, or the failed
+        delivery or start of auto mode; None while it uses the runner (and before
+        start)."""
+        return self._runner_fallback
+
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
         """Connect, create or find the container (`container.running_container`), watch
-        its events and probe it (`container.ready_container`), start the runner if asked."""
+        its events and probe it (`container.ready_container`), start the runner as the
+        `runner` option asks (`runner_link.deliver_as_asked`, `connect_as_asked`)."""
         o = self._docker_options
         self._created_name = None
         self._killer = None
@@ -165,9 +191,14 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._file_owner = await ready_container(
             engine, options, self._file_owner, o.call_timeout_s
         )
-        if o.runner:
-            image_env = (info.get("Config") or {}).get("Env")
-            self._runner = await ContainerRunner.start(engine, options, image_env)
+        # (Run alongside the probe, the delivery saved nothing measurable on a loaded
+        # 2-core machine: the engine and the read-back's hashing compete for the CPU.)
+        delivered = await deliver_as_asked(engine, options, o.runner)
+        image_env = (info.get("Config") or {}).get("Env")
+        self._runner, self._runner_fallback = await connect_as_asked(
+            delivered, engine, options, image_env, o.runner
+        )
+        self._uses_runner = self._runner is not None
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""

@@ -1,13 +1,19 @@
 """Detach and resume for `kubernetes`: the pod outlives the client, exec streams do not
 come back (the runner's processes do).
 
-With `runner=True` the runner inside the pod keeps every process, and its latest output
-in a ring (docs/runner.md), so `keeps_processes` is True for such a session: `detach()`
+With the runner (the default where this install has it and the pod takes it:
+`runner=None`, or `runner=True`) the runner inside the pod keeps every process, and its
+latest output in a ring (docs/runner.md), so `keeps_processes` is True for such a
+session: `detach()`
 stops following each process and closes the link (the exec that carried it ends; the
 runner does not), the ref lists each by its runner id, and `resume_session` reaches the
 same runner through a new exec and reattaches each from the output position the client
 had reached (what it printed meanwhile first, the omission marker past the ring, its
 exit code if it ended). The pod's deletion ends the runner with everything it keeps.
+The ref's `runner` option says what the session used, not what it was asked: True
+makes the resume require the runner (its processes are there), False (a per-exec
+session, `runner=False` or auto's fallback; a ref without it, made before the runner,
+too) keeps the resume on the per-exec path.
 
 Without the runner, no API call reattaches to a running exec: pods/exec starts a new
 process each time, pods/attach reaches the container's main process only, and the CRI
@@ -205,8 +211,9 @@ class KubernetesDurability(RunnerDurability):
 
     @property
     def keeps_processes(self) -> bool:
-        """True for a session with the runner (it keeps the processes), else False."""
-        return bool(self.session._settings.runner)
+        """True for a session with the runner (it keeps the processes), else False;
+        before start, what its options would pick."""
+        return bool(self.session._uses_runner)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The pod (namespace, name, uid, container), and whether the session created it
@@ -237,7 +244,9 @@ class KubernetesDurability(RunnerDurability):
             call_timeout_s=given.call_timeout_s,
             delete_grace_s=given.pod_options.grace_period_s,
             protocols=list(given.protocols),
-            runner=given.runner,
+            # What the session used, not what it asked (auto may have fallen back): a
+            # resume then takes the same path, the runner's processes being only there.
+            runner=bool(session._uses_runner),
             runner_dir=given.runner_dir,
         )
         return options
@@ -262,6 +271,8 @@ class KubernetesDurability(RunnerDurability):
             options["container"] = container
         if isinstance(options.get("protocols"), list):
             options["protocols"] = tuple(options["protocols"])
+        # A ref without it was made before the runner: its session was per-exec.
+        options.setdefault("runner", False)
         return options
 
     def lease_store(self) -> PodLease:

@@ -41,12 +41,18 @@ class KubernetesOptions:
     command), `terminate_grace_s` (SIGTERM to SIGKILL), `call_timeout_s` (bound on each
     API call that is not a stream), `protocols` (the channel protocols offered, best
     first: default v5 then v4).
-    `runner=True`: processes and commands go through the runner (docs/runner.md), put
-    into the pod at start by an exec with stdin (checked by sha256) in `runner_dir`
-    (default: `$SANDBOX_RUNNER_DIR`, else the container's `$TMPDIR`, else /tmp) and
-    reached by one exec of `connect --start`: a frame per start instead of an exec,
-    stdin open or closed, whole-tree kills without a script, and processes that outlive
-    their client (durable sessions reattach them). Plus the base session's.
+    `runner` (default None: auto): processes and commands go through the runner
+    (docs/runner.md), put into the pod at start by an exec with stdin (checked by
+    sha256) in `runner_dir` (default: `$SANDBOX_RUNNER_DIR`, else the container's
+    `$TMPDIR`, else /tmp) and reached by one exec of `connect --start`: a frame per
+    start instead of an exec, stdin open or closed, whole-tree kills without a script,
+    and processes that outlive their client (`keeps_processes`: durable sessions
+    reattach them). None uses it where this install has the runner and the pod takes
+    it, else (not built, a read-only or noexec `runner_dir`, another architecture) the
+    per-exec path, the reason in `KubernetesSession.runner_fallback_reason` (and a
+    logged warning when the delivery or start failed); True requires it (the start
+    fails with the reason); False never uses it (an exec per process). Plus the base
+    session's.
     """
 
     kubeconfig: str | None
@@ -65,7 +71,8 @@ class KubernetesOptions:
     call_timeout_s: float
     terminate_grace_s: float
     protocols: tuple[str, ...]
-    runner: bool
+    # None: auto (the runner where it can be used); True: required; False: never.
+    runner: bool | None
     runner_dir: str | None
 
 
@@ -98,7 +105,7 @@ def check_options(
     memory_limit_bytes: int | None,
     process_limit: int | None,
     cpu_limit: float | None,
-    runner: bool,
+    runner: bool | None,
     runner_dir: str | None,
 ) -> KubernetesOptions:
     """The session's keywords checked (`InvalidArgumentError` naming the first that is
@@ -126,6 +133,11 @@ def check_options(
     check_str("name_prefix", name_prefix, allow_none=False)
     if not workdir.startswith("/"):
         raise InvalidArgumentError(f"workdir must be an absolute path, not {workdir!r}")
+    if runner is not None and not isinstance(runner, bool):
+        raise InvalidArgumentError(
+            f"runner must be True, False or None (auto: the runner where it can be used), "
+            f"not {runner!r}"
+        )
     if runner_dir is not None and not runner_dir.startswith("/"):
         raise InvalidArgumentError(f"runner_dir must be an absolute path, not {runner_dir!r}")
     if image is not None and container is not None:
@@ -178,6 +190,6 @@ def check_options(
         call_timeout_s=timeout,
         terminate_grace_s=grace,
         protocols=offered,
-        runner=bool(runner),
+        runner=runner,
         runner_dir=runner_dir,
     )

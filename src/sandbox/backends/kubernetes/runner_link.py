@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ MAX_CONTAINER_ENV = 4096
 # container (the runner sets each process's folder itself).
 SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 UPLOAD_CHUNK_BYTES = 256 * 1024
+
+logger = logging.getLogger("sandbox.kubernetes")
 
 # `sh -c PREPARE_SCRIPT sandbox-runner-prepare DIR NAME` (DIR "" for the default):
 # DIR NUL PWD NUL DIGEST-or-"-" NUL, then the exec's environment (NUL-separated).
@@ -314,6 +317,18 @@ class PodRunner:
             raise UnsupportedOperationError(
                 f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
             )
+        return await cls.start_with(binary, kube, target, runner_dir, env)
+
+    @classmethod
+    async def start_with(
+        cls,
+        binary: RunnerBinary,
+        kube: KubeClient,
+        target: Target,
+        runner_dir: str | None,
+        env: Mapping[str, str],
+    ) -> PodRunner:
+        """`start` with this binary (found already)."""
         place = await prepare(kube, target, binary, runner_dir)
         path = f"{place.folder}/{runner_name(binary)}"
         sock = f"{path}.sock"
@@ -401,3 +416,40 @@ class PodRunner:
             await self.client.aclose()
         finally:
             await self.link.aclose()
+
+
+# Why a session has no runner when it was opened with `runner=False`.
+RUNNER_OFF = "runner=False"
+# What a failed delivery or start raises that sends a session in auto mode
+# (`runner=None`) to the per-exec path instead of failing its start: a folder it cannot
+# write (read-only), a runner that cannot run there (noexec, another architecture: it
+# never answers HELLO), a socket path too long, a link that did not open in time.
+FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
+
+
+async def choose_runner(
+    kube: KubeClient,
+    target: Target,
+    runner_dir: str | None,
+    env: Mapping[str, str],
+    asked: bool | None,
+) -> tuple[PodRunner | None, str | None]:
+    """The session's runner as its `runner` option asks, and why it has none (None while
+    it has one): False, none; True, the runner or the error saying why not; None (auto),
+    the runner where this install has one and the pod takes it, else none, with the
+    reason (a failed delivery or start is logged as a warning too: the install has the
+    runner, so the per-exec path is a surprise there)."""
+    if asked is False:
+        return None, RUNNER_OFF
+    if asked:
+        return await PodRunner.start(kube, target, runner_dir, env), None
+    binary = runner_binary()
+    if binary is None:
+        return None, unavailable_reason() or "runner: not built"
+    try:
+        runner = await PodRunner.start_with(binary, kube, target, runner_dir, env)
+    except FALLBACK_ERRORS as exc:
+        reason = f"runner: could not be started in the pod ({exc})"
+        logger.warning("kubernetes session: %s; processes go by exec (per-exec path)", reason)
+        return None, reason
+    return runner, None

@@ -22,6 +22,7 @@ from ...backend import (
     ShellWorkspace,
     durable_session_id,
 )
+from ...runner import runner_binary
 from ..toolkit import RunnerProcess, refuse_renamed
 from . import bounds, durable, execs, pods, scripts
 from .client import PROTOCOLS, KubeClient
@@ -29,7 +30,7 @@ from .config import load_cluster_in_time
 from .execs import KubeProcess, Target
 from .files import KubernetesFiles, PodFiles
 from .options import check_options
-from .runner_link import PodRunner
+from .runner_link import PodRunner, choose_runner
 
 # An entry's handle: an exec of its own, or a process the runner keeps.
 Handle = KubeProcess | RunnerProcess
@@ -37,7 +38,8 @@ Handle = KubeProcess | RunnerProcess
 
 class KubernetesSession(BaseSandboxSession[Handle]):
     """Runs commands in a Kubernetes pod it creates from an `image` or attaches to
-    (`pod`), with an exec per process or through the runner (`runner=True`). The options
+    (`pod`), through the runner by default where it can be used, else with an exec per
+    process (`runner`: None auto, True required, False never). The options
     are documented, and checked, in `options` (`KubernetesOptions`, `check_options`).
     """
 
@@ -73,7 +75,7 @@ class KubernetesSession(BaseSandboxSession[Handle]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
-        runner: bool = False,
+        runner: bool | None = None,
         runner_dir: str | None = None,
         **options: Any,
     ) -> None:
@@ -133,11 +135,33 @@ class KubernetesSession(BaseSandboxSession[Handle]):
         self._pod_labels: dict[str, Any] = {}
         self._server: str | None = None
         self._runner: PodRunner | None = None
+        # Whether processes go through the runner: what the options would pick until the
+        # start decides (auto falls back where the pod cannot take it); not cleared by a
+        # close or a detach (a ref made then says what the session used).
+        self._uses_runner = settings.runner is True or (
+            settings.runner is None and runner_binary() is not None
+        )
+        self._runner_fallback: str | None = None
 
     @property
     def workdir(self) -> str:
         """Where commands start and relative paths point."""
         return self._settings.workdir
+
+    @property
+    def uses_runner(self) -> bool:
+        """Whether the session's processes and commands go through the runner
+        (docs/runner.md): decided at start by the `runner` option (before it, what the
+        options would pick)."""
+        return self._uses_runner
+
+    @property
+    def runner_fallback_reason(self) -> str | None:
+        """Why the started session runs its processes by exec instead of through the
+        runner: "runner=False", the reason this install has no runner, or the failed
+        delivery or start of auto mode; None while it uses the runner (and before
+        start)."""
+        return self._runner_fallback
 
     @property
     def session_label(self) -> str:
@@ -149,7 +173,8 @@ class KubernetesSession(BaseSandboxSession[Handle]):
     # ---- lifecycle -----------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        """Load the credentials, create (or find) the pod, wait for it, probe an exec."""
+        """Load the credentials, create (or find) the pod, wait for it, probe an exec,
+        start the runner as the `runner` option asks (`runner_link.choose_runner`)."""
         self._created = None
         self._target = None
         settings = self._settings
@@ -184,10 +209,10 @@ class KubernetesSession(BaseSandboxSession[Handle]):
             durable.check_pod_uid(self)
             self._target = Target(namespace, self.pod_name, found.container, found.cwd)
         await execs.check_workdir(client, self._target, settings.workdir)
-        if settings.runner:
-            self._runner = await PodRunner.start(
-                client, self._target, settings.runner_dir, settings.env
-            )
+        self._runner, self._runner_fallback = await choose_runner(
+            client, self._target, settings.runner_dir, settings.env, settings.runner
+        )
+        self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
         """Delete a created pod (graceful, then forced; by name, so one whose create was
