@@ -145,11 +145,12 @@ def _session(container_id: str, **options: Any) -> sandbox.BaseSandboxSession:
 
 
 def _modes() -> list[tuple[str, dict[str, Any]]]:
-    """The per-exec path, and the runner (docs/runner.md) where this install has one: the
-    same figures for both, against the same raw baseline."""
+    """The per-exec path (`runner=False`; the runner is the default now), and the runner
+    (docs/runner.md) where this install has one: the same figures for both, against the
+    same raw baseline."""
     from sandbox.runner import runner_binary
 
-    modes: list[tuple[str, dict[str, Any]]] = [("", {})]
+    modes: list[tuple[str, dict[str, Any]]] = [("", {"runner": False})]
     if runner_binary() is not None:
         modes.append((", runner", {"runner": True}))
     return modes

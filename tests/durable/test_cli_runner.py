@@ -129,3 +129,21 @@ def test_open_without_the_runner_when_asked(tmp_path):
     ref_file.write_bytes(opened.stdout)
     assert not ref.keeps_processes and "runner" not in ref.options
     assert _cli("close", str(ref_file), cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("backend", ["docker", "kubernetes"])
+def test_a_one_command_session_skips_the_runner_unless_asked(backend: str) -> None:
+    from sandbox.cli.durable import one_off
+
+    # Closed after one command: the runner would cost more than it saves.
+    assert one_off(backend, {"container": "c"}) == {"container": "c", "runner": False}
+    # What the user asked for stands, either way.
+    assert one_off(backend, {"runner": True}) == {"runner": True}
+    assert one_off(backend, {"runner": None}) == {"runner": None}
+
+
+def test_a_one_command_session_elsewhere_is_left_as_given() -> None:
+    from sandbox.cli.durable import one_off
+
+    for backend in ("unix_local", "modal", "e2b"):
+        assert one_off(backend, {"x": 1}) == {"x": 1}

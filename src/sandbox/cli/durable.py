@@ -60,7 +60,7 @@ async def cli_session(
     """The session of `run`/`shell`/`cp`: a fresh one (closed at the end), or with
     `--session` the resumed one (detached at the end, its new ref in the file)."""
     if session_file is None:
-        async with open_cli_session(backend, options) as session:
+        async with open_cli_session(backend, one_off(backend, options)) as session:
             yield session
         return
     path = _absolute(session_file)
@@ -80,6 +80,20 @@ def _absolute(path: str) -> str:
 def _extra(options: dict[str, Any]) -> dict[str, Any]:
     # Only the generic options go to a resume: the ref says where the sandbox is.
     return {k: v for k, v in options.items() if k not in ("workdir", "image", "container")}
+
+
+# The backends whose sessions go through the runner by default (docs/runner.md).
+_RUNNER_BY_DEFAULT = ("docker", "kubernetes")
+
+
+def one_off(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` for a session closed after one command: `runner=False` on a backend that
+    would start the runner by default, unless `runner` was given. Its processes end with
+    the session anyway, and putting the runner in and linking to it costs about 130 ms
+    more than the one exec it would save (docs/performance.md)."""
+    if backend not in _RUNNER_BY_DEFAULT or "runner" in options:
+        return options
+    return {**options, "runner": False}
 
 
 # Options a unix_local session through the runner refuses (`UnixLocalSession`).
