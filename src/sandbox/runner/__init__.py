@@ -14,10 +14,12 @@ from .errors import (
     RunnerTimeout,
 )
 from .frames import FileStat, ProcessInfo, SignalScope, Stream
+from .link_writer import LinkWriter
 from .local import connect_local, local_socket_path, start_local
 
 __all__ = [
     "FileStat",
+    "LinkWriter",
     "ProcessInfo",
     "ProcessSink",
     "RunnerBinary",

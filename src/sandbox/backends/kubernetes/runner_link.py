@@ -34,7 +34,14 @@ from typing import cast
 
 from ...backend import CommandSpec, ExecCapture, OneShotProcess, OutputSink
 from ...errors import ProviderError, UnsupportedOperationError
-from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from ...runner import (
+    LinkWriter,
+    RunnerBinary,
+    RunnerClient,
+    RunnerError,
+    runner_binary,
+    unavailable_reason,
+)
 from ..toolkit import RunnerProcess, process_environment, spawn_through_runner, start_one_shot
 from . import bounds, scripts
 from .channels import ExecStream
@@ -182,65 +189,30 @@ async def upload(client: KubeClient, target: Target, binary: RunnerBinary, path:
         )
 
 
-class ExecLinkWriter:
-    """The writer half of the link (what `RunnerClient` calls on an
-    `asyncio.StreamWriter`): `write` queues, `drain` sends what is queued on the exec's
-    stdin channel (in order: one sender at a time), `close`/`abort` close the socket."""
+class ExecLinkWriter(LinkWriter):
+    """The writer half of the link (`LinkWriter`): the exec's stdin channel; its close
+    closes the exec's socket (the bridge exits; the runner stays)."""
 
     def __init__(self, stream: ExecStream, reader: asyncio.StreamReader) -> None:
+        super().__init__()
         self._stream = stream
         self._reader = reader
-        self._queued = bytearray()
-        self._lock = asyncio.Lock()
-        self._closing: asyncio.Task[None] | None = None
 
-    @property
-    def transport(self) -> ExecLinkWriter:
-        """Itself: `abort()` is all the client asks of a transport."""
-        return self
+    async def _send(self, data: bytes) -> None:
+        try:
+            await self._stream.write(data)
+        except ProviderError as exc:  # ConnectionLostError among them
+            raise ConnectionResetError(str(exc)) from None
 
-    def write(self, data: bytes) -> None:
-        """Queue `data` (sent by the next `drain`)."""
-        if self.is_closing():
-            raise ConnectionResetError("the runner's exec stream is closed")
-        self._queued += data
+    def _ended(self) -> bool:
+        return self._stream.ended
 
-    async def drain(self) -> None:
-        """Send everything queued; returns once the socket took it."""
-        async with self._lock:
-            while self._queued:
-                data = bytes(self._queued)
-                self._queued.clear()
-                try:
-                    await self._stream.write(data)
-                except ProviderError as exc:  # ConnectionLostError among them
-                    raise ConnectionResetError(str(exc)) from None
-
-    def is_closing(self) -> bool:
-        """True once closed (or the stream ended)."""
-        return self._closing is not None or self._stream.ended
-
-    def close(self) -> None:
-        """Close the exec's socket (the bridge then exits; the runner stays)."""
-        if self._closing is None:
-            self._queued.clear()
-            self._closing = asyncio.ensure_future(self._close())
-
-    def abort(self) -> None:
-        """The same as `close` (nothing is flushed either way)."""
-        self.close()
-
-    async def _close(self) -> None:
+    async def _end(self) -> None:
         try:
             await self._stream.close()
         finally:
             if not self._reader.at_eof():
                 self._reader.feed_eof()
-
-    async def wait_closed(self) -> None:
-        """Wait until the socket is closed."""
-        if self._closing is not None:
-            await asyncio.shield(self._closing)
 
 
 class RunnerLink:

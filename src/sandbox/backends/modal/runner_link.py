@@ -33,7 +33,14 @@ from typing import Any, cast
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError, UnsupportedOperationError
-from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
+from ...runner import (
+    LinkWriter,
+    RunnerBinary,
+    RunnerClient,
+    RunnerError,
+    runner_binary,
+    unavailable_reason,
+)
 from ..toolkit import process_environment
 from .commands import read_stream
 from .errors import SDK_ERRORS, ModalErrors
@@ -232,79 +239,32 @@ async def upload(
         raise ProviderError(f"could not {what} (exit {code}): {said}", retryable=False)
 
 
-class StdinWriter:
-    """The writer half of the link (what `RunnerClient` calls on an
-    `asyncio.StreamWriter`): `write` queues, `drain` hands what is queued to the exec's
-    stdin writer and drains it (one drain at a time: the SDK's writer keeps one buffer
-    and one stream offset), `close`/`abort` end the exec's stdin (its bridge exits; the
-    runner stays)."""
+class StdinWriter(LinkWriter):
+    """The writer half of the link (`LinkWriter`): the exec's stdin, one drain at a time
+    (the SDK's writer keeps one buffer and one stream offset); its close ends that stdin
+    (the bridge exits; the runner stays)."""
+
+    max_chunk = WRITE_CHUNK
 
     def __init__(self, link: SandboxLink) -> None:
+        super().__init__()
         self._link = link
-        self._queued = bytearray()
-        self._lock = asyncio.Lock()
-        self._closing: asyncio.Task[None] | None = None
 
-    @property
-    def transport(self) -> StdinWriter:
-        """Itself: `abort()` is all the client asks of a transport."""
-        return self
-
-    def write(self, data: bytes) -> None:
-        """Queue `data` (sent by the next `drain`)."""
-        if self.is_closing():
-            raise ConnectionResetError("the runner's exec stream is closed")
-        self._queued += data
-
-    async def drain(self) -> None:
-        """Send everything queued; returns once the SDK sent it."""
+    async def _send(self, data: bytes) -> None:
         stdin = self._link.process.stdin
-        async with self._lock:
-            while self._queued:
-                if self.is_closing():
-                    raise ConnectionResetError("the runner's exec stream is closed")
-                data = bytes(self._queued[:WRITE_CHUNK])
-                del self._queued[:WRITE_CHUNK]
-                try:
-                    stdin.write(data)
-                    await stdin.drain.aio()
-                except SDK_ERRORS as exc:  # OSError, ValueError (closed) among them
-                    raise ConnectionResetError(
-                        f"writing to the runner's exec failed: {type(exc).__name__}"
-                    ) from None
-
-    def is_closing(self) -> bool:
-        """True once closed (or the exec's output ended)."""
-        return self._closing is not None or self._link.ended
-
-    def close(self) -> None:
-        """End the exec's stdin (the bridge then exits; the runner stays)."""
-        if self._closing is None:
-            self._queued.clear()
-            self._closing = asyncio.ensure_future(self._close())
-
-    async def _close(self) -> None:
-        # After the drain in flight, if any (the SDK's writer takes one drain at a
-        # time); one that never returns does not keep the link open.
-        acquired = False
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CLOSE_WAIT_S):
-                await self._lock.acquire()
-                acquired = True
         try:
-            await self._link.end()
-        finally:
-            if acquired:
-                self._lock.release()
+            stdin.write(data)
+            await stdin.drain.aio()
+        except SDK_ERRORS as exc:  # OSError, ValueError (closed) among them
+            raise ConnectionResetError(
+                f"writing to the runner's exec failed: {type(exc).__name__}"
+            ) from None
 
-    def abort(self) -> None:
-        """The same as `close` (nothing is flushed either way)."""
-        self.close()
+    def _ended(self) -> bool:
+        return self._link.ended
 
-    async def wait_closed(self) -> None:
-        """Wait until the exec's stdin is ended and its output read to the end."""
-        if self._closing is not None:
-            await asyncio.shield(self._closing)
+    async def _end(self) -> None:
+        await self._link.end()
 
 
 class SandboxLink:
