@@ -30,18 +30,22 @@ from typing import Any
 from ...backend import parse_tar_header
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
-from ..toolkit import process_environment
+from ..toolkit import (
+    FALLBACK_ERRORS,
+    HELLO_TIMEOUT_S,
+    MAX_RUNNER_BYTES,
+    MAX_STDERR_BYTES,
+    RUNNER_OFF,
+    fallen_back,
+    process_environment,
+    runner_name,
+)
 from .archive import put_tar, stat_path, tar_one_file
 from .engine import Engine
 from .execs import ExecOptions, _close_quietly, _start_attached
 from .frames import STDERR, STDOUT, SYSTEM_ERROR, FrameDecoder
 
 INSTALL_FOLDER = "/tmp"
-NAME_PREFIX = ".sandbox-runner-"
-# A runner is a few MiB; anything larger at our name is not ours and is not read back.
-MAX_RUNNER_BYTES = 16 * 1024 * 1024
-# What the link's stderr may hold for an error message (the rest is dropped).
-MAX_STDERR_BYTES = 4096
 # What the link's first stdout bytes kept for an error message may hold.
 MAX_HEAD_BYTES = 512
 BLOCK = 512  # a tar header
@@ -51,14 +55,14 @@ logger = logging.getLogger("sandbox.docker")
 
 def runner_path(binary: RunnerBinary) -> str:
     """Where the runner lives in a container: named by its content."""
-    return f"{INSTALL_FOLDER}/{NAME_PREFIX}{binary.sha256[:16]}"
+    return f"{INSTALL_FOLDER}/{runner_name(binary)}"
 
 
 def socket_path(binary: RunnerBinary, user: str) -> str:
     """The runner's socket for the exec user `user`: one runner per user and build (the
     runner makes the socket's folder 0700, so another uid's runner is not reachable)."""
     who = hashlib.sha256(user.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    return f"{INSTALL_FOLDER}/{NAME_PREFIX}{binary.sha256[:16]}-{who}/runner.sock"
+    return f"{INSTALL_FOLDER}/{runner_name(binary)}-{who}/runner.sock"
 
 
 async def deliver(engine: Engine, container_id: str, binary: RunnerBinary) -> str:
@@ -263,9 +267,6 @@ def link_failed(link: RunnerLink, what: str) -> ProviderError:
     return ProviderError(f"the runner in the container {what}{detail}", retryable=False)
 
 
-# How long the runner has to answer HELLO through a fresh link (its first start in a
-# container included: a static binary, it is up in milliseconds).
-HELLO_TIMEOUT_S = 10.0
 # Variables in the container's configuration taken as the base of every environment.
 MAX_CONFIG_ENV = 4096
 
@@ -325,15 +326,6 @@ class ContainerRunner:
             self.link.close()
 
 
-# Why a session has no runner when it was opened with `runner=False`.
-RUNNER_OFF = "runner=False"
-# What a failed delivery or start raises that sends a session in auto mode
-# (`runner=None`) to the per-exec path instead of failing its start: the engine's
-# refusals (a read-only root filesystem, a container gone), a runner that cannot run
-# there (noexec, another architecture: it never answers HELLO), a TLS engine connection.
-FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
-
-
 @dataclass(frozen=True)
 class Delivered:
     """The runner in the container (`binary` and its `path` there), or why the session
@@ -342,14 +334,6 @@ class Delivered:
     binary: RunnerBinary | None
     path: str | None
     reason: str | None
-
-
-def _fallen_back(exc: BaseException) -> str:
-    """Auto mode's reason for the per-exec path after a failed delivery or start, logged
-    as a warning: this install has the runner, so the per-exec path is a surprise."""
-    reason = f"runner: could not be started in the container ({exc})"
-    logger.warning("docker session: %s; processes go by exec (per-exec path)", reason)
-    return reason
 
 
 # Why a session in auto mode with `memory_limit_bytes` keeps the per-exec path: only it
@@ -381,7 +365,7 @@ async def deliver_as_asked(engine: Engine, options: ExecOptions, asked: bool | N
     except FALLBACK_ERRORS as exc:
         if asked:
             raise
-        return Delivered(None, None, _fallen_back(exc))
+        return Delivered(None, None, fallen_back("docker", "container", exc))
     return Delivered(binary, path, None)
 
 
@@ -404,7 +388,7 @@ async def connect_as_asked(
     except FALLBACK_ERRORS as exc:
         if asked:
             raise
-        return None, _fallen_back(exc)
+        return None, fallen_back("docker", "container", exc)
     return runner, None
 
 

@@ -42,27 +42,28 @@ from ...runner import (
     runner_binary,
     unavailable_reason,
 )
-from ..toolkit import RunnerProcess, process_environment, spawn_through_runner, start_one_shot
+from ..toolkit import (
+    FALLBACK_ERRORS,
+    HELLO_TIMEOUT_S,
+    MAX_RUNNER_BYTES,
+    MAX_SOCKET_PATH,
+    MAX_STDERR_BYTES,
+    RUNNER_OFF,
+    RunnerProcess,
+    checked_digest,
+    checked_folder,
+    fallen_back,
+    process_environment,
+    runner_name,
+    sandbox_environment,
+    spawn_through_runner,
+    start_one_shot,
+)
 from . import bounds, scripts
 from .channels import ExecStream
 from .client import V5_PROTOCOL, KubeClient
 from .execs import DEFAULT_TERM, Target, run_control
 
-NAME_PREFIX = ".sandbox-runner-"
-# A runner is a few MiB: a larger packaged file is refused before any byte is sent.
-MAX_RUNNER_BYTES = 16 * 1024 * 1024
-# What the link's stderr may hold for an error message (the rest is dropped).
-MAX_STDERR_BYTES = 4096
-# A unix socket's path is at most 107 bytes (sun_path is 108 with its NUL).
-MAX_SOCKET_PATH = 107
-# How long the runner has to answer HELLO through a fresh link (its first start in the
-# pod included: a static binary, it is up in milliseconds).
-HELLO_TIMEOUT_S = 10.0
-# Variables of the container's environment taken as the base of every environment.
-MAX_CONTAINER_ENV = 4096
-# The shell's own variables in `/proc/$$/environ` that describe the exec, not the
-# container (the runner sets each process's folder itself).
-SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 UPLOAD_CHUNK_BYTES = 256 * 1024
 
 logger = logging.getLogger("sandbox.kubernetes")
@@ -87,11 +88,6 @@ UPLOAD_SCRIPT = (
 )
 
 
-def runner_name(binary: RunnerBinary) -> str:
-    """The runner's file name in its folder: named by its content."""
-    return f"{NAME_PREFIX}{binary.sha256[:16]}"
-
-
 @dataclass(frozen=True)
 class PodPlace:
     """What the prepare exec found: the runner's folder, the workspace as an exec sees
@@ -109,18 +105,12 @@ def parse_prepare(output: bytes) -> PodPlace:
     parts = output.split(b"\0")
     if len(parts) < 4:
         raise ProviderError("the pod's answer about the runner's folder was cut short")
-    folder, workdir, digest = (p.decode("utf-8", "surrogateescape") for p in parts[:3])
-    for what, path in (("runner folder", folder), ("workspace", workdir)):
-        if not path.startswith("/") or "\n" in path or len(path) > 4096:
-            raise ProviderError(f"the pod gave no usable {what} for the runner: {path[:100]!r}")
-    env: dict[str, str] = {}
+    folder = checked_folder(parts[0], "runner folder for the runner", "the pod")
+    workdir = checked_folder(parts[1], "workspace for the runner", "the pod")
     # The last piece is what followed the final NUL: cut short, or empty.
-    for item in parts[3:-1][:MAX_CONTAINER_ENV]:
-        key, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
-        if sep and key and key not in SHELL_OWN:
-            env[key] = value
-    clean = digest if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) else None
-    return PodPlace(posixpath.normpath(folder), posixpath.normpath(workdir), clean, env)
+    env = sandbox_environment(parts[3:-1])
+    digest = checked_digest(parts[2])
+    return PodPlace(posixpath.normpath(folder), posixpath.normpath(workdir), digest, env)
 
 
 async def prepare(
@@ -390,15 +380,6 @@ class PodRunner:
             await self.link.aclose()
 
 
-# Why a session has no runner when it was opened with `runner=False`.
-RUNNER_OFF = "runner=False"
-# What a failed delivery or start raises that sends a session in auto mode
-# (`runner=None`) to the per-exec path instead of failing its start: a folder it cannot
-# write (read-only), a runner that cannot run there (noexec, another architecture: it
-# never answers HELLO), a socket path too long, a link that did not open in time.
-FALLBACK_ERRORS = (ProviderError, UnsupportedOperationError, OSError, TimeoutError)
-
-
 async def choose_runner(
     kube: KubeClient,
     target: Target,
@@ -421,7 +402,5 @@ async def choose_runner(
     try:
         runner = await PodRunner.start_with(binary, kube, target, runner_dir, env)
     except FALLBACK_ERRORS as exc:
-        reason = f"runner: could not be started in the pod ({exc})"
-        logger.warning("kubernetes session: %s; processes go by exec (per-exec path)", reason)
-        return None, reason
+        return None, fallen_back("kubernetes", "pod", exc)
     return runner, None

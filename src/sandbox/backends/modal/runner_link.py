@@ -41,34 +41,29 @@ from ...runner import (
     runner_binary,
     unavailable_reason,
 )
-from ..toolkit import process_environment
+from ..toolkit import (
+    HELLO_TIMEOUT_S,
+    MAX_RUNNER_BYTES,
+    MAX_SOCKET_PATH,
+    MAX_STDERR_BYTES,
+    checked_digest,
+    checked_folder,
+    process_environment,
+    runner_name,
+    sandbox_environment,
+)
 from .commands import read_stream
 from .errors import SDK_ERRORS, ModalErrors
 
-NAME_PREFIX = ".sandbox-runner-"
 # The architectures a runner may be built for (`sandbox.runner.binary`'s spellings).
 ARCHES = ("x86_64", "aarch64")
-# A runner is a few MiB: a larger packaged file is refused before any byte is sent.
-MAX_RUNNER_BYTES = 16 * 1024 * 1024
 # What a control exec may print (the environment is the most of it).
 MAX_CONTROL_OUTPUT_BYTES = 1024 * 1024
-# What the link's stderr may hold for an error message (the rest is dropped).
-MAX_STDERR_BYTES = 4096
-# A unix socket's path is at most 107 bytes (sun_path is 108 with its NUL).
-MAX_SOCKET_PATH = 107
-# How long the runner has to answer HELLO through a fresh link (its first start in the
-# sandbox included: a static binary, it is up in milliseconds).
-HELLO_TIMEOUT_S = 10.0
 # A control exec (prepare, upload), over the whole exec: start, output, exit.
 CONTROL_TIMEOUT_S = 120.0
 # After the link's stdin was ended, how long its bridge has to end its stdout (it exits
 # at once) before the reader is cancelled.
 CLOSE_WAIT_S = 5.0
-# Variables of the sandbox's environment taken as the base of every environment.
-MAX_SANDBOX_ENV = 4096
-# The shell's own variables in `/proc/$$/environ` that describe the exec, not the
-# sandbox (the runner sets each process's folder itself).
-SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 # The largest piece handed to the SDK's stdin writer before a drain (its buffer takes
 # at most 16 MiB).
 WRITE_CHUNK = 1024 * 1024
@@ -97,11 +92,6 @@ UPLOAD_SCRIPT = (
 )
 
 
-def runner_name(binary: RunnerBinary) -> str:
-    """The runner's file name in its folder: named by its content."""
-    return f"{NAME_PREFIX}{binary.sha256[:16]}"
-
-
 def packaged() -> dict[str, RunnerBinary]:
     """The runner builds this install has, by architecture (usually one: the host's)."""
     found = {arch: runner_binary(arch) for arch in ARCHES}
@@ -125,20 +115,14 @@ def parse_prepare(output: bytes, names: list[str]) -> SandboxPlace:
     parts = output.split(b"\0")
     if len(parts) < 3 + len(names) or parts[2 + len(names)] != b"--":
         raise ProviderError("the sandbox's answer about the runner's folder was cut short")
-    folder, machine = (p.decode("utf-8", "surrogateescape") for p in parts[:2])
-    if not folder.startswith("/") or "\n" in folder or len(folder) > 4096:
-        raise ProviderError(f"the sandbox gave no usable runner folder: {folder[:100]!r}")
-    digests: dict[str, str | None] = {}
-    for name, raw in zip(names, parts[2 : 2 + len(names)], strict=True):
-        digest = raw.decode("ascii", "replace")
-        ok = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-        digests[name] = digest if ok else None
-    env: dict[str, str] = {}
+    folder = checked_folder(parts[0], "runner folder", "the sandbox")
+    machine = parts[1].decode("utf-8", "surrogateescape")
+    digests = {
+        name: checked_digest(raw)
+        for name, raw in zip(names, parts[2 : 2 + len(names)], strict=True)
+    }
     # The last piece is what followed the final NUL: cut short, or empty.
-    for item in parts[3 + len(names) : -1][:MAX_SANDBOX_ENV]:
-        key, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
-        if sep and key and key not in SHELL_OWN:
-            env[key] = value
+    env = sandbox_environment(parts[3 + len(names) : -1])
     return SandboxPlace(folder.rstrip("/") or "/", machine.strip(), digests, env)
 
 

@@ -62,6 +62,19 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
+from .runner_place import (
+    FALLBACK_ERRORS,
+    HELLO_TIMEOUT_S,
+    MAX_RUNNER_BYTES,
+    MAX_SOCKET_PATH,
+    MAX_STDERR_BYTES,
+    RUNNER_OFF,
+    checked_digest,
+    checked_folder,
+    fallen_back,
+    runner_name,
+    sandbox_environment,
+)
 from .runner_processes import (
     RunnerDurability,
     RunnerOneShot,
@@ -91,12 +104,18 @@ from .trap import ShellTrap, wait_for_verdict
 
 __all__ = [
     "CPU",
+    "FALLBACK_ERRORS",
+    "HELLO_TIMEOUT_S",
     "KILL_TICK_S",
+    "MAX_RUNNER_BYTES",
+    "MAX_SOCKET_PATH",
+    "MAX_STDERR_BYTES",
     "MEMORY",
     "PROCESSES",
     "REDACTED",
     "RENAMED",
     "RETRYABLE_STATUSES",
+    "RUNNER_OFF",
     "SESSION_MARK",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
@@ -114,9 +133,12 @@ __all__ = [
     "check_limits",
     "check_mark",
     "check_tag",
+    "checked_digest",
+    "checked_folder",
     "clean_detail",
     "command_line",
     "error_for_status",
+    "fallen_back",
     "grace_ticks",
     "interrupt_script",
     "is_retryable_status",
@@ -137,8 +159,10 @@ __all__ = [
     "refuse_renamed",
     "refuse_unsupported",
     "require_credential",
+    "runner_name",
     "runner_ref_process",
     "running_tags",
+    "sandbox_environment",
     "signal_from_reason",
     "spawn_through_runner",
     "start_one_shot",
