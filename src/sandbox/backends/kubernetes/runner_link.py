@@ -30,7 +30,6 @@ import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import cast
 
 from ...backend import CommandSpec, ExecCapture, OneShotProcess, OutputSink
 from ...errors import ProviderError, UnsupportedOperationError
@@ -38,13 +37,11 @@ from ...runner import (
     LinkWriter,
     RunnerBinary,
     RunnerClient,
-    RunnerError,
     runner_binary,
     unavailable_reason,
 )
 from ..toolkit import (
     FALLBACK_ERRORS,
-    HELLO_TIMEOUT_S,
     MAX_RUNNER_BYTES,
     MAX_SOCKET_PATH,
     MAX_STDERR_BYTES,
@@ -53,6 +50,7 @@ from ..toolkit import (
     checked_digest,
     checked_folder,
     fallen_back,
+    hello_through,
     process_environment,
     runner_name,
     sandbox_environment,
@@ -305,21 +303,17 @@ class PodRunner:
         try:
             async with asyncio.timeout(bounds.EXEC_CONNECT_TIMEOUT_S):
                 await link.open(kube, target, path, sock)
-            assert link.writer is not None
-            client = await RunnerClient.open(
-                link.reader, cast(asyncio.StreamWriter, link.writer), timeout=HELLO_TIMEOUT_S
-            )
-        except RunnerError as exc:
-            said = link.stderr.strip()
-            detail = f": {said[-300:]}" if said else ""
-            await link.aclose()
-            raise ProviderError(
-                f"the runner in the pod did not answer ({exc}){detail}", retryable=False
-            ) from None
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(link.aclose())
             raise
+        client = await hello_through(
+            link.reader,
+            link.writer,
+            stderr=lambda: link.stderr,
+            close=link.aclose,
+            where="the pod",
+        )
         runner = cls(client, link, place)
         runner.base_env.update(env)
         return runner

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError, UnsupportedOperationError
@@ -37,17 +37,16 @@ from ...runner import (
     LinkWriter,
     RunnerBinary,
     RunnerClient,
-    RunnerError,
     runner_binary,
     unavailable_reason,
 )
 from ..toolkit import (
-    HELLO_TIMEOUT_S,
     MAX_RUNNER_BYTES,
     MAX_SOCKET_PATH,
     MAX_STDERR_BYTES,
     checked_digest,
     checked_folder,
+    hello_through,
     process_environment,
     runner_name,
     sandbox_environment,
@@ -389,21 +388,13 @@ class SandboxRunner:
         if place.digests.get(runner_name(binary)) != binary.sha256:
             await upload(sandbox, errors, binary, path, env)
         link = await open_link(sandbox, errors, path, sock)
-        try:
-            client = await RunnerClient.open(
-                link.reader, cast(asyncio.StreamWriter, link.writer), timeout=HELLO_TIMEOUT_S
-            )
-        except RunnerError as exc:
-            said = link.stderr.strip()
-            detail = f": {said[-300:]}" if said else ""
-            await link.end()
-            raise ProviderError(
-                f"the runner in the sandbox did not answer ({exc}){detail}", retryable=False
-            ) from None
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(link.end())
-            raise
+        client = await hello_through(
+            link.reader,
+            link.writer,
+            stderr=lambda: link.stderr,
+            close=link.end,
+            where="the sandbox",
+        )
         return cls(client, link, {**place.env, **env}, term)
 
     def environment(self, extra: Mapping[str, str] | None, *, tty: bool) -> dict[str, str]:

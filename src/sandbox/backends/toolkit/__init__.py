@@ -72,6 +72,7 @@ from .runner_place import (
     checked_digest,
     checked_folder,
     fallen_back,
+    hello_through,
     runner_name,
     sandbox_environment,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "error_for_status",
     "fallen_back",
     "grace_ticks",
+    "hello_through",
     "interrupt_script",
     "is_retryable_status",
     "kill_script",

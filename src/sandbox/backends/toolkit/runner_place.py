@@ -12,10 +12,14 @@ variables.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from ...errors import ProviderError, UnsupportedOperationError
-from ...runner import RunnerBinary
+from ...runner import RunnerBinary, RunnerClient, RunnerError
 
 NAME_PREFIX = ".sandbox-runner-"
 # A runner is a few MiB: a larger packaged file is refused before any byte is sent.
@@ -88,3 +92,32 @@ def fallen_back(backend: str, where: str, exc: BaseException) -> str:
         "%s session: %s; processes go by exec (per-exec path)", backend, reason
     )
     return reason
+
+
+async def hello_through(
+    reader: asyncio.StreamReader,
+    writer: Any,
+    *,
+    stderr: Callable[[], str],
+    close: Callable[[], Awaitable[None]],
+    where: str,
+) -> RunnerClient:
+    """The client of a link just opened to the runner in `where` ("the pod"): its HELLO
+    answered within `HELLO_TIMEOUT_S`. A runner that does not answer is a
+    `ProviderError` carrying the end of what the bridge said on stderr (`stderr()`); the
+    link is closed (`close()`) before any error leaves, a cancellation included."""
+    try:
+        return await RunnerClient.open(
+            reader, cast(asyncio.StreamWriter, writer), timeout=HELLO_TIMEOUT_S
+        )
+    except RunnerError as exc:
+        said = stderr().strip()
+        detail = f": {said[-300:]}" if said else ""
+        await close()
+        raise ProviderError(
+            f"the runner in {where} did not answer ({exc}){detail}", retryable=False
+        ) from None
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(close())
+        raise
