@@ -252,6 +252,10 @@ class DockerDurability(RunnerDurability):
             engine, options = session._require_engine()
             await run_kill_script(engine, options, tags, "term", grace_ticks(0))
 
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s`."""
+        return float(self.session.terminate_grace_s)
+
     def runner_client(self) -> RunnerClient | None:
         """The link to the runner in the container, while the session has one."""
         runner = self.session._runner

@@ -334,6 +334,10 @@ class KubernetesDurability(RunnerDurability):
                 "kill the earlier processes",
             )
 
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s`."""
+        return float(self.session.terminate_grace_s)
+
     def runner_client(self) -> RunnerClient | None:
         """The link to the runner in the pod, while the session has one."""
         runner = self.session._runner

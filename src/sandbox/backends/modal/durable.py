@@ -126,6 +126,10 @@ class ModalDurability(RunnerDurability):
         """An exec of the per-exec path: the toolkit tag that finds its tree."""
         return {"tag": handle.tag}
 
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s`."""
+        return float(self.session.terminate_grace_s)
+
     def runner_client(self) -> RunnerClient | None:
         """The link to the runner in the sandbox, while the session has one."""
         runner = self.session._runner

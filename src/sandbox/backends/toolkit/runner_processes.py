@@ -352,6 +352,11 @@ class RunnerDurability(Durability):
         """The link to the session's runner; None for a session without the runner."""
 
     @abstractmethod
+    def kill_grace_s(self) -> float:
+        """How long a kill of a reattached process waits between SIGTERM and SIGKILL: the
+        session's `terminate_grace_s`."""
+
+    @abstractmethod
     def ref_direct_process(self, handle: Any) -> dict[str, Any]:
         """The ref's handle of a process the runner does not keep (`handle`: the entry's
         handle), JSON, no secret."""
@@ -370,9 +375,7 @@ class RunnerDurability(Durability):
         client = self.runner_client()
         if client is None:
             raise ProcessNotReattached(self.not_reattached)
-        # Every session class with the runner has the option (a kill's grace).
-        grace_s = float(getattr(self.session, "terminate_grace_s", 0.0))
-        await reattach_ref(client, entry, process, grace_s=grace_s)
+        await reattach_ref(client, entry, process, grace_s=self.kill_grace_s())
 
     async def release(self, entry: OutputSink[Any]) -> None:
         """A process the runner keeps is left to it (only followed no more); any other is

@@ -171,6 +171,10 @@ class LocalDurability(RunnerDurability):
         if not session.runner:  # a runner's processes are not leftovers: they are reattached
             await asyncio.to_thread(_kill_leftovers, ref)
 
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s`."""
+        return float(self.session.terminate_grace_s)
+
     def runner_client(self) -> RunnerClient | None:
         """The link to the local runner, for a session opened with `runner=True`."""
         session = self.session
