@@ -95,13 +95,21 @@ class TextLinkWriter:
     """The writer half (what `RunnerClient` calls on an `asyncio.StreamWriter`): `write`
     queues, `drain` encodes what is queued and sends it through the provider's input
     call, one send at a time (the lines must arrive in order), `close`/`abort` end the
-    input (the bridge then exits; the runner stays)."""
+    input (the bridge then exits; the runner stays).
+
+    A send is never cancelled half-way: a provider call cut short may have delivered
+    part of a line, or all of it, nobody knows, and the next line would then be
+    garbage to the bridge. So each send runs as a task of its own; a cancelled `drain`
+    leaves it going and the next `drain` (or the close) waits for it first. A send that
+    fails breaks the link for good (`ConnectionResetError` from then on)."""
 
     def __init__(self, link: TextLink) -> None:
         self._link = link
         self._queued = bytearray()
         self._lock = asyncio.Lock()
         self._closing: asyncio.Task[None] | None = None
+        self._sending: asyncio.Future[None] | None = None
+        self._broken: str | None = None
 
     @property
     def transport(self) -> TextLinkWriter:
@@ -111,27 +119,36 @@ class TextLinkWriter:
     def write(self, data: bytes) -> None:
         """Queue `data` (sent by the next `drain`)."""
         if self.is_closing():
-            raise ConnectionResetError("the runner's text link is closed")
+            raise ConnectionResetError(self._broken or "the runner's text link is closed")
         self._queued += data
 
     async def drain(self) -> None:
         """Send everything queued; returns once the provider took it."""
         async with self._lock:
-            while self._queued:
+            while True:
+                if self._sending is not None:
+                    await asyncio.shield(self._sending)
+                    self._sending = None
+                if self._broken is not None:
+                    raise ConnectionResetError(self._broken)
+                if not self._queued:
+                    return
                 if self.is_closing():
                     raise ConnectionResetError("the runner's text link is closed")
                 data = bytes(self._queued[:SEND_BYTES])
                 del self._queued[:SEND_BYTES]
-                try:
-                    await self._link.send(encode_lines(data))
-                except Exception as exc:
-                    raise ConnectionResetError(
-                        f"writing to the runner's text link failed: {type(exc).__name__}"
-                    ) from None
+                self._sending = asyncio.ensure_future(self._send(encode_lines(data)))
+
+    async def _send(self, text: str) -> None:
+        try:
+            await self._link.send(text)
+        except Exception as exc:  # whatever the provider raised: the link is over
+            self._broken = f"writing to the runner's text link failed: {type(exc).__name__}"
+            self._link.fail(ConnectionResetError(self._broken))
 
     def is_closing(self) -> bool:
-        """True once closed (or the link's output ended)."""
-        return self._closing is not None or self._link.ended
+        """True once closed, broken, or the link's output ended."""
+        return self._closing is not None or self._broken is not None or self._link.ended
 
     def close(self) -> None:
         """End the link's input (after a send in flight, bounded)."""
@@ -140,11 +157,15 @@ class TextLinkWriter:
             self._closing = asyncio.ensure_future(self._close())
 
     async def _close(self) -> None:
+        # After the send in flight, if any (its line must not be cut by the end of the
+        # input); one that never returns does not keep the link open.
         acquired = False
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._link.close_wait_s):
                 await self._lock.acquire()
                 acquired = True
+                if self._sending is not None:
+                    await asyncio.shield(self._sending)
         try:
             await self._link.end()
         finally:
