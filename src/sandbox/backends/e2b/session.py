@@ -285,6 +285,9 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             if runner is not None:
                 await runner.aclose()
         finally:  # whatever became of the link, the sandbox is released
+            # The home is the sandbox's: a start after this one (a cancelled start
+            # retried) asks the next sandbox for its own.
+            self._client.home = None
             await self._release_sandbox()
 
     async def _release_sandbox(self) -> None:
