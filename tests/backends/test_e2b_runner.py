@@ -214,11 +214,11 @@ async def test_a_terminal_resizes_and_processes_start_in_the_home(fake: FakeE2B)
         assert (await s.exec("pwd")).stdout.decode().strip() == home
         (Path(home) / "sub").mkdir()
         assert (await s.exec("pwd", cwd="sub")).stdout.decode().strip() == f"{home}/sub"
-        started = await s.pty_exec_start("exec cat", tty=True, rows=24, cols=80)
+        started = await s.pty_exec_start(
+            "echo ready; read line; stty size", tty=True, rows=24, cols=80, until="ready"
+        )
         await s.pty_resize(started.process_id, rows=33, cols=101)
-        probe = await s.exec("true")  # a round trip: the resize was applied before
-        assert probe.exit_code == 0
-        size = await s.pty_exec_start("stty size", tty=True, rows=33, cols=101, yield_time_s=5)
+        size = await s.pty_write_stdin(started.process_id, "\n", yield_time_s=5, until="33")
         assert "33 101" in size.output
 
 
