@@ -57,9 +57,9 @@ from ..toolkit import (
     lease_line,
     new_tag,
     parse_lease,
+    runner_id_in,
     taken_from_ref,
 )
-from ..toolkit.runner_processes import runner_id_in
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
 

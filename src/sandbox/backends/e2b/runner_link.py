@@ -7,13 +7,13 @@ Why text: the SDK decodes a command's stdout as UTF-8 with errors="replace"
 binary frames cannot ride it; base64 lines are ASCII and arrive whole
 (`sandbox.runner.text_link`).
 
-One command (`PREPARE_SCRIPT`, toolkit `runner_delivery`) says where the runner goes
+One command (`RUNNER_PREPARE_SCRIPT`, toolkit `runner_delivery`) says where the runner goes
 (`$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp: a sandbox's /tmp is its own), the
 sandbox's machine (`uname -m`), the sha256 of the file at each packaged runner's
 content-named path, and the sandbox's environment (`/proc/$$/environ` of envd's shell:
 every process through the runner starts from it). When the digest for the sandbox's
 machine is not ours, `files.write` puts the bytes at a private temporary name and one
-command (`INSTALL_SCRIPT`) checks their sha256, makes them executable and renames them
+command (`RUNNER_INSTALL_SCRIPT`) checks their sha256, makes them executable and renames them
 over the path.
 
 The link is one background command, `exec PATH connect --text --start --socket
@@ -39,19 +39,18 @@ from e2b import CommandExitException
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError
-from ...runner import RunnerBinary, RunnerClient, RunnerError
-from ...runner.text_link import TextLink
-from ..toolkit import process_environment
-from ..toolkit.runner_delivery import (
-    INSTALL_SCRIPT,
+from ...runner import RunnerBinary, RunnerClient, RunnerError, TextLink
+from ..toolkit import (
     MAX_RUNNER_BYTES,
-    PREPARE_SCRIPT,
+    RUNNER_INSTALL_SCRIPT,
+    RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
-    check_installed,
+    check_runner_installed,
     choose_binary,
-    no_runner,
-    packaged,
+    no_runner_built,
+    packaged_runners,
     parse_prepare,
+    process_environment,
     runner_name,
     runner_paths,
 )
@@ -89,7 +88,7 @@ async def _run(client: E2BClient, argv: list[str], what: str) -> tuple[int, str,
 async def prepare(client: E2BClient, names: list[str]) -> SandboxPlace:
     """Run the prepare script: the folder, the machine, the digests, the environment."""
     what = "find the runner's folder in the sandbox"
-    argv = ["sh", "-c", PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
+    argv = ["sh", "-c", RUNNER_PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
     code, stdout, stderr = await _run(client, argv, what)
     if code != 0:
         raise ProviderError(f"could not {what} (exit {code}): {stderr.strip()[:300]}")
@@ -100,7 +99,7 @@ async def prepare(client: E2BClient, names: list[str]) -> SandboxPlace:
 
 async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
     """`files.write` of the runner's bytes to a private temporary name, then
-    `INSTALL_SCRIPT`: checked by sha256, made executable, renamed over `path`."""
+    `RUNNER_INSTALL_SCRIPT`: checked by sha256, made executable, renamed over `path`."""
     if binary.size > MAX_RUNNER_BYTES:
         raise ProviderError("the packaged runner is larger than any runner can be")
     data = await asyncio.to_thread(binary.path.read_bytes)
@@ -114,9 +113,17 @@ async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
         raise
     except Exception as exc:
         client.errors.fail(exc, what)
-    argv = ["sh", "-c", INSTALL_SCRIPT, "sandbox-runner-install", temporary, path, binary.sha256]
+    argv = [
+        "sh",
+        "-c",
+        RUNNER_INSTALL_SCRIPT,
+        "sandbox-runner-install",
+        temporary,
+        path,
+        binary.sha256,
+    ]
     code, stdout, stderr = await _run(client, argv, what)
-    check_installed(binary, code, stdout, stderr)
+    check_runner_installed(binary, code, stdout, stderr)
 
 
 class E2BLink:
@@ -238,9 +245,9 @@ class E2BRunner:
         running, and connect. Where this install has no runner for the sandbox's
         machine: `UnsupportedOperationError` when `required`, else None (the session
         keeps its own path)."""
-        builds = packaged()
+        builds = packaged_runners()
         if not builds:
-            no_runner(required)
+            no_runner_built(required)
             return None
         names = [runner_name(binary) for binary in builds.values()]
         place = await prepare(e2b, names)

@@ -28,6 +28,10 @@
 - `options`: the one name of each option concept, an earlier name refused by
   `refuse_renamed` (`RENAMED`), and the backend flags the cli and the MCP server share
   (those not exported here).
+- `runner_processes`: processes through the runner (`RunnerProcess`, `spawn`, the
+  one-shot, `RunnerDurability`); `runner_delivery`: putting the runner into a sandbox
+  whatever the provider (the content-named path, the prepare and install scripts, the
+  build for the sandbox's machine).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -62,12 +66,26 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
+from .runner_delivery import (
+    MAX_RUNNER_BYTES,
+    RUNNER_INSTALL_SCRIPT,
+    RUNNER_PREPARE_SCRIPT,
+    SandboxPlace,
+    check_runner_installed,
+    choose_binary,
+    no_runner_built,
+    packaged_runners,
+    parse_prepare,
+    runner_name,
+    runner_paths,
+)
 from .runner_processes import (
     RunnerDurability,
     RunnerOneShot,
     RunnerProcess,
     process_environment,
     reattach_ref,
+    runner_id_in,
     start_one_shot,
 )
 from .runner_processes import reattach as reattach_through_runner
@@ -92,11 +110,14 @@ from .trap import ShellTrap, wait_for_verdict
 __all__ = [
     "CPU",
     "KILL_TICK_S",
+    "MAX_RUNNER_BYTES",
     "MEMORY",
     "PROCESSES",
     "REDACTED",
     "RENAMED",
     "RETRYABLE_STATUSES",
+    "RUNNER_INSTALL_SCRIPT",
+    "RUNNER_PREPARE_SCRIPT",
     "SESSION_MARK",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
@@ -106,6 +127,7 @@ __all__ = [
     "RunnerDurability",
     "RunnerOneShot",
     "RunnerProcess",
+    "SandboxPlace",
     "ScriptLease",
     "Secret",
     "ShellTrap",
@@ -113,7 +135,9 @@ __all__ = [
     "attach_or_gone",
     "check_limits",
     "check_mark",
+    "check_runner_installed",
     "check_tag",
+    "choose_binary",
     "clean_detail",
     "command_line",
     "error_for_status",
@@ -126,9 +150,12 @@ __all__ = [
     "lease_read_argv",
     "lease_swap_argv",
     "new_tag",
+    "no_runner_built",
     "normalize_exit",
+    "packaged_runners",
     "parse_kill_report",
     "parse_lease",
+    "parse_prepare",
     "process_environment",
     "reattach_ref",
     "reattach_through_runner",
@@ -137,6 +164,9 @@ __all__ = [
     "refuse_renamed",
     "refuse_unsupported",
     "require_credential",
+    "runner_id_in",
+    "runner_name",
+    "runner_paths",
     "runner_ref_process",
     "running_tags",
     "signal_from_reason",

@@ -2,7 +2,7 @@
 on the provider: the content-named path, the prepare script that says where the runner
 goes and what is there already, and the choice of the build for the sandbox's machine.
 
-A backend runs `PREPARE_SCRIPT` once (however its provider runs a command), hands its
+A backend runs `RUNNER_PREPARE_SCRIPT` once (however its provider runs a command), hands its
 stdout to `parse_prepare`, asks `choose_binary` for the build, writes the bytes (its
 provider's way) unless `SandboxPlace.digests` says they are there, and connects.
 Nothing here imports a provider SDK.
@@ -28,11 +28,11 @@ MAX_SANDBOX_ENV = 4096
 # sandbox (the runner sets each process's folder itself).
 SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
-# `sh -c PREPARE_SCRIPT sandbox-runner-prepare NAME...`: DIR NUL MACHINE NUL, then per
+# `sh -c RUNNER_PREPARE_SCRIPT sandbox-runner-prepare NAME...`: DIR NUL MACHINE NUL, then per
 # NAME its DIGEST-or-"-" NUL, then "--" NUL and the shell's environment (NUL-separated):
 # the sandbox's, which every command starts from (the runner spawns with exactly the
 # environment it is given). DIR: `$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp.
-PREPARE_SCRIPT = (
+RUNNER_PREPARE_SCRIPT = (
     'd=${SANDBOX_RUNNER_DIR:-${TMPDIR:-/tmp}}; printf "%s\\0%s\\0" "$d" "$(uname -m)"; '
     'for n in "$@"; do f="$d/$n"; h=-; '
     'if [ -f "$f" ] && [ ! -L "$f" ]; then '
@@ -40,11 +40,11 @@ PREPARE_SCRIPT = (
     'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
 )
 
-# `sh -c INSTALL_SCRIPT sandbox-runner-install TEMP PATH SHA256`: the bytes a file API
+# `sh -c RUNNER_INSTALL_SCRIPT sandbox-runner-install TEMP PATH SHA256`: the bytes a file API
 # wrote to TEMP become PATH only when their sha256 is SHA256 (printed, where
 # `sha256sum` exists; without it the size check of the caller is what is left), made
 # executable and renamed over PATH; TEMP is removed whatever happens.
-INSTALL_SCRIPT = (
+RUNNER_INSTALL_SCRIPT = (
     't=$1; f=$2; if h=$(sha256sum -- "$t" 2>/dev/null); then h=${h%% *}; printf "%s" "$h"; '
     'if [ "$h" != "$3" ]; then rm -f -- "$t"; exit 1; fi; fi; '
     'chmod 755 -- "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }'
@@ -56,7 +56,7 @@ def runner_name(binary: RunnerBinary) -> str:
     return f"{NAME_PREFIX}{binary.sha256[:16]}"
 
 
-def packaged() -> dict[str, RunnerBinary]:
+def packaged_runners() -> dict[str, RunnerBinary]:
     """The runner builds this install has, by architecture (usually one: the host's)."""
     found = {arch: runner_binary(arch) for arch in ARCHES}
     return {arch: binary for arch, binary in found.items() if binary is not None}
@@ -75,7 +75,7 @@ class SandboxPlace:
 
 
 def parse_prepare(output: bytes, names: list[str]) -> SandboxPlace:
-    """The prepare script's stdout (`PREPARE_SCRIPT`), checked (it is the sandbox's)."""
+    """The prepare script's stdout (`RUNNER_PREPARE_SCRIPT`), checked (it is the sandbox's)."""
     parts = output.split(b"\0")
     if len(parts) < 3 + len(names) or parts[2 + len(names)] != b"--":
         raise ProviderError("the sandbox's answer about the runner's folder was cut short")
@@ -96,7 +96,7 @@ def parse_prepare(output: bytes, names: list[str]) -> SandboxPlace:
     return SandboxPlace(folder.rstrip("/") or "/", machine.strip(), digests, env)
 
 
-def no_runner(required: bool) -> None:
+def no_runner_built(required: bool) -> None:
     """Where this install has no runner at all: `UnsupportedOperationError` when the
     session asked for it (`runner=True`), else nothing (the caller falls back)."""
     if required:
@@ -131,8 +131,8 @@ def runner_paths(place: SandboxPlace, binary: RunnerBinary) -> tuple[str, str]:
     return path, sock
 
 
-def check_installed(binary: RunnerBinary, code: int, stdout: str, stderr: str) -> None:
-    """The verdict of `INSTALL_SCRIPT`: the digest the sandbox computed must be ours, and
+def check_runner_installed(binary: RunnerBinary, code: int, stdout: str, stderr: str) -> None:
+    """The verdict of `RUNNER_INSTALL_SCRIPT`: the digest the sandbox computed must be ours, and
     the script must have succeeded."""
     digest = stdout.strip()
     if digest and digest != binary.sha256:
