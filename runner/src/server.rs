@@ -902,7 +902,7 @@ impl Server {
         if sig > libc::SIGRTMAX() || scope > 2 {
             return c.error(id, kind::INVALID, "unknown signal number or scope");
         }
-        if !p.started && p.status.is_none() && p.keeper_alive {
+        if sig != 0 && !p.started && p.status.is_none() && p.keeper_alive {
             // Not started yet (a SIGNAL right behind its SPAWN): delivered once it is.
             self.procs.get_mut(&id).unwrap().pending_signals.push((sig, scope));
             return c.ok(id, json!({"delivered": true}));
