@@ -192,6 +192,26 @@ async def test_open_stdin_is_ended_by_close_stdin_also_across_a_detach(fake: Fak
         assert last.output == "banana\ncherry\n" and last.exit_code == 0
 
 
+async def test_a_dropped_link_loses_the_processes_and_the_next_session_has_the_runner(
+    fake: FakeE2B,
+) -> None:
+    async with open_e2b(fake, keep=True) as s:
+        started = await s.pty_exec_start("echo up; sleep 600", yield_time_s=5, until="up")
+        pid = runner_pid(s)
+        sandbox_id = s.sandbox_id
+        # The link's stream dies (a connection E2B dropped): the reader ends it.
+        [link] = [p for p in fake.processes if "connect --text --start" in p.argv[-1]]
+        link.break_stream(ConnectionResetError("stream reset"))
+        with pytest.raises(sandbox.ConnectionLostError):
+            await s.exec("echo", "never")
+        last = await s.pty_write_stdin(started.process_id, "", yield_time_s=1)
+        assert "process lost" in last.output and last.exit_code is None
+    # The runner did not end with its link: the next client reaches it.
+    async with open_e2b(fake, sandbox_id=sandbox_id) as again:
+        assert runner_pid(again) == pid
+        assert (await again.exec("echo", "back")).stdout == b"back\n"
+
+
 async def test_a_kill_ends_the_whole_tree_escapees_included(fake: FakeE2B) -> None:
     seconds = unique_seconds()
     async with open_e2b(fake, keep=True) as s:

@@ -14,7 +14,8 @@ async with FakeE2B(api_key="test-key") as fake:
 
 Only the SDK surface the backend uses is imitated (`AsyncSandbox.create/connect/kill/list`,
 `create_snapshot/delete_snapshot`,
-`.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write/get_info`, the
+`.commands.run/connect/send_stdin/close_stdin/kill`,
+`.pty.create/connect/send_stdin/resize/kill`, `.files.read/write/get_info`, the
 command handle's `pid/exit_code/wait/kill/disconnect`), with the SDK's own names,
 parameters and async-ness; `tests/backends/test_e2b.py` checks that against the installed
 SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
