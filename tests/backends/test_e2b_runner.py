@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 
 import sandbox
 from sandbox.backends.e2b import E2BSession
+from sandbox.backends.toolkit import RUNNER_INSTALL_SCRIPT
 from sandbox.runner import runner_binary, unavailable_reason
 from sandbox.testing.e2b_fake import FakeE2B
 from tests.conftest import skip_or_fail
@@ -116,6 +118,32 @@ async def test_a_second_client_finds_the_delivered_runner_by_its_hash(fake: Fake
         assert hashlib.sha256(path.read_bytes()).hexdigest() == binary.sha256
     assert uploads(fake) == 2
     assert fake.live_sandbox_ids() == []  # the last one did not keep it
+
+
+@pytest.mark.parametrize(
+    ("written", "installed"),
+    [(b"runner bytes", True), (b"runner byte", False), (b"runner bytez", False)],
+    ids=["right", "cut-short", "other-bytes"],
+)
+def test_the_install_script_puts_only_the_right_bytes_in_place(
+    tmp_path: Path, written: bytes, installed: bool
+) -> None:
+    expected = b"runner bytes"
+    digest = hashlib.sha256(expected).hexdigest()
+    temporary, path = tmp_path / "runner.123.tmp", tmp_path / "runner"
+    temporary.write_bytes(written)
+    argv = [str(temporary), str(path), digest, str(len(expected))]
+    done = subprocess.run(
+        ["sh", "-c", RUNNER_INSTALL_SCRIPT, "sandbox-runner-install", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode == 0) is installed, done.stderr
+    assert not temporary.exists()  # removed whatever happened
+    assert path.exists() is installed
+    if installed:
+        assert done.stdout == digest and stat.S_IMODE(path.stat().st_mode) == 0o755
 
 
 @pytest.mark.parametrize("tty", [True, False], ids=["tty", "pipes"])

@@ -7,14 +7,14 @@ Why text: the SDK decodes a command's stdout as UTF-8 with errors="replace"
 binary frames cannot ride it; base64 lines are ASCII and arrive whole
 (`sandbox.runner.text_link`).
 
-One command (`RUNNER_PREPARE_SCRIPT`, toolkit `runner_delivery`) says where the runner goes
-(`$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp: a sandbox's /tmp is its own), the
-sandbox's machine (`uname -m`), the sha256 of the file at each packaged runner's
+One command (`RUNNER_PREPARE_SCRIPT`, toolkit `runner_delivery`) says where the runner
+goes (`$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp: a sandbox's /tmp is its own),
+the sandbox's machine (`uname -m`), the sha256 of the file at each packaged runner's
 content-named path, and the sandbox's environment (`/proc/$$/environ` of envd's shell:
 every process through the runner starts from it). When the digest for the sandbox's
 machine is not ours, `files.write` puts the bytes at a private temporary name and one
-command (`RUNNER_INSTALL_SCRIPT`) checks their sha256, makes them executable and renames them
-over the path.
+command (`RUNNER_INSTALL_SCRIPT`) checks their size and sha256, makes them executable
+and renames them over the path.
 
 The link is one background command, `exec PATH connect --text --start --socket
 PATH.sock` with `stdin=True`: it starts the runner once (`serve --detach`: its own
@@ -99,7 +99,8 @@ async def prepare(client: E2BClient, names: list[str]) -> SandboxPlace:
 
 async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
     """`files.write` of the runner's bytes to a private temporary name, then
-    `RUNNER_INSTALL_SCRIPT`: checked by sha256, made executable, renamed over `path`."""
+    `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, renamed over
+    `path`."""
     if binary.size > MAX_RUNNER_BYTES:
         raise ProviderError("the packaged runner is larger than any runner can be")
     data = await asyncio.to_thread(binary.path.read_bytes)
@@ -121,6 +122,7 @@ async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
         temporary,
         path,
         binary.sha256,
+        str(len(data)),
     ]
     code, stdout, stderr = await _run(client, argv, what)
     check_runner_installed(binary, code, stdout, stderr)

@@ -40,12 +40,14 @@ RUNNER_PREPARE_SCRIPT = (
     'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
 )
 
-# `sh -c RUNNER_INSTALL_SCRIPT sandbox-runner-install TEMP PATH SHA256`: the bytes a file API
-# wrote to TEMP become PATH only when their sha256 is SHA256 (printed, where
-# `sha256sum` exists; without it the size check of the caller is what is left), made
-# executable and renamed over PATH; TEMP is removed whatever happens.
+# `sh -c RUNNER_INSTALL_SCRIPT sandbox-runner-install TEMP PATH SHA256 SIZE`: the bytes a
+# file API wrote to TEMP become PATH only when they are SIZE bytes and their sha256 is
+# SHA256 (printed, where `sha256sum` exists; without it the size is what is checked),
+# made executable and renamed over PATH; TEMP is removed whatever happens.
 RUNNER_INSTALL_SCRIPT = (
-    't=$1; f=$2; if h=$(sha256sum -- "$t" 2>/dev/null); then h=${h%% *}; printf "%s" "$h"; '
+    't=$1; f=$2; n=$(($(wc -c < "$t" 2>/dev/null || echo -1))); if [ "$n" -ne "$4" ]; then '
+    'rm -f -- "$t"; echo "received $n of $4 bytes" >&2; exit 1; fi; '
+    'if h=$(sha256sum -- "$t" 2>/dev/null); then h=${h%% *}; printf "%s" "$h"; '
     'if [ "$h" != "$3" ]; then rm -f -- "$t"; exit 1; fi; fi; '
     'chmod 755 -- "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }'
 )
