@@ -46,7 +46,7 @@ fn value(c: u8) -> Option<u32> {
 /// Appends what the base64 `text` encodes to `out`; strict: a length that is a
 /// multiple of 4, padding only at the end, nothing else.
 pub fn decode(text: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return Err(format!("a base64 line of {} characters (not a multiple of 4)", text.len()));
     }
     let quads = text.len() / 4;
