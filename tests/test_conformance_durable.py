@@ -30,7 +30,7 @@ def _fixture(backend: Any) -> ModuleType:
 def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[str, Any]:
     """What a resume in this test needs besides the ref: the credentials and the fake's
     class (a ref never holds them; a real caller gives them again too)."""
-    if backend.name == "e2b":
+    if backend.name in ("e2b", "e2b_runner"):
         return {"api_key": _fixture(backend).API_KEY, "sandbox_class": session._sandbox_class}
     if backend.name == "daytona":
         return {

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// The usage text.
 pub const USAGE: &str = "usage:
   sandbox-runner serve --socket PATH [--orphan-timeout SECS] [--detach]
-  sandbox-runner connect --socket PATH [--start] [--orphan-timeout SECS]
+  sandbox-runner connect --socket PATH [--start] [--text] [--orphan-timeout SECS]
   sandbox-runner version
 ";
 
@@ -17,7 +17,7 @@ pub const DEFAULT_ORPHAN_TIMEOUT: u64 = 3600;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Serve { socket: PathBuf, orphan_timeout: Option<Duration>, detach: bool },
-    Connect { socket: PathBuf, start: bool, orphan_timeout: Option<Duration> },
+    Connect { socket: PathBuf, start: bool, text: bool, orphan_timeout: Option<Duration> },
     Version,
     Help,
 }
@@ -35,6 +35,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     let mut timeout = DEFAULT_ORPHAN_TIMEOUT;
     let mut detach = false;
     let mut start = false;
+    let mut text = false;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -59,6 +60,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             }
             "--detach" if first == "serve" && inline.is_none() => detach = true,
             "--start" if first == "connect" && inline.is_none() => start = true,
+            "--text" if first == "connect" && inline.is_none() => text = true,
             _ => return Err(format!("unknown option {arg:?} for {first}")),
         }
     }
@@ -67,7 +69,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     Ok(if first == "serve" {
         Command::Serve { socket, orphan_timeout, detach }
     } else {
-        Command::Connect { socket, start, orphan_timeout }
+        Command::Connect { socket, start, text, orphan_timeout }
     })
 }
 
@@ -110,6 +112,16 @@ mod tests {
             Ok(Command::Connect {
                 socket: "/s".into(),
                 start: true,
+                text: false,
+                orphan_timeout: Some(Duration::from_secs(3600))
+            })
+        );
+        assert_eq!(
+            p(&["connect", "--text", "--socket", "/s"]),
+            Ok(Command::Connect {
+                socket: "/s".into(),
+                start: false,
+                text: true,
                 orphan_timeout: Some(Duration::from_secs(3600))
             })
         );
@@ -124,6 +136,8 @@ mod tests {
             &["serve", "--socket", ""],
             &["serve", "--socket", "/s", "--start"],
             &["connect", "--socket", "/s", "--detach"],
+            &["serve", "--socket", "/s", "--text"],
+            &["connect", "--socket", "/s", "--text=1"],
             &["serve", "--socket", "/s", "--orphan-timeout", "-1"],
             &["serve", "--socket", "/s", "--orphan-timeout", "1.5"],
             &["serve", "--socket", "/s", "extra"],

@@ -1,7 +1,8 @@
 //! sandbox-runner: the process runner inside a sandbox (docs/runner.md).
 //!
 //! `serve` owns processes and streams them over a unix socket, `connect` bridges an exec
-//! stream's stdin/stdout to that socket, `version` prints the versions.
+//! stream's stdin/stdout to that socket (as base64 lines with `--text`), `version`
+//! prints the versions.
 
 mod archive;
 mod args;
@@ -14,6 +15,7 @@ mod ring;
 mod serve;
 mod server;
 mod sys;
+mod textlink;
 
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -29,8 +31,8 @@ fn main() {
         Ok(args::Command::Serve { socket, orphan_timeout, detach }) => {
             serve::serve(socket, orphan_timeout, detach)
         }
-        Ok(args::Command::Connect { socket, start, orphan_timeout }) => {
-            serve::bridge(socket, start, orphan_timeout)
+        Ok(args::Command::Connect { socket, start, text, orphan_timeout }) => {
+            serve::bridge(socket, start, text, orphan_timeout)
         }
         Err(message) => {
             eprint!("sandbox-runner: {message}\n{}", args::USAGE);

@@ -213,8 +213,9 @@ fn redirect_stdio() {
 }
 
 /// `connect`: bridges stdin/stdout to the socket until either side closes; returns the
-/// exit code. With `start`, starts a detached runner first when none accepts.
-pub fn bridge(socket: PathBuf, start: bool, orphan_timeout: Option<std::time::Duration>) -> i32 {
+/// exit code. With `start`, starts a detached runner first when none accepts; with
+/// `text`, both directions are base64 lines (`textlink`).
+pub fn bridge(socket: PathBuf, start: bool, text: bool, orphan_timeout: Option<std::time::Duration>) -> i32 {
     let sock = match connect(&socket) {
         Ok(fd) => fd,
         Err(_) if start => {
@@ -240,7 +241,11 @@ pub fn bridge(socket: PathBuf, start: bool, orphan_timeout: Option<std::time::Du
     // give stdin and stdout their flags back when done.
     let saved: Vec<(RawFd, i32)> =
         [0, 1].iter().map(|&fd| (fd, unsafe { libc::fcntl(fd, libc::F_GETFL) })).collect();
-    let code = pump_bridge(0, 1, sock.as_raw_fd());
+    let code = if text {
+        crate::textlink::pump(0, 1, sock.as_raw_fd())
+    } else {
+        pump_bridge(0, 1, sock.as_raw_fd())
+    };
     for (fd, flags) in saved {
         if flags >= 0 {
             unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };

@@ -81,6 +81,9 @@ struct Proc {
     reaped_at: Option<Instant>,
     /// The exit status is known and the output is closed: EXIT may be sent.
     ended: bool,
+    /// SIGNALs (signal, scope) that came before the child started: delivered once it
+    /// did (the keeper may not have forked it yet, so a tree kill would find nothing).
+    pending_signals: Vec<(i32, u8)>,
 }
 
 impl Proc {
@@ -476,6 +479,9 @@ impl Server {
                     c.send_json(proto::SPAWNED, req, json!({"pid": pid}));
                 }
             }
+            for (sig, scope) in std::mem::take(&mut p.pending_signals) {
+                deliver(p, sig, scope);
+            }
         }
         self.write_stdin(id);
     }
@@ -829,6 +835,7 @@ impl Server {
                 status: None,
                 reaped_at: None,
                 ended: false,
+                pending_signals: Vec::new(),
             },
         );
     }
@@ -895,14 +902,12 @@ impl Server {
         if sig > libc::SIGRTMAX() || scope > 2 {
             return c.error(id, kind::INVALID, "unknown signal number or scope");
         }
-        let running = p.started && p.status.is_none();
-        let delivered = match (scope, p.pid) {
-            (0, Some(pid)) if running => unsafe { libc::kill(pid, sig) == 0 },
-            // The group outlives its leader while members live; the keeper holds them.
-            (1, Some(pid)) if running || p.keeper_alive => unsafe { libc::kill(-pid, sig) == 0 },
-            (2, _) if p.keeper_alive => kill_tree(p, sig),
-            _ => false,
-        };
+        if sig != 0 && !p.started && p.status.is_none() && p.keeper_alive {
+            // Not started yet (a SIGNAL right behind its SPAWN): delivered once it is.
+            self.procs.get_mut(&id).unwrap().pending_signals.push((sig, scope));
+            return c.ok(id, json!({"delivered": true}));
+        }
+        let delivered = deliver(p, sig, scope);
         c.ok(id, json!({"delivered": delivered}));
     }
 
@@ -1044,6 +1049,18 @@ impl Server {
 /// Sends `sig` to a process's whole tree: for SIGKILL, its cgroup leaf's `cgroup.kill`
 /// first (when it has one), then the keeper's sweep of its descendants either way.
 /// True when something was signalled.
+/// Sends `sig` to the process (scope 0), its group (1) or its whole tree (2).
+fn deliver(p: &Proc, sig: i32, scope: u8) -> bool {
+    let running = p.started && p.status.is_none();
+    match (scope, p.pid) {
+        (0, Some(pid)) if running => unsafe { libc::kill(pid, sig) == 0 },
+        // The group outlives its leader while members live; the keeper holds them.
+        (1, Some(pid)) if running || p.keeper_alive => unsafe { libc::kill(-pid, sig) == 0 },
+        (2, _) if p.keeper_alive => kill_tree(p, sig),
+        _ => false,
+    }
+}
+
 fn kill_tree(p: &Proc, sig: i32) -> bool {
     let mut delivered = false;
     if let (Some(leaf), libc::SIGKILL) = (&p.leaf, sig) {

@@ -102,6 +102,7 @@ def native_notes() -> str:
 RUNNER_BACKENDS = {
     "docker": "used by default (runner=False: per-exec)",
     "kubernetes": "used by default (runner=False: per-exec)",
+    "e2b": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "modal": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "unix_local": "for `sandbox open` sessions, or runner=True",
 }

@@ -1,6 +1,7 @@
 """The runner: one small static process inside a sandbox that owns its processes
 (docs/runner.md). This package is its Python side: the protocol's frames, the client,
-the packaged binary, and the local daemon."""
+the packaged binary, the local daemon, and the link over a text-only stream
+(`text_link`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .errors import (
 from .frames import FileStat, ProcessInfo, SignalScope, Stream
 from .link_writer import LinkWriter
 from .local import connect_local, local_socket_path, start_local
+from .text_link import TextLink, TextLinkError
 
 __all__ = [
     "FileStat",
@@ -31,6 +33,8 @@ __all__ = [
     "RunnerTimeout",
     "SignalScope",
     "Stream",
+    "TextLink",
+    "TextLinkError",
     "connect_local",
     "local_socket_path",
     "runner_binary",

@@ -14,7 +14,8 @@ async with FakeE2B(api_key="test-key") as fake:
 
 Only the SDK surface the backend uses is imitated (`AsyncSandbox.create/connect/kill/list`,
 `create_snapshot/delete_snapshot`,
-`.commands.run/kill`, `.pty.create/send_stdin/resize/kill`, `.files.read/write/get_info`, the
+`.commands.run/connect/send_stdin/close_stdin/kill`,
+`.pty.create/connect/send_stdin/resize/kill`, `.files.read/write/get_info`, the
 command handle's `pid/exit_code/wait/kill/disconnect`), with the SDK's own names,
 parameters and async-ness; `tests/backends/test_e2b.py` checks that against the installed
 SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it fails the tests. The
@@ -28,6 +29,16 @@ ends with exit code -1, as envd reports it. `kill()` sends SIGKILL to the proces
 itself only, never to its children (as envd does). Killing a sandbox kills every process
 started in it. A sandbox's home directory (the default cwd, and the base of relative
 file paths) is a temporary directory; absolute paths are this machine's.
+
+The runner (docs/runner.md) runs in a fake sandbox as in a real one: written by
+`files.write`, started detached by a background `connect --text --start` command, reached
+again by the next client's command. A real sandbox's /tmp is its own; here /tmp is this
+machine's, shared by every fake sandbox, so each sandbox's processes see
+`SANDBOX_RUNNER_DIR`, a short folder name of its own (made by whoever puts a runner
+there, removed when the sandbox is killed) where the backend puts its runner. The runner
+leaves the session of the command that started it (`setsid`), so killing a sandbox also
+kills every local process whose environment names the sandbox (`E2B_SANDBOX_ID`, which
+every process of the sandbox inherits), as the VM's end would.
 
 Fault knobs, for tests of the code that uses the SDK (`point` names are in
 `FAULT_POINTS`; thin wrappers over `fake.faults`, a `sandbox.testing.faults.FaultPlan`):
@@ -163,6 +174,13 @@ STREAM_CHUNK = 64 * 1024
 # After a process died, how long its output may still take to arrive (a terminal flushes
 # asynchronously) before the end event is sent anyway (children may hold the pipe open).
 EXIT_OUTPUT_GRACE_S = 0.2
+
+# Where the backend puts the runner (its `$SANDBOX_RUNNER_DIR`): each fake sandbox gets a
+# folder of its own, since they all share this machine's /tmp (see the module docstring).
+RUNNER_DIR_ENV = "SANDBOX_RUNNER_DIR"
+# The variable every process of a fake sandbox carries (as envd sets it): how the
+# sandbox's end finds the processes that left their session (the runner's).
+SANDBOX_ID_ENV = "E2B_SANDBOX_ID"
 
 # What the SDK's `Pty.create` adds to the environment (client side, before the request).
 PTY_ENV_DEFAULTS = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -1087,6 +1105,9 @@ class _SandboxState:
     envs: dict[str, str]
     processes: dict[int, FakeProcess] = field(default_factory=dict)
     killed: bool = False
+    # The sandbox's own runner folder (`RUNNER_DIR_ENV`): short, since a unix socket's
+    # path is at most 107 bytes; named here, made by whoever puts a runner there.
+    runner_dir: str = field(default_factory=lambda: f"/tmp/erun-{secrets.token_hex(6)}")
 
     def resolve(self, path: str) -> str:
         """A sandbox path on this machine: relative paths are in the home directory."""
@@ -1432,7 +1453,10 @@ class FakeE2B:
         """Live local processes in any session the fake started (leaks, unless their
         sandbox is still meant to run them)."""
         sids = {p.pid for p in self.processes}
-        return procfs.pids_where(lambda p: p.session in sids)
+        found = set(procfs.pids_where(lambda p: p.session in sids))
+        for sandbox_id in self._sandboxes:  # the runner and its processes left their session
+            found.update(procfs.pids_with_env(SANDBOX_ID_ENV, sandbox_id))
+        return sorted(found)
 
     def retained_output_chars(self) -> int:
         """Characters of command output the SDK handles still hold (the SDK keeps all of
@@ -1543,7 +1567,8 @@ class FakeE2B:
             "SHELL": "/bin/bash",
             "LANG": "C.UTF-8",
             "E2B_SANDBOX": "true",
-            "E2B_SANDBOX_ID": state.sandbox_id,
+            SANDBOX_ID_ENV: state.sandbox_id,
+            RUNNER_DIR_ENV: state.runner_dir,
         }
         env.update(state.envs)
         env.update(envs or {})
@@ -1588,6 +1613,11 @@ class FakeE2B:
         results = await asyncio.gather(
             *(p.destroy() for p in state.processes.values()), return_exceptions=True
         )
+        # What left its session (the runner, and the processes it keeps) ends too.
+        for pid in procfs.pids_with_env(SANDBOX_ID_ENV, sandbox_id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.to_thread(shutil.rmtree, state.runner_dir, True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -1718,6 +1748,8 @@ __all__ = [
     "EXIT_OUTPUT_GRACE_S",
     "FAULT_POINTS",
     "PTY_ENV_DEFAULTS",
+    "RUNNER_DIR_ENV",
+    "SANDBOX_ID_ENV",
     "SDK_NAMES",
     "STREAM_CHUNK",
     "FakeAsyncSandbox",

@@ -5,8 +5,10 @@
 kill), `sandboxes` creates, attaches to, kills and sweeps sandboxes, `processes` starts
 commands and holds what is kept about a running one (`E2BProcess`, a process's handle
 and its controls; the one-shot `OneShot`), `scripts` builds the shell lines from the
-toolkit's wrapper and kill scripts, `files` reads and writes regular files, and
-`errors` maps the SDK's exceptions onto ours by the toolkit's policy.
+toolkit's wrapper and kill scripts, `files` reads and writes regular files,
+`runner_link` puts the runner into the sandbox and carries its protocol over a text
+command (`runner=True`, docs/runner.md), and `errors` maps the SDK's exceptions onto
+ours by the toolkit's policy.
 Only the registry imports this package (lazily), so importing `sandbox` never imports
 the e2b SDK.
 """

@@ -12,6 +12,13 @@ forgotten by envd with its exit status: its `connect` raises `NotFoundException`
 it is reported as ended with a note. `connect`'s own `timeout` (60 s by default) would
 cut the stream: the session passes its `process_timeout_s` as on a start.
 
+With the runner (`runner=True`, `runner_link`) the runner keeps the processes instead,
+with the latest output of each in a ring: a ref names each by its runner id, and a resume
+connects to the same runner (found by its content-named socket) and follows each again
+from the output position the client had reached: what it printed meanwhile first (the
+omission marker where the ring kept less), then live, then its exit code, also when it
+ended while no client was connected. The reason to use it on E2B.
+
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped by
 a short `commands.run`.
 
@@ -31,7 +38,6 @@ from typing import Any
 from e2b import NotFoundException
 
 from ...backend import (
-    Durability,
     OutputSink,
     ProcessNotReattached,
     ProcessRef,
@@ -39,7 +45,10 @@ from ...backend import (
     durable_session_id,
 )
 from ...errors import ProviderError, SandboxError
+from ...runner import RunnerClient
 from ..toolkit import (
+    RunnerDurability,
+    RunnerProcess,
     ScriptLease,
     attach_options,
     attach_or_gone,
@@ -48,6 +57,7 @@ from ..toolkit import (
     lease_line,
     new_tag,
     parse_lease,
+    runner_id_in,
     taken_from_ref,
 )
 from .errors import GONE
@@ -61,7 +71,9 @@ REF_OPTIONS = (
 )
 # The options a resume takes from a ref: never a credential, a class or an endpoint (the
 # SDK finds its domain in the environment).
-TAKEN_FROM_REF = taken_from_ref(*(option for option, _ in REF_OPTIONS), "sandbox_timeout_s")
+TAKEN_FROM_REF = taken_from_ref(
+    *(option for option, _ in REF_OPTIONS), "sandbox_timeout_s", "runner"
+)
 NOT_KEPT = (
     "e2b keeps no output of a process while no client is connected: what it printed "
     "meanwhile is not shown"
@@ -101,11 +113,23 @@ class SandboxLease(ScriptLease):
         return parse_lease(result.stdout or "", result.exit_code, "e2b")
 
 
-class E2BDurability(Durability):
+class E2BDurability(RunnerDurability):
     """The e2b backend's durable sessions (the module docstring says what outlives
-    the client), over the session it was made with."""
+    the client), over the session it was made with: envd's processes, or the runner's."""
 
     keeps_processes = True
+    # Never said: a session without the runner reattaches envd's processes itself.
+    not_reattached = "the session has no runner to reattach this process through"
+
+    def kill_grace_s(self) -> float:
+        """None: e2b has no `terminate_grace_s` (envd's kill is a SIGKILL), and its
+        processes through the runner are spawned without a grace as well."""
+        return 0.0
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the sandbox, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox id, whether the session created it, and whether the close deletes it."""
@@ -123,12 +147,14 @@ class E2BDurability(Durability):
         for option, attribute in REF_OPTIONS:
             options[option] = getattr(client, attribute)
         options["sandbox_timeout_s"] = self.session._sandbox_timeout
+        # What the session ended up with (`runner=None` may have fallen back): a resume
+        # reaches the same runner, or envd's processes.
+        options["runner"] = bool(self.session._uses_runner)
         return options
 
-    def ref_process(self, entry: OutputSink[E2BProcess]) -> dict[str, Any]:
+    def ref_direct_process(self, handle: E2BProcess) -> dict[str, Any]:
         """envd's pid and the toolkit tags of the process's tree."""
-        proc = entry.require_handle()
-        return {"pid": proc.handle.pid, "tag": proc.tag, "outer_tag": proc.outer_tag}
+        return {"pid": handle.handle.pid, "tag": handle.tag, "outer_tag": handle.outer_tag}
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
@@ -140,13 +166,19 @@ class E2BDurability(Durability):
         return SandboxLease(self.session, durable_session_id(self.session))
 
     async def resume(self, ref: SessionRef) -> None:
-        """Connect to the sandbox (a missing one is `SessionGoneError`), and check it is
-        the library's before taking on its deletion (`check_created`)."""
+        """Connect to the sandbox (a missing one is `SessionGoneError`), check it is the
+        library's before taking on its deletion (`check_created`), then connect to the
+        runner if the ref's session had it."""
         session = self.session
-        await attach_or_gone(session, "e2b", gone=GONE)
+        session._runner_deferred = True
+        try:
+            await attach_or_gone(session, "e2b", gone=GONE)
+        finally:
+            session._runner_deferred = False
         if not session._keep:
             await self.check_created(ref)
         session._created = ref.sandbox.get("created") is True
+        await session._start_runner()
 
     async def check_created(self, ref: SessionRef) -> None:
         """The resumed close would kill the sandbox: E2B must show our `sandbox.session`
@@ -168,8 +200,13 @@ class E2BDurability(Durability):
             ref, metadata, backend="e2b", what=f"the sandbox {sandbox_id!r}", kind="metadata"
         )
 
-    async def reattach(self, entry: OutputSink[E2BProcess], process: ProcessRef) -> None:
-        """`pty.connect` / `commands.connect` by pid; output from now on, after a note."""
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
+        """A process the runner keeps: through the runner, from the ref's output position
+        (`RunnerDurability.reattach`). Else `pty.connect` / `commands.connect` by pid;
+        output from now on, after a note."""
+        if runner_id_in(process.handle) is not None:
+            await super().reattach(entry, process)
+            return
         pid = process.handle.get("pid")
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
             raise ProcessNotReattached("the ref holds no e2b pid for this process")
@@ -210,14 +247,22 @@ class E2BDurability(Durability):
             self.session._errors.fail(exc, "reconnect to a process")
         proc.waiter = asyncio.ensure_future(proc.watch(entry))
 
-    async def release(self, entry: OutputSink[E2BProcess]) -> None:
+    async def release(self, entry: OutputSink[Any]) -> None:
         """Stop following the process (`E2BProcess.release`: its waiter, the SDK's
-        reader); envd keeps it."""
-        proc: E2BProcess | None = entry.handle
+        reader; `RunnerProcess.release`: the runner's route); envd, or the runner,
+        keeps it."""
+        proc: E2BProcess | RunnerProcess | None = entry.handle
         if proc is not None:
             await proc.release()
 
     async def detach(self) -> None:
-        """Forget the SDK sandbox object; the sandbox keeps running until its own timeout."""
-        self.session._start_task = None
-        self.session._client.sandbox = None
+        """Close the runner's link (its processes live on in the runner), then forget the
+        SDK sandbox object; the sandbox keeps running until its own timeout."""
+        session = self.session
+        runner, session._runner = session._runner, None
+        try:
+            if runner is not None:
+                await runner.aclose()
+        finally:
+            session._start_task = None
+            session._client.sandbox = None

@@ -43,13 +43,26 @@ it takes on the sandbox's deletion), and `sandbox_class` (default `e2b.AsyncSand
 pass `sandbox.testing.e2b_fake.FakeE2B().AsyncSandbox` to run against the fake).
 `memory_limit_bytes`, `process_limit` and `cpu_limit` raise `UnsupportedOperationError`:
 E2B's create takes no resources (a template has its CPU and memory).
+
+`runner` (default False): `True` runs processes and one-shot commands through the runner
+(docs/runner.md, `runner_link`): put into the sandbox once through the files API (skipped
+when the file at its content-named path in `$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else
+/tmp, has the same sha256), started detached and reached by one background command,
+`connect --text`, whose stdin and stdout carry its frames as base64 lines (the SDK
+decodes a command's stdout as text). What it gains over envd's own processes: a
+reattached process replays what it printed while no client was connected (from the
+runner's ring, the omission marker where the ring kept less), pipe output is byte-exact,
+a kill ends the whole tree, and every process starts with exactly the sandbox's
+environment plus its own (no login shell, no wrapper). Refused
+(`UnsupportedOperationError`) where this install has no runner for the sandbox's machine
+(`uname -m`); `None`: the runner where there is one, else envd's processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from e2b import AsyncSandbox
 
@@ -69,11 +82,14 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError
 from ..toolkit import (
+    RunnerProcess,
     Secret,
     check_limits,
     refuse_renamed,
     refuse_unsupported,
     require_credential,
+    spawn_through_runner,
+    start_one_shot,
 )
 from . import durable as durable_e2b
 from . import files, sandboxes
@@ -81,6 +97,7 @@ from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
 from .errors import REFUSED, ErrorPolicy
 from .files import E2BFiles
 from .processes import E2BProcess, spawn_process, start_exec
+from .runner_link import E2BRunner
 from .sandboxes import SESSION_LABEL
 from .workspace import E2BPorts, E2BSnapshots, check_snapshot_mode
 
@@ -113,6 +130,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool | None = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -148,6 +166,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
                 "creates: choose another key"
             )
         env = check_env(env)
+        if runner is not None and not isinstance(runner, bool):
+            raise InvalidArgumentError(f"runner must be True, False or None, not {runner!r}")
         # Credentials only ever in a `Secret` (its repr hides them).
         self._api_key_option = None if not api_key else Secret(api_key)
         self._api_key: Secret | None = None
@@ -175,6 +195,14 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         self._snapshot_mode = check_snapshot_mode(snapshot_mode)
         self._start_task: asyncio.Task[Any] | None = None
         self._start_token: str | None = None
+        self._runner_option = runner
+        # The link to the runner in the sandbox, while the session has one.
+        self._runner: E2BRunner | None = None
+        # Whether this session runs its processes through the runner: True once a start
+        # connected to it (`runner=None` may fall back); before, whether it is asked for.
+        self._uses_runner = runner is True
+        # A resume starts the runner only once the sandbox is known to be ours (`durable`).
+        self._runner_deferred = False
 
     @property
     def sandbox_id(self) -> str | None:
@@ -210,6 +238,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
                 client.sandbox = await client.bounded(connect, client.start_timeout)
             except Exception as exc:
                 self._errors.fail(exc, f"attach to sandbox {self._attach_id}")
+            if not self._runner_deferred:
+                await self._start_runner()
             return
         token = self._start_token = sandboxes.new_start_token()
         create = sandboxes.create_call(
@@ -231,10 +261,37 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             self._errors.fail(exc, "create a sandbox")
         self._start_task = None
         self._created = True
+        await self._start_runner()
+
+    async def _start_runner(self) -> None:
+        """Connect to the runner in the sandbox (delivered and started when needed) if
+        the `runner` option asks for it; `runner=None` keeps envd's processes where this
+        install has no runner for the sandbox's machine."""
+        wanted = self._runner_option
+        if wanted is False:
+            return
+        await files.in_workspace(self._client, ".")  # learns the home, once
+        assert self._client.home is not None
+        self._runner = await E2BRunner.start(self._client, self._client.home, required=bool(wanted))
+        self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
-        """Kill the sandbox unless kept; after an unfinished start, delete whatever the
-        create made (waiting for it, or searching by tag when its outcome is unknown)."""
+        """Close the runner's link (the runner lives on in a kept sandbox; a killed one
+        ends it), then kill the sandbox unless kept; after an unfinished start, delete
+        whatever the create made (waiting for it, or searching by tag when its outcome
+        is unknown)."""
+        runner, self._runner = self._runner, None
+        try:
+            if runner is not None:
+                await runner.aclose()
+        finally:  # whatever became of the link, the sandbox is released
+            # The home is the sandbox's: a start after this one (a cancelled start
+            # retried) asks the next sandbox for its own.
+            self._client.home = None
+            await self._release_sandbox()
+
+    async def _release_sandbox(self) -> None:
+        """Kill the sandbox unless kept (see `_stop_backend`)."""
         task, self._start_task = self._start_task, None
         sandbox, self._client.sandbox = self._client.sandbox, None
         token, self._start_token = self._start_token, None
@@ -261,7 +318,17 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         """Start the command as a background job under the tagged wrapper, its output
         streamed into the bounded capture (`processes.start_exec`). A `cwd` (or
         `shell=False`) runs behind the command check: E2B would refuse a missing `cwd`
-        with an error of its own."""
+        with an error of its own. With the runner: the runner's one-shot, stdout and
+        stderr apart, byte-exact."""
+        runner = self._runner
+        if runner is not None:
+            return await start_one_shot(
+                runner.client,
+                spec,
+                capture,
+                env=runner.environment(spec.env, tty=False),
+                cwd=runner.cwd(spec.cwd),
+            )
         return await start_exec(self._client, spec, capture)
 
     # ---- processes --------------------------------------------------------------------------
@@ -269,13 +336,25 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     async def _spawn_process(self, entry: OutputSink[E2BProcess]) -> None:
         """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
         background command, its stdin closed unless `stdin=True`. Output flows into
-        `entry.feed`; the handle is an `E2BProcess` (`processes.spawn_process`)."""
+        `entry.feed`; the handle is an `E2BProcess` (`processes.spawn_process`). With
+        the runner: the runner's process (`RunnerProcess`)."""
+        runner = self._runner
+        if runner is not None:
+            spec = entry.spec
+            await spawn_through_runner(
+                runner.client,
+                cast(OutputSink[RunnerProcess], entry),
+                env=runner.environment(spec.command.env, tty=spec.tty),
+                cwd=runner.cwd(spec.command.cwd),
+            )
+            return
         await spawn_process(entry, self._client, keep=self._keep)
 
     async def _terminate_pty_entry(self, entry: OutputSink[E2BProcess]) -> None:
         """`E2BProcess.kill`: wait for an unfinished start, kill the tagged tree and the
         process (unless the sandbox is killed right after), stop the waiter task and
-        disconnect the SDK handle."""
+        disconnect the SDK handle. A runner's process: its tree killed by the runner
+        (`RunnerProcess.kill`)."""
         await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----

@@ -1,8 +1,9 @@
 """The runner inside a Modal sandbox (docs/runner.md): put there once, checked by content,
 reached by an exec whose stdin and stdout carry the protocol's bytes.
 
-One control exec (`PREPARE_SCRIPT`) says where the runner goes (`$SANDBOX_RUNNER_DIR`,
-else the sandbox's `$TMPDIR`, else /tmp: a sandbox's /tmp is its own, so two sandboxes
+One control exec (`toolkit.RUNNER_PREPARE_SCRIPT`) says where the runner goes
+(`$SANDBOX_RUNNER_DIR`, else the sandbox's `$TMPDIR`, else /tmp: a sandbox's /tmp is its
+own, so two sandboxes
 never share a runner), the sandbox's machine (`uname -m`: the client may be another
 architecture, a laptop's arm64, say), the sha256 of the file at each packaged runner's
 content-named path (`sha256sum`), and the exec's own environment (`/proc/$$/environ`:
@@ -28,7 +29,6 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ...backend import cancel_and_wait
@@ -44,18 +44,17 @@ from ..toolkit import (
     MAX_RUNNER_BYTES,
     MAX_SOCKET_PATH,
     MAX_STDERR_BYTES,
-    checked_digest,
-    checked_folder,
+    RUNNER_PREPARE_SCRIPT,
+    SandboxPlace,
     hello_through,
+    packaged_runners,
+    parse_prepare,
     process_environment,
     runner_name,
-    sandbox_environment,
 )
 from .commands import read_stream
 from .errors import SDK_ERRORS, ModalErrors
 
-# The architectures a runner may be built for (`sandbox.runner.binary`'s spellings).
-ARCHES = ("x86_64", "aarch64")
 # What a control exec may print (the environment is the most of it).
 MAX_CONTROL_OUTPUT_BYTES = 1024 * 1024
 # A control exec (prepare, upload), over the whole exec: start, output, exit.
@@ -67,15 +66,6 @@ CLOSE_WAIT_S = 5.0
 # at most 16 MiB).
 WRITE_CHUNK = 1024 * 1024
 
-# `sh -c PREPARE_SCRIPT sandbox-runner-prepare NAME...`: DIR NUL MACHINE NUL, then per
-# NAME its DIGEST-or-"-" NUL, then "--" NUL and the exec's environment (NUL-separated).
-PREPARE_SCRIPT = (
-    'd=${SANDBOX_RUNNER_DIR:-${TMPDIR:-/tmp}}; printf "%s\\0%s\\0" "$d" "$(uname -m)"; '
-    'for n in "$@"; do f="$d/$n"; h=-; '
-    'if [ -f "$f" ] && [ ! -L "$f" ]; then '
-    'h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; '
-    'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
-)
 # `sh -c UPLOAD_SCRIPT sandbox-runner-upload PATH SHA256 SIZE`: copies stdin to its end
 # into a private temporary file, prints its sha256 (where `sha256sum` exists), and
 # renames it over PATH only when it has SIZE bytes and that digest (an upload cut short,
@@ -89,40 +79,6 @@ UPLOAD_SCRIPT = (
     'if [ "$h" != "$2" ]; then rm -f -- "$t"; exit 1; fi; fi; '
     'chmod 755 "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }'
 )
-
-
-def packaged() -> dict[str, RunnerBinary]:
-    """The runner builds this install has, by architecture (usually one: the host's)."""
-    found = {arch: runner_binary(arch) for arch in ARCHES}
-    return {arch: binary for arch, binary in found.items() if binary is not None}
-
-
-@dataclass(frozen=True)
-class SandboxPlace:
-    """What the prepare exec found: the runner's folder, the sandbox's machine, the
-    digest at each packaged runner's path (None: nothing of ours there), the sandbox's
-    environment."""
-
-    folder: str
-    machine: str
-    digests: dict[str, str | None]
-    env: dict[str, str]
-
-
-def parse_prepare(output: bytes, names: list[str]) -> SandboxPlace:
-    """The prepare exec's stdout (`PREPARE_SCRIPT`), checked."""
-    parts = output.split(b"\0")
-    if len(parts) < 3 + len(names) or parts[2 + len(names)] != b"--":
-        raise ProviderError("the sandbox's answer about the runner's folder was cut short")
-    folder = checked_folder(parts[0], "runner folder", "the sandbox")
-    machine = parts[1].decode("utf-8", "surrogateescape")
-    digests = {
-        name: checked_digest(raw)
-        for name, raw in zip(names, parts[2 : 2 + len(names)], strict=True)
-    }
-    # The last piece is what followed the final NUL: cut short, or empty.
-    env = sandbox_environment(parts[3 + len(names) : -1])
-    return SandboxPlace(folder.rstrip("/") or "/", machine.strip(), digests, env)
 
 
 async def _control(
@@ -188,7 +144,7 @@ async def prepare(
     sandbox: Any, errors: ModalErrors, names: list[str], env: Mapping[str, str]
 ) -> SandboxPlace:
     """Run the prepare exec (with the session's `env`, as every command)."""
-    argv = ["sh", "-c", PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
+    argv = ["sh", "-c", RUNNER_PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
     what = "find the runner's folder in the sandbox"
     code, stdout, stderr = await _control(sandbox, errors, argv, what, env=env)
     if code != 0:
@@ -360,7 +316,7 @@ class SandboxRunner:
         if wanted is False:
             return None
         required = wanted is True
-        builds = packaged()
+        builds = packaged_runners()
         if not builds:
             if required:
                 raise UnsupportedOperationError(

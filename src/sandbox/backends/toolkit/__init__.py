@@ -28,6 +28,10 @@
 - `options`: the one name of each option concept, an earlier name refused by
   `refuse_renamed` (`RENAMED`), and the backend flags the cli and the MCP server share
   (those not exported here).
+- `runner_processes`: processes through the runner (`RunnerProcess`, `spawn`, the
+  one-shot, `RunnerDurability`); `runner_delivery`: putting the runner into a sandbox
+  whatever the provider (the content-named path, the prepare and install scripts, the
+  build for the sandbox's machine).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -62,6 +66,17 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
+from .runner_delivery import (
+    RUNNER_INSTALL_SCRIPT,
+    RUNNER_PREPARE_SCRIPT,
+    SandboxPlace,
+    check_runner_installed,
+    choose_binary,
+    no_runner_built,
+    packaged_runners,
+    parse_prepare,
+    runner_paths,
+)
 from .runner_place import (
     FALLBACK_ERRORS,
     HELLO_TIMEOUT_S,
@@ -82,6 +97,7 @@ from .runner_processes import (
     RunnerProcess,
     process_environment,
     reattach_ref,
+    runner_id_in,
     start_one_shot,
 )
 from .runner_processes import reattach as reattach_through_runner
@@ -116,7 +132,9 @@ __all__ = [
     "REDACTED",
     "RENAMED",
     "RETRYABLE_STATUSES",
+    "RUNNER_INSTALL_SCRIPT",
     "RUNNER_OFF",
+    "RUNNER_PREPARE_SCRIPT",
     "SESSION_MARK",
     "TAG_VARIABLE",
     "UNKNOWN_EXIT",
@@ -126,6 +144,7 @@ __all__ = [
     "RunnerDurability",
     "RunnerOneShot",
     "RunnerProcess",
+    "SandboxPlace",
     "ScriptLease",
     "Secret",
     "ShellTrap",
@@ -133,9 +152,11 @@ __all__ = [
     "attach_or_gone",
     "check_limits",
     "check_mark",
+    "check_runner_installed",
     "check_tag",
     "checked_digest",
     "checked_folder",
+    "choose_binary",
     "clean_detail",
     "command_line",
     "error_for_status",
@@ -150,9 +171,12 @@ __all__ = [
     "lease_read_argv",
     "lease_swap_argv",
     "new_tag",
+    "no_runner_built",
     "normalize_exit",
+    "packaged_runners",
     "parse_kill_report",
     "parse_lease",
+    "parse_prepare",
     "process_environment",
     "reattach_ref",
     "reattach_through_runner",
@@ -161,7 +185,9 @@ __all__ = [
     "refuse_renamed",
     "refuse_unsupported",
     "require_credential",
+    "runner_id_in",
     "runner_name",
+    "runner_paths",
     "runner_ref_process",
     "running_tags",
     "sandbox_environment",

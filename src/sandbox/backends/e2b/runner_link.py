@@ -1,0 +1,302 @@
+"""The runner inside an E2B sandbox (docs/runner.md): put there once through the files
+API, checked by content, reached by a background command whose text stdin and stdout
+carry the protocol as base64 lines (`connect --text`).
+
+Why text: the SDK decodes a command's stdout as UTF-8 with errors="replace"
+(e2b/sandbox_async/commands/command_handle.py, `_iterate_events`), so the protocol's
+binary frames cannot ride it; base64 lines are ASCII and arrive whole
+(`sandbox.runner.text_link`).
+
+One command (`RUNNER_PREPARE_SCRIPT`, toolkit `runner_delivery`) says where the runner
+goes (`$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp: a sandbox's /tmp is its own),
+the sandbox's machine (`uname -m`), the sha256 of the file at each packaged runner's
+content-named path, and the sandbox's environment (`/proc/$$/environ` of envd's shell:
+every process through the runner starts from it). When the digest for the sandbox's
+machine is not ours, `files.write` puts the bytes at a private temporary name and one
+command (`RUNNER_INSTALL_SCRIPT`) checks their size and sha256, makes them executable
+and renames them over the path.
+
+The link is one background command, `exec PATH connect --text --start --socket
+PATH.sock` with `stdin=True`: it starts the runner once (`serve --detach`: its own
+session, so it outlives the command and this client) and bridges to its socket; its
+stdout callback feeds the decoder, `commands.send_stdin` takes our lines (one send at a
+time: they must arrive in order), `commands.close_stdin` ends the bridge (the runner
+stays). `E2BRunner` is the session's end of it: the client, the link, the environment
+and the home every process starts with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import shlex
+from collections.abc import Mapping
+from typing import Any, cast
+
+from e2b import CommandExitException
+
+from ...backend import cancel_and_wait
+from ...errors import ProviderError
+from ...runner import RunnerBinary, RunnerClient, RunnerError, TextLink
+from ..toolkit import (
+    MAX_RUNNER_BYTES,
+    RUNNER_INSTALL_SCRIPT,
+    RUNNER_PREPARE_SCRIPT,
+    SandboxPlace,
+    check_runner_installed,
+    choose_binary,
+    no_runner_built,
+    packaged_runners,
+    parse_prepare,
+    process_environment,
+    runner_name,
+    runner_paths,
+)
+from .client import E2BClient
+
+# How long the runner has to answer HELLO through a fresh link (its first start
+# included: a static binary, it is up in milliseconds).
+HELLO_TIMEOUT_S = 10.0
+# After the link's stdin was closed, how long its bridge has to end before it is killed.
+CLOSE_WAIT_S = 5.0
+# What the link's stderr may hold for an error message (the rest is dropped).
+MAX_STDERR_CHARS = 4096
+# The terminal type a process on a terminal gets when neither its env nor the session's
+# sets one (what E2B's own `pty.create` sets).
+DEFAULT_TERM = "xterm-256color"
+
+
+async def _run(client: E2BClient, argv: list[str], what: str) -> tuple[int, str, str]:
+    """One short foreground command (no stdin): its exit code, stdout and stderr."""
+    line = shlex.join(argv)
+    try:
+        result = await client.bounded(
+            client.sandbox.commands.run(line, timeout=client.start_timeout, **client.request()),
+            client.start_timeout,
+        )
+    except CommandExitException as exc:
+        return int(exc.exit_code), exc.stdout or "", exc.stderr or ""
+    except TimeoutError:
+        raise client.errors.no_answer(what, client.start_timeout) from None
+    except Exception as exc:
+        client.errors.fail(exc, what)
+    return int(result.exit_code), result.stdout or "", result.stderr or ""
+
+
+async def prepare(client: E2BClient, names: list[str]) -> SandboxPlace:
+    """Run the prepare script: the folder, the machine, the digests, the environment."""
+    what = "find the runner's folder in the sandbox"
+    argv = ["sh", "-c", RUNNER_PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
+    code, stdout, stderr = await _run(client, argv, what)
+    if code != 0:
+        raise ProviderError(f"could not {what} (exit {code}): {stderr.strip()[:300]}")
+    # Text from the SDK: a variable that was not UTF-8 reads as U+FFFD (see the module
+    # docstring of `processes`); the rest is exactly what the sandbox printed.
+    return parse_prepare(stdout.encode("utf-8", "surrogateescape"), names)
+
+
+async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
+    """`files.write` of the runner's bytes to a private temporary name, then
+    `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, renamed over
+    `path`."""
+    if binary.size > MAX_RUNNER_BYTES:
+        raise ProviderError("the packaged runner is larger than any runner can be")
+    data = await asyncio.to_thread(binary.path.read_bytes)
+    if hashlib.sha256(data).hexdigest() != binary.sha256:
+        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    temporary = f"{path}.{secrets.token_hex(6)}.tmp"
+    what = "put the runner into the sandbox"
+    try:
+        await client.timed(client.sandbox.files.write(temporary, data, **client.request()), what)
+    except ProviderError:
+        raise
+    except Exception as exc:
+        client.errors.fail(exc, what)
+    argv = [
+        "sh",
+        "-c",
+        RUNNER_INSTALL_SCRIPT,
+        "sandbox-runner-install",
+        temporary,
+        path,
+        binary.sha256,
+        str(len(data)),
+    ]
+    code, stdout, stderr = await _run(client, argv, what)
+    check_runner_installed(binary, code, stdout, stderr)
+
+
+class E2BLink:
+    """The background command that carries the link: its `TextLink` (reader and
+    writer), the SDK handle, and a task that ends the reader when the command ends."""
+
+    def __init__(self, client: E2BClient) -> None:
+        self.client = client
+        self.pid: int | None = None
+        self.handle: Any = None
+        self.text = TextLink(self._send, self._close_input, close_wait_s=CLOSE_WAIT_S)
+        self._stderr: list[str] = []
+        self._stderr_chars = 0
+        self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def stderr(self) -> str:
+        """What the bridge printed on stderr (bounded), for an error message."""
+        return "".join(self._stderr)
+
+    def _keep_stderr(self, chunk: str) -> None:
+        room = MAX_STDERR_CHARS - self._stderr_chars
+        if room > 0:
+            self._stderr.append(chunk[:room])
+            self._stderr_chars += len(chunk[:room])
+
+    async def _send(self, text: str) -> None:
+        client = self.client
+        assert self.pid is not None
+        await client.timed(
+            client.sandbox.commands.send_stdin(self.pid, text, **client.request()),
+            "write to the runner's link",
+        )
+
+    async def _close_input(self) -> None:
+        if self.pid is not None and not self.text.ended:
+            client = self.client
+            await client.bounded(
+                client.sandbox.commands.close_stdin(self.pid, **client.request()), CLOSE_WAIT_S
+            )
+
+    async def start(self, path: str, sock: str) -> None:
+        """Start the bridge command (stdin open, output into the decoder)."""
+        client = self.client
+        line = f"exec {shlex.join([path, 'connect', '--text', '--start', '--socket', sock])}"
+        run = client.sandbox.commands.run(
+            line,
+            background=True,
+            stdin=True,
+            on_stdout=self.text.feed_text,
+            on_stderr=self._keep_stderr,
+            timeout=client.process_timeout,
+            retain_output=False,
+            **client.request(),
+        )
+        try:
+            self.handle = await client.bounded(run, client.start_timeout)
+        except TimeoutError:
+            raise client.errors.no_answer("connect to the runner", client.start_timeout) from None
+        except Exception as exc:
+            client.errors.fail(exc, "connect to the runner")
+        self.pid = int(self.handle.pid)
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        """The command's end (however it came) is the end of the runner's stream."""
+        try:
+            await self.handle.wait()
+        except Exception as exc:  # a non-zero exit or a cut stream: the link is over
+            if isinstance(exc, CommandExitException) and exc.exit_code not in (0, None):
+                said = self.stderr.strip()[-300:]
+                if said:
+                    self.text.error = said
+        finally:
+            self.text.feed_eof()
+
+    async def close(self) -> None:
+        """End the bridge's stdin and wait for its end (bounded); kill it if it lingers;
+        then stop the SDK's reader. The runner and its processes go on."""
+        self.text.writer.close()
+        await self.text.writer.wait_closed()
+        watcher = self._watcher
+        try:
+            if watcher is not None and not watcher.done():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_WAIT_S):
+                        await asyncio.shield(watcher)
+                if not watcher.done() and self.pid is not None:
+                    client = self.client
+                    with contextlib.suppress(Exception):
+                        await client.bounded(
+                            client.sandbox.commands.kill(self.pid, **client.request()),
+                            client.kill_timeout,
+                        )
+        finally:
+            if watcher is not None:
+                await cancel_and_wait([watcher])
+            if self.handle is not None:
+                await self.client.disconnect(self.handle)
+            if not self.text.ended:
+                self.text.feed_eof()
+
+
+class E2BRunner:
+    """The session's connection to the runner in its sandbox: the client, the link that
+    carries it, and the environment and home every process starts with."""
+
+    def __init__(
+        self, client: RunnerClient, link: E2BLink, base_env: dict[str, str], home: str
+    ) -> None:
+        self.client = client
+        self.link = link
+        self.base_env = base_env
+        self.home = home
+
+    @classmethod
+    async def start(cls, e2b: E2BClient, home: str, *, required: bool) -> E2BRunner | None:
+        """Deliver the runner (unless the same bytes are there), start it or find it
+        running, and connect. Where this install has no runner for the sandbox's
+        machine: `UnsupportedOperationError` when `required`, else None (the session
+        keeps its own path)."""
+        builds = packaged_runners()
+        if not builds:
+            no_runner_built(required)
+            return None
+        names = [runner_name(binary) for binary in builds.values()]
+        place = await prepare(e2b, names)
+        binary = choose_binary(place, required=required)
+        if binary is None:
+            return None
+        path, sock = runner_paths(place, binary)
+        if place.digests.get(runner_name(binary)) != binary.sha256:
+            await upload(e2b, binary, path)
+        link = E2BLink(e2b)
+        try:
+            await link.start(path, sock)
+            client = await RunnerClient.open(
+                link.text.reader,
+                cast(asyncio.StreamWriter, link.text.writer),
+                timeout=HELLO_TIMEOUT_S,
+            )
+        except RunnerError as exc:
+            said = (link.text.error or link.stderr).strip()
+            detail = f": {said[-300:]}" if said else ""
+            await asyncio.shield(link.close())
+            raise ProviderError(
+                f"the runner in the sandbox did not answer ({exc}){detail}", retryable=False
+            ) from None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(link.close())
+            raise
+        return cls(client, link, dict(place.env), home)
+
+    def environment(
+        self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM
+    ) -> dict[str, str]:
+        """The whole environment of one process: the sandbox's (the session's `env`
+        among it: E2B gives it to every command), the command's, and TERM for a
+        terminal."""
+        return process_environment(self.base_env, extra, tty=tty, term=term)
+
+    def cwd(self, cwd: str | None) -> str:
+        """A process's folder: relative ones (and none) in the home, as envd's."""
+        if not cwd:
+            return self.home
+        return cwd if cwd.startswith("/") else f"{self.home.rstrip('/')}/{cwd}"
+
+    async def aclose(self) -> None:
+        """Close the connection (the runner and any process it keeps live on)."""
+        try:
+            await self.client.aclose()
+        finally:
+            await self.link.close()
