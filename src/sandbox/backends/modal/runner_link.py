@@ -32,25 +32,25 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...backend import cancel_and_wait
-from ...errors import ProviderError, UnsupportedOperationError
+from ...errors import ProviderError
 from ...runner import (
     LinkWriter,
     RunnerBinary,
     RunnerClient,
-    runner_binary,
-    unavailable_reason,
 )
 from ..toolkit import (
     MAX_RUNNER_BYTES,
-    MAX_SOCKET_PATH,
     MAX_STDERR_BYTES,
     RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
+    choose_binary,
     hello_through,
+    no_runner_built,
     packaged_runners,
     parse_prepare,
     process_environment,
     runner_name,
+    runner_paths,
 )
 from .commands import read_stream
 from .errors import SDK_ERRORS, ModalErrors
@@ -318,29 +318,14 @@ class SandboxRunner:
         required = wanted is True
         builds = packaged_runners()
         if not builds:
-            if required:
-                raise UnsupportedOperationError(
-                    f"runner=True, but {unavailable_reason() or 'the runner is not built'}"
-                )
+            no_runner_built(required)
             return None
         names = [runner_name(binary) for binary in builds.values()]
         place = await prepare(sandbox, errors, names, env)
-        # No `uname` answer: no guess (the host's machine may not be the sandbox's).
-        binary = runner_binary(place.machine) if place.machine else None
+        binary = choose_binary(place, required=required)
         if binary is None:
-            if required:
-                raise UnsupportedOperationError(
-                    f"runner=True, but this install has no runner for the sandbox's machine "
-                    f"({place.machine[:40]!r}): {unavailable_reason(place.machine) or ''}"
-                )
             return None
-        path = f"{place.folder}/{runner_name(binary)}"
-        sock = f"{path}.sock"
-        if len(sock.encode()) > MAX_SOCKET_PATH:
-            raise UnsupportedOperationError(
-                f"the runner's socket path in the sandbox would be longer than a unix "
-                f"socket's ({sock[:60]}...): set a shorter $SANDBOX_RUNNER_DIR or $TMPDIR"
-            )
+        path, sock = runner_paths(place, binary)
         if place.digests.get(runner_name(binary)) != binary.sha256:
             await upload(sandbox, errors, binary, path, env)
         link = await open_link(sandbox, errors, path, sock)
