@@ -281,7 +281,7 @@ def test_backends_says_whether_the_runner_is_built_for_the_backends_that_use_it(
 
     binary = runner_binary()
     notes = {name: row_notes for name, _, _, row_notes in backend_rows()}
-    for name in ("docker", "kubernetes", "unix_local"):
+    for name in ("docker", "kubernetes", "modal", "e2b", "unix_local"):
         assert name in RUNNER_BACKENDS
         if binary is not None:
             assert (
@@ -291,4 +291,5 @@ def test_backends_says_whether_the_runner_is_built_for_the_backends_that_use_it(
         else:
             assert "the runner is not available, per-exec path" in notes[name]
             assert str(unavailable_reason()).removeprefix("runner: ") in notes[name]
-    assert runner_note("e2b") == "" and "runner:" not in notes["e2b"]
+    # A backend that never uses the runner says nothing of it.
+    assert runner_note("blaxel") == "" and "runner:" not in notes["blaxel"]
