@@ -14,6 +14,7 @@ the sandbox's machine (`runner=None`) or a refusal (`runner=True`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import stat
@@ -317,3 +318,39 @@ async def test_the_default_is_the_daemons_processes(fake: FakeDaytona) -> None:
 def test_runner_must_be_a_bool_or_none() -> None:
     with pytest.raises(sandbox.InvalidArgumentError, match="runner"):
         sandbox.open_session("daytona", api_key=KEY, runner="yes")
+
+
+async def test_a_dropped_link_loses_the_processes_and_the_next_session_has_the_runner(
+    fake: FakeDaytona,
+) -> None:
+    async with open_daytona(fake, keep=True) as s:
+        started = await s.pty_exec_start("echo up; sleep 600", yield_time_s=5, until="up")
+        pid = runner_pid(s)
+        sandbox_id = s.sandbox_id
+        # The link's log stream dies (a connection Daytona dropped): the reader ends it.
+        assert fake.drop_streams("stream reset") == 1
+        with pytest.raises(sandbox.ConnectionLostError):
+            await s.exec("echo", "never")
+        last = await s.pty_write_stdin(started.process_id, "", yield_time_s=1)
+        assert "process lost" in last.output and last.exit_code is None
+    # The runner did not end with its link: the next client reaches it.
+    async with open_daytona(fake, sandbox_id=sandbox_id) as again:
+        assert runner_pid(again) == pid
+        assert (await again.exec("echo", "back")).stdout == b"back\n"
+
+
+@pytest.mark.parametrize("point", ["upload_file", "execute_session_command"])
+async def test_a_start_cancelled_while_the_runner_is_put_in_leaves_nothing(
+    fake: FakeDaytona, point: str
+) -> None:
+    gate = fake.block(point)
+    s = open_daytona(fake)
+    task = asyncio.ensure_future(s.start())
+    await gate.reached.wait()
+    task.cancel()
+    gate.release()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fake.live_sandbox_ids() == []
+    assert await eventually(lambda: fake.leftover_pids() == []), describe_pids(fake.leftover_pids())
+    assert await eventually(lambda: fake.open_streams() == [])

@@ -3,12 +3,15 @@
 `commands` (pipes and one-shot commands: one session command each, `PipeState` its
 handle), `terminal` (PTY sessions with `ShellTrap`, `PtyState` their handle), `handles`
 (the `Process` both handles are: the base session's hooks write, resize, interrupt and
-kill through them), `files`, `scripts` (the `sh` beside a command) and `errors` (the
-SDK's exceptions by the toolkit's policy).
+kill through them), `files`, `scripts` (the `sh` beside a command), `runner_link` (the
+runner, with `runner=True`) and `errors` (the SDK's exceptions by the toolkit's policy).
 
 Checked against daytona==0.226.1. What the SDK makes impossible, and what is done
 instead, is in each module's docstring: session logs arrive as text (non-UTF-8 bytes on
-pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason.
+pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason, a PTY's
+output is kept nowhere while no client is connected. With `runner=True` processes and
+one-shot commands go through the runner instead (`runner_link`, docs/runner.md), which
+lifts those three.
 """
 
 from __future__ import annotations
