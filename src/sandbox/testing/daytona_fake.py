@@ -1509,6 +1509,7 @@ __all__ = [
     "FAULT_POINTS",
     "GO_SIGNAL_NAMES",
     "MARKER_ENV",
+    "RUNNER_DIR_ENV",
     "SDK_NAMES",
     "FakeAsyncDaytona",
     "FakeAsyncFileSystem",
