@@ -32,7 +32,7 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
     class (a ref never holds them; a real caller gives them again too)."""
     if backend.name in ("e2b", "e2b_runner"):
         return {"api_key": _fixture(backend).API_KEY, "sandbox_class": session._sandbox_class}
-    if backend.name == "daytona":
+    if backend.name in ("daytona", "daytona_runner"):
         return {
             "api_key": _fixture(backend).API_KEY,
             "daytona_class": session._client.options.daytona_class,

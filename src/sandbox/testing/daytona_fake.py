@@ -18,9 +18,10 @@ Only the SDK surface the backend uses is imitated, with the SDK's own names, par
 and async-ness: `AsyncDaytona(config).create/get/close`; the sandbox's `id`, `name`,
 `state`, `process`, `fs`, `start()` and `delete()`; `process.exec`,
 `create_session/execute_session_command/get_session_command_logs_async/
-get_session_command/delete_session`, `create_pty_session/connect_pty_session/
-kill_pty_session/resize_pty_session/get_pty_session_info/list_pty_sessions`; the PTY
-handle's `send_input/wait/disconnect/exit_code/error`;
+get_session_command/send_session_command_input/delete_session`,
+`create_pty_session/connect_pty_session/kill_pty_session/resize_pty_session/
+get_pty_session_info/list_pty_sessions`; the PTY handle's
+`send_input/wait/disconnect/exit_code/error`;
 `fs.download_file/upload_file`; `sandbox.create_snapshot` and the client's
 `snapshot.delete`. `tests/backends/test_daytona.py` checks that surface
 against the installed SDK with `sandbox.testing.drift`, so an SDK upgrade that changes it
@@ -56,7 +57,12 @@ the way the Daytona daemon runs them, as pessimistically as it plausibly behaves
 
 A sandbox's working directory (the default cwd, and the base of relative file paths) is a
 temporary directory, its `TMPDIR` a folder inside it; absolute paths are this machine's.
-Deleting a sandbox kills every process that still carries its marker in its environment.
+Its `SANDBOX_RUNNER_DIR` is a short folder of its own under /tmp (where the backend puts
+the runner: a unix socket's path is short), removed with the sandbox.
+`send_session_command_input` writes to the session shell's stdin pipe, which the
+running command reads (it never ends: the daemon's sessions give no EOF).
+Deleting a sandbox kills every process that still carries its marker in its environment
+(the runner, started detached by a session command, and what it keeps included).
 
 Fault knobs, for tests of code that uses the SDK (`point` names are in `FAULT_POINTS`,
 which are the SDK method names; `ALIASES` maps connect/send/kill/logs to them;
@@ -151,6 +157,7 @@ FAULT_POINTS = (
     "get_session_command_logs_async",
     "get_session_command",
     "delete_session",
+    "send_session_command_input",
     "create_pty_session",
     "connect_pty_session",
     "kill_pty_session",
@@ -176,6 +183,10 @@ ALIASES = {
 
 # Set in every fake process's environment, so a leak check can find them by it.
 MARKER_ENV = "SANDBOX_FAKE_DAYTONA"
+# Where the backend puts the runner (its `$SANDBOX_RUNNER_DIR`): each fake sandbox gets a
+# short folder of its own (a unix socket's path is at most 107 bytes, and the sandbox's
+# TMPDIR under a test's temporary folder is too long for one).
+RUNNER_DIR_ENV = "SANDBOX_RUNNER_DIR"
 # A streamed download's chunk size (the SDK reads its response 64 KiB at a time).
 DOWNLOAD_CHUNK = 64 * 1024
 # How long an exited process's output may still trickle in before its end is reported.
@@ -217,6 +228,11 @@ async def _call(callback: Callable[[Any], Any], value: Any) -> None:
     result = callback(value)
     if inspect.isawaitable(result):
         await result
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _split(data: bytes, size: int | None) -> list[bytes]:
@@ -263,6 +279,9 @@ class _SandboxState:
         self.tmp = os.path.join(self.root, ".tmp")
         os.makedirs(self.tmp)
         self.marker = f"{service.token}/{self.id}"
+        # Made here: an uploaded file's parent must exist (as in /tmp of a real sandbox).
+        self.runner_dir = tempfile.mkdtemp(prefix="drun-", dir="/tmp")
+        service.runner_dirs.append(self.runner_dir)
         self.state: Any = SandboxState.STARTED
         self.ptys: dict[str, _FakePty] = {}
         self.sessions: dict[str, _FakeSession] = {}
@@ -280,6 +299,7 @@ class _SandboxState:
             "TMPDIR": self.tmp,
             "LANG": "C.UTF-8",
             MARKER_ENV: self.marker,
+            RUNNER_DIR_ENV: self.runner_dir,
         }
         if extra:
             env.update(extra)
@@ -317,6 +337,7 @@ class _SandboxState:
         self.ptys.clear()
         self.sessions.clear()
         self.retired.clear()
+        await asyncio.to_thread(shutil.rmtree, self.runner_dir, True)
         await asyncio.to_thread(discard_tree, self.root)
 
 
@@ -530,6 +551,25 @@ class _FakeSession:
         cmd = _FakeCommand(self, command, argv, self.sandbox.env())
         self.commands[cmd.id] = cmd
         return cmd
+
+    async def write(self, data: bytes) -> None:
+        """Write to the session shell's stdin pipe (what its running command reads),
+        waiting while the pipe is full."""
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            fd = self.fifo_fd
+            if fd is None:
+                raise DaytonaNotFoundError(f"session {self.id} not found", status_code=404)
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(fd, _resolve, ready)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(fd)
 
     def close(self) -> None:
         for cmd in self.commands.values():
@@ -785,6 +825,19 @@ class FakeAsyncProcess:
         cmd = self._command(session_id, command_id)
         await self._service._knobs.checkpoint("get_session_command", after=True)
         return Command(id=cmd.id, command=cmd.command, exit_code=cmd.exit_code)
+
+    async def send_session_command_input(
+        self, session_id: str, command_id: str, data: str, request_timeout: float | None = None
+    ) -> None:
+        """Send `data` to the command's stdin (the session shell's pipe, which the
+        command reads); a command that ended takes no more."""
+        await self._check("send_session_command_input")
+        session = self._session(session_id)
+        cmd = self._command(session_id, command_id)
+        if cmd.exit_code is not None:
+            raise DaytonaError(f"command {command_id} is not running")
+        await session.write(data.encode("utf-8"))
+        await self._service._knobs.checkpoint("send_session_command_input", after=True)
 
     async def delete_session(self, session_id: str, request_timeout: float | None = None) -> None:
         """Delete a session, SIGKILLing its commands' shells (not their children)."""
@@ -1332,6 +1385,9 @@ class FakeDaytona:
         os.makedirs(self.root, exist_ok=True)
         self.sandboxes: dict[str, _SandboxState] = {}
         self.snapshots: dict[str, str] = {}  # snapshot name -> the folder of its files
+        # Every sandbox's runner folder (`RUNNER_DIR_ENV`), for a leak check: each is
+        # removed with its sandbox.
+        self.runner_dirs: list[str] = []
         self._knobs = faults.FaultPlan(FAULT_POINTS)
         self._log_streams: dict[asyncio.Task[Any], asyncio.Future[str]] = {}
         self._handles: list[FakeAsyncPtyHandle] = []
@@ -1453,6 +1509,7 @@ __all__ = [
     "FAULT_POINTS",
     "GO_SIGNAL_NAMES",
     "MARKER_ENV",
+    "RUNNER_DIR_ENV",
     "SDK_NAMES",
     "FakeAsyncDaytona",
     "FakeAsyncFileSystem",

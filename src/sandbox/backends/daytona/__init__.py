@@ -6,9 +6,10 @@ bounded, mapped calls), `commands` (pipes and one-shot commands, one session com
 each: `PipeState`), `terminal` (PTY sessions with `ShellTrap` in exec mode:
 `PtyState`), `handles` (`DaytonaHandle`, the `Process` both are: the base session's
 hooks write, resize, interrupt and kill through it), `files` (`fs` with a stat first),
-`scripts` (the `sh` run beside a command: pid files, group kills) and `errors` (the
-SDK's exceptions by the toolkit's policy). Only the registry imports this package
-(lazily), so importing `sandbox` never imports the daytona SDK.
+`scripts` (the `sh` run beside a command: pid files, group kills), `runner_link` (the
+runner in the sandbox with `runner=True`: delivery and the `connect --text` session
+command) and `errors` (the SDK's exceptions by the toolkit's policy). Only the registry
+imports this package (lazily), so importing `sandbox` never imports the daytona SDK.
 """
 
 from __future__ import annotations

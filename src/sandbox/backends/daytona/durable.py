@@ -19,6 +19,14 @@ on; and when its process ends the daemon deletes the session with its exit statu
 a terminal that ended while no client was connected is reported ended with a note.
 `detach()` disconnects PTYs and stops the log readers of pipes; nothing is killed.
 
+With the runner (`runner=True`, `runner_link`) the runner keeps the processes instead,
+with the latest output of each in a ring: a ref names each by its runner id, and a resume
+connects to the same runner (found by its content-named socket) and follows each again
+from the output position the client had reached: what it printed meanwhile first (the
+omission marker where the ring kept less), then live, then its exit code, also when it
+ended while no client was connected. For a terminal this is the replay the daemon
+cannot give.
+
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`) through
 `process.exec`.
 
@@ -38,7 +46,6 @@ import re
 from typing import Any
 
 from ...backend import (
-    Durability,
     OutputSink,
     ProcessNotReattached,
     ProcessRef,
@@ -49,7 +56,10 @@ from ...backend import (
 from ...errors import (
     ProviderError,
 )
+from ...runner import RunnerClient
 from ..toolkit import (
+    RunnerDurability,
+    RunnerProcess,
     ScriptLease,
     attach_options,
     attach_or_gone,
@@ -57,6 +67,7 @@ from ..toolkit import (
     lease_line,
     parse_lease,
     refuse_other_endpoint,
+    runner_id_in,
     taken_from_ref,
 )
 from . import commands, terminal
@@ -68,7 +79,7 @@ SAFE = re.compile(r"[A-Za-z0-9/._-]{1,256}")
 REF_OPTIONS = ("create_timeout_s", "terminate_grace_s", "teardown_timeout_s")
 # The options a resume takes from a ref: never `api_url` (see `check_endpoint`) or a
 # credential. `target` (a region of the same API) is kept.
-TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "target")
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "call_timeout_s", "target", "runner")
 # The SDK's API when neither `api_url=` nor DAYTONA_API_URL says (daytona `DaytonaConfig`).
 DEFAULT_API_URL = "https://app.daytona.io/api"
 PTY_NOT_KEPT = (
@@ -106,11 +117,23 @@ class SandboxLease(ScriptLease):
         return parse_lease(response.result or "", response.exit_code, "daytona")
 
 
-class DaytonaDurability(Durability):
+class DaytonaDurability(RunnerDurability):
     """The daytona backend's durable sessions (the module docstring says what outlives
-    the client), over the session it was made with."""
+    the client), over the session it was made with: the daemon's processes, or the
+    runner's."""
 
     keeps_processes = True
+    # Never said: a session without the runner reattaches the daemon's processes itself.
+    not_reattached = "the session has no runner to reattach this process through"
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the sandbox, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
+
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s`."""
+        return float(self.session.terminate_grace_s)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox id, whether the session created it, and whether the close deletes it."""
@@ -130,6 +153,9 @@ class DaytonaDurability(Durability):
         ):
             if isinstance(value, str) and "@" not in value:
                 options[name] = value
+        # What the session ended up with (`runner=None` may have fallen back): a resume
+        # reaches the same runner, or the daemon's processes.
+        options["runner"] = bool(session._uses_runner)
         return options
 
     def api_url_used(self) -> str:
@@ -155,9 +181,9 @@ class DaytonaDurability(Durability):
             return
         refuse_other_endpoint("daytona", "api_url", ref.options.get("api_url"), self.api_url_used())
 
-    def ref_process(self, entry: OutputSink[DaytonaHandle]) -> dict[str, Any]:
+    def ref_direct_process(self, handle: DaytonaHandle) -> dict[str, Any]:
         """The session and command ids and the pid file (pipes), or the PTY session id."""
-        return entry.require_handle().ref_handle()
+        return handle.ref_handle()
 
     def lease_store(self) -> SandboxLease:
         """The lease (`SandboxLease`)."""
@@ -165,13 +191,18 @@ class DaytonaDurability(Durability):
 
     async def resume(self, ref: SessionRef) -> None:
         """Attach to the sandbox (the API checked first: `check_endpoint`); a missing one is
-        `SessionGoneError`."""
+        `SessionGoneError`. Then connect to the runner if the ref's session had it."""
         session = self.session
         self.check_endpoint(ref)
-        await attach_or_gone(session, "daytona", gone_words=("not found", "404"))
+        session._runner_deferred = True
+        try:
+            await attach_or_gone(session, "daytona", gone_words=("not found", "404"))
+        finally:
+            session._runner_deferred = False
         if not session.keep:
             self.check_created(ref)
         session._created = ref.sandbox.get("created") is True
+        await session._start_runner()
 
     def check_created(self, ref: SessionRef) -> None:
         """The resumed close would delete the sandbox: its labels (as `AsyncDaytona.get`
@@ -181,9 +212,14 @@ class DaytonaDurability(Durability):
         labels = getattr(session._client.sandbox, "labels", None)
         check_mark(ref, labels, backend="daytona", what=f"the sandbox {session.sandbox_id!r}")
 
-    async def reattach(self, entry: OutputSink[DaytonaHandle], process: ProcessRef) -> None:
-        """Pipes: replay the command's log past `output_position`; PTYs: connect again,
-        output from now on after a note (see the module docstring)."""
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
+        """A process the runner keeps: through the runner, from the ref's output position
+        (`RunnerDurability.reattach`). Pipes: replay the command's log past
+        `output_position`; PTYs: connect again, output from now on after a note (see the
+        module docstring)."""
+        if runner_id_in(process.handle) is not None:
+            await super().reattach(entry, process)
+            return
         session = self.session
         client, grace_s = session._client, session.terminate_grace_s
         pidfile = _safe(process, "pidfile")
@@ -218,11 +254,15 @@ class DaytonaDurability(Durability):
             commands.pump(client, entry, state, None, skip=process.output_position)
         )
 
-    async def release(self, entry: OutputSink[DaytonaHandle]) -> None:
+    async def release(self, entry: OutputSink[Any]) -> None:
         """Stop following a process without ending it: a pipe command's log reader, a PTY
-        session's connection; the daemon keeps both."""
+        session's connection; the daemon keeps both. A runner's process: its route only
+        (`RunnerProcess.release`); the runner keeps it."""
         state = entry.handle
         if state is None:
+            return
+        if isinstance(state, RunnerProcess):
+            await state.release()
             return
         if isinstance(state, PtyState) and not state.line_sent:
             # Half-started: its command never ran, nothing to keep.
@@ -231,7 +271,17 @@ class DaytonaDurability(Durability):
         await state.release()
 
     async def detach(self) -> None:
-        """Close the SDK client; the sandbox stays."""
+        """Close the runner's link (its processes live on in the runner), then the SDK
+        client; the sandbox stays."""
+        session = self.session
+        runner, session._runner = session._runner, None
+        try:
+            if runner is not None:
+                await runner.aclose()
+        finally:
+            await self._close_client()
+
+    async def _close_client(self) -> None:
         client = self.session._client
         sdk_client = client.client
         client.sandbox = client.client = None

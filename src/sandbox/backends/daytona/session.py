@@ -3,18 +3,21 @@
 `commands` (pipes and one-shot commands: one session command each, `PipeState` its
 handle), `terminal` (PTY sessions with `ShellTrap`, `PtyState` their handle), `handles`
 (the `Process` both handles are: the base session's hooks write, resize, interrupt and
-kill through them), `files`, `scripts` (the `sh` beside a command) and `errors` (the
-SDK's exceptions by the toolkit's policy).
+kill through them), `files`, `scripts` (the `sh` beside a command), `runner_link` (the
+runner, with `runner=True`) and `errors` (the SDK's exceptions by the toolkit's policy).
 
 Checked against daytona==0.226.1. What the SDK makes impossible, and what is done
 instead, is in each module's docstring: session logs arrive as text (non-UTF-8 bytes on
-pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason.
+pipes become U+FFFD), a PTY's signal death may come as Go's -1 with a reason, a PTY's
+output is kept nowhere while no client is connected. With `runner=True` processes and
+one-shot commands go through the runner instead (`runner_link`, docs/runner.md), which
+lifts those three.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from daytona import AsyncDaytona
 
@@ -32,8 +35,16 @@ from ...backend import (
     durable_session_id,
     kill_handle,
 )
-from ...errors import InvalidArgumentError
-from ..toolkit import Secret, check_limits, refuse_renamed, require_credential
+from ...errors import InvalidArgumentError, UnsupportedOperationError
+from ..toolkit import (
+    RunnerProcess,
+    Secret,
+    check_limits,
+    refuse_renamed,
+    require_credential,
+    spawn_through_runner,
+    start_one_shot,
+)
 from . import commands, terminal
 from . import durable as durable_daytona
 from .client import SESSION_LABEL, ClientOptions, DaytonaClient
@@ -41,6 +52,7 @@ from .errors import API_KEY_ENV
 from .files import DaytonaFiles
 from .handles import DaytonaHandle
 from .limits import create_resources
+from .runner_link import DaytonaRunner
 from .workspace import DaytonaPorts, DaytonaSnapshots
 
 
@@ -72,6 +84,19 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
       answer, fails with a retryable `ProviderError`; output streams are not bounded;
     - `daytona_class`: the client class, default the SDK's `AsyncDaytona`. Tests pass
       `sandbox.testing.daytona_fake.FakeDaytona(...).AsyncDaytona`;
+    - `runner` (default False): True runs processes and one-shot commands through the
+      runner (docs/runner.md, `runner_link`): uploaded once through the files API
+      (skipped when the file at its content-named path in `$SANDBOX_RUNNER_DIR`, else
+      `$TMPDIR`, else /tmp, has the same sha256), started detached and reached by one
+      session command, `connect --text`, whose input and logs carry its frames as
+      base64 lines (the SDK hands both over as text). What it gains over the daemon's
+      own processes: a reattached terminal replays what it printed while no client was
+      connected (the daemon keeps no PTY output), pipe output is byte-exact (logs turn
+      non-UTF-8 bytes into U+FFFD), `stdin=True` keeps a pipe's stdin open until
+      `pty_close_stdin`, a kill ends the whole tree, and every process starts with
+      exactly the sandbox's environment plus its own. Refused
+      (`UnsupportedOperationError`) where this install has no runner for the sandbox's
+      machine (`uname -m`); None: the runner where there is one, else the daemon's;
     - plus the base session's options.
     """
 
@@ -96,6 +121,7 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool | None = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -121,6 +147,8 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
             ("image", image),
         ):
             check_str(name, text)
+        if runner is not None and not isinstance(runner, bool):
+            raise InvalidArgumentError(f"runner must be True, False or None, not {runner!r}")
         if image is not None and snapshot is not None:
             raise InvalidArgumentError("give a snapshot or an image to create from, not both")
         resources = create_resources(limits, image=image, attach=sandbox_id is not None)
@@ -143,6 +171,14 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s
         self.teardown_timeout_s = teardown_timeout_s
+        self._runner_option = runner
+        # The link to the runner in the sandbox, while the session has one.
+        self._runner: DaytonaRunner | None = None
+        # Whether this session runs its processes through the runner: True once a start
+        # connected to it (`runner=None` may fall back); before, whether it is asked for.
+        self._uses_runner = runner is True
+        # A resume starts the runner only once the sandbox is known to be ours (`durable`).
+        self._runner_deferred = False
         self._client = DaytonaClient(
             ClientOptions(
                 api_key=Secret(key),
@@ -179,34 +215,94 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def _start_backend(self) -> None:
-        """Create the sandbox (or attach to one), then prepare it."""
+        """Create the sandbox (or attach to one), prepare it, then connect to the runner
+        when the `runner` option asks for it (a resume: once the sandbox is checked)."""
         await self._client.start(durable_session_id(self))
         self._created = self._client.options.attach_id is None
+        if not self._runner_deferred:
+            await self._start_runner()
+
+    async def _start_runner(self) -> None:
+        """Connect to the runner in the sandbox (delivered and started when needed);
+        `runner=None` keeps the daemon's processes where this install has no runner for
+        the sandbox's machine."""
+        wanted = self._runner_option
+        if wanted is False:
+            return
+        self._runner = await DaytonaRunner.start(self._client, required=bool(wanted))
+        self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
-        """Delete the sandbox unless kept, then close the client (every call bounded)."""
-        await self._client.stop()
+        """Close the runner's link (the runner lives on in a kept sandbox; a deleted one
+        ends it), then delete the sandbox unless kept and close the client (every call
+        bounded)."""
+        runner, self._runner = self._runner, None
+        try:
+            if runner is not None:
+                await runner.aclose()
+        finally:  # whatever became of the link, the sandbox is released
+            await self._client.stop()
 
     # ---- one-shot commands -------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Start a one-shot command in its own session (see `commands.OneShotCommand`);
-        a start that fails or is cancelled deletes what it made."""
+        a start that fails or is cancelled deletes what it made. With the runner: the
+        runner's one-shot, stdout and stderr apart, byte-exact."""
+        runner = self._runner
+        if runner is not None:
+            return await start_one_shot(
+                runner.client,
+                spec,
+                capture,
+                env=runner.environment(spec.env, tty=False),
+                cwd=self._client.cwd(spec.cwd),
+            )
         return await commands.start_oneshot(self._client, spec, capture, self.terminate_grace_s)
 
     # ---- processes ---------------------------------------------------------------------
 
     async def _spawn_process(self, entry: OutputSink[DaytonaHandle]) -> None:
         """A PTY session for `tty=True` (`terminal.spawn`), a session command for pipes
-        (`commands.spawn`); either handle is a `Process` the base hooks drive. No pipe
-        keeps its stdin open (`stdin=True` is refused at start)."""
+        (`commands.spawn`); either handle is a `Process` the base hooks drive. Without
+        the runner no pipe keeps its stdin open (`stdin=True` is refused here, before
+        anything starts). With the runner: the runner's process (`RunnerProcess`)."""
+        runner = self._runner
+        if runner is not None:
+            spec = entry.spec
+            await spawn_through_runner(
+                runner.client,
+                cast(OutputSink[RunnerProcess], entry),
+                env=runner.environment(spec.command.env, tty=spec.tty),
+                cwd=self._client.cwd(spec.command.cwd),
+                grace_s=self.terminate_grace_s,
+            )
+            return
+        if entry.spec.stdin:
+            raise UnsupportedOperationError(
+                "stdin=True: the daytona backend keeps the stdin of a process on pipes open "
+                "only through the runner (runner=True); use tty=True to type into a "
+                "process, or write the input to a file and redirect it (`sort < input.txt`)"
+            )
         spawn = terminal.spawn if entry.tty else commands.spawn
         await spawn(self._client, entry, self.terminate_grace_s)
+
+    async def _close_stdin(self, entry: OutputSink[DaytonaHandle]) -> None:
+        """End the open stdin of a process on pipes: only a runner's process has one
+        (`RunnerProcess.close_stdin`); overriding this is what lets `stdin=True` reach
+        `_spawn_process`, which refuses it without the runner."""
+        handle = entry.require_handle()
+        if not isinstance(handle, RunnerProcess):
+            raise UnsupportedOperationError(
+                "the daytona backend cannot close the stdin of a process started without the runner"
+            )
+        await handle.close_stdin()
 
     async def _terminate_pty_entry(self, entry: OutputSink[DaytonaHandle]) -> None:
         """The handle's `kill` (`PtyState.kill`, `PipeState.kill`): when the sandbox's
         deletion comes next (`entry.sandbox_stopping`, and the close deletes it) only
-        our side is released."""
+        our side is released. A runner's process: its tree killed by the runner
+        (`RunnerProcess.kill`)."""
         await kill_handle(entry)
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
