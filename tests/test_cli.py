@@ -214,8 +214,15 @@ def test_shell_attaches_a_terminal(tmp_path: Path) -> None:
         term.read_until(b"42")
         term.set_size(45, 132)
         term.proc.send_signal(signal.SIGWINCH)
-        term.type("stty size\n")
-        term.read_until(b"45 132")
+        # The resize is a signal, the keys are bytes: under load the line may reach the
+        # shell before the resize does, so ask again until the new size is seen.
+        for _ in range(20):
+            start = len(term.seen)
+            term.type("stty size\n")
+            term.read_until(b"# ", start=start + 1)  # this line's answer and the prompt
+            if b"45 132" in term.seen[start:]:
+                break
+        assert b"45 132" in term.seen
         # Printed by the foreground job itself, so Ctrl-C cannot reach the shell first.
         term.type("sh -c 'echo sleep-started; exec sleep 30'\n")
         term.read_until(b"sleep-started\r\n")
