@@ -9,7 +9,11 @@ the SDK offers nothing to wait on.
 
 `PipeState`, the handle of one command, is a `Process`: the base session's hooks
 interrupt and kill it through its methods (no pipe keeps its stdin open: every command
-reads /dev/null, so `stdin=True` is refused at start).
+reads /dev/null, so `stdin=True` is refused at start: `refuse_open_stdin`).
+
+With `runner=True` a process (pipes or a terminal) and a one-shot command go through
+the runner instead (`spawn_on_runner`, `start_oneshot_on_runner`, beside their
+per-session twins): its handle a `RunnerProcess`, its output byte-exact.
 
 Session logs reach us as text: the SDK decodes each stream with an incremental UTF-8
 decoder (a character split across chunks is kept whole), but bytes that are not UTF-8
@@ -23,16 +27,32 @@ import logging
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from daytona import DaytonaError, SessionExecuteRequest
 
-from ...backend import CommandSpec, ExecCapture, OutputSink, cancel_and_wait, settle
-from ...errors import ProviderError, SandboxError
-from ..toolkit import CommandCheck, ShellTrap, normalize_exit, wait_for_verdict
+from ...backend import (
+    CommandSpec,
+    ExecCapture,
+    OneShotProcess,
+    OutputSink,
+    cancel_and_wait,
+    settle,
+)
+from ...errors import ProviderError, SandboxError, UnsupportedOperationError
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    normalize_exit,
+    spawn_through_runner,
+    start_one_shot,
+    wait_for_verdict,
+)
 from .client import DaytonaClient
 from .errors import is_not_found
 from .handles import DaytonaHandle
+from .runner_link import DaytonaRunner
 from .scripts import PIDFILE_WAIT_S, interrupt_script, kill_script, piped_command
 
 logger = logging.getLogger("sandbox.daytona")
@@ -265,6 +285,42 @@ async def spawn(client: DaytonaClient, entry: OutputSink[DaytonaHandle], grace_s
     state.pump = asyncio.create_task(pump(client, entry, state, trap))
     if check is not None and trap is not None:
         await wait_for_verdict(entry, trap, check)
+
+
+def refuse_open_stdin(entry: OutputSink[DaytonaHandle]) -> None:
+    """Refuse `stdin=True` before anything starts: without the runner no pipe keeps its
+    stdin open (a session command's stdin never sees EOF)."""
+    if entry.spec.stdin:
+        raise UnsupportedOperationError(
+            "stdin=True: the daytona backend keeps the stdin of a process on pipes open "
+            "only through the runner (runner=True); use tty=True to type into a "
+            "process, or write the input to a file and redirect it (`sort < input.txt`)"
+        )
+
+
+async def spawn_on_runner(
+    runner: DaytonaRunner, client: DaytonaClient, entry: OutputSink[DaytonaHandle], grace_s: float
+) -> None:
+    """Start the entry's command (pipes or a terminal) as a process of the runner (its
+    handle a `RunnerProcess`, killed with its tree, SIGTERM to SIGKILL in `grace_s`), in
+    its folder under the workdir with the runner's environment for it."""
+    command = entry.spec.command
+    await spawn_through_runner(
+        runner.client,
+        cast(OutputSink[RunnerProcess], entry),
+        env=runner.environment(command.env, tty=entry.spec.tty),
+        cwd=client.cwd(command.cwd),
+        grace_s=grace_s,
+    )
+
+
+async def start_oneshot_on_runner(
+    runner: DaytonaRunner, client: DaytonaClient, spec: CommandSpec, capture: ExecCapture
+) -> OneShotProcess:
+    """The runner's one-shot of `spec`, stdout and stderr apart and byte-exact, in its
+    folder under the workdir with the runner's environment for it."""
+    env = runner.environment(spec.env, tty=False)
+    return await start_one_shot(runner.client, spec, capture, env=env, cwd=client.cwd(spec.cwd))
 
 
 async def start_oneshot(

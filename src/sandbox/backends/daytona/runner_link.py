@@ -24,7 +24,8 @@ streams its stdout into the decoder, `send_session_command_input` takes our line
 send at a time: they must arrive in order). A daemon session's command never sees EOF
 on its stdin, so the link ends by deleting its session (which kills the bridge); the
 runner and its processes live on. `DaytonaRunner` is the session's end of it: the
-client, the link and the environment every process starts with.
+client, the link and the environment every process starts with; `connect` and
+`shut_down` are what the session's start and stop do with it.
 """
 
 from __future__ import annotations
@@ -264,3 +265,23 @@ class DaytonaRunner:
             await self.client.aclose()
         finally:
             await self.link.close()
+
+
+async def connect(daytona: DaytonaClient, wanted: bool | None) -> DaytonaRunner | None:
+    """The session's runner as its `runner` option asks: none for False; for None, none
+    where this install has no runner for the sandbox's machine (the daemon's processes
+    stay); for True, that is `UnsupportedOperationError` (`DaytonaRunner.start`)."""
+    if wanted is False:
+        return None
+    return await DaytonaRunner.start(daytona, required=bool(wanted))
+
+
+async def shut_down(runner: DaytonaRunner | None, daytona: DaytonaClient) -> None:
+    """Close the runner's link (the runner lives on in a kept sandbox; a deleted one
+    ends it), then stop the client: the sandbox deleted unless kept, every call bounded.
+    Whatever became of the link, the sandbox is released."""
+    try:
+        if runner is not None:
+            await runner.aclose()
+    finally:
+        await daytona.stop()

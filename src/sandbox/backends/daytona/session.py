@@ -1,10 +1,11 @@
 """`DaytonaSession`: the lifecycle hooks only. Beside it, one idea per module: `client`
 (the SDK client and sandbox: create or attach, prepare, delete, bounded calls),
 `commands` (pipes and one-shot commands: one session command each, `PipeState` its
-handle), `terminal` (PTY sessions with `ShellTrap`, `PtyState` their handle), `handles`
-(the `Process` both handles are: the base session's hooks write, resize, interrupt and
-kill through them), `files`, `scripts` (the `sh` beside a command), `runner_link` (the
-runner, with `runner=True`) and `errors` (the SDK's exceptions by the toolkit's policy).
+handle; or the runner's), `terminal` (PTY sessions with `ShellTrap`, `PtyState` their
+handle), `handles` (the `Process` both handles are: the base session's hooks write,
+resize, interrupt and kill through them), `files`, `scripts` (the `sh` beside a
+command), `runner_link` (the runner, with `runner=True`: its link, start and stop) and
+`errors` (the SDK's exceptions by the toolkit's policy).
 
 Checked against daytona==0.226.1. What the SDK makes impossible, and what is done
 instead, is in each module's docstring: session logs arrive as text (non-UTF-8 bytes on
@@ -17,7 +18,7 @@ lifts those three.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from daytona import AsyncDaytona
 
@@ -42,10 +43,8 @@ from ..toolkit import (
     check_limits,
     refuse_renamed,
     require_credential,
-    spawn_through_runner,
-    start_one_shot,
 )
-from . import commands, terminal
+from . import commands, runner_link, terminal
 from . import durable as durable_daytona
 from .client import SESSION_LABEL, ClientOptions, DaytonaClient
 from .errors import API_KEY_ENV
@@ -225,39 +224,26 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
     async def _start_runner(self) -> None:
         """Connect to the runner in the sandbox (delivered and started when needed);
         `runner=None` keeps the daemon's processes where this install has no runner for
-        the sandbox's machine."""
-        wanted = self._runner_option
-        if wanted is False:
-            return
-        self._runner = await DaytonaRunner.start(self._client, required=bool(wanted))
+        the sandbox's machine (`runner_link.connect`)."""
+        self._runner = await runner_link.connect(self._client, self._runner_option)
         self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
         """Close the runner's link (the runner lives on in a kept sandbox; a deleted one
         ends it), then delete the sandbox unless kept and close the client (every call
-        bounded)."""
+        bounded; `runner_link.shut_down`)."""
         runner, self._runner = self._runner, None
-        try:
-            if runner is not None:
-                await runner.aclose()
-        finally:  # whatever became of the link, the sandbox is released
-            await self._client.stop()
+        await runner_link.shut_down(runner, self._client)
 
     # ---- one-shot commands -------------------------------------------------------------
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """Start a one-shot command in its own session (see `commands.OneShotCommand`);
         a start that fails or is cancelled deletes what it made. With the runner: the
-        runner's one-shot, stdout and stderr apart, byte-exact."""
-        runner = self._runner
-        if runner is not None:
-            return await start_one_shot(
-                runner.client,
-                spec,
-                capture,
-                env=runner.environment(spec.env, tty=False),
-                cwd=self._client.cwd(spec.cwd),
-            )
+        runner's one-shot, stdout and stderr apart, byte-exact
+        (`commands.start_oneshot_on_runner`)."""
+        if self._runner is not None:
+            return await commands.start_oneshot_on_runner(self._runner, self._client, spec, capture)
         return await commands.start_oneshot(self._client, spec, capture, self.terminate_grace_s)
 
     # ---- processes ---------------------------------------------------------------------
@@ -266,26 +252,14 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         """A PTY session for `tty=True` (`terminal.spawn`), a session command for pipes
         (`commands.spawn`); either handle is a `Process` the base hooks drive. Without
         the runner no pipe keeps its stdin open (`stdin=True` is refused here, before
-        anything starts). With the runner: the runner's process (`RunnerProcess`)."""
-        runner = self._runner
+        anything starts: `commands.refuse_open_stdin`). With the runner: the runner's
+        process (`RunnerProcess`, `commands.spawn_on_runner`)."""
+        runner, grace_s = self._runner, self.terminate_grace_s
         if runner is not None:
-            spec = entry.spec
-            await spawn_through_runner(
-                runner.client,
-                cast(OutputSink[RunnerProcess], entry),
-                env=runner.environment(spec.command.env, tty=spec.tty),
-                cwd=self._client.cwd(spec.command.cwd),
-                grace_s=self.terminate_grace_s,
-            )
-            return
-        if entry.spec.stdin:
-            raise UnsupportedOperationError(
-                "stdin=True: the daytona backend keeps the stdin of a process on pipes open "
-                "only through the runner (runner=True); use tty=True to type into a "
-                "process, or write the input to a file and redirect it (`sort < input.txt`)"
-            )
+            return await commands.spawn_on_runner(runner, self._client, entry, grace_s)
+        commands.refuse_open_stdin(entry)
         spawn = terminal.spawn if entry.tty else commands.spawn
-        await spawn(self._client, entry, self.terminate_grace_s)
+        await spawn(self._client, entry, grace_s)
 
     async def _close_stdin(self, entry: OutputSink[DaytonaHandle]) -> None:
         """End the open stdin of a process on pipes: only a runner's process has one
