@@ -1,4 +1,6 @@
-"""Creating, attaching to and killing E2B sandboxes, and finding one a create left.
+"""Creating, attaching to and killing E2B sandboxes, and finding one a create left
+(`release`: the session's teardown of its sandbox), plus the checks of what a create is
+given (`check_labels`; `refuse_limits`: E2B's create takes no resources).
 
 Every create carries a metadata tag (`START_TAG`) and an idempotency key (the SDK's
 `idempotency_key`, sent as the `Idempotency-Key` header): the SDK's transport retries a
