@@ -60,6 +60,7 @@ from ..toolkit import (
     runner_id_in,
     taken_from_ref,
 )
+from . import runner_link
 from .errors import GONE
 from .processes import E2BProcess, text_to_bytes
 
@@ -260,9 +261,9 @@ class E2BDurability(RunnerDurability):
         SDK sandbox object; the sandbox keeps running until its own timeout."""
         session = self.session
         runner, session._runner = session._runner, None
-        try:
-            if runner is not None:
-                await runner.aclose()
-        finally:
+
+        async def forget() -> None:
             session._start_task = None
             session._client.sandbox = None
+
+        await runner_link.shut_down(runner, forget)

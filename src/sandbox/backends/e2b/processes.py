@@ -2,7 +2,8 @@
 (a `Process`: the base session's hooks write to it, resize it, interrupt it, end its
 input and kill it through its methods), `spawn_process` that starts one, and the
 one-shot `exec`'s start (`start_exec`, whose `OneShot` the base session drives), plus
-how the SDK's text output becomes bytes again.
+how the SDK's text output becomes bytes again. With the runner (`runner_link`), their
+twins `spawn_on_runner` and `start_on_runner` start the same through the runner.
 
 Output: terminal output arrives as bytes. Pipe output arrives as `str`: the SDK decodes
 each stream with an incremental UTF-8 decoder (so characters split across chunks are
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from e2b import NotFoundException, PtySize
 
@@ -28,8 +29,18 @@ from ...backend import (
     cancel_and_wait,
     settle,
 )
-from ..toolkit import CommandCheck, ShellTrap, new_tag, tag_environment, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    new_tag,
+    spawn_through_runner,
+    start_one_shot,
+    tag_environment,
+    wait_for_verdict,
+)
 from .client import E2BClient
+from .runner_link import E2BRunner
 from .scripts import TYPED_LINE, line_environment, pipe_line, tty_command
 
 
@@ -244,6 +255,25 @@ async def spawn_process(entry: OutputSink[E2BProcess], client: E2BClient, *, kee
         await client.send(proc.handle.pid, TYPED_LINE.encode())
     if check is not None and trap is not None:
         await wait_for_verdict(entry, trap, check)
+
+
+async def spawn_on_runner(entry: OutputSink[E2BProcess], runner: E2BRunner) -> None:
+    """Start `entry.spec` as a process of the runner (its handle a `RunnerProcess`, its
+    tree killed by the runner), in its folder (`E2BRunner.cwd`) with the runner's
+    environment for it."""
+    command = entry.spec.command
+    env = runner.environment(command.env, tty=entry.spec.tty)
+    sink = cast(OutputSink[RunnerProcess], entry)
+    await spawn_through_runner(runner.client, sink, env=env, cwd=runner.cwd(command.cwd))
+
+
+async def start_on_runner(
+    runner: E2BRunner, spec: CommandSpec, capture: ExecCapture
+) -> OneShotProcess:
+    """The runner's one-shot of `spec`, stdout and stderr apart, byte-exact, in its folder
+    (`E2BRunner.cwd`) with the runner's environment for it."""
+    env = runner.environment(spec.env, tty=False)
+    return await start_one_shot(runner.client, spec, capture, env=env, cwd=runner.cwd(spec.cwd))
 
 
 async def start_exec(client: E2BClient, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:

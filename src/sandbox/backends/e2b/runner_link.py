@@ -22,7 +22,9 @@ session, so it outlives the command and this client) and bridges to its socket; 
 stdout callback feeds the decoder, `commands.send_stdin` takes our lines (one send at a
 time: they must arrive in order), `commands.close_stdin` ends the bridge (the runner
 stays). `E2BRunner` is the session's end of it: the client, the link, the environment
-and the home every process starts with.
+and the home every process starts with. The session starts it with `connect` (its
+`runner` option decides) and stops it with `shut_down`, which releases the sandbox
+after the link whatever became of the link.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import contextlib
 import hashlib
 import secrets
 import shlex
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from e2b import CommandExitException
@@ -54,6 +56,7 @@ from ..toolkit import (
     runner_name,
     runner_paths,
 )
+from . import files
 from .client import E2BClient
 
 # How long the runner has to answer HELLO through a fresh link (its first start
@@ -300,3 +303,24 @@ class E2BRunner:
             await self.client.aclose()
         finally:
             await self.link.close()
+
+
+async def connect(e2b: E2BClient, option: bool | None) -> E2BRunner | None:
+    """The session's runner as its `runner` option asks: none for False; else learn the
+    sandbox's home and `E2BRunner.start`, `required` for True (`None` keeps envd's
+    processes where this install has no runner for the sandbox's machine)."""
+    if option is False:
+        return None
+    await files.in_workspace(e2b, ".")  # learns the home, once
+    assert e2b.home is not None
+    return await E2BRunner.start(e2b, e2b.home, required=bool(option))
+
+
+async def shut_down(runner: E2BRunner | None, release: Callable[[], Awaitable[None]]) -> None:
+    """Close the runner's link (the runner lives on in a kept sandbox; a killed one ends
+    it), then `release` the sandbox whatever became of the link."""
+    try:
+        if runner is not None:
+            await runner.aclose()
+    finally:
+        await release()

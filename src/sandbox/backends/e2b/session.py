@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from e2b import AsyncSandbox
 
@@ -81,24 +81,14 @@ from ...backend import (
     kill_handle,
 )
 from ...errors import InvalidArgumentError
-from ..toolkit import (
-    RunnerProcess,
-    Secret,
-    check_limits,
-    refuse_renamed,
-    refuse_unsupported,
-    require_credential,
-    spawn_through_runner,
-    start_one_shot,
-)
+from ..toolkit import Secret, refuse_renamed, require_credential
 from . import durable as durable_e2b
-from . import files, sandboxes
+from . import files, processes, runner_link, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
-from .errors import REFUSED, ErrorPolicy
+from .errors import ErrorPolicy
 from .files import E2BFiles
-from .processes import E2BProcess, spawn_process, start_exec
+from .processes import E2BProcess
 from .runner_link import E2BRunner
-from .sandboxes import SESSION_LABEL
 from .workspace import E2BPorts, E2BSnapshots, check_snapshot_mode
 
 API_KEY_ENV = "E2B_API_KEY"
@@ -135,18 +125,8 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     ) -> None:
         refuse_renamed(type(self), options)
         super().__init__(**options)
-        # E2B's create (e2b==2.63.0 `AsyncSandbox.create`) takes no resources: CPU and
-        # memory belong to the template (set when it is built), processes are unlimited.
-        refuse_unsupported(
-            check_limits(
-                memory_limit_bytes=memory_limit_bytes,
-                process_limit=process_limit,
-                cpu_limit=cpu_limit,
-            ),
-            backend="e2b",
-            supported=(),
-            why="E2B sets CPU and memory per template (at build), not per sandbox",
-        )
+        # E2B's create takes no resources (a template has its CPU and memory).
+        sandboxes.refuse_limits(memory_limit_bytes, process_limit, cpu_limit)
         for name, value in (
             ("start_timeout_s", start_timeout_s),
             ("teardown_timeout_s", teardown_timeout_s),
@@ -159,12 +139,7 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             raise InvalidArgumentError("api_key must be a str")
         for name, text in (("sandbox_id", sandbox_id), ("image", image)):
             check_str(name, text)
-        labels = check_env(labels, name="labels", variables=False)
-        if labels and SESSION_LABEL in labels:
-            raise InvalidArgumentError(
-                f"labels[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
-                "creates: choose another key"
-            )
+        labels = sandboxes.check_labels(labels)
         env = check_env(env)
         if runner is not None and not isinstance(runner, bool):
             raise InvalidArgumentError(f"runner must be True, False or None, not {runner!r}")
@@ -220,24 +195,14 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     async def _start_backend(self) -> None:
         """Resolve the API key, then attach to `sandbox_id` or create a sandbox (tagged,
         as a task we own, so a cancelled or failed create can be cleaned up)."""
-        self._api_key = Secret(
-            require_credential(
-                None if self._api_key_option is None else self._api_key_option.reveal(),
-                API_KEY_ENV,
-                backend="e2b",
-                what="an E2B API key (api_key)",
-            )
-        )
+        given = None if self._api_key_option is None else self._api_key_option.reveal()
+        what = "an E2B API key (api_key)"
+        self._api_key = Secret(require_credential(given, API_KEY_ENV, backend="e2b", what=what))
         self._errors.secrets = (self._api_key, self._api_key_option)
-        client, cls = self._client, self._sandbox_class
+        client, cls, params = self._client, self._sandbox_class, self._api_params()
         if self._attach_id is not None:
-            connect = cls.connect(
-                self._attach_id, timeout=self._sandbox_timeout, **self._api_params()
-            )
-            try:
-                client.sandbox = await client.bounded(connect, client.start_timeout)
-            except Exception as exc:
-                self._errors.fail(exc, f"attach to sandbox {self._attach_id}")
+            lifetime = self._sandbox_timeout
+            client.sandbox = await sandboxes.attach(client, cls, self._attach_id, lifetime, params)
             if not self._runner_deferred:
                 await self._start_runner()
             return
@@ -249,68 +214,42 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
             lifetime=self._sandbox_timeout,
             metadata=self._metadata,
             envs=self._envs,
-            params=self._api_params(),
+            params=params,
             session_id=durable_session_id(self),
         )
         # The create runs as our task: if this caller is cancelled, `_stop_backend` waits
         # for it and deletes the sandbox it made.
         self._start_task = asyncio.ensure_future(client.bounded(create, client.start_timeout))
-        try:
-            client.sandbox = await asyncio.shield(self._start_task)
-        except Exception as exc:
-            self._errors.fail(exc, "create a sandbox")
+        client.sandbox = await sandboxes.created(client, self._start_task)
         self._start_task = None
         self._created = True
         await self._start_runner()
 
     async def _start_runner(self) -> None:
         """Connect to the runner in the sandbox (delivered and started when needed) if
-        the `runner` option asks for it; `runner=None` keeps envd's processes where this
-        install has no runner for the sandbox's machine."""
-        wanted = self._runner_option
-        if wanted is False:
-            return
-        await files.in_workspace(self._client, ".")  # learns the home, once
-        assert self._client.home is not None
-        self._runner = await E2BRunner.start(self._client, self._client.home, required=bool(wanted))
-        self._uses_runner = self._runner is not None
+        the `runner` option asks for it (`runner_link.connect`)."""
+        if self._runner_option is not False:
+            self._runner = await runner_link.connect(self._client, self._runner_option)
+            self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
         """Close the runner's link (the runner lives on in a kept sandbox; a killed one
         ends it), then kill the sandbox unless kept; after an unfinished start, delete
         whatever the create made (waiting for it, or searching by tag when its outcome
-        is unknown)."""
+        is unknown: `runner_link.shut_down`, `sandboxes.release`)."""
         runner, self._runner = self._runner, None
-        try:
-            if runner is not None:
-                await runner.aclose()
-        finally:  # whatever became of the link, the sandbox is released
-            # The home is the sandbox's: a start after this one (a cancelled start
-            # retried) asks the next sandbox for its own.
-            self._client.home = None
-            await self._release_sandbox()
+        await runner_link.shut_down(runner, self._release_sandbox)
 
     async def _release_sandbox(self) -> None:
-        """Kill the sandbox unless kept (see `_stop_backend`)."""
+        """Forget the sandbox and kill it unless kept (see `_stop_backend`)."""
+        # The home is the sandbox's: a start after this one (a cancelled start retried)
+        # asks the next sandbox for its own.
+        self._client.home = None
         task, self._start_task = self._start_task, None
         sandbox, self._client.sandbox = self._client.sandbox, None
         token, self._start_token = self._start_token, None
-        unfinished_start = task is not None
-        if task is not None and sandbox is None:
-            # The start failed or its caller was cancelled: the create's outcome decides.
-            if not task.done():
-                await asyncio.wait([task])
-            failure = None if task.cancelled() else task.exception()
-            if task.cancelled() or failure is not None:
-                if token is not None and not isinstance(failure, REFUSED):
-                    await sandboxes.sweep(
-                        self._client, self._sandbox_class, token, self._api_params()
-                    )
-                return
-            sandbox = task.result()
-        if sandbox is None or (self._keep and not unfinished_start):
-            return
-        await sandboxes.kill_sandbox(self._client, sandbox, self._api_params())
+        cls, params = self._sandbox_class, self._api_params()
+        await sandboxes.release(self._client, cls, params, sandbox, task, token, keep=self._keep)
 
     # ---- one-shot commands ---------------------------------------------------------------
 
@@ -319,17 +258,10 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         streamed into the bounded capture (`processes.start_exec`). A `cwd` (or
         `shell=False`) runs behind the command check: E2B would refuse a missing `cwd`
         with an error of its own. With the runner: the runner's one-shot, stdout and
-        stderr apart, byte-exact."""
-        runner = self._runner
-        if runner is not None:
-            return await start_one_shot(
-                runner.client,
-                spec,
-                capture,
-                env=runner.environment(spec.env, tty=False),
-                cwd=runner.cwd(spec.cwd),
-            )
-        return await start_exec(self._client, spec, capture)
+        stderr apart, byte-exact (`processes.start_on_runner`)."""
+        if self._runner is not None:
+            return await processes.start_on_runner(self._runner, spec, capture)
+        return await processes.start_exec(self._client, spec, capture)
 
     # ---- processes --------------------------------------------------------------------------
 
@@ -337,18 +269,11 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         """tty: an E2B PTY (a login bash) running the shell-trap line; pipes: a
         background command, its stdin closed unless `stdin=True`. Output flows into
         `entry.feed`; the handle is an `E2BProcess` (`processes.spawn_process`). With
-        the runner: the runner's process (`RunnerProcess`)."""
-        runner = self._runner
-        if runner is not None:
-            spec = entry.spec
-            await spawn_through_runner(
-                runner.client,
-                cast(OutputSink[RunnerProcess], entry),
-                env=runner.environment(spec.command.env, tty=spec.tty),
-                cwd=runner.cwd(spec.command.cwd),
-            )
+        the runner: the runner's process, a `RunnerProcess` (`processes.spawn_on_runner`)."""
+        if self._runner is not None:
+            await processes.spawn_on_runner(entry, self._runner)
             return
-        await spawn_process(entry, self._client, keep=self._keep)
+        await processes.spawn_process(entry, self._client, keep=self._keep)
 
     async def _terminate_pty_entry(self, entry: OutputSink[E2BProcess]) -> None:
         """`E2BProcess.kill`: wait for an unfinished start, kill the tagged tree and the
