@@ -4,19 +4,24 @@ checked before it is used, and a link whose runner does not answer ends cleanly.
 from __future__ import annotations
 
 import asyncio
+import platform
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox.backends.toolkit import (
+    SandboxPlace,
+    StderrTail,
     checked_digest,
     checked_folder,
     hello_through,
+    place_runner,
     runner_name,
     sandbox_environment,
 )
-from sandbox.errors import ProviderError
-from sandbox.runner import LinkWriter, RunnerBinary
+from sandbox.errors import ProviderError, UnsupportedOperationError
+from sandbox.runner import LinkWriter, RunnerBinary, runner_binary
 
 
 class SinkExec(LinkWriter):
@@ -92,3 +97,48 @@ async def test_a_cancelled_hello_closes_the_link() -> None:
     with pytest.raises(asyncio.CancelledError):
         await hello
     assert closed.is_set()
+
+
+def test_a_bridges_stderr_is_kept_up_to_its_bound() -> None:
+    tail = StderrTail(limit=5)
+    for chunk in ("abc", "defg", "hij"):
+        tail.keep(chunk)
+    assert tail.text == "abcde"
+
+
+async def test_the_runner_is_uploaded_only_where_the_sandbox_lacks_its_bytes() -> None:
+    binary = runner_binary()
+    if binary is None:
+        pytest.skip("this install has no runner build")
+    uploads: list[str] = []
+
+    def answer(digest: str) -> Callable[[list[str]], Awaitable[SandboxPlace]]:
+        async def prepare(names: list[str]) -> SandboxPlace:
+            assert names == [runner_name(binary)]
+            return SandboxPlace("/tmp", platform.machine(), {names[0]: digest}, {"A": "1"})
+
+        return prepare
+
+    async def upload(built: RunnerBinary, path: str) -> None:
+        uploads.append(path)
+
+    placed = await place_runner(answer("0" * 64), upload, required=True)
+    assert placed is not None and uploads == [placed.path]
+    assert placed.path == f"/tmp/{runner_name(binary)}" and placed.sock == placed.path + ".sock"
+    assert placed.env == {"A": "1"}
+    again = await place_runner(answer(binary.sha256), upload, required=True)
+    assert again == placed and uploads == [placed.path]  # the same bytes: no second upload
+
+
+async def test_no_build_for_the_sandboxs_machine_is_none_or_refused() -> None:
+    async def prepare(names: list[str]) -> SandboxPlace:
+        return SandboxPlace("/tmp", "riscv64", {n: None for n in names}, {})
+
+    async def upload(built: RunnerBinary, path: str) -> None:
+        raise AssertionError("nothing to upload")
+
+    if runner_binary() is None:
+        pytest.skip("this install has no runner build")
+    assert await place_runner(prepare, upload, required=False) is None
+    with pytest.raises(UnsupportedOperationError, match="riscv64"):
+        await place_runner(prepare, upload, required=True)

@@ -47,22 +47,17 @@ from ..toolkit import (
     RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
+    StderrTail,
     check_runner_installed,
-    choose_binary,
     hello_through,
-    no_runner_built,
-    packaged_runners,
     parse_prepare,
+    place_runner,
     process_environment,
-    runner_name,
-    runner_paths,
 )
 from .client import DaytonaClient
 
 # How long ending the link (deleting its session) may take before it is given up.
 CLOSE_WAIT_S = 5.0
-# What the link's stderr may hold for an error message (the rest is dropped).
-MAX_STDERR_CHARS = 4096
 # The terminal type a process on a terminal gets when neither its env nor the sandbox's
 # sets one (what Daytona's own PTY sessions set).
 DEFAULT_TERM = "xterm-256color"
@@ -128,20 +123,8 @@ class DaytonaLink:
         self.cmd_id: str | None = None
         self.text = TextLink(self._send, self._end_input, close_wait_s=CLOSE_WAIT_S)
         self._session_made = False
-        self._stderr: list[str] = []
-        self._stderr_chars = 0
+        self.stderr = StderrTail()
         self._logs: asyncio.Task[None] | None = None
-
-    @property
-    def stderr(self) -> str:
-        """What the bridge printed on stderr (bounded), for an error message."""
-        return "".join(self._stderr)
-
-    def _keep_stderr(self, chunk: str) -> None:
-        room = MAX_STDERR_CHARS - self._stderr_chars
-        if room > 0:
-            self._stderr.append(chunk[:room])
-            self._stderr_chars += len(chunk[:room])
 
     async def _send(self, text: str) -> None:
         client = self.client
@@ -182,10 +165,10 @@ class DaytonaLink:
         client = self.client
         try:
             await client.process.get_session_command_logs_async(
-                self.session_id, self.cmd_id, self.text.feed_text, self._keep_stderr
+                self.session_id, self.cmd_id, self.text.feed_text, self.stderr.keep
             )
         except Exception as exc:  # a cut stream: the link is over
-            said = self.stderr.strip()[-300:] or client.describe(exc)
+            said = self.stderr.text.strip()[-300:] or client.describe(exc)
             self.text.error = said
         finally:
             self.text.feed_eof()
@@ -224,21 +207,16 @@ class DaytonaRunner:
         running, and connect. Where this install has no runner for the sandbox's
         machine: `UnsupportedOperationError` when `required`, else None (the session
         keeps the daemon's own processes)."""
-        builds = packaged_runners()
-        if not builds:
-            no_runner_built(required)
+        placed = await place_runner(
+            lambda names: prepare(daytona, names),
+            lambda binary, path: upload(daytona, binary, path),
+            required=required,
+        )
+        if placed is None:
             return None
-        names = [runner_name(binary) for binary in builds.values()]
-        place = await prepare(daytona, names)
-        binary = choose_binary(place, required=required)
-        if binary is None:
-            return None
-        path, sock = runner_paths(place, binary)
-        if place.digests.get(runner_name(binary)) != binary.sha256:
-            await upload(daytona, binary, path)
         link = DaytonaLink(daytona)
         try:
-            await link.start(path, sock)
+            await link.start(placed.path, placed.sock)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(link.close())
@@ -246,11 +224,11 @@ class DaytonaRunner:
         client = await hello_through(
             link.text.reader,
             link.text.writer,
-            stderr=lambda: link.text.error or link.stderr,
+            stderr=lambda: link.text.error or link.stderr.text,
             close=link.close,
             where="the sandbox",
         )
-        return cls(client, link, dict(place.env))
+        return cls(client, link, placed.env)
 
     def environment(
         self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM

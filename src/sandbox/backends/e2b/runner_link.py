@@ -35,37 +35,30 @@ import hashlib
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from e2b import CommandExitException
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError
-from ...runner import RunnerBinary, RunnerClient, RunnerError, TextLink
+from ...runner import RunnerBinary, RunnerClient, TextLink
 from ..toolkit import (
     MAX_RUNNER_BYTES,
     RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
+    StderrTail,
     check_runner_installed,
-    choose_binary,
-    no_runner_built,
-    packaged_runners,
+    hello_through,
     parse_prepare,
+    place_runner,
     process_environment,
-    runner_name,
-    runner_paths,
 )
 from . import files
 from .client import E2BClient
 
-# How long the runner has to answer HELLO through a fresh link (its first start
-# included: a static binary, it is up in milliseconds).
-HELLO_TIMEOUT_S = 10.0
 # After the link's stdin was closed, how long its bridge has to end before it is killed.
 CLOSE_WAIT_S = 5.0
-# What the link's stderr may hold for an error message (the rest is dropped).
-MAX_STDERR_CHARS = 4096
 # The terminal type a process on a terminal gets when neither its env nor the session's
 # sets one (what E2B's own `pty.create` sets).
 DEFAULT_TERM = "xterm-256color"
@@ -140,20 +133,8 @@ class E2BLink:
         self.pid: int | None = None
         self.handle: Any = None
         self.text = TextLink(self._send, self._close_input, close_wait_s=CLOSE_WAIT_S)
-        self._stderr: list[str] = []
-        self._stderr_chars = 0
+        self.stderr = StderrTail()
         self._watcher: asyncio.Task[None] | None = None
-
-    @property
-    def stderr(self) -> str:
-        """What the bridge printed on stderr (bounded), for an error message."""
-        return "".join(self._stderr)
-
-    def _keep_stderr(self, chunk: str) -> None:
-        room = MAX_STDERR_CHARS - self._stderr_chars
-        if room > 0:
-            self._stderr.append(chunk[:room])
-            self._stderr_chars += len(chunk[:room])
 
     async def _send(self, text: str) -> None:
         client = self.client
@@ -179,7 +160,7 @@ class E2BLink:
             background=True,
             stdin=True,
             on_stdout=self.text.feed_text,
-            on_stderr=self._keep_stderr,
+            on_stderr=self.stderr.keep,
             timeout=client.process_timeout,
             retain_output=False,
             **client.request(),
@@ -199,7 +180,7 @@ class E2BLink:
             await self.handle.wait()
         except Exception as exc:  # a non-zero exit or a cut stream: the link is over
             if isinstance(exc, CommandExitException) and exc.exit_code not in (0, None):
-                said = self.stderr.strip()[-300:]
+                said = self.stderr.text.strip()[-300:]
                 if said:
                     self.text.error = said
         finally:
@@ -250,38 +231,28 @@ class E2BRunner:
         running, and connect. Where this install has no runner for the sandbox's
         machine: `UnsupportedOperationError` when `required`, else None (the session
         keeps its own path)."""
-        builds = packaged_runners()
-        if not builds:
-            no_runner_built(required)
+        placed = await place_runner(
+            lambda names: prepare(e2b, names),
+            lambda binary, path: upload(e2b, binary, path),
+            required=required,
+        )
+        if placed is None:
             return None
-        names = [runner_name(binary) for binary in builds.values()]
-        place = await prepare(e2b, names)
-        binary = choose_binary(place, required=required)
-        if binary is None:
-            return None
-        path, sock = runner_paths(place, binary)
-        if place.digests.get(runner_name(binary)) != binary.sha256:
-            await upload(e2b, binary, path)
         link = E2BLink(e2b)
         try:
-            await link.start(path, sock)
-            client = await RunnerClient.open(
-                link.text.reader,
-                cast(asyncio.StreamWriter, link.text.writer),
-                timeout=HELLO_TIMEOUT_S,
-            )
-        except RunnerError as exc:
-            said = (link.text.error or link.stderr).strip()
-            detail = f": {said[-300:]}" if said else ""
-            await asyncio.shield(link.close())
-            raise ProviderError(
-                f"the runner in the sandbox did not answer ({exc}){detail}", retryable=False
-            ) from None
+            await link.start(placed.path, placed.sock)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(link.close())
             raise
-        return cls(client, link, dict(place.env), home)
+        client = await hello_through(
+            link.text.reader,
+            link.text.writer,
+            stderr=lambda: link.text.error or link.stderr.text,
+            close=link.close,
+            where="the sandbox",
+        )
+        return cls(client, link, placed.env, home)
 
     def environment(
         self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM

@@ -43,14 +43,10 @@ from ..toolkit import (
     MAX_STDERR_BYTES,
     RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
-    choose_binary,
     hello_through,
-    no_runner_built,
-    packaged_runners,
     parse_prepare,
+    place_runner,
     process_environment,
-    runner_name,
-    runner_paths,
 )
 from .commands import read_stream
 from .errors import SDK_ERRORS, ModalErrors
@@ -316,19 +312,14 @@ class SandboxRunner:
         if wanted is False:
             return None
         required = wanted is True
-        builds = packaged_runners()
-        if not builds:
-            no_runner_built(required)
+        placed = await place_runner(
+            lambda names: prepare(sandbox, errors, names, env),
+            lambda binary, path: upload(sandbox, errors, binary, path, env),
+            required=required,
+        )
+        if placed is None:
             return None
-        names = [runner_name(binary) for binary in builds.values()]
-        place = await prepare(sandbox, errors, names, env)
-        binary = choose_binary(place, required=required)
-        if binary is None:
-            return None
-        path, sock = runner_paths(place, binary)
-        if place.digests.get(runner_name(binary)) != binary.sha256:
-            await upload(sandbox, errors, binary, path, env)
-        link = await open_link(sandbox, errors, path, sock)
+        link = await open_link(sandbox, errors, placed.path, placed.sock)
         client = await hello_through(
             link.reader,
             link.writer,
@@ -336,7 +327,7 @@ class SandboxRunner:
             close=link.end,
             where="the sandbox",
         )
-        return cls(client, link, {**place.env, **env}, term)
+        return cls(client, link, {**placed.env, **env}, term)
 
     def environment(self, extra: Mapping[str, str] | None, *, tty: bool) -> dict[str, str]:
         """The whole environment of one process: the sandbox's, the session's, the

@@ -10,6 +10,7 @@ Nothing here imports a provider SDK.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ...errors import ProviderError, UnsupportedOperationError
@@ -133,3 +134,61 @@ def check_runner_installed(binary: RunnerBinary, code: int, stdout: str, stderr:
         raise ProviderError(
             f"could not put the runner into the sandbox (exit {code}): {said}", retryable=False
         )
+
+
+@dataclass(frozen=True)
+class PlacedRunner:
+    """The runner in the sandbox, ready to be started: its build, path and socket, and
+    the sandbox's environment (every process's base)."""
+
+    binary: RunnerBinary
+    path: str
+    sock: str
+    env: dict[str, str]
+
+
+async def place_runner(
+    prepare: Callable[[list[str]], Awaitable[SandboxPlace]],
+    upload: Callable[[RunnerBinary, str], Awaitable[None]],
+    *,
+    required: bool,
+) -> PlacedRunner | None:
+    """Deliver the runner through a provider's two calls: `prepare(names)` runs
+    `RUNNER_PREPARE_SCRIPT` and parses it (`parse_prepare`), `upload(binary, path)` puts
+    the bytes there; the upload is skipped when the sandbox reports the same sha256 at
+    the runner's content-named path. None where this install has no runner for the
+    sandbox's machine and `required` is False (`UnsupportedOperationError` when True)."""
+    builds = packaged_runners()
+    if not builds:
+        no_runner_built(required)
+        return None
+    place = await prepare([runner_name(binary) for binary in builds.values()])
+    binary = choose_binary(place, required=required)
+    if binary is None:
+        return None
+    path, sock = runner_paths(place, binary)
+    if place.digests.get(runner_name(binary)) != binary.sha256:
+        await upload(binary, path)
+    return PlacedRunner(binary, path, sock, dict(place.env))
+
+
+class StderrTail:
+    """What a link's bridge printed on stderr, kept up to `limit` characters (the rest
+    dropped), for an error message."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._parts: list[str] = []
+        self._size = 0
+
+    def keep(self, chunk: str) -> None:
+        """Keep what fits of `chunk`."""
+        room = self._limit - self._size
+        if room > 0:
+            self._parts.append(chunk[:room])
+            self._size += len(chunk[:room])
+
+    @property
+    def text(self) -> str:
+        """What was kept."""
+        return "".join(self._parts)
