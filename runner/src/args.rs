@@ -6,7 +6,7 @@ use std::time::Duration;
 /// The usage text.
 pub const USAGE: &str = "usage:
   sandbox-runner serve --socket PATH [--orphan-timeout SECS] [--detach]
-  sandbox-runner connect --socket PATH [--start] [--text] [--orphan-timeout SECS]
+  sandbox-runner connect --socket PATH [--start] [--text [--ready TOKEN]] [--orphan-timeout SECS]
   sandbox-runner version
 ";
 
@@ -16,8 +16,18 @@ pub const DEFAULT_ORPHAN_TIMEOUT: u64 = 3600;
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
-    Serve { socket: PathBuf, orphan_timeout: Option<Duration>, detach: bool },
-    Connect { socket: PathBuf, start: bool, text: bool, orphan_timeout: Option<Duration> },
+    Serve {
+        socket: PathBuf,
+        orphan_timeout: Option<Duration>,
+        detach: bool,
+    },
+    Connect {
+        socket: PathBuf,
+        start: bool,
+        text: bool,
+        ready: Option<String>,
+        orphan_timeout: Option<Duration>,
+    },
     Version,
     Help,
 }
@@ -36,6 +46,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     let mut detach = false;
     let mut start = false;
     let mut text = false;
+    let mut ready = None;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -61,15 +72,26 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             "--detach" if first == "serve" && inline.is_none() => detach = true,
             "--start" if first == "connect" && inline.is_none() => start = true,
             "--text" if first == "connect" && inline.is_none() => text = true,
+            "--ready" if first == "connect" => {
+                let v = value("--ready")?;
+                // Printed back as is: only a short word that no terminal acts on.
+                if v.is_empty() || v.len() > 64 || !v.bytes().all(|c| c.is_ascii_alphanumeric()) {
+                    return Err(format!("--ready wants 1 to 64 letters or digits, not {v:?}"));
+                }
+                ready = Some(v);
+            }
             _ => return Err(format!("unknown option {arg:?} for {first}")),
         }
     }
     let socket = socket.ok_or("--socket PATH is required")?;
+    if ready.is_some() && !text {
+        return Err("--ready goes with --text".into());
+    }
     let orphan_timeout = (timeout > 0).then(|| Duration::from_secs(timeout));
     Ok(if first == "serve" {
         Command::Serve { socket, orphan_timeout, detach }
     } else {
-        Command::Connect { socket, start, text, orphan_timeout }
+        Command::Connect { socket, start, text, ready, orphan_timeout }
     })
 }
 
@@ -113,6 +135,7 @@ mod tests {
                 socket: "/s".into(),
                 start: true,
                 text: false,
+                ready: None,
                 orphan_timeout: Some(Duration::from_secs(3600))
             })
         );
@@ -122,6 +145,17 @@ mod tests {
                 socket: "/s".into(),
                 start: false,
                 text: true,
+                ready: None,
+                orphan_timeout: Some(Duration::from_secs(3600))
+            })
+        );
+        assert_eq!(
+            p(&["connect", "--text", "--ready", "a1B2", "--socket", "/s"]),
+            Ok(Command::Connect {
+                socket: "/s".into(),
+                start: false,
+                text: true,
+                ready: Some("a1B2".into()),
                 orphan_timeout: Some(Duration::from_secs(3600))
             })
         );
@@ -138,6 +172,11 @@ mod tests {
             &["connect", "--socket", "/s", "--detach"],
             &["serve", "--socket", "/s", "--text"],
             &["connect", "--socket", "/s", "--text=1"],
+            &["connect", "--socket", "/s", "--ready", "x"],
+            &["connect", "--socket", "/s", "--text", "--ready", ""],
+            &["connect", "--socket", "/s", "--text", "--ready", "a b"],
+            &["connect", "--socket", "/s", "--text", "--ready", "\u{1b}]0;x"],
+            &["serve", "--socket", "/s", "--ready", "x"],
             &["serve", "--socket", "/s", "--orphan-timeout", "-1"],
             &["serve", "--socket", "/s", "--orphan-timeout", "1.5"],
             &["serve", "--socket", "/s", "extra"],

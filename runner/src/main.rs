@@ -31,8 +31,8 @@ fn main() {
         Ok(args::Command::Serve { socket, orphan_timeout, detach }) => {
             serve::serve(socket, orphan_timeout, detach)
         }
-        Ok(args::Command::Connect { socket, start, text, orphan_timeout }) => {
-            serve::bridge(socket, start, text, orphan_timeout)
+        Ok(args::Command::Connect { socket, start, text, ready, orphan_timeout }) => {
+            serve::bridge(socket, start, text, ready.as_deref(), orphan_timeout)
         }
         Err(message) => {
             eprint!("sandbox-runner: {message}\n{}", args::USAGE);

@@ -214,8 +214,15 @@ fn redirect_stdio() {
 
 /// `connect`: bridges stdin/stdout to the socket until either side closes; returns the
 /// exit code. With `start`, starts a detached runner first when none accepts; with
-/// `text`, both directions are base64 lines (`textlink`).
-pub fn bridge(socket: PathBuf, start: bool, text: bool, orphan_timeout: Option<std::time::Duration>) -> i32 {
+/// `text`, both directions are base64 lines (`textlink`), after the `ready` line if
+/// one is asked for.
+pub fn bridge(
+    socket: PathBuf,
+    start: bool,
+    text: bool,
+    ready: Option<&str>,
+    orphan_timeout: Option<std::time::Duration>,
+) -> i32 {
     let sock = match connect(&socket) {
         Ok(fd) => fd,
         Err(_) if start => {
@@ -242,7 +249,7 @@ pub fn bridge(socket: PathBuf, start: bool, text: bool, orphan_timeout: Option<s
     let saved: Vec<(RawFd, i32)> =
         [0, 1].iter().map(|&fd| (fd, unsafe { libc::fcntl(fd, libc::F_GETFL) })).collect();
     let code = if text {
-        crate::textlink::pump(0, 1, sock.as_raw_fd())
+        crate::textlink::bridge(0, 1, sock.as_raw_fd(), ready)
     } else {
         pump_bridge(0, 1, sock.as_raw_fd())
     };

@@ -6,7 +6,16 @@
 //!
 //! Bad input (a character outside base64, a line longer than `MAX_LINE`) ends the
 //! bridge with a message on stderr and exit code 1: never a hang, never a buffer that
-//! grows without bound.
+//! grows without bound. A line that is just `.` ends the input as an end of file would
+//! (a terminal in raw mode has no end of file to give).
+//!
+//! Over a terminal (Blaxel's and Cloudflare's terminal sockets, where the bridge is
+//! typed into a shell): a terminal among stdin and stdout is put in raw mode first (no
+//! echo, no line editing, no signal keys, no CR/NL translation), so the lines pass as
+//! they are, never as keystrokes a line discipline interprets; with `--ready TOKEN` the
+//! bridge then prints `sandbox-runner-ready TOKEN` on a line of its own, so the client
+//! knows where the shell's prompt and echo end and the link begins (the typed line holds
+//! the token, never that phrase). The terminal's settings are put back at the end.
 
 use crate::sys;
 use std::os::fd::RawFd;
@@ -68,14 +77,22 @@ pub fn decode(text: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     Ok(())
 }
 
+/// The line that ends the input (not base64: no data line can be it).
+pub const END_LINE: &[u8] = b".";
+
 /// Takes every complete line out of `pending` and appends its bytes to `out`. With
-/// `end`, what remains (a last line without its `\n`) is a line too.
-pub fn take_lines(pending: &mut Vec<u8>, out: &mut Vec<u8>, end: bool) -> Result<(), String> {
+/// `end`, what remains (a last line without its `\n`) is a line too. Returns true at
+/// the end line (`END_LINE`): what follows it is dropped.
+pub fn take_lines(pending: &mut Vec<u8>, out: &mut Vec<u8>, end: bool) -> Result<bool, String> {
     let mut start = 0;
     while let Some(at) = pending[start..].iter().position(|&c| c == b'\n') {
         let mut line = &pending[start..start + at];
         if line.last() == Some(&b'\r') {
             line = &line[..line.len() - 1];
+        }
+        if line == END_LINE {
+            pending.clear();
+            return Ok(true);
         }
         if line.len() + 2 > MAX_LINE {
             return Err(format!("a line of {} characters (at most {})", line.len(), MAX_LINE - 2));
@@ -90,9 +107,12 @@ pub fn take_lines(pending: &mut Vec<u8>, out: &mut Vec<u8>, end: bool) -> Result
     if end && !pending.is_empty() {
         let rest = std::mem::take(pending);
         let line = rest.strip_suffix(b"\r").unwrap_or(&rest);
-        decode(line, out)?;
+        if line != END_LINE {
+            decode(line, out)?;
+        }
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Appends `data` to `out` as lines of at most `LINE_DATA` bytes each.
@@ -101,6 +121,66 @@ pub fn encode_lines(data: &[u8], out: &mut Vec<u8>) {
         encode(chunk, out);
         out.push(b'\n');
     }
+}
+
+/// A terminal's settings, put back when dropped.
+struct RawTerminal {
+    fd: RawFd,
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    /// Raw mode on `fd` if it is a terminal (None otherwise, or if it cannot be set).
+    fn enter(fd: RawFd) -> Option<RawTerminal> {
+        if unsafe { libc::isatty(fd) } != 1 {
+            return None;
+        }
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        unsafe { libc::cfmakeraw(&mut raw) };
+        // Reads return what is there: nothing waits for a count or a timer.
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
+            return None;
+        }
+        Some(RawTerminal { fd, saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// The ready line `--ready TOKEN` prints.
+pub fn ready_line(token: &str) -> Vec<u8> {
+    format!("sandbox-runner-ready {token}\n").into_bytes()
+}
+
+/// `connect --text`: raw mode on a terminal among `input` and `output`, the ready line
+/// if asked for, then `pump`; the terminal's settings are put back at the end.
+pub fn bridge(input: RawFd, output: RawFd, sock: RawFd, ready: Option<&str>) -> i32 {
+    let _raw_in = RawTerminal::enter(input);
+    // The same terminal on both sides is set once (its settings are shared).
+    let same = unsafe {
+        let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::fstat(input, &mut a) == 0
+            && libc::fstat(output, &mut b) == 0
+            && a.st_rdev == b.st_rdev
+            && a.st_ino == b.st_ino
+    };
+    let _raw_out = if same && _raw_in.is_some() { None } else { RawTerminal::enter(output) };
+    if let Some(token) = ready {
+        if sys::write_all(output, &ready_line(token)).is_err() {
+            return 1;
+        }
+    }
+    pump(input, output, sock)
 }
 
 /// Copies base64 lines from `input` to `sock` as bytes, and `sock`'s bytes to `output`
@@ -159,9 +239,13 @@ pub fn pump(input: RawFd, output: RawFd, sock: RawFd) -> i32 {
             };
             if let Some(n) = read {
                 pending.extend_from_slice(&buf[..n]);
-                if let Err(message) = take_lines(&mut pending, &mut to_sock, !in_open) {
-                    eprintln!("sandbox-runner: connect --text: bad input: {message}");
-                    return 1;
+                match take_lines(&mut pending, &mut to_sock, !in_open) {
+                    Ok(true) => in_open = false,
+                    Ok(false) => {}
+                    Err(message) => {
+                        eprintln!("sandbox-runner: connect --text: bad input: {message}");
+                        return 1;
+                    }
                 }
             }
         }
@@ -269,6 +353,28 @@ mod tests {
         let mut pending = vec![b'A'; MAX_LINE + 4];
         pending.push(b'\n');
         assert!(take_lines(&mut pending, &mut Vec::new(), false).is_err());
+    }
+
+    #[test]
+    fn the_end_line_ends_the_input_and_drops_what_follows() {
+        for text in [&b"Zm9v\n.\nYmFy\n"[..], b"Zm9v\r\n.\r\nYmFy", b"Zm9v\n."] {
+            let mut pending = text.to_vec();
+            let mut out = Vec::new();
+            let end = take_lines(&mut pending, &mut out, text.ends_with(b".")).unwrap();
+            assert!(end, "{text:?}");
+            assert_eq!(out, b"foo");
+            assert!(pending.is_empty());
+        }
+        let mut pending = b"Zm9v\n".to_vec();
+        assert!(!take_lines(&mut pending, &mut Vec::new(), false).unwrap());
+        // Only a whole line of "." ends it: "." inside a line is bad base64.
+        assert!(take_lines(&mut b"Zm9v.\n".to_vec(), &mut Vec::new(), false).is_err());
+        assert!(take_lines(&mut b"..\n".to_vec(), &mut Vec::new(), false).is_err());
+    }
+
+    #[test]
+    fn the_ready_line_holds_the_phrase_the_typed_line_lacks() {
+        assert_eq!(ready_line("abc9"), b"sandbox-runner-ready abc9\n");
     }
 
     #[test]

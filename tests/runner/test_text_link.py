@@ -12,6 +12,7 @@ import binascii
 import contextlib
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,9 @@ from sandbox.runner.client import RunnerClient
 from sandbox.runner.errors import RunnerProtocolError
 from sandbox.runner.frames import Stream
 from sandbox.runner.text_link import (
+    END_LINE,
     LINE_DATA,
+    MAX_BEFORE_READY,
     MAX_LINE,
     LineDecoder,
     TextLink,
@@ -307,3 +310,144 @@ async def test_bad_input_ends_the_bridge_with_a_message(
     message = (await bridge.stderr.read()).decode()
     assert "bad input" in message and said in message
     assert await asyncio.wait_for(link.reader.read(), 10) == b""  # the link's end
+
+
+# ---- over a terminal: the bridge typed into a shell (Blaxel's and Cloudflare's sockets) ----
+
+
+def test_text_before_the_ready_line_is_dropped_and_bounded() -> None:
+    async def body() -> None:
+        async def send(text: str) -> None:
+            sent.append(text)
+
+        async def end_input() -> None:
+            pass
+
+        sent: list[str] = []
+        link = TextLink(send, end_input, ready="tok1")
+        # The echo of the typed line holds the token, never the phrase.
+        link.feed_text("$ exec runner connect --text --ready tok1\r\n")
+        link.feed_text("sandbox-runner-re")
+        writer = cast(asyncio.StreamWriter, link.writer)
+        writer.write(b"hi")
+        drain = asyncio.ensure_future(writer.drain())
+        await asyncio.sleep(0)
+        assert sent == [] and not drain.done()  # nothing is typed before the ready line
+        link.feed_text("ady tok1\n" + encode_lines(b"after"))
+        await asyncio.wait_for(drain, 5)
+        assert sent == [encode_lines(b"hi")]
+        assert await link.reader.readexactly(5) == b"after"
+
+        flooded = TextLink(send, end_input, ready="tok2")
+        flooded.feed_text("x" * (MAX_BEFORE_READY + 1))
+        with pytest.raises(RunnerProtocolError, match="no ready line"):
+            await flooded.reader.read(1)
+        with pytest.raises(ConnectionResetError):
+            await flooded.wait_ready()
+
+        gone = TextLink(send, end_input, ready="tok3")
+        gone.feed_text("sh: 1: /tmp/r: Permission denied\x1b[0m\r\n")
+        gone.feed_eof()
+        with pytest.raises(RunnerProtocolError, match="Permission denied"):
+            await gone.reader.read(1)
+
+    asyncio.run(body())
+
+
+@pytest.fixture
+async def terminal_bridge() -> AsyncIterator[tuple[TextLink, asyncio.subprocess.Process]]:
+    """An interactive `sh` on a real terminal with the bridge typed into it (`exec ...
+    connect --text --start --ready TOKEN`), as a provider's terminal socket gives it:
+    the terminal's output is read as text, our lines are typed into it."""
+    found = runner_binary_module.runner_binary()
+    if found is None:
+        skip_or_fail(runner_binary_module.unavailable_reason())
+    assert found is not None
+    folder = tempfile.mkdtemp(prefix="rtt-", dir="/tmp")
+    sock = f"{folder}/r.sock"
+    master, slave = os.openpty()
+    shell = await asyncio.create_subprocess_exec(
+        "sh",
+        "-i",
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        env={"PATH": "/usr/bin:/bin", "PS1": "$ ", "HOME": folder},
+    )
+    os.close(slave)
+    os.set_blocking(master, False)
+    loop = asyncio.get_running_loop()
+
+    async def send(text: str) -> None:
+        data = memoryview(text.encode("ascii"))
+        while data:
+            try:
+                data = data[os.write(master, data) :]
+            except BlockingIOError:
+                writable = loop.create_future()
+                loop.add_writer(master, writable.set_result, None)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(master)
+
+    async def end_input() -> None:
+        await send(END_LINE)
+
+    link = TextLink(send, end_input, ready="t0k3n")
+
+    def readable() -> None:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            chunk = b""
+        if chunk:
+            link.feed_text(chunk.decode("utf-8", "replace"))
+        else:
+            loop.remove_reader(master)
+            link.feed_eof()
+
+    loop.add_reader(master, readable)
+    line = shlex.join(
+        [str(found.path), "connect", "--text", "--start", "--ready", "t0k3n", "--socket", sock]
+    )
+    os.write(master, f"exec {line}\n".encode())
+    try:
+        yield link, shell
+    finally:
+        loop.remove_reader(master)
+        if shell.returncode is None:
+            shell.kill()
+        await shell.wait()
+        os.close(master)
+        for pid in procfs.pids_with_arg(sock):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        assert await eventually(lambda: procfs.pids_with_arg(sock) == [])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_the_bridge_typed_into_a_shell_carries_every_byte_raw(
+    terminal_bridge: tuple[TextLink, asyncio.subprocess.Process],
+) -> None:
+    """The terminal is raw once the ready line shows: nothing typed is echoed (an echo
+    would come back as lines the decoder refuses or as bytes the client cannot frame),
+    no byte is translated, and the end line ends the bridge (exit 0) while the runner
+    it started stays."""
+    link, shell = terminal_bridge
+    client = await RunnerClient.open(
+        link.reader, cast(asyncio.StreamWriter, link.writer), timeout=10
+    )
+    try:
+        data = bytes(range(256)) * 600
+        sink = Collect()
+        await client.spawn(1, ["cat"], env={"PATH": "/usr/bin:/bin"}, sink=sink, stdin_open=True)
+        await client.write(1, data)
+        await client.close_stdin(1)
+        assert await asyncio.wait_for(sink.code, 10) == 0
+        assert bytes(sink.out) == data
+    finally:
+        await client.aclose()
+    assert await asyncio.wait_for(shell.wait(), 10) == 0
+    assert link.error is None

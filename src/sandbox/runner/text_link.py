@@ -12,6 +12,12 @@ and hands it, one send at a time (in order), to the provider's input call.
 What the sandbox sends is not trusted: a character outside base64 or a line longer than
 `MAX_LINE` ends the link (the reader raises `RunnerProtocolError`, which ends the
 client), and nothing waits for a newline beyond that bound, so memory stays bounded.
+
+Over a terminal (a bridge typed into a provider's shell, `connect --text --ready
+TOKEN`), the shell's prompt and echo come first: a link made with `ready=TOKEN` drops
+everything up to the bridge's ready line (at most `MAX_BEFORE_READY` characters, else
+the link ends), and sends nothing before it (the terminal is in raw mode only then).
+The input of such a bridge is ended by `END_LINE` (a raw terminal has no end of file).
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ LINE_DATA = 48 * 1024
 MAX_LINE = LINE_DATA // 3 * 4 + 2
 # How much data one call of the provider's input takes at most (a few lines).
 SEND_BYTES = 4 * LINE_DATA
+# The most text a terminal may show before the bridge's ready line (a prompt, the echo
+# of the typed line, a login banner).
+MAX_BEFORE_READY = 64 * 1024
+# The line that ends the bridge's input (the runner's `textlink::END_LINE`).
+END_LINE = ".\n"
 # The reader's buffer limit (what `RunnerClient` reads is framed: this only bounds how
 # far its reads may lag; the client reads all the time).
 READER_LIMIT = 2**20
@@ -36,6 +47,11 @@ READER_LIMIT = 2**20
 
 class TextLinkError(RunnerProtocolError):
     """The text from the sandbox is not what `connect --text` sends."""
+
+
+def ready_line(token: str) -> str:
+    """What the bridge prints once its terminal is raw (`--ready TOKEN`)."""
+    return f"sandbox-runner-ready {token}"
 
 
 def encode_lines(data: bytes) -> str:
@@ -141,6 +157,7 @@ class TextLinkWriter:
 
     async def _send(self, text: str) -> None:
         try:
+            await self._link.wait_ready()
             await self._link.send(text)
         except Exception as exc:  # whatever the provider raised: the link is over
             self._broken = f"writing to the runner's text link failed: {type(exc).__name__}"
@@ -194,6 +211,7 @@ class TextLink:
         *,
         max_line: int = MAX_LINE,
         close_wait_s: float = 5.0,
+        ready: str | None = None,
     ) -> None:
         self.send = send
         self._end_input = end_input
@@ -203,6 +221,53 @@ class TextLink:
         self._decoder = LineDecoder(max_line)
         self._ending: asyncio.Future[None] | None = None
         self.error: str | None = None
+        # With a token: the text before the ready line (None once it was seen).
+        self._phrase = None if ready is None else ready_line(ready)
+        self._before: str | None = None if ready is None else ""
+        # Set once the ready line came, or the link ended before it.
+        self._settled = asyncio.Event()
+        self._is_ready = ready is None
+        if ready is None:
+            self._settled.set()
+
+    @property
+    def before_ready(self) -> str:
+        """The end of what the terminal showed before the ready line (for an error
+        message when the bridge never started), control characters taken out."""
+        shown = self._before or ""
+        return "".join(c if c.isprintable() or c == "\n" else " " for c in shown[-300:])
+
+    async def wait_ready(self) -> None:
+        """Until the bridge's ready line came (at once without a token); raises the
+        link's error if it ended first."""
+        await self._settled.wait()
+        if not self._is_ready:
+            raise ConnectionResetError(
+                self.error or "the runner's text link ended before it was ready"
+            )
+
+    def _skip_to_ready(self, text: str) -> str | None:
+        """Text before the ready line is kept (bounded) and dropped; returns what
+        follows the ready line once it is complete."""
+        assert self._before is not None and self._phrase is not None
+        self._before += text
+        at = self._before.find(self._phrase)
+        if at >= 0:
+            end = self._before.find("\n", at)
+            if end >= 0:
+                rest = self._before[end + 1 :]
+                self._before = self._before[:at]
+                self._is_ready = True
+                self._settled.set()
+                return rest
+        if len(self._before) > MAX_BEFORE_READY:
+            self.fail(
+                TextLinkError(
+                    f"the terminal showed more than {MAX_BEFORE_READY} characters and no "
+                    "ready line from the runner's bridge"
+                )
+            )
+        return None
 
     @property
     def ended(self) -> bool:
@@ -213,6 +278,11 @@ class TextLink:
         """A chunk of the stream's text, split anywhere (the provider's callback)."""
         if self.ended:
             return
+        if not self._is_ready:
+            rest = self._skip_to_ready(text)
+            if rest is None:
+                return
+            text = rest
         try:
             data = self._decoder.feed(text)
         except TextLinkError as exc:
@@ -225,6 +295,15 @@ class TextLink:
         """The stream ended (its last line may lack its newline)."""
         if self.ended:
             return
+        if not self._is_ready:
+            shown = self.before_ready.strip()
+            self.fail(
+                TextLinkError(
+                    "the runner's bridge ended before its ready line"
+                    + (f"; the terminal showed: {shown}" if shown else "")
+                )
+            )
+            return
         try:
             data = self._decoder.finish()
         except TextLinkError as exc:
@@ -233,6 +312,7 @@ class TextLink:
         if data:
             self.reader.feed_data(data)
         self.reader.feed_eof()
+        self._settled.set()
 
     def fail(self, error: Exception) -> None:
         """End the link with `error`: the client's next read raises it (a
@@ -242,6 +322,7 @@ class TextLink:
             if not isinstance(error, RunnerProtocolError):
                 error = RunnerProtocolError(str(error))
             self.reader.set_exception(error)
+        self._settled.set()
 
     async def end(self) -> None:
         """End the input (the bridge exits; the runner and its processes go on). Once,

@@ -31,7 +31,8 @@
 - `runner_processes`: processes through the runner (`RunnerProcess`, `spawn`, the
   one-shot, `RunnerDurability`); `runner_delivery`: putting the runner into a sandbox
   whatever the provider (the content-named path, the prepare and install scripts, the
-  build for the sandbox's machine).
+  build for the sandbox's machine); `runner_terminal`: the runner's text link over a
+  terminal process of the backend's own (`TerminalLink`, `LinkSink`).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -106,6 +107,7 @@ from .runner_processes import (
 from .runner_processes import reattach as reattach_through_runner
 from .runner_processes import ref_process as runner_ref_process
 from .runner_processes import spawn as spawn_through_runner
+from .runner_terminal import LinkSink, TerminalLink, link_argv
 from .shell import (
     KILL_TICK_S,
     TAG_VARIABLE,
@@ -143,6 +145,7 @@ __all__ = [
     "UNKNOWN_EXIT",
     "UNKNOWN_SIGNAL_EXIT",
     "CommandCheck",
+    "LinkSink",
     "PlacedRunner",
     "ResourceLimits",
     "RunnerDurability",
@@ -153,6 +156,7 @@ __all__ = [
     "Secret",
     "ShellTrap",
     "StderrTail",
+    "TerminalLink",
     "attach_options",
     "attach_or_gone",
     "check_limits",
@@ -175,6 +179,7 @@ __all__ = [
     "lease_path",
     "lease_read_argv",
     "lease_swap_argv",
+    "link_argv",
     "new_tag",
     "no_runner_built",
     "normalize_exit",

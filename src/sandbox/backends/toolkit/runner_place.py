@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError
+from .shell import TAG_VARIABLE
 
 NAME_PREFIX = ".sandbox-runner-"
 # A runner is a few MiB: a larger packaged file is refused before any byte is sent.
@@ -34,8 +35,9 @@ HELLO_TIMEOUT_S = 10.0
 # Variables of the sandbox's environment taken as the base of every environment.
 MAX_SANDBOX_ENV = 4096
 # The shell's own variables in `/proc/$$/environ` that describe the exec, not the
-# sandbox (the runner sets each process's folder itself).
-SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+# sandbox (the runner sets each process's folder itself), and the tag of a wrapped exec
+# (a process through the runner must not carry the tag a kill script looks for).
+SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_", TAG_VARIABLE})
 # The longest folder a sandbox may name for the runner or its workspace.
 MAX_FOLDER = 4096
 
