@@ -1,4 +1,4 @@
-"""Build the small local image the docker backend's tests, demo and benchmarks use.
+"""Build the small local images the docker backend's tests, demo and benchmarks use.
 
 No registry is needed: the image is `FROM scratch` plus the host's statically linked
 busybox (Debian: `apt-get install busybox-static`), installed as every applet (`sh`,
@@ -6,6 +6,11 @@ busybox (Debian: `apt-get install busybox-static`), installed as every applet (`
 entries for root, `user` (1000) and `nobody`. The build context is made in memory and
 sent through the docker SDK. A label holds a hash of everything that goes in, so an
 image that is already there with the same content is reused, not rebuilt.
+
+Two more shapes, for what must work in any image (the runner, the file API): the
+minimal image (only `sh`, `cat` and `sleep`, no /tmp: a distroless image with a shell),
+and the glibc image (`ensure_glibc_image`: the host's dynamically linked dash, cat,
+sleep and env with the C library they load, the userland shape of debian-slim).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from ..errors import BackendUnavailableError, ProviderError
 # of what built them) and where busybox is looked for on the host.
 DEFAULT_TAG = "sandbox-test-busybox:latest"
 MINIMAL_TAG = "sandbox-test-minimal:latest"
+GLIBC_TAG = "sandbox-test-glibc:latest"
+# The glibc image's programs: where they go in the image, from where on the host.
+GLIBC_PROGRAMS = (("bin/sh", "/bin/dash"), ("bin/cat", "/bin/cat"), ("bin/sleep", "/bin/sleep"),
+                  ("usr/bin/env", "/usr/bin/env"))  # fmt: skip
 MINIMAL_PROGRAMS = ("sh", "cat", "sleep")
 HASH_LABEL = "sandbox.test-image.hash"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -135,6 +144,74 @@ def ensure_minimal_image(tag: str = MINIMAL_TAG, client: Any = None) -> str:
     return _ensure_image(tag, client, *_context(MINIMAL_DOCKERFILE, files))
 
 
+GLIBC_DOCKERFILE = b"""FROM scratch
+ADD rootfs.tar /
+ENV PATH=/usr/bin:/bin
+WORKDIR /root
+CMD ["sh"]
+"""
+
+
+def _libraries(program: str) -> list[str]:
+    """The shared libraries (and the loader) `program` loads on this host, by `ldd`."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["ldd", program], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    found = []
+    for line in listed.splitlines():
+        words = line.split()
+        path = words[2] if "=>" in words and len(words) > 2 else (words[0] if words else "")
+        if path.startswith("/"):
+            found.append(path)
+    return found
+
+
+def _glibc_rootfs() -> bytes:
+    """The glibc image's files as a tar: programs, their libraries at their own paths
+    (links resolved), /tmp (1777), /root, passwd and group."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+
+        def add(name: str, data: bytes | None, mode: int) -> None:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, mode
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), mode
+                tar.addfile(info, io.BytesIO(data))
+
+        add("tmp", None, 0o1777)
+        add("root", None, 0o700)
+        add("etc/passwd", PASSWD, 0o644)
+        add("etc/group", GROUP, 0o644)
+        libraries: set[str] = set()
+        for name, host in GLIBC_PROGRAMS:
+            with open(host, "rb") as handle:
+                add(name, handle.read(), 0o755)
+            libraries.update(_libraries(host))
+        for library in sorted(libraries):
+            with open(os.path.realpath(library), "rb") as handle:
+                add(library.lstrip("/"), handle.read(), 0o755)
+    return buffer.getvalue()
+
+
+def ensure_glibc_image(tag: str = GLIBC_TAG, client: Any = None) -> str:
+    """Build (unless already there) the glibc image (see `GLIBC_DOCKERFILE`): a
+    dynamically linked userland with dash as `sh`, as debian-slim has. Returns the
+    tag; errors as `ensure_busybox_image` (and `BackendUnavailableError` without
+    `ldd` or one of the host's programs)."""
+    try:
+        rootfs = _glibc_rootfs()
+    except (OSError, ValueError) as exc:
+        raise BackendUnavailableError(f"cannot gather the glibc image's files: {exc}") from exc
+    except Exception as exc:  # ldd failed
+        raise BackendUnavailableError(f"cannot list the host's libraries: {exc}") from exc
+    return _ensure_image(tag, client, *_context(GLIBC_DOCKERFILE, [("rootfs.tar", rootfs, 0o644)]))
+
+
 def _ensure_image(tag: str, client: Any, context: bytes, content_hash: str) -> str:
     import docker
     import docker.errors
@@ -172,6 +249,9 @@ __all__ = [
     "BUSYBOX_CANDIDATES",
     "DEFAULT_TAG",
     "DOCKERFILE",
+    "GLIBC_DOCKERFILE",
+    "GLIBC_PROGRAMS",
+    "GLIBC_TAG",
     "GROUP",
     "HASH_LABEL",
     "INSTALL_HINT",
@@ -180,6 +260,7 @@ __all__ = [
     "MINIMAL_TAG",
     "PASSWD",
     "ensure_busybox_image",
+    "ensure_glibc_image",
     "ensure_minimal_image",
     "find_busybox",
     "is_static_elf",

@@ -46,11 +46,11 @@ def _header(name: str, size: int, uid: int, gid: int, mode: int, kind: bytes) ->
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
 
 
-def _folders(parents: Sequence[str], uid: int, gid: int) -> Iterator[bytes]:
+def _folders(parents: Sequence[str], uid: int, gid: int, mode: int = DIR_MODE) -> Iterator[bytes]:
     """The directory members that create `parents` (each inside the one before), owned
-    and permitted as `mkdir -p` under the usual umask would make them."""
+    and permitted as `mkdir -p` under the usual umask would make them (or `mode`)."""
     for depth in range(1, len(parents) + 1):
-        yield _header("/".join(parents[:depth]) + "/", 0, uid, gid, DIR_MODE, tarfile.DIRTYPE)
+        yield _header("/".join(parents[:depth]) + "/", 0, uid, gid, mode, tarfile.DIRTYPE)
 
 
 def tar_one_file(
@@ -61,10 +61,12 @@ def tar_one_file(
     gid: int = 0,
     mode: int = 0o644,
     parents: Sequence[str] = (),
+    parents_mode: int = DIR_MODE,
 ) -> Iterator[bytes | memoryview]:
     """Yield a tar archive holding `data` as the file `name`, without copying `data`;
-    inside the folders `parents` (created by the archive, in order) when given."""
-    yield from _folders(parents, uid, gid)
+    inside the folders `parents` (created by the archive, in order, with `parents_mode`)
+    when given."""
+    yield from _folders(parents, uid, gid, parents_mode)
     yield _header("/".join([*parents, name]), len(data), uid, gid, mode, tarfile.REGTYPE)
     view = memoryview(data)
     for start in range(0, len(view), WRITE_CHUNK):

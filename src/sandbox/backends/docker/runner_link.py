@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import docker.errors
+
 from ...backend import parse_tar_header
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, RunnerClient, RunnerError, runner_binary, unavailable_reason
@@ -80,12 +82,18 @@ def _deliver(api: Any, container_id: str, binary: RunnerBinary) -> str:
         data = binary.path.read_bytes()
         if hashlib.sha256(data).hexdigest() != binary.sha256:
             raise ProviderError("the packaged runner changed while in use", retryable=True)
-        put_tar(
-            api,
-            container_id,
-            INSTALL_FOLDER,
-            tar_one_file(path.rsplit("/", 1)[1], data, mode=0o755),
-        )
+        name = path.rsplit("/", 1)[1]
+        try:
+            put_tar(api, container_id, INSTALL_FOLDER, tar_one_file(name, data, mode=0o755))
+        except docker.errors.NotFound:
+            # An image without /tmp (FROM scratch, some distroless ones): it gets one,
+            # as a usual image has it (root's, 1777: each uid makes its runner's
+            # socket folder there).
+            if stat_path(api, container_id, INSTALL_FOLDER) is not None:
+                raise
+            folder = INSTALL_FOLDER.lstrip("/")
+            tar = tar_one_file(name, data, mode=0o755, parents=[folder], parents_mode=0o1777)
+            put_tar(api, container_id, "/", tar)
     return path
 
 
