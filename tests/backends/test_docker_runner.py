@@ -129,6 +129,40 @@ async def test_a_second_session_reuses_the_delivered_runner_and_a_forged_one_is_
         assert hashlib.sha256(member.read()).hexdigest() == binary.sha256
 
 
+@pytest.mark.parametrize(
+    ("uid", "mode"),
+    [(1000, 0o755), (0, 0o777), (0, 0o775)],
+    ids=["another uid's", "world-writable", "group-writable"],
+)
+async def test_the_right_bytes_that_others_could_rewrite_are_replaced_by_roots(
+    uid: int, mode: int
+) -> None:
+    """The runner's exact bytes at its name, but in a file another uid owns or others
+    may write: it could be rewritten between the check and the link's exec (run as the
+    session's user, maybe root), so it is not trusted: ours is written over it."""
+    binary = runner_binary()
+    assert binary is not None
+    container = fx.shared_container()
+    path = runner_path(binary)
+    data = binary.path.read_bytes()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(path.rsplit("/", 1)[1])
+        info.size, info.mode, info.uid = len(data), mode, uid
+        tar.addfile(info, io.BytesIO(data))
+    fx._client().put_archive(container, "/tmp", buffer.getvalue())
+    async with _session() as (s, _):
+        await s.start()
+        assert (await s.exec("echo", "ok")).stdout == b"ok\n"
+    chunks, _ = fx._client().get_archive(container, path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        info = tar.getmembers()[0]
+        member = tar.extractfile(info)
+        assert member is not None
+        assert hashlib.sha256(member.read()).hexdigest() == binary.sha256
+    assert (info.uid, info.mode & 0o7777) == (0, 0o755)
+
+
 async def test_the_tree_kill_reaches_double_forked_and_setsid_escapees() -> None:
     async with _session(terminate_grace_s=0) as (s, _):
         await s.start()

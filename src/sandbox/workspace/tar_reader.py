@@ -76,6 +76,8 @@ class Header:
     mode: int
     mtime: float
     linkname: str
+    # The owner's uid as stored (-1 when the field is not a number).
+    uid: int = -1
 
 
 def parse_header(block: bytes) -> Header:
@@ -94,7 +96,8 @@ def parse_header(block: bytes) -> Header:
     if not isinstance(mode, int) or mode < 0:
         raise malformed(f"a header with the mode {mode!r}")
     mtime = check_mtime(info.mtime, "a header's mtime")
-    return Header(info.name, info.type, size, mode & 0o7777, mtime, info.linkname)
+    uid = info.uid if isinstance(info.uid, int) and info.uid >= 0 else -1
+    return Header(info.name, info.type, size, mode & 0o7777, mtime, info.linkname, uid)
 
 
 def check_size(size: object, what: str) -> int:

@@ -3,8 +3,9 @@
 Delivery goes through the engine's archive endpoint (no shell, no `cat` in the image):
 the binary lands at `/tmp/.sandbox-runner-<digest>` (mode 0755, root-owned, so any
 uid may run it). A binary already there is read back and hashed before it is trusted
-with the name: a container that put something else at that name gets ours written over
-it (and, if that fails because its impostor is running, a clear error: the session then
+with the name, and only when it is root's and writable by no one else (another uid could
+rewrite its own file between the check and the link's exec): a container that put
+something else at that name gets ours written over it (and, if that fails because its impostor is running, a clear error: the session then
 keeps the per-exec path).
 
 The link is one exec of `sandbox-runner connect --start`: it starts the runner once (its
@@ -117,7 +118,8 @@ def _installed_digest(api: Any, container_id: str, path: str, size: int) -> str 
 
 def _first_member_digest(chunks: Iterator[bytes], size: int) -> str | None:
     """The sha256 of the first member of a tar stream if it is a regular file of `size`
-    bytes; None otherwise. Reads at most one header block and `size` bytes."""
+    bytes, root's and writable by no one else; None otherwise. Reads at most one header
+    block and `size` bytes."""
     buffer = bytearray()
     for chunk in chunks:
         buffer += chunk
@@ -130,6 +132,11 @@ def _first_member_digest(chunks: Iterator[bytes], size: int) -> str | None:
     except Exception:
         return None
     if header.type not in (b"0", b"\0") or header.size != size:
+        return None
+    # Only root's file that no one else may write is trusted with the name: another
+    # uid's could be rewritten between this check and the link's exec (run as the
+    # session's user, maybe root). Anything else gets ours written over it.
+    if header.uid != 0 or header.mode & 0o022:
         return None
     digest = hashlib.sha256()
     payload = bytes(buffer[BLOCK : BLOCK + size])
