@@ -5,8 +5,8 @@ the binary lands at `/tmp/.sandbox-runner-<digest>` (mode 0755, root-owned, so a
 uid may run it). A binary already there is read back and hashed before it is trusted
 with the name, and only when it is root's and writable by no one else (another uid could
 rewrite its own file between the check and the link's exec): a container that put
-something else at that name gets ours written over it (and, if that fails because its impostor is running, a clear error: the session then
-keeps the per-exec path).
+something else at that name gets ours written over it (and, if that fails because its
+impostor is running, a clear error: the session then keeps the per-exec path).
 
 The link is one exec of `sandbox-runner connect --start`: it starts the runner once (its
 own session inside the container, so it outlives this exec and this client) and bridges
