@@ -11,6 +11,7 @@ mod files;
 mod frames;
 mod process;
 mod proto;
+mod pump;
 mod ring;
 mod serve;
 mod server;

@@ -251,7 +251,7 @@ pub fn bridge(
     let code = if text {
         crate::textlink::bridge(0, 1, sock.as_raw_fd(), ready)
     } else {
-        pump_bridge(0, 1, sock.as_raw_fd())
+        crate::pump::pump(0, 1, sock.as_raw_fd(), &mut crate::pump::Raw, "connect")
     };
     for (fd, flags) in saved {
         if flags >= 0 {
@@ -275,78 +275,6 @@ fn start_detached(socket: &Path, orphan_timeout: Option<std::time::Duration>) ->
         Err(e) => {
             eprintln!("sandbox-runner: cannot start the runner: {e}");
             1
-        }
-    }
-}
-
-/// Copies in->sock and sock->out with bounded buffers until either side ends.
-fn pump_bridge(input: RawFd, output: RawFd, sock: RawFd) -> i32 {
-    for fd in [input, output, sock] {
-        let _ = sys::set_nonblocking(fd);
-    }
-    const CAP: usize = 256 * 1024;
-    let mut to_sock: Vec<u8> = Vec::new();
-    let mut to_out: Vec<u8> = Vec::new();
-    let (mut in_open, mut sock_open) = (true, true);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        if (!in_open && to_sock.is_empty()) || (!sock_open && to_out.is_empty()) {
-            return 0;
-        }
-        let mut fds = [
-            libc::pollfd {
-                fd: if in_open && to_sock.len() < CAP { input } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if sock_open && to_out.len() < CAP { sock } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if to_sock.is_empty() { -1 } else { sock },
-                events: libc::POLLOUT,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if to_out.is_empty() { -1 } else { output },
-                events: libc::POLLOUT,
-                revents: 0,
-            },
-        ];
-        if unsafe { libc::poll(fds.as_mut_ptr(), 4, -1) } < 0 && sys::errno() != libc::EINTR {
-            return 1;
-        }
-        if fds[0].revents != 0 {
-            match sys::read(input, &mut buf) {
-                Ok(0) => in_open = false,
-                Ok(n) => to_sock.extend_from_slice(&buf[..n]),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => in_open = false,
-            }
-        }
-        if fds[1].revents != 0 {
-            match sys::read(sock, &mut buf) {
-                Ok(0) => sock_open = false,
-                Ok(n) => to_out.extend_from_slice(&buf[..n]),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => sock_open = false,
-            }
-        }
-        if fds[2].revents != 0 {
-            match sys::write(sock, &to_sock) {
-                Ok(n) => drop(to_sock.drain(..n)),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => return 0,
-            }
-        }
-        if fds[3].revents != 0 {
-            match sys::write(output, &to_out) {
-                Ok(n) => drop(to_out.drain(..n)),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => return 0,
-            }
         }
     }
 }

@@ -17,6 +17,7 @@
 //! knows where the shell's prompt and echo end and the link begins (the typed line holds
 //! the token, never that phrase). The terminal's settings are put back at the end.
 
+use crate::pump::Codec;
 use crate::sys;
 use std::os::fd::RawFd;
 
@@ -24,8 +25,6 @@ use std::os::fd::RawFd;
 pub const LINE_DATA: usize = 48 * 1024;
 /// The longest line accepted on input, its `\r\n` included.
 pub const MAX_LINE: usize = LINE_DATA / 3 * 4 + 2;
-/// How much each direction may hold before the bridge stops reading its source.
-const CAP: usize = 256 * 1024;
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -183,95 +182,28 @@ pub fn bridge(input: RawFd, output: RawFd, sock: RawFd, ready: Option<&str>) -> 
     pump(input, output, sock)
 }
 
+/// Base64 lines on the stream, bytes on the socket (`pending`: input text not yet a
+/// whole line).
+pub struct Lines {
+    pending: Vec<u8>,
+}
+
+impl Codec for Lines {
+    fn input(&mut self, data: &[u8], end: bool, out: &mut Vec<u8>) -> Result<bool, String> {
+        self.pending.extend_from_slice(data);
+        take_lines(&mut self.pending, out, end)
+    }
+
+    fn output(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        encode_lines(data, out);
+    }
+}
+
 /// Copies base64 lines from `input` to `sock` as bytes, and `sock`'s bytes to `output`
-/// as base64 lines, with bounded buffers, until either side ends (exit 0) or the input
-/// is bad (exit 1, said on stderr).
+/// as base64 lines, with bounded buffers (`pump`), until either side ends (exit 0) or
+/// the input is bad (exit 1, said on stderr).
 pub fn pump(input: RawFd, output: RawFd, sock: RawFd) -> i32 {
-    for fd in [input, output, sock] {
-        let _ = sys::set_nonblocking(fd);
-    }
-    let mut pending: Vec<u8> = Vec::new(); // input text not yet a whole line
-    let mut to_sock: Vec<u8> = Vec::new();
-    let mut to_out: Vec<u8> = Vec::new();
-    let (mut in_open, mut sock_open) = (true, true);
-    let mut buf = vec![0u8; LINE_DATA];
-    loop {
-        if (!in_open && to_sock.is_empty()) || (!sock_open && to_out.is_empty()) {
-            return 0;
-        }
-        let mut fds = [
-            libc::pollfd {
-                fd: if in_open && to_sock.len() < CAP { input } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if sock_open && to_out.len() < CAP { sock } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if to_sock.is_empty() { -1 } else { sock },
-                events: libc::POLLOUT,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if to_out.is_empty() { -1 } else { output },
-                events: libc::POLLOUT,
-                revents: 0,
-            },
-        ];
-        if unsafe { libc::poll(fds.as_mut_ptr(), 4, -1) } < 0 && sys::errno() != libc::EINTR {
-            return 1;
-        }
-        if fds[0].revents != 0 {
-            let read = match sys::read(input, &mut buf) {
-                Ok(0) => {
-                    in_open = false;
-                    Some(0)
-                }
-                Ok(n) => Some(n),
-                Err(e) if sys::would_block(&e) => None,
-                Err(_) => {
-                    in_open = false;
-                    Some(0)
-                }
-            };
-            if let Some(n) = read {
-                pending.extend_from_slice(&buf[..n]);
-                match take_lines(&mut pending, &mut to_sock, !in_open) {
-                    Ok(true) => in_open = false,
-                    Ok(false) => {}
-                    Err(message) => {
-                        eprintln!("sandbox-runner: connect --text: bad input: {message}");
-                        return 1;
-                    }
-                }
-            }
-        }
-        if fds[1].revents != 0 {
-            match sys::read(sock, &mut buf) {
-                Ok(0) => sock_open = false,
-                Ok(n) => encode_lines(&buf[..n], &mut to_out),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => sock_open = false,
-            }
-        }
-        if fds[2].revents != 0 {
-            match sys::write(sock, &to_sock) {
-                Ok(n) => drop(to_sock.drain(..n)),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => return 0,
-            }
-        }
-        if fds[3].revents != 0 {
-            match sys::write(output, &to_out) {
-                Ok(n) => drop(to_out.drain(..n)),
-                Err(e) if sys::would_block(&e) => {}
-                Err(_) => return 0,
-            }
-        }
-    }
+    crate::pump::pump(input, output, sock, &mut Lines { pending: Vec::new() }, "connect --text")
 }
 
 #[cfg(test)]
