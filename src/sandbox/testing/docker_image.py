@@ -144,6 +144,7 @@ def ensure_minimal_image(tag: str = MINIMAL_TAG, client: Any = None) -> str:
     return _ensure_image(tag, client, *_context(MINIMAL_DOCKERFILE, files))
 
 
+# The glibc image: its files come in one tar (`_glibc_rootfs`) that ADD unpacks at /.
 GLIBC_DOCKERFILE = b"""FROM scratch
 ADD rootfs.tar /
 ENV PATH=/usr/bin:/bin
