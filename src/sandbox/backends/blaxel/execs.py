@@ -13,6 +13,9 @@
   older gateways) and does not kill: that is a timeout of ours, and we kill.
 - A kill is the provider's `process.kill` by name; what the command printed by then is
   read back (at most the last 64 KB of each stream) for the `ExecTimeoutError`.
+
+With the runner, `start_on_runner` is the twin: the runner's one-shot, stdout and stderr
+apart and byte-exact.
 """
 
 from __future__ import annotations
@@ -22,15 +25,25 @@ import contextlib
 import math
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...backend import ExecCapture
+from ...backend import CommandSpec, ExecCapture, OneShotProcess
 from ...errors import ConnectionLostError, SandboxError
-from ..toolkit import command_line, new_tag, normalize_exit, tag_environment, wrapper_argv
+from ..toolkit import (
+    command_line,
+    new_tag,
+    normalize_exit,
+    start_one_shot,
+    tag_environment,
+    wrapper_argv,
+)
 from .bounds import answer_limit
 from .client import BlaxelClient
 from .errors import BlaxelAPIError, is_server_timeout, map_error
 from .terminal import append_text, text_to_bytes
+
+if TYPE_CHECKING:
+    from .runner_link import BlaxelRunner
 
 # Statuses of a kill that find the process already gone (or never started).
 _GONE = frozenset({400, 404, 409})
@@ -48,6 +61,15 @@ def exec_request(argv: Sequence[str], env: dict[str, str] | None, workdir: str) 
         "wait_for_completion": True,
         "env": {**(env or {}), **tag_environment(tag)},
     }
+
+
+async def start_on_runner(
+    runner: BlaxelRunner, spec: CommandSpec, capture: ExecCapture, cwd: str
+) -> OneShotProcess:
+    """The runner's one-shot of `spec`, stdout and stderr apart and byte-exact, in `cwd`
+    with the runner's environment for it."""
+    env = runner.environment(spec.env, tty=False)
+    return await start_one_shot(runner.client, spec, capture, env=env, cwd=cwd)
 
 
 class BlaxelOneShot:

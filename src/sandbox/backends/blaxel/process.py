@@ -2,6 +2,8 @@
 (or a resume's reattach) stores in `entry.handle`, so the base session's hooks write,
 resize, interrupt and kill through it; `TerminalReader` pumps its socket's frames into
 the entry. How a terminal is typed into, probed, kept lingering and killed: `terminal`.
+With the runner, `spawn_on_runner` is the spawn's twin: the runner's process, its handle
+a `RunnerProcess`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,20 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Iterable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import aiohttp
 
 from ...backend import OutputSink, Process
 from ...errors import ConnectionLostError, SandboxError
-from ..toolkit import CommandCheck, ShellTrap, new_tag, wait_for_verdict
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    new_tag,
+    spawn_through_runner,
+    wait_for_verdict,
+)
 from . import terminal
 from .client import BlaxelClient
 from .terminal import (
@@ -33,7 +42,26 @@ from .terminal import (
     text_to_bytes,
 )
 
+if TYPE_CHECKING:
+    from .runner_link import BlaxelRunner
+
 logger = logging.getLogger("sandbox.blaxel")
+
+
+async def spawn_on_runner(
+    entry: OutputSink[Terminal], runner: BlaxelRunner, cwd: str, grace_s: float
+) -> None:
+    """Start the entry's command (pipes or a terminal) as a process of the runner (its
+    handle a `RunnerProcess`, killed with its tree, SIGTERM to SIGKILL in `grace_s`), in
+    `cwd` with the runner's environment for it."""
+    command = entry.spec.command
+    await spawn_through_runner(
+        runner.client,
+        cast(OutputSink[RunnerProcess], entry),
+        env=runner.environment(command.env, tty=entry.spec.tty),
+        cwd=cwd,
+        grace_s=grace_s,
+    )
 
 
 class Terminal(Process):
