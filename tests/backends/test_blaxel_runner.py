@@ -345,3 +345,22 @@ async def test_the_default_is_blaxels_own_terminals(server: BlaxelServer, tmp_pa
 def test_runner_must_be_a_bool_or_none(value: object) -> None:
     with pytest.raises(sandbox.InvalidArgumentError, match="runner"):
         sandbox.open_session("blaxel", api_key="k", workspace="w", runner=value)
+
+
+async def test_a_dropped_link_loses_the_processes_and_the_next_session_has_the_runner(
+    server: BlaxelServer, tmp_path: Path
+) -> None:
+    async with open_blaxel(server, tmp_path, keep=True) as s:
+        started = await s.pty_exec_start("echo up; sleep 600", yield_time_s=5, until="up")
+        pid = runner_pid(s)
+        name = s.sandbox_name
+        # The link's socket dies (a connection Blaxel dropped): its reader ends the link.
+        assert server.drop_terminals() == 1
+        with pytest.raises(sandbox.ConnectionLostError):
+            await s.exec("echo", "never")
+        last = await s.pty_write_stdin(started.process_id, "", yield_time_s=1)
+        assert "process lost" in last.output and last.exit_code is None
+    # The runner did not end with its link: the next client reaches it.
+    async with open_blaxel(server, tmp_path, sandbox_id=name) as again:
+        assert runner_pid(again) == pid
+        assert (await again.exec("echo", "back")).stdout == b"back\n"

@@ -2076,12 +2076,14 @@ def _restore_files(folder: str, workdir: str) -> None:
 
 __all__ = [
     "ANSI_RESET",
+    "BOX_MARK_ENV",
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
     "GET_OUTPUT_TAIL",
     "OUTPUT_RETAIN",
     "PREVIEW_TOKEN_HEADER",
+    "RUNNER_DIR_ENV",
     "TERMINAL_CLEANUP_S",
     "TERMINAL_IDLE_S",
     "TERMINAL_RING_BYTES",

@@ -24,11 +24,12 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ...backend import CommandSpec, ExecCapture, OneShotProcess
 from ...errors import ConnectionLostError, SandboxError
+from ...runner import RunnerClient
 from ..toolkit import (
     command_line,
     new_tag,
@@ -41,9 +42,6 @@ from .bounds import answer_limit
 from .client import BlaxelClient
 from .errors import BlaxelAPIError, is_server_timeout, map_error
 from .terminal import append_text, text_to_bytes
-
-if TYPE_CHECKING:
-    from .runner_link import BlaxelRunner
 
 # Statuses of a kill that find the process already gone (or never started).
 _GONE = frozenset({400, 404, 409})
@@ -64,12 +62,15 @@ def exec_request(argv: Sequence[str], env: dict[str, str] | None, workdir: str) 
 
 
 async def start_on_runner(
-    runner: BlaxelRunner, spec: CommandSpec, capture: ExecCapture, cwd: str
+    client: RunnerClient,
+    spec: CommandSpec,
+    capture: ExecCapture,
+    env: Mapping[str, str],
+    cwd: str,
 ) -> OneShotProcess:
-    """The runner's one-shot of `spec`, stdout and stderr apart and byte-exact, in `cwd`
-    with the runner's environment for it."""
-    env = runner.environment(spec.env, tty=False)
-    return await start_one_shot(runner.client, spec, capture, env=env, cwd=cwd)
+    """The one-shot of `spec` through the runner `client` reaches, stdout and stderr
+    apart and byte-exact, in `cwd` with exactly `env` (`BlaxelRunner.environment`)."""
+    return await start_one_shot(client, spec, capture, env=env, cwd=cwd)
 
 
 class BlaxelOneShot:

@@ -14,13 +14,14 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, ClassVar, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, cast
 
 import aiohttp
 
 from ...backend import OutputSink, Process
 from ...errors import ConnectionLostError, SandboxError
+from ...runner import RunnerClient
 from ..toolkit import (
     CommandCheck,
     RunnerProcess,
@@ -42,25 +43,21 @@ from .terminal import (
     text_to_bytes,
 )
 
-if TYPE_CHECKING:
-    from .runner_link import BlaxelRunner
-
 logger = logging.getLogger("sandbox.blaxel")
 
 
 async def spawn_on_runner(
-    entry: OutputSink[Terminal], runner: BlaxelRunner, cwd: str, grace_s: float
+    entry: OutputSink[Terminal],
+    client: RunnerClient,
+    env: Mapping[str, str],
+    cwd: str,
+    grace_s: float,
 ) -> None:
-    """Start the entry's command (pipes or a terminal) as a process of the runner (its
-    handle a `RunnerProcess`, killed with its tree, SIGTERM to SIGKILL in `grace_s`), in
-    `cwd` with the runner's environment for it."""
-    command = entry.spec.command
+    """Start the entry's command (pipes or a terminal) as a process of the runner
+    `client` reaches (its handle a `RunnerProcess`, killed with its tree, SIGTERM to
+    SIGKILL in `grace_s`), in `cwd` with exactly `env` (`BlaxelRunner.environment`)."""
     await spawn_through_runner(
-        runner.client,
-        cast(OutputSink[RunnerProcess], entry),
-        env=runner.environment(command.env, tty=entry.spec.tty),
-        cwd=cwd,
-        grace_s=grace_s,
+        client, cast(OutputSink[RunnerProcess], entry), env=env, cwd=cwd, grace_s=grace_s
     )
 
 

@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ...backend import OutputSink
 from ...errors import ProviderError, UnsupportedOperationError
@@ -62,9 +62,6 @@ from .client import BlaxelClient
 from .files import url_path
 from .process import Terminal
 from .terminal import TerminalOptions, text_to_bytes
-
-if TYPE_CHECKING:
-    from .session import BlaxelSession
 
 # The bound on each short exec of the delivery (the prepare, the install), in the
 # server's whole seconds.
@@ -223,15 +220,21 @@ def link_spawner(
     return spawn
 
 
-async def connect(session: BlaxelSession, option: bool | None) -> BlaxelRunner | None:
+async def connect(
+    blaxel: BlaxelClient,
+    option: bool | None,
+    options: TerminalOptions,
+    workdir: str,
+    sandbox_name: str,
+) -> BlaxelRunner | None:
     """The session's runner as its `runner` option asks: none for False; for None, none
     where this install has no runner for the sandbox's machine (Blaxel's own terminals
     stay); for True, that is `UnsupportedOperationError` (`BlaxelRunner.start`). The
-    link's terminal is one of the session's sandbox, started in its `workdir`."""
+    link's terminal is one of the sandbox's (with the session's terminal `options`),
+    started in the session's `workdir`."""
     if option is False:
         return None
-    blaxel, workdir = session._client, session.workdir
-    spawn = link_spawner(blaxel, session._terminal_options, workdir, session.sandbox_name)
+    spawn = link_spawner(blaxel, options, workdir, sandbox_name)
     return await BlaxelRunner.start(blaxel, spawn, workdir, required=bool(option))
 
 

@@ -238,7 +238,10 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """Deliver and connect to the runner if the `runner` option asks for it
         (`runner_link.connect`)."""
         if self._runner_option is not False:
-            self._runner = await runner_link.connect(self, self._runner_option)
+            self._runner = await runner_link.connect(
+                self._client, self._runner_option, self._terminal_options, self.workdir,
+                self.sandbox_name,
+            )  # fmt: skip
             self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
@@ -266,8 +269,9 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """One `process.exec` (see `execs`). A `cwd` (or `shell=False`) runs behind the
         command check, started in `workdir`, so a bad one is reported as everywhere.
         With the runner: its one-shot, byte-exact (`execs.start_on_runner`)."""
-        if self._runner is not None:
-            return await start_on_runner(self._runner, spec, capture, self._cwd(spec.cwd))
+        if (runner := self._runner) is not None:
+            env = runner.environment(spec.env, tty=False)
+            return await start_on_runner(runner.client, spec, capture, env, self._cwd(spec.cwd))
         check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
         argv = spec.argv if check is None else check.argv(spec.argv, announce=False)
         request = exec_request(argv, spec.env, self.workdir)
@@ -279,9 +283,10 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """Type the command into a new terminal, its handle a `Terminal` stored at once
         (`Terminal.start`; see `terminal`). With the runner: its process, a
         `RunnerProcess` (`process.spawn_on_runner`); without, no pipe stays open."""
-        if self._runner is not None:
-            cwd = self._cwd(entry.spec.command.cwd)
-            return await spawn_on_runner(entry, self._runner, cwd, self.terminate_grace_s)
+        if (runner := self._runner) is not None:
+            command, grace = entry.spec.command, self.terminate_grace_s
+            env = runner.environment(command.env, tty=entry.spec.tty)
+            return await spawn_on_runner(entry, runner.client, env, self._cwd(command.cwd), grace)
         if entry.spec.stdin:
             raise UnsupportedOperationError(runner_link.NO_OPEN_STDIN)
         term = Terminal(entry, self._client, self._terminal_options, keep=self.keep)
