@@ -281,7 +281,7 @@ def test_backends_says_whether_the_runner_is_built_for_the_backends_that_use_it(
 
     binary = runner_binary()
     notes = {name: row_notes for name, _, _, row_notes in backend_rows()}
-    for name in ("docker", "kubernetes", "modal", "e2b", "unix_local"):
+    for name in ("docker", "kubernetes", "modal", "e2b", "blaxel", "unix_local"):
         assert name in RUNNER_BACKENDS
         if binary is not None:
             assert (
@@ -292,4 +292,4 @@ def test_backends_says_whether_the_runner_is_built_for_the_backends_that_use_it(
             assert "the runner is not available, per-exec path" in notes[name]
             assert str(unavailable_reason()).removeprefix("runner: ") in notes[name]
     # A backend that never uses the runner says nothing of it.
-    assert runner_note("blaxel") == "" and "runner:" not in notes["blaxel"]
+    assert runner_note("cloudflare") == "" and "runner:" not in notes["cloudflare"]

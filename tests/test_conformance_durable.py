@@ -46,7 +46,7 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
             "token_secret": session._token_secret.reveal(),
             "state_dir": posixpath.dirname(session._commands.state_dir),
         }
-    if backend.name == "blaxel":
+    if backend.name in ("blaxel", "blaxel_runner"):
         client = session._client
         return {
             "api_key": client._api_key.reveal(),

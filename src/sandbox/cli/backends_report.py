@@ -100,6 +100,7 @@ def native_notes() -> str:
 # The backends that can run their processes through the runner (docs/runner.md), and how
 # a session asks for it.
 RUNNER_BACKENDS = {
+    "blaxel": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "daytona": "with runner=True (or None: where a build for the sandbox's machine exists)",
     "docker": "used by default (runner=False: per-exec)",
     "kubernetes": "used by default (runner=False: per-exec)",

@@ -133,7 +133,19 @@ each knob names an endpoint from `ENDPOINTS`; `"exec_wait"` is a `POST /process`
 
 Inspection: `requests` (method and path of every call), `terminals` (the query of every
 terminal handshake), `sandboxes`, `terminal_sessions(name)` (each session id and whether
-its shell runs), `live_processes()` (local processes still running).
+its shell runs), `live_processes()` (local processes still running), `leftover_pids()`
+(local processes still carrying a sandbox's mark, its runner's included).
+
+The runner (docs/runner.md) runs in a stand-in sandbox as in a real one: its bytes
+written through the filesystem API, started detached by a bridge typed into a terminal,
+reached again by the next client's bridge. A real sandbox is a VM of its own (its /tmp
+its own, its deletion the end of everything in it); here every sandbox shares this
+machine, so each sandbox's processes (one-shot and terminal alike) see
+`SANDBOX_RUNNER_DIR`, a short folder name of its own (made by whoever puts a runner
+there, removed with the sandbox), and `SANDBOX_STANDIN_BOX`, the stand-in's own mark
+(no Blaxel variable): the runner leaves the session of the terminal that started it, so
+deleting a sandbox also kills every local process whose environment carries its mark,
+as the VM's end would.
 """
 
 from __future__ import annotations
@@ -160,7 +172,7 @@ from aiohttp import WSMsgType, web
 from ..files.remove_tree import discard_tree
 from ..local import tree as process_tree
 from ..local.process import LocalProcess
-from . import faults
+from . import faults, procfs
 from .preview_proxy import PreviewProxy
 from .special_files import wait_forever_on_special_file
 
@@ -229,6 +241,10 @@ TERMINAL_RING_BYTES = 100 * 1024
 ANSI_RESET = b"\x1b[0m"
 TERMINAL_IDLE_S = 10 * 60.0
 TERMINAL_CLEANUP_S = 30.0
+# What every process of a stand-in sandbox sees (see "The runner" in the module
+# docstring): its own runner folder, and the mark its deletion finds its processes by.
+RUNNER_DIR_ENV = "SANDBOX_RUNNER_DIR"
+BOX_MARK_ENV = "SANDBOX_STANDIN_BOX"
 # The header a private preview's token travels in (blaxel==0.4.24 `SandboxPreviewToken`).
 PREVIEW_TOKEN_HEADER = "X-Blaxel-Preview-Token"
 _CONTROL_ENDPOINTS = frozenset(
@@ -460,6 +476,11 @@ class FakeSandbox:
     term_sessions: dict[str, _TerminalSession] = field(default_factory=dict)
     # Previews by name, each with the loopback forwarder that serves its URL.
     previews: dict[str, tuple[dict[str, Any], PreviewProxy]] = field(default_factory=dict)
+    # The sandbox's own runner folder (`RUNNER_DIR_ENV`): short, since a unix socket's
+    # path is at most 107 bytes; named here, made by whoever puts a runner there.
+    runner_dir: str = field(default_factory=lambda: f"/tmp/brun-{secrets.token_hex(6)}")
+    # The mark (`BOX_MARK_ENV`) every process of this sandbox carries.
+    mark: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
 @dataclass(eq=False)
@@ -545,6 +566,9 @@ class BlaxelServer:
         self._serving = 0
         self._pumps: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
+        # Every sandbox mark and runner folder handed out (`leftover_pids`, `runner_dirs`).
+        self._marks: set[str] = set()
+        self._runner_dirs: set[str] = set()
         self._port = 0
         self._counter = 0
 
@@ -643,6 +667,20 @@ class BlaxelServer:
             count += sum(1 for p in box.processes.values() if not p.done.is_set())
             count += sum(1 for t in box.term_sessions.values() if not t.exited)
         return count
+
+    def leftover_pids(self, marks: list[str] | None = None) -> list[int]:
+        """Live local processes carrying the mark of a sandbox of this server (alive or
+        deleted, or of `marks`): the runner and what it keeps left their session, so
+        only the mark finds them (leaks, unless their sandbox is still meant to run them)."""
+        wanted = set(marks or []) | set(self._marks)
+        found: set[int] = set()
+        for mark in wanted:
+            found.update(procfs.pids_with_env(BOX_MARK_ENV, mark))
+        return sorted(found)
+
+    def runner_dirs(self) -> list[str]:
+        """The runner folder of every sandbox this server made (alive or deleted)."""
+        return list(self._runner_dirs)
 
     # ---- fault knobs -----------------------------------------------------------------
 
@@ -971,6 +1009,12 @@ class BlaxelServer:
         for record in box.processes.values():
             if record.proc is not None:
                 await record.proc.terminate(0)
+        # What left its session (the runner, and the processes it keeps) ends too, and
+        # the sandbox's runner folder goes with its filesystem.
+        for pid in procfs.pids_with_env(BOX_MARK_ENV, box.mark):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.to_thread(shutil.rmtree, box.runner_dir, True)
 
     # ---- previews (the control plane's `/sandboxes/{name}/previews`) ----------------------
 
@@ -1243,8 +1287,12 @@ class BlaxelServer:
 
     # ---- processes ----------------------------------------------------------------------
 
-    def _environment(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+    def _environment(self, box: FakeSandbox, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = dict(os.environ)
+        env[RUNNER_DIR_ENV] = box.runner_dir
+        env[BOX_MARK_ENV] = box.mark
+        self._marks.add(box.mark)
+        self._runner_dirs.add(box.runner_dir)
         if extra:
             env.update({str(k): str(v) for k, v in extra.items()})
         return env
@@ -1271,7 +1319,7 @@ class BlaxelServer:
             record.proc = LocalProcess.spawn(
                 ["sh", "-c", command],
                 tty=False,
-                env=self._environment(body.get("env")),
+                env=self._environment(box, body.get("env")),
                 cwd=cwd,
                 on_stdout=record.add_stdout,
                 on_stderr=record.add_stderr,
@@ -1633,7 +1681,7 @@ class BlaxelServer:
             cwd = self.root  # the shell starts in its default directory, like a real one
         loop = asyncio.get_running_loop()
         session = _TerminalSession(id=session_id, last_activity=loop.time())
-        env = self._environment({"TERM": "xterm-256color", "PS1": r"\u@sandbox:\w\$ "})
+        env = self._environment(box, {"TERM": "xterm-256color", "PS1": r"\u@sandbox:\w\$ "})
         try:
             session.proc = LocalProcess.spawn(
                 argv,
@@ -2028,12 +2076,14 @@ def _restore_files(folder: str, workdir: str) -> None:
 
 __all__ = [
     "ANSI_RESET",
+    "BOX_MARK_ENV",
     "ENDPOINTS",
     "FLOOD_LIMIT",
     "GARBAGE_FRAMES",
     "GET_OUTPUT_TAIL",
     "OUTPUT_RETAIN",
     "PREVIEW_TOKEN_HEADER",
+    "RUNNER_DIR_ENV",
     "TERMINAL_CLEANUP_S",
     "TERMINAL_IDLE_S",
     "TERMINAL_RING_BYTES",

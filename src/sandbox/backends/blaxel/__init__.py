@@ -7,13 +7,18 @@
   `AnswerTooLargeError`);
 - `bounds`: the bounds on what the peer sends (API answers, terminal messages);
 - `limits`: the portable resource limits as Blaxel's create takes them;
+- `options`: the session's options, checked when it is made;
 - `execs`: one-shot commands (`process.exec`) as a `OneShotProcess`;
 - `files`: files through the sandbox API, regular files only;
 - `terminal`: processes on the terminal WebSocket (its facts, frames, typed lines);
 - `process`: `Terminal`, one such process's handle (a `Process`: write, resize,
   interrupt, kill with the toolkit's script) and its reader;
+- `runner_link`: with `runner=True`, the runner in the sandbox (docs/runner.md): put
+  in through the filesystem API, reached by a bridge typed into one of its terminals
+  (the toolkit's `TerminalLink`); every process and one-shot command goes through it;
 - `durable`: detach and resume: refs by sandbox name, terminal sessions reattached by
-  id with their replayed output, the lease in the sandbox.
+  id with their replayed output (or the runner's processes, through it), the lease in
+  the sandbox.
 - `workspace`: exposed ports (private previews and their tokens) and snapshots
   (`snapshots.create`, polled until ready; forks of them).
 """

@@ -32,6 +32,14 @@ skipped around one. The sandbox is found again by name (`SandboxInstance.get`, n
 create: a deleted sandbox is `SessionGoneError`). The lease is a file in the sandbox
 (`sandbox.backends.toolkit.lease`), read and swapped by a waited `process.exec`.
 
+With the runner (`runner=True`, `runner_link`) the runner keeps the processes instead,
+with the latest output of each in a ring: a ref names each by its runner id, and a
+resume connects to the same runner (found by its content-named socket, through a new
+terminal link) and follows each again from the output position the client had reached:
+what it printed meanwhile first (the omission marker where the ring kept less), then
+live, then its exit code, also when it ended while no client was connected; byte-exact,
+with no 10-minute bound on a silent process (the runner is no terminal session).
+
 A ref keeps the control-plane URL (`api_url`) but a resume never takes it: the URL comes
 from the caller's `api_url=` or the SDK's default, and a ref made against another API is
 refused unless the caller passes its URL (the API key goes only where the caller or the
@@ -56,7 +64,6 @@ from typing import Any
 import aiohttp
 
 from ...backend import (
-    Durability,
     OutputSink,
     ProcessNotReattached,
     ProcessRef,
@@ -64,7 +71,10 @@ from ...backend import (
     durable_session_id,
 )
 from ...errors import ProviderError
+from ...runner import RunnerClient
 from ..toolkit import (
+    RunnerDurability,
+    RunnerProcess,
     ScriptLease,
     ShellTrap,
     attach_options,
@@ -73,9 +83,10 @@ from ..toolkit import (
     lease_line,
     parse_lease,
     refuse_other_endpoint,
+    runner_id_in,
     taken_from_ref,
 )
-from . import terminal
+from . import runner_link, terminal
 from .process import Terminal
 from .sdk import default_api_url
 from .terminal import parse_terminal_frame, text_to_bytes
@@ -96,7 +107,7 @@ REF_OPTIONS = (
     "max_terminal_frame_bytes",
 )
 # The options a resume takes from a ref (never an endpoint or a credential).
-TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "workdir")
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "workdir", "runner")
 GONE_NOTE = (
     "Blaxel no longer has this terminal session: its shell ended, or the sandbox closed "
     "it after 10 minutes without a client or output"
@@ -191,11 +202,24 @@ class SandboxLease(ScriptLease):
         return parse_lease(response.stdout or "", response.exit_code, "blaxel")
 
 
-class BlaxelDurability(Durability):
+class BlaxelDurability(RunnerDurability):
     """The blaxel backend's durable sessions (the module docstring says what outlives
-    the client), over the session it was made with."""
+    the client), over the session it was made with: terminal sessions, or the
+    runner's processes."""
 
     keeps_processes = True
+    # Never said: a session without the runner reattaches its terminals itself.
+    not_reattached = "the session has no runner to reattach this process through"
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the sandbox, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
+
+    def kill_grace_s(self) -> float:
+        """The session's `terminate_grace_s` (a reattached runner's process is killed
+        as a spawned one is)."""
+        return float(self.session.terminate_grace_s)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox's name, whether the session created it, and whether the close
@@ -225,11 +249,14 @@ class BlaxelDurability(Durability):
         url = session._client._api_url or default_api_url()
         if isinstance(url, str) and "@" not in url:  # never a URL with credentials in it
             options["api_url"] = url
+        # What the session ended up with (`runner=None` may have fallen back): a resume
+        # reaches the same runner, or the terminal sessions.
+        options["runner"] = bool(session._uses_runner)
         return options
 
-    def ref_process(self, entry: OutputSink[Terminal]) -> dict[str, Any]:
+    def ref_direct_process(self, handle: Terminal) -> dict[str, Any]:
         """The terminal's session id, the tag of its tree and the trap's token."""
-        term = entry.require_handle()
+        term = handle
         return {"session_id": term.session_id, "tag": term.tag, "token": term.trap.token}
 
     @classmethod
@@ -253,7 +280,8 @@ class BlaxelDurability(Durability):
 
     async def resume(self, ref: SessionRef) -> None:
         """Find the sandbox by name (`SessionGoneError` when it is gone) and bind to it;
-        closing the resumed session deletes it as the first one's close would have."""
+        closing the resumed session deletes it as the first one's close would have;
+        then connect to the runner if the ref's session had it."""
         session = self.session
         self.check_endpoint(ref)
         session._create_attempted = False
@@ -263,6 +291,7 @@ class BlaxelDurability(Durability):
         session._created = ref.sandbox.get("created") is True
         session._create_attempted = True
         session._deleted = False
+        await session._start_runner()
 
     def check_created(self, ref: SessionRef) -> None:
         """The resumed close would delete the sandbox: its labels must carry our
@@ -273,8 +302,13 @@ class BlaxelDurability(Durability):
         check_mark(ref, labels, backend="blaxel", what=f"the sandbox {self.session.sandbox_name!r}")
 
     async def reattach(self, entry: OutputSink[Terminal], process: ProcessRef) -> None:
-        """Reconnect to the process's terminal session (never a new one), replay its ring
-        past `output_position`, then follow it as a spawn does."""
+        """A process the runner keeps: through the runner, from the ref's output position
+        (`RunnerDurability.reattach`). Else reconnect to the process's terminal session
+        (never a new one), replay its ring past `output_position`, then follow it as a
+        spawn does."""
+        if runner_id_in(process.handle) is not None:
+            await super().reattach(entry, process)
+            return
         session = self.session
         sid, tag, token = _handle(process)
         client, options = session._client, session._terminal_options
@@ -308,12 +342,23 @@ class BlaxelDurability(Durability):
 
     async def release(self, entry: OutputSink[Terminal]) -> None:
         """Stop following the process (its reader, its socket); the session keeps it. The
-        release line is not typed: the ref's next owner still has to read the ring."""
+        release line is not typed: the ref's next owner still has to read the ring. A
+        runner's process: its route dropped (`RunnerProcess.release`); the runner keeps
+        it."""
         term = entry.handle
         if isinstance(term, Terminal):
             await term.close()
+        elif isinstance(term, RunnerProcess):
+            await term.release()
 
     async def detach(self) -> None:
-        """Release the clients; the sandbox stays (no close of this client deletes it)."""
-        self.session._create_attempted = False
-        await self.session._client.close()
+        """Close the runner's link (its processes live on in the runner), then release
+        the clients; the sandbox stays (no close of this client deletes it)."""
+        session = self.session
+        runner, session._runner = session._runner, None
+
+        async def forget() -> None:
+            session._create_attempted = False
+            await session._client.close()
+
+        await runner_link.shut_down(runner, forget)

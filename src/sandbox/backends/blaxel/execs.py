@@ -13,6 +13,9 @@
   older gateways) and does not kill: that is a timeout of ours, and we kill.
 - A kill is the provider's `process.kill` by name; what the command printed by then is
   read back (at most the last 64 KB of each stream) for the `ExecTimeoutError`.
+
+With the runner, `start_on_runner` is the twin: the runner's one-shot, stdout and stderr
+apart and byte-exact.
 """
 
 from __future__ import annotations
@@ -21,12 +24,20 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...backend import ExecCapture
+from ...backend import CommandSpec, ExecCapture, OneShotProcess
 from ...errors import ConnectionLostError, SandboxError
-from ..toolkit import command_line, new_tag, normalize_exit, tag_environment, wrapper_argv
+from ...runner import RunnerClient
+from ..toolkit import (
+    command_line,
+    new_tag,
+    normalize_exit,
+    start_one_shot,
+    tag_environment,
+    wrapper_argv,
+)
 from .bounds import answer_limit
 from .client import BlaxelClient
 from .errors import BlaxelAPIError, is_server_timeout, map_error
@@ -48,6 +59,18 @@ def exec_request(argv: Sequence[str], env: dict[str, str] | None, workdir: str) 
         "wait_for_completion": True,
         "env": {**(env or {}), **tag_environment(tag)},
     }
+
+
+async def start_on_runner(
+    client: RunnerClient,
+    spec: CommandSpec,
+    capture: ExecCapture,
+    env: Mapping[str, str],
+    cwd: str,
+) -> OneShotProcess:
+    """The one-shot of `spec` through the runner `client` reaches, stdout and stderr
+    apart and byte-exact, in `cwd` with exactly `env` (`BlaxelRunner.environment`)."""
+    return await start_one_shot(client, spec, capture, env=env, cwd=cwd)
 
 
 class BlaxelOneShot:

@@ -2,6 +2,8 @@
 (or a resume's reattach) stores in `entry.handle`, so the base session's hooks write,
 resize, interrupt and kill through it; `TerminalReader` pumps its socket's frames into
 the entry. How a terminal is typed into, probed, kept lingering and killed: `terminal`.
+With the runner, `spawn_on_runner` is the spawn's twin: the runner's process, its handle
+a `RunnerProcess`.
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import Callable, Iterable
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, cast
 
 import aiohttp
 
 from ...backend import OutputSink, Process
 from ...errors import ConnectionLostError, SandboxError
-from ..toolkit import CommandCheck, ShellTrap, new_tag, wait_for_verdict
+from ...runner import RunnerClient
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    new_tag,
+    spawn_through_runner,
+    wait_for_verdict,
+)
 from . import terminal
 from .client import BlaxelClient
 from .terminal import (
@@ -34,6 +44,21 @@ from .terminal import (
 )
 
 logger = logging.getLogger("sandbox.blaxel")
+
+
+async def spawn_on_runner(
+    entry: OutputSink[Terminal],
+    client: RunnerClient,
+    env: Mapping[str, str],
+    cwd: str,
+    grace_s: float,
+) -> None:
+    """Start the entry's command (pipes or a terminal) as a process of the runner
+    `client` reaches (its handle a `RunnerProcess`, killed with its tree, SIGTERM to
+    SIGKILL in `grace_s`), in `cwd` with exactly `env` (`BlaxelRunner.environment`)."""
+    await spawn_through_runner(
+        client, cast(OutputSink[RunnerProcess], entry), env=env, cwd=cwd, grace_s=grace_s
+    )
 
 
 class Terminal(Process):

@@ -3,7 +3,8 @@ through the SDK (`client`) and deleted on close unless `keep=True`; one-shot com
 are `process.exec` calls (`execs`); files go through the sandbox API (`files`); PTYs
 use the sandbox's terminal WebSocket (`terminal`), each process's handle a `Terminal`
 (`process`: a `Process`, so the session writes no write, resize, interrupt or drain
-hook). Provider facts and their sources: docs/providers.md (Blaxel).
+hook). With `runner=True` processes and one-shot commands go through the runner
+instead (`runner_link`). Provider facts and their sources: docs/providers.md (Blaxel).
 """
 
 from __future__ import annotations
@@ -22,22 +23,21 @@ from ...backend import (
     OutputSink,
     ShellFileOps,
     ShellWorkspace,
-    check_env,
-    check_seconds,
-    check_str,
     durable_session_id,
     kill_handle,
 )
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, UnsupportedOperationError
 from ..toolkit import CommandCheck, refuse_renamed, require_credential
-from . import bounds, limits, workspace
+from . import bounds, limits, runner_link, workspace
 from . import durable as durable_blaxel
 from .client import SESSION_LABEL, BlaxelClient
-from .execs import BlaxelOneShot, exec_request
+from .execs import BlaxelOneShot, exec_request, start_on_runner
 from .files import BlaxelFileAccess, BlaxelFiles
-from .process import Terminal
+from .options import check_options
+from .process import Terminal, spawn_on_runner
+from .runner_link import BlaxelRunner
 from .terminal import TerminalOptions
-from .workspace import NOT_WITH_SNAPSHOT, BlaxelPorts, BlaxelSnapshots
+from .workspace import BlaxelPorts, BlaxelSnapshots
 
 DEFAULT_WORKDIR = "/workspace"
 API_KEY_ENV = "BL_API_KEY"
@@ -79,6 +79,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
       `probe_interval_s` (default 5): after that long without a frame from a running
       process's terminal, it is probed, so a shell that died without reporting is
       found lost within about twice that;
+    - `runner` (default False): True runs every process and one-shot command through
+      the runner (docs/runner.md, `runner_link`): byte-exact output on terminals and
+      pipes, open stdin (`stdin=True`), tree kills, replay after a resume; refused
+      (`UnsupportedOperationError`) where this install has no runner for the sandbox's
+      machine. None: the runner where there is one, else Blaxel's own terminals;
     - plus the base session's options.
     """
 
@@ -110,6 +115,7 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         cpu_limit: float | None = None,
         max_response_bytes: int = bounds.MAX_RESPONSE_BYTES,
         max_terminal_frame_bytes: int = bounds.MAX_TERMINAL_FRAME_BYTES,
+        runner: bool | None = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -122,58 +128,32 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         )
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise InvalidArgumentError("workdir must be an absolute path in the sandbox")
-        # Every option is checked now, not when first used (a bad grace period would
-        # otherwise surface as a raw TypeError in a teardown).
-        for option, seconds in (
-            ("call_timeout_s", call_timeout_s),
-            ("connect_timeout_s", connect_timeout_s),
-            ("close_timeout_s", close_timeout_s),
-            ("probe_interval_s", probe_interval_s),
-        ):
-            check_seconds(option, seconds)
-        check_seconds("heartbeat_s", heartbeat_s, allow_none=True)
-        check_seconds("terminate_grace_s", terminate_grace_s, allow_zero=True)
-        for option, text in (
-            ("sandbox_id", sandbox_id),
-            ("image", image),
-            ("region", region),
-            ("ttl", ttl),
-            ("snapshot", snapshot),
-        ):
-            check_str(option, text)
-        if snapshot is not None:
-            given = {
+        labels = check_options(
+            seconds={
+                "call_timeout_s": call_timeout_s,
+                "connect_timeout_s": connect_timeout_s,
+                "close_timeout_s": close_timeout_s,
+                "probe_interval_s": probe_interval_s,
+            },
+            heartbeat_s=heartbeat_s,
+            terminate_grace_s=terminate_grace_s,
+            texts={"sandbox_id": sandbox_id, "image": image, "region": region}
+            | {"ttl": ttl, "snapshot": snapshot},
+            snapshot=snapshot,
+            not_with_snapshot={
                 "image": image,
                 "memory_limit_bytes": memory_limit_bytes,
                 "ttl": ttl,
                 "labels": labels,
-            }
-            refused = [option for option in NOT_WITH_SNAPSHOT if given[option]]
-            if refused:
-                raise InvalidArgumentError(
-                    f"snapshot= replaces {'=, '.join(refused)}= (a fork runs with the "
-                    "snapshot's image, memory and region)"
-                )
-        labels = check_env(labels, name="labels", variables=False)
-        if labels and SESSION_LABEL in labels:
-            raise InvalidArgumentError(
-                f"labels[{SESSION_LABEL!r}] is the library's own mark of the sandboxes it "
-                "creates: choose another label"
-            )
-        if create_timeout_s is not None and (
-            isinstance(create_timeout_s, bool)
-            or not isinstance(create_timeout_s, int)
-            or create_timeout_s <= 0
-        ):
-            raise InvalidArgumentError(
-                f"create_timeout_s must be a positive int, not {create_timeout_s!r}"
-            )
-        for option, number in (
-            ("max_response_bytes", max_response_bytes),
-            ("max_terminal_frame_bytes", max_terminal_frame_bytes),
-        ):
-            if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
-                raise InvalidArgumentError(f"{option} must be a positive int, not {number!r}")
+            },
+            labels=labels,
+            create_timeout_s=create_timeout_s,
+            sizes={
+                "max_response_bytes": max_response_bytes,
+                "max_terminal_frame_bytes": max_terminal_frame_bytes,
+            },
+            runner=runner,
+        )
         memory = limits.memory_mib(
             memory_limit_bytes, process_limit=process_limit, cpu_limit=cpu_limit
         )
@@ -218,6 +198,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         # Whether this session's start created the sandbox: the sandbox Blaxel answered
         # carries our label (a name that already existed is attached to, and does not).
         self._created = False
+        self._runner_option = runner
+        # The link to the runner, while the session has one; whether this session runs its
+        # processes through it (`runner=None` may fall back; a ref records it).
+        self._runner: BlaxelRunner | None = None
+        self._uses_runner = runner is True
 
     def __repr__(self) -> str:
         # The base's repr (backend, state, processes) plus the sandbox: never the key.
@@ -247,11 +232,27 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
             seconds = self._create_timeout_s or workspace.FORK_READY_TIMEOUT_S
             await workspace.bind_when_deployed(self._client, self.sandbox_name, seconds)
         await self._files.mkdir(self.workdir)
+        await self._start_runner()
+
+    async def _start_runner(self) -> None:
+        """Deliver and connect to the runner if the `runner` option asks for it
+        (`runner_link.connect`)."""
+        if self._runner_option is not False:
+            self._runner = await runner_link.connect(
+                self._client, self._runner_option, self._terminal_options, self.workdir,
+                self.sandbox_name,
+            )  # fmt: skip
+            self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
-        """Delete the sandbox (unless kept; tolerating one never made), release clients.
-        After a cancelled fork, its task is awaited first: the sandbox it made is then
-        deleted by name."""
+        """Close the runner's link, then delete the sandbox (unless kept; tolerating one
+        never made), release clients. After a cancelled fork, its task is awaited first:
+        the sandbox it made is then deleted by name."""
+        runner, self._runner = self._runner, None
+        await runner_link.shut_down(runner, self._release_sandbox)
+
+    async def _release_sandbox(self) -> None:
+        """The rest of `_stop_backend`, whatever became of the runner's link."""
         fork, self._fork_task = self._fork_task, None
         if fork is not None and not fork.done():
             await asyncio.wait([fork])
@@ -266,7 +267,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One `process.exec` (see `execs`). A `cwd` (or `shell=False`) runs behind the
-        command check, started in `workdir`, so a bad one is reported as everywhere."""
+        command check, started in `workdir`, so a bad one is reported as everywhere.
+        With the runner: its one-shot, byte-exact (`execs.start_on_runner`)."""
+        if (runner := self._runner) is not None:
+            env = runner.environment(spec.env, tty=False)
+            return await start_on_runner(runner.client, spec, capture, env, self._cwd(spec.cwd))
         check = capture.check = CommandCheck.needed(spec, cwd=self._cwd(spec.cwd))
         argv = spec.argv if check is None else check.argv(spec.argv, announce=False)
         request = exec_request(argv, spec.env, self.workdir)
@@ -276,7 +281,14 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
 
     async def _spawn_process(self, entry: OutputSink[Terminal]) -> None:
         """Type the command into a new terminal, its handle a `Terminal` stored at once
-        (`Terminal.start`; see `terminal`)."""
+        (`Terminal.start`; see `terminal`). With the runner: its process, a
+        `RunnerProcess` (`process.spawn_on_runner`); without, no pipe stays open."""
+        if (runner := self._runner) is not None:
+            command, grace = entry.spec.command, self.terminate_grace_s
+            env = runner.environment(command.env, tty=entry.spec.tty)
+            return await spawn_on_runner(entry, runner.client, env, self._cwd(command.cwd), grace)
+        if entry.spec.stdin:
+            raise UnsupportedOperationError(runner_link.NO_OPEN_STDIN)
         term = Terminal(entry, self._client, self._terminal_options, keep=self.keep)
         entry.handle = term
         await term.start(self._cwd(entry.spec.command.cwd), self.workdir, self.sandbox_name)
@@ -285,6 +297,11 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         """`Terminal.kill`: the terminal's tagged session killed (unless the sandbox's
         deletion follows), then its reader stopped and its socket closed."""
         await kill_handle(entry)
+
+    async def _close_stdin(self, entry: OutputSink[Terminal]) -> None:
+        """End a runner's process's open stdin (`RunnerProcess.close_stdin`): only the
+        runner keeps one open (overriding this lets `stdin=True` reach the spawn)."""
+        await runner_link.close_stdin(entry.require_handle())
 
     # ---- capabilities (`sandbox.backend.Capability`: each made with the session) ----
 
