@@ -40,6 +40,7 @@ async def environment(tmp_path: Path) -> AsyncIterator[sandbox.BaseSandboxSessio
             workdir=str(tmp_path / "ws"),
             state_dir=str(tmp_path / "state"),
             terminate_grace_s=0.5,
+            runner=False,  # the per-exec path (`modal_runner` is the runner's)
         )
         assert fake.live_sandboxes() == [], "the sandbox was not terminated"
         assert fake.open_clients() == [], "the Modal client was not closed"

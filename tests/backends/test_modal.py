@@ -58,6 +58,8 @@ def open_modal(fake: FakeModal, tmp_path: Path, **options: Any) -> ModalSession:
     options.setdefault("token_secret", SECRET)
     options.setdefault("terminate_grace_s", 0.3)
     options.setdefault("state_dir", str(tmp_path / "state"))
+    # The per-exec path's quirks and faults (the runner's: test_modal_runner.py).
+    options.setdefault("runner", False)
     s = sandbox.open_session("modal", sdk=fake, workdir=str(tmp_path / "ws"), **options)
     assert isinstance(s, ModalSession)
     return s

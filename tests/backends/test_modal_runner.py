@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -202,6 +203,7 @@ async def test_without_a_runner_for_the_sandbox_runner_none_keeps_the_per_exec_p
     env = _stub_machine(tmp_path, "riscv64")
     async with open_modal(fake, tmp_path, runner=None, env=env) as s:
         assert s._runner is None and s.keeps_processes is False
+        assert s.runner_fallback_reason is not None
         assert (await s.exec("echo", "per-exec")).stdout == b"per-exec\n"
         assert s.ref().options["runner"] is False
     assert execs(fake, UPLOAD) == 0 and execs(fake, CONNECT) == 0
@@ -218,6 +220,31 @@ async def test_without_a_runner_for_the_sandbox_runner_true_is_refused(
     assert execs(fake, UPLOAD) == 0
 
 
+async def test_auto_falls_back_with_its_reason_where_the_sandbox_cannot_take_it(
+    fake: FakeModal, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sandbox where the runner cannot be put in place (its `mv` refuses, as on a
+    read-only folder): auto (`None`, the default) says why and keeps the per-exec path, once,
+    as a warning; `runner=True` fails the start saying why."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "mv").write_text("#!/bin/sh\necho 'mv: Read-only file system' >&2\nexit 1\n")
+    (stubs / "mv").chmod(0o755)
+    env = {"PATH": f"{stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    with caplog.at_level(logging.WARNING, logger="sandbox.modal"):
+        async with open_modal(fake, tmp_path, env=env, runner=None) as s:
+            assert not s.uses_runner and s.keeps_processes is False
+            reason = s.runner_fallback_reason
+            assert reason is not None
+            assert reason.startswith("runner: could not be started in the sandbox"), reason
+            assert (await s.exec("echo", "per-exec")).stdout == b"per-exec\n"
+    assert reason in caplog.text
+    strict = open_modal(fake, tmp_path, env=env, runner=True)
+    with pytest.raises(sandbox.ProviderError):
+        await strict.start()
+    assert fake.live_sandboxes() == []
+
+
 async def test_runner_none_uses_the_runner_where_there_is_one(
     fake: FakeModal, tmp_path: Path
 ) -> None:
@@ -227,13 +254,23 @@ async def test_runner_none_uses_the_runner_where_there_is_one(
         assert s.ref().options["runner"] is True
 
 
-async def test_the_default_is_the_per_exec_path(fake: FakeModal, tmp_path: Path) -> None:
+async def test_runner_false_is_the_per_exec_path_and_the_default_the_runner(
+    fake: FakeModal, tmp_path: Path
+) -> None:
     async with open_modal(fake, tmp_path, runner=False) as s:
         assert s._runner is None and s.keeps_processes is False
+        assert not s.uses_runner and s.runner_fallback_reason == "runner=False"
     assert execs(fake, CONNECT) == 0
     assert open_modal(fake, tmp_path).keeps_processes is True  # runner=True, unstarted
-    plain = sandbox.open_session("modal", sdk=fake, **TOKEN)
-    assert plain.keeps_processes is False
+    plain = sandbox.open_session(
+        "modal", sdk=fake, workdir=str(tmp_path / "ws2"), state_dir=str(tmp_path / "st2"), **TOKEN
+    )
+    assert isinstance(plain, ModalSession)
+    assert plain.keeps_processes is True  # what the default would pick: this install has one
+    async with plain as s:
+        assert s.uses_runner and s.runner_fallback_reason is None
+        assert (await s.exec("echo", "through the runner")).stdout == b"through the runner\n"
+    assert execs(fake, CONNECT) == 1
 
 
 def test_runner_must_be_a_bool_or_none(tmp_path: Path) -> None:

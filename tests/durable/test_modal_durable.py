@@ -28,6 +28,7 @@ async def test_sigkilled_client_is_resumed_from_its_ref_file(tmp_path):
         "workdir": str(tmp_path / "ws"),
         "state_dir": str(tmp_path / "state"),
         "terminate_grace_s": 0.3,
+        "runner": False,  # the per-exec path: no SDK call finds an exec again
     }
     ref_file = tmp_path / "ref.json"
     fake = FakeModal()

@@ -251,7 +251,7 @@ class BlaxelDurability(RunnerDurability):
             options["api_url"] = url
         # What the session ended up with (`runner=None` may have fallen back): a resume
         # reaches the same runner, or the terminal sessions.
-        options["runner"] = bool(session._uses_runner)
+        options["runner"] = session._runner_choice.uses
         return options
 
     def ref_direct_process(self, handle: Terminal) -> dict[str, Any]:

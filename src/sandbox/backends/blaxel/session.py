@@ -27,7 +27,13 @@ from ...backend import (
     kill_handle,
 )
 from ...errors import InvalidArgumentError, UnsupportedOperationError
-from ..toolkit import CommandCheck, refuse_renamed, require_credential
+from ..toolkit import (
+    CommandCheck,
+    RunnerChoice,
+    RunnerReport,
+    refuse_renamed,
+    require_credential,
+)
 from . import bounds, limits, runner_link, workspace
 from . import durable as durable_blaxel
 from .client import SESSION_LABEL, BlaxelClient
@@ -44,7 +50,7 @@ API_KEY_ENV = "BL_API_KEY"
 WORKSPACE_ENV = "BL_WORKSPACE"
 
 
-class BlaxelSession(BaseSandboxSession[Terminal]):
+class BlaxelSession(RunnerReport, BaseSandboxSession[Terminal]):
     """A Blaxel sandbox.
 
     Options:
@@ -198,11 +204,10 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
         # Whether this session's start created the sandbox: the sandbox Blaxel answered
         # carries our label (a name that already existed is attached to, and does not).
         self._created = False
-        self._runner_option = runner
         # The link to the runner, while the session has one; whether this session runs its
         # processes through it (`runner=None` may fall back; a ref records it).
         self._runner: BlaxelRunner | None = None
-        self._uses_runner = runner is True
+        self._runner_choice = RunnerChoice(runner)
 
     def __repr__(self) -> str:
         # The base's repr (backend, state, processes) plus the sandbox: never the key.
@@ -237,12 +242,14 @@ class BlaxelSession(BaseSandboxSession[Terminal]):
     async def _start_runner(self) -> None:
         """Deliver and connect to the runner if the `runner` option asks for it
         (`runner_link.connect`)."""
-        if self._runner_option is not False:
-            self._runner = await runner_link.connect(
-                self._client, self._runner_option, self._terminal_options, self.workdir,
-                self.sandbox_name,
-            )  # fmt: skip
-            self._uses_runner = self._runner is not None
+        choice, client, terminal = self._runner_choice, self._client, self._terminal_options
+        self._runner = await choice.decide(
+            lambda: runner_link.connect(
+                client, choice.asked, terminal, self.workdir, self.sandbox_name
+            ),
+            backend="blaxel",
+            where="sandbox",
+        )
 
     async def _stop_backend(self) -> None:
         """Close the runner's link, then delete the sandbox (unless kept; tolerating one

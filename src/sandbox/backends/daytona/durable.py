@@ -155,7 +155,7 @@ class DaytonaDurability(RunnerDurability):
                 options[name] = value
         # What the session ended up with (`runner=None` may have fallen back): a resume
         # reaches the same runner, or the daemon's processes.
-        options["runner"] = bool(session._uses_runner)
+        options["runner"] = session._runner_choice.uses
         return options
 
     def api_url_used(self) -> str:

@@ -38,7 +38,9 @@ from ...backend import (
 )
 from ...errors import InvalidArgumentError, UnsupportedOperationError
 from ..toolkit import (
+    RunnerChoice,
     RunnerProcess,
+    RunnerReport,
     Secret,
     check_limits,
     refuse_renamed,
@@ -55,7 +57,7 @@ from .runner_link import DaytonaRunner
 from .workspace import DaytonaPorts, DaytonaSnapshots
 
 
-class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
+class DaytonaSession(RunnerReport, BaseSandboxSession[DaytonaHandle]):
     """Runs commands in a Daytona sandbox through the async SDK.
 
     Options:
@@ -170,12 +172,11 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         self.create_timeout_s = create_timeout_s
         self.terminate_grace_s = terminate_grace_s
         self.teardown_timeout_s = teardown_timeout_s
-        self._runner_option = runner
         # The link to the runner in the sandbox, while the session has one.
         self._runner: DaytonaRunner | None = None
         # Whether this session runs its processes through the runner: True once a start
         # connected to it (`runner=None` may fall back); before, whether it is asked for.
-        self._uses_runner = runner is True
+        self._runner_choice = RunnerChoice(runner)
         # A resume starts the runner only once the sandbox is known to be ours (`durable`).
         self._runner_deferred = False
         self._client = DaytonaClient(
@@ -225,8 +226,12 @@ class DaytonaSession(BaseSandboxSession[DaytonaHandle]):
         """Connect to the runner in the sandbox (delivered and started when needed);
         `runner=None` keeps the daemon's processes where this install has no runner for
         the sandbox's machine (`runner_link.connect`)."""
-        self._runner = await runner_link.connect(self._client, self._runner_option)
-        self._uses_runner = self._runner is not None
+        choice = self._runner_choice
+        self._runner = await choice.decide(
+            lambda: runner_link.connect(self._client, choice.asked),
+            backend="daytona",
+            where="sandbox",
+        )
 
     async def _stop_backend(self) -> None:
         """Close the runner's link (the runner lives on in a kept sandbox; a deleted one

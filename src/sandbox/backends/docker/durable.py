@@ -132,7 +132,7 @@ class DockerDurability(RunnerDurability):
     def keeps_processes(self) -> bool:
         """True for a session with the runner (it keeps the processes), else False;
         before start, what its options would pick."""
-        return bool(self.session._uses_runner)
+        return bool(self.session._runner_choice.uses)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The container, whether the session made it (then a close removes it), and the
@@ -163,7 +163,7 @@ class DockerDurability(RunnerDurability):
         options["api_version"] = given.api_version
         # What the session used, not what it asked (auto may have fallen back): a resume
         # then takes the same path, the runner's processes being only in the runner.
-        options["runner"] = bool(session._uses_runner)
+        options["runner"] = bool(session._runner_choice.uses)
         return options
 
     def ref_direct_process(self, handle: DockerExec) -> dict[str, Any]:

@@ -28,7 +28,14 @@ from ...backend import (
     kill_handle,
 )
 from ...runner import runner_binary
-from ..toolkit import RunnerProcess, refuse_renamed, spawn_through_runner, start_one_shot
+from ..toolkit import (
+    RunnerChoice,
+    RunnerProcess,
+    RunnerReport,
+    refuse_renamed,
+    spawn_through_runner,
+    start_one_shot,
+)
 from . import durable as durable_docker
 from .container import disconnect, exec_options, ready_container, running_container
 from .engine import DEFAULT_API_TIMEOUT_S, Engine
@@ -41,7 +48,7 @@ from .runner_link import ContainerRunner, connect_as_asked, deliver_as_asked
 from .workspace import ContainerTree, DockerWorkspace
 
 
-class DockerSession(BaseSandboxSession[DockerExec]):
+class DockerSession(RunnerReport, BaseSandboxSession[DockerExec]):
     """Runs commands in a Docker container: a fresh one from `image=`, or a running one
     given by `container=`. The options are documented, and checked, in
     `options.DockerOptions`; plus the base session's options.
@@ -127,14 +134,12 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         self._killer: KillBatcher | None = None
         self._runner: ContainerRunner | None = None
         # Whether processes go through the runner: what the options would pick until the
-        # start decides (auto falls back where the container cannot take it); not cleared
-        # by a close or a detach (a ref made then says what the session used).
-        self._uses_runner = o.runner is True or (
-            o.runner is None
-            and o.spec.memory_limit_bytes is None  # auto keeps the per-exec path then
-            and runner_binary() is not None
+        # start decides (auto falls back where the container cannot take it, and keeps
+        # the per-exec path with a memory limit); not cleared by a close or a detach (a
+        # ref made then says what the session used).
+        self._runner_choice = RunnerChoice(
+            o.runner, predicted=o.spec.memory_limit_bytes is None and runner_binary() is not None
         )
-        self._runner_fallback: str | None = None
 
     @property
     def container_id(self) -> str | None:
@@ -145,21 +150,6 @@ class DockerSession(BaseSandboxSession[DockerExec]):
     def workdir(self) -> str:
         """The working directory of commands (after start)."""
         return self._workdir
-
-    @property
-    def uses_runner(self) -> bool:
-        """Whether the session's processes and commands go through the runner
-        (docs/runner.md): decided at start by the `runner` option (before it, what the
-        options would pick)."""
-        return self._uses_runner
-
-    @property
-    def runner_fallback_reason(self) -> str | None:
-        """Why the started session runs its processes by exec instead of through the
-        runner: "runner=False", the reason this install has no runner, or the failed
-        delivery or start of auto mode; None while it uses the runner (and before
-        start)."""
-        return self._runner_fallback
 
     # ---- lifecycle -----------------------------------------------------------------
 
@@ -195,10 +185,10 @@ class DockerSession(BaseSandboxSession[DockerExec]):
         # 2-core machine: the engine and the read-back's hashing compete for the CPU.)
         delivered = await deliver_as_asked(engine, options, o.runner)
         image_env = (info.get("Config") or {}).get("Env")
-        self._runner, self._runner_fallback = await connect_as_asked(
+        self._runner, reason = await connect_as_asked(
             delivered, engine, options, image_env, o.runner
         )
-        self._uses_runner = self._runner is not None
+        self._runner_choice.record(self._runner, reason)
 
     def _claim(self, name: str) -> None:
         """The container `name` may exist from now on: `_stop_backend` removes it."""

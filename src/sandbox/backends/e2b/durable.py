@@ -150,7 +150,7 @@ class E2BDurability(RunnerDurability):
         options["sandbox_timeout_s"] = self.session._sandbox_timeout
         # What the session ended up with (`runner=None` may have fallen back): a resume
         # reaches the same runner, or envd's processes.
-        options["runner"] = bool(self.session._uses_runner)
+        options["runner"] = self.session._runner_choice.uses
         return options
 
     def ref_direct_process(self, handle: E2BProcess) -> dict[str, Any]:

@@ -81,7 +81,7 @@ from ...backend import (
     kill_handle,
 )
 from ...errors import InvalidArgumentError
-from ..toolkit import Secret, refuse_renamed, require_credential
+from ..toolkit import RunnerChoice, RunnerReport, Secret, refuse_renamed, require_credential
 from . import durable as durable_e2b
 from . import files, processes, runner_link, sandboxes
 from .client import DEFAULT_CALL_TIMEOUT_S, E2BClient
@@ -94,7 +94,7 @@ from .workspace import E2BPorts, E2BSnapshots, check_snapshot_mode
 API_KEY_ENV = "E2B_API_KEY"
 
 
-class E2BSession(BaseSandboxSession[E2BProcess]):
+class E2BSession(RunnerReport, BaseSandboxSession[E2BProcess]):
     """Runs commands in an E2B sandbox (see the module docstring for the options)."""
 
     backend_name = "e2b"
@@ -170,12 +170,11 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
         self._snapshot_mode = check_snapshot_mode(snapshot_mode)
         self._start_task: asyncio.Task[Any] | None = None
         self._start_token: str | None = None
-        self._runner_option = runner
         # The link to the runner in the sandbox, while the session has one.
         self._runner: E2BRunner | None = None
         # Whether this session runs its processes through the runner: True once a start
         # connected to it (`runner=None` may fall back); before, whether it is asked for.
-        self._uses_runner = runner is True
+        self._runner_choice = RunnerChoice(runner)
         # A resume starts the runner only once the sandbox is known to be ours (`durable`).
         self._runner_deferred = False
 
@@ -228,9 +227,10 @@ class E2BSession(BaseSandboxSession[E2BProcess]):
     async def _start_runner(self) -> None:
         """Connect to the runner in the sandbox (delivered and started when needed) if
         the `runner` option asks for it (`runner_link.connect`)."""
-        if self._runner_option is not False:
-            self._runner = await runner_link.connect(self._client, self._runner_option)
-            self._uses_runner = self._runner is not None
+        choice = self._runner_choice
+        self._runner = await choice.decide(
+            lambda: runner_link.connect(self._client, choice.asked), backend="e2b", where="sandbox"
+        )
 
     async def _stop_backend(self) -> None:
         """Close the runner's link (the runner lives on in a kept sandbox; a killed one

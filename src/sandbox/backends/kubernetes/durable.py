@@ -213,7 +213,7 @@ class KubernetesDurability(RunnerDurability):
     def keeps_processes(self) -> bool:
         """True for a session with the runner (it keeps the processes), else False;
         before start, what its options would pick."""
-        return bool(self.session._uses_runner)
+        return bool(self.session._runner_choice.uses)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The pod (namespace, name, uid, container), and whether the session created it
@@ -246,7 +246,7 @@ class KubernetesDurability(RunnerDurability):
             protocols=list(given.protocols),
             # What the session used, not what it asked (auto may have fallen back): a
             # resume then takes the same path, the runner's processes being only there.
-            runner=bool(session._uses_runner),
+            runner=bool(session._runner_choice.uses),
             runner_dir=given.runner_dir,
         )
         return options

@@ -22,8 +22,7 @@ from ...backend import (
     ShellWorkspace,
     durable_session_id,
 )
-from ...runner import runner_binary
-from ..toolkit import RunnerProcess, refuse_renamed
+from ..toolkit import RunnerChoice, RunnerProcess, RunnerReport, refuse_renamed
 from . import bounds, durable, execs, pods, scripts
 from .client import PROTOCOLS, KubeClient
 from .config import load_cluster_in_time
@@ -36,7 +35,7 @@ from .runner_link import PodRunner, choose_runner
 Handle = KubeProcess | RunnerProcess
 
 
-class KubernetesSession(BaseSandboxSession[Handle]):
+class KubernetesSession(RunnerReport, BaseSandboxSession[Handle]):
     """Runs commands in a Kubernetes pod it creates from an `image` or attaches to
     (`pod`), through the runner by default where it can be used, else with an exec per
     process (`runner`: None auto, True required, False never). The options
@@ -138,30 +137,12 @@ class KubernetesSession(BaseSandboxSession[Handle]):
         # Whether processes go through the runner: what the options would pick until the
         # start decides (auto falls back where the pod cannot take it); not cleared by a
         # close or a detach (a ref made then says what the session used).
-        self._uses_runner = settings.runner is True or (
-            settings.runner is None and runner_binary() is not None
-        )
-        self._runner_fallback: str | None = None
+        self._runner_choice = RunnerChoice(settings.runner)
 
     @property
     def workdir(self) -> str:
         """Where commands start and relative paths point."""
         return self._settings.workdir
-
-    @property
-    def uses_runner(self) -> bool:
-        """Whether the session's processes and commands go through the runner
-        (docs/runner.md): decided at start by the `runner` option (before it, what the
-        options would pick)."""
-        return self._uses_runner
-
-    @property
-    def runner_fallback_reason(self) -> str | None:
-        """Why the started session runs its processes by exec instead of through the
-        runner: "runner=False", the reason this install has no runner, or the failed
-        delivery or start of auto mode; None while it uses the runner (and before
-        start)."""
-        return self._runner_fallback
 
     @property
     def session_label(self) -> str:
@@ -209,10 +190,10 @@ class KubernetesSession(BaseSandboxSession[Handle]):
             durable.check_pod_uid(self)
             self._target = Target(namespace, self.pod_name, found.container, found.cwd)
         await execs.check_workdir(client, self._target, settings.workdir)
-        self._runner, self._runner_fallback = await choose_runner(
+        self._runner, reason = await choose_runner(
             client, self._target, settings.runner_dir, settings.env, settings.runner
         )
-        self._uses_runner = self._runner is not None
+        self._runner_choice.record(self._runner, reason)
 
     async def _stop_backend(self) -> None:
         """Delete a created pod (graceful, then forced; by name, so one whose create was

@@ -102,7 +102,7 @@ class ModalDurability(RunnerDurability):
     @property
     def keeps_processes(self) -> bool:
         """True for a session whose processes the runner keeps, else False."""
-        return bool(self.session._uses_runner)
+        return bool(self.session._runner_choice.uses)
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox id, whether the session created it, and whether the close
@@ -119,7 +119,7 @@ class ModalDurability(RunnerDurability):
         options["term"] = session._commands._term
         # What the session ended up with (`runner=None` may have fallen back): a resume
         # reaches the same runner, or keeps the per-exec path.
-        options["runner"] = bool(session._uses_runner)
+        options["runner"] = session._runner_choice.uses
         return options
 
     def ref_direct_process(self, handle: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ first use (a bad grace period would otherwise surface as a raw TypeError in a te
   limits with `sandbox_id` (they apply at create; see `limits`);
 - `sdk`: the object providing `Sandbox`, `App`, `Client` and `Image` (default the
   `modal` module; tests pass a `sandbox.testing.modal_fake.FakeModal`);
-- `runner`: `True` runs processes and commands through the runner (docs/runner.md):
+- `runner`: whether processes and commands go through the runner (docs/runner.md):
   put into the sandbox once (by an exec's stdin, skipped when the file at its
   content-named path in `$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp, has the same
   sha256), started detached and reached by one exec of `connect --start` whose binary
@@ -41,9 +41,11 @@ first use (a bad grace period would otherwise surface as a raw TypeError in a te
   (`keeps_processes`: detach and resume reattach them with what they printed
   meanwhile), stdin stays open until `close_stdin`, kills end the whole tree, and a
   terminal resizes. Refused (`UnsupportedOperationError`) where this install has no
-  runner for the sandbox's machine (`uname -m`). `None`: the runner where there is
-  one, else the per-exec path. Default `False`: the per-exec path (every process an
-  exec of its own, ended with its client);
+  runner for the sandbox's machine (`uname -m`) or where it cannot be put in or
+  started. `None` (the default): the runner where this install has one for the
+  sandbox's machine and the sandbox takes it, else the per-exec path, with the reason
+  in `runner_fallback_reason` (and a warning when the install had a runner). `False`:
+  the per-exec path (every process an exec of its own, ended with its client);
 
 plus the base session's options.
 """
@@ -119,7 +121,7 @@ def check_options(
     memory_limit_bytes: int | None,
     process_limit: int | None,
     cpu_limit: float | None,
-    runner: bool | None = False,
+    runner: bool | None = None,
 ) -> ModalOptions:
     """Check every option (`InvalidArgumentError`, or `UnsupportedOperationError` for a
     limit Modal cannot apply) and answer them as `ModalOptions`."""

@@ -17,9 +17,9 @@ exceptions through the toolkit's policy), `runner_link` (the runner in the sandb
 delivery, start, the exec that carries its link). A terminal is interrupted with
 `\\x03`; resizing raises `UnsupportedOperationError` there (the SDK has no call for it).
 
-With `runner=True` (or `runner=None` where this install has a runner for the sandbox's
-machine) processes and commands go through the runner instead (docs/runner.md,
-`runner_link`): put into the sandbox once (checked by content hash), started detached,
+By default (`runner=None`: where this install has a runner for the sandbox's machine
+and the sandbox takes it; `runner=True` requires it) processes and commands go through
+the runner (docs/runner.md, `runner_link`): put into the sandbox once (checked by content hash), started detached,
 and reached by one exec whose binary stdin and stdout carry its protocol. Its processes
 outlive the client (`keeps_processes`), keep stdin open until `close_stdin`, are killed
 with their whole tree, and resize (the runner owns the terminal).
@@ -47,7 +47,7 @@ from ...backend import (
     durable_session_id,
     kill_handle,
 )
-from ..toolkit import TAG_VARIABLE, Secret, refuse_renamed
+from ..toolkit import TAG_VARIABLE, RunnerChoice, RunnerReport, Secret, refuse_renamed
 from . import durable as durable_modal
 from . import lifecycle, oneshot, processes
 from . import options as modal_options
@@ -60,7 +60,7 @@ from .workspace import ModalPorts, ModalSnapshots, image_of
 TOKEN_ENV = TAG_VARIABLE  # the variable that tags a command's tree
 
 
-class ModalSession(BaseSandboxSession[Command]):
+class ModalSession(RunnerReport, BaseSandboxSession[Command]):
     """Runs commands in a Modal sandbox, created (or attached to by `sandbox_id`) at
     start and terminated at close unless `keep`; its options are documented, and
     checked, in `sandbox.backends.modal.options`.
@@ -99,7 +99,7 @@ class ModalSession(BaseSandboxSession[Command]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
-        runner: bool | None = False,
+        runner: bool | None = None,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
@@ -161,7 +161,7 @@ class ModalSession(BaseSandboxSession[Command]):
         # Whether this session runs its processes through the runner: True once a start
         # connected to it (`runner=None` may fall back), and after a detach (its ref
         # says so); before the start, whether `runner=True` asks for it.
-        self._uses_runner = given.runner is True
+        self._runner_choice = RunnerChoice(given.runner)
         # A resume starts the runner only once the sandbox is known to run (`durable`).
         self._runner_deferred = False
 
@@ -215,10 +215,14 @@ class ModalSession(BaseSandboxSession[Command]):
         (`SandboxRunner.start`: `runner=None` falls back to the per-exec path where this
         install has no runner for the sandbox's machine)."""
         given, sandbox = self._given, self._commands.require_sandbox()
-        self._runner = await SandboxRunner.start(
-            sandbox, self._errors, given.env, given.term, wanted=given.runner
+        choice = self._runner_choice
+        self._runner = await choice.decide(
+            lambda: SandboxRunner.start(
+                sandbox, self._errors, given.env, given.term, wanted=choice.asked
+            ),
+            backend="modal",
+            where="sandbox",
         )
-        self._uses_runner = self._runner is not None
 
     async def _stop_backend(self) -> None:
         """Close the runner's link, terminate the sandbox unless kept (also one a failed

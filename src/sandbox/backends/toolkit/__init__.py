@@ -32,7 +32,9 @@
   one-shot, `RunnerDurability`); `runner_delivery`: putting the runner into a sandbox
   whatever the provider (the content-named path, the prepare and install scripts, the
   build for the sandbox's machine); `runner_terminal`: the runner's text link over a
-  terminal process of the backend's own (`TerminalLink`, `LinkSink`).
+  terminal process of the backend's own (`TerminalLink`, `LinkSink`); `runner_choice`:
+  the `runner` option's policy (`RunnerChoice`) and its two public properties
+  (`RunnerReport`).
 
 Used by every remote backend (see AGENTS.md for which parts). Nothing here imports a
 provider SDK.
@@ -67,6 +69,7 @@ from .limits import (
 from .options import RENAMED, refuse_renamed
 from .paths import within_workspace
 from .ref_trust import SESSION_MARK, check_mark, refuse_other_endpoint, taken_from_ref
+from .runner_choice import RunnerChoice, RunnerReport
 from .runner_delivery import (
     RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
@@ -148,9 +151,11 @@ __all__ = [
     "LinkSink",
     "PlacedRunner",
     "ResourceLimits",
+    "RunnerChoice",
     "RunnerDurability",
     "RunnerOneShot",
     "RunnerProcess",
+    "RunnerReport",
     "SandboxPlace",
     "ScriptLease",
     "Secret",
