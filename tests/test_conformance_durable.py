@@ -37,7 +37,7 @@ def _resume_options(backend: Any, session: sandbox.BaseSandboxSession) -> dict[s
             "api_key": _fixture(backend).API_KEY,
             "daytona_class": session._client.options.daytona_class,
         }
-    if backend.name == "cloudflare":
+    if backend.name in ("cloudflare", "cloudflare_runner"):
         return {"worker_url": session._worker_url, "api_key": session._client.key.reveal()}
     if backend.name in ("modal", "modal_runner"):
         return {

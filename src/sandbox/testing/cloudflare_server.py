@@ -76,6 +76,14 @@ The awkward parts of the real service are reproduced on purpose, always:
   are written in pieces cut at random places, so a client sees events split across
   network chunks. `seed` makes the cuts reproducible.
 
+What the stand-in adds because this machine is not a container: every process of a
+sandbox has `SANDBOX_RUNNER_DIR` (`RUNNER_DIR_ENV`), a short folder of the container's
+own under this machine's /tmp (a real container's /tmp is its own: the runner goes
+there), and the container's mark (`MARKER_ENV`). The container's end (a sandbox delete,
+`replace_container`, the server's close) SIGKILLs every local process with its mark (the
+runner, which leaves the session of the terminal that started it, and whatever it keeps)
+and removes the folder, as the real container's end takes everything in it.
+
 Fault injection (all of it can be changed while the server runs; the failures and
 stalls are thin wrappers over `server.faults`, a `sandbox.testing.faults.FaultPlan`):
 
@@ -122,7 +130,8 @@ What a test can look at: `sandboxes` (live ones, with their `root` directory, th
 ``/workspace``, and their `sessions`), `deleted` (ids), `replaced` (ids), `deleted_sessions`,
 `allocated` (ids given a fresh container by a request),
 `requests` (method, path, endpoint, authorized, client port, session id: never other
-headers), `exec_bodies`, `live_processes()` and `open_terminals()`.
+headers), `exec_bodies`, `live_processes()`, `open_terminals()`, `ended_containers`
+(marks), `leftover_pids()` and `leftover_runner_dirs()` (what an ended container left).
 
 Usage::
 
@@ -145,6 +154,7 @@ import random
 import re
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -158,7 +168,7 @@ from ..errors import ProcessExitedError, SandboxError, SandboxFileNotFoundError
 from ..files.remove_tree import discard_tree
 from ..local.process import LocalProcess
 from ..settle import settle
-from . import faults
+from . import faults, procfs
 from .preview_proxy import PreviewProxy
 
 # The worker's endpoints a fault can be planned on, and the points a call
@@ -190,6 +200,15 @@ PTY_BUFFER_BYTES = 256 * 1024
 # routes.ts: MAX_WRITE_BYTES.
 MAX_WRITE_BYTES = 32 * 1024 * 1024
 SANDBOX_ID_RE = re.compile(r"[a-z2-7]{1,128}")
+# Where the backend puts the runner (its `$SANDBOX_RUNNER_DIR`): a real container's /tmp
+# is its own, here every sandbox shares this machine's, so each gets a short folder of
+# its own (a unix socket's path is at most 107 bytes), removed with its container.
+RUNNER_DIR_ENV = "SANDBOX_RUNNER_DIR"
+# Set to the container's mark in every process of a sandbox (the stand-in's, not the real
+# container's): how a container's end finds what left its session (the runner, started
+# detached from a terminal, and every process it keeps), as the real container's end
+# takes everything in it.
+MARKER_ENV = "SANDBOX_FAKE_CLOUDFLARE"
 SESSION_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,128}")
 WORKSPACE = "/workspace"
 
@@ -265,6 +284,14 @@ class FakeSandbox:
     orphans: set[LocalProcess] = field(default_factory=set)
     running: bool = True
     tunnels: dict[int, PreviewProxy] = field(default_factory=dict)  # port -> forwarder
+    # This container's mark (`MARKER_ENV`: a fresh container for the same id has
+    # another) and its own runner folder (`RUNNER_DIR_ENV`, made with its first process).
+    container: str = field(default_factory=lambda: secrets.token_hex(6))
+
+    @property
+    def runner_dir(self) -> str:
+        """The container's `$SANDBOX_RUNNER_DIR` (short: a socket's path is bounded)."""
+        return f"/tmp/cfrun-{self.container}"
 
     @property
     def default_session_id(self) -> str:
@@ -385,6 +412,8 @@ class CloudflareWorkerServer:
         self.replaced: list[str] = []
         self.allocated: list[str] = []
         self.deleted_sessions: list[str] = []
+        # The marks and runner folders of the containers that ended (a leak check).
+        self.ended_containers: list[str] = []
         self.requests: list[RequestRecord] = []
         self.exec_bodies: list[object] = []
         self._rng = random.Random(seed)
@@ -548,6 +577,19 @@ class CloudflareWorkerServer:
         """Wait until no exec stream or terminal socket is being served."""
         await self._idle.wait()
 
+    def leftover_pids(self) -> list[int]:
+        """Live local processes of any container this server made that is gone (the
+        runner and what it keeps left their session: found by `MARKER_ENV`)."""
+        found: set[int] = set()
+        for container in self.ended_containers:
+            found.update(procfs.pids_with_env(MARKER_ENV, container))
+        return sorted(found)
+
+    def leftover_runner_dirs(self) -> list[str]:
+        """Runner folders of ended containers that still exist (leaks)."""
+        dirs = [f"/tmp/cfrun-{container}" for container in self.ended_containers]
+        return [folder for folder in dirs if os.path.exists(folder)]
+
     def open_terminals(self) -> int:
         """Terminal WebSockets currently open."""
         return sum(
@@ -653,12 +695,16 @@ class CloudflareWorkerServer:
 
     def _env(self, sandbox: FakeSandbox, *, tty: bool) -> dict[str, str]:
         # A small environment of its own: nothing from the test process (which may hold
-        # the real credentials) leaks into the sandbox.
+        # the real credentials) leaks into the sandbox. The runner folder exists as a
+        # container's /tmp does.
+        os.makedirs(sandbox.runner_dir, mode=0o700, exist_ok=True)
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": sandbox.root,
             "LANG": "C.UTF-8",
             "HISTFILE": "/dev/null",
+            RUNNER_DIR_ENV: sandbox.runner_dir,
+            MARKER_ENV: sandbox.container,
         }
         if tty:
             # pty.ts: the shell's first prompt clears the screen once.
@@ -788,6 +834,12 @@ class CloudflareWorkerServer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await conn.done.wait()
+        # What left its session (the runner, and what it keeps) ends with the container.
+        for pid in procfs.pids_with_env(MARKER_ENV, sandbox.container):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.ended_containers.append(sandbox.container)
+        await asyncio.to_thread(shutil.rmtree, sandbox.runner_dir, True)
         discard_tree(sandbox.root)
 
     async def _running(self, request: web.Request) -> web.StreamResponse:
@@ -1258,8 +1310,10 @@ __all__ = [
     "ENDPOINTS",
     "EXIT_DRAIN_S",
     "FLOOD_CHUNK",
+    "MARKER_ENV",
     "MAX_WRITE_BYTES",
     "PTY_BUFFER_BYTES",
+    "RUNNER_DIR_ENV",
     "SANDBOX_ID_RE",
     "SESSION_ID_RE",
     "STALL_POINTS",

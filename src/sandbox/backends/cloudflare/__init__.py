@@ -2,6 +2,9 @@
 cloudflare/sandbox-sdk), over HTTP and WebSocket with aiohttp.
 
 - `session`: `CloudflareSession`, the hooks only;
+- `sandboxes`: creating and attaching to a sandbox;
+- `runner_link`: the runner (`runner=True`), delivered by the file route and reached
+  over a terminal of its own;
 - `client`: the Worker's HTTP API (URLs, requests, control execs), the key in a `Secret`;
 - `errors`: the Worker's answers by the toolkit's error policy, exits by `normalize_exit`;
 - `execs`: one-shot commands as a `OneShotProcess`, under the toolkit's wrapper;

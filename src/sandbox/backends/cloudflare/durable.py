@@ -30,6 +30,13 @@ trap let through) the client had returned. The replay is run through a fresh tra
 the same token, and that many bytes are skipped, so the first poll after a resume
 returns exactly what came after (while the ring still holds the start marker).
 
+With the runner (`runner=True`, `runner_link`) the runner keeps the processes instead,
+each with the latest output in its ring: a ref names each by its runner id, and a resume
+opens a new link to the same runner (found by its content-named socket) and follows each
+again from the client's output position: what it printed meanwhile first, then live,
+then its exit code, also when it ended while no client was connected; and past the
+terminal ring's 256 KiB (the runner's ring is the session's output limit).
+
 The lease is a file in the sandbox (`sandbox.backends.toolkit.lease`), read and swapped
 by a control exec.
 
@@ -48,7 +55,6 @@ from typing import Any
 from yarl import URL
 
 from ...backend import (
-    Durability,
     OutputSink,
     ProcessNotReattached,
     ProcessRef,
@@ -56,14 +62,19 @@ from ...backend import (
     durable_session_id,
 )
 from ...errors import ProviderError, SandboxError, SessionGoneError
+from ...runner import RunnerClient
 from ..toolkit import (
+    RunnerDurability,
+    RunnerProcess,
     ScriptLease,
     ShellTrap,
     attach_options,
     parse_lease,
     refuse_other_endpoint,
+    runner_id_in,
     taken_from_ref,
 )
+from . import runner_link
 from .client import WorkerClient
 from .scripts import PID_MARKER
 from .terminal import PtyHandle, WorkerTerminal, connect, pump
@@ -76,7 +87,7 @@ CloudflareSession = Any
 PTY_RING_BYTES = 256 * 1024
 REF_OPTIONS = ("call_timeout_s", "connect_timeout_s", "ready_timeout_s", "heartbeat_s")
 # The options a resume takes from a ref (never an endpoint or a credential).
-TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS)
+TAKEN_FROM_REF = taken_from_ref(*REF_OPTIONS, "runner")
 # What a ref's handle may hold: our own session names and trap tokens only.
 SESSION_NAME = re.compile(r"sandbox-py-[0-9a-f]{16}")
 TOKEN = re.compile(r"[0-9a-f]{16}")
@@ -225,11 +236,24 @@ class SandboxLease(ScriptLease):
         return parse_lease(out.decode("utf-8", "replace"), code, "cloudflare")
 
 
-class CloudflareDurability(Durability):
+class CloudflareDurability(RunnerDurability):
     """The cloudflare backend's durable sessions (the module docstring says what outlives
-    the client), over the session it was made with."""
+    the client), over the session it was made with: its terminals, or the runner's
+    processes."""
 
     keeps_processes = True
+    # Never said: a session without the runner reattaches its terminals itself.
+    not_reattached = "the session has no runner to reattach this process through"
+
+    def runner_client(self) -> RunnerClient | None:
+        """The link to the runner in the sandbox, while the session has one."""
+        runner = self.session._runner
+        return None if runner is None else runner.client
+
+    def kill_grace_s(self) -> float:
+        """None: the backend has no `terminate_grace_s` (a terminal's kill is a SIGKILL),
+        and its processes through the runner are spawned without a grace either."""
+        return 0.0
 
     def ref_sandbox(self) -> dict[str, Any]:
         """The sandbox id, and whether the close deletes it."""
@@ -244,17 +268,26 @@ class CloudflareDurability(Durability):
         url = _kept_url(session._worker_url)
         if url is not None:
             options["worker_url"] = url
+        # What the session ended up with (`runner=None` may have fallen back): a resume
+        # reaches the same runner, or the terminals.
+        options["runner"] = bool(session._uses_runner)
         return options
 
-    def ref_process(self, entry: OutputSink[PtyHandle]) -> dict[str, Any]:
-        """The bridge session, the trap's token, the shell's pid and the command position."""
-        handle = entry.require_handle()
+    def ref_direct_process(self, handle: PtyHandle) -> dict[str, Any]:
+        """A terminal's process: the bridge session, the trap's token, the shell's pid."""
         return {
             "session": handle.session_id,
             "token": handle.trap.token,
             "shell_pid": handle.shell_pid,
-            "position": command_position(entry),
         }
+
+    def ref_process(self, entry: OutputSink[Any]) -> dict[str, Any]:
+        """The runner's id of a process it keeps; a terminal's `ref_direct_process` and
+        the command position."""
+        ref = super().ref_process(entry)
+        if not isinstance(entry.handle, RunnerProcess):
+            ref["position"] = command_position(entry)
+        return ref
 
     @classmethod
     def options_from_ref(cls, ref: SessionRef) -> dict[str, Any]:
@@ -293,9 +326,15 @@ class CloudflareDurability(Durability):
             # container is not ours to delete (the sandbox id may be in use by another).
             await _delete_session(client, name)
             raise SessionGoneError(GONE.format(id=client.sandbox_id))
+        await session._start_runner()
 
-    async def reattach(self, entry: OutputSink[PtyHandle], process: ProcessRef) -> None:
-        """The session's PTY again: its ring replayed past the ref's position, then live."""
+    async def reattach(self, entry: OutputSink[Any], process: ProcessRef) -> None:
+        """A process the runner keeps: through the runner, from the ref's output position
+        (`RunnerDurability.reattach`). Else the session's PTY again: its ring replayed
+        past the ref's position, then live."""
+        if runner_id_in(process.handle) is not None:
+            await super().reattach(entry, process)
+            return
         session = self.session
         client = session._client
         name, token, pid, position = _handle_from_ref(process)
@@ -326,15 +365,22 @@ class CloudflareDurability(Durability):
         handle.terminal = WorkerTerminal(handle.ws, [])
         handle.reader = asyncio.create_task(pump(entry, handle, session._redact))
 
-    async def release(self, entry: OutputSink[PtyHandle]) -> None:
+    async def release(self, entry: OutputSink[Any]) -> None:
         """Stop following the process: close its socket, stop its reader
-        (`PtyHandle.release`). The session, its shell and its command stay
-        (pty-ws-handler.ts `onClose` only unsubscribes)."""
-        handle: PtyHandle | None = entry.handle
+        (`PtyHandle.release`; the session, its shell and its command stay:
+        pty-ws-handler.ts `onClose` only unsubscribes), or its route in the runner
+        (`RunnerProcess.release`: the runner keeps it)."""
+        handle: PtyHandle | RunnerProcess | None = entry.handle
         if handle is not None:
             await handle.release()
 
     async def detach(self) -> None:
-        """Close the HTTP client; the sandbox and its sessions stay."""
-        self.session._create_task = None
-        await self.session._client.close()
+        """End the runner's link (its processes live on in the runner), then close the
+        HTTP client; the sandbox and its sessions stay."""
+        session = self.session
+        runner, session._runner = session._runner, None
+        try:
+            await runner_link.shut_down(runner)
+        finally:
+            session._create_task = None
+            await session._client.close()

@@ -1,6 +1,7 @@
 """The spawn of a `pty_exec_start` process: a bridge session of its own, its PTY socket
 and reader (`terminal`), then the trapped command typed into the session's shell, its
-handle a `PtyHandle` (a `Process`).
+handle a `PtyHandle` (a `Process`). With the runner (`runner_link`), the twins
+`spawn_on_runner` and `start_on_runner` start a process and a one-shot `exec` through it.
 """
 
 from __future__ import annotations
@@ -8,13 +9,53 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable
+from typing import Any, cast
 
-from ...backend import OutputSink
-from ..toolkit import CommandCheck, ShellTrap, wait_for_verdict
+from ...backend import CommandSpec, ExecCapture, OneShotProcess, OutputSink
+from ...errors import UnsupportedOperationError
+from ..toolkit import (
+    CommandCheck,
+    RunnerProcess,
+    ShellTrap,
+    spawn_through_runner,
+    start_one_shot,
+    wait_for_verdict,
+)
 from .client import WorkerClient
 from .execs import pty_command
+from .runner_link import CloudflareRunner
 from .scripts import PID_PRINTF
 from .terminal import PtyHandle, WorkerTerminal, connect, pump, send_frame, typed_line
+
+
+def refuse_open_stdin(entry: OutputSink[Any]) -> None:
+    """Refuse `stdin=True` before anything starts: without the runner a process on pipes
+    still runs on a terminal, whose input has no end of file."""
+    if entry.spec.stdin and not entry.spec.tty:
+        raise UnsupportedOperationError(
+            "stdin=True: the cloudflare backend keeps the stdin of a process on pipes open "
+            "only through the runner (runner=True); use tty=True to type into a process, "
+            "or write the input to a file and redirect it (`sort < input.txt`)"
+        )
+
+
+async def spawn_on_runner(entry: OutputSink[Any], runner: CloudflareRunner) -> None:
+    """Start `entry.spec` as a process of the runner (its handle a `RunnerProcess`, its
+    tree killed by the runner), in its folder (`CloudflareRunner.cwd`) with the
+    sandbox's environment plus its own."""
+    command = entry.spec.command
+    env = runner.environment(command.env, tty=entry.spec.tty)
+    sink = cast(OutputSink[RunnerProcess], entry)
+    await spawn_through_runner(runner.client, sink, env=env, cwd=runner.cwd(command.cwd))
+
+
+async def start_on_runner(
+    runner: CloudflareRunner, spec: CommandSpec, capture: ExecCapture
+) -> OneShotProcess:
+    """The runner's one-shot of `spec`, stdout and stderr apart, byte-exact, in its
+    folder (`CloudflareRunner.cwd`) with the sandbox's environment plus its own."""
+    env = runner.environment(spec.env, tty=False)
+    return await start_one_shot(runner.client, spec, capture, env=env, cwd=runner.cwd(spec.cwd))
 
 
 async def spawn_terminal(

@@ -5,7 +5,8 @@ The protocol lives beside this module: `client` (requests, control execs), `exec
 (one-shot commands), `terminal` (PTY sessions; `PtyHandle`, a process's handle, is a
 `Process`: the base session's hooks write to it, resize, interrupt, drain and kill it),
 `processes` (the spawn), `files`, `scripts`, `errors`, `sse`, `durable` (detach,
-resume: a process's terminal session outlives the client).
+resume: a process's terminal session outlives the client), `runner_link` (the runner,
+by option).
 Every fact and its upstream source is in docs/providers.md, "Cloudflare".
 
 - A one-shot command is a `WorkerExec` (`execs`): the base session times it out and
@@ -40,29 +41,28 @@ from ...backend import (
     kill_handle,
 )
 from ...errors import InvalidArgumentError, ProviderError, UnsupportedOperationError
-from ..toolkit import CommandCheck, Secret, refuse_renamed, require_credential
+from ..toolkit import (
+    CommandCheck,
+    LinkSink,
+    RunnerProcess,
+    Secret,
+    refuse_renamed,
+    require_credential,
+)
 from . import durable as durable_cf
+from . import processes, runner_link, sandboxes
 from .client import SANDBOX_ID_RE, WorkerClient
-from .errors import API_KEY_ENV, json_object, worker_text
+from .errors import API_KEY_ENV, worker_text
 from .execs import WorkerExec, exec_argv
 from .files import CloudflareFiles, WorkerFiles
 from .processes import spawn_terminal
+from .runner_link import CloudflareRunner
 from .terminal import PtyHandle
 from .workspace import CloudflarePorts, CloudflareSnapshots
 
 logger = logging.getLogger("sandbox.cloudflare")
 
 WORKER_URL_ENV = "CLOUDFLARE_SANDBOX_WORKER_URL"
-
-
-def _created_id(body: bytes) -> str:
-    """The new sandbox's id from the Worker's answer to a create."""
-    sandbox_id = json_object(body.decode("utf-8", "replace")).get("id")
-    if not isinstance(sandbox_id, str) or not sandbox_id:
-        raise ProviderError(
-            "could not create a sandbox: the Worker's answer has no id", retryable=False
-        )
-    return sandbox_id
 
 
 class CloudflareSession(BaseSandboxSession[PtyHandle]):
@@ -83,6 +83,13 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
       ends its process instead of hanging (None disables it);
     - `memory_limit_bytes`, `process_limit`, `cpu_limit`: not supported (the bridge's
       create takes no options): any value raises `UnsupportedOperationError`;
+    - `runner` (default False): True runs every process and one-shot command through
+      the runner (docs/runner.md, `runner_link`), reached over one terminal of its own;
+      what it adds: byte-exact output, `stdin=True` on pipes ended by
+      `pty_close_stdin`, whole-tree kills, and a resume that replays what a process
+      printed meanwhile and the exit code of one that ended. Refused
+      (`UnsupportedOperationError`) where this install has no runner for the sandbox's
+      machine; None: the runner where there is one, else the bridge's terminals;
 
     plus the base session's options.
     """
@@ -103,9 +110,12 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         memory_limit_bytes: int | None = None,
         process_limit: int | None = None,
         cpu_limit: float | None = None,
+        runner: bool | None = False,
         **options: Any,
     ) -> None:
         refuse_renamed(type(self), options)
+        if runner is not None and not isinstance(runner, bool):
+            raise InvalidArgumentError(f"runner must be True, False or None, not {runner!r}")
         for name, value in (
             ("memory_limit_bytes", memory_limit_bytes),
             ("process_limit", process_limit),
@@ -160,6 +170,11 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         self.ready_timeout_s = float(ready_timeout_s)
         self.heartbeat_s = heartbeat_s
         self._create_task: asyncio.Future[tuple[int, bytes]] | None = None
+        self._runner_option = runner
+        # The link to the runner while the session has one; whether its processes go
+        # through it (True once a start connected: `runner=None` may fall back).
+        self._runner: CloudflareRunner | None = None
+        self._uses_runner = runner is True
 
     def __repr__(self) -> str:
         # The base's repr (backend, state, processes) plus where: never the key.
@@ -183,56 +198,53 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         if self._requested_id is not None:
             await self._attach_sandbox()
         else:
-            await self._create_sandbox()
+            await sandboxes.create(self)
         await durable_cf.mark(self)
+        await self._start_runner()
+
+    async def _start_runner(self) -> None:
+        """Connect to the runner in the sandbox (delivered and started when needed) if
+        the `runner` option asks for it (`runner_link.connect`)."""
+        if self._runner_option is not False:
+            self._runner = await runner_link.connect(
+                self._client, self._spawn_link, self._runner_option
+            )
+            self._uses_runner = self._runner is not None
+
+    async def _spawn_link(self, sink: LinkSink[PtyHandle]) -> None:
+        """The runner link's terminal, spawned as any process's (`spawn_terminal`)."""
+        await spawn_terminal(
+            sink,
+            self._client,
+            keep=self.keep,
+            ready_timeout_s=self.ready_timeout_s,
+            heartbeat_s=self.heartbeat_s,
+            redact=self._redact,
+        )
 
     async def _attach_sandbox(self) -> None:
-        """Open the client and check the requested sandbox runs."""
-        client = self._client
-        client.sandbox_id = None
-        client.open()
-        requested = self._requested_id
-        assert requested is not None
-        # The id is adopted only once the check succeeded: a failed attach must not make
-        # the cleanup delete a sandbox we never held.
-        _, body = await client.call(
-            "GET", client.url(requested, "running"), "attach to the sandbox"
-        )
-        # The bridge answers 200 either way; `running` says whether the sandbox's
-        # container answered a `true` exec.
-        if json_object(body.decode("utf-8", "replace")).get("running") is not True:
-            raise ProviderError(
-                f"could not attach to the sandbox {requested!r}: it is not running "
-                "(stopped, or no such sandbox)",
-                retryable=False,
-            )
-        client.sandbox_id = requested
-
-    async def _create_sandbox(self) -> None:
-        """Open the client and create a sandbox."""
-        client = self._client
-        client.sandbox_id = None
-        client.open()
-        # The create runs as our own task: if this caller is cancelled after the Worker
-        # made the sandbox, `_stop_backend` waits for the answer and deletes it.
-        create = asyncio.ensure_future(
-            client.call("POST", client.url(), "create a sandbox", json_body={})
-        )
-        self._create_task = create
-        _, body = await asyncio.shield(create)
-        self._create_task = None
-        client.sandbox_id = _created_id(body)
-        logger.debug("created cloudflare sandbox %s", client.sandbox_id)
+        """Open the client and check the requested sandbox runs (`sandboxes.attach`)."""
+        assert self._requested_id is not None
+        await sandboxes.attach(self._client, self._requested_id)
 
     async def _stop_backend(self) -> None:
-        """Delete the sandbox (unless kept; 404 is already gone), close the client."""
+        """End the runner's link (the runner lives on in a kept sandbox), delete the
+        sandbox (unless kept; 404 is already gone), close the client."""
+        runner, self._runner = self._runner, None
+        try:
+            await runner_link.shut_down(runner)
+        finally:
+            await self._release_sandbox()
+
+    async def _release_sandbox(self) -> None:
+        """Delete the sandbox (see `_stop_backend`), close the client."""
         client = self._client
         create, self._create_task = self._create_task, None
         if create is not None and client.sandbox_id is None:
             await asyncio.wait({create})
             if not create.cancelled() and create.exception() is None:
                 with contextlib.suppress(ProviderError):
-                    client.sandbox_id = _created_id(create.result()[1])
+                    client.sandbox_id = sandboxes.created_id(create.result()[1])
         sandbox_id = client.sandbox_id
         try:
             if self.keep:
@@ -251,7 +263,10 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
 
     async def _start_exec(self, spec: CommandSpec, capture: ExecCapture) -> OneShotProcess:
         """One `exec` request under the toolkit's wrapper (see `execs`); started as a
-        task the process owns, so nothing here can be cancelled half-way."""
+        task the process owns, so nothing here can be cancelled half-way. With the
+        runner: its one-shot, byte-exact (`processes.start_on_runner`)."""
+        if self._runner is not None:
+            return await processes.start_on_runner(self._runner, spec, capture)
         capture.check = CommandCheck.needed(spec, cwd=spec.cwd)
         self._client.session()  # closed: fail here, before a task exists
         return WorkerExec(self._client, exec_argv(spec, capture.check), capture).start()
@@ -260,7 +275,13 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
 
     async def _spawn_process(self, entry: OutputSink[PtyHandle]) -> None:
         """A session of its own, its PTY socket, then the trapped command typed in
-        (`processes.spawn_terminal`); the handle, a `PtyHandle`, is a `Process`."""
+        (`processes.spawn_terminal`); the handle, a `PtyHandle`, is a `Process`. With
+        the runner: its process, a `RunnerProcess` (`processes.spawn_on_runner`);
+        without it `stdin=True` on pipes is refused before anything starts."""
+        if self._runner is not None:
+            await processes.spawn_on_runner(entry, self._runner)
+            return
+        processes.refuse_open_stdin(entry)
         await spawn_terminal(
             entry,
             self._client,
@@ -269,6 +290,14 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
             heartbeat_s=self.heartbeat_s,
             redact=self._redact,
         )
+
+    async def _close_stdin(self, entry: OutputSink[PtyHandle]) -> None:
+        """EOF on the open stdin of a runner's process (`RunnerProcess.close_stdin`):
+        overriding this lets `stdin=True` reach `_spawn_process`."""
+        handle = entry.require_handle()
+        if not isinstance(handle, RunnerProcess):
+            raise UnsupportedOperationError("only a process through the runner has open stdin")
+        await handle.close_stdin()
 
     async def _terminate_pty_entry(self, entry: OutputSink[PtyHandle]) -> None:
         """`PtyHandle.kill`: the session's tree killed and the session deleted, then the
