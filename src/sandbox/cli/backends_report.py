@@ -100,12 +100,13 @@ def native_notes() -> str:
 # The backends that can run their processes through the runner (docs/runner.md), and how
 # a session asks for it.
 RUNNER_BACKENDS = {
-    "blaxel": "with runner=True (or None: where a build for the sandbox's machine exists)",
-    "daytona": "with runner=True (or None: where a build for the sandbox's machine exists)",
+    "blaxel": "with runner=True (or None: where the sandbox takes it)",
+    "cloudflare": "with runner=True (or None: where the sandbox takes it)",
+    "daytona": "with runner=True (or None: where the sandbox takes it)",
     "docker": "used by default (runner=False: per-exec)",
     "kubernetes": "used by default (runner=False: per-exec)",
-    "e2b": "with runner=True (or None: where a build for the sandbox's machine exists)",
-    "modal": "with runner=True (or None: where a build for the sandbox's machine exists)",
+    "e2b": "with runner=True (or None: where the sandbox takes it)",
+    "modal": "used by default (runner=False: per-exec)",
     "unix_local": "for `sandbox open` sessions, or runner=True",
 }
 

@@ -270,7 +270,7 @@ class CloudflareDurability(RunnerDurability):
             options["worker_url"] = url
         # What the session ended up with (`runner=None` may have fallen back): a resume
         # reaches the same runner, or the terminals.
-        options["runner"] = bool(session._uses_runner)
+        options["runner"] = session._runner_choice.uses
         return options
 
     def ref_direct_process(self, handle: PtyHandle) -> dict[str, Any]:

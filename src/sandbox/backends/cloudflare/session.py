@@ -44,7 +44,9 @@ from ...errors import InvalidArgumentError, ProviderError, UnsupportedOperationE
 from ..toolkit import (
     CommandCheck,
     LinkSink,
+    RunnerChoice,
     RunnerProcess,
+    RunnerReport,
     Secret,
     refuse_renamed,
     require_credential,
@@ -65,7 +67,7 @@ logger = logging.getLogger("sandbox.cloudflare")
 WORKER_URL_ENV = "CLOUDFLARE_SANDBOX_WORKER_URL"
 
 
-class CloudflareSession(BaseSandboxSession[PtyHandle]):
+class CloudflareSession(RunnerReport, BaseSandboxSession[PtyHandle]):
     """Runs commands in a sandbox of a user-deployed Cloudflare Sandbox Worker.
 
     Options:
@@ -170,11 +172,10 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
         self.ready_timeout_s = float(ready_timeout_s)
         self.heartbeat_s = heartbeat_s
         self._create_task: asyncio.Future[tuple[int, bytes]] | None = None
-        self._runner_option = runner
         # The link to the runner while the session has one; whether its processes go
         # through it (True once a start connected: `runner=None` may fall back).
         self._runner: CloudflareRunner | None = None
-        self._uses_runner = runner is True
+        self._runner_choice = RunnerChoice(runner)
 
     def __repr__(self) -> str:
         # The base's repr (backend, state, processes) plus where: never the key.
@@ -205,11 +206,12 @@ class CloudflareSession(BaseSandboxSession[PtyHandle]):
     async def _start_runner(self) -> None:
         """Connect to the runner in the sandbox (delivered and started when needed) if
         the `runner` option asks for it (`runner_link.connect`)."""
-        if self._runner_option is not False:
-            self._runner = await runner_link.connect(
-                self._client, self._spawn_link, self._runner_option
-            )
-            self._uses_runner = self._runner is not None
+        choice = self._runner_choice
+        self._runner = await choice.decide(
+            lambda: runner_link.connect(self._client, self._spawn_link, choice.asked),
+            backend="cloudflare",
+            where="sandbox",
+        )
 
     async def _spawn_link(self, sink: LinkSink[PtyHandle]) -> None:
         """The runner link's terminal, spawned as any process's (`spawn_terminal`)."""

@@ -19,8 +19,9 @@ delivery, start, the exec that carries its link). A terminal is interrupted with
 
 By default (`runner=None`: where this install has a runner for the sandbox's machine
 and the sandbox takes it; `runner=True` requires it) processes and commands go through
-the runner (docs/runner.md, `runner_link`): put into the sandbox once (checked by content hash), started detached,
-and reached by one exec whose binary stdin and stdout carry its protocol. Its processes
+the runner (docs/runner.md, `runner_link`): put into the sandbox once (checked by
+content hash), started detached, and reached by one exec whose binary stdin and stdout
+carry its protocol. Its processes
 outlive the client (`keeps_processes`), keep stdin open until `close_stdin`, are killed
 with their whole tree, and resize (the runner owns the terminal).
 
