@@ -122,7 +122,9 @@ async def test_every_byte_value_round_trips_on_a_terminal_and_on_pipes(
             # (a raw terminal changes nothing).
             raw = "stty raw -echo; " if tty else ""
             started = await s.pty_exec_start(
-                f"{raw}while [ ! -e go ]; do sleep 0.02; done; cat bytes.bin", tty=tty
+                f"{raw}while [ ! -e go ]; do sleep 0.02; done; cat bytes.bin",
+                tty=tty,
+                yield_time_s=0.1,  # it waits for `go`: the window has nothing to show
             )
             [entry] = [e for e in s._core.processes.entries() if e.process_id == started.process_id]
             await s.write_file("go", b"")
@@ -132,9 +134,16 @@ async def test_every_byte_value_round_trips_on_a_terminal_and_on_pipes(
             # In: every byte typed into a raw terminal, or written to an open stdin.
             command = "stty raw -echo; echo ready; head -c 256 > got.bin; echo done"
             started = await s.pty_exec_start(
-                command if tty else "cat > got.bin", tty=tty, stdin=not tty, until="ready"
+                command if tty else "cat > got.bin",
+                tty=tty,
+                stdin=not tty,
+                until="ready" if tty else None,
+                yield_time_s=5 if tty else 0.1,  # `cat` prints nothing
             )
-            done = await s.pty_write_stdin(started.process_id, ALL_BYTES)
+            # (On pipes `cat` ends only at close_stdin: a short window.)
+            done = await s.pty_write_stdin(
+                started.process_id, ALL_BYTES, yield_time_s=5 if tty else 0.1
+            )
             if not tty:
                 await s.pty_close_stdin(started.process_id)
             if done.exit_code is None:

@@ -237,6 +237,11 @@ class TextLink:
         shown = self._before or ""
         return "".join(c if c.isprintable() or c == "\n" else " " for c in shown[-300:])
 
+    @property
+    def ready(self) -> bool:
+        """Whether the bridge's ready line came (always, without a token)."""
+        return self._is_ready
+
     async def wait_ready(self) -> None:
         """Until the bridge's ready line came (at once without a token); raises the
         link's error if it ended first."""

@@ -214,7 +214,8 @@ class TerminalLink(Generic[H]):
 
     async def _end(self) -> None:
         sink = self.sink
-        if sink is not None and sink.handle is not None and not sink.exited:
+        # Before the ready line the terminal is not raw yet: nothing is typed into it.
+        if self.text.ready and sink is not None and sink.handle is not None and not sink.exited:
             await sink.handle.write(END_LINE.encode("ascii"))
 
     async def close(self) -> None:
@@ -227,7 +228,10 @@ class TerminalLink(Generic[H]):
         if sink is None or sink.handle is None:
             self.text.feed_eof()
             return
-        deadline = asyncio.get_running_loop().time() + self._close_wait_s
+        # A bridge that never printed its ready line was not sent the end line: it is
+        # not waited for.
+        wait_s = self._close_wait_s if self.text.ready else 0.0
+        deadline = asyncio.get_running_loop().time() + wait_s
         while not sink.exited and asyncio.get_running_loop().time() < deadline:
             await sink.wait_for_change(deadline, wants_data=False)
         try:
