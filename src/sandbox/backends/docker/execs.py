@@ -104,8 +104,16 @@ RUNTIME_STOPPED = b"cannot exec in a stopped state"
 # cannot fork). No process of ours exists then.
 RUNTIME_FAILED = b"OCI runtime exec failed"
 HEAD_BYTES = 256
-# What a shell prints when fork() fails (EAGAIN: the container's pids limit).
+# What a shell prints when fork() fails (EAGAIN: the container's pids limit), and what
+# the runtime's Go code prints when it cannot make a thread there (it then dumps its
+# registers and exits 2): either way the container is full.
 FORK_FAILED = "can't fork"
+FORK_FAILURES = (
+    FORK_FAILED,
+    "pthread_create failed",
+    "failed to create new OS thread",
+    "Resource temporarily unavailable",
+)
 
 
 class DockerExec(Process):
@@ -645,7 +653,8 @@ async def run_kill_script(
         # The container stopped (the runtime refuses the exec): nothing in it is left
         # to signal, which is what the kill was for.
         return "gone"
-    refused = killer.runtime_refused or (FORK_FAILED if FORK_FAILED in text else None)
+    full = next((said for said in FORK_FAILURES if said in text), None)
+    refused = killer.runtime_refused or full
     if refused is not None:
         # Said apart from a missing program: here the container is full, not the image.
         raise ProviderError(
