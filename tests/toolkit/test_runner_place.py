@@ -4,6 +4,8 @@ checked before it is used, and a link whose runner does not answer ends cleanly.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import platform
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -11,14 +13,17 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.toolkit import (
+    MAX_RUNNER_BYTES,
     SandboxPlace,
     StderrTail,
     checked_digest,
     checked_folder,
     hello_through,
     place_runner,
+    read_packaged,
     runner_name,
     sandbox_environment,
+    write_then_install,
 )
 from sandbox.errors import ProviderError, UnsupportedOperationError
 from sandbox.runner import LinkWriter, RunnerBinary, runner_binary
@@ -57,7 +62,9 @@ def test_a_folder_is_absolute_one_line_and_bounded() -> None:
 
 
 def test_the_environment_is_bounded_and_drops_the_shells_own() -> None:
+    # (The kill script's tag too: a process through the runner must not carry it.)
     items = [b"A=1", b"PWD=/x", b"_=/bin/sh", b"noequals", b"=v", b"B=x=y"]
+    items.append(b"SANDBOX_PROCESS_TAG=t-1")
     assert sandbox_environment(items) == {"A": "1", "B": "x=y"}
     many = [f"V{i}=1".encode() for i in range(10_000)]
     assert len(sandbox_environment(many)) == 4096
@@ -142,3 +149,56 @@ async def test_no_build_for_the_sandboxs_machine_is_none_or_refused() -> None:
     assert await place_runner(prepare, upload, required=False) is None
     with pytest.raises(UnsupportedOperationError, match="riscv64"):
         await place_runner(prepare, upload, required=True)
+
+
+def test_the_packaged_bytes_are_checked_before_they_go_anywhere(tmp_path: Path) -> None:
+    data = b"\x7fELF runner"
+    built = tmp_path / "sandbox-runner"
+    built.write_bytes(data)
+    binary = RunnerBinary(built, hashlib.sha256(data).hexdigest(), len(data))
+    assert read_packaged(binary) == data
+    built.write_bytes(b"\x7fELF another build")  # replaced under a running install
+    with pytest.raises(ProviderError, match="changed while in use") as info:
+        read_packaged(binary)
+    assert info.value.retryable
+    huge = RunnerBinary(built, binary.sha256, MAX_RUNNER_BYTES + 1)
+    with pytest.raises(ProviderError, match="larger than any runner"):
+        read_packaged(huge)
+
+
+async def test_write_then_install_writes_beside_the_path_then_runs_the_install_script(
+    tmp_path: Path,
+) -> None:
+    """The real install script, run here: the bytes land at the path, executable, and
+    the temporary name is gone; bytes that are not the runner's are refused."""
+    data = b"#!/bin/sh\necho installed\n"
+    built = tmp_path / "sandbox-runner"
+    built.write_bytes(data)
+    binary = RunnerBinary(built, hashlib.sha256(data).hexdigest(), len(data))
+    folder = tmp_path / "sandbox"
+    folder.mkdir()
+    written: list[str] = []
+
+    async def write(temporary: str, payload: bytes) -> None:
+        written.append(temporary)
+        Path(temporary).write_bytes(payload)
+
+    async def run(argv: list[str]) -> tuple[int, str, str]:
+        done = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await done.communicate()
+        return int(done.returncode or 0), out.decode(), err.decode()
+
+    path = str(folder / runner_name(binary))
+    await write_then_install(binary, path, write, run)
+    assert Path(path).read_bytes() == data and os.access(path, os.X_OK)
+    [temporary] = written
+    assert temporary.startswith(path + ".") and not Path(temporary).exists()
+
+    async def corrupt(temporary: str, payload: bytes) -> None:
+        Path(temporary).write_bytes(payload[:-1] + b"?")
+
+    with pytest.raises(ProviderError):
+        await write_then_install(binary, path + "-2", corrupt, run)
+    assert not Path(path + "-2").exists() and len(list(folder.iterdir())) == 1

@@ -33,30 +33,25 @@ session's start and stop do with it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 from ...backend import OutputSink
 from ...errors import ProviderError, UnsupportedOperationError
-from ...runner import RunnerBinary, RunnerClient
+from ...runner import RunnerBinary
 from ..toolkit import (
-    MAX_RUNNER_BYTES,
-    RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
+    LinkedRunner,
     LinkSink,
     RunnerProcess,
     SandboxPlace,
     TerminalLink,
-    check_runner_installed,
+    close_then_release,
     command_line,
-    hello_through,
     parse_prepare,
     place_runner,
-    process_environment,
+    write_then_install,
 )
 from .client import BlaxelClient
 from .files import url_path
@@ -66,9 +61,6 @@ from .terminal import TerminalOptions, text_to_bytes
 # The bound on each short exec of the delivery (the prepare, the install), in the
 # server's whole seconds.
 SCRIPT_TIMEOUT_S = 60
-# The terminal type a process on a terminal gets when neither its env nor the session's
-# sets one (what the sandbox's own terminal sets).
-DEFAULT_TERM = "xterm-256color"
 # Why a process on pipes cannot keep its stdin open without the runner.
 NO_OPEN_STDIN = (
     "stdin=True: the blaxel backend keeps the stdin of a process on pipes open only "
@@ -113,49 +105,30 @@ async def prepare(client: BlaxelClient, names: list[str]) -> SandboxPlace:
 async def upload(client: BlaxelClient, binary: RunnerBinary, path: str) -> None:
     """`fs.write_binary` of the runner's bytes to a private temporary name, then
     `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, renamed over
-    `path`."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = await asyncio.to_thread(binary.path.read_bytes)
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
-    temporary = f"{path}.{secrets.token_hex(6)}.tmp"
+    `path` (`write_then_install`). The server makes the file's missing parents (the
+    runner's folder, the first time) and takes an absolute path as it is (`files`)."""
     what = "put the runner into the sandbox"
     instance = client.sandbox()
-    # The server makes the file's missing parents (the runner's folder, the first
-    # time) and takes an absolute path as it is (`files`).
-    await client.call(what, lambda: instance.fs.write_binary(url_path(temporary), data))
-    argv = [
-        "sh", "-c", RUNNER_INSTALL_SCRIPT, "sandbox-runner-install",
-        temporary, path, binary.sha256, str(len(data)),
-    ]  # fmt: skip
-    code, stdout, stderr = await _run(client, argv, what)
-    check_runner_installed(binary, code, stdout.decode("utf-8", "replace"), stderr)
+
+    async def write(temporary: str, data: bytes) -> None:
+        await client.call(what, lambda: instance.fs.write_binary(url_path(temporary), data))
+
+    async def run(argv: list[str]) -> tuple[int, str, str]:
+        code, stdout, stderr = await _run(client, argv, what)
+        return code, stdout.decode("utf-8", "replace"), stderr
+
+    await write_then_install(binary, path, write, run)
 
 
-class BlaxelRunner:
-    """The session's connection to the runner in its sandbox: the client, the terminal
-    link that carries it, the environment every process starts with and the folder
-    relative `cwd`s start from (the session's `workdir`)."""
-
-    def __init__(
-        self,
-        client: RunnerClient,
-        link: TerminalLink[Terminal],
-        base_env: dict[str, str],
-        workdir: str,
-    ) -> None:
-        self.client = client
-        self.link = link
-        self.base_env = base_env
-        self.workdir = workdir
+class BlaxelRunner(LinkedRunner[TerminalLink[Terminal]]):
+    """The session's connection to the runner in its sandbox (`LinkedRunner`; a
+    process's folder is the one the session gives it)."""
 
     @classmethod
     async def start(
         cls,
         blaxel: BlaxelClient,
         spawn: Callable[[LinkSink[Terminal]], Awaitable[None]],
-        workdir: str,
         *,
         required: bool,
     ) -> BlaxelRunner | None:
@@ -172,35 +145,8 @@ class BlaxelRunner:
         if placed is None:
             return None
         link: TerminalLink[Terminal] = TerminalLink(spawn)
-        try:
-            await link.start(placed.path, placed.sock)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(link.close())
-            raise
-        client = await hello_through(
-            link.text.reader,
-            link.text.writer,
-            stderr=link.stderr,
-            close=link.close,
-            where="the Blaxel sandbox",
-        )
-        return cls(client, link, placed.env, workdir)
-
-    def environment(
-        self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM
-    ) -> dict[str, str]:
-        """The whole environment of one process: the sandbox's, the command's, and TERM
-        for a terminal."""
-        return process_environment(self.base_env, extra, tty=tty, term=term)
-
-    async def aclose(self) -> None:
-        """Close the connection and end the bridge (the runner and any process it keeps
-        live on)."""
-        try:
-            await self.client.aclose()
-        finally:
-            await self.link.close()
+        client = await cls.say_hello(placed, link, where="the Blaxel sandbox")
+        return cls(client, link, placed.env)
 
 
 def link_spawner(
@@ -235,7 +181,7 @@ async def connect(
     if option is False:
         return None
     spawn = link_spawner(blaxel, options, workdir, sandbox_name)
-    return await BlaxelRunner.start(blaxel, spawn, workdir, required=bool(option))
+    return await BlaxelRunner.start(blaxel, spawn, required=bool(option))
 
 
 async def close_stdin(handle: object) -> None:
@@ -249,8 +195,4 @@ async def close_stdin(handle: object) -> None:
 async def shut_down(runner: BlaxelRunner | None, release: Callable[[], Awaitable[None]]) -> None:
     """Close the runner's link (the runner lives on in a kept sandbox; a deleted one
     ends it), then `release` the sandbox whatever became of the link."""
-    try:
-        if runner is not None:
-            await runner.aclose()
-    finally:
-        await release()
+    await close_then_release(runner, release)

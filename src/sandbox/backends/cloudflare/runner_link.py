@@ -30,33 +30,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 from ...errors import ProviderError, SandboxError
-from ...runner import RunnerBinary, RunnerClient
+from ...runner import RunnerBinary
 from ..toolkit import (
-    MAX_RUNNER_BYTES,
     RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
+    LinkedRunner,
     LinkSink,
     SandboxPlace,
     TerminalLink,
     check_runner_installed,
     checked_folder,
-    hello_through,
+    close_then_release,
+    packaged_bytes,
     parse_prepare,
     place_runner,
-    process_environment,
 )
 from .client import WorkerClient
 from .files import WORKSPACE
 from .terminal import PtyHandle
 
-# The terminal type a process on a terminal gets when neither its env nor the session's
-# sets one (what the container's own PTY shell has, pty.ts).
-DEFAULT_TERM = "xterm-256color"
 # How long the cleanup of a temporary upload may take (it runs while a caller is being
 # cancelled).
 CLEANUP_TIMEOUT_S = 5.0
@@ -92,11 +88,7 @@ async def upload(client: WorkerClient, binary: RunnerBinary, path: str) -> None:
     """PUT the runner's bytes at a private temporary name in /workspace, then
     `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, moved over
     `path`. The temporary name is removed if anything fails or is cancelled."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = await asyncio.to_thread(binary.path.read_bytes)
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    data = await packaged_bytes(binary)
     # Relative to the exec's folder, /workspace (config.ts `DEFAULT_CWD`).
     temporary = f".sandbox-runner-{secrets.token_hex(6)}.tmp"
     what = "put the runner into the sandbox"
@@ -129,21 +121,9 @@ async def _discard(client: WorkerClient, temporary: str) -> None:
             await asyncio.shield(remove)
 
 
-class CloudflareRunner:
-    """The session's connection to the runner in its sandbox: the client, the terminal
-    link that carries it, and the environment and folder every process starts with."""
-
-    def __init__(
-        self,
-        client: RunnerClient,
-        link: TerminalLink[PtyHandle],
-        base_env: dict[str, str],
-        home: str = WORKSPACE,
-    ) -> None:
-        self.client = client
-        self.link = link
-        self.base_env = base_env
-        self.home = home
+class CloudflareRunner(LinkedRunner[TerminalLink[PtyHandle]]):
+    """The session's connection to the runner in its sandbox (`LinkedRunner`): processes
+    start in the exec's folder (/workspace) unless told otherwise."""
 
     @classmethod
     async def start(
@@ -162,38 +142,8 @@ class CloudflareRunner:
         if placed is None:
             return None
         link: TerminalLink[PtyHandle] = TerminalLink(spawn)
-        try:
-            await link.start(placed.path, placed.sock)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(link.close())
-            raise
-        client = await hello_through(
-            link.text.reader,
-            link.text.writer,
-            stderr=link.stderr,
-            close=link.close,
-            where="the sandbox",
-        )
+        client = await cls.say_hello(placed, link, where="the sandbox")
         return cls(client, link, placed.env, prepare.home)
-
-    def environment(self, extra: Mapping[str, str] | None, *, tty: bool) -> dict[str, str]:
-        """The whole environment of one process: the sandbox's (as an exec has it), the
-        command's, and TERM for a terminal."""
-        return process_environment(self.base_env, extra, tty=tty, term=DEFAULT_TERM)
-
-    def cwd(self, cwd: str | None) -> str:
-        """A process's folder: relative ones (and none) in /workspace, as an exec's."""
-        if not cwd:
-            return self.home
-        return cwd if cwd.startswith("/") else f"{self.home.rstrip('/')}/{cwd}"
-
-    async def aclose(self) -> None:
-        """Close the connection and end the link (the runner and its processes live on)."""
-        try:
-            await self.client.aclose()
-        finally:
-            await self.link.close()
 
 
 async def connect(
@@ -210,5 +160,4 @@ async def connect(
 async def shut_down(runner: CloudflareRunner | None) -> None:
     """Close the runner's link, if any (the runner lives on in a kept sandbox; the
     sandbox's deletion ends it)."""
-    if runner is not None:
-        await runner.aclose()
+    await close_then_release(runner)

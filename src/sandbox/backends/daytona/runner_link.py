@@ -32,35 +32,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 import shlex
-from collections.abc import Mapping
 
 from daytona import DaytonaError, SessionExecuteRequest
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError
-from ...runner import RunnerBinary, RunnerClient, TextLink
+from ...runner import RunnerBinary, TextLink
 from ..toolkit import (
-    MAX_RUNNER_BYTES,
     RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
+    LinkedRunner,
     SandboxPlace,
     StderrTail,
     check_runner_installed,
-    hello_through,
+    close_then_release,
+    packaged_bytes,
     parse_prepare,
     place_runner,
-    process_environment,
 )
 from .client import DaytonaClient
 
 # How long ending the link (deleting its session) may take before it is given up.
 CLOSE_WAIT_S = 5.0
-# The terminal type a process on a terminal gets when neither its env nor the sandbox's
-# sets one (what Daytona's own PTY sessions set).
-DEFAULT_TERM = "xterm-256color"
 
 
 async def _exec(client: DaytonaClient, argv: list[str], what: str) -> tuple[int, str]:
@@ -87,11 +82,7 @@ async def upload(client: DaytonaClient, binary: RunnerBinary, path: str) -> None
     """`fs.upload_file` of the runner's bytes to a private temporary name, then
     `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, renamed over
     `path`."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = await asyncio.to_thread(binary.path.read_bytes)
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    data = await packaged_bytes(binary)
     temporary = f"{path}.{secrets.token_hex(6)}.tmp"
     what = "put the runner into the sandbox"
     await client.call(what, client.fs.upload_file(data, temporary))
@@ -125,6 +116,10 @@ class DaytonaLink:
         self._session_made = False
         self.stderr = StderrTail()
         self._logs: asyncio.Task[None] | None = None
+
+    def said(self) -> str:
+        """What explains a link that never came up: its error, or the command's stderr."""
+        return self.text.error or self.stderr.text
 
     async def _send(self, text: str) -> None:
         client = self.client
@@ -192,14 +187,10 @@ class DaytonaLink:
                 self.text.feed_eof()
 
 
-class DaytonaRunner:
-    """The session's connection to the runner in its sandbox: the client, the link that
-    carries it, and the environment every process starts with."""
-
-    def __init__(self, client: RunnerClient, link: DaytonaLink, base_env: dict[str, str]) -> None:
-        self.client = client
-        self.link = link
-        self.base_env = base_env
+class DaytonaRunner(LinkedRunner[DaytonaLink]):
+    """The session's connection to the runner in its sandbox (`LinkedRunner`; a
+    process's folder is the command's own, the daemon's workdir applied by the
+    session)."""
 
     @classmethod
     async def start(cls, daytona: DaytonaClient, *, required: bool) -> DaytonaRunner | None:
@@ -215,34 +206,8 @@ class DaytonaRunner:
         if placed is None:
             return None
         link = DaytonaLink(daytona)
-        try:
-            await link.start(placed.path, placed.sock)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(link.close())
-            raise
-        client = await hello_through(
-            link.text.reader,
-            link.text.writer,
-            stderr=lambda: link.text.error or link.stderr.text,
-            close=link.close,
-            where="the sandbox",
-        )
+        client = await cls.say_hello(placed, link, where="the sandbox")
         return cls(client, link, placed.env)
-
-    def environment(
-        self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM
-    ) -> dict[str, str]:
-        """The whole environment of one process: the sandbox's, the command's, and TERM
-        for a terminal."""
-        return process_environment(self.base_env, extra, tty=tty, term=term)
-
-    async def aclose(self) -> None:
-        """Close the connection (the runner and any process it keeps live on)."""
-        try:
-            await self.client.aclose()
-        finally:
-            await self.link.close()
 
 
 async def connect(daytona: DaytonaClient, wanted: bool | None) -> DaytonaRunner | None:
@@ -258,8 +223,4 @@ async def shut_down(runner: DaytonaRunner | None, daytona: DaytonaClient) -> Non
     """Close the runner's link (the runner lives on in a kept sandbox; a deleted one
     ends it), then stop the client: the sandbox deleted unless kept, every call bounded.
     Whatever became of the link, the sandbox is released."""
-    try:
-        if runner is not None:
-            await runner.aclose()
-    finally:
-        await daytona.stop()
+    await close_then_release(runner, daytona.stop)

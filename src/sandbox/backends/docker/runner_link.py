@@ -41,6 +41,7 @@ from ..toolkit import (
     RUNNER_OFF,
     fallen_back,
     process_environment,
+    read_packaged,
     runner_name,
 )
 from .archive import put_tar, stat_path, tar_one_file
@@ -80,9 +81,7 @@ def _deliver(api: Any, container_id: str, binary: RunnerBinary) -> str:
     """(In a worker thread) what `deliver` does."""
     path = runner_path(binary)
     if _installed_digest(api, container_id, path, binary.size) != binary.sha256:
-        data = binary.path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != binary.sha256:
-            raise ProviderError("the packaged runner changed while in use", retryable=True)
+        data = read_packaged(binary)
         name = path.rsplit("/", 1)[1]
         try:
             put_tar(api, container_id, INSTALL_FOLDER, tar_one_file(name, data, mode=0o755))

@@ -31,37 +31,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import secrets
 import shlex
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from e2b import CommandExitException
 
 from ...backend import cancel_and_wait
 from ...errors import ProviderError
-from ...runner import RunnerBinary, RunnerClient, TextLink
+from ...runner import RunnerBinary, TextLink
 from ..toolkit import (
-    MAX_RUNNER_BYTES,
-    RUNNER_INSTALL_SCRIPT,
     RUNNER_PREPARE_SCRIPT,
+    LinkedRunner,
     SandboxPlace,
     StderrTail,
-    check_runner_installed,
-    hello_through,
+    close_then_release,
     parse_prepare,
     place_runner,
-    process_environment,
+    write_then_install,
 )
 from . import files
 from .client import E2BClient
 
 # After the link's stdin was closed, how long its bridge has to end before it is killed.
 CLOSE_WAIT_S = 5.0
-# The terminal type a process on a terminal gets when neither its env nor the session's
-# sets one (what E2B's own `pty.create` sets).
-DEFAULT_TERM = "xterm-256color"
 
 
 async def _run(client: E2BClient, argv: list[str], what: str) -> tuple[int, str, str]:
@@ -96,32 +89,20 @@ async def prepare(client: E2BClient, names: list[str]) -> SandboxPlace:
 async def upload(client: E2BClient, binary: RunnerBinary, path: str) -> None:
     """`files.write` of the runner's bytes to a private temporary name, then
     `RUNNER_INSTALL_SCRIPT`: checked by size and sha256, made executable, renamed over
-    `path`."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = await asyncio.to_thread(binary.path.read_bytes)
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
-    temporary = f"{path}.{secrets.token_hex(6)}.tmp"
+    `path` (`write_then_install`)."""
     what = "put the runner into the sandbox"
-    try:
-        await client.timed(client.sandbox.files.write(temporary, data, **client.request()), what)
-    except ProviderError:
-        raise
-    except Exception as exc:
-        client.errors.fail(exc, what)
-    argv = [
-        "sh",
-        "-c",
-        RUNNER_INSTALL_SCRIPT,
-        "sandbox-runner-install",
-        temporary,
-        path,
-        binary.sha256,
-        str(len(data)),
-    ]
-    code, stdout, stderr = await _run(client, argv, what)
-    check_runner_installed(binary, code, stdout, stderr)
+
+    async def write(temporary: str, data: bytes) -> None:
+        try:
+            await client.timed(
+                client.sandbox.files.write(temporary, data, **client.request()), what
+            )
+        except ProviderError:
+            raise
+        except Exception as exc:
+            client.errors.fail(exc, what)
+
+    await write_then_install(binary, path, write, lambda argv: _run(client, argv, what))
 
 
 class E2BLink:
@@ -135,6 +116,10 @@ class E2BLink:
         self.text = TextLink(self._send, self._close_input, close_wait_s=CLOSE_WAIT_S)
         self.stderr = StderrTail()
         self._watcher: asyncio.Task[None] | None = None
+
+    def said(self) -> str:
+        """What explains a link that never came up: its error, or the bridge's stderr."""
+        return self.text.error or self.stderr.text
 
     async def _send(self, text: str) -> None:
         client = self.client
@@ -213,17 +198,9 @@ class E2BLink:
                 self.text.feed_eof()
 
 
-class E2BRunner:
-    """The session's connection to the runner in its sandbox: the client, the link that
-    carries it, and the environment and home every process starts with."""
-
-    def __init__(
-        self, client: RunnerClient, link: E2BLink, base_env: dict[str, str], home: str
-    ) -> None:
-        self.client = client
-        self.link = link
-        self.base_env = base_env
-        self.home = home
+class E2BRunner(LinkedRunner[E2BLink]):
+    """The session's connection to the runner in its sandbox (`LinkedRunner`): processes
+    start in the sandbox user's home unless told otherwise, as envd's do."""
 
     @classmethod
     async def start(cls, e2b: E2BClient, home: str, *, required: bool) -> E2BRunner | None:
@@ -239,41 +216,8 @@ class E2BRunner:
         if placed is None:
             return None
         link = E2BLink(e2b)
-        try:
-            await link.start(placed.path, placed.sock)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(link.close())
-            raise
-        client = await hello_through(
-            link.text.reader,
-            link.text.writer,
-            stderr=lambda: link.text.error or link.stderr.text,
-            close=link.close,
-            where="the sandbox",
-        )
+        client = await cls.say_hello(placed, link, where="the sandbox")
         return cls(client, link, placed.env, home)
-
-    def environment(
-        self, extra: Mapping[str, str] | None, *, tty: bool, term: str = DEFAULT_TERM
-    ) -> dict[str, str]:
-        """The whole environment of one process: the sandbox's (the session's `env`
-        among it: E2B gives it to every command), the command's, and TERM for a
-        terminal."""
-        return process_environment(self.base_env, extra, tty=tty, term=term)
-
-    def cwd(self, cwd: str | None) -> str:
-        """A process's folder: relative ones (and none) in the home, as envd's."""
-        if not cwd:
-            return self.home
-        return cwd if cwd.startswith("/") else f"{self.home.rstrip('/')}/{cwd}"
-
-    async def aclose(self) -> None:
-        """Close the connection (the runner and any process it keeps live on)."""
-        try:
-            await self.client.aclose()
-        finally:
-            await self.link.close()
 
 
 async def connect(e2b: E2BClient, option: bool | None) -> E2BRunner | None:
@@ -290,8 +234,4 @@ async def connect(e2b: E2BClient, option: bool | None) -> E2BRunner | None:
 async def shut_down(runner: E2BRunner | None, release: Callable[[], Awaitable[None]]) -> None:
     """Close the runner's link (the runner lives on in a kept sandbox; a killed one ends
     it), then `release` the sandbox whatever became of the link."""
-    try:
-        if runner is not None:
-            await runner.aclose()
-    finally:
-        await release()
+    await close_then_release(runner, release)

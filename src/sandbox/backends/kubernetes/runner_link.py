@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping
@@ -42,7 +41,6 @@ from ...runner import (
 )
 from ..toolkit import (
     FALLBACK_ERRORS,
-    MAX_RUNNER_BYTES,
     MAX_SOCKET_PATH,
     MAX_STDERR_BYTES,
     RUNNER_OFF,
@@ -51,6 +49,7 @@ from ..toolkit import (
     checked_folder,
     fallen_back,
     hello_through,
+    packaged_bytes,
     process_environment,
     runner_name,
     sandbox_environment,
@@ -150,11 +149,7 @@ async def _chunks(data: bytes) -> AsyncIterator[bytes]:
 async def upload(client: KubeClient, target: Target, binary: RunnerBinary, path: str) -> None:
     """Write the runner's bytes to `path` through an exec's stdin (data, not a terminal),
     then check the digest the pod computed of what it received."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = binary.path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    data = await packaged_bytes(binary)
     size = "-" if client.agreed == V5_PROTOCOL else str(len(data))
     said = bytearray()
 

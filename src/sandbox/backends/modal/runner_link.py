@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,11 +38,11 @@ from ...runner import (
     RunnerClient,
 )
 from ..toolkit import (
-    MAX_RUNNER_BYTES,
     MAX_STDERR_BYTES,
     RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
     hello_through,
+    packaged_bytes,
     parse_prepare,
     place_runner,
     process_environment,
@@ -154,11 +153,7 @@ async def upload(
 ) -> None:
     """Write the runner's bytes to `path` through an exec's stdin, then check the digest
     the sandbox computed of what it received."""
-    if binary.size > MAX_RUNNER_BYTES:
-        raise ProviderError("the packaged runner is larger than any runner can be")
-    data = await asyncio.to_thread(binary.path.read_bytes)
-    if hashlib.sha256(data).hexdigest() != binary.sha256:
-        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    data = await packaged_bytes(binary)
     argv = ["sh", "-c", UPLOAD_SCRIPT, "sandbox-runner-upload", path, binary.sha256]
     argv.append(str(len(data)))
     what = "put the runner into the sandbox"

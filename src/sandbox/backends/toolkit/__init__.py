@@ -32,7 +32,8 @@
   one-shot, `RunnerDurability`); `runner_delivery`: putting the runner into a sandbox
   whatever the provider (the content-named path, the prepare and install scripts, the
   build for the sandbox's machine); `runner_terminal`: the runner's text link over a
-  terminal process of the backend's own (`TerminalLink`, `LinkSink`); `runner_choice`:
+  terminal process of the backend's own (`TerminalLink`, `LinkSink`); `runner_session`:
+  the session's end of a runner over a text link (`LinkedRunner`); `runner_choice`:
   the `runner` option's policy (`RunnerChoice`) and its two public properties
   (`RunnerReport`).
 
@@ -79,10 +80,13 @@ from .runner_delivery import (
     check_runner_installed,
     choose_binary,
     no_runner_built,
+    packaged_bytes,
     packaged_runners,
     parse_prepare,
     place_runner,
+    read_packaged,
     runner_paths,
+    write_then_install,
 )
 from .runner_place import (
     FALLBACK_ERRORS,
@@ -110,6 +114,7 @@ from .runner_processes import (
 from .runner_processes import reattach as reattach_through_runner
 from .runner_processes import ref_process as runner_ref_process
 from .runner_processes import spawn as spawn_through_runner
+from .runner_session import LinkedRunner, RunnerTextLink, close_then_release
 from .runner_terminal import LinkSink, TerminalLink, link_argv
 from .shell import (
     KILL_TICK_S,
@@ -149,6 +154,7 @@ __all__ = [
     "UNKNOWN_SIGNAL_EXIT",
     "CommandCheck",
     "LinkSink",
+    "LinkedRunner",
     "PlacedRunner",
     "ResourceLimits",
     "RunnerChoice",
@@ -156,6 +162,7 @@ __all__ = [
     "RunnerOneShot",
     "RunnerProcess",
     "RunnerReport",
+    "RunnerTextLink",
     "SandboxPlace",
     "ScriptLease",
     "Secret",
@@ -172,6 +179,7 @@ __all__ = [
     "checked_folder",
     "choose_binary",
     "clean_detail",
+    "close_then_release",
     "command_line",
     "error_for_status",
     "fallen_back",
@@ -188,12 +196,14 @@ __all__ = [
     "new_tag",
     "no_runner_built",
     "normalize_exit",
+    "packaged_bytes",
     "packaged_runners",
     "parse_kill_report",
     "parse_lease",
     "parse_prepare",
     "place_runner",
     "process_environment",
+    "read_packaged",
     "reattach_ref",
     "reattach_through_runner",
     "redact",
@@ -218,4 +228,5 @@ __all__ = [
     "whole_multiple",
     "within_workspace",
     "wrapper_argv",
+    "write_then_install",
 ]

@@ -10,12 +10,16 @@ Nothing here imports a provider SDK.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ...errors import ProviderError, UnsupportedOperationError
 from ...runner import RunnerBinary, runner_binary, unavailable_reason
 from .runner_place import (
+    MAX_RUNNER_BYTES,
     MAX_SOCKET_PATH,
     checked_digest,
     checked_folder,
@@ -170,6 +174,42 @@ async def place_runner(
     if place.digests.get(runner_name(binary)) != binary.sha256:
         await upload(binary, path)
     return PlacedRunner(binary, path, sock, dict(place.env))
+
+
+def read_packaged(binary: RunnerBinary) -> bytes:
+    """The packaged runner's bytes (blocking: in a worker thread), refused when larger
+    than any runner can be or when they are no longer the bytes it was found with (a
+    build replaced under a running install: retryable)."""
+    if binary.size > MAX_RUNNER_BYTES:
+        raise ProviderError("the packaged runner is larger than any runner can be")
+    data = binary.path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != binary.sha256:
+        raise ProviderError("the packaged runner changed while in use", retryable=True)
+    return data
+
+
+async def packaged_bytes(binary: RunnerBinary) -> bytes:
+    """`read_packaged`, off the event loop."""
+    return await asyncio.to_thread(read_packaged, binary)
+
+
+async def write_then_install(
+    binary: RunnerBinary,
+    path: str,
+    write: Callable[[str, bytes], Awaitable[object]],
+    run: Callable[[list[str]], Awaitable[tuple[int, str, str]]],
+) -> None:
+    """Put the runner at `path` through a provider's file API: `write(temporary, data)`
+    at a private name beside it, then `run(argv)` of `RUNNER_INSTALL_SCRIPT` (exit code,
+    stdout, stderr), which checks size and sha256, makes the file executable and renames
+    it over `path` (removing the temporary name whatever it found)."""
+    data = await packaged_bytes(binary)
+    temporary = f"{path}.{secrets.token_hex(6)}.tmp"
+    await write(temporary, data)
+    argv = ["sh", "-c", RUNNER_INSTALL_SCRIPT, "sandbox-runner-install"]
+    argv += [temporary, path, binary.sha256, str(len(data))]
+    code, stdout, stderr = await run(argv)
+    check_runner_installed(binary, code, stdout, stderr)
 
 
 class StderrTail:

@@ -187,7 +187,7 @@ class TerminalLink(Generic[H]):
         self.text = TextLink(self._send, self._end, close_wait_s=close_wait_s, ready=self.token)
         self.sink: LinkSink[H] | None = None
 
-    def stderr(self) -> str:
+    def said(self) -> str:
         """What explains a link that never came up: the link's error, or the end of
         what the terminal showed before the bridge's ready line."""
         return self.text.error or self.text.before_ready
