@@ -7,6 +7,8 @@ import asyncio
 import hashlib
 import os
 import platform
+import shutil
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -14,11 +16,13 @@ import pytest
 
 from sandbox.backends.toolkit import (
     MAX_RUNNER_BYTES,
+    RUNNER_PREPARE_SCRIPT,
     SandboxPlace,
     StderrTail,
     checked_digest,
     checked_folder,
     hello_through,
+    parse_prepare,
     place_runner,
     read_packaged,
     runner_name,
@@ -202,3 +206,39 @@ async def test_write_then_install_writes_beside_the_path_then_runs_the_install_s
     with pytest.raises(ProviderError):
         await write_then_install(binary, path + "-2", corrupt, run)
     assert not Path(path + "-2").exists() and len(list(folder.iterdir())) == 1
+
+
+@pytest.mark.parametrize("shell", ["sh", "busybox"])
+def test_the_prepare_script_hashes_only_a_file_no_one_else_may_rewrite(
+    tmp_path: Path, shell: str
+) -> None:
+    """The real prepare script, under the host's sh and busybox's: the user's own file
+    (0755) and root's are hashed; one its group or others may write, another uid's, a
+    symlink and a FIFO are reported as nothing there ("-"), so the runner is put in
+    again rather than trusted."""
+    argv0 = ["busybox", "sh"] if shell == "busybox" else ["sh"]
+    if shutil.which(argv0[0]) is None:
+        pytest.skip(f"{argv0[0]} is not installed")
+    data = b"runner bytes"
+    digest = hashlib.sha256(data).hexdigest()
+    names = ["own", "group-writable", "world-writable", "others", "link", "fifo", "missing"]
+    for name in names[:4]:
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "group-writable").chmod(0o775)
+    (tmp_path / "world-writable").chmod(0o757)
+    root = os.geteuid() == 0
+    if root:
+        os.chown(tmp_path / "others", 54321, 54321)
+    (tmp_path / "link").symlink_to(tmp_path / "own")
+    os.mkfifo(tmp_path / "fifo")
+    script = [*argv0, "-c", RUNNER_PREPARE_SCRIPT, "sandbox-runner-prepare", *names]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SANDBOX_RUNNER_DIR": str(tmp_path)}
+    done = subprocess.run(script, capture_output=True, env=env, timeout=30, check=True)
+    place = parse_prepare(done.stdout, names)
+    assert place.folder == str(tmp_path)
+    assert place.digests["own"] == digest
+    expected_none = ["group-writable", "world-writable", "link", "fifo", "missing"]
+    if root:
+        expected_none.append("others")
+    assert all(place.digests.get(name) is None for name in expected_none), place.digests

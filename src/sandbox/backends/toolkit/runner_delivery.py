@@ -34,11 +34,17 @@ ARCHES = ("x86_64", "aarch64")
 # NAME its DIGEST-or-"-" NUL, then "--" NUL and the shell's environment (NUL-separated):
 # the sandbox's, which every command starts from (the runner spawns with exactly the
 # environment it is given). DIR: `$SANDBOX_RUNNER_DIR`, else `$TMPDIR`, else /tmp.
+# A file is hashed (so trusted with the name, never uploaded again) only when it is a
+# regular file that the user running this (`-O`) or root owns and that neither its group
+# nor others may write (`ls -ln`'s mode): another uid's could be rewritten between this
+# check and the link's exec as this user. Without `ls` only the user's own counts.
 RUNNER_PREPARE_SCRIPT = (
     'd=${SANDBOX_RUNNER_DIR:-${TMPDIR:-/tmp}}; printf "%s\\0%s\\0" "$d" "$(uname -m)"; '
     'for n in "$@"; do f="$d/$n"; h=-; '
-    'if [ -f "$f" ] && [ ! -L "$f" ]; then '
-    'h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; '
+    'if [ -f "$f" ] && [ ! -L "$f" ]; then t=; set -f; set -- $(ls -ln -- "$f" 2>/dev/null); '
+    'set +f; case ${1:-} in ?????w*|????????w*) ;; '
+    '*) if [ -O "$f" ] || [ "${3:-}" = 0 ]; then t=1; fi;; esac; '
+    'if [ -n "$t" ]; then h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; fi; '
     'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
 )
 
