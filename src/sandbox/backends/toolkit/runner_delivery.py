@@ -42,7 +42,7 @@ RUNNER_PREPARE_SCRIPT = (
     'd=${SANDBOX_RUNNER_DIR:-${TMPDIR:-/tmp}}; printf "%s\\0%s\\0" "$d" "$(uname -m)"; '
     'for n in "$@"; do f="$d/$n"; h=-; '
     'if [ -f "$f" ] && [ ! -L "$f" ]; then t=; set -f; set -- $(ls -ln -- "$f" 2>/dev/null); '
-    'set +f; case ${1:-} in ?????w*|????????w*) ;; '
+    "set +f; case ${1:-} in ?????w*|????????w*) ;; "
     '*) if [ -O "$f" ] || [ "${3:-}" = 0 ]; then t=1; fi;; esac; '
     'if [ -n "$t" ]; then h=$(sha256sum -- "$f" 2>/dev/null) && h=${h%% *} || h=-; fi; fi; '
     'printf "%s\\0" "$h"; done; printf -- "--\\0"; cat /proc/$$/environ 2>/dev/null; exit 0'
