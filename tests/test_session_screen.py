@@ -110,6 +110,13 @@ async def test_vim_insert_mode_and_cursor(session: BaseSandboxSession) -> None:
     assert snap is not None and snap.alternate_screen
     assert snap.lines[:3] == ("hello 漢字", "world", "~")
     assert (snap.cursor_row, snap.cursor_col) == (1, 5)
+    # vim hides the cursor while it redraws: the marker shows once it is back (a window
+    # may end mid-redraw, after "world" and before the cursor's return).
+    for _ in range(500):
+        if snap.cursor_visible:
+            break
+        await asyncio.sleep(0.01)
+        snap = await session.pty_screen(pid)
     assert snap.text("█").splitlines()[1] == "world█"
     update = await session.pty_write_stdin(pid, "\x1b:q!\r", yield_time_s=LONG)
     if update.exit_code is None:
