@@ -52,6 +52,23 @@ def children_of_me() -> set[int]:
     return procfs.children()
 
 
+def runner_pid(session: Any) -> int:
+    """The pid of the runner a session with the runner is connected to (its HELLO)."""
+    runner = session._runner
+    assert runner is not None and runner.client.hello is not None
+    return int(runner.client.hello.pid)
+
+
+def require_runner(what: str) -> None:
+    """Skip (or, with SANDBOX_REQUIRE_ALL, fail) `what` where this install has no runner."""
+    from sandbox.runner import unavailable_reason
+    from tests.conftest import skip_or_fail
+
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(f"{what}: {reason}")
+
+
 def HookGate(session: sandbox.BaseSandboxSession, hook: str, *, after: bool = False) -> Gate:
     """Park every call of one backend hook of one session (`sandbox.testing.faults.
     park_calls`): `reached` is set when a call arrives; with `after=True` the real hook

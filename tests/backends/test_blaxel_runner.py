@@ -33,10 +33,16 @@ pytest.importorskip("aiohttp", reason="the blaxel extra is not installed")
 import sandbox
 from sandbox.backends.blaxel import BlaxelSession
 from sandbox.process_entry import PtyEntry
-from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.runner import runner_binary
 from sandbox.testing.blaxel_server import BlaxelServer
-from tests.conftest import skip_or_fail
-from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    describe_pids,
+    eventually,
+    host_pids_with_arg,
+    require_runner,
+    runner_pid,
+    unique_seconds,
+)
 
 ALL_BYTES = bytes(range(256))
 # 20000 euro signs (3 bytes each): the server's 4096-byte reads split some of them.
@@ -46,9 +52,7 @@ REPLACEMENT = "\ufffd".encode()
 
 @pytest.fixture(autouse=True)
 def _runner_built() -> None:
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(f"blaxel runner: {reason}")
+    require_runner("blaxel runner")
 
 
 @pytest.fixture
@@ -90,12 +94,6 @@ def uploads(server: BlaxelServer) -> int:
 def links(server: BlaxelServer) -> int:
     """How many terminals were opened (only the runner's links, in these tests)."""
     return len(server.terminals)
-
-
-def runner_pid(session: BlaxelSession) -> int:
-    runner = session._runner
-    assert runner is not None and runner.client.hello is not None
-    return runner.client.hello.pid
 
 
 @pytest.fixture

@@ -24,11 +24,17 @@ import pytest
 
 import sandbox
 from sandbox.backends.cloudflare import CloudflareSession
-from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.runner import runner_binary
 from sandbox.session import SessionState
 from sandbox.testing.cloudflare_server import CloudflareWorkerServer
-from tests.conftest import skip_or_fail
-from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    describe_pids,
+    eventually,
+    host_pids_with_arg,
+    require_runner,
+    runner_pid,
+    unique_seconds,
+)
 
 KEY = "cf-runner-test-key-3c9d"
 ALL_BYTES = bytes(range(256))
@@ -36,9 +42,7 @@ ALL_BYTES = bytes(range(256))
 
 @pytest.fixture(autouse=True)
 def _runner_built() -> None:
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(f"cloudflare runner: {reason}")
+    require_runner("cloudflare runner")
 
 
 @pytest.fixture
@@ -67,12 +71,6 @@ def uploads(server: CloudflareWorkerServer) -> int:
 def terminals(server: CloudflareWorkerServer) -> int:
     """How many terminal sockets were asked for (each link opens one)."""
     return sum(1 for r in server.requests if r.endpoint == "pty")
-
-
-def runner_pid(session: CloudflareSession) -> int:
-    runner = session._runner
-    assert runner is not None and runner.client.hello is not None
-    return runner.client.hello.pid
 
 
 async def test_a_second_client_finds_the_delivered_runner_by_its_hash(

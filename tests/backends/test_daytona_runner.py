@@ -26,10 +26,16 @@ import pytest
 
 import sandbox
 from sandbox.backends.daytona import DaytonaSession
-from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.runner import runner_binary
 from sandbox.testing.daytona_fake import FakeDaytona
-from tests.conftest import skip_or_fail
-from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    describe_pids,
+    eventually,
+    host_pids_with_arg,
+    require_runner,
+    runner_pid,
+    unique_seconds,
+)
 
 KEY = "dtn_runner_test_key_0123456789"
 ALL_BYTES = bytes(range(256))
@@ -37,9 +43,7 @@ ALL_BYTES = bytes(range(256))
 
 @pytest.fixture(autouse=True)
 def _runner_built() -> None:
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(f"daytona runner: {reason}")
+    require_runner("daytona runner")
 
 
 @pytest.fixture
@@ -79,12 +83,6 @@ def uploads(fake: FakeDaytona) -> int:
 def links(fake: FakeDaytona) -> int:
     """How many session commands were started (through the runner: only its links)."""
     return fake.calls.count("execute_session_command")
-
-
-def runner_pid(session: DaytonaSession) -> int:
-    runner = session._runner
-    assert runner is not None and runner.client.hello is not None
-    return runner.client.hello.pid
 
 
 async def test_a_second_client_finds_the_delivered_runner_by_its_hash(fake: FakeDaytona) -> None:

@@ -27,10 +27,16 @@ import pytest
 import sandbox
 from sandbox.backends.e2b import E2BSession
 from sandbox.backends.toolkit import RUNNER_INSTALL_SCRIPT
-from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.runner import runner_binary
 from sandbox.testing.e2b_fake import FakeE2B
-from tests.conftest import skip_or_fail
-from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    describe_pids,
+    eventually,
+    host_pids_with_arg,
+    require_runner,
+    runner_pid,
+    unique_seconds,
+)
 
 KEY = "e2b_runner_test_key_0123456789"
 ALL_BYTES = bytes(range(256))
@@ -38,9 +44,7 @@ ALL_BYTES = bytes(range(256))
 
 @pytest.fixture(autouse=True)
 def _runner_built() -> None:
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(f"e2b runner: {reason}")
+    require_runner("e2b runner")
 
 
 @pytest.fixture
@@ -79,12 +83,6 @@ def uploads(fake: FakeE2B) -> int:
 def links(fake: FakeE2B) -> int:
     """How many commands bridged to the runner."""
     return sum(1 for p in fake.processes if "connect --text --start" in p.argv[-1])
-
-
-def runner_pid(session: E2BSession) -> int:
-    runner = session._runner
-    assert runner is not None and runner.client.hello is not None
-    return runner.client.hello.pid
 
 
 async def test_a_second_client_finds_the_delivered_runner_by_its_hash(fake: FakeE2B) -> None:

@@ -26,10 +26,16 @@ from modal import exception as mx
 
 import sandbox
 from sandbox.backends.modal import ModalSession
-from sandbox.runner import runner_binary, unavailable_reason
+from sandbox.runner import runner_binary
 from sandbox.testing.modal_fake import FakeModal
-from tests.conftest import skip_or_fail
-from tests.helpers import describe_pids, eventually, host_pids_with_arg, unique_seconds
+from tests.helpers import (
+    describe_pids,
+    eventually,
+    host_pids_with_arg,
+    require_runner,
+    runner_pid,
+    unique_seconds,
+)
 
 TOKEN = {"token_id": "ak-modal-runner-id", "token_secret": "as-modal-runner-secret"}
 UPLOAD = "sandbox-runner-upload"
@@ -38,9 +44,7 @@ CONNECT = "connect"
 
 @pytest.fixture(autouse=True)
 def _runner_built() -> None:
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(f"modal runner: {reason}")
+    require_runner("modal runner")
 
 
 @pytest.fixture
@@ -72,12 +76,6 @@ def resume(fake: FakeModal, tmp_path: Path, ref: sandbox.SessionRef) -> ModalSes
 def execs(fake: FakeModal, word: str) -> int:
     """How many execs had `word` among their arguments."""
     return sum(1 for op, argv in fake.calls if op == "exec" and word in argv)
-
-
-def runner_pid(session: ModalSession) -> int:
-    runner = session._runner
-    assert runner is not None and runner.client.hello is not None
-    return runner.client.hello.pid
 
 
 async def test_a_second_client_finds_the_delivered_runner_by_its_hash(

@@ -32,9 +32,10 @@ class RunnerChoice:
 
     def __init__(self, asked: bool | None, *, predicted: bool | None = None) -> None:
         self.asked = asked
-        if predicted is None:
+        if asked is None and predicted is None:
+            # Only auto asks the install (a stat, the hash cached per process).
             predicted = runner_binary() is not None
-        self.uses = asked is True or (asked is None and predicted)
+        self.uses = asked is True or (asked is None and bool(predicted))
         self.reason: str | None = None
 
     async def decide(
