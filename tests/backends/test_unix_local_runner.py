@@ -130,7 +130,8 @@ async def test_detach_keeps_processes_and_resume_replays_what_they_printed(
         assert late.output.rstrip().endswith("last") and late.exit_code is None
         ended = await resumed.pty_write_stdin(quitter.process_id, "", yield_time_s=30)
         assert "bye" in ended.output and ended.exit_code == 7
-        assert len(host_pids_with_arg(seconds)) == 1
+        # The shell starts its `sleep` just after printing "last": looked for until it is.
+        assert await eventually(lambda: len(host_pids_with_arg(seconds)) == 1)
     assert host_pids_with_arg(seconds) == []
 
 
